@@ -1,0 +1,34 @@
+# The README's two commands:
+#   make repro   set up .venv if needed, then `dvc repro` (the cpu profile by default)
+#   make test    set up .venv if needed, then the whole test suite (CI runs this via .ci/run)
+# Both are idempotent; the install step is skipped while pyproject.toml is unchanged.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.mapl-installed
+
+export DVC_NO_ANALYTICS := 1
+export PYTHONHASHSEED := 0
+
+.PHONY: install repro test test-fast bench clean-venv
+
+install: $(STAMP)
+
+# torch first, from its pin: an unpinned resolve would pull a multi-GB CUDA build
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check torch==2.13.0
+	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e ".[dev]"
+	touch $(STAMP)
+
+repro: install
+	$(VENV)/bin/dvc repro
+
+test: install
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest -q -rs tests
+
+test-fast: install
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest -q -m "not slow" tests
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,57 @@
+"""Per-stage token anchors: the token-specific, high-rank part of the residual stream that is removed
+before projecting and restored after, so the projector spends its rank on the rest (MAPL.md §1.3).
+
+Each stage p owns one anchor a_p(t). Stage p adds a_p to its input (stage 0: to its token embedding, as
+SSN adds its fixed shift) and subtracts the *same* a_p from its output before encoding. The anchor thus
+rides through the stage's residual stream and never crosses the wire; only token ids do.
+
+kinds: "none"; "static" (SSN's fixed random N(0, std) shift, identical on all stages, never trained);
+"full" (trainable V x d per stage); "factorized" (MAPL: trainable E_p (V x r_a) times a fixed random
+orthonormal P_p (r_a x d)).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+__all__ = ["Anchor", "orthonormal_rows"]
+
+
+def orthonormal_rows(rows: int, cols: int, seed: int) -> torch.Tensor:
+    """A fixed random (rows x cols) matrix with orthonormal rows, from a seed (never communicated)."""
+    g = torch.Generator().manual_seed(seed)
+    q, r = torch.linalg.qr(torch.randn(cols, rows, generator=g, dtype=torch.float64))
+    q = q * torch.sign(torch.diagonal(r)).unsqueeze(0)
+    return q.T.contiguous().float()
+
+
+class Anchor(nn.Module):
+    def __init__(self, kind: str, vocab_size: int, d_model: int, rank: int, *, seed: int,
+                 static_std: float = 1.0, init_std: float = 0.0):
+        super().__init__()
+        self.kind = kind
+        if kind == "none":
+            pass
+        elif kind == "static":
+            g = torch.Generator().manual_seed(seed)
+            self.register_buffer("shift", torch.randn(vocab_size, d_model, generator=g) * static_std)
+        elif kind == "full":
+            self.table = nn.Parameter(torch.randn(vocab_size, d_model) * init_std)
+        elif kind == "factorized":
+            self.table = nn.Parameter(torch.randn(vocab_size, rank) * init_std)
+            self.register_buffer("basis", orthonormal_rows(rank, d_model, seed))
+        else:
+            raise ValueError(f"anchor={kind!r} is invalid: allowed 'none', 'static', 'full', 'factorized'")
+
+    @property
+    def needs_token_ids(self) -> bool:
+        return self.kind != "none"
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor | None:
+        if self.kind == "none":
+            return None
+        if self.kind == "static":
+            return self.shift[ids]
+        if self.kind == "full":
+            return self.table[ids]
+        return self.table[ids] @ self.basis

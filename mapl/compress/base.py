@@ -1,0 +1,154 @@
+"""The one interface every stage-boundary compressor implements (design/ARCHITECTURE.md).
+
+A boundary p sits between stage p (the sender) and stage p+1 (the receiver). Two levels:
+
+* in-graph, differentiable: ``encode(x) -> z`` runs on the sender, ``decode(z) -> x_hat`` on the
+  receiver. Token anchors are *not* part of this: the stage subtracts its anchor before ``encode``
+  and adds its own after ``decode`` (mapl/stages.py), so anchors compose with any compressor.
+* out-of-graph, what crosses a process: ``pack(z) -> [tensors]`` / ``unpack([tensors]) -> z`` for the
+  forward message and ``pack_grad`` / ``unpack_grad`` for the backward message. Every tensor in a
+  payload is exactly what is handed to torch.distributed, so ``payload_bytes`` is the measured size;
+  ``wire_bytes_per_token`` is the declared size. Tests assert they agree.
+
+Quantisers (int8, RVQ) quantise in ``pack``; :class:`WireTransfer` routes the forward value through
+pack -> unpack and the gradient through pack_grad -> unpack_grad, so the single-process pipeline sees
+exactly what the multi-process one receives, and the straight-through estimator falls out: the
+receiver's gradient on the dequantised z is passed to z unchanged (after its own wire trip).
+
+State that must match on both sides (projector A_p, RVQ codebooks) is synchronised explicitly with
+``sync_payload`` / ``apply_sync``; the bytes are metered as overhead and ``checksum`` detects desync.
+"""
+from __future__ import annotations
+
+import zlib
+from typing import ClassVar
+
+import torch
+import torch.nn as nn
+
+__all__ = ["Compressor", "WireTransfer", "payload_bytes", "WIRE_DTYPE", "tensor_checksum"]
+
+# Float payloads travel as bf16, the paper's precision; the uncompressed reference is bf16 too.
+WIRE_DTYPE = torch.bfloat16
+
+
+def payload_bytes(payload: list[torch.Tensor]) -> int:
+    """Bytes of a payload as handed to torch.distributed (no framing: gloo/NCCL send raw storage)."""
+    return sum(t.numel() * t.element_size() for t in payload)
+
+
+def tensor_checksum(*tensors: torch.Tensor) -> int:
+    """CRC32 of the exact bytes; two sides agree iff their state is bit-identical."""
+    crc = 0
+    for t in tensors:
+        raw = t.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes()
+        crc = zlib.crc32(raw, crc)
+    return crc
+
+
+class Compressor(nn.Module):
+    """Base class: the identity on a bf16 wire (method ``none``). Subclasses override what differs."""
+
+    method: ClassVar[str] = "none"
+
+    def __init__(self, d_model: int):
+        super().__init__()
+        self.d_model = d_model
+        self.dry_run = False      # set by shape-inference / dry forwards: stateful updates must not run
+        self.wire_dtype = WIRE_DTYPE   # float payload dtype; tests use float64 for gradcheck
+
+    # ---- in-graph -------------------------------------------------------------------------
+    @property
+    def code_dim(self) -> int:
+        """Width of z (d for the identity, r for projections)."""
+        return self.d_model
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    def decode(self, z: torch.Tensor) -> torch.Tensor:
+        return z
+
+    # ---- wire -----------------------------------------------------------------------------
+    def pack(self, z: torch.Tensor) -> list[torch.Tensor]:
+        return [z.detach().to(self.wire_dtype).contiguous()]
+
+    def unpack(self, payload: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+        return payload[0].to(dtype)
+
+    def pack_grad(self, g: torch.Tensor) -> list[torch.Tensor]:
+        return [g.detach().to(self.wire_dtype).contiguous()]
+
+    def unpack_grad(self, payload: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+        return payload[0].to(dtype)
+
+    def payload_roles(self, direction: str) -> list[str]:
+        """One role per payload tensor: "data" (the message itself) or "sync" (piggybacked shared
+        state, e.g. a streamed codebook slice). The meter books "sync" bytes as overhead."""
+        return ["data"] * len(self.payload_spec((1, 1), direction))
+
+    def payload_spec(self, lead_shape: tuple[int, ...], direction: str) -> list[tuple[tuple[int, ...], torch.dtype]]:
+        """Shapes and dtypes of the payload for ``lead_shape`` = (B, T): receivers allocate from this."""
+        return [((*lead_shape, self.code_dim), self.wire_dtype)]
+
+    def wire_bytes_per_token(self, direction: str) -> float:
+        """Declared bytes per token, ``direction`` in {"fwd", "bwd"}; token ids are counted apart."""
+        _check_direction(direction)
+        # per-token size = bytes of the payload for one sequence of T tokens, divided by T; data only
+        T = 64
+        roles = self.payload_roles(direction)
+        return sum(_numel(shape) * torch.tensor([], dtype=dt).element_size()
+                   for (shape, dt), role in zip(self.payload_spec((1, T), direction), roles) if role == "data") / T
+
+    # ---- shared state ---------------------------------------------------------------------
+    def sync_payload(self) -> dict[str, torch.Tensor]:
+        """Sender -> receiver state after each optimizer step (empty when nothing is learned)."""
+        return {}
+
+    def apply_sync(self, payload: dict[str, torch.Tensor]) -> None:
+        pass
+
+    def sync_bytes_per_step(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.sync_payload().values())
+
+    def checksum(self) -> int:
+        return tensor_checksum(*self.sync_payload().values()) if self.sync_payload() else 0
+
+    def diagnostics(self) -> dict:
+        return {}
+
+
+def _check_direction(direction: str) -> None:
+    if direction not in ("fwd", "bwd"):
+        raise ValueError(f"direction={direction!r} is invalid; allowed: 'fwd', 'bwd'")
+
+
+def _numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+class WireTransfer(torch.autograd.Function):
+    """z -> unpack(pack(z)) forward, g -> unpack_grad(pack_grad(g)) backward, metering both legs.
+
+    The single-process pipeline puts one of these at every boundary, so it computes what the
+    multi-process runtime computes (same rounding, same quantisation, same STE).
+    """
+
+    @staticmethod
+    def forward(ctx, z, compressor: Compressor, meter, boundary: int):
+        payload = compressor.pack(z)
+        if meter is not None:
+            meter.add_payload(boundary, "fwd", payload, compressor.payload_roles("fwd"), tokens=z.shape[0] * z.shape[1])
+        ctx.compressor, ctx.meter, ctx.boundary, ctx.dtype = compressor, meter, boundary, z.dtype
+        return compressor.unpack(payload, z.dtype)
+
+    @staticmethod
+    def backward(ctx, g):
+        payload = ctx.compressor.pack_grad(g)
+        if ctx.meter is not None:
+            ctx.meter.add_payload(ctx.boundary, "bwd", payload, ctx.compressor.payload_roles("bwd"),
+                                  tokens=g.shape[0] * g.shape[1])
+        return ctx.compressor.unpack_grad(payload, ctx.dtype), None, None, None

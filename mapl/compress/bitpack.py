@@ -1,0 +1,171 @@
+"""Bit-exact packing of small non-negative integers (codebook indices) into bytes.
+
+Wire format: the indices are concatenated as one little-endian bit stream -- value ``i`` occupies
+stream bits ``[i*bits, (i+1)*bits)``, least-significant bit first -- and the stream is cut into bytes,
+bit ``j`` of byte ``b`` being stream bit ``8*b + j``. Equivalently, the bytes are the little-endian
+encoding of the integer ``sum(v_i << (i*bits))``. Consequences: ``bits=8`` is ``v.to(uint8)``,
+``bits=16`` is little-endian uint16, and only the final byte carries padding (zero bits). A packed
+message of ``count`` values is exactly ``ceil(count*bits/8)`` bytes.
+
+Everything is vectorised: Python loops run over bit/byte positions within one word (at most 16
+iterations), never over elements.
+
+    >>> v = torch.tensor([1, 2, 3, 4, 5])
+    >>> unpack_bits(pack_bits(v, 3), 3, 5).tolist()
+    [1, 2, 3, 4, 5]
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+__all__ = ["pack_bits", "unpack_bits", "packed_nbytes", "pack_bits_rows", "unpack_bits_rows"]
+
+MAX_BITS = 16
+
+
+def packed_nbytes(count: int, bits: int) -> int:
+    """Bytes of ``count`` values packed at ``bits`` bits: ``ceil(count*bits/8)``."""
+    return (count * bits + 7) // 8
+
+
+def _check_bits(bits: int) -> None:
+    if not isinstance(bits, int) or not 1 <= bits <= MAX_BITS:
+        raise ValueError(f"bits={bits!r} is invalid; allowed: an int in 1..{MAX_BITS}")
+
+
+def _word_layout(bits: int) -> tuple[int, int] | None:
+    """(values per word, bytes per word) for the int64 word path, or None if a word would exceed 63 bits."""
+    lcm = bits * 8 // math.gcd(bits, 8)
+    if lcm > 63:
+        return None
+    return lcm // bits, lcm // 8
+
+
+def pack_bits(indices: torch.Tensor, bits: int) -> torch.Tensor:
+    """Pack integer ``indices`` (any shape, flattened in C order) into a 1-D uint8 tensor.
+
+    Every value must lie in ``[0, 2**bits)`` (ValueError otherwise). Result length:
+    ``ceil(indices.numel() * bits / 8)``.
+    """
+    _check_bits(bits)
+    if indices.dtype.is_floating_point or indices.dtype == torch.bool or indices.is_complex():
+        raise ValueError(f"pack_bits needs an integer tensor, got dtype {indices.dtype}")
+    v = indices.reshape(-1).to(torch.int64)
+    n = v.numel()
+    nbytes = packed_nbytes(n, bits)
+    if n == 0:
+        return torch.empty(0, dtype=torch.uint8, device=v.device)
+    lo, hi = int(v.min()), int(v.max())
+    if lo < 0 or hi >= (1 << bits):
+        raise ValueError(f"indices out of range for bits={bits}: min {lo}, max {hi}, allowed [0, {1 << bits})")
+    if bits == 8:
+        return v.to(torch.uint8)
+    layout = _word_layout(bits)
+    if layout is not None:
+        # g values -> one int64 word of g*bits (a multiple of 8) bits -> w bytes
+        g, w = layout
+        m = -(-n // g)
+        if m * g != n:
+            v = torch.cat([v, v.new_zeros(m * g - n)])
+        v = v.view(m, g)
+        word = v[:, 0].clone()
+        for j in range(1, g):
+            word |= v[:, j] << (j * bits)
+        shifts = torch.arange(0, 8 * w, 8, device=v.device)
+        out = ((word[:, None] >> shifts) & 0xFF).to(torch.uint8).reshape(-1)
+        return out[:nbytes]
+    # generic path (bits in {9, 11, 13, 15}): an (n, bits) bit matrix, one column per bit position
+    bm = torch.empty(n, bits, dtype=torch.uint8, device=v.device)
+    for b in range(bits):
+        bm[:, b] = (v >> b) & 1
+    stream = bm.reshape(-1)
+    pad = nbytes * 8 - stream.numel()
+    if pad:
+        stream = torch.cat([stream, stream.new_zeros(pad)])
+    stream = stream.view(nbytes, 8)
+    out = stream[:, 0].clone()
+    for j in range(1, 8):
+        out |= stream[:, j] << j
+    return out
+
+
+def unpack_bits(data: torch.Tensor, bits: int, count: int) -> torch.Tensor:
+    """Inverse of :func:`pack_bits`: the first ``count`` values of the bit stream, as int64 ``(count,)``.
+
+    ``data`` must hold at least ``ceil(count*bits/8)`` bytes (ValueError otherwise); extra bytes are ignored.
+    """
+    _check_bits(bits)
+    if data.dtype != torch.uint8:
+        raise ValueError(f"unpack_bits needs a uint8 tensor, got dtype {data.dtype}")
+    nbytes = packed_nbytes(count, bits)
+    data = data.reshape(-1)
+    if data.numel() < nbytes:
+        raise ValueError(f"{count} values at {bits} bits need {nbytes} bytes, got {data.numel()}")
+    data = data[:nbytes]
+    if count == 0:
+        return torch.empty(0, dtype=torch.int64, device=data.device)
+    if bits == 8:
+        return data.to(torch.int64)
+    layout = _word_layout(bits)
+    if layout is not None:
+        g, w = layout
+        m = -(-nbytes // w)
+        d = data.to(torch.int64)
+        if m * w != nbytes:
+            d = torch.cat([d, d.new_zeros(m * w - nbytes)])
+        d = d.view(m, w)
+        word = d[:, 0].clone()
+        for j in range(1, w):
+            word |= d[:, j] << (8 * j)
+        shifts = torch.arange(0, g * bits, bits, device=data.device)
+        vals = (word[:, None] >> shifts) & ((1 << bits) - 1)
+        return vals.reshape(-1)[:count]
+    bm = torch.empty(nbytes, 8, dtype=torch.uint8, device=data.device)
+    for j in range(8):
+        bm[:, j] = (data >> j) & 1
+    bm = bm.reshape(-1)[: count * bits].view(count, bits).to(torch.int64)
+    out = bm[:, 0].clone()
+    for b in range(1, bits):
+        out |= bm[:, b] << b
+    return out
+
+
+def _row_pad(m: int, bits: int) -> int:
+    """Smallest m' >= m with m'*bits a multiple of 8."""
+    g = 8 // math.gcd(bits, 8)
+    return -(-m // g) * g
+
+
+def pack_bits_rows(indices: torch.Tensor, bits: int) -> torch.Tensor:
+    """Pack each row of a 2-D ``(B, m)`` integer tensor separately: ``(B, ceil(m*bits/8))`` uint8.
+
+    Row ``b`` equals ``pack_bits(indices[b], bits)``, so each row (one sequence on the wire) is padded
+    only to its own final byte.
+    """
+    if indices.dim() != 2:
+        raise ValueError(f"pack_bits_rows needs a 2-D tensor, got shape {tuple(indices.shape)}")
+    B, m = indices.shape
+    mp = _row_pad(m, bits)
+    v = indices.to(torch.int64)
+    if mp != m:
+        v = torch.cat([v, v.new_zeros(B, mp - m)], dim=1)
+    out = pack_bits(v, bits).view(B, mp * bits // 8)
+    return out[:, : packed_nbytes(m, bits)].contiguous()
+
+
+def unpack_bits_rows(data: torch.Tensor, bits: int, count: int) -> torch.Tensor:
+    """Inverse of :func:`pack_bits_rows`: ``(B, nbytes)`` uint8 -> ``(B, count)`` int64."""
+    if data.dim() != 2:
+        raise ValueError(f"unpack_bits_rows needs a 2-D tensor, got shape {tuple(data.shape)}")
+    B, nb = data.shape
+    need = packed_nbytes(count, bits)
+    if nb < need:
+        raise ValueError(f"{count} values at {bits} bits need {need} bytes per row, got {nb}")
+    mp = _row_pad(count, bits)
+    row = mp * bits // 8
+    d = data[:, :need]
+    if row != need:
+        d = torch.cat([d, d.new_zeros(B, row - need)], dim=1)
+    return unpack_bits(d.reshape(-1), bits, B * mp).view(B, mp)[:, :count]

@@ -1,0 +1,57 @@
+"""8-bit absmax quantisation of activations and gradients (the SWARM / hivemind peer, 2x vs bf16).
+
+Quantisation happens on the wire (``pack``): the in-graph encode/decode are the identity, and the
+gradient crosses the wire quantised too, so both legs carry d + scale bytes per token.
+"""
+from __future__ import annotations
+
+import torch
+
+from .base import Compressor
+
+__all__ = ["Int8Compressor", "absmax_quantize", "absmax_dequantize"]
+
+_SCALE_DTYPE = torch.float16      # 2-byte scales; absmax/127 of bf16-range activations fits fp16 comfortably
+
+
+def absmax_quantize(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """x (..., d) -> int8 codes (..., d) and scales (..., d // block) (block 0 = one scale per row)."""
+    d = x.shape[-1]
+    blk = block or d
+    xb = x.detach().float().reshape(*x.shape[:-1], d // blk, blk)
+    scale = (xb.abs().amax(dim=-1, keepdim=True) / 127.0).to(_SCALE_DTYPE).float()
+    safe = torch.where(scale > 0, scale, torch.ones_like(scale))
+    q = torch.round(xb / safe).clamp_(-127, 127).to(torch.int8)
+    return q.reshape(x.shape), scale.squeeze(-1).to(_SCALE_DTYPE)
+
+
+def absmax_dequantize(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    d = q.shape[-1]
+    nb = scale.shape[-1]
+    xb = q.float().reshape(*q.shape[:-1], nb, d // nb) * scale.float().unsqueeze(-1)
+    return xb.reshape(q.shape).to(dtype)
+
+
+class Int8Compressor(Compressor):
+    method = "int8"
+
+    def __init__(self, d_model: int, block: int = 0):
+        super().__init__(d_model)
+        if block and d_model % block:
+            raise ValueError(f"compressor.int8_block={block} is invalid: must divide d_model={d_model}")
+        self.block = block
+
+    def _n_scales(self) -> int:
+        return self.d_model // self.block if self.block else 1
+
+    def pack(self, z):
+        return list(absmax_quantize(z, self.block))
+
+    def unpack(self, payload, dtype):
+        return absmax_dequantize(payload[0], payload[1], dtype)
+
+    pack_grad = pack
+    unpack_grad = unpack
+
+    def payload_spec(self, lead_shape, direction):
+        return [((*lead_shape, self.d_model), torch.int8), ((*lead_shape, self._n_scales()), _SCALE_DTYPE)]

@@ -1,0 +1,65 @@
+"""Orthonormal projection to r dimensions: MAPL (learned A_p on the Stiefel manifold, SPEL), SSN (one
+fixed shared U) and the projector ablations (fixed random per boundary, learned without constraint).
+
+Forward message: Z = X A (r bf16 values per token); backward: dL/dZ (r values). Because AᵀA = I, Aᵀ is
+the exact left inverse, so decode(encode(x)) = x for every x in col(A) (SSN's lossless guarantee).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from .base import Compressor
+
+__all__ = ["ProjectionCompressor"]
+
+
+class ProjectionCompressor(Compressor):
+    """``projector``: "spel" (learned, Stiefel, optimised by mapl.optim.SPEL), "unconstrained" (learned,
+    plain optimiser), "fixed" (random orthonormal per boundary), "fixed-shared" (SSN's one U)."""
+
+    def __init__(self, d_model: int, basis: torch.Tensor, projector: str, receiver_grad: str = "exact",
+                 method: str = "mapl"):
+        super().__init__(d_model)
+        if basis.shape[0] != d_model or basis.shape[1] > d_model:
+            raise ValueError(f"projector basis shape {tuple(basis.shape)} is invalid: need (d_model={d_model}, r<=d)")
+        self.method = method
+        self.projector = projector
+        self.receiver_grad = receiver_grad
+        self.learned = projector in ("spel", "unconstrained")
+        if self.learned:
+            self.A = nn.Parameter(basis.clone())
+            self.A.mapl_role = "stiefel" if projector == "spel" else "unconstrained"
+        else:
+            self.register_buffer("A", basis.clone())
+
+    @property
+    def code_dim(self) -> int:
+        return self.A.shape[1]
+
+    def encode(self, x):
+        return x @ self.A.to(x.dtype)
+
+    def decode(self, z):
+        A = self.A if self.receiver_grad == "exact" else self.A.detach()
+        return z @ A.to(z.dtype).T
+
+    def sync_payload(self):
+        # learned A_p is shipped to the receiver after every optimizer step, in fp32: a bf16 copy would
+        # break AᵀA = I on the receiver side (encode/decode mismatch of ~1e-3)
+        return {"A": self.A.detach().float()} if self.learned else {}
+
+    @torch.no_grad()
+    def apply_sync(self, payload):
+        if "A" in payload:
+            self.A.copy_(payload["A"])
+
+    def receiver_grad_bytes_per_step(self) -> int:
+        """Receiver-side gradient of A_p sent back (d x r fp32) when receiver_grad == "exact"."""
+        return self.A.numel() * 4 if (self.learned and self.receiver_grad == "exact") else 0
+
+    @torch.no_grad()
+    def diagnostics(self):
+        A = self.A.detach().double()
+        eye = torch.eye(A.shape[1], dtype=A.dtype, device=A.device)
+        return {"ortho_err": float((A.T @ A - eye).abs().max())}

@@ -1,0 +1,171 @@
+"""Split a model into P pipeline stages with a compressor at every boundary.
+
+``StagedModel`` holds the full model, one anchor per stage and one compressor per boundary. Its
+``stage_forward(s, ...)`` is the whole of what stage s computes; the single-process pipeline
+(``forward``) chains the stages through :class:`~mapl.compress.base.WireTransfer`, and the
+multi-process runtime (mapl/pipeline.py) runs the same ``stage_forward`` on a copy pruned to one
+stage (``prune_to_stage``), so both compute the same numbers.
+
+    >>> sm = build_staged_model(load_run_config("micro"), vocab_size=256)
+    >>> loss = sm(x, y)                       # single-process pipeline, all boundaries compressed
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .compress import build_boundary
+from .compress.anchors import Anchor
+from .compress.base import WireTransfer
+from .compress.ssn import constrain_to_subspace, shared_basis
+from .config import RunConfig
+from .model import ModelConfig, Transformer
+from .wire import id_dtype
+
+__all__ = ["split_layers", "StagedModel", "build_staged_model"]
+
+
+def _block_cost(cfg: ModelConfig) -> float:
+    d, f, hd = cfg.d_model, cfg.ffn_hidden, cfg.head_dim
+    return d * cfg.n_heads * hd * 2 + 2 * d * cfg.n_kv_heads * hd + 3 * d * f
+
+
+def split_layers(cfg: ModelConfig, stages: int) -> list[list[int]]:
+    """Contiguous layer ranges minimising the most loaded stage. Costs are matmul parameters per token:
+    a block = its weights, the LM head (last stage) = d x V, the embedding (a lookup) = 0.
+    Every stage owns at least one layer."""
+    L = cfg.n_layers
+    if not 1 <= stages <= L:
+        raise ValueError(f"stages={stages} is invalid: must be in [1, n_layers={L}]")
+    block, head = _block_cost(cfg), cfg.d_model * cfg.vocab_size
+    # best[s][i]: minimal max-load placing layers i.. into stages s..P-1 (small DP: L, P <= 64)
+    inf = float("inf")
+    best = [[inf] * (L + 1) for _ in range(stages + 1)]
+    cut = [[0] * (L + 1) for _ in range(stages + 1)]
+    best[stages][L] = 0.0
+    for s in range(stages - 1, -1, -1):
+        for i in range(L):
+            for j in range(i + 1, L - (stages - s - 1) + 1):
+                load = (j - i) * block + (head if s == stages - 1 else 0)
+                if s == stages - 1 and j != L:
+                    continue
+                cand = max(load, best[s + 1][j])
+                if cand < best[s][i]:
+                    best[s][i], cut[s][i] = cand, j
+    out, i = [], 0
+    for s in range(stages):
+        j = cut[s][i]
+        out.append(list(range(i, j)))
+        i = j
+    return out
+
+
+class StagedModel(nn.Module):
+    def __init__(self, model: Transformer, split: list[list[int]], anchors: list[Anchor],
+                 boundaries: list[nn.Module]):
+        super().__init__()
+        self.model = model
+        self.split = split
+        self.n_stages = len(split)
+        self.anchors = nn.ModuleDict({str(s): a for s, a in enumerate(anchors)})
+        self.boundaries = nn.ModuleDict({str(p): b for p, b in enumerate(boundaries)})
+        self.ids_on_wire = any(a.needs_token_ids for a in anchors[1:])
+        self.id_dtype = id_dtype(model.cfg.vocab_size)
+
+    # ---- one stage ------------------------------------------------------------------------
+    def stage_forward(self, s: int, inp: torch.Tensor | None, ids: torch.Tensor) -> torch.Tensor:
+        """Stage s: (embed | decode) -> +anchor -> blocks -> (head | -anchor -> encode)."""
+        m = self.model
+        h = m.embed(ids) if s == 0 else self.boundaries[str(s - 1)].decode(inp)
+        a = self.anchors[str(s)](ids)
+        if a is not None:
+            h = h + a.to(h.dtype)
+        for i in self.split[s]:
+            h = m.layers[str(i)](h, m.rope_cos, m.rope_sin)
+        if s == self.n_stages - 1:
+            return m.head(h)
+        if a is not None:
+            h = h - a.to(h.dtype)
+        return self.boundaries[str(s)].encode(h)
+
+    def boundary_input(self, s: int, inp: torch.Tensor | None, ids: torch.Tensor) -> torch.Tensor:
+        """The residual activation stage s would send (before its anchor is removed): diagnostics."""
+        m = self.model
+        h = m.embed(ids) if s == 0 else self.boundaries[str(s - 1)].decode(inp)
+        a = self.anchors[str(s)](ids)
+        if a is not None:
+            h = h + a.to(h.dtype)
+        for i in self.split[s]:
+            h = m.layers[str(i)](h, m.rope_cos, m.rope_sin)
+        return h if a is None else h - a.to(h.dtype)
+
+    # ---- the single-process pipeline ------------------------------------------------------
+    def forward(self, ids: torch.Tensor, targets: torch.Tensor | None = None, meter=None):
+        """Runs every stage in order; each boundary goes through its wire (pack/unpack both ways).
+        Returns the mean next-token cross-entropy (or logits when ``targets`` is None)."""
+        x = None
+        for s in range(self.n_stages):
+            out = self.stage_forward(s, x, ids)
+            if s < self.n_stages - 1:
+                comp = self.boundaries[str(s)]
+                x = WireTransfer.apply(out, comp, meter, s)
+                if meter is not None and self.ids_on_wire:
+                    meter.add(s, "fwd", "ids", ids.numel() * torch.tensor([], dtype=self.id_dtype).element_size())
+        if targets is None:
+            return out
+        return F.cross_entropy(out.float().reshape(-1, out.shape[-1]), targets.reshape(-1))
+
+    # ---- bookkeeping ----------------------------------------------------------------------
+    def compressors(self):
+        return [self.boundaries[str(p)] for p in range(self.n_stages - 1)]
+
+    def id_bytes_per_token(self) -> int:
+        return torch.tensor([], dtype=self.id_dtype).element_size() if self.ids_on_wire else 0
+
+    def set_dry_run(self, flag: bool) -> None:
+        for c in self.compressors():
+            c.dry_run = flag
+
+    def prune_to_stage(self, s: int) -> "StagedModel":
+        """Drop everything stage s does not hold (in place). Boundary s-1 stays as the receiver's copy."""
+        m = self.model
+        for i in list(m.layers.keys()):
+            if int(i) not in self.split[s]:
+                del m.layers[i]
+        if s > 0:
+            m.tok_embeddings = None
+        if s < self.n_stages - 1:
+            m.norm, m.output = None, None
+        for k in list(self.anchors.keys()):
+            if int(k) != s:
+                del self.anchors[k]
+        for k in list(self.boundaries.keys()):
+            if int(k) not in (s - 1, s):
+                del self.boundaries[k]
+        return self
+
+
+def build_staged_model(cfg: RunConfig, vocab_size: int) -> StagedModel:
+    """Deterministic in (cfg.train.seed, cfg.compressor.seed): every rank builds the same model."""
+    mc = cfg.model_config(vocab_size)
+    comp = cfg.compressor.validate(mc.d_model, mc.vocab_size)
+    torch.manual_seed(cfg.train.seed)
+    model = Transformer(mc)
+    split = split_layers(mc, cfg.stages)
+    r = comp.rank(mc.d_model)
+    shared_U = None
+    if comp.method == "ssn" or comp.projector == "fixed-shared":
+        shared_U = shared_basis(mc.d_model, r, comp.seed)
+    if comp.method == "ssn":
+        sent_layers = [i for part in split[:-1] for i in part]
+        constrain_to_subspace(model, shared_U, sent_layers)
+    anchor_rank = comp.anchor_rank or r
+    anchors = []
+    for s in range(cfg.stages):
+        # the static shift is one table shared by all stages (same seed); learned anchors differ per stage
+        seed = comp.seed + 7 if comp.anchor == "static" else comp.seed + 1000 + s
+        anchors.append(Anchor(comp.anchor, mc.vocab_size, mc.d_model, anchor_rank, seed=seed,
+                              static_std=comp.static_anchor_std, init_std=comp.anchor_init_std))
+    boundaries = [build_boundary(comp, mc.d_model, p, shared_U) for p in range(cfg.stages - 1)]
+    return StagedModel(model, split, anchors, boundaries)

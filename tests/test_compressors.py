@@ -1,0 +1,159 @@
+"""Boundary compressors: exactness where promised, error bands where lossy, bytes as declared,
+gradients as autograd says."""
+import math
+
+import pytest
+import torch
+
+from mapl.compress import Compressor, Int8Compressor, ProjectionCompressor, WireTransfer, build_boundary, payload_bytes
+from mapl.compress.anchors import Anchor
+from mapl.compress.ssn import SubspaceLinear, shared_basis
+from mapl.config import CompressorConfig, RunConfig, TrainConfig
+from mapl.stages import build_staged_model
+from mapl.train import build_optimizers
+from mapl.wire import ByteMeter
+
+D, V = 64, 256
+
+
+def micro_cfg(method, ratio=4.0, stages=2, **comp):
+    return RunConfig(profile="micro", model="micro", stages=stages,
+                     compressor=CompressorConfig(method=method, ratio=ratio, **comp),
+                     train=TrainConfig(steps=10, batch_size=4, seq_len=32, micro_batches=2, warmup_steps=1))
+
+
+def _train_a_few_steps(sm, cfg, steps=5, seed=0):
+    opts = build_optimizers(sm, cfg)
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        ids = torch.randint(0, V, (4, 32), generator=g)
+        loss = sm(ids[:, :-1], ids[:, 1:])
+        loss.backward()
+        for o in opts:
+            o.step()
+            o.zero_grad()
+    return sm
+
+
+@pytest.mark.parametrize("stages", [2, 4])
+def test_ssn_is_lossless_at_every_boundary_during_training(stages):
+    cfg = micro_cfg("ssn", ratio=4, stages=stages)
+    sm = build_staged_model(cfg, V)
+    for c in sm.compressors():
+        c.wire_dtype = torch.float32        # isolate SSN's exactness from the bf16 wire
+    _train_a_few_steps(sm, cfg)
+    ids = torch.randint(0, V, (2, 32))
+    x = None
+    with torch.no_grad():
+        for s in range(stages - 1):
+            h = sm.boundary_input(s, x, ids)            # the residual minus the static shift
+            comp = sm.boundaries[str(s)]
+            rt = comp.decode(comp.encode(h))
+            assert torch.allclose(rt, h, atol=1e-5 * h.abs().max().item()), f"boundary {s} not exact"
+            x = WireTransfer.apply(sm.stage_forward(s, x, ids), comp, None, s)
+
+
+def test_mapl_round_trip_is_lossy_so_the_ssn_test_can_fail():
+    cfg = micro_cfg("mapl", ratio=4)
+    sm = build_staged_model(cfg, V)
+    ids = torch.randint(0, V, (2, 32))
+    with torch.no_grad():
+        h = sm.boundary_input(0, None, ids)
+        comp = sm.boundaries["0"]
+        err = (comp.decode(comp.encode(h)) - h).norm() / h.norm()
+    assert err > 0.1
+
+
+def test_ssn_residual_writers_live_in_span_U():
+    U = shared_basis(D, 16, seed=3)
+    lin = SubspaceLinear(torch.randn(D, 32), U)
+    y = lin(torch.randn(5, 32))
+    assert torch.allclose(y @ U @ U.T, y, atol=1e-5)
+
+
+@pytest.mark.parametrize("method,ratio,fwd,bwd", [
+    ("none", 1, 2 * D, 2 * D), ("int8", 1, D + 2, D + 2), ("ssn", 4, 2 * 16, 2 * 16), ("mapl", 8, 2 * 8, 2 * 8)])
+def test_declared_bytes_per_token_follow_the_formula(method, ratio, fwd, bwd):
+    comp = build_boundary(CompressorConfig(method=method, ratio=ratio).validate(D, V), D, 0, shared_basis(D, int(D / ratio), 1))
+    assert comp.wire_bytes_per_token("fwd") == fwd
+    assert comp.wire_bytes_per_token("bwd") == bwd
+    z = comp.encode(torch.randn(3, 7, D))
+    assert payload_bytes(comp.pack(z)) == fwd * 21
+    assert payload_bytes(comp.pack_grad(torch.randn_like(z))) == bwd * 21
+
+
+@pytest.mark.parametrize("block", [0, 16])
+def test_int8_error_is_small_but_nonzero_on_both_legs(block):
+    comp = Int8Compressor(D, block)
+    x = torch.randn(4, 8, D, requires_grad=True)
+    meter = ByteMeter()
+    y = WireTransfer.apply(x, comp, meter, 0)
+    err = (y - x).norm() / x.norm()
+    assert 1e-4 < err < 1e-2, "int8 must change the values (compression used) but only slightly"
+    g = torch.randn_like(y)
+    y.backward(g)
+    gerr = (x.grad - g).norm() / g.norm()
+    assert 1e-4 < gerr < 1e-2
+    assert meter.total("data", "fwd") == 32 * comp.wire_bytes_per_token("fwd")
+    assert meter.total("data", "bwd") == 32 * comp.wire_bytes_per_token("bwd")
+
+
+def test_int8_zero_rows_survive():
+    comp = Int8Compressor(D)
+    z = torch.zeros(2, 3, D)
+    assert torch.equal(comp.unpack(comp.pack(z), torch.float32), z)
+
+
+@pytest.mark.parametrize("receiver_grad", ["exact", "drop"])
+def test_wire_transfer_and_projection_gradcheck_float64(receiver_grad):
+    A = torch.linalg.qr(torch.randn(D, 16, dtype=torch.float64))[0]
+    comp = ProjectionCompressor(D, A, "spel", receiver_grad).double()
+    comp.wire_dtype = torch.float64
+    x = torch.randn(2, 3, D, dtype=torch.float64, requires_grad=True)
+
+    def f(x, A_):
+        comp.A.data.copy_(A_)
+        return comp.decode(WireTransfer.apply(comp.encode(x), comp, None, 0))
+    assert torch.autograd.gradcheck(lambda x: f(x, A), (x,))
+    # the projector's gradient: both the sender term and (exact mode) the receiver term
+    Ap = A.clone().requires_grad_(True)
+    comp2 = ProjectionCompressor(D, A, "spel", receiver_grad).double()
+    comp2.wire_dtype = torch.float64
+    comp2.A = torch.nn.Parameter(Ap.detach().clone())
+    out = comp2.decode(WireTransfer.apply(comp2.encode(x.detach()), comp2, None, 0))
+    G = torch.randn_like(out)
+    (out * G).sum().backward()
+    X = x.detach().reshape(-1, D)
+    Gf = G.reshape(-1, D)
+    sender = X.T @ (Gf @ A)                         # d(loss)/dA via Z = X A
+    receiver = Gf.T @ (X @ A)                        # d(loss)/dA via X_hat = Z Aᵀ
+    expect = sender + receiver if receiver_grad == "exact" else sender
+    assert torch.allclose(comp2.A.grad, expect, atol=1e-10)
+
+
+@pytest.mark.parametrize("kind", ["none", "static", "full", "factorized"])
+def test_anchor_shapes_and_factorized_rank(kind):
+    a = Anchor(kind, V, D, 8, seed=1, init_std=0.1)
+    out = a(torch.arange(V))
+    if kind == "none":
+        assert out is None
+        return
+    assert out.shape == (V, D)
+    rank = torch.linalg.matrix_rank(out.double(), rtol=1e-5).item()
+    assert rank == (8 if kind == "factorized" else D)
+
+
+def test_none_wire_is_bf16_rounding_only():
+    comp = Compressor(D)
+    x = torch.randn(3, D)
+    y = comp.unpack(comp.pack(x), torch.float32)
+    assert torch.equal(y, x.to(torch.bfloat16).float())
+
+
+@pytest.mark.parametrize("bad,field", [(dict(method="mapl", ratio=3), "ratio"), (dict(method="mapl", ratio=1), "ratio"),
+                                       (dict(method="zip"), "method"), (dict(method="mapl", ratio=4, anchor="big"), "anchor"),
+                                       (dict(method="mapl-rvq", ratio=4, rvq_codebook_size=100), "rvq_codebook_size"),
+                                       (dict(method="mapl-rvq", ratio=4, rvq_groups=5), "rvq_groups")])
+def test_bad_compressor_config_names_the_field(bad, field):
+    with pytest.raises(ValueError, match=field):
+        CompressorConfig(**bad).validate(D, V)
