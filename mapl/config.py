@@ -126,6 +126,7 @@ class TrainConfig:
     eval_every: int = 50
     eval_tokens: int = 65536
     eval_batch_size: int = 16
+    eval_offset: int = 0               # skip this many val tokens: tuning evaluates on tokens the report never uses
     checkpoint_every: int = 100
     precision: str = "auto"            # auto: bf16 autocast on CUDA, fp32 on CPU
     schedule: str = "gpipe"            # multi-process schedule: gpipe | 1f1b
@@ -225,9 +226,13 @@ def load_run_config(profile: str, overrides: dict | None = None, params: dict | 
     p = json.loads(json.dumps(profiles[profile]))          # deep copy
     sections = {"train": p.pop("train", {}), "compressor": p.pop("compressor", {}), "data": p.pop("data", {}),
                 "model": p.pop("model_overrides", {})}
-    p.pop("runs", None)
-    p.pop("sweeps", None)
-    for key, value in (overrides or {}).items():
+    p.pop("groups", None)
+    method_over = p.pop("method_overrides", {}) or {}
+    overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
+    method = overrides.get("method", sections["compressor"].get("method", "none"))
+    # per-method tuned settings (the tuning protocol's outcome), below explicit overrides
+    overrides = {**(method_over.get(method) or {}), **overrides}
+    for key, value in overrides.items():
         if value is None:
             continue
         if key in ("method", "ratio"):

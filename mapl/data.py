@@ -41,10 +41,8 @@ from __future__ import annotations
 import argparse
 import glob
 import hashlib
-import io
 import json
 import logging
-import math
 import os
 import shutil
 import struct
@@ -64,7 +62,7 @@ import torch
 __all__ = [
     "DataConfig", "dataset_dir_name", "default_cache_dir",
     "Doc", "load_documents", "split_documents", "fetch_shakespeare", "shakespeare_documents",
-    "byte_tokenizer", "train_bpe", "mistral_tokenizer", "build_tokenizer", "eot_id", "encode_documents",
+    "byte_tokenizer", "train_bpe", "fetch_mistral_model", "mistral_tokenizer", "build_tokenizer", "eot_id", "encode_documents",
     "prepare", "read_manifest", "load_split", "get_batch", "eval_batches", "unigram_entropy",
     "build_parser", "config_from_args", "main",
 ]
@@ -583,10 +581,8 @@ def build_tokenizer(cfg: DataConfig, train_texts: list[str] | None, cache_dir: P
     return train_bpe(train_texts, cfg.vocab_size, cache_dir, corpus_hash)
 
 
-def _pieces(tok, text: str) -> list[str]:
-    # Byte-level tokenizers split safely at line ends; SentencePiece would add a dummy-prefix space
-    # at every piece, so it gets whole documents.
-    return [text] if tok.token_to_id("</s>") is not None else list(_chunks(text))
+def _is_byte_level(tok) -> bool:
+    return type(tok.pre_tokenizer).__name__ == "ByteLevel"
 
 
 def _encode_docs(tok, docs: Iterable[Doc], timer: list | None = None) -> Iterator[tuple[Doc, np.ndarray]]:
@@ -595,12 +591,15 @@ def _encode_docs(tok, docs: Iterable[Doc], timer: list | None = None) -> Iterato
     # Text that spells "<|endoftext|>" or "</s>" stays text: only real boundaries get the eot id.
     tok.encode_special_tokens = True
     encode = getattr(tok, "encode_batch_fast", tok.encode_batch)    # no offsets: faster
+    # Byte-level tokenizers split safely at line ends; SentencePiece would add a dummy-prefix space
+    # to every piece, so it gets whole documents.
+    split = _chunks if _is_byte_level(tok) else (lambda text: [text])
     docs = iter(docs)
     while True:
         batch = [d for _, d in zip(range(_ENCODE_BATCH), docs)]
         if not batch:
             return
-        pieces = [_pieces(tok, d.text) for d in batch]
+        pieces = [list(split(d.text)) for d in batch]
         flat = [p for ps in pieces for p in ps]
         t0 = time.perf_counter()
         encs = encode(flat, add_special_tokens=False)
@@ -726,7 +725,8 @@ def prepare(cfg: DataConfig, out_dir: str | os.PathLike | None = None, cache_dir
     """Tokenize ``cfg``'s corpus into ``out_dir`` (default ``data/<dataset_dir_name>``); return the manifest.
 
     Idempotent: an existing manifest for the same config whose files still hash right is returned
-    as is. Shards and tokenizer are written first and the manifest last, each atomically, so a
+    as is (the source is not re-read: after editing local corpus files, delete the folder, or let
+    ``dvc repro`` do it). Shards and tokenizer are written first and the manifest last, each atomically, so a
     manifest on disk always describes complete files."""
     cfg.validate()
     out = Path(out_dir) if out_dir else PROJECT_ROOT / "data" / dataset_dir_name(cfg)
@@ -747,12 +747,11 @@ def prepare(cfg: DataConfig, out_dir: str | os.PathLike | None = None, cache_dir
     tok_json = tok.to_str().encode()
     _atomic_write_bytes(out / TOKENIZER_FILE, tok_json)
     vocab = tok.get_vocab_size()
-    val_tokens = load_split_unchecked(out, "val", _dtype_for(vocab))
+    val_tokens = _memmap(out, "val", _dtype_for(vocab))
     splits["val"]["unigram_entropy"] = unigram_entropy(val_tokens, vocab)
     import tokenizers
     manifest = {
         "format": FORMAT_VERSION,
-        "name": out.name,
         "config": _config_dict(cfg),
         "source": _describe_source(cfg),
         "corpus_hash": corpus_hash,
@@ -827,7 +826,7 @@ def read_manifest(out_dir: str | os.PathLike) -> dict:
         return json.load(f)
 
 
-def load_split_unchecked(out_dir: Path, split: str, dtype: np.dtype) -> np.memmap:
+def _memmap(out_dir: Path, split: str, dtype: np.dtype) -> np.memmap:
     return np.memmap(Path(out_dir) / f"{split}.bin", dtype=dtype, mode="r")
 
 
@@ -840,7 +839,7 @@ def load_split(out_dir: str | os.PathLike, split: str) -> np.memmap:
     entry = m["splits"][split]
     path = out / entry["file"]
     _verify(path, entry["sha256"])
-    return load_split_unchecked(out, split, np.dtype(m["dtype"]).newbyteorder("<"))
+    return _memmap(out, split, np.dtype(m["dtype"]).newbyteorder("<"))
 
 
 # ---------------------------------------------------------------------------------------- batches
@@ -880,7 +879,10 @@ def unigram_entropy(tokens: np.ndarray, vocab_size: int) -> float:
     trained model must beat."""
     counts = np.zeros(vocab_size, dtype=np.int64)
     for start in range(0, len(tokens), 1 << 24):          # chunks: memmaps of any size
-        counts += np.bincount(np.asarray(tokens[start:start + (1 << 24)]), minlength=vocab_size)[:vocab_size]
+        c = np.bincount(np.asarray(tokens[start:start + (1 << 24)]), minlength=vocab_size)
+        if len(c) > vocab_size:
+            raise ValueError(f"token id {len(c) - 1} >= vocab_size={vocab_size}")
+        counts += c
     p = counts[counts > 0] / counts.sum()
     return float(-(p * np.log(p)).sum())
 
@@ -891,6 +893,8 @@ def build_parser() -> argparse.ArgumentParser:
     d = DataConfig()
     p = argparse.ArgumentParser(prog="python -m mapl.data", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--profile", default=None,
+                   help="take the data settings of this params.yaml profile (micro, cpu, paper); flags below are then ignored")
     p.add_argument("--out", default=None, help="output folder (default: data/<dataset_dir_name>)")
     p.add_argument("--source", choices=SOURCES, default=d.source, help="corpus source")
     p.add_argument("--paths", nargs="+", default=list(d.paths), help="files/globs (text, parquet, hf data_files)")
@@ -929,7 +933,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
-        cfg = config_from_args(args).validate()
+        if args.profile:
+            from .config import load_run_config      # late import: config imports this module
+            cfg = load_run_config(args.profile).data.validate()
+        else:
+            cfg = config_from_args(args).validate()
     except ValueError as e:
         parser.error(str(e))            # exit 2, message names the field and what is allowed
     out = Path(args.out) if args.out else PROJECT_ROOT / "data" / dataset_dir_name(cfg)

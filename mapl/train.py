@@ -210,7 +210,7 @@ def run(cfg: RunConfig, out: Path | None = None, ckpt: Path | None = None, progr
     val_tok = mdata.load_split(data_dir, "val")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     t = cfg.train
-    val_batches = mdata.eval_batches(val_tok, t.eval_batch_size, t.seq_len, t.eval_tokens)
+    val_batches = mdata.eval_batches(val_tok[t.eval_offset:], t.eval_batch_size, t.seq_len, t.eval_tokens)
 
     sm = build_staged_model(cfg, vocab).to(device)
     opts = build_optimizers(sm, cfg)
@@ -238,7 +238,7 @@ def run(cfg: RunConfig, out: Path | None = None, ckpt: Path | None = None, progr
                     loss = sm(xs, ys, meter) / t.micro_batches      # normalised explicitly: mean over micro-batches
                 _check_finite(loss, step)
                 loss.backward()
-                loss_sum += float(loss)
+                loss_sum += float(loss.detach())
             if t.grad_clip:
                 torch.nn.utils.clip_grad_norm_([p for p in sm.parameters() if p.grad is not None], t.grad_clip)
             for opt in opts:
@@ -349,9 +349,9 @@ def _results(cfg, sm, meter, state, manifest, wall) -> dict:
         "wall_s": wall, "train_wall_s": state["train_wall"],
         "tokens_per_s": steps * tokens_per_step / max(1e-9, state["train_wall"]),
         "n_params": sum(p.numel() for p in sm.parameters()),
-        "unigram_entropy": manifest.get("val_unigram_entropy"),
+        "unigram_entropy": manifest.get("splits", {}).get("val", {}).get("unigram_entropy"),
         "config": cfg.to_dict(),
-        "provenance": provenance(cfg, manifest.get("train_sha256", "")),
+        "provenance": provenance(cfg, manifest.get("splits", {}).get("train", {}).get("sha256", "")),
     }
 
 

@@ -1,0 +1,37 @@
+"""Shared fixtures: a tiny local corpus (never downloads) and micro run configs."""
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from mapl.config import load_run_config
+from mapl.data import DataConfig, prepare
+
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+_TEXT = """First Citizen: Before we proceed any further, hear me speak.
+All: Speak, speak.
+First Citizen: You are all resolved rather to die than to famish?
+All: Resolved. resolved.
+First Citizen: First, you know Caius Marcius is chief enemy to the people.
+"""
+
+
+@pytest.fixture(scope="session")
+def tiny_corpus(tmp_path_factory) -> Path:
+    """A byte-tokenized corpus from a few generated documents (enough windows for micro runs)."""
+    root = tmp_path_factory.mktemp("corpus")
+    for i in range(12):
+        (root / f"doc{i:02d}.txt").write_text((_TEXT * 30).replace("First", f"Citizen{i}"))
+    out = root / "prepared"
+    prepare(DataConfig(source="text", paths=(str(root / "doc*.txt"),), tokenizer="byte"), out)
+    return out
+
+
+@pytest.fixture
+def micro_cfg(tiny_corpus):
+    def make(method="none", ratio=1.0, **over):
+        cfg = load_run_config("micro", {"method": method, "ratio": ratio, **over})
+        return replace(cfg, data=DataConfig(source="text", paths=(str(tiny_corpus.parent / "doc*.txt"),),
+                                            tokenizer="byte"), data_dir=str(tiny_corpus))
+    return make

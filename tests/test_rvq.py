@@ -1,0 +1,438 @@
+"""Residual VQ on the wire (mapl-rvq): search exactness, bit packing, the receiver's own codebook copy
+and its sync protocol, statelessness in eval / dry runs, EMA learning, dead-code revival, and the
+straight-through gradient."""
+import copy
+import math
+
+import pytest
+import torch
+
+from mapl.compress.base import Compressor, WireTransfer, payload_bytes
+from mapl.compress.bitpack import pack_bits, pack_bits_rows, unpack_bits, unpack_bits_rows
+from mapl.compress.rvq import OP_EMA, OP_INIT, RVQCompressor, ResidualVQ
+
+
+class FixedProjection(Compressor):
+    """Stand-in for the projection compressor: a fixed orthonormal d x r matrix A."""
+
+    method = "test-proj"
+
+    def __init__(self, d: int, r: int, seed: int = 0, dtype=torch.float32):
+        super().__init__(d)
+        q, _ = torch.linalg.qr(torch.randn(d, r, generator=torch.Generator().manual_seed(seed), dtype=torch.float64))
+        self.register_buffer("A", q.to(dtype))
+
+    @property
+    def code_dim(self) -> int:
+        return self.A.shape[1]
+
+    def encode(self, x):
+        return x @ self.A.to(x.dtype)
+
+    def decode(self, z):
+        return z @ self.A.T.to(z.dtype)
+
+
+def make(r=8, d=16, **kw):
+    kw.setdefault("groups", 2)
+    kw.setdefault("rounds", 2)
+    kw.setdefault("codebook_size", 16)
+    return RVQCompressor(FixedProjection(d, r), **kw)
+
+
+def roundtrip(c, z):
+    return c.unpack(c.pack(z), z.dtype)
+
+
+def state(c):
+    return {k: v.clone() for k, v in c.state_dict().items() if isinstance(v, torch.Tensor)}
+
+
+def same_state(a, b, keys=None):
+    keys = keys or a.keys()
+    return all(torch.equal(a[k], b[k]) for k in keys)
+
+
+class RecordingMeter:
+    def __init__(self):
+        self.calls = []
+
+    def add_payload(self, boundary, direction, payload, roles, tokens):
+        by = {"data": 0, "sync": 0}
+        for t, role in zip(payload, roles):
+            by[role] += t.numel() * t.element_size()
+        self.calls.append((direction, by, tokens))
+
+
+# ---- search ---------------------------------------------------------------------------------
+
+def reference_search(x, cb):
+    """Loop-based greedy residual search in float64: x (N, dim), cb (G, R, K, ds) -> (N, G, R)."""
+    G, R, K, ds = cb.shape
+    xs, cbs = x.double().tolist(), cb.double().tolist()
+    out = []
+    for tok in xs:
+        row = []
+        for g in range(G):
+            res = tok[g * ds:(g + 1) * ds]
+            picks = []
+            for r in range(R):
+                dists = [sum((a - b) ** 2 for a, b in zip(res, c)) for c in cbs[g][r]]
+                k = min(range(K), key=lambda j: dists[j])
+                picks.append(k)
+                res = [a - b for a, b in zip(res, cbs[g][r][k])]
+            row.append(picks)
+        out.append(row)
+    return torch.tensor(out)
+
+
+@pytest.mark.parametrize("chunk_elems", [1, 1 << 21])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_search_equals_bruteforce_residual_search(chunk_elems, dtype):
+    q = ResidualVQ(dim=12, groups=3, rounds=3, codebook_size=16, kmeans_init=False, seed=3, chunk_elems=chunk_elems)
+    q = q.to(dtype)
+    z = torch.randn(5, 7, 12, generator=torch.Generator().manual_seed(0), dtype=dtype)
+    idx, resid = q.search(z, return_residual=True)
+    assert idx.shape == (5, 7, 3, 3) and idx.dtype == torch.int64
+    ref = reference_search(z.reshape(-1, 12), q.codebooks).view(5, 7, 3, 3)
+    assert torch.equal(idx, ref)
+    tol = 1e-12 if dtype == torch.float64 else 1e-5
+    torch.testing.assert_close(q.lookup(idx), z - resid, atol=tol, rtol=0)
+
+
+def test_lookup_sums_rounds_and_concatenates_groups():
+    q = ResidualVQ(dim=6, groups=3, rounds=2, codebook_size=4, kmeans_init=False)
+    idx = torch.tensor([[[1, 2], [0, 3], [3, 3]]])
+    out = q.lookup(idx)
+    cb = q.codebooks
+    want = torch.cat([cb[g, 0, idx[0, g, 0]] + cb[g, 1, idx[0, g, 1]] for g in range(3)])
+    torch.testing.assert_close(out[0], want)
+    other = torch.randn_like(cb)
+    torch.testing.assert_close(q.lookup(idx, other)[0],
+                               torch.cat([other[g, 0, idx[0, g, 0]] + other[g, 1, idx[0, g, 1]] for g in range(3)]))
+
+
+# ---- bit packing ------------------------------------------------------------------------------
+
+def reference_bytes(vals, bits):
+    n = len(vals)
+    return sum(v << (i * bits) for i, v in enumerate(vals)).to_bytes((n * bits + 7) // 8, "little")
+
+
+@pytest.mark.parametrize("K", [16, 256, 4096, 65536])
+@pytest.mark.parametrize("count", [1, 7, 1001])
+def test_pack_bits_bit_exact(K, count):
+    bits = K.bit_length() - 1
+    v = torch.randint(0, K, (count,), generator=torch.Generator().manual_seed(count + K))
+    data = pack_bits(v, bits)
+    assert data.dtype == torch.uint8 and data.shape == (math.ceil(count * bits / 8),)
+    assert bytes(data.tolist()) == reference_bytes(v.tolist(), bits)
+    assert torch.equal(unpack_bits(data, bits, count), v)
+
+
+def test_pack_bits_every_width_and_rows():
+    g = torch.Generator().manual_seed(0)
+    for bits in range(1, 17):
+        v = torch.randint(0, 1 << bits, (3, 5, 7), generator=g)     # any shape, odd count
+        data = pack_bits(v, bits)
+        assert bytes(data.tolist()) == reference_bytes(v.reshape(-1).tolist(), bits)
+        assert torch.equal(unpack_bits(data, bits, v.numel()), v.reshape(-1))
+        rows = pack_bits_rows(v.reshape(3, 35), bits)
+        assert rows.shape == (3, math.ceil(35 * bits / 8))
+        assert all(torch.equal(rows[i], pack_bits(v[i], bits)) for i in range(3))
+        assert torch.equal(unpack_bits_rows(rows, bits, 35), v.reshape(3, 35))
+    assert torch.equal(pack_bits(torch.tensor([1, 255]), 8), torch.tensor([1, 255], dtype=torch.uint8))
+    with pytest.raises(ValueError):
+        pack_bits(torch.tensor([16]), 4)
+    with pytest.raises(ValueError):
+        pack_bits(torch.tensor([1]), 17)
+
+
+# ---- receiver copy and sync ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("mode", ["full", "stream", "mirrored"])
+def test_receiver_decodes_with_its_own_copy(mode):
+    c = make(sync=mode).eval()
+    z = torch.randn(2, 5, 8)
+    roundtrip(c, z)                                      # a first message: receiver applies a sync slice
+    payload = c.pack(z)
+    idx = c.rvq.search(z)
+    expected = c.recv.lookup(idx).clone()
+    with torch.no_grad():
+        c.rvq.codebooks.add_(torch.randn_like(c.rvq.codebooks))   # the sender's codebooks move after the pack
+    out = c.unpack(payload, z.dtype)
+    torch.testing.assert_close(out, expected, atol=0, rtol=0)
+    assert not torch.allclose(out, c.rvq.lookup(idx))
+
+
+@pytest.mark.parametrize("fraction,cycle", [(None, 16), (0.25, 4), (0.3, 4)])
+def test_stream_converges_exactly_with_frozen_codebooks(fraction, cycle):
+    c = make(sync="stream", stream_fraction=fraction).eval()
+    assert c.stream_cycle == cycle
+    c.rvq.set_codebooks(torch.randn_like(c.rvq.codebooks))
+    z = torch.randn(2, 4, 8)
+    for i in range(cycle):
+        s, r = c.codebook_checksums()
+        assert s != r
+        roundtrip(c, z)
+        assert c.staleness() == (0 if i == cycle - 1 else 1)
+    s, r = c.codebook_checksums()
+    assert s == r and torch.equal(c.rvq.codebooks, c.recv.codebooks)
+    assert c.check_sync()["identical"]
+
+
+@pytest.mark.parametrize("mode", ["stream", "full", "mirrored"])
+@pytest.mark.parametrize("T", [6, 5])
+def test_bytes_match_declaration(mode, T):
+    r, G, R, K = 8, 4, 2, 16
+    c = make(r=r, groups=G, rounds=R, codebook_size=K, sync=mode, stream_fraction=0.25 if mode == "stream" else None)
+    c.train()
+    ds, bits, B = r // G, 4, 3
+    declared_sync = {"stream": 24 + G * R * 4 * (4 + 4 * ds), "full": 24 + G * R * K * ds * 4,
+                     "mirrored": 24 + G * R * K * ds * 4 + G * R * (K // 16) * (4 + 4 * ds)}[mode]
+    assert c.sync_bytes_per_microbatch() == declared_sync
+    assert c.wire_bytes_per_token("fwd") == G * R * bits / 8
+    assert c.wire_bytes_per_token("bwd") == 2 * r
+    meter = RecordingMeter()
+    x = torch.randn(B, T, 16, requires_grad=True)
+    for _ in range(3):
+        y = c.decode(WireTransfer.apply(c.encode(x), c, meter, 0))
+        y.sum().backward()
+    for direction, by, tokens in meter.calls:
+        if direction == "fwd":
+            assert by["sync"] == declared_sync
+            assert by["data"] == B * math.ceil(T * G * R * bits / 8)
+            if T * G * R * bits % 8 == 0:
+                assert by["data"] == c.wire_bytes_per_token("fwd") * tokens
+        else:
+            assert by == {"data": c.wire_bytes_per_token("bwd") * tokens, "sync": 0}
+    payload = c.pack(torch.randn(B, T, r))
+    spec = c.payload_spec((B, T), "fwd")
+    assert [(tuple(t.shape), t.dtype) for t in payload] == [(tuple(s), dt) for s, dt in spec]
+    assert len(c.payload_roles("fwd")) == len(payload)
+    assert c.diagnostics()["sync_bytes_total"] == 4 * declared_sync
+
+
+def test_defaults_halve_mapl_bytes():
+    c = RVQCompressor(FixedProjection(256, 64))
+    assert (c.rvq.groups, c.rvq.rounds, c.rvq.codebook_size) == (32, 2, 256)
+    assert c.wire_bytes_per_token("fwd") == 64                  # r bytes/token vs MAPL's 2r
+    assert c.wire_bytes_per_token("bwd") == 128
+    assert c.stream_n == 1 and c.stream_cycle == 256
+    assert RVQCompressor(FixedProjection(256, 64), groups=16, rounds=1).wire_bytes_per_token("fwd") == 16   # 8x over bf16 z
+
+
+def test_mirrored_and_full_stay_bit_identical_while_learning():
+    g = torch.Generator().manual_seed(0)
+    for mode in ("mirrored", "full"):
+        c = make(sync=mode, dead_code_threshold=3.0, decay=0.8).train()
+        ops = []
+        for _ in range(12):
+            z = torch.randn(2, 6, 8, generator=g)
+            payload = c.pack(z)
+            ops.append(int(payload[1][1]))
+            c.unpack(payload, z.dtype)
+            s, r = c.codebook_checksums()
+            assert s == r
+            assert c.check_sync()["staleness"] == 0
+        assert ops[0] == OP_INIT and set(ops[1:]) == {OP_EMA}
+        if mode == "mirrored":
+            assert same_state(c.rvq.state_dict(), c.recv.state_dict(),
+                              ["codebooks", "cluster_size", "embed_sum", "version"])
+
+
+def test_mirrored_detects_a_lost_message():
+    c = make(sync="mirrored").train()
+    roundtrip(c, torch.randn(2, 6, 8))
+    c.pack(torch.randn(2, 6, 8))                         # message lost
+    roundtrip(c, torch.randn(2, 6, 8))
+    with pytest.raises(RuntimeError, match="version gap"):
+        c.check_sync()
+
+
+def test_stream_staleness_is_bounded_while_learning():
+    c = make(sync="stream", stream_fraction=0.25).train()      # n=4, cycle 4
+    worst = 0
+    g = torch.Generator().manual_seed(1)
+    for _ in range(20):
+        roundtrip(c, torch.randn(2, 6, 8, generator=g))
+        worst = max(worst, c.check_sync()["staleness"])
+    assert 0 < worst <= 2 * c.stream_cycle - 2
+    tight = make(sync="stream", max_staleness=1).train()
+    for _ in range(3):
+        roundtrip(tight, torch.randn(2, 6, 8, generator=g))
+    with pytest.raises(RuntimeError, match="staleness"):
+        tight.check_sync()
+    assert tight.check_sync(raise_on_error=False)["ok"] is False
+
+
+# ---- statefulness ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("mode", ["stream", "full", "mirrored"])
+def test_no_codebook_change_in_eval_or_dry_run(mode):
+    c = make(sync=mode)
+    z = torch.randn(2, 6, 8)
+    # dry run in training mode: nothing at all changes (not even k-means init or the stream cursor)
+    c.train()
+    before = state(c)
+    ref = copy.deepcopy(c)
+    c.dry_run = True
+    assert c.inner.dry_run
+    out = roundtrip(c, z)
+    assert out.shape == z.shape
+    # shape inference feeds uninitialised buffers: garbage must not crash or change anything
+    junk = []
+    for shape, dt in c.payload_spec((2, 6), "fwd"):
+        nbytes = math.prod(shape) * torch.tensor([], dtype=dt).element_size()
+        junk.append(torch.randint(0, 256, (nbytes,), dtype=torch.uint8).view(dt).view(shape))
+    assert c.unpack(junk, torch.float32).shape == (2, 6, 8)
+    assert same_state(before, state(c)) and not bool(c.rvq.initted)
+    c.dry_run = False
+    a, b = c.pack(z), ref.pack(z)                  # the dry run left no trace in what comes next
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    c.unpack(a, z.dtype)
+    # eval: the sender's codebooks and EMA state are frozen
+    c.eval()
+    sender = {k: v for k, v in state(c).items() if k.startswith("rvq.")}
+    for _ in range(3):
+        roundtrip(c, torch.randn(2, 6, 8))
+    assert same_state(sender, state(c), sender.keys())
+
+
+def test_wire_transfer_forward_is_the_receiver_decode():
+    c = make(sync="stream").train()
+    for _ in range(3):
+        roundtrip(c, torch.randn(2, 6, 8))
+    ref = copy.deepcopy(c)
+    z = torch.randn(2, 6, 8)
+    out = WireTransfer.apply(z, c, None, 0)
+    torch.testing.assert_close(out, ref.recv.lookup(ref.rvq.search(z)), atol=0, rtol=0)
+
+
+def test_state_dict_roundtrip_is_deterministic():
+    g = torch.Generator().manual_seed(2)
+    c = make(sync="stream", dead_code_threshold=2.0).train()
+    for _ in range(5):
+        roundtrip(c, torch.randn(2, 6, 8, generator=g))
+    d = make(sync="stream", dead_code_threshold=2.0).train()
+    d.load_state_dict(c.state_dict())
+    for _ in range(5):
+        z = torch.randn(2, 6, 8, generator=g)
+        a, b = c.pack(z), d.pack(z)
+        assert all(torch.equal(x, y) for x, y in zip(a, b))
+        c.unpack(a, z.dtype), d.unpack(b, z.dtype)
+
+
+# ---- learning -------------------------------------------------------------------------------
+
+def clustered(n, g, centers, noise=0.05):
+    k = torch.randint(0, centers.shape[0], (n,), generator=g)
+    return centers[k] + noise * torch.randn(n, centers.shape[1], generator=g)
+
+
+def test_ema_update_reduces_quantisation_error_on_clustered_data():
+    g = torch.Generator().manual_seed(0)
+    centers = 3 * torch.randn(12, 8, generator=g)
+    q = ResidualVQ(dim=8, groups=2, rounds=1, codebook_size=16, decay=0.8, kmeans_init=False, seed=1)
+
+    def err():
+        x = clustered(512, g, centers)
+        _, res = q.search(x, return_residual=True)
+        return float(res.pow(2).sum() / x.pow(2).sum())
+
+    first = err()
+    for _ in range(40):
+        x = clustered(512, g, centers)
+        q.update(x, q.search(x))
+    assert err() < 0.25 * first
+
+    c = make(r=8, groups=2, rounds=2, codebook_size=16, decay=0.9).train()
+    errs = []
+    for _ in range(20):
+        c.pack(clustered(512, g, centers).view(4, 128, 8))
+        errs.append(c.diagnostics()["rel_mse"])
+    assert errs[1] < 0.01 * errs[0]                     # k-means init after the first micro-batch
+    assert sum(errs[-5:]) <= 1.2 * sum(errs[1:6])       # EMA does not undo it (batch noise ~10%)
+
+
+def test_dead_codes_are_revived():
+    g = torch.Generator().manual_seed(0)
+    q = ResidualVQ(dim=4, groups=1, rounds=1, codebook_size=16, decay=0.8, kmeans_init=False,
+                   dead_code_threshold=0.5, seed=2)
+    cb = q.codebooks.clone()
+    cb[0, 0, 8:] = 100.0                                # far from the data: never assigned
+    q.set_codebooks(cb)
+    revived_at = None
+    for step in range(12):
+        x = torch.randn(256, 4, generator=g)
+        prev = q.codebooks.clone()
+        q.update(x, q.search(x))
+        moved = (q.codebooks[0, 0, 8:] - prev[0, 0, 8:]).abs().amax(-1) > 1.0
+        if moved.any() and revived_at is None:
+            revived_at = step
+            k = 8 + moved.nonzero()[:, 0]
+            assert torch.all(q.cluster_size[0, 0, k] == q.revive_count)          # EMA state reset
+            torch.testing.assert_close(q.embed_sum[0, 0, k], q.codebooks[0, 0, k] * q.revive_count)
+            # each revived code is a residual (round-0 target = the token itself) from the batch
+            assert all((x - q.codebooks[0, 0, kk]).abs().amax(-1).min() == 0 for kk in k)
+    assert revived_at is not None
+    assert q.codebooks[0, 0, 8:].abs().max() < 10      # all far codes came back to the data
+    off = ResidualVQ(dim=4, groups=1, rounds=1, codebook_size=16, decay=0.8, kmeans_init=False, dead_code_threshold=0.0)
+    off.set_codebooks(cb)
+    for _ in range(12):
+        x = torch.randn(256, 4, generator=g)
+        off.update(x, off.search(x))
+    assert torch.all(off.codebooks[0, 0, 8:] > 90)              # never revived (Laplace smoothing drifts them a bit)
+
+
+def test_diagnostics_report_usage():
+    c = make(dead_code_threshold=1.0).train()
+    for _ in range(3):
+        roundtrip(c, torch.randn(4, 16, 8))
+    d = c.diagnostics()
+    for key in ("codebook_perplexity_mean", "dead_code_pct", "staleness", "sync_bytes_total", "rel_mse",
+                "codebook_perplexity_per_round", "dead_code_pct_per_round"):
+        assert key in d
+    assert 1.0 <= d["codebook_perplexity_mean"] <= 16 and 0 <= d["dead_code_pct"] <= 100
+    assert len(d["codebook_perplexity_per_round"]) == 2
+
+
+# ---- gradient -------------------------------------------------------------------------------
+
+def test_straight_through_gradcheck():
+    """f(x) = decode(wire(encode(x))): the wire quantises (piecewise constant), so the STE claims
+    df/dx = A A^T. F = f - f.detach() + (decode(encode(x))).detach() has F's value = the unquantised
+    path (whose finite differences are A A^T) and F's autograd gradient = f's STE backward, so
+    gradcheck compares the STE backward with the projection's Jacobian."""
+    c = RVQCompressor(FixedProjection(6, 4, dtype=torch.float64), groups=2, rounds=1, codebook_size=16,
+                      grad_dtype=torch.float64).eval()
+    roundtrip(c, torch.randn(1, 1, 4))
+
+    def F(x):
+        f = c.decode(WireTransfer.apply(c.encode(x), c, None, 0))
+        return f - f.detach() + c.decode(c.encode(x)).detach()
+
+    x = torch.randn(2, 3, 6, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(F, (x,), eps=1e-6, atol=1e-8)
+    # and with the default bf16 gradient wire: the r-wide gradient is rounded to bf16, nothing else
+    c16 = RVQCompressor(FixedProjection(6, 4, dtype=torch.float64), groups=2, rounds=1, codebook_size=16).train()
+    u = torch.randn(2, 3, 6, dtype=torch.float64)
+    x.grad = None
+    (c16.decode(WireTransfer.apply(c16.encode(x), c16, None, 0)) * u).sum().backward()
+    A = c16.inner.A
+    torch.testing.assert_close(x.grad, (u @ A).to(torch.bfloat16).double() @ A.T, atol=0, rtol=0)
+
+
+# ---- validation -----------------------------------------------------------------------------
+
+def test_constructor_validation():
+    with pytest.raises(ValueError, match="power of two"):
+        ResidualVQ(dim=8, groups=2, rounds=1, codebook_size=100)
+    with pytest.raises(ValueError, match=r"dim=10.*groups=4"):
+        ResidualVQ(dim=10, groups=4, rounds=1, codebook_size=16)
+    with pytest.raises(ValueError, match="sync"):
+        make(sync="sometimes")
+    with pytest.raises(ValueError, match="stream_fraction"):
+        make(stream_fraction=0.0)
+    with pytest.raises(ValueError, match="pack expects"):
+        make().pack(torch.randn(4, 8))
