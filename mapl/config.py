@@ -57,12 +57,13 @@ class CompressorConfig:
     unconstrained_optimizer: str = "muon"   # ablation "learned without constraint": muon | adamw
     int8_block: int = 0                # 0 = one absmax scale per token, else per block of this many values
     # residual VQ (mapl-rvq)
-    rvq_groups: int = 0                # 0 = default: r / 4 groups of 4 dims (see mapl/compress/rvq.py)
+    rvq_groups: int = 0                # 0 = default: r / 2 groups of 2-dim codewords (see mapl/compress/rvq.py)
     rvq_rounds: int = 2
     rvq_codebook_size: int = 256
     rvq_decay: float = 0.99
     rvq_sync: str = "stream"           # stream | full | mirrored
     rvq_max_staleness: int = 1000
+    rvq_search_with: str = "receiver"  # encode against the codebook the receiver holds (sender mirrors it)
     seed: int = 1234                   # fixed projector/shift seeds (shared by all ranks, never sent)
 
     def resolved(self) -> "CompressorConfig":
@@ -94,11 +95,13 @@ class CompressorConfig:
             K = c.rvq_codebook_size
             if K < 2 or K & (K - 1):
                 _bad("rvq_codebook_size", K, "must be a power of two >= 2")
-            g = c.rvq_groups or max(1, c.rank(d_model) // 4)
+            g = c.rvq_groups or max(1, c.rank(d_model) // 2)
             if c.rank(d_model) % g:
                 _bad("rvq_groups", c.rvq_groups, f"must divide the rank r={c.rank(d_model)}")
             if c.rvq_sync not in ("stream", "full", "mirrored"):
                 _bad("rvq_sync", c.rvq_sync, "allowed: 'stream', 'full', 'mirrored'")
+            if c.rvq_search_with not in ("sender", "receiver"):
+                _bad("rvq_search_with", c.rvq_search_with, "allowed: 'sender', 'receiver'")
         if c.anchor_rank < 0 or c.anchor_rank > d_model:
             _bad("anchor_rank", c.anchor_rank, f"must be in [0, d_model={d_model}]")
         return c

@@ -116,6 +116,22 @@ class StagedModel(nn.Module):
             return out
         return F.cross_entropy(out.float().reshape(-1, out.shape[-1]), targets.reshape(-1))
 
+    @torch.no_grad()
+    def find_nonfinite(self, ids: torch.Tensor) -> str | None:
+        """Diagnose a non-finite loss off the hot path: the first place (stage output or boundary
+        message) that holds NaN/Inf, or None if the forward is finite."""
+        x = None
+        for s in range(self.n_stages):
+            out = self.stage_forward(s, x, ids)
+            if not torch.isfinite(out).all():
+                return f"stage {s} output" + ("" if s == self.n_stages - 1 else f" (boundary {s}, before the wire)")
+            if s < self.n_stages - 1:
+                comp = self.boundaries[str(s)]
+                x = comp.unpack(comp.pack(out), out.dtype)
+                if not torch.isfinite(x).all():
+                    return f"boundary {s} message after the wire"
+        return None
+
     # ---- bookkeeping ----------------------------------------------------------------------
     def compressors(self):
         return [self.boundaries[str(p)] for p in range(self.n_stages - 1)]

@@ -151,10 +151,21 @@ def evaluate(sm: StagedModel, batches, cfg: RunConfig, device) -> float:
     return total / max(1, len(batches))
 
 
-def _check_finite(loss: torch.Tensor, step: int) -> None:
+def _check_finite(loss: torch.Tensor, step: int, sm: StagedModel, ids: torch.Tensor) -> None:
+    """One host sync per micro-batch (the loss is read for logging anyway); the culprit is searched
+    only after a failure, so the hot path stays free of per-boundary checks."""
     if not torch.isfinite(loss):
-        raise FloatingPointError(f"non-finite training loss {float(loss)} at step {step}; "
-                                 "the last good checkpoint is kept")
+        where = sm.find_nonfinite(ids) or "the loss only (activations finite)"
+        raise FloatingPointError(f"non-finite training loss {float(loss.detach())} at step {step}; first non-finite "
+                                 f"value: {where}. The last good checkpoint is kept; lower the LR or resume from it")
+
+
+def _check_stiefel(sm: StagedModel, step: int) -> None:
+    for p, comp in enumerate(sm.compressors()):
+        for name, prm in comp.named_parameters():
+            if getattr(prm, "mapl_role", None) and not torch.isfinite(prm).all():
+                raise FloatingPointError(f"non-finite projector {name} of boundary {p} (sender: stage {p}) after "
+                                         f"the optimizer step of step {step}; the last good checkpoint is kept")
 
 
 # ---- the run ----------------------------------------------------------------------------------
@@ -236,7 +247,7 @@ def run(cfg: RunConfig, out: Path | None = None, ckpt: Path | None = None, progr
                 xs, ys = x[i * mb:(i + 1) * mb], y[i * mb:(i + 1) * mb]
                 with autocast_ctx(cfg, device):
                     loss = sm(xs, ys, meter) / t.micro_batches      # normalised explicitly: mean over micro-batches
-                _check_finite(loss, step)
+                _check_finite(loss, step, sm, xs)
                 loss.backward()
                 loss_sum += float(loss.detach())
             if t.grad_clip:
@@ -244,6 +255,7 @@ def run(cfg: RunConfig, out: Path | None = None, ckpt: Path | None = None, progr
             for opt in opts:
                 opt.step()
                 opt.zero_grad(set_to_none=True)
+            _check_stiefel(sm, step)
             _sync_boundaries(sm, meter)
             state["step"] = step + 1
             state["train_wall"] += time.time() - ts

@@ -436,3 +436,36 @@ def test_constructor_validation():
         make(stream_fraction=0.0)
     with pytest.raises(ValueError, match="pack expects"):
         make().pack(torch.randn(4, 8))
+
+
+# ---- two objects = two processes ------------------------------------------------------------
+
+def test_separate_sender_and_receiver_objects_converge_when_frozen():
+    sender = make(sync="stream", stream_fraction=0.25).eval()
+    receiver = copy.deepcopy(sender)                     # same config and seed: identical at version 0
+    sender.rvq.set_codebooks(torch.randn_like(sender.rvq.codebooks))
+    z = torch.randn(2, 4, 8)
+    for _ in range(sender.stream_cycle):
+        receiver.unpack(sender.pack(z), z.dtype)
+    assert torch.equal(receiver.recv.codebooks, sender.rvq.codebooks)
+    assert receiver.staleness() == 0
+
+
+@pytest.mark.parametrize("one_object", [False, True])
+def test_search_with_receiver_keeps_encoder_and_decoder_codebooks_identical(one_object):
+    g = torch.Generator().manual_seed(3)
+    sender = make(sync="stream", search_with="receiver", dead_code_threshold=2.0).train()
+    receiver = sender if one_object else copy.deepcopy(sender)
+    for _ in range(12):
+        z = torch.randn(2, 6, 8, generator=g)
+        payload = sender.pack(z)
+        shadow = sender.recv.codebooks.clone()           # what the sender searched
+        assert torch.equal(shadow, receiver.recv.codebooks)
+        out = receiver.unpack(payload, z.dtype)
+        idx = unpack_bits_rows(payload[0], 4, 6 * 2 * 2).view(2, 6, 2, 2)
+        assert torch.equal(out, sender.rvq.lookup(idx, shadow))
+        rel = float((out - z).pow(2).sum() / z.pow(2).sum())
+        assert rel == pytest.approx(sender.diagnostics()["rel_mse"], rel=1e-4)
+    assert not torch.equal(sender.rvq.codebooks, sender.recv.codebooks)     # learning runs ahead of the stream
+    with pytest.raises(ValueError, match="search_with"):
+        make(sync="mirrored", search_with="receiver")

@@ -14,7 +14,7 @@ def _losses(res):
     return [l for _, l in res["train_loss_curve"]]
 
 
-@pytest.mark.parametrize("method,ratio", [("none", 1), ("int8", 1), ("ssn", 4), ("mapl", 4)])
+@pytest.mark.parametrize("method,ratio", [("none", 1), ("int8", 1), ("ssn", 4), ("mapl", 4), ("mapl-rvq", 4)])
 def test_measured_bytes_equal_declared(micro_cfg, method, ratio, tmp_path):
     res = run(micro_cfg(method, ratio), out=tmp_path / "r.json", progress=False, log=lambda *a: None)
     w = res["wire"]
@@ -23,6 +23,8 @@ def test_measured_bytes_equal_declared(micro_cfg, method, ratio, tmp_path):
     assert json.loads((tmp_path / "r.json").read_text())["val_loss"] == res["val_loss"]
     if method in ("ssn", "mapl"):
         assert res["ratio"] == ratio
+    if method == "mapl-rvq":
+        assert res["ratio"] == 2 * ratio          # RVQ halves the projection's bytes
         assert w["id_bytes_per_token"] == 2
 
 
@@ -32,7 +34,7 @@ def test_same_seed_same_losses(micro_cfg):
     assert _losses(a) == _losses(b)
 
 
-@pytest.mark.parametrize("method,ratio", [("none", 1), ("mapl", 4)])
+@pytest.mark.parametrize("method,ratio", [("none", 1), ("mapl", 4), ("mapl-rvq", 4)])
 def test_sigint_checkpoints_and_resume_equals_uninterrupted(micro_cfg, tmp_path, monkeypatch, method, ratio):
     cfg = micro_cfg(method, ratio)
     full = run(cfg, progress=False, log=lambda *a: None)
@@ -88,3 +90,53 @@ def test_truncated_checkpoint_is_refused(micro_cfg, tmp_path):
     ck.write_bytes(b"PK\x03\x04 not really a checkpoint")
     with pytest.raises(ValueError, match="cannot be loaded safely"):
         run(micro_cfg("none"), ckpt=ck, progress=False, log=lambda *a: None)
+
+
+def test_default_recipe_learns_far_below_the_unigram_entropy(micro_cfg, tiny_corpus):
+    res = run(micro_cfg("none", **{"train.steps": 40}), progress=False, log=lambda *a: None)
+    assert res["unigram_entropy"] > 2.5
+    assert res["val_loss"] < res["unigram_entropy"] - 1.0
+
+
+def test_nan_in_a_boundary_names_the_step_and_stage(micro_cfg, monkeypatch, tmp_path):
+    cfg = micro_cfg("mapl", 4, **{"stages": 4})
+    import mapl.compress.projection as P
+    real = P.ProjectionCompressor.encode
+    calls = []
+
+    def encode(self, x):
+        z = real(self, x)
+        calls.append(1)
+        if len(calls) > 12 and self is stage1[0]:
+            z = z * float("nan")
+        return z
+    stage1 = []
+    import mapl.stages as S
+    real_build = S.build_staged_model
+
+    def build(cfg_, vocab):
+        sm = real_build(cfg_, vocab)
+        stage1.append(sm.boundaries["1"])
+        return sm
+    monkeypatch.setattr(P.ProjectionCompressor, "encode", encode)
+    import mapl.train as T
+    monkeypatch.setattr(T, "build_staged_model", build)
+    with pytest.raises(FloatingPointError, match=r"step \d+.*stage 1 output \(boundary 1"):
+        run(cfg, ckpt=tmp_path / "c.pt", progress=False, log=lambda *a: None)
+
+
+def test_nan_in_the_projector_names_the_boundary(micro_cfg, monkeypatch):
+    import mapl.optim as O
+    real_step = O.SPEL.step
+    n = []
+
+    def step(self, closure=None):
+        out = real_step(self, closure)
+        n.append(1)
+        if len(n) == 3:
+            for g in self.param_groups:
+                g["params"][0].data[0, 0] = float("inf")
+        return out
+    monkeypatch.setattr(O.SPEL, "step", step)
+    with pytest.raises(FloatingPointError, match=r"projector A of boundary 0 .* step 2"):
+        run(micro_cfg("mapl", 4), progress=False, log=lambda *a: None)

@@ -40,6 +40,7 @@ def build_boundary(comp, d_model: int, boundary: int, shared_U: torch.Tensor | N
     if comp.method != "mapl-rvq":
         return proj
     from .rvq import RVQCompressor           # imported here: optional heavy path
-    return RVQCompressor(proj, groups=comp.rvq_groups or max(1, r // 4), rounds=comp.rvq_rounds,
+    return RVQCompressor(proj, groups=comp.rvq_groups or None, rounds=comp.rvq_rounds,
                          codebook_size=comp.rvq_codebook_size, decay=comp.rvq_decay, sync=comp.rvq_sync,
-                         max_staleness=comp.rvq_max_staleness, seed=comp.seed + 200 + boundary)
+                         max_staleness=comp.rvq_max_staleness, search_with=comp.rvq_search_with,
+                         seed=comp.seed + 200 + boundary)

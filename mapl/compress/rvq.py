@@ -119,31 +119,30 @@ class ResidualVQ(nn.Module):
         self._gen.set_state(state["gen"])
 
     # ---- pure ------------------------------------------------------------------------------
-    def _compute_dtype(self, z: torch.Tensor) -> torch.dtype:
-        return torch.float64 if torch.float64 in (z.dtype, self.codebooks.dtype) else torch.float32
-
     def _chunk(self) -> int:
         return max(1, self.chunk_elems // (self.groups * self.codebook_size))
 
     @torch.no_grad()
-    def search(self, z: torch.Tensor, *, return_residual: bool = False):
+    def search(self, z: torch.Tensor, *, codebooks: torch.Tensor | None = None, return_residual: bool = False):
         """Greedy residual nearest-codeword search: ``z (..., dim) -> idx (..., G, R)`` (int64).
 
         Round r quantises the residual left by rounds < r with codebook r. Distances are
         ``||x||^2 - 2 x.c + ||c||^2`` via batched matmul; ``||x||^2`` is the same for every codeword, so
         the argmin is taken over ``||c||^2 - 2 x.c``. Tokens go in chunks so the (G, chunk, K) distance
         matrix stays ~``chunk_elems``; Python loops run over chunks and rounds only. Computed in float64
-        if z or the codebooks are float64, else float32. With ``return_residual`` also returns the
-        final residual ``z - lookup(idx)`` (as computed by the search), shape (..., dim).
+        if z or the codebooks are float64, else float32. ``codebooks`` (default: this module's) selects
+        the codebooks searched. With ``return_residual`` also returns the final residual
+        ``z - lookup(idx)`` (as computed by the search), shape (..., dim).
         """
         if z.shape[-1] != self.dim:
             raise ValueError(f"search expects last dim {self.dim}, got shape {tuple(z.shape)}")
         G, R, K, ds = self.groups, self.rounds, self.codebook_size, self.sub_dim
         lead = z.shape[:-1]
-        dt = self._compute_dtype(z)
+        cb = self.codebooks if codebooks is None else codebooks
+        dt = torch.float64 if torch.float64 in (z.dtype, cb.dtype) else torch.float32
         x = z.detach().reshape(-1, G, ds).to(dt).transpose(0, 1)     # (G, N, ds) view
         N = x.shape[1]
-        C = self.codebooks.to(dt)                                       # (G, R, K, ds)
+        C = cb.to(dt)                                                   # (G, R, K, ds)
         Ct = C.transpose(-1, -2)                                        # (G, R, ds, K)
         c2 = (C * C).sum(-1).unsqueeze(2)                               # (G, R, 1, K)
         gi = torch.arange(G, device=z.device)[:, None]
@@ -187,8 +186,9 @@ class ResidualVQ(nn.Module):
         counts = torch.bincount((i + base).reshape(-1), minlength=G * R * K)
         return counts.view(G, R, K).to(self.codebooks.dtype)
 
-    def _targets(self, x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-        """Round-r targets: the residuals the search quantised in round r. x (N,G,ds) -> (N,G,R,ds)."""
+    def _targets(self, x: torch.Tensor, idx: torch.Tensor, cb: torch.Tensor) -> torch.Tensor:
+        """Round-r targets: the residuals the search (with codebooks ``cb``) quantised in round r.
+        x (N,G,ds) -> (N,G,R,ds)."""
         G, R = self.groups, self.rounds
         gi = torch.arange(G, device=x.device)[None, :]
         out = torch.empty(*x.shape[:2], R, x.shape[-1], dtype=x.dtype, device=x.device)
@@ -196,7 +196,7 @@ class ResidualVQ(nn.Module):
         for r in range(R):
             out[:, :, r] = res
             if r + 1 < R:
-                res -= self.codebooks[:, r][gi, idx[:, :, r]]
+                res -= cb[:, r][gi, idx[:, :, r]].to(x.dtype)
         return out
 
     def _assign(self, x: torch.Tensor, C: torch.Tensor) -> torch.Tensor:
@@ -286,10 +286,11 @@ class ResidualVQ(nn.Module):
         return rpos, torch.where(ok.unsqueeze(-1), rval, torch.zeros_like(rval))
 
     @torch.no_grad()
-    def update(self, z: torch.Tensor, idx: torch.Tensor) -> dict:
-        """One learning step from a batch ``z (..., dim)`` and its indices ``idx (..., G, R)`` (from
-        :meth:`search` with the current codebooks). Returns the op record a mirror needs:
-        ``{"op", "stat", "rpos", "rval", "n_tokens"}``.
+    def update(self, z: torch.Tensor, idx: torch.Tensor, *, codebooks: torch.Tensor | None = None) -> dict:
+        """One learning step from a batch ``z (..., dim)`` and its indices ``idx (..., G, R)`` from
+        :meth:`search` with ``codebooks`` (default: this module's current ones; another set, e.g. the
+        receiver's copy, makes this k-means with assignments by that set). Returns the op record a
+        mirror needs: ``{"op", "stat", "rpos", "rval", "n_tokens"}``.
 
         * not yet initialised (``kmeans_init``): residual k-means on this batch replaces the codebooks
           (``op=OP_INIT``, ``stat`` = new codebooks); no EMA step on this batch (its indices refer to
@@ -310,7 +311,7 @@ class ResidualVQ(nn.Module):
             return {"op": OP_INIT, "stat": cb, "n_tokens": N,
                     "rpos": torch.full((G, R, M), -1, dtype=torch.int32, device=dev),
                     "rval": torch.zeros(G, R, M, ds, dtype=self.codebooks.dtype, device=dev)}
-        targets = self._targets(x, i)
+        targets = self._targets(x, i, self.codebooks if codebooks is None else codebooks)
         base = (torch.arange(G, device=dev)[:, None] * R + torch.arange(R, device=dev)) * K
         flat = (i + base).reshape(-1)
         sums = torch.zeros(G * R * K, ds, dtype=x.dtype, device=dev).index_add_(0, flat, targets.reshape(-1, ds))
@@ -393,6 +394,15 @@ class RVQCompressor(Compressor):
       the same ``stat`` slot). Bit-identical copies, staleness 0, but the sums are codebook-sized, so
       it costs about as much as ``full``.
 
+    ``search_with``: ``"sender"`` (default, as specified) searches the sender's learned codebooks, so a
+    stream-synced receiver decodes some indices with stale codewords: after the k-means init, and
+    after every EMA move or dead-code revival, until the codeword is streamed again.
+    ``"receiver"`` searches the sender's *shadow* of the receiver copy instead (the sender applies its
+    own slice i to the shadow at pack i+1, so the shadow equals what the receiver decodes message
+    i+1 with): encoder and decoder codebooks always match and staleness only delays learning, at no
+    extra bytes or compute. The EMA then learns the centroids of the shadow's cells (k-means with
+    delayed assignments). For ``full`` the two settings are equivalent.
+
     Staleness (:meth:`staleness`) is the receiver's view: the newest sender version it has heard of
     minus the version of its oldest codeword (mirrored: minus its own version). :meth:`check_sync`
     raises when it exceeds ``max_staleness`` (default ``2*ceil(K/n)`` for stream, 0 otherwise) or a
@@ -415,14 +425,20 @@ class RVQCompressor(Compressor):
                  decay: float = 0.99, sync: str = "stream", stream_fraction: float | None = None,
                  max_staleness: int | None = None, seed: int = 0, grad_dtype: torch.dtype = torch.bfloat16,
                  eps: float = 1e-5, kmeans_init: bool = True, kmeans_iters: int = 10,
-                 dead_code_threshold: float = 1.0, max_revive: int | None = None,
+                 dead_code_threshold: float = 1.0, max_revive: int | None = None, search_with: str = "receiver",
                  chunk_elems: int = _DEFAULT_CHUNK_ELEMS):
         if not isinstance(inner, Compressor):
             raise TypeError(f"inner must be a Compressor, got {type(inner).__name__}")
         if sync not in self.SYNC_MODES:
             raise ValueError(f"sync={sync!r} is invalid; allowed: {', '.join(map(repr, self.SYNC_MODES))}")
+        if search_with not in ("sender", "receiver"):
+            raise ValueError(f"search_with={search_with!r} is invalid; allowed: 'sender', 'receiver'")
+        if search_with == "receiver" and sync == "mirrored":
+            raise ValueError("search_with='receiver' is for sync='stream'/'full'; with sync='mirrored' the "
+                             "receiver copy already equals the sender's codebooks at search time")
         super().__init__(inner.d_model)
         self.inner = inner
+        self.search_with = search_with
         self.inner.dry_run = self.dry_run
         r = inner.code_dim
         K = codebook_size
@@ -454,6 +470,7 @@ class RVQCompressor(Compressor):
         self.register_buffer("recv_code_version", torch.zeros(G, R, K, dtype=torch.int64))
         self.register_buffer("recv_seen_version", torch.zeros((), dtype=torch.int64))
         self._desync = False
+        self._pending = None     # search_with="receiver": the last slice, applied to the shadow copy at the next pack
         self._stats = {"microbatches": 0, "sync_bytes": 0, "data_bytes": 0, "tokens": 0,
                        "rel_mse": float("nan"), "batch_perplexity": float("nan")}
 
@@ -470,12 +487,14 @@ class RVQCompressor(Compressor):
             inner.dry_run = bool(value)
 
     def get_extra_state(self):
-        return {"stream_gen": self._stream_gen.get_state(), "stats": dict(self._stats), "desync": self._desync}
+        return {"stream_gen": self._stream_gen.get_state(), "stats": dict(self._stats), "desync": self._desync,
+                "pending": self._pending}
 
     def set_extra_state(self, state) -> None:
         self._stream_gen.set_state(state["stream_gen"])
         self._stats = dict(state["stats"])
         self._desync = bool(state["desync"])
+        self._pending = state.get("pending")
 
     # ---- in-graph: the projection ----------------------------------------------------------
     @property
@@ -572,12 +591,20 @@ class RVQCompressor(Compressor):
             raise ValueError(f"pack expects z of shape (B, T, {self.code_dim}), got {tuple(z.shape)}")
         z = z.detach()
         B, T, _ = z.shape
-        idx, resid = self.rvq.search(z, return_residual=True)                 # (B, T, G, R)
+        search_cb = None
+        if self.search_with == "receiver":
+            if self._pending is not None and not self.dry_run:
+                self._apply_sync_slice(*self._pending)   # idempotent if this object's unpack already did
+                self._pending = None
+            search_cb = self.recv.codebooks              # sender-side shadow of the receiver's copy
+        idx, resid = self.rvq.search(z, codebooks=search_cb, return_residual=True)     # (B, T, G, R)
         codes = pack_bits_rows(idx.reshape(B, -1), self.rvq.bits)
-        op = self.rvq.update(z, idx) if (self.training and not self.dry_run) else None
+        op = self.rvq.update(z, idx, codebooks=search_cb) if (self.training and not self.dry_run) else None
         header = torch.tensor([int(self.rvq.version), OP_NONE if op is None else op["op"], T],
                               dtype=torch.int64, device=z.device)
         payload = [codes, header, *self._sync_tensors(op)]
+        if self.search_with == "receiver" and not self.dry_run:
+            self._pending = (header.clone(), [t.clone() for t in payload[2:]], idx)
         if not self.dry_run:
             st = self._stats
             st["microbatches"] += 1
