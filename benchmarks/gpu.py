@@ -56,6 +56,8 @@ def _peak_flops() -> float | None:
 def speed(dry: bool, steps: int, seq: int, batch: int, log) -> list[dict]:
     rows = []
     for method, ratio in SPEED_METHODS:
+        # a 2-step warm-up run first: CUDA context, kernel selection and allocator warm-up stay out of the timing
+        run(_config(method, ratio, dry=dry, steps=2, seq=seq, batch=batch), progress=False, log=lambda *a: None)
         cfg = _config(method, ratio, dry=dry, steps=steps, seq=seq, batch=batch)
         res = run(cfg, progress=False, log=lambda *a: None)
         n = count_params(cfg.model_config(_manifest_vocab()))

@@ -188,7 +188,7 @@ class RunConfig:
         if self.run_name:
             return self.run_name
         c = self.compressor
-        ratio = "" if c.method in ("none",) else f"-{c.ratio:g}x"
+        ratio = "" if c.method in ("none", "int8") else f"-{c.ratio:g}x"
         return f"{self.model}-P{self.stages}-{c.method}{ratio}-s{self.train.seed}"
 
     def to_dict(self) -> dict:

@@ -106,6 +106,12 @@ class _Wire:
 
     def __init__(self, rank: int, device: torch.device, timeout_s: float, link: LinkProfile | None):
         self.rank, self.device, self.timeout_s, self.link = rank, device, timeout_s, link
+        # one process group per direction: each side then issues the ops of a group in the same order
+        # (s sends F0, F1, ... and s+1 receives them in that order; gradients likewise the other way).
+        # NCCL serialises a communicator's p2p kernels on one stream, so mixing directions in one group
+        # could deadlock 1F1B on large messages; gloo does not care, and runs the same code.
+        tmo = timedelta(seconds=timeout_s)
+        self.groups = {"fwd": dist.new_group(timeout=tmo), "bwd": dist.new_group(timeout=tmo)}
         self.pending: list = []
         self.wait_s = 0.0
         self.context = "setup"
@@ -116,24 +122,29 @@ class _Wire:
                         f"{self.timeout_s:g} s process-group timeout ({type(e).__name__}: {str(e).strip()[:300]})") from e
 
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int, what: str) -> None:
+        group = self.groups["fwd" if dst > self.rank else "bwd"]
         try:
             if self.link is not None:
                 ts = torch.tensor([time.time()], dtype=torch.float64, device=self.device)
-                self.pending.append((dist.isend(_raw(ts), dst, tag=tag), ts))
+                self.pending.append((dist.isend(_raw(ts), dst, group=group, tag=tag), ts))
             for t in tensors:
                 raw = _raw(t.to(self.device))
-                self.pending.append((dist.isend(raw, dst, tag=tag), raw))
+                self.pending.append((dist.isend(raw, dst, group=group, tag=tag), raw))
         except Exception as e:          # noqa: BLE001 -- any backend error is a comm failure here
             self._fail(f"send of {what} to stage {dst}", e)
 
     def recv(self, specs: list[tuple[tuple[int, ...], torch.dtype]], src: int, tag: int, what: str) -> list[torch.Tensor]:
         bufs = [torch.empty(_nbytes(s, dt), dtype=torch.uint8, device=self.device) for s, dt in specs]
         ts = torch.empty(8, dtype=torch.uint8, device=self.device) if self.link is not None else None
+        group = self.groups["fwd" if src < self.rank else "bwd"]
         t0 = time.perf_counter()
         try:
-            works = ([dist.irecv(ts, src, tag=tag)] if ts is not None else []) + [dist.irecv(b, src, tag=tag) for b in bufs]
+            works = ([dist.irecv(ts, src, group=group, tag=tag)] if ts is not None else []) + \
+                [dist.irecv(b, src, group=group, tag=tag) for b in bufs]
             for w in works:
                 w.wait()
+            if self.device.type == "cuda":      # NCCL's wait only orders streams: finish the receive here
+                torch.cuda.current_stream(self.device).synchronize()
         except Exception as e:          # noqa: BLE001
             self._fail(f"receive of {what} from stage {src}", e)
         if ts is not None:
@@ -452,6 +463,9 @@ class _Runtime:
         t0 = time.perf_counter()
         # receiver-side gradient of the projector: back to its owner, which adds it to its own A.grad
         if self.rg_in:
+            fold = getattr(self.comp_in, "fold_receiver_grad", None)   # if the compressor stashes it apart
+            if fold is not None:
+                fold()
             grads = [(p.grad if p.grad is not None else torch.zeros_like(p)).float().clone()
                      for p in self.comp_in.parameters()]
             self.meter.add(rank - 1, "bwd", "state", sum(g.numel() * g.element_size() for g in grads))

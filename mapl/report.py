@@ -39,13 +39,14 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import NullFormatter, ScalarFormatter
 
 __all__ = [
-    "PAPER_TABLE1", "PAPER_PROJECTOR_ABLATION", "PAPER_ANCHOR_ABLATION", "METHOD_LABELS", "TRAIN_SOURCES",
+    "PAPER_TABLE1", "PAPER_PROJECTOR_ABLATION", "PAPER_ANCHOR_ABLATION", "METHOD_LABELS", "HEADLINE", "TRAIN_SOURCES",
     "load_results", "row_from_result", "select", "delta_pct", "run_key", "group_runs", "reference_loss",
-    "summarize", "budgets", "main_rows", "paper_table1", "paper_match", "main_table", "ablation_tables",
-    "seed_table", "headline", "val_loss_table", "to_markdown", "to_csv", "write_table",
-    "pareto_figure", "loss_curves_figure", "load_bench", "time_to_target_rows", "time_to_target_figure",
-    "metrics", "write_metrics", "macros", "write_macros", "data_summary_table", "token_byte_lengths",
-    "token_length_histogram", "token_length_figure", "code_fingerprint",
+    "summarize", "budgets", "main_rows", "headline", "paper_table1", "paper_match",
+    "main_table", "ablation_tables", "seed_table", "val_loss_table", "to_markdown", "to_csv", "write_table",
+    "png_bytes", "pareto_figure", "loss_curves_figure",
+    "load_bench", "time_to_target_rows", "time_to_target_table", "time_to_target_figure",
+    "metrics", "write_metrics", "macros", "write_macros",
+    "data_summary_table", "token_byte_lengths", "token_length_histogram", "token_length_figure", "code_fingerprint",
 ]
 
 METHOD_LABELS = {"none": "Uncompressed", "int8": "int8", "ssn": "SSN", "mapl": "MAPL", "mapl-rvq": "MAPL+VQ"}
@@ -331,13 +332,17 @@ def _label(method: str) -> str:
 
 
 # ---- tables ------------------------------------------------------------------------------------
-def main_table(rows: Sequence[dict], budget: str = "main") -> tuple[list, list]:
+def main_table(rows: Sequence[dict], budget: str = "main", methods: Sequence[str] | None = None
+               ) -> tuple[list, list]:
     """Table 1 analog: per (model, P, method, ratio) our mean val loss (± std over seeds) and Δ%,
-    with the paper's entry of the same method and projection ratio beside it."""
+    with the paper's entry of the same method and projection ratio beside it (``methods``: only
+    these; ``budget="long"``: the long budget)."""
     header = ["model", "P", "method", "ratio", "bytes/token", "steps", "seeds", "val loss", "Δ%",
               "paper (scale, P, ratio)", "paper loss", "paper Δ%"]
     body = []
     for s in main_rows(rows, budget):
+        if methods is not None and s["method"] not in methods:
+            continue
         p = paper_match(s)
         body.append([s["model"], s["stages"], _label(s["method"]), _ratio(s["ratio"]), _f(s["bytes_per_token"], 0),
                      s["steps"], s["n"], _pm(s["val_loss"], s["val_loss_std"]),
@@ -398,9 +403,12 @@ def seed_table(rows: Sequence[dict]) -> tuple[list, list]:
     return header, body
 
 
+HEADLINE = ("none", "ssn", "mapl")
+
+
 def headline(rows: Sequence[dict], budget: str = "long") -> list[dict]:
     """The trio uncompressed / SSN / MAPL at the long budget (``budget="main"``: the main one)."""
-    return [s for s in main_rows(rows, budget) if s["method"] in ("none", "ssn", "mapl")]
+    return [s for s in main_rows(rows, budget) if s["method"] in HEADLINE]
 
 
 def val_loss_table(rows: Sequence[dict]) -> tuple[list, list]:
@@ -427,6 +435,13 @@ def _save(fig: Figure, path: str | Path | None) -> Figure:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(path, dpi=120, metadata={"Software": None})
     return fig
+
+
+def png_bytes(fig: Figure) -> bytes:
+    """The figure as PNG bytes (for ``IPython.display.Image(data=...)``)."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100, metadata={"Software": None})
+    return buf.getvalue()
 
 
 def _empty(ax, text: str = "no results yet") -> None:
@@ -561,6 +576,14 @@ def time_to_target_rows(rows: Sequence[dict], bench: Sequence[dict], bandwidths_
     return out
 
 
+def time_to_target_table(ttt: Sequence[dict]) -> tuple[list, list]:
+    """:func:`time_to_target_rows` as a table (``—``: never reaches the target)."""
+    header = ["method", "ratio", "Mbit/s", "steps to target", "step (s)", "time (s)"]
+    body = [[_label(t["method"]), _ratio(t["ratio"]), f"{t['bandwidth_bps'] / 1e6:g}", _f(t["steps_to_target"], 0),
+             f"{t['step_s']:.4g}", _f(t["time_s"], 1)] for t in ttt]
+    return header, body
+
+
 def time_to_target_figure(ttt: Sequence[dict], path: str | Path | None = None) -> Figure:
     """Time to the target loss against link bandwidth (log-log), one line per method."""
     fig, (ax,) = _figure(1, 5.5)
@@ -606,8 +629,7 @@ def metrics(rows: Sequence[dict]) -> dict:
         sums = main_rows(rows, budget)
         several = len({(s["model"], s["stages"]) for s in sums}) > 1
         if sums:
-            out[budget] = {_mkey(s, several): _entry(s) for s in sums if budget == "main" or s["method"] in
-                           ("none", "ssn", "mapl")}
+            out[budget] = {_mkey(s, several): _entry(s) for s in sums if budget == "main" or s["method"] in HEADLINE}
         gaps = {}
         for s in sums:
             if s["method"] == "mapl" and s["delta_pct"] is not None:
