@@ -102,6 +102,8 @@ class CompressorConfig:
                 _bad("rvq_sync", c.rvq_sync, "allowed: 'stream', 'full', 'mirrored'")
             if c.rvq_search_with not in ("sender", "receiver"):
                 _bad("rvq_search_with", c.rvq_search_with, "allowed: 'sender', 'receiver'")
+        if c.int8_block < 0 or (c.int8_block and d_model % c.int8_block):
+            _bad("int8_block", c.int8_block, f"must be 0 (one scale per token) or divide d_model={d_model}")
         if c.anchor_rank < 0 or c.anchor_rank > d_model:
             _bad("anchor_rank", c.anchor_rank, f"must be in [0, d_model={d_model}]")
         return c
@@ -174,6 +176,10 @@ class RunConfig:
     def validate(self, vocab_size: int | None = None) -> "RunConfig":
         if self.model not in PRESETS:
             _bad("model", self.model, f"allowed: {sorted(PRESETS)}")
+        asked = self.model_overrides.get("vocab_size")
+        if asked is not None and vocab_size is not None and asked < vocab_size:
+            _bad("model.vocab_size", asked, f"is smaller than the tokenizer's vocabulary ({vocab_size}); "
+                                            "leave it unset (the model takes the tokenizer's size) or use a smaller tokenizer")
         mc = self.model_config(vocab_size)
         if self.stages < 1 or self.stages > mc.n_layers:
             _bad("stages", self.stages, f"must be in [1, n_layers={mc.n_layers}] (each stage owns >= 1 layer)")

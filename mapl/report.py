@@ -7,7 +7,8 @@ The logic behind ``notebooks/report.ipynb`` (and the tables of ``train.ipynb`` /
     >>> pareto_figure(rows, ROOT / "reports/figures/pareto.png")
 
 A *row* is a flat dict built from one results JSON (``row_from_result``): ``run``, ``group`` (its
-folder under ``reports/results``), ``profile``, ``model``, ``stages``, ``method``, ``ratio`` (the
+folder under ``reports/results``), ``profile``, ``model`` (the preset, with any ``model_overrides``
+in brackets: ``tiny[d_model=64,ffn_hidden=192]``), ``stages``, ``method``, ``ratio`` (the
 effective ratio 2d / forward bytes per token, rounded), ``nominal_ratio`` (d / r of projection
 methods, else None), ``projector``, ``anchor``, ``seed``, ``steps``, ``tokens``, ``val_loss``,
 ``bytes_per_token`` (forward payload per boundary), ``id_bytes_per_token``, ``uncompressed_bytes``,
@@ -16,7 +17,8 @@ methods, else None), ``projector``, ``anchor``, ``seed``, ``steps``, ``tokens``,
 Conventions. Δ% = 100 (L - L_ref) / L_ref, with L_ref the uncompressed (``none``) run of the same
 model, budget (steps) and seed, preferring the same number of stages (P); where that seed is
 missing, the mean over the uncompressed seeds. The *main budget* of a model is the smallest step
-count among its default-configured runs, the *long budget* the largest when it is larger. Runs
+count among its default-configured runs, the *long budget* the largest of the ``long`` group (without
+that group: of all runs) when it is larger. Runs
 evaluated on another slice of validation tokens (``train.eval_offset != 0``: the tuning protocol)
 never enter the tables. The paper's numbers are data here (``PAPER_*``), each with its source's
 certainty label from ``shared/paper/MAPL.md``.
@@ -106,9 +108,11 @@ def row_from_result(res: dict, group: str = "") -> dict:
     wire = res.get("wire") or {}
     method = res.get("method", "none")
     nominal = res.get("nominal_ratio") if res.get("projector") else None
+    over = cfg.get("model_overrides") or {}
+    model = res.get("model", "") + ("[" + ",".join(f"{k}={v}" for k, v in sorted(over.items())) + "]" if over else "")
     return {
         "run": res.get("run", ""), "group": group, "profile": cfg.get("profile", ""),
-        "model": res.get("model", ""), "stages": res.get("stages"), "method": method,
+        "model": model, "stages": res.get("stages"), "method": method,
         "ratio": _round_ratio(res.get("ratio", 1.0)), "nominal_ratio": _round_ratio(nominal),
         "projector": res.get("projector"), "anchor": res.get("anchor"),
         "seed": (res.get("provenance") or {}).get("seed", (cfg.get("train") or {}).get("seed", 0)),
@@ -239,12 +243,19 @@ def _is_default(r: dict) -> bool:
 
 
 def budgets(rows: Sequence[dict]) -> dict[str, tuple[int, int | None]]:
-    """model -> (main budget, long budget or None) in steps, from the default-configured runs."""
-    steps = defaultdict(set)
+    """model -> (main budget, long budget or None) in steps, from the default-configured runs: the
+    smallest step count, and the largest of the ``long`` group (without one: of all runs)."""
+    steps, long = defaultdict(set), defaultdict(set)
     for r in rows:
         if _is_default(r):
             steps[r["model"]].add(r["steps"])
-    return {m: (min(s), max(s) if len(s) > 1 else None) for m, s in steps.items()}
+            if r["group"] == "long":
+                long[r["model"]].add(r["steps"])
+    out = {}
+    for m, s in steps.items():
+        lng = max(long[m] or s)
+        out[m] = (min(s), lng if lng > min(s) else None)
+    return out
 
 
 def main_rows(rows: Sequence[dict], budget: str = "main") -> list[dict]:
@@ -548,14 +559,20 @@ def time_to_target_rows(rows: Sequence[dict], bench: Sequence[dict], bandwidths_
                         target_pct: float = 2.0, latency_s: float = 0.0) -> list[dict]:
     """For each measured method: the target is the uncompressed final val loss + ``target_pct`` %;
     steps to reach it (interpolated on the val curve of the longest default-configured run of that
-    method and ratio; nominal ratio for projections) x the simulated step time on a link of each
-    bandwidth. ``time_s`` is None where the run never reaches the target."""
+    method and ratio, nominal ratio for projections, of the model with the most runs) x the
+    simulated step time on a link of each bandwidth. ``time_s`` is None where the run never
+    reaches the target."""
     from .link import LinkProfile, steps_to_target, step_time
     if not rows:
         return []
-    defaults = [r for r in rows if _is_default(r)]
-    model = max(defaults, key=lambda r: r["steps"])["model"] if defaults else None
-    pool = [r for r in defaults if r["model"] == model]
+    pool = [r for r in rows if _is_default(r) and reference_loss(rows, r) is not None]
+    if not pool:
+        return []
+    counts = defaultdict(int)
+    for r in pool:
+        counts[r["model"]] += 1
+    model = min(counts, key=lambda m: (-counts[m], m))          # the profile's main model: most runs
+    pool = [r for r in pool if r["model"] == model]
     out = []
     for b in bench:
         cands = [r for r in pool if r["method"] == b["method"]
@@ -606,9 +623,9 @@ def time_to_target_figure(ttt: Sequence[dict], path: str | Path | None = None) -
 
 
 # ---- metrics and LaTeX macros ------------------------------------------------------------------
-def _mkey(s: dict, several: bool) -> str:
+def _mkey(s: dict) -> str:
     name = s["method"] if s["method"] in ("none",) else f"{s['method']}-{s['ratio']:g}x"
-    return f"{s['model']}-P{s['stages']}-{name}" if several else name
+    return f"{s['model']}-P{s['stages']}-{name}"
 
 
 def _entry(s: dict) -> dict:
@@ -623,20 +640,20 @@ def _entry(s: dict) -> dict:
 
 def metrics(rows: Sequence[dict]) -> dict:
     """Headline numbers for ``dvc metrics``: every default-configured method at the main budget,
-    the trio at the long budget, and the MAPL-vs-SSN gap in Δ% points at each shared ratio."""
+    the trio at the long budget, and the MAPL-vs-SSN gap in Δ% points at each shared ratio. Keys
+    are ``<model>-P<stages>-<method>[-<ratio>x]`` (stable, so ``dvc metrics diff`` lines up)."""
     out: dict = {"runs": len(rows)}
     for budget in ("main", "long"):
         sums = main_rows(rows, budget)
-        several = len({(s["model"], s["stages"]) for s in sums}) > 1
         if sums:
-            out[budget] = {_mkey(s, several): _entry(s) for s in sums if budget == "main" or s["method"] in HEADLINE}
+            out[budget] = {_mkey(s): _entry(s) for s in sums if budget == "main" or s["method"] in HEADLINE}
         gaps = {}
         for s in sums:
             if s["method"] == "mapl" and s["delta_pct"] is not None:
                 ssn = next((x for x in sums if x["method"] == "ssn" and x["ratio"] == s["ratio"]
                             and (x["model"], x["stages"]) == (s["model"], s["stages"])), None)
                 if ssn and ssn["delta_pct"] is not None:
-                    gaps[_mkey(s, several).replace("mapl-", "")] = round(ssn["delta_pct"] - s["delta_pct"], 4)
+                    gaps[_mkey(s).replace("-mapl-", "-")] = round(ssn["delta_pct"] - s["delta_pct"], 4)
         if gaps:
             out[f"{budget}_ssn_minus_mapl_delta_points"] = gaps
     return out
@@ -671,7 +688,8 @@ def _camel(text: str) -> str:
 
 
 def macros(m: dict, prefix: str = "res") -> dict[str, str]:
-    """LaTeX macro name -> text from :func:`metrics` output, e.g. ``\\resMainMaplEightXDelta`` -> ``+1.23\\%``."""
+    """LaTeX macro name -> text from :func:`metrics` output, e.g. ``\\resMainTinyPFourMaplEightXDelta``
+    -> ``+1.23\\%`` (digits spelled out: LaTeX command names are letters only)."""
     out = {}
     for budget in ("main", "long"):
         for key, e in (m.get(budget) or {}).items():

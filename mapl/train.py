@@ -213,6 +213,7 @@ def run(cfg: RunConfig, out: Path | None = None, ckpt: Path | None = None, progr
     t0 = time.time()
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
+    cfg.validate()                    # everything that does not depend on the tokenizer, before data is touched
     data_dir = resolve_data_dir(cfg)
     manifest = mdata.prepare(cfg.data, data_dir)
     vocab = int(manifest["vocab_size"])

@@ -11,7 +11,7 @@ D = 128          # d_model of the synthetic runs: uncompressed 2d = 256 bytes pe
 
 
 def result(method="none", ratio=1, seed=0, steps=300, loss=4.0, projector=None, anchor=None, stages=4,
-           model="tiny", profile="cpu", eval_offset=0, name=None):
+           model="tiny", profile="cpu", eval_offset=0, name=None, overrides=None):
     defaults = {"none": (None, "none"), "int8": (None, "none"), "ssn": ("fixed-shared", "static"),
                 "mapl": ("spel", "factorized"), "mapl-rvq": ("spel", "factorized")}[method]
     projector = projector or defaults[0]
@@ -27,7 +27,8 @@ def result(method="none", ratio=1, seed=0, steps=300, loss=4.0, projector=None, 
         "wire": {"fwd_bytes_per_token": fwd, "bwd_bytes_per_token": fwd, "id_bytes_per_token": 2 if projector else 0,
                  "uncompressed_bytes_per_token": 2 * D},
         "ortho_max_err": 1e-7 if projector == "spel" else None,
-        "config": {"profile": profile, "train": {"seed": seed, "eval_offset": eval_offset}},
+        "config": {"profile": profile, "model_overrides": overrides or {},
+                   "train": {"seed": seed, "eval_offset": eval_offset}},
         "provenance": {"seed": seed, "config_hash": cfg_hash},
     }
 
@@ -58,6 +59,8 @@ def rows(tmp_path):
             write(tmp_path, g, r)
     write(tmp_path, "main", {**main[0], "run": "zz-dup"})                       # same config hash: dropped
     write(tmp_path, "tune", result("mapl", 8, loss=3.0, eval_offset=65536, name="tune-x"))
+    write(tmp_path, "scaling_tokens", result("mapl", 8, steps=3000, loss=3.3, name="t3000"))  # not the long group
+    write(tmp_path, "scaling_width", result("none", loss=4.5, overrides={"d_model": 64}, name="w64"))
     write(tmp_path, "", result("mapl", 8, loss=9.0, model="micro", profile="micro", name="micro-x"))
     (tmp_path / "reports" / "results" / "main" / ".gitkeep").write_text("")
     (tmp_path / "reports" / "results" / "main" / "broken.json").write_text("{not json")
@@ -75,7 +78,8 @@ def test_load_and_select(rows, tmp_path):
     assert "zz-dup" not in {r["run"] for r in everything}
     names = {r["run"] for r in rows}
     assert "tune-x" not in names and "micro-x" not in names          # tuning slice and other profile excluded
-    assert len(rows) == 7 + 5 + 3 + 3
+    assert len(rows) == 7 + 5 + 3 + 3 + 2
+    assert next(r for r in rows if r["run"] == "w64")["model"] == "tiny[d_model=64]"
     r = next(r for r in rows if r["run"] == "abl-fixed")
     assert (r["group"], r["projector"], r["anchor"], r["ratio"], r["nominal_ratio"]) == ("ablations", "fixed",
                                                                                           "factorized", 8, 8)
@@ -91,7 +95,7 @@ def test_reference_prefers_same_seed_then_mean(rows):
 
 
 def test_summaries_and_budgets(rows):
-    assert R.budgets(rows) == {"tiny": (300, 1200)}
+    assert R.budgets(rows) == {"tiny": (300, 1200), "tiny[d_model=64]": (300, None)}
     main = {(s["method"], s["ratio"]): s for s in R.main_rows(rows)}
     assert len(main) == 7 and main[("int8", 1.97)]["n"] == 1 and main[("mapl-rvq", 16)]["nominal_ratio"] == 4
     m8 = main[("mapl", 8)]
@@ -172,15 +176,18 @@ def test_metrics_and_macros(rows, tmp_path):
     m = R.write_metrics(rows, tmp_path / "metrics.json")
     assert json.loads((tmp_path / "metrics.json").read_text()) == m
     assert m["runs"] == len(rows)
-    assert m["main"]["mapl-8x"]["seeds"] == 2 and "delta_pct" not in m["main"]["none"]
-    assert set(m["long"]) == {"none", "ssn-8x", "mapl-8x"}
-    gap = m["main_ssn_minus_mapl_delta_points"]["8x"]
-    assert gap == pytest.approx(m["main"]["ssn-8x"]["delta_pct"] - m["main"]["mapl-8x"]["delta_pct"], abs=1e-3)
+    assert "tiny-P4-none" in m["main"] and "tiny[d_model=64]-P4-none" in m["main"]   # two models: keys say which
+    main = {k.removeprefix("tiny-P4-"): v for k, v in m["main"].items()}
+    assert main["mapl-8x"]["seeds"] == 2 and "delta_pct" not in main["none"]
+    assert set(m["long"]) == {"tiny-P4-none", "tiny-P4-ssn-8x", "tiny-P4-mapl-8x"}
+    gap = m["main_ssn_minus_mapl_delta_points"]["tiny-P4-8x"]
+    assert gap == pytest.approx(main["ssn-8x"]["delta_pct"] - main["mapl-8x"]["delta_pct"], abs=1e-3)
     text = R.write_macros(m, tmp_path / "macros.tex")
-    assert "\\newcommand{\\resMainMaplEightXDelta}{+" in text
-    assert "\\newcommand{\\resLongNoneLoss}{3.500}" in text
-    assert "\\newcommand{\\resMainMaplRvqFourXLoss}" not in text        # key is ratio 16 (effective)
-    assert "\\newcommand{\\resMainMaplRvqOneSixXLoss}" in text
+    assert "\\newcommand{\\resMainTinyPFourMaplEightXDelta}{+" in text
+    assert "\\newcommand{\\resLongTinyPFourNoneLoss}{3.500}" in text
+    assert "\\newcommand{\\resMainTinyPFourMaplRvqFourXLoss}" not in text     # key is ratio 16 (effective)
+    assert "\\newcommand{\\resMainTinyPFourMaplRvqOneSixXLoss}" in text
+    assert "\\newcommand{\\resMainGapTinyPFourEightX}" in text
     for line in text.splitlines()[1:]:
         name = line.split("{\\", 1)[1].split("}", 1)[0]
         assert name.isalpha(), name                                     # LaTeX command names: letters only

@@ -1,0 +1,107 @@
+"""Every invalid configuration or file fails before any work, naming the field, the value and what is
+allowed (table-driven)."""
+import numpy as np
+import pytest
+import torch
+
+from mapl.config import load_run_config
+from mapl.data import load_split
+from mapl.train import run
+
+BAD_CONFIGS = [
+    # (overrides on the micro profile, text the message must contain)
+    ({"method": "mapl", "ratio": 1}, "ratio=1"),                              # r >= d
+    ({"method": "mapl", "ratio": 0.5}, "ratio=0.5"),                          # r > d
+    ({"method": "mapl", "ratio": 3}, "reachable ratios divide 64"),           # no integer rank
+    ({"method": "ssn", "ratio": 128}, "ratio=128"),                           # rank < 1
+    ({"method": "mapl-rvq", "ratio": 4, "compressor.rvq_groups": 3}, "rvq_groups=3"),
+    ({"method": "mapl-rvq", "ratio": 4, "compressor.rvq_codebook_size": 100}, "power of two"),
+    ({"method": "mapl-rvq", "ratio": 4, "compressor.rvq_sync": "lazy"}, "rvq_sync='lazy'"),
+    ({"method": "mapl-rvq", "ratio": 4, "compressor.rvq_search_with": "both"}, "rvq_search_with"),
+    ({"stages": 5}, "n_layers=4"),                                             # P > layers
+    ({"stages": 0}, "stages=0"),
+    ({"method": "mapl", "ratio": 4, "compressor.anchor": "big"}, "anchor='big'"),
+    ({"method": "mapl", "ratio": 4, "compressor.projector": "magic"}, "projector='magic'"),
+    ({"method": "mapl", "ratio": 4, "compressor.receiver_grad": "half"}, "receiver_grad"),
+    ({"method": "mapl", "ratio": 4, "compressor.spel_polar": "qr"}, "spel_polar"),
+    ({"method": "mapl", "ratio": 4, "compressor.unconstrained_optimizer": "sgd"}, "unconstrained_optimizer"),
+    ({"method": "mapl", "ratio": 4, "compressor.anchor_rank": 1000}, "anchor_rank=1000"),
+    ({"method": "zip"}, "method='zip'"),
+    ({"model": "3B"}, "model='3B'"),
+    ({"train.schedule": "1f1b", "train.micro_batches": 1, "train.batch_size": 4}, "1F1B needs at least"),
+    ({"train.micro_batches": 3}, "must divide batch_size=4"),
+    ({"train.steps": 0}, "train.steps=0"),
+    ({"train.precision": "fp8"}, "train.precision='fp8'"),
+    ({"train.schedule": "zb"}, "train.schedule='zb'"),
+    ({"train.min_lr_frac": 2}, "train.min_lr_frac=2"),
+    ({"train.seq_len": 4096}, "max_seq_len=64"),
+    ({"data.source": "ftp"}, "data.source='ftp'"),
+    ({"data.tokenizer": "wordpiece"}, "data.tokenizer='wordpiece'"),
+    ({"data.vocab_size": 100, "data.tokenizer": "bpe"}, "data.vocab_size=100"),
+    ({"method": "int8", "compressor.int8_block": 7}, "int8_block=7"),
+    ({"model.n_heads": 3}, "n_heads"),
+]
+
+
+@pytest.mark.parametrize("overrides,message", BAD_CONFIGS, ids=[str(i) for i in range(len(BAD_CONFIGS))])
+def test_bad_configuration_is_refused_with_a_clear_message(overrides, message, tmp_path, monkeypatch):
+    # data must not be touched: make any data access fail loudly
+    import mapl.data as D
+    monkeypatch.setattr(D, "prepare", lambda *a, **k: pytest.fail("data touched before validation"))
+    with pytest.raises(ValueError, match=None) as e:
+        cfg = load_run_config("micro", overrides)
+        run(cfg, progress=False, log=lambda *a: None)
+    assert message in str(e.value), str(e.value)
+
+
+def test_unknown_profile_lists_the_allowed_ones():
+    with pytest.raises(ValueError, match=r"profile='gpu'.*allowed.*cpu"):
+        load_run_config("gpu")
+
+
+def test_unknown_key_in_a_section_is_named():
+    with pytest.raises(ValueError, match=r"unknown key\(s\) \['lr_magic'\]"):
+        load_run_config("micro", {"train.lr_magic": 1})
+
+
+def test_model_vocab_smaller_than_the_tokenizer(micro_cfg):
+    with pytest.raises(ValueError, match=r"model.vocab_size=100 .*tokenizer's vocabulary \(257\)"):
+        run(micro_cfg("none", **{"model.vocab_size": 100}), progress=False, log=lambda *a: None)
+
+
+def test_missing_shard_is_named(tiny_corpus, tmp_path):
+    import shutil
+    d = tmp_path / "copy"
+    shutil.copytree(tiny_corpus, d)
+    (d / "val.bin").unlink()
+    with pytest.raises(FileNotFoundError, match="val.bin"):
+        load_split(d, "val")
+
+
+def test_shard_with_a_wrong_hash_is_named(tiny_corpus, tmp_path):
+    import shutil
+    d = tmp_path / "copy"
+    shutil.copytree(tiny_corpus, d)
+    arr = np.fromfile(d / "train.bin", dtype=np.uint16)
+    arr[0] ^= 1
+    arr.tofile(d / "train.bin")
+    with pytest.raises(ValueError, match="train.bin"):
+        load_split(d, "train")
+
+
+class Evil:
+    """Anything that is not a tensor or a plain container needs unpickling code: refused."""
+
+
+def test_checkpoint_that_needs_pickled_objects_is_refused(micro_cfg, tmp_path):
+    ck = tmp_path / "evil.pt"
+    torch.save({"format": "mapl-checkpoint-v1", "obj": Evil()}, ck)
+    with pytest.raises(ValueError, match="needs pickled objects"):
+        run(micro_cfg("none"), ckpt=ck, progress=False, log=lambda *a: None)
+
+
+def test_foreign_checkpoint_is_refused(micro_cfg, tmp_path):
+    ck = tmp_path / "foreign.pt"
+    torch.save({"model": {}}, ck)
+    with pytest.raises(ValueError, match="not a mapl checkpoint"):
+        run(micro_cfg("none"), ckpt=ck, progress=False, log=lambda *a: None)
