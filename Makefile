@@ -8,6 +8,8 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.mapl-installed
 
 export DVC_NO_ANALYTICS := 1
+# dvc.yaml's commands call python/papermill from PATH: the project's venv comes first
+export PATH := $(abspath $(VENV))/bin:$(PATH)
 export PYTHONHASHSEED := 0
 
 .PHONY: install repro test test-fast bench clean-venv

@@ -62,7 +62,7 @@ import tempfile
 import time
 import traceback
 from collections import defaultdict
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
@@ -216,6 +216,32 @@ def rank_ckpt_path(ckpt: Path, rank: int, prev: bool = False) -> Path:
     return stem.with_name(f"{stem.name}.rank{rank}{'.prev' if prev else ''}.pt")
 
 
+def _map_split(data_dir: Path, manifest: dict, split: str, verify: bool):
+    """The split's shard: hash-checked (``load_split``) on a host's first process, mapped as is on the
+    others (the first one has checked the same file)."""
+    if verify:
+        return mdata.load_split(data_dir, split)
+    import numpy as np
+    return np.memmap(Path(data_dir) / manifest["splits"][split]["file"],
+                     dtype=np.dtype(manifest["dtype"]).newbyteorder("<"), mode="r")
+
+
+def _comp_attr(comp, name: str):
+    """A compressor method, or its wrapped projection's (``inner``) if the wrapper does not define it
+    (mapl-rvq wraps the projection whose A has the receiver-side gradient)."""
+    while comp is not None:
+        f = getattr(type(comp), name, None)
+        if f is not None:
+            return getattr(comp, name)
+        comp = getattr(comp, "inner", None)
+    return None
+
+
+def _receiver_grad_bytes(comp) -> int:
+    f = _comp_attr(comp, "receiver_grad_bytes_per_step")
+    return int(f()) if f is not None else 0
+
+
 class _ResultsView:
     """What ``mapl.train._results`` reads from a StagedModel, assembled on rank 0 from every rank:
     the per-boundary compressors (structure from rank 0's unpruned build; diagnostics from their
@@ -270,28 +296,31 @@ class _Runtime:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def setup(self, progress: bool, ckpt: Path | None, fresh: bool) -> None:
+    def setup(self, ckpt: Path | None, fresh: bool) -> None:
         cfg, rank = self.cfg, self.rank
         if cfg.train.threads or self.device.type == "cpu":
             torch.set_num_threads(cfg.train.threads or 1)
         self.data_dir = mtrain.resolve_data_dir(cfg)
-        # rank 0 tokenizes (if needed) first; the others then reuse its verified files
-        err = None
-        if rank == 0:
-            try:
-                self.manifest = mdata.prepare(cfg.data, self.data_dir)
-            except (ValueError, FileNotFoundError, OSError) as e:
-                err = f"data preparation failed: {e}"
-        self.agree(err)
-        if rank != 0:
-            self.manifest = mdata.prepare(cfg.data, self.data_dir)
+        # rank 0 tokenizes if needed; then the first process of every other host checks (hashes) or
+        # builds its copy; everyone else maps the verified shards without hashing them again
+        local0 = int(os.environ.get("LOCAL_RANK", rank)) == 0
+        for turn in (0, 1):
+            err = None
+            if (turn == 0 and rank == 0) or (turn == 1 and rank != 0 and local0):
+                try:
+                    mdata.prepare(cfg.data, self.data_dir)
+                except (ValueError, FileNotFoundError, OSError) as e:
+                    err = f"data preparation in {self.data_dir} failed: {e}"
+            self.agree(err)
+        self.manifest = mdata.read_manifest(self.data_dir)
         vocab = int(self.manifest["vocab_size"])
         self.cfg = cfg = cfg.validate(vocab)
         self.chash = config_hash(cfg)
-        self.train_tok = mdata.load_split(self.data_dir, "train")
-        val_tok = mdata.load_split(self.data_dir, "val")
+        self.train_tok = _map_split(self.data_dir, self.manifest, "train", verify=local0)
+        val_tok = _map_split(self.data_dir, self.manifest, "val", verify=local0)
         t = cfg.train
-        self.val_batches = mdata.eval_batches(val_tok, t.eval_batch_size, t.seq_len, t.eval_tokens)
+        self.val_batches = mdata.eval_batches(val_tok[getattr(t, "eval_offset", 0):], t.eval_batch_size, t.seq_len,
+                                              t.eval_tokens)
 
         sm = build_staged_model(cfg, vocab)
         self.model_cfg = sm.model.cfg
@@ -305,8 +334,8 @@ class _Runtime:
         self.opts = mtrain.build_optimizers(sm, cfg, exclude=self.excluded)
         gidx = {n: i for i, (n, _) in enumerate(self.global_params)}
         self.owned = [(gidx[n], p) for n, p in sm.named_parameters() if id(p) not in self.excluded]
-        self.rg_in = self.comp_in is not None and getattr(self.comp_in, "receiver_grad_bytes_per_step", lambda: 0)() > 0
-        self.rg_out = self.comp_out is not None and getattr(self.comp_out, "receiver_grad_bytes_per_step", lambda: 0)() > 0
+        self.rg_in = self.comp_in is not None and _receiver_grad_bytes(self.comp_in) > 0
+        self.rg_out = self.comp_out is not None and _receiver_grad_bytes(self.comp_out) > 0
         self.meter = ByteMeter()
         self.state = {"step": 0, "val_curve": [], "train_curve": [], "train_wall": 0.0}
         self.timing = {"fwd": [], "bwd": [], "opt": [], "wait": [], "wall": []}
@@ -463,7 +492,7 @@ class _Runtime:
         t0 = time.perf_counter()
         # receiver-side gradient of the projector: back to its owner, which adds it to its own A.grad
         if self.rg_in:
-            fold = getattr(self.comp_in, "fold_receiver_grad", None)   # if the compressor stashes it apart
+            fold = _comp_attr(self.comp_in, "fold_receiver_grad")      # if the compressor stashes it apart
             if fold is not None:
                 fold()
             grads = [(p.grad if p.grad is not None else torch.zeros_like(p)).float().clone()
@@ -506,6 +535,11 @@ class _Runtime:
         for opt in self.opts:
             opt.step()
             opt.zero_grad(set_to_none=True)
+        if self.comp_out is not None:       # as mapl.train._check_stiefel, for the projector this stage owns
+            for name, prm in self.comp_out.named_parameters():
+                if getattr(prm, "mapl_role", None) and not torch.isfinite(prm).all():
+                    raise FloatingPointError(f"non-finite projector {name} of boundary {rank} (sender: stage {rank}) "
+                                             f"after the optimizer step of step {step}; the last good checkpoints are kept")
         self.sync_cuda()
         opt_t += time.perf_counter() - t0
         self._sync_state()
@@ -688,12 +722,13 @@ def run_pipeline(cfg: RunConfig, rank: int, world: int, device: torch.device, *,
     """Train ``cfg`` as stage ``rank`` of ``world`` (process group already initialised). Rank 0 returns
     the results dict (and writes ``out``); the other ranks return None."""
     t0 = time.time()
+    cfg.validate()                       # everything that does not need the tokenizer, before data is touched
     if world != cfg.stages:
         raise ValueError(f"stages={cfg.stages} but {world} process(es) were started: mapl.pipeline runs one "
                          f"process per stage")
     wire = _Wire(rank, device, timeout_s, link_delay)
     rt = _Runtime(cfg, rank, world, device, wire, log if rank == 0 else (lambda *a, **k: None), timeout_s)
-    rt.setup(progress, ckpt, fresh)
+    rt.setup(ckpt, fresh)
     cfg, t = rt.cfg, rt.cfg.train
     if rank == 0:
         log(f"{cfg.name()}: {world} processes, backend {info.get('backend') if info else dist.get_backend()}, "

@@ -29,7 +29,6 @@ import csv
 import hashlib
 import io
 import json
-import math
 import statistics
 from collections import defaultdict
 from pathlib import Path
@@ -130,9 +129,12 @@ def _group_rank(group: str) -> tuple:
     return (GROUP_ORDER.index(group) if group in GROUP_ORDER else len(GROUP_ORDER), group)
 
 
-def load_results(root: str | Path, results: str = "reports/results") -> list[dict]:
-    """Rows of every ``<root>/<results>/**/*.json`` that is a results dict, sorted; a configuration
-    present in several groups (same config hash) is kept once (main, ablations, seeds, long first)."""
+def load_results(root: str | Path, results: str = "reports/results", dedupe: bool = True) -> list[dict]:
+    """Rows of every ``<root>/<results>/**/*.json`` that is a results dict, sorted. One row per
+    :func:`run_key` (with the seed), profile and evaluation slice: where several runs share one (the
+    same config in two groups, or an ad-hoc run differing only in, say, a learning rate), the run of
+    the first group in the order main, ablations, seeds, long, then the others by name, is kept
+    (``dedupe=False``: every run)."""
     base = Path(root) / results
     found = []
     for path in sorted(base.rglob("*.json")) if base.is_dir() else []:
@@ -147,10 +149,10 @@ def load_results(root: str | Path, results: str = "reports/results") -> list[dic
     found.sort(key=lambda r: (_group_rank(r["group"]), r["run"]))
     rows, seen = [], set()
     for r in found:
-        if r["config_hash"] and r["config_hash"] in seen:
-            continue
-        seen.add(r["config_hash"])
-        rows.append(r)
+        key = (r["profile"], r["eval_offset"], *run_key(r)) if dedupe else r["run"] + r["group"]
+        if key not in seen:
+            seen.add(key)
+            rows.append(r)
     return sorted(rows, key=_sort_key)
 
 
@@ -364,40 +366,41 @@ def main_table(rows: Sequence[dict], budget: str = "main", methods: Sequence[str
     return header, body
 
 
-def _ablation_rows(rows: Sequence[dict], field: str) -> tuple[list[dict], list[dict]]:
-    """MAPL runs varying ``field`` (projector or anchor) at the other's default, where at least one
-    run differs from MAPL's default; returns (those summaries, all rows for references)."""
-    other = "anchor" if field == "projector" else "projector"
+def _setting(r: dict) -> tuple:
+    return (r["model"], r["stages"], r["ratio"], r["steps"])
+
+
+def _ablation_summaries(rows: Sequence[dict], field: str) -> list[dict]:
+    """Summaries of the MAPL runs varying ``field`` (projector or anchor) with the other at MAPL's
+    default, at every setting (model, P, ratio, steps) where some run leaves the default."""
     default = dict(zip(("projector", "anchor"), _DEFAULTS["mapl"]))
+    other = "anchor" if field == "projector" else "projector"
     pool = [r for r in rows if r["method"] == "mapl" and r[other] == default[other]]
-    varied = {(r["model"], r["stages"], r["ratio"], r["steps"]) for r in pool if r[field] != default[field]}
-    picked = [r for r in pool if (r["model"], r["stages"], r["ratio"], r["steps"]) in varied]
-    return summarize(picked, rows), rows
+    varied = {_setting(r) for r in pool if r[field] != default[field]}
+    return summarize([r for r in pool if _setting(r) in varied], rows)
+
+
+_ABLATIONS = (("projector", PAPER_PROJECTOR_ABLATION, "App. C"), ("anchor", PAPER_ANCHOR_ABLATION, "App. G"))
 
 
 def ablation_tables(rows: Sequence[dict]) -> dict[str, tuple[list, list]]:
     """``{"projector": table, "anchor": table}``: our MAPL ablations (Δ% vs uncompressed at the same
-    budget) beside the paper's Appendix C / G rows (150M); paper rows we lack show dashes."""
+    budget) beside the paper's Appendix C / G rows (150M), one block per setting we ran (none
+    run: one block of dashes)."""
     out = {}
-    for field, paper, order in (("projector", PAPER_PROJECTOR_ABLATION, ("fixed", "unconstrained", "spel")),
-                                ("anchor", PAPER_ANCHOR_ABLATION, ("none", "static", "full", "factorized"))):
-        sums, _ = _ablation_rows(rows, field)
+    for field, paper, source in _ABLATIONS:
+        sums = _ablation_summaries(rows, field)
         header = [field, "model", "P", "ratio", "steps", "seeds", "val loss", "Δ%", "paper loss", "paper Δ%",
                   "paper source"]
         body = []
-        settings = sorted({(s["model"], s["stages"], s["ratio"], s["steps"]) for s in sums}, key=str) or [None]
-        for setting in settings:
-            for name in order:
-                s = next((x for x in sums if setting and (x["model"], x["stages"], x["ratio"], x["steps"]) == setting
-                          and x[field] == name), None)
-                p = paper[name]
-                src = f"{'App. C' if field == 'projector' else 'App. G'} ({p['certainty']})"
-                body.append([f"{name}: {p['label']}",
-                             *(setting if setting else (DASH,) * 4)[:2],
-                             _ratio(setting[2]) if setting else DASH, setting[3] if setting else DASH,
-                             s["n"] if s else 0, _pm(s["val_loss"], s["val_loss_std"]) if s else DASH,
-                             _pm(s["delta_pct"], s["delta_std"], 2, pct=True) if s else DASH,
-                             f"{p['val_loss']:g}", _pct(p["delta_pct"]), src])
+        for setting in sorted({_setting(s) for s in sums}, key=str) or [None]:
+            model, stages, ratio, steps = setting or (DASH,) * 4
+            for name, p in paper.items():
+                s = next((x for x in sums if _setting(x) == setting and x[field] == name), None)
+                ours = ([s["n"], _pm(s["val_loss"], s["val_loss_std"]), _pm(s["delta_pct"], s["delta_std"], 2, pct=True)]
+                        if s else [0, DASH, DASH])
+                body.append([f"{name}: {p['label']}", model, stages, _ratio(ratio) if setting else DASH, steps,
+                             *ours, f"{p['val_loss']:g}", _pct(p["delta_pct"]), f"{source} ({p['certainty']})"])
         out[field] = (header, body)
     return out
 
@@ -533,16 +536,17 @@ def loss_curves_figure(rows: Sequence[dict], path: str | Path | None = None, smo
 def load_bench(path: str | Path) -> list[dict]:
     """Step measurements from ``reports/bench/pipeline.json`` (missing file: ``[]``).
 
-    Accepted shapes: ``{"measurements": [entry, ...]}`` or a list of entries; an entry holds
-    ``method``, ``ratio`` (optional) and either ``timing`` (a ``mapl.link.StepMeasurement.to_dict()``)
-    or ``pipeline.timing`` (a ``mapl.pipeline`` results dict). Returns ``{"method", "ratio",
-    "measurement"}`` dicts; entries of another shape are skipped."""
+    Accepted shapes: ``{"methods": [entry, ...]}`` (what ``benchmarks/pipeline.py`` writes),
+    ``{"measurements": [...]}`` or a plain list of entries; an entry holds ``method``, ``ratio`` (the
+    effective ratio on the wire; optional for ``none``) and either ``timing`` (a
+    ``mapl.link.StepMeasurement.to_dict()``) or ``pipeline.timing`` (a ``mapl.pipeline`` results
+    dict). Returns ``{"method", "ratio", "measurement"}`` dicts; entries of another shape are skipped."""
     from .link import StepMeasurement
     path = Path(path)
     if not path.exists():
         return []
     data = json.loads(path.read_text())
-    entries = data.get("measurements", data.get("runs", [])) if isinstance(data, dict) else data
+    entries = (data.get("methods") or data.get("measurements") or []) if isinstance(data, dict) else data
     out = []
     for e in entries if isinstance(entries, list) else []:
         try:
@@ -559,7 +563,7 @@ def time_to_target_rows(rows: Sequence[dict], bench: Sequence[dict], bandwidths_
                         target_pct: float = 2.0, latency_s: float = 0.0) -> list[dict]:
     """For each measured method: the target is the uncompressed final val loss + ``target_pct`` %;
     steps to reach it (interpolated on the val curve of the longest default-configured run of that
-    method and ratio, nominal ratio for projections, of the model with the most runs) x the
+    method and effective ratio, of the model with the most runs) x the
     simulated step time on a link of each bandwidth. ``time_s`` is None where the run never
     reaches the target."""
     from .link import LinkProfile, steps_to_target, step_time
@@ -575,8 +579,7 @@ def time_to_target_rows(rows: Sequence[dict], bench: Sequence[dict], bandwidths_
     pool = [r for r in pool if r["model"] == model]
     out = []
     for b in bench:
-        cands = [r for r in pool if r["method"] == b["method"]
-                 and (b["method"] == "none" or b["ratio"] in (r["nominal_ratio"], r["ratio"]))]
+        cands = [r for r in pool if r["method"] == b["method"] and (b["method"] == "none" or r["ratio"] == b["ratio"])]
         if not cands:
             continue
         run = max(cands, key=lambda r: (r["steps"], -(r["seed"] or 0)))

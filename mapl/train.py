@@ -251,6 +251,10 @@ def run(cfg: RunConfig, out: Path | None = None, ckpt: Path | None = None, progr
                 _check_finite(loss, step, sm, xs)
                 loss.backward()
                 loss_sum += float(loss.detach())
+            for comp in sm.compressors():
+                fold = getattr(comp, "fold_receiver_grad", None)
+                if fold is not None:
+                    fold()
             if t.grad_clip:
                 torch.nn.utils.clip_grad_norm_([p for p in sm.parameters() if p.grad is not None], t.grad_clip)
             for opt in opts:

@@ -57,7 +57,8 @@ def rows(tmp_path):
     for g, rs in (("main", main), ("ablations", abl), ("seeds", seeds), ("long", long)):
         for r in rs:
             write(tmp_path, g, r)
-    write(tmp_path, "main", {**main[0], "run": "zz-dup"})                       # same config hash: dropped
+    write(tmp_path, "main", {**main[0], "run": "zz-dup"})                       # same config: dropped
+    write(tmp_path, "", {**main[5], "run": "adhoc-lr", "val_loss": 9.9})        # ad hoc, same key: main wins
     write(tmp_path, "tune", result("mapl", 8, loss=3.0, eval_offset=65536, name="tune-x"))
     write(tmp_path, "scaling_tokens", result("mapl", 8, steps=3000, loss=3.3, name="t3000"))  # not the long group
     write(tmp_path, "scaling_width", result("none", loss=4.5, overrides={"d_model": 64}, name="w64"))
@@ -75,7 +76,8 @@ def test_delta_pct():
 def test_load_and_select(rows, tmp_path):
     everything = R.load_results(tmp_path)
     assert {r["run"] for r in everything} >= {"tune-x", "micro-x"}
-    assert "zz-dup" not in {r["run"] for r in everything}
+    assert not {"zz-dup", "adhoc-lr"} & {r["run"] for r in everything}
+    assert {"zz-dup", "adhoc-lr"} <= {r["run"] for r in R.load_results(tmp_path, dedupe=False)}
     names = {r["run"] for r in rows}
     assert "tune-x" not in names and "micro-x" not in names          # tuning slice and other profile excluded
     assert len(rows) == 7 + 5 + 3 + 3 + 2
@@ -215,15 +217,19 @@ def test_time_to_target(rows, tmp_path):
 
     def meas(nbytes):
         return StepMeasurement.uniform("gpipe", 4, 2, 0.01, 0.02, [nbytes] * 3, [nbytes] * 3).to_dict()
-    bench = {"measurements": [{"method": "none", "timing": meas(1e6)}, {"method": "mapl", "ratio": 8,
-                                                                         "timing": meas(1.25e5)},
-                              {"method": "ssn", "ratio": 8, "timing": meas(1.25e5)}, {"bogus": 1}]}
+    bench = {"methods": [{"method": "none", "ratio": 1.0, "timing": meas(1e6)},
+                         {"method": "mapl", "ratio": 8.0, "timing": meas(1.25e5)},
+                         {"method": "ssn", "ratio": 8.0, "timing": meas(1.25e5)},
+                         {"method": "mapl-rvq", "ratio": 8.0, "timing": meas(6e4)},    # effective 8x: no such run
+                         {"bogus": 1}]}
     (tmp_path / "pipeline.json").write_text(json.dumps(bench))
     b = R.load_bench(tmp_path / "pipeline.json")
-    assert [x["method"] for x in b] == ["none", "mapl", "ssn"]
+    assert [x["method"] for x in b] == ["none", "mapl", "ssn", "mapl-rvq"]
     ttt = R.time_to_target_rows(rows, b, [1e7, 1e9], target_pct=2.0)
     by = {(t["method"], t["bandwidth_bps"]): t for t in ttt}
     assert by[("ssn", 1e7)]["time_s"] is None                            # SSN never gets within 2%
+    assert not any(t["method"] == "mapl-rvq" for t in ttt)                # matched on the effective ratio
+    assert R.time_to_target_table(ttt)[1][0][:3] == ["Uncompressed", "1×", "10"]
     slow_none, slow_mapl = by[("none", 1e7)], by[("mapl", 1e7)]
     assert slow_none["target"] == pytest.approx(3.5 * 1.02)
     assert slow_mapl["time_s"] < slow_none["time_s"]                      # 8x fewer bytes on a slow link

@@ -21,14 +21,14 @@ def absmax_quantize(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Te
     xb = x.detach().float().reshape(*x.shape[:-1], d // blk, blk)
     scale = (xb.abs().amax(dim=-1, keepdim=True) / 127.0).to(_SCALE_DTYPE).float()
     safe = torch.where(scale > 0, scale, torch.ones_like(scale))
-    q = torch.round(xb / safe).clamp_(-127, 127).to(torch.int8)
+    q = torch.div(xb, safe).round_().clamp_(-127, 127).to(torch.int8)    # in place: one temporary, not three
     return q.reshape(x.shape), scale.squeeze(-1).to(_SCALE_DTYPE)
 
 
 def absmax_dequantize(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     d = q.shape[-1]
     nb = scale.shape[-1]
-    xb = q.float().reshape(*q.shape[:-1], nb, d // nb) * scale.float().unsqueeze(-1)
+    xb = q.float().reshape(*q.shape[:-1], nb, d // nb).mul_(scale.float().unsqueeze(-1))
     return xb.reshape(q.shape).to(dtype)
 
 

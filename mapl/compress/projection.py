@@ -14,6 +14,25 @@ from .base import Compressor
 __all__ = ["ProjectionCompressor"]
 
 
+class _ReceiverSide(torch.autograd.Function):
+    """A as the receiver's copy sees it. Forward: A. Backward: the receiver-side term G_X̂ᵀZ is kept
+    apart (``comp._rx_grad``) instead of being summed into A.grad micro-batch by micro-batch, and is
+    folded in once per step by ``fold_receiver_grad``. This is what the multi-process runtime must do
+    (the term is computed on another process and sent back once per step), so both runtimes add the
+    same floating-point numbers in the same order and stay bit-identical."""
+
+    @staticmethod
+    def forward(ctx, A, comp):
+        ctx.comp = comp
+        return A.view_as(A)
+
+    @staticmethod
+    def backward(ctx, g):
+        c = ctx.comp
+        c._rx_grad = g.clone() if c._rx_grad is None else c._rx_grad.add_(g)
+        return None, None
+
+
 class ProjectionCompressor(Compressor):
     """``projector``: "spel" (learned, Stiefel, optimised by mapl.optim.SPEL), "unconstrained" (learned,
     plain optimiser), "fixed" (random orthonormal per boundary), "fixed-shared" (SSN's one U)."""
@@ -27,6 +46,7 @@ class ProjectionCompressor(Compressor):
         self.projector = projector
         self.receiver_grad = receiver_grad
         self.learned = projector in ("spel", "unconstrained")
+        self._rx_grad = None
         if self.learned:
             self.A = nn.Parameter(basis.clone())
             self.A.mapl_role = "stiefel" if projector == "spel" else "unconstrained"
@@ -41,8 +61,19 @@ class ProjectionCompressor(Compressor):
         return x @ self.A.to(x.dtype)
 
     def decode(self, z):
-        A = self.A if self.receiver_grad == "exact" else self.A.detach()
+        if not self.learned:
+            A = self.A
+        elif self.receiver_grad == "exact":
+            A = _ReceiverSide.apply(self.A, self)
+        else:
+            A = self.A.detach()
         return z @ A.to(z.dtype).T
+
+    def fold_receiver_grad(self) -> None:
+        """Add the receiver-side gradient of A (accumulated over the step's micro-batches) to A.grad."""
+        if self._rx_grad is not None:
+            self.A.grad = self._rx_grad if self.A.grad is None else self.A.grad.add_(self._rx_grad)
+            self._rx_grad = None
 
     def sync_payload(self):
         # learned A_p is shipped to the receiver after every optimizer step, in fp32: a bf16 copy would

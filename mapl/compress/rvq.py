@@ -49,6 +49,20 @@ def _pow2_bits(k) -> int:
         raise ValueError(f"codebook_size={k!r} is invalid; allowed: a power of two in 2..65536")
     return k.bit_length() - 1
 
+def _first_argmin_(d: torch.Tensor, rev: torch.Tensor) -> torch.Tensor:
+    """``d.argmin(-1)`` (the first minimum on ties), overwriting ``d``; ``rev = arange(K, 0, -1)`` in d's dtype.
+
+    ATen's CPU argmin is a scalar loop (~0.8 ns per value); this is four vectorised passes (~0.25 ns per
+    value on a cache-sized block): m = min over the row; d <- (d <= m) * (K - k), i.e. K - k exactly at
+    the minima and 0 elsewhere (an in-place float comparison, no bool tensor); the first minimum has the
+    largest K - k. Exact: the comparison is against the row's own minimum, and K <= 2**16 is exact in
+    float32. A row holding NaN yields an index in range (not necessarily argmin's).
+    """
+    K = d.shape[-1]
+    m = d.amin(-1, keepdim=True)
+    d.le_(m).mul_(rev)
+    return (K - d.amax(-1).to(torch.int64)).clamp_(0, K - 1)
+
 
 class ResidualVQ(nn.Module):
     """Grouped residual VQ with EMA k-means codebooks, k-means init and dead-code revival.
@@ -122,14 +136,26 @@ class ResidualVQ(nn.Module):
     def _chunk(self) -> int:
         return max(1, self.chunk_elems // (self.groups * self.codebook_size))
 
+    def _tiles(self, n_groups: int, n_tokens: int) -> tuple[int, int]:
+        """(groups, tokens) per search tile so a tile's (groups, tokens, K) distance block holds about
+        ``chunk_elems`` values (cache-sized). All groups at once while that leaves >= 16 tokens per tile
+        (few, large batched matmuls); for large K, fewer groups per tile rather than fewer tokens."""
+        K, E = self.codebook_size, self.chunk_elems
+        ts = E // (n_groups * K)
+        if ts >= min(16, n_tokens):
+            return n_groups, max(1, ts)
+        gs = max(1, min(n_groups, E // (16 * K)))
+        return gs, max(1, E // (gs * K))
+
     @torch.no_grad()
     def search(self, z: torch.Tensor, *, codebooks: torch.Tensor | None = None, return_residual: bool = False):
         """Greedy residual nearest-codeword search: ``z (..., dim) -> idx (..., G, R)`` (int64).
 
         Round r quantises the residual left by rounds < r with codebook r. Distances are
         ``||x||^2 - 2 x.c + ||c||^2`` via batched matmul; ``||x||^2`` is the same for every codeword, so
-        the argmin is taken over ``||c||^2 - 2 x.c``. Tokens go in chunks so the (G, chunk, K) distance
-        matrix stays ~``chunk_elems``; Python loops run over chunks and rounds only. Computed in float64
+        the argmin is taken over ``||c||^2 - 2 x.c`` (ties: the first minimum, as ``argmin``). The work is
+        tiled over (groups, tokens) so each (groups, tokens, K) distance block stays ~``chunk_elems``
+        values and lives in cache; Python loops run over tiles and rounds only. Computed in float64
         if z or the codebooks are float64, else float32. ``codebooks`` (default: this module's) selects
         the codebooks searched. With ``return_residual`` also returns the final residual
         ``z - lookup(idx)`` (as computed by the search), shape (..., dim).
@@ -140,27 +166,37 @@ class ResidualVQ(nn.Module):
         lead = z.shape[:-1]
         cb = self.codebooks if codebooks is None else codebooks
         dt = torch.float64 if torch.float64 in (z.dtype, cb.dtype) else torch.float32
+        dev = z.device
         x = z.detach().reshape(-1, G, ds).to(dt).transpose(0, 1)     # (G, N, ds) view
         N = x.shape[1]
         C = cb.to(dt)                                                   # (G, R, K, ds)
-        Ct = C.transpose(-1, -2)                                        # (G, R, ds, K)
-        c2 = (C * C).sum(-1).unsqueeze(2)                               # (G, R, 1, K)
-        gi = torch.arange(G, device=z.device)[:, None]
-        idx = torch.empty(G, N, R, dtype=torch.int64, device=z.device)
-        resid = torch.empty(G, N, ds, dtype=dt, device=z.device) if return_residual else None
-        step = self._chunk()
-        for s in range(0, N, step):
-            res = x[:, s:s + step].clone(memory_format=torch.contiguous_format)
-            for r in range(R):
-                d = torch.baddbmm(c2[:, r], res, Ct[:, r], alpha=-2.0)  # (G, n, K)
-                i = d.argmin(-1)                                        # first minimum on ties
-                idx[:, s:s + step, r] = i
-                res -= C[:, r][gi, i]
-            if resid is not None:
-                resid[:, s:s + step] = res
-        idx = idx.transpose(0, 1).reshape(*lead, G, R)
+        Cr = [C[:, r].contiguous() for r in range(R)]                   # (G, K, ds) per round
+        # augmented codebooks [-2 c ; ||c||^2] (G, ds+1, K): with res_aug = [res, 1] one bmm gives
+        # ||c||^2 - 2 res.c directly (no broadcast copy of ||c||^2 into the output, as baddbmm does)
+        Ca = [torch.cat([-2.0 * c.transpose(1, 2), (c * c).sum(-1).unsqueeze(1)], 1).contiguous() for c in Cr]
+        rev = torch.arange(K, 0, -1, device=dev, dtype=dt)             # K - k
+        # outputs written straight into token-major (N, G, R) / (N, G, ds): contiguous for every consumer
+        idx = torch.empty(N, G, R, dtype=torch.int64, device=dev)
+        resid = torch.empty(N, G, ds, dtype=dt, device=dev) if return_residual else None
+        gs, ts = self._tiles(G, N)
+        for g0 in range(0, G, gs):
+            g1 = min(G, g0 + gs)
+            goff = torch.arange(g0, g1, device=dev)[:, None] * K        # row offsets into (G*K, ds)
+            for s in range(0, N, ts):
+                n = min(ts, N - s)
+                res_aug = torch.ones(g1 - g0, n, ds + 1, dtype=dt, device=dev)
+                res_aug[..., :ds] = x[g0:g1, s:s + n]
+                res = res_aug[..., :ds]                                 # (gs, n, ds) view, updated in place
+                for r in range(R):
+                    d = torch.bmm(res_aug, Ca[r][g0:g1])                # (gs, n, K)
+                    i = _first_argmin_(d, rev)
+                    idx[s:s + n, g0:g1, r] = i.T
+                    res -= Cr[r].view(G * K, ds).index_select(0, (i + goff).view(-1)).view(res.shape)
+                if resid is not None:
+                    resid[s:s + n, g0:g1] = res.transpose(0, 1)
+        idx = idx.view(*lead, G, R)
         if return_residual:
-            return idx, resid.transpose(0, 1).reshape(*lead, self.dim)
+            return idx, resid.view(*lead, self.dim)
         return idx
 
     def lookup(self, idx: torch.Tensor, codebooks: torch.Tensor | None = None) -> torch.Tensor:
@@ -171,42 +207,53 @@ class ResidualVQ(nn.Module):
         if idx.shape[-2:] != (G, R):
             raise ValueError(f"lookup expects idx (..., {G}, {R}), got shape {tuple(idx.shape)}")
         lead = idx.shape[:-2]
-        i = idx.reshape(-1, G, R).long()
-        gi = torch.arange(G, device=i.device)[None, :]
-        out = cb[:, 0][gi, i[:, :, 0]]                                  # (N, G, ds)
-        for r in range(1, R):
-            out = out + cb[:, r][gi, i[:, :, r]]
+        K, ds = cb.shape[-2], cb.shape[-1]
+        # one row gather from the flat (G*R*K, ds) table (2.5x faster than per-round fancy indexing)
+        flat = (idx.reshape(-1, G, R).long() + self._row_offsets(idx.device)).reshape(-1)
+        sel = cb.reshape(G * R * K, ds).index_select(0, flat).view(-1, G, R, ds)
+        out = sel[:, :, 0]                                              # (N, G, ds)
+        for r in range(1, R):                                           # rounds summed in order
+            out = out + sel[:, :, r]
         return out.reshape(*lead, self.dim)
+
+    def _row_offsets(self, device) -> torch.Tensor:
+        """(G, R) offsets of codebook (g, r) in the flat (G*R*K, ds) view: (g*R + r)*K."""
+        G, R, K = self.groups, self.rounds, self.codebook_size
+        return (torch.arange(G, device=device)[:, None] * R + torch.arange(R, device=device)) * K
 
     def code_counts(self, idx: torch.Tensor) -> torch.Tensor:
         """Assignments per code in a batch: ``(G, R, K)`` in the codebooks' dtype (exact integers)."""
         G, R, K = self.groups, self.rounds, self.codebook_size
         i = idx.reshape(-1, G, R).long()
-        base = (torch.arange(G, device=i.device)[:, None] * R + torch.arange(R, device=i.device)) * K
-        counts = torch.bincount((i + base).reshape(-1), minlength=G * R * K)
+        counts = torch.bincount((i + self._row_offsets(i.device)).reshape(-1), minlength=G * R * K)
         return counts.view(G, R, K).to(self.codebooks.dtype)
 
     def _targets(self, x: torch.Tensor, idx: torch.Tensor, cb: torch.Tensor) -> torch.Tensor:
         """Round-r targets: the residuals the search (with codebooks ``cb``) quantised in round r.
         x (N,G,ds) -> (N,G,R,ds)."""
-        G, R = self.groups, self.rounds
-        gi = torch.arange(G, device=x.device)[None, :]
-        out = torch.empty(*x.shape[:2], R, x.shape[-1], dtype=x.dtype, device=x.device)
+        G, R, K, ds = self.groups, self.rounds, self.codebook_size, x.shape[-1]
+        out = torch.empty(*x.shape[:2], R, ds, dtype=x.dtype, device=x.device)
+        flat_cb = cb.reshape(G * R * K, ds)
+        flat = (idx + self._row_offsets(x.device))                     # (N, G, R)
         res = x.clone()
         for r in range(R):
             out[:, :, r] = res
             if r + 1 < R:
-                res -= cb[:, r][gi, idx[:, :, r]].to(x.dtype)
+                res -= flat_cb.index_select(0, flat[:, :, r].reshape(-1)).view(res.shape).to(x.dtype)
         return out
 
     def _assign(self, x: torch.Tensor, C: torch.Tensor) -> torch.Tensor:
-        """Nearest codeword per group: x (G,N,ds), C (G,K,ds) -> (G,N) int64, chunked over N."""
+        """Nearest codeword per group: x (G,N,ds), C (G,K,ds) -> (G,N) int64, tiled like :meth:`search`."""
+        G, K = C.shape[0], C.shape[1]
         c2 = (C * C).sum(-1).unsqueeze(1)
-        Ct = C.transpose(1, 2)
+        Ct = C.transpose(1, 2).contiguous()
+        rev = torch.arange(K, 0, -1, device=x.device, dtype=x.dtype)
         out = torch.empty(x.shape[0], x.shape[1], dtype=torch.int64, device=x.device)
-        step = self._chunk()
-        for s in range(0, x.shape[1], step):
-            out[:, s:s + step] = torch.baddbmm(c2, x[:, s:s + step], Ct, alpha=-2.0).argmin(-1)
+        gs, ts = self._tiles(G, x.shape[1])
+        for g0 in range(0, G, gs):
+            for s in range(0, x.shape[1], ts):
+                d = torch.baddbmm(c2[g0:g0 + gs], x[g0:g0 + gs, s:s + ts], Ct[g0:g0 + gs], alpha=-2.0)
+                out[g0:g0 + gs, s:s + ts] = _first_argmin_(d, rev)
         return out
 
     def _kmeans(self, x: torch.Tensor) -> torch.Tensor:
@@ -279,11 +326,12 @@ class ResidualVQ(nn.Module):
         else:
             vals, pos = key.topk(M, dim=-1, largest=False, sorted=True)
             ok = torch.isfinite(vals)
-        gi = torch.arange(G, device=dev)[:, None, None]
-        ri = torch.arange(R, device=dev)[None, :, None]
-        rval = targets[tok, gi, ri].to(self.codebooks.dtype)             # (G, R, M, ds)
+        # gather residuals for the dead codes only (usually few of the M slots); the rest stay 0
+        g, r, m = ok.nonzero(as_tuple=True)
+        rval = torch.zeros(G, R, M, ds, dtype=self.codebooks.dtype, device=dev)
+        rval[g, r, m] = targets[tok[g, r, m], g, r].to(self.codebooks.dtype)
         rpos = torch.where(ok, pos, torch.full_like(pos, -1)).to(torch.int32)
-        return rpos, torch.where(ok.unsqueeze(-1), rval, torch.zeros_like(rval))
+        return rpos, rval
 
     @torch.no_grad()
     def update(self, z: torch.Tensor, idx: torch.Tensor, *, codebooks: torch.Tensor | None = None) -> dict:
@@ -312,15 +360,15 @@ class ResidualVQ(nn.Module):
                     "rpos": torch.full((G, R, M), -1, dtype=torch.int32, device=dev),
                     "rval": torch.zeros(G, R, M, ds, dtype=self.codebooks.dtype, device=dev)}
         targets = self._targets(x, i, self.codebooks if codebooks is None else codebooks)
-        base = (torch.arange(G, device=dev)[:, None] * R + torch.arange(R, device=dev)) * K
-        flat = (i + base).reshape(-1)
+        flat = (i + self._row_offsets(dev)).reshape(-1)
         sums = torch.zeros(G * R * K, ds, dtype=x.dtype, device=dev).index_add_(0, flat, targets.reshape(-1, ds))
         sums = sums.view(G, R, K, ds)
-        self._apply_ema(self.code_counts(i), sums)
+        counts = torch.bincount(flat, minlength=G * R * K).view(G, R, K).to(self.codebooks.dtype)   # = code_counts(i)
+        self._apply_ema(counts, sums)
         rpos, rval = self._pick_revivals(targets)
         self._apply_revivals(rpos, rval)
         self.version += 1
-        return {"op": OP_EMA, "stat": sums, "rpos": rpos, "rval": rval, "n_tokens": N}
+        return {"op": OP_EMA, "stat": sums, "rpos": rpos, "rval": rval, "n_tokens": N, "counts": counts}
 
     @torch.no_grad()
     def mirror(self, op: int, stat: torch.Tensor, rpos: torch.Tensor, rval: torch.Tensor, idx: torch.Tensor) -> None:
@@ -434,8 +482,8 @@ class RVQCompressor(Compressor):
         if search_with not in ("sender", "receiver"):
             raise ValueError(f"search_with={search_with!r} is invalid; allowed: 'sender', 'receiver'")
         if search_with == "receiver" and sync == "mirrored":
-            raise ValueError("search_with='receiver' is for sync='stream'/'full'; with sync='mirrored' the "
-                             "receiver copy already equals the sender's codebooks at search time")
+            # mirrored EMA keeps the receiver copy equal to the sender's at search time: the same thing
+            search_with = "sender"
         super().__init__(inner.d_model)
         self.inner = inner
         self.search_with = search_with
@@ -598,7 +646,7 @@ class RVQCompressor(Compressor):
                 self._pending = None
             search_cb = self.recv.codebooks              # sender-side shadow of the receiver's copy
         idx, resid = self.rvq.search(z, codebooks=search_cb, return_residual=True)     # (B, T, G, R)
-        codes = pack_bits_rows(idx.reshape(B, -1), self.rvq.bits)
+        codes = pack_bits_rows(idx.reshape(B, -1), self.rvq.bits, check=False)   # search output is in range
         op = self.rvq.update(z, idx, codebooks=search_cb) if (self.training and not self.dry_run) else None
         header = torch.tensor([int(self.rvq.version), OP_NONE if op is None else op["op"], T],
                               dtype=torch.int64, device=z.device)
@@ -613,7 +661,8 @@ class RVQCompressor(Compressor):
             st["sync_bytes"] += sum(t.numel() * t.element_size() for t in payload[1:])
             zf = z.float()
             st["rel_mse"] = float(resid.float().pow(2).sum() / zf.pow(2).sum().clamp_min(1e-30))
-            p = self.rvq.code_counts(idx).float() / (B * T)
+            counts = op["counts"] if op is not None and "counts" in op else self.rvq.code_counts(idx)
+            p = counts.float() / (B * T)
             st["batch_perplexity"] = float(torch.exp(-(p * p.clamp_min(1e-30).log()).sum(-1)).mean())
         return payload
 
@@ -666,6 +715,14 @@ class RVQCompressor(Compressor):
 
     def sync_bytes_per_step(self) -> int:
         return self.inner.sync_bytes_per_step()
+
+    def receiver_grad_bytes_per_step(self) -> int:
+        return getattr(self.inner, "receiver_grad_bytes_per_step", lambda: 0)()
+
+    def fold_receiver_grad(self) -> None:
+        fold = getattr(self.inner, "fold_receiver_grad", None)
+        if fold is not None:
+            fold()
 
     def checksum(self) -> int:
         return self.inner.checksum()

@@ -1,0 +1,581 @@
+"""Compressor cost on one CPU thread: per-op times, overhead against a stage's step, wire efficiency, memory.
+
+    python benchmarks/compress.py                 # full grid, ~10 min on 1 core (writes the two reports)
+    python benchmarks/compress.py --quick         # tiny shapes, seconds (the test suite runs this)
+
+Every time is the median of ``--reps`` timed runs after ``--warmup`` untimed ones, with
+``torch.set_num_threads(--threads)`` (default 1). What is measured (benchmarks/README.md has the details):
+
+* ``ops``: per (d, r, method) at B x T tokens (default 8 x 512): in-graph ``encode``/``decode`` forward and
+  backward (gradients into the input and, for learned projectors, into A), and on the wire ``pack``/
+  ``unpack`` (forward message) and ``pack_grad``/``unpack_grad`` (backward message). ``mapl-rvq`` packs in
+  training mode (nearest-codeword search + EMA update + sync slice), as a training stage does.
+* ``spel``: one SPEL step on a d x r projector, exact SVD polar vs Polar Express (10 steps).
+* ``search``: ResidualVQ.search alone (default layout G = r/2, R = 2) for K in {256, 4096, 65536}; large
+  K run on fewer tokens (``tokens`` in each row) and are also reported per token.
+* ``stage``: forward + backward of a stage of 2 LLaMA blocks at the model preset with that d
+  (d=256 -> mini, 1024 -> 150M, 2048 -> 1B), same tokens; ``overhead`` = per-micro-batch compressor cost
+  (encode+decode fwd/bwd, pack/unpack both legs, SPEL step / micro-batches-per-step) / stage time.
+* ``wire``: bytes per token from real ``pack()``/``pack_grad()`` output (+ 16-bit token ids where the
+  method's anchors need them) against the information floor; efficiency = floor / measured.
+* ``memory``: peak RSS (ru_maxrss) of a fresh process running one stage step, per method.
+
+Before/after: ``--mapl-path DIR`` imports ``mapl`` from DIR (e.g. a copy of the package before a speed
+change) and ``--baseline OLD.json`` folds an earlier run's numbers into the report as "before".
+Writes ``--json`` (default reports/bench/compress.json) and ``--md`` (default reports/tables/compress.md).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+METHODS = ("none", "int8", "ssn", "mapl", "mapl-rvq")
+PRESET_FOR_D = {64: "micro", 128: "tiny", 256: "mini", 1024: "150M", 1536: "500M", 2048: "1B"}
+ID_BITS = 16            # token ids on the wire (int16 for vocabularies <= 65536, mapl/wire.py)
+
+FULL = dict(batch=8, seq=512, dims=(256, 1024, 2048), ranks=(64, 128, 256), search_K=(256, 4096, 65536),
+            search_dim=256, search_elems=1 << 31, warmup=2, reps=5, stage_reps=3, micro_batches=4,
+            memory_dims=(1024,), headline=(1024, 256))
+QUICK = dict(batch=2, seq=16, dims=(64,), ranks=(16,), search_K=(16, 256), search_dim=16,
+             search_elems=1 << 20, warmup=1, reps=3, stage_reps=2, micro_batches=4, memory_dims=(64,),
+             headline=(64, 16))
+
+
+# ---- environment ---------------------------------------------------------------------------------
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _environment(torch, device: str) -> dict:
+    env = {"torch": torch.__version__, "threads": torch.get_num_threads(), "cpu_model": _cpu_model(),
+           "cpu_count": os.cpu_count(), "python": platform.python_version(), "device": device,
+           "loadavg_start": os.getloadavg()[0], "mkldnn": torch.backends.mkldnn.is_available()}
+    if device == "cuda":
+        env["gpu"] = torch.cuda.get_device_name()
+    return env
+
+
+# ---- timing ------------------------------------------------------------------------------------
+
+class Timer:
+    def __init__(self, torch, device: str, warmup: int, reps: int):
+        self.torch, self.device, self.warmup, self.reps = torch, device, warmup, reps
+
+    def _sync(self):
+        if self.device == "cuda":
+            self.torch.cuda.synchronize()
+
+    def __call__(self, fn, *, reps: int | None = None, warmup: int | None = None) -> dict:
+        """Median (and min) seconds of ``fn()`` over ``reps`` runs after ``warmup`` untimed runs."""
+        for _ in range(self.warmup if warmup is None else warmup):
+            fn()
+        self._sync()
+        ts = []
+        for _ in range(self.reps if reps is None else reps):
+            t0 = time.perf_counter()
+            fn()
+            self._sync()
+            ts.append(time.perf_counter() - t0)
+        return {"median_s": statistics.median(ts), "min_s": min(ts), "n": len(ts)}
+
+
+# ---- building blocks ---------------------------------------------------------------------------
+
+def _compressor(mapl, torch, method: str, d: int, r: int, *, search_with: str | None = None):
+    from mapl.compress import build_boundary
+    from mapl.compress.ssn import shared_basis
+    from mapl.config import CompressorConfig
+    ratio = 1.0 if method in ("none", "int8") else d / r
+    kw = {}
+    if search_with is not None:
+        kw["rvq_search_with"] = search_with
+    comp = CompressorConfig(method=method, ratio=ratio, **kw).validate(d, 32000)
+    shared_U = shared_basis(d, comp.rank(d), comp.seed) if comp.projector == "fixed-shared" else None
+    return build_boundary(comp, d, 0, shared_U), comp
+
+
+def _needs_ids(method: str) -> bool:
+    from mapl.config import METHODS as CFG_METHODS
+    return CFG_METHODS[method]["anchor"] != "none"
+
+
+def bench_ops(torch, timer: Timer, method: str, d: int, r: int, B: int, T: int, device: str) -> dict:
+    """encode/decode fwd+bwd and pack/unpack/pack_grad/unpack_grad of one boundary compressor."""
+    import mapl
+    comp, _ = _compressor(mapl, torch, method, d, r)
+    comp = comp.to(device).train()
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    x = torch.randn(B, T, d, generator=gen).to(device).requires_grad_(True)
+    params = [p for p in comp.parameters() if p.requires_grad]
+    out = {}
+    # encode: forward, then backward on a retained graph (gradients into x and, if learned, A)
+    out["encode_fwd"] = timer(lambda: comp.encode(x))
+    z = comp.encode(x)
+    gz = torch.randn(z.shape, generator=gen).to(device)
+    ins = [x, *params]
+    if z.requires_grad and z.grad_fn is not None:
+        out["encode_bwd"] = timer(lambda: torch.autograd.grad(z, ins, gz, retain_graph=True, allow_unused=True))
+    else:
+        out["encode_bwd"] = timer(lambda: None)
+    zin = z.detach().clone().requires_grad_(True)
+    out["decode_fwd"] = timer(lambda: comp.decode(zin))
+    xh = comp.decode(zin)
+    gx = torch.randn(xh.shape, generator=gen).to(device)
+    dins = [zin, *params]
+    if xh.grad_fn is not None:
+        out["decode_bwd"] = timer(lambda: torch.autograd.grad(xh, dins, gx, retain_graph=True, allow_unused=True))
+    else:
+        out["decode_bwd"] = timer(lambda: None)
+    # the wire, both legs; mapl-rvq packs in training mode (search + EMA update + stream slice)
+    zd = z.detach()
+    with torch.no_grad():
+        for _ in range(2):                       # first pack runs the one-off k-means init: not timed
+            payload = comp.pack(zd)
+            comp.unpack(payload, zd.dtype)
+        out["pack"] = timer(lambda: comp.pack(zd))
+        payload = comp.pack(zd)
+        out["unpack"] = timer(lambda: comp.unpack(payload, zd.dtype))
+        out["pack_grad"] = timer(lambda: comp.pack_grad(gz))
+        gpay = comp.pack_grad(gz)
+        out["unpack_grad"] = timer(lambda: comp.unpack_grad(gpay, gz.dtype))
+    return {k: v["median_s"] for k, v in out.items()} | {"_min": {k: v["min_s"] for k, v in out.items()}}
+
+
+def wire_row(torch, method: str, d: int, r: int, B: int, T: int, micro_batches: int) -> dict:
+    """Measured bytes/token of real payloads vs the information floor."""
+    import mapl
+    from mapl.compress.base import payload_bytes
+    comp, cfg = _compressor(mapl, torch, method, d, r)
+    comp.train()
+    gen = torch.Generator().manual_seed(1)
+    z = torch.randn(B, T, comp.code_dim, generator=gen)
+    with torch.no_grad():
+        for _ in range(2):
+            comp.unpack(comp.pack(z), z.dtype)
+        fwd = comp.pack(z)
+        bwd = comp.pack_grad(torch.randn(B, T, comp.code_dim, generator=gen))
+    roles = comp.payload_roles("fwd")
+    n = B * T
+    data_fwd = sum(t.numel() * t.element_size() for t, ro in zip(fwd, roles) if ro == "data")
+    sync_fwd = payload_bytes(fwd) - data_fwd
+    bwd_b = payload_bytes(bwd)
+    ids = ID_BITS / 8 if _needs_ids(method) else 0.0
+    # information floor, bits per token
+    if method == "none":
+        floor_fwd = 16 * d
+    elif method == "int8":
+        nsc = d // comp.block if comp.block else 1
+        floor_fwd = 8 * d + 16 * nsc
+    elif method == "mapl-rvq":
+        floor_fwd = comp.rvq.groups * comp.rvq.rounds * math.log2(comp.rvq.codebook_size)
+    else:
+        floor_fwd = 16 * r
+    floor_bwd = 8 * d + 16 * (d // comp.block if comp.block else 1) if method == "int8" else 16 * comp.code_dim
+    meas_fwd = (data_fwd + sync_fwd) / n + ids
+    meas_bwd = bwd_b / n
+    floor_fwd_B = floor_fwd / 8 + ids
+    floor_bwd_B = floor_bwd / 8
+    # per optimizer step: learned projector A (fp32) to the receiver and the receiver's dL/dA back
+    step_bytes = comp.sync_bytes_per_step()
+    inner = comp.inner if method == "mapl-rvq" else comp
+    if hasattr(inner, "receiver_grad_bytes_per_step"):
+        step_bytes += inner.receiver_grad_bytes_per_step()
+    state_per_tok = step_bytes / (n * micro_batches)
+    row = {
+        "method": method, "d": d, "r": comp.code_dim if method not in ("none", "int8") else None,
+        "tokens_per_message": n,
+        "fwd_bytes_per_token": meas_fwd, "fwd_floor_bytes_per_token": floor_fwd_B,
+        "fwd_data_bytes_per_token": data_fwd / n, "fwd_sync_bytes_per_message": sync_fwd,
+        "ids_bytes_per_token": ids,
+        "bwd_bytes_per_token": meas_bwd, "bwd_floor_bytes_per_token": floor_bwd_B,
+        "efficiency_fwd": floor_fwd_B / meas_fwd, "efficiency_bwd": floor_bwd_B / meas_bwd,
+        "efficiency": (floor_fwd_B + floor_bwd_B) / (meas_fwd + meas_bwd),
+        "state_sync_bytes_per_step": step_bytes, "state_sync_bytes_per_token": state_per_tok,
+        "efficiency_with_state_sync": (floor_fwd_B + floor_bwd_B) / (meas_fwd + meas_bwd + state_per_tok),
+        "declared_fwd_bytes_per_token": comp.wire_bytes_per_token("fwd") + ids,
+    }
+    notes = []
+    if sync_fwd:
+        notes.append(f"fwd message carries {sync_fwd} B of piggybacked sync (RVQ header 24 B + codebook "
+                     f"stream slice), independent of tokens: {sync_fwd / n:.3f} B/token at {n} tokens")
+    pad = data_fwd / n - (floor_fwd / 8)
+    if pad > 1e-9:
+        notes.append(f"bit-packing pads each sequence to a whole byte: {pad:.4f} B/token")
+    if step_bytes:
+        notes.append(f"per optimizer step (not in messages): projector A sync + receiver dL/dA = {step_bytes} B, "
+                     f"{state_per_tok:.2f} B/token at {micro_batches} x {n} tokens/step")
+    row["explained_by"] = "; ".join(notes)
+    return row
+
+
+def bench_spel(torch, timer: Timer, d: int, r: int, device: str) -> dict:
+    from mapl.compress import projector_basis
+    from mapl.optim import SPEL
+    out = {}
+    for polar in ("svd", "polar_express"):
+        A = torch.nn.Parameter(projector_basis(d, r, 0).to(device))
+        opt = SPEL([A], lr=0.002, momentum=0.95, polar=polar, polar_steps=10)
+        g = torch.randn(d, r, generator=torch.Generator().manual_seed(2)).to(device) * 1e-2
+
+        def step():
+            A.grad = g
+            opt.step()
+        out[polar] = timer(step)["median_s"]
+    return out
+
+
+def bench_search(torch, timer: Timer, dim: int, K: int, n_tokens: int, device: str) -> dict:
+    from mapl.compress.rvq import ResidualVQ
+    q = ResidualVQ(dim=dim, codebook_size=K, kmeans_init=False, seed=0).to(device)
+    z = torch.randn(n_tokens, dim, generator=torch.Generator().manual_seed(3)).to(device)
+    t = timer(lambda: q.search(z), reps=max(3, timer.reps // 2), warmup=1)
+    elems = n_tokens * q.groups * q.rounds * K
+    return {"K": K, "dim": dim, "groups": q.groups, "rounds": q.rounds, "tokens": n_tokens,
+            "median_s": t["median_s"], "us_per_token": t["median_s"] / n_tokens * 1e6,
+            "ns_per_distance": t["median_s"] / elems * 1e9,
+            "chunk_elems": getattr(q, "chunk_elems", None)}
+
+
+def _stage_blocks(torch, d: int):
+    from mapl.model import Block, ModelConfig, rope_tables
+    cfg = ModelConfig.preset(PRESET_FOR_D[d])
+    torch.manual_seed(0)
+    blocks = torch.nn.ModuleList([Block(cfg) for _ in range(2)])
+    return cfg, blocks, rope_tables
+
+
+def bench_stage(torch, timer: Timer, d: int, B: int, T: int, device: str, reps: int) -> dict:
+    cfg, blocks, rope_tables = _stage_blocks(torch, d)
+    blocks = blocks.to(device)
+    cos, sin = rope_tables(cfg.head_dim, T, cfg.rope_theta, device=device)
+    x = torch.randn(B, T, d).to(device).requires_grad_(True)
+    gy = torch.randn(B, T, d).to(device)
+
+    def fwd_bwd():
+        h = x
+        for b in blocks:
+            h = b(h, cos, sin)
+        h.backward(gy)
+        x.grad = None
+        for p in blocks.parameters():
+            p.grad = None
+    t = timer(fwd_bwd, reps=reps, warmup=1)
+    return {"preset": PRESET_FOR_D[d], "fwd_bwd_s": t["median_s"], "min_s": t["min_s"], "n": t["n"]}
+
+
+# ---- memory (one fresh process per configuration) --------------------------------------------------
+
+def _memory_child(spec: dict) -> dict:
+    """One stage step in this process: decode(in) -> 2 blocks -> encode(out), wire both legs; peak RSS."""
+    import torch
+    torch.set_num_threads(spec["threads"])
+    from mapl.compress.base import WireTransfer
+    d, r, method, B, T = spec["d"], spec["r"], spec["method"], spec["B"], spec["T"]
+    cfg, blocks, rope_tables = _stage_blocks(torch, d)
+    cos, sin = rope_tables(cfg.head_dim, T, cfg.rope_theta)
+    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    comp = None
+    if method != "blocks-only":
+        import mapl
+        comp, _ = _compressor(mapl, torch, method, d, r)
+        comp.train()
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(2):
+        if comp is None:
+            x = torch.randn(B, T, d, generator=gen, requires_grad=True)
+            h = x
+        else:
+            zin = torch.randn(B, T, comp.code_dim, generator=gen)
+            zin = WireTransfer.apply(zin.requires_grad_(True), comp, None, 0)   # received message
+            h = comp.decode(zin)
+        for b in blocks:
+            h = b(h, cos, sin)
+        if comp is not None:
+            h = WireTransfer.apply(comp.encode(h), comp, None, 0)              # sent message
+        h.backward(torch.randn(h.shape, generator=gen))
+        blocks.zero_grad(set_to_none=True)
+    return {"method": method, "d": d, "r": r, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "rss_after_build_mb": rss0 / 1024}
+
+
+def bench_memory(methods, d: int, r: int, B: int, T: int, threads: int, mapl_path: str | None) -> list[dict]:
+    rows = []
+    for method in ("blocks-only", *methods):
+        spec = {"d": d, "r": r, "method": method, "B": B, "T": T, "threads": threads}
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--_memory-child", json.dumps(spec)]
+        if mapl_path:
+            cmd += ["--mapl-path", mapl_path]
+        res = subprocess.run(cmd, capture_output=True, text=True, check=True, env={**os.environ, "OMP_NUM_THREADS": str(threads)})
+        rows.append(json.loads(res.stdout.strip().splitlines()[-1]))
+    base = next(x["peak_rss_mb"] for x in rows if x["method"] == "none")
+    for x in rows:
+        x["delta_vs_none_mb"] = x["peak_rss_mb"] - base
+    return rows
+
+
+# ---- the report ----------------------------------------------------------------------------------
+
+def overhead_row(ops: dict, spel: dict | None, stage_s: float, method: str, micro_batches: int) -> dict:
+    enc = ops["encode_fwd"] + ops["encode_bwd"]
+    dec = ops["decode_fwd"] + ops["decode_bwd"]
+    wire = ops["pack"] + ops["unpack"] + ops["pack_grad"] + ops["unpack_grad"]
+    learned = method in ("mapl", "mapl-rvq")
+    spel_s = (spel["svd"] / micro_batches) if (learned and spel) else 0.0
+    spel_pe = (spel["polar_express"] / micro_batches) if (learned and spel) else 0.0
+    total = enc + dec + wire + spel_s
+    return {"encode_s": enc, "decode_s": dec, "wire_s": wire, "spel_amortized_s": spel_s,
+            "total_s": total, "stage_fwd_bwd_s": stage_s, "overhead_pct": 100 * total / stage_s,
+            "overhead_pct_polar_express": 100 * (total - spel_s + spel_pe) / stage_s}
+
+
+def run(args) -> dict:
+    import torch
+    torch.set_num_threads(args.threads)
+    cfg = dict(QUICK if args.quick else FULL)
+    if args.batch:
+        cfg["batch"] = args.batch
+    if args.seq:
+        cfg["seq"] = args.seq
+    if args.dims:
+        cfg["dims"] = tuple(args.dims)
+    if args.ranks:
+        cfg["ranks"] = tuple(args.ranks)
+    if args.reps:
+        cfg["reps"] = args.reps
+    B, T, M = cfg["batch"], cfg["seq"], cfg["micro_batches"]
+    dev = args.device
+    timer = Timer(torch, dev, cfg["warmup"], cfg["reps"])
+    log = (lambda *a: None) if args.silent else (lambda *a: print(*a, file=sys.stderr, flush=True))
+    t_start = time.time()
+    res = {"settings": {**{k: list(v) if isinstance(v, tuple) else v for k, v in cfg.items()},
+                        "quick": args.quick, "methods": list(args.methods)},
+           "environment": _environment(torch, dev), "ops": [], "spel": [], "search": [], "stage": [],
+           "overhead": [], "wire": [], "memory": []}
+    if args.mapl_path:
+        res["environment"]["mapl_path"] = args.mapl_path
+    import mapl
+    res["environment"]["mapl_module"] = str(Path(mapl.__file__).resolve().parent)
+
+    stages = {}
+    for d in cfg["dims"]:
+        ranks = [r for r in cfg["ranks"] if r < d]
+        if not args.skip_stage:
+            stages[d] = bench_stage(torch, timer, d, B, T, dev, cfg["stage_reps"])
+            res["stage"].append({"d": d, **stages[d]})
+            log(f"stage d={d} ({stages[d]['preset']}): {stages[d]['fwd_bwd_s']:.3f} s fwd+bwd")
+        for r in ranks:
+            spel = bench_spel(torch, timer, d, r, dev)
+            res["spel"].append({"d": d, "r": r, **spel})
+            for method in args.methods:
+                if method in ("none", "int8") and r != ranks[0]:
+                    continue              # rank-independent: measured once per d
+                ops = bench_ops(torch, timer, method, d, r, B, T, dev)
+                mins = ops.pop("_min")
+                row = {"method": method, "d": d, "r": None if method in ("none", "int8") else r,
+                       "tokens": B * T, **ops, "min": mins}
+                res["ops"].append(row)
+                if d in stages:
+                    res["overhead"].append({"method": method, "d": d, "r": row["r"],
+                                            **overhead_row(ops, spel, stages[d]["fwd_bwd_s"], method, M)})
+                res["wire"].append(wire_row(torch, method, d, r, B, T, M))
+                log(f"d={d} r={r} {method}: " + ", ".join(f"{k} {v * 1e3:.2f}ms" for k, v in ops.items()))
+    for K in cfg["search_K"]:
+        dim = cfg["search_dim"]
+        per_tok = (dim // 2) * 2 * K                 # distance evaluations per token (default layout)
+        n_tok = max(16, min(B * T, cfg["search_elems"] // per_tok))
+        res["search"].append(bench_search(torch, timer, dim, K, n_tok, dev))
+        log(f"search K={K}: {res['search'][-1]}")
+    if not args.skip_memory:
+        for d in cfg["memory_dims"]:
+            r = max(x for x in cfg["ranks"] if x < d)
+            res["memory"].extend(bench_memory(args.memory_methods or args.methods, d, r, B, T, args.threads,
+                                              args.mapl_path))
+            log(f"memory d={d}: {[(x['method'], round(x['peak_rss_mb'])) for x in res['memory']]}")
+    hd, hr = cfg["headline"]
+    head = [o for o in res["overhead"] if o["d"] == hd and o["r"] in (hr, None)]
+    res["headline"] = {"d": hd, "r": hr, "target_pct": 5.0,
+                       "overhead_pct": {o["method"]: o["overhead_pct"] for o in head},
+                       "min_wire_efficiency": min((w["efficiency"] for w in res["wire"]), default=None)}
+    res["environment"]["loadavg_end"] = os.getloadavg()[0]
+    res["environment"]["wall_s"] = time.time() - t_start
+    if args.baseline:
+        res["baseline"] = _baseline_compare(json.loads(Path(args.baseline).read_text()), res)
+        res["baseline"]["file"] = args.baseline
+    return res
+
+
+def _key(row: dict) -> tuple:
+    return (row.get("method"), row.get("d"), row.get("r"), row.get("K"))
+
+
+def _baseline_compare(old: dict, new: dict) -> dict:
+    """before/after (speedup = before / after) for every op, overhead, search and SPEL row both runs have."""
+    out = {"environment": old.get("environment", {}), "ops": [], "overhead": [], "search": [], "spel": []}
+    ops_old = {_key(r): r for r in old.get("ops", [])}
+    for r in new["ops"]:
+        o = ops_old.get(_key(r))
+        if o:
+            out["ops"].append({"method": r["method"], "d": r["d"], "r": r["r"],
+                               **{k: {"before": o[k], "after": r[k], "speedup": o[k] / r[k] if r[k] else None}
+                                  for k in ("pack", "unpack", "encode_bwd", "decode_bwd") if k in o}})
+    # "before" overhead: the earlier run's op times over this run's stage time and SPEL step (so a
+    # baseline run may skip the slow stage measurement: --skip-stage)
+    spel_new = {(s["d"], s["r"]): s for s in new.get("spel", [])}
+    stage_new = {s["d"]: s["fwd_bwd_s"] for s in new.get("stage", [])}
+    M = new["settings"]["micro_batches"]
+    for r in new["overhead"]:
+        o = ops_old.get(_key(r))
+        if o:
+            spel = spel_new.get((r["d"], r["r"])) if r["r"] else None
+            before = overhead_row(o, spel, stage_new[r["d"]], r["method"], M)
+            out["overhead"].append({"method": r["method"], "d": r["d"], "r": r["r"],
+                                    "overhead_pct_before": before["overhead_pct"], "overhead_pct_after": r["overhead_pct"],
+                                    "total_ms_before": 1e3 * before["total_s"], "total_ms_after": 1e3 * r["total_s"]})
+    s_old = {r["K"]: r for r in old.get("search", [])}
+    for r in new["search"]:
+        o = s_old.get(r["K"])
+        if o:
+            out["search"].append({"K": r["K"], "us_per_token_before": o["us_per_token"],
+                                  "us_per_token_after": r["us_per_token"],
+                                  "speedup": o["us_per_token"] / r["us_per_token"]})
+    return out
+
+
+def _f(v, scale=1e3, nd=2):
+    return "-" if v is None else f"{v * scale:.{nd}f}"
+
+
+def markdown(res: dict) -> str:
+    env, st = res["environment"], res["settings"]
+    L = [f"# Compressor benchmark ({'quick' if st['quick'] else 'full'})", "",
+         f"torch {env['torch']}, {env['threads']} thread(s), {env['cpu_model']} ({env['device']}); "
+         f"B x T = {st['batch']} x {st['seq']} tokens; median of {st['reps']} runs after {st['warmup']} warm-up; "
+         f"load average {env['loadavg_start']:.2f} -> {env.get('loadavg_end', float('nan')):.2f}.", ""]
+    hd = res["headline"]
+    if hd["overhead_pct"]:
+        L += [f"**Headline** (d={hd['d']}, r={hd['r']}, 2 blocks/stage, {st['micro_batches']} micro-batches/step): "
+              + ", ".join(f"{m} {v:.2f}%" for m, v in hd["overhead_pct"].items())
+              + f" of the stage's fwd+bwd (target < {hd['target_pct']:.0f}%).", ""]
+    if res["overhead"]:
+        L += ["## Overhead per micro-batch vs the stage's forward+backward", "",
+              "| method | d | r | encode f+b ms | decode f+b ms | wire 4 legs ms | SPEL/μb ms | total ms | stage f+b ms | overhead % | w/ Polar Express % |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for o in res["overhead"]:
+            L.append(f"| {o['method']} | {o['d']} | {o['r'] or '-'} | {_f(o['encode_s'])} | {_f(o['decode_s'])} | "
+                     f"{_f(o['wire_s'])} | {_f(o['spel_amortized_s'])} | {_f(o['total_s'])} | {_f(o['stage_fwd_bwd_s'], 1e3, 0)} | "
+                     f"{o['overhead_pct']:.2f} | {o['overhead_pct_polar_express']:.2f} |")
+        L.append("")
+    L += ["## Per-op times (ms, median)", "",
+          "| method | d | r | encode fwd | encode bwd | decode fwd | decode bwd | pack | unpack | pack_grad | unpack_grad |",
+          "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for o in res["ops"]:
+        L.append(f"| {o['method']} | {o['d']} | {o['r'] or '-'} | " + " | ".join(
+            _f(o[k], 1e3, 3) for k in ("encode_fwd", "encode_bwd", "decode_fwd", "decode_bwd", "pack", "unpack",
+                                       "pack_grad", "unpack_grad")) + " |")
+    L += ["", "## SPEL step (ms)", "", "| d | r | SVD polar | Polar Express (10 steps) |", "|---|---|---|---|"]
+    for s in res["spel"]:
+        L.append(f"| {s['d']} | {s['r']} | {_f(s['svd'])} | {_f(s['polar_express'])} |")
+    L += ["", "## RVQ nearest-codeword search (ResidualVQ.search, default layout)", "",
+          "| K | dim | G x R | tokens | time ms | μs/token | ns/distance |", "|---|---|---|---|---|---|---|"]
+    for s in res["search"]:
+        L.append(f"| {s['K']} | {s['dim']} | {s['groups']} x {s['rounds']} | {s['tokens']} | {_f(s['median_s'])} | "
+                 f"{s['us_per_token']:.2f} | {s['ns_per_distance']:.3f} |")
+    if res["stage"]:
+        L += ["", "## Stage (2 blocks) forward+backward", "", "| d | preset | s |", "|---|---|---|"]
+        L += [f"| {s['d']} | {s['preset']} | {s['fwd_bwd_s']:.3f} |" for s in res["stage"]]
+    L += ["", "## Wire efficiency (bytes/token; floor / measured)", "",
+          "| method | d | r | fwd measured | fwd floor | bwd measured | bwd floor | efficiency | w/ per-step state sync | explained by |",
+          "|---|---|---|---|---|---|---|---|---|---|"]
+    for w in res["wire"]:
+        L.append(f"| {w['method']} | {w['d']} | {w['r'] or '-'} | {w['fwd_bytes_per_token']:.3f} | "
+                 f"{w['fwd_floor_bytes_per_token']:.3f} | {w['bwd_bytes_per_token']:.3f} | {w['bwd_floor_bytes_per_token']:.3f} | "
+                 f"{100 * w['efficiency']:.2f}% | {100 * w['efficiency_with_state_sync']:.2f}% | {w['explained_by'] or '-'} |")
+    if res["memory"]:
+        L += ["", "## Peak memory of a stage process (one fwd+bwd of 2 blocks + the boundary)", "",
+              "| method | d | r | peak RSS MB | vs none MB |", "|---|---|---|---|---|"]
+        L += [f"| {m['method']} | {m['d']} | {m['r']} | {m['peak_rss_mb']:.0f} | {m['delta_vs_none_mb']:+.1f} |"
+              for m in res["memory"]]
+    if "baseline" in res:
+        b = res["baseline"]
+        L += ["", f"## Before / after (before: {b.get('file')}, load {b['environment'].get('loadavg_start', float('nan')):.2f})", ""]
+        if b["search"]:
+            L += ["| search K | μs/token before | after | speedup |", "|---|---|---|---|"]
+            L += [f"| {s['K']} | {s['us_per_token_before']:.2f} | {s['us_per_token_after']:.2f} | {s['speedup']:.2f}x |"
+                  for s in b["search"]]
+            L.append("")
+        rows = [o for o in b["ops"] if o["method"] in ("mapl-rvq", "int8")]
+        if rows:
+            L += ["| method | d | r | pack before ms | after | speedup | unpack before ms | after | speedup |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+            for o in rows:
+                L.append(f"| {o['method']} | {o['d']} | {o['r'] or '-'} | {_f(o['pack']['before'])} | {_f(o['pack']['after'])} | "
+                         f"{o['pack']['speedup']:.2f}x | {_f(o['unpack']['before'])} | {_f(o['unpack']['after'])} | "
+                         f"{o['unpack']['speedup']:.2f}x |")
+            L.append("")
+        if b["overhead"]:
+            L += ["| method | d | r | overhead % before | after |", "|---|---|---|---|---|"]
+            L += [f"| {o['method']} | {o['d']} | {o['r'] or '-'} | {o['overhead_pct_before']:.2f} | {o['overhead_pct_after']:.2f} |"
+                  for o in b["overhead"]]
+    return "\n".join(L) + "\n"
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="tiny shapes, a few seconds")
+    ap.add_argument("--json", default=str(ROOT / "reports/bench/compress.json"))
+    ap.add_argument("--md", default=str(ROOT / "reports/tables/compress.md"))
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    ap.add_argument("--memory-methods", nargs="+", choices=METHODS, help="default: --methods")
+    ap.add_argument("--dims", type=int, nargs="+")
+    ap.add_argument("--ranks", type=int, nargs="+")
+    ap.add_argument("--batch", type=int)
+    ap.add_argument("--seq", type=int)
+    ap.add_argument("--reps", type=int)
+    ap.add_argument("--skip-stage", action="store_true")
+    ap.add_argument("--skip-memory", action="store_true")
+    ap.add_argument("--baseline", help="an earlier compress.json: report before/after speedups")
+    ap.add_argument("--mapl-path", help="import mapl from this directory (e.g. a pre-change copy)")
+    ap.add_argument("--silent", action="store_true")
+    ap.add_argument("--_memory-child", dest="memory_child", help=argparse.SUPPRESS)
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    sys.path.insert(0, str(Path(args.mapl_path).resolve()) if args.mapl_path else str(ROOT))
+    if args.memory_child:
+        print(json.dumps(_memory_child(json.loads(args.memory_child))))
+        return {}
+    res = run(args)
+    for path, text in ((args.json, json.dumps(res, indent=1)), (args.md, markdown(res))):
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(str(path) + ".tmp")
+        tmp.write_text(text)
+        tmp.replace(path)
+    if not args.silent:
+        print(markdown(res))
+    return res
+
+
+if __name__ == "__main__":
+    main()

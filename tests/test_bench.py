@@ -1,0 +1,74 @@
+"""benchmarks/compress.py --quick on tiny shapes: the report has every section and the wire accounting holds."""
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_compress", ROOT / "benchmarks" / "compress.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def report(bench, tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    res = bench.main(["--quick", "--silent", "--memory-methods", "none", "mapl-rvq",
+                      "--json", str(out / "compress.json"), "--md", str(out / "compress.md")])
+    return res, out
+
+
+def test_quick_report_has_every_section(bench, report):
+    res, out = report
+    data = json.loads((out / "compress.json").read_text())
+    assert data == json.loads(json.dumps(res))
+    for key in ("settings", "environment", "ops", "spel", "search", "stage", "overhead", "wire", "memory", "headline"):
+        assert data[key], key
+    env = data["environment"]
+    assert env["threads"] == 1 and env["torch"] and env["cpu_model"]
+    assert {o["method"] for o in data["ops"]} == set(bench.METHODS)
+    for o in data["ops"]:
+        for k in ("encode_fwd", "encode_bwd", "decode_fwd", "decode_bwd", "pack", "unpack", "pack_grad", "unpack_grad"):
+            assert o[k] >= 0, (o["method"], k)
+    for o in data["overhead"]:
+        assert o["overhead_pct"] > 0 and o["stage_fwd_bwd_s"] > 0
+    assert set(data["headline"]["overhead_pct"]) == set(bench.METHODS)
+    assert {s["K"] for s in data["search"]} == {16, 256} and all(s["us_per_token"] > 0 for s in data["search"])
+    assert all(s["svd"] > 0 and s["polar_express"] > 0 for s in data["spel"])
+    assert {m["method"] for m in data["memory"]} == {"blocks-only", "none", "mapl-rvq"}
+    assert all(m["peak_rss_mb"] > 0 for m in data["memory"])
+    md = (out / "compress.md").read_text()
+    assert "Wire efficiency" in md and "Overhead per micro-batch" in md
+
+
+def test_wire_efficiency_is_full_or_explained(report):
+    data = report[0]
+    for w in data["wire"]:
+        for eff in ("efficiency", "efficiency_fwd", "efficiency_bwd"):
+            assert 0 < w[eff] <= 1 + 1e-12, (w["method"], eff)
+            assert w[eff] >= 0.99 or w["explained_by"], (w["method"], eff, w[eff])
+        # data bytes are exactly the declared size (no padding at these shapes) and match the floor
+        assert w["declared_fwd_bytes_per_token"] == pytest.approx(w["fwd_floor_bytes_per_token"])
+        assert w["fwd_bytes_per_token"] - w["fwd_sync_bytes_per_message"] / w["tokens_per_message"] \
+            == pytest.approx(w["fwd_floor_bytes_per_token"])
+    by = {w["method"]: w for w in data["wire"]}
+    assert by["none"]["efficiency"] == 1.0 and by["int8"]["efficiency"] == 1.0
+    assert by["mapl"]["efficiency"] == 1.0 and by["mapl"]["ids_bytes_per_token"] == 2.0
+    assert by["mapl-rvq"]["fwd_sync_bytes_per_message"] > 0 and "sync" in by["mapl-rvq"]["explained_by"]
+
+
+def test_baseline_comparison(bench, report, tmp_path):
+    res, out = report
+    again = bench.main(["--quick", "--silent", "--skip-memory", "--skip-stage", "--methods", "mapl-rvq",
+                        "--baseline", str(out / "compress.json"),
+                        "--json", str(tmp_path / "c.json"), "--md", str(tmp_path / "c.md")])
+    b = again["baseline"]
+    assert b["search"] and all(s["speedup"] > 0 for s in b["search"])
+    assert b["ops"] and b["ops"][0]["pack"]["before"] > 0
+    assert "Before / after" in (tmp_path / "c.md").read_text()
