@@ -1,6 +1,5 @@
 """Boundary compressors: exactness where promised, error bands where lossy, bytes as declared,
 gradients as autograd says."""
-import math
 
 import pytest
 import torch

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from mapl.model import PRESETS, ModelConfig, Transformer, count_params
+from mapl.model import ModelConfig, Transformer, count_params
 from mapl.stages import split_layers
 
 

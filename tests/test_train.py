@@ -2,7 +2,6 @@
 import json
 import os
 import signal
-from dataclasses import replace
 
 import pytest
 import torch

@@ -49,6 +49,7 @@ def _pow2_bits(k) -> int:
         raise ValueError(f"codebook_size={k!r} is invalid; allowed: a power of two in 2..65536")
     return k.bit_length() - 1
 
+
 def _first_argmin_(d: torch.Tensor, rev: torch.Tensor) -> torch.Tensor:
     """``d.argmin(-1)`` (the first minimum on ties), overwriting ``d``; ``rev = arange(K, 0, -1)`` in d's dtype.
 
