@@ -283,6 +283,19 @@ def bench_stage(torch, timer: Timer, d: int, B: int, T: int, device: str, reps: 
 
 # ---- memory (one fresh process per configuration) --------------------------------------------------
 
+def _rss_mb(field: str) -> float:
+    """VmHWM (peak) / VmRSS (now) of this process in MB from /proc/self/status. Not ru_maxrss: Linux
+    carries ru_maxrss over fork+exec, so a child of a big benchmark process would report the parent's
+    peak; VmHWM belongs to the new image. Falls back to ru_maxrss where /proc is missing."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def _memory_child(spec: dict) -> dict:
     """One stage step in this process: decode(in) -> 2 blocks -> encode(out), wire both legs; peak RSS."""
     import torch
@@ -291,12 +304,12 @@ def _memory_child(spec: dict) -> dict:
     d, r, method, B, T = spec["d"], spec["r"], spec["method"], spec["B"], spec["T"]
     cfg, blocks, rope_tables = _stage_blocks(torch, d)
     cos, sin = rope_tables(cfg.head_dim, T, cfg.rope_theta)
-    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     comp = None
     if method != "blocks-only":
         import mapl
         comp, _ = _compressor(mapl, torch, method, d, r)
         comp.train()
+    rss0 = _rss_mb("VmRSS")
     gen = torch.Generator().manual_seed(0)
     for _ in range(2):
         if comp is None:
@@ -312,8 +325,9 @@ def _memory_child(spec: dict) -> dict:
             h = WireTransfer.apply(comp.encode(h), comp, None, 0)              # sent message
         h.backward(torch.randn(h.shape, generator=gen))
         blocks.zero_grad(set_to_none=True)
-    return {"method": method, "d": d, "r": r, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-            "rss_after_build_mb": rss0 / 1024}
+    peak = _rss_mb("VmHWM")
+    return {"method": method, "d": d, "r": r, "peak_rss_mb": peak, "rss_after_build_mb": rss0,
+            "step_peak_increase_mb": peak - rss0}
 
 
 def bench_memory(methods, d: int, r: int, B: int, T: int, threads: int, mapl_path: str | None) -> list[dict]:
@@ -381,7 +395,7 @@ def run(args) -> dict:
             stages[d] = bench_stage(torch, timer, d, B, T, dev, cfg["stage_reps"])
             res["stage"].append({"d": d, **stages[d]})
             log(f"stage d={d} ({stages[d]['preset']}): {stages[d]['fwd_bwd_s']:.3f} s fwd+bwd")
-        for r in ranks:
+        for r in ([] if args.skip_ops else ranks):
             spel = bench_spel(torch, timer, d, r, dev)
             res["spel"].append({"d": d, "r": r, **spel})
             for method in args.methods:
@@ -399,7 +413,7 @@ def run(args) -> dict:
                     res["overhead"].append({"method": method, "d": d, "r": row["r"], **ov})
                 res["wire"].append(wire_row(torch, method, d, r, B, T, M))
                 log(f"d={d} r={r} {method}: " + ", ".join(f"{k} {v * 1e3:.2f}ms" for k, v in ops.items()))
-    for K in cfg["search_K"]:
+    for K in ([] if args.skip_search else cfg["search_K"]):
         dim = cfg["search_dim"]
         per_tok = (dim // 2) * 2 * K                 # distance evaluations per token (default layout)
         n_tok = max(16, min(B * T, cfg["search_elems"] // per_tok))
@@ -513,9 +527,10 @@ def markdown(res: dict) -> str:
                  f"{100 * w['efficiency']:.2f}% | {100 * w['efficiency_with_state_sync']:.2f}% | {w['explained_by'] or '-'} |")
     if res["memory"]:
         L += ["", "## Peak memory of a stage process (one fwd+bwd of 2 blocks + the boundary)", "",
-              "| method | d | r | peak RSS MB | vs none MB |", "|---|---|---|---|---|"]
-        L += [f"| {m['method']} | {m['d']} | {m['r']} | {m['peak_rss_mb']:.0f} | {m['delta_vs_none_mb']:+.1f} |"
-              for m in res["memory"]]
+              "| method | d | r | peak RSS MB (VmHWM) | after build MB | step increase MB | peak vs none MB |",
+              "|---|---|---|---|---|---|---|"]
+        L += [f"| {m['method']} | {m['d']} | {m['r']} | {m['peak_rss_mb']:.1f} | {m['rss_after_build_mb']:.1f} | "
+              f"{m['step_peak_increase_mb']:.1f} | {m['delta_vs_none_mb']:+.1f} |" for m in res["memory"]]
     if "baseline" in res:
         b = res["baseline"]
         L += ["", f"## Before / after (before: {b.get('file')}, load {b['environment'].get('loadavg_start', float('nan')):.2f})", ""]
@@ -555,6 +570,8 @@ def parse_args(argv=None):
     ap.add_argument("--seq", type=int)
     ap.add_argument("--reps", type=int)
     ap.add_argument("--skip-stage", action="store_true")
+    ap.add_argument("--skip-ops", action="store_true", help="skip per-op, SPEL and wire measurements")
+    ap.add_argument("--skip-search", action="store_true")
     ap.add_argument("--skip-memory", action="store_true")
     ap.add_argument("--baseline", help="an earlier compress.json: report before/after speedups")
     ap.add_argument("--mapl-path", help="import mapl from this directory (e.g. a pre-change copy)")

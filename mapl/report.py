@@ -47,6 +47,7 @@ __all__ = [
     "png_bytes", "pareto_figure", "loss_curves_figure",
     "load_bench", "time_to_target_rows", "time_to_target_table", "time_to_target_figure",
     "metrics", "write_metrics", "macros", "write_macros",
+    "scaling_rows", "scaling_tables", "scaling_figure", "diagnostics_table", "PAPER_GEOMETRY",
     "data_summary_table", "token_byte_lengths", "token_length_histogram", "token_length_figure", "code_fingerprint",
 ]
 
@@ -59,7 +60,7 @@ DASH = "—"
 
 # Files whose content changes the numbers of a training run; dvc.yaml's train deps list the same.
 TRAIN_SOURCES = ("mapl/__init__.py", "mapl/config.py", "mapl/data.py", "mapl/model.py", "mapl/stages.py",
-                 "mapl/optim.py", "mapl/wire.py", "mapl/train.py", "mapl/sweep.py", "mapl/compress/*.py",
+                 "mapl/optim.py", "mapl/wire.py", "mapl/diagnostics.py", "mapl/train.py", "mapl/sweep.py", "mapl/compress/*.py",
                  "pyproject.toml")
 
 # ---- the paper's numbers (shared/paper/MAPL.md §3) -----------------------------------------------
@@ -122,6 +123,8 @@ def row_from_result(res: dict, group: str = "") -> dict:
         "config_hash": (res.get("provenance") or {}).get("config_hash", ""),
         "val_loss_curve": res.get("val_loss_curve") or [], "train_loss_curve": res.get("train_loss_curve") or [],
         "ortho_max_err": res.get("ortho_max_err"),
+        "d_model": int((wire.get("uncompressed_bytes_per_token") or 0) // 2) or None,
+        "boundary_diagnostics": res.get("boundary_diagnostics") or [],
     }
 
 
@@ -775,3 +778,101 @@ def code_fingerprint(root: str | Path, patterns: Sequence[str] = TRAIN_SOURCES) 
     for path in sorted({p for pat in patterns for p in root.glob(pat) if p.is_file()}):
         h.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
     return h.hexdigest()[:16]
+
+
+# ---- the scaling study: where does the paper's gap come from? ----------------------------------
+# The paper's geometry (MAPL.md §3.4): adjacent-stage principal angle ~53 degrees (up to 72 far
+# apart); captured energy at r = 128 after 1,500 steps: ~80% learned vs ~36% fixed random.
+PAPER_GEOMETRY = dict(angle_adjacent_deg=53.0, angle_far_deg=72.0, energy_learned=0.80, energy_fixed=0.36,
+                      certainty=_T1)
+_SCALING_KINDS = (("none", "none", None), ("ssn", "ssn", "fixed-shared"), ("mapl", "mapl", "spel"),
+                  ("mapl-fixed", "mapl", "fixed"))
+
+
+def _scaling_kind(r: dict) -> str | None:
+    for name, method, proj in _SCALING_KINDS:
+        if r["method"] == method and r["projector"] == proj and (method == "none" or r["nominal_ratio"] == 8):
+            if method in ("ssn", "mapl") and r["anchor"] != _DEFAULTS[method][1]:
+                return None
+            return name
+    return None
+
+
+def scaling_rows(rows: Sequence[dict], seed: int = 0) -> list[dict]:
+    """(d_model, steps) -> val loss of none / ssn / mapl / mapl-fixed at 8x (seed ``seed``), with
+    Δ% against none at the same point and the gaps in points: ssn - mapl, fixed - mapl."""
+    pts = defaultdict(dict)
+    for r in rows:
+        k = _scaling_kind(r)
+        if k and r["seed"] == seed and r["stages"] == 4:
+            pts[(r["d_model"], r["steps"])][k] = r["val_loss"]
+    out = []
+    for (d, steps), v in sorted(pts.items(), key=lambda kv: (kv[0][0] or 0, kv[0][1] or 0)):
+        ref = v.get("none")
+        row = {"d_model": d, "steps": steps, **{k: v.get(k) for k, _, _ in _SCALING_KINDS}}
+        for k in ("ssn", "mapl", "mapl-fixed"):
+            row[f"{k}_delta_pct"] = delta_pct(v.get(k), ref)
+        sd, md, fd = row["ssn_delta_pct"], row["mapl_delta_pct"], row["mapl-fixed_delta_pct"]
+        row["gap_ssn_minus_mapl"] = None if sd is None or md is None else sd - md
+        row["gap_fixed_minus_mapl"] = None if fd is None or md is None else fd - md
+        out.append(row)
+    return out
+
+
+def scaling_tables(rows: Sequence[dict], main_steps: int | None = None, width: int = 128
+                   ) -> dict[str, tuple[list, list]]:
+    """Two tables: the gap against width at the main budget, and against tokens at width ``width``."""
+    pts = scaling_rows(rows)
+    main_steps = main_steps or min((p["steps"] for p in pts), default=None)
+    header = ["d", "steps", "none", "SSN Δ%", "MAPL Δ%", "fixed proj. Δ%", "gap SSN−MAPL (pts)", "gap fixed−MAPL (pts)"]
+
+    def line(p):
+        return [p["d_model"], p["steps"], _f(p["none"]), _pct(p["ssn_delta_pct"]), _pct(p["mapl_delta_pct"]),
+                _pct(p["mapl-fixed_delta_pct"]), _f(p["gap_ssn_minus_mapl"], 2), _f(p["gap_fixed_minus_mapl"], 2)]
+    by_width = [line(p) for p in pts if p["steps"] == main_steps and p["none"] is not None]
+    by_tokens = [line(p) for p in pts if p["d_model"] == width and p["none"] is not None]
+    return {"width": (header, by_width), "tokens": (header, by_tokens)}
+
+
+def scaling_figure(rows: Sequence[dict], path: str | Path | None = None, width: int = 128) -> Figure:
+    pts = [p for p in scaling_rows(rows) if p["none"] is not None]
+    fig, axes = _figure(ncols=2, width=9.0)
+    main_steps = min((p["steps"] for p in pts), default=None)
+    for ax, sel, xkey, xlabel in ((axes[0], [p for p in pts if p["steps"] == main_steps], "d_model", "width d"),
+                                  (axes[1], [p for p in pts if p["d_model"] == width], "steps", "optimizer steps")):
+        if not sel:
+            _empty(ax)
+            continue
+        for k, label in (("ssn", "SSN 8×"), ("mapl", "MAPL 8×"), ("mapl-fixed", "fixed projector 8×")):
+            xs = [p[xkey] for p in sel if p[f"{k}_delta_pct"] is not None]
+            ys = [p[f"{k}_delta_pct"] for p in sel if p[f"{k}_delta_pct"] is not None]
+            if xs:
+                ax.plot(xs, ys, marker="o", label=label)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("Δ% val loss vs uncompressed")
+        ax.axhline(0, color="grey", lw=0.8)
+        ax.grid(alpha=0.3)
+    axes[0].set_title(f"gap vs width ({main_steps} steps)")
+    axes[1].set_title(f"gap vs training tokens (d = {width})")
+    axes[1].legend(fontsize=8)
+    return _save(fig, path)
+
+
+def diagnostics_table(rows: Sequence[dict], steps: int | None = None) -> tuple[list, list]:
+    """Per run with a projector: captured energy, the PCA optimum at the same rank, principal angles
+    between adjacent boundaries and to the PCA subspace, orthogonality drift (means over boundaries)."""
+    header = ["run", "r", "captured energy", "PCA energy (best rank-r)", "angle adjacent (°)",
+              "angle to PCA (°)", "max |AᵀA−I|"]
+    body = []
+    for r in rows:
+        diags = [d for d in r.get("boundary_diagnostics") or [] if "captured_energy" in d]
+        if not diags or (steps is not None and r["steps"] != steps) or r["seed"] != 0:
+            continue
+        mean = lambda xs: sum(xs) / len(xs) if xs else None          # noqa: E731
+        adj = [d["angles_to_next_deg"]["mean"] for d in diags if "angles_to_next_deg" in d]
+        body.append([r["run"], diags[0]["rank"], _f(mean([d["captured_energy"] for d in diags]), 3),
+                     _f(mean([d["pca_energy"] for d in diags]), 3), _f(mean(adj), 1),
+                     _f(mean([d["angles_to_pca_deg"]["mean"] for d in diags]), 1),
+                     f"{max(d['ortho_err'] for d in diags):.1e}"])
+    return header, body

@@ -25,6 +25,7 @@ import torch
 from tqdm.auto import tqdm
 
 from . import data as mdata
+from .diagnostics import boundary_diagnostics
 from .config import METHODS, PROJECT_ROOT, RunConfig, config_hash, load_params, load_run_config
 from .stages import StagedModel, build_staged_model
 from .wire import ByteMeter
@@ -282,6 +283,9 @@ def run(cfg: RunConfig, out: Path | None = None, ckpt: Path | None = None, progr
     if ckpt:
         _save_checkpoint(ckpt, chash, sm, opts, meter, state)
     results = _results(cfg, sm, meter, state, manifest, time.time() - t0)
+    # subspace diagnostics on <= 8192 held-out tokens (cheap; the same tokens for every method)
+    n_seq = max(1, 8192 // t.seq_len)
+    results["boundary_diagnostics"] = boundary_diagnostics(sm, [(x[:n_seq].to(device), y[:n_seq]) for x, y in val_batches[:1]])
     if out:
         atomic_write_json(out, results)
     return results

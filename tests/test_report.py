@@ -261,3 +261,38 @@ def test_code_fingerprint(tmp_path):
     assert R.code_fingerprint(tmp_path) == fp
     (tmp_path / "mapl" / "compress" / "x.py").write_text("new")
     assert R.code_fingerprint(tmp_path) != fp
+
+
+def _scal_row(method, projector, anchor, ratio, d, steps, loss):
+    return {"run": f"{method}-{projector}-{d}-{steps}", "method": method, "projector": projector, "anchor": anchor,
+            "nominal_ratio": ratio, "d_model": d, "steps": steps, "val_loss": loss, "seed": 0, "stages": 4,
+            "boundary_diagnostics": []}
+
+
+def test_scaling_rows_compute_gaps_in_points():
+    from mapl import report
+    rows = []
+    for d, steps, base in ((64, 300, 5.0), (128, 300, 4.0), (128, 3000, 3.0)):
+        rows += [_scal_row("none", None, "none", None, d, steps, base),
+                 _scal_row("ssn", "fixed-shared", "static", 8, d, steps, base * 1.05),
+                 _scal_row("mapl", "spel", "factorized", 8, d, steps, base * 1.02),
+                 _scal_row("mapl", "fixed", "factorized", 8, d, steps, base * 1.03),
+                 _scal_row("mapl", "spel", "none", 8, d, steps, base * 1.5)]      # an ablation: ignored
+    pts = report.scaling_rows(rows)
+    assert [(p["d_model"], p["steps"]) for p in pts] == [(64, 300), (128, 300), (128, 3000)]
+    for p in pts:
+        assert abs(p["gap_ssn_minus_mapl"] - 3.0) < 1e-9 and abs(p["gap_fixed_minus_mapl"] - 1.0) < 1e-9
+    t = report.scaling_tables(rows)
+    assert len(t["width"][1]) == 2 and len(t["tokens"][1]) == 2
+
+
+def test_diagnostics_table_averages_boundaries():
+    from mapl import report
+    r = _scal_row("mapl", "spel", "factorized", 8, 128, 300, 4.0)
+    r["boundary_diagnostics"] = [
+        {"boundary": 0, "rank": 16, "captured_energy": 0.8, "pca_energy": 0.9, "angles_to_pca_deg": {"mean": 30},
+         "angles_to_next_deg": {"mean": 50}, "ortho_err": 1e-6},
+        {"boundary": 1, "rank": 16, "captured_energy": 0.6, "pca_energy": 0.7, "angles_to_pca_deg": {"mean": 40},
+         "ortho_err": 2e-6}]
+    header, body = report.diagnostics_table([r])
+    assert body == [[r["run"], 16, "0.700", "0.800", "50.0", "35.0", "2.0e-06"]]

@@ -1,0 +1,77 @@
+"""Boundary diagnostics: what the projectors capture and how the learned subspaces relate.
+
+For each boundary p, on held-out activations X_p (the residual minus the stage's anchor, i.e. exactly
+what the projector sees), with A_p the boundary's basis (d x r):
+
+* ``captured_energy`` = ||X_p A_p||_F / ||X_p||_F (the paper's Fig. 4b measures this: ~80% learned vs
+  ~36% fixed random at r = 128);
+* ``pca_energy``: the same for the top-r principal subspace of X_p (the best any rank-r basis can do);
+* ``angles_to_pca_deg``: principal angles between col(A_p) and that PCA subspace (mean, max);
+* ``angles_to_next_deg``: principal angles between adjacent boundaries' subspaces (paper: ~53 degrees);
+* ``ortho_err`` = max |A_pᵀA_p - I| (orthogonality drift).
+
+    >>> diag = boundary_diagnostics(staged_model, val_batches[:2])
+"""
+from __future__ import annotations
+
+import torch
+
+from .optim import principal_angles
+
+__all__ = ["boundary_bases", "boundary_activations", "boundary_diagnostics"]
+
+
+def boundary_bases(sm) -> list[torch.Tensor | None]:
+    """A_p of every boundary (None for methods without a projector)."""
+    out = []
+    for comp in sm.compressors():
+        proj = getattr(comp, "inner", comp)
+        A = getattr(proj, "A", None)
+        out.append(A.detach().double() if isinstance(A, torch.Tensor) else None)
+    return out
+
+
+@torch.no_grad()
+def boundary_activations(sm, batches) -> list[torch.Tensor]:
+    """X_p for each boundary, (tokens, d) in float64, through the real wire (eval mode)."""
+    was = sm.training
+    sm.eval()
+    acts = [[] for _ in range(sm.n_stages - 1)]
+    for x, _ in batches:
+        inp = None
+        for s in range(sm.n_stages - 1):
+            acts[s].append(sm.boundary_input(s, inp, x).reshape(-1, sm.model.cfg.d_model).double())
+            z = sm.stage_forward(s, inp, x)
+            comp = sm.boundaries[str(s)]
+            inp = comp.unpack(comp.pack(z), z.dtype)
+    sm.train(was)
+    return [torch.cat(a) for a in acts]
+
+
+def _angles(A: torch.Tensor, B: torch.Tensor) -> dict:
+    ang = principal_angles(A, B)
+    return {"mean": float(ang.mean()), "max": float(ang.max())}
+
+
+@torch.no_grad()
+def boundary_diagnostics(sm, batches) -> list[dict]:
+    bases = boundary_bases(sm)
+    acts = boundary_activations(sm, batches)
+    out = []
+    for p, (A, X) in enumerate(zip(bases, acts)):
+        total = float(X.norm())
+        d = {"boundary": p, "activation_rms": float(X.pow(2).mean().sqrt())}
+        if A is not None:
+            r = A.shape[1]
+            # top-r right singular vectors of X: the PCA subspace (uncentred, as the projector sees X)
+            _, S, Vh = torch.linalg.svd(X, full_matrices=False)
+            pca = Vh[:r].T
+            d.update({"rank": r,
+                      "captured_energy": float((X @ A).norm()) / total,
+                      "pca_energy": float(S[:r].pow(2).sum().sqrt()) / total,
+                      "angles_to_pca_deg": _angles(A, pca),
+                      "ortho_err": float((A.T @ A - torch.eye(r, dtype=A.dtype)).abs().max())})
+            if p + 1 < len(bases) and bases[p + 1] is not None:
+                d["angles_to_next_deg"] = _angles(A, bases[p + 1])
+        out.append(d)
+    return out
