@@ -42,7 +42,9 @@ def test_quick_report_has_every_section(bench, report):
     assert {s["K"] for s in data["search"]} == {16, 256} and all(s["us_per_token"] > 0 for s in data["search"])
     assert all(s["svd"] > 0 and s["polar_express"] > 0 for s in data["spel"])
     assert {m["method"] for m in data["memory"]} == {"blocks-only", "none", "mapl-rvq"}
-    assert all(m["peak_rss_mb"] > 0 for m in data["memory"])
+    assert all(m["peak_rss_mb"] > 0 and m["step_peak_increase_mb"] >= 0 for m in data["memory"])
+    for o in data["overhead"]:
+        assert o["overhead_pct_from_min"] > 0
     md = (out / "compress.md").read_text()
     assert "Wire efficiency" in md and "Overhead per micro-batch" in md
 

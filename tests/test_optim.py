@@ -450,3 +450,27 @@ def test_spel_closure_returns_loss():
 
     loss = opt.step(closure)
     assert loss is not None and A.grad is not None and ortho_error(A) < 1e-6
+
+
+@pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16-autocast"])
+def test_orthogonality_holds_over_10k_spel_steps(autocast):
+    """Long-run stability (reliability issue): 10,000 SPEL steps on a real objective, fp32 parameter,
+    gradients from an fp32 or a bf16-autocast forward; max |AᵀA - I| stays <= 1e-5 throughout."""
+    import contextlib
+    g = torch.Generator().manual_seed(0)
+    d, r = 32, 8
+    X = torch.randn(256, d, generator=g) @ torch.randn(d, d, generator=g) * 0.3
+    A = torch.nn.Parameter(stiefel_random(d, r, generator=g))
+    opt = SPEL([A], lr=0.02, momentum=0.9)
+    worst = 0.0
+    for step in range(10_000):
+        ctx = torch.autocast("cpu", dtype=torch.bfloat16) if autocast else contextlib.nullcontext()
+        with ctx:
+            rec = (X @ A) @ A.T
+            loss = (X - rec).float().pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        if step % 500 == 499:
+            worst = max(worst, float(ortho_error(A.detach())))
+    assert worst <= 1e-5, worst
