@@ -855,7 +855,8 @@ def scaling_figure(rows: Sequence[dict], path: str | Path | None = None, width: 
         ax.grid(alpha=0.3)
     axes[0].set_title(f"gap vs width ({main_steps} steps)")
     axes[1].set_title(f"gap vs training tokens (d = {width})")
-    axes[1].legend(fontsize=8)
+    if axes[1].get_legend_handles_labels()[0]:
+        axes[1].legend(fontsize=8)
     return _save(fig, path)
 
 
