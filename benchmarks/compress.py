@@ -20,8 +20,9 @@ Every time is the median of ``--reps`` timed runs after ``--warmup`` untimed one
   method's anchors need them) against the information floor; efficiency = floor / measured.
 * ``memory``: peak RSS (ru_maxrss) of a fresh process running one stage step, per method.
 
-Before/after: ``--mapl-path DIR`` imports ``mapl`` from DIR (e.g. a copy of the package before a speed
-change) and ``--baseline OLD.json`` folds an earlier run's numbers into the report as "before".
+Before/after: ``--ab-before DIR`` times a pre-change copy of the package (DIR/mapl) alternately with the
+current code in one process (RVQ search, int8/mapl-rvq pack/unpack). Alternatively ``--mapl-path DIR``
+measures the old package in a separate run and ``--baseline OLD.json`` folds that run's numbers in.
 Writes ``--json`` (default reports/bench/compress.json) and ``--md`` (default reports/tables/compress.md).
 """
 from __future__ import annotations
@@ -345,6 +346,82 @@ def bench_memory(methods, d: int, r: int, B: int, T: int, threads: int, mapl_pat
     return rows
 
 
+# ---- interleaved before/after (A/B) --------------------------------------------------------------
+
+def _load_package_as(alias: str, root: str):
+    """Import the ``mapl`` package found under ``root`` as ``alias`` (its imports are all relative), so
+    an old copy and the current one live side by side in one process."""
+    import importlib
+    import importlib.util
+    init = Path(root).resolve() / "mapl" / "__init__.py"
+    spec = importlib.util.spec_from_file_location(alias, init, submodule_search_locations=[str(init.parent)])
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[alias] = mod
+    spec.loader.exec_module(mod)
+    for sub in ("config", "compress", "compress.rvq", "compress.int8"):
+        importlib.import_module(f"{alias}.{sub}")
+    return mod
+
+
+def _ab(torch, fa, fb, warmup: int, reps: int) -> tuple[float, float]:
+    """Medians of fa and fb timed alternately (order flipped every rep): both see the same load."""
+    for _ in range(warmup):
+        fa()
+        fb()
+    ta, tb = [], []
+    for i in range(reps):
+        pair = [(fa, ta), (fb, tb)]
+        for f, acc in (pair if i % 2 == 0 else pair[::-1]):
+            t0 = time.perf_counter()
+            f()
+            acc.append(time.perf_counter() - t0)
+    return statistics.median(ta), statistics.median(tb)
+
+
+def bench_ab(torch, before_root: str, cfg: dict, methods, log) -> list[dict]:
+    """Before (package under ``before_root``) vs after (current) on the ops the speed work touched,
+    timed alternately in one process."""
+    import mapl
+    old = _load_package_as("mapl_before", before_root)
+    pkgs = {"before": old, "after": mapl}
+    B, T = cfg["batch"], cfg["seq"]
+    rows = []
+
+    def build(pkg, method, d, r):
+        ratio = 1.0 if method in ("none", "int8") else d / r
+        c = pkg.config.CompressorConfig(method=method, ratio=ratio).validate(d, 32000)
+        return pkg.compress.build_boundary(c, d, 0).train()
+
+    reps = max(5, cfg["reps"])
+    for K in cfg["search_K"]:
+        dim = cfg["search_dim"]
+        n = max(16, min(B * T, (cfg["search_elems"] // 4) // ((dim // 2) * 2 * K)))
+        z = torch.randn(n, dim, generator=torch.Generator().manual_seed(3))
+        q = {k: p.compress.rvq.ResidualVQ(dim=dim, codebook_size=K, kmeans_init=False, seed=0) for k, p in pkgs.items()}
+        tb, ta = _ab(torch, lambda: q["before"].search(z), lambda: q["after"].search(z), 1, reps)
+        rows.append({"op": "search", "K": K, "dim": dim, "tokens": n, "before_s": tb, "after_s": ta,
+                     "before_us_per_token": tb / n * 1e6, "after_us_per_token": ta / n * 1e6, "speedup": tb / ta})
+        log(f"A/B search K={K}: {tb / n * 1e6:.1f} -> {ta / n * 1e6:.1f} us/token")
+    for d in cfg["dims"]:
+        for method in [m for m in ("int8", "mapl-rvq") if m in methods]:
+            for r in ([None] if method == "int8" else [x for x in cfg["ranks"] if x < d]):
+                comps = {k: build(p, method, d, r or d) for k, p in pkgs.items()}
+                code = comps["after"].code_dim
+                z = torch.randn(B, T, code, generator=torch.Generator().manual_seed(4))
+                with torch.no_grad():
+                    for c in comps.values():                 # k-means init etc. out of the way
+                        for _ in range(2):
+                            c.unpack(c.pack(z), z.dtype)
+                    tb, ta = _ab(torch, lambda: comps["before"].pack(z), lambda: comps["after"].pack(z), 1, reps)
+                    pay = {k: c.pack(z) for k, c in comps.items()}
+                    ub, ua = _ab(torch, lambda: comps["before"].unpack(pay["before"], z.dtype),
+                                 lambda: comps["after"].unpack(pay["after"], z.dtype), 1, reps)
+                rows.append({"op": "pack", "method": method, "d": d, "r": r, "before_s": tb, "after_s": ta, "speedup": tb / ta})
+                rows.append({"op": "unpack", "method": method, "d": d, "r": r, "before_s": ub, "after_s": ua, "speedup": ub / ua})
+                log(f"A/B {method} d={d} r={r}: pack {tb * 1e3:.2f} -> {ta * 1e3:.2f} ms, unpack {ub * 1e3:.2f} -> {ua * 1e3:.2f} ms")
+    return rows
+
+
 # ---- the report ----------------------------------------------------------------------------------
 
 def overhead_row(ops: dict, spel: dict | None, stage_s: float, method: str, micro_batches: int) -> dict:
@@ -425,6 +502,19 @@ def run(args) -> dict:
             res["memory"].extend(bench_memory(args.memory_methods or args.methods, d, r, B, T, args.threads,
                                               args.mapl_path))
             log(f"memory d={d}: {[(x['method'], round(x['peak_rss_mb'])) for x in res['memory']]}")
+    if args.ab_before:
+        res["ab"] = {"before": str(Path(args.ab_before).resolve()),
+                     "rows": bench_ab(torch, args.ab_before, cfg, args.methods, log)}
+        # overhead at each (d, r) with the "before" wire times swapped in (same stage, encode/decode, SPEL)
+        for o in res["overhead"]:
+            if o["method"] not in ("int8", "mapl-rvq"):
+                continue
+            ab = {x["op"]: x for x in res["ab"]["rows"] if x.get("method") == o["method"] and x["d"] == o["d"]
+                  and x["r"] == o["r"]}
+            if "pack" in ab and "unpack" in ab:
+                legs = 2 if o["method"] == "int8" else 1           # int8 quantises the gradient leg too
+                extra = legs * ((ab["pack"]["before_s"] - ab["pack"]["after_s"]) + (ab["unpack"]["before_s"] - ab["unpack"]["after_s"]))
+                o["overhead_pct_before_ab"] = 100 * (o["total_s"] + extra) / o["stage_fwd_bwd_s"]
     hd, hr = cfg["headline"]
     head = [o for o in res["overhead"] if o["d"] == hd and o["r"] in (hr, None)]
     res["headline"] = {"d": hd, "r": hr, "target_pct": 5.0,
@@ -531,6 +621,17 @@ def markdown(res: dict) -> str:
               "|---|---|---|---|---|---|---|"]
         L += [f"| {m['method']} | {m['d']} | {m['r']} | {m['peak_rss_mb']:.1f} | {m['rss_after_build_mb']:.1f} | "
               f"{m['step_peak_increase_mb']:.1f} | {m['delta_vs_none_mb']:+.1f} |" for m in res["memory"]]
+    if res.get("ab"):
+        L += ["", f"## Before / after, interleaved in one process (before: {res['ab']['before']})", "",
+              "| op | method | d | r / K | before ms | after ms | speedup |", "|---|---|---|---|---|---|---|"]
+        for a in res["ab"]["rows"]:
+            L.append(f"| {a['op']} | {a.get('method', 'rvq')} | {a.get('d', '-')} | {a.get('r') or a.get('K') or '-'} | "
+                     f"{_f(a['before_s'])} | {_f(a['after_s'])} | {a['speedup']:.2f}x |")
+        rows = [o for o in res["overhead"] if "overhead_pct_before_ab" in o]
+        if rows:
+            L += ["", "| method | d | r | overhead % before | after |", "|---|---|---|---|---|"]
+            L += [f"| {o['method']} | {o['d']} | {o['r'] or '-'} | {o['overhead_pct_before_ab']:.2f} | {o['overhead_pct']:.2f} |"
+                  for o in rows]
     if "baseline" in res:
         b = res["baseline"]
         L += ["", f"## Before / after (before: {b.get('file')}, load {b['environment'].get('loadavg_start', float('nan')):.2f})", ""]
@@ -575,6 +676,8 @@ def parse_args(argv=None):
     ap.add_argument("--skip-memory", action="store_true")
     ap.add_argument("--baseline", help="an earlier compress.json: report before/after speedups")
     ap.add_argument("--mapl-path", help="import mapl from this directory (e.g. a pre-change copy)")
+    ap.add_argument("--ab-before", help="directory holding a pre-change copy of mapl/: time its int8/mapl-rvq "
+                                        "pack/unpack and RVQ search alternately with the current code")
     ap.add_argument("--silent", action="store_true")
     ap.add_argument("--_memory-child", dest="memory_child", help=argparse.SUPPRESS)
     return ap.parse_args(argv)
