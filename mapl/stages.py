@@ -74,31 +74,29 @@ class StagedModel(nn.Module):
         self.id_dtype = id_dtype(model.cfg.vocab_size)
 
     # ---- one stage ------------------------------------------------------------------------
+    def _residual(self, s: int, inp: torch.Tensor | None, ids: torch.Tensor):
+        """Stage s up to its last block: (embed | decode) -> +anchor -> blocks. Returns (h, anchor)."""
+        m = self.model
+        h = m.embed(ids) if s == 0 else self.boundaries[str(s - 1)].decode(inp)
+        a = self.anchors[str(s)](ids)
+        if a is not None:
+            a = a.to(h.dtype)
+            h = h + a
+        for i in self.split[s]:
+            h = m.layers[str(i)](h, m.rope_cos, m.rope_sin)
+        return h, a
+
     def stage_forward(self, s: int, inp: torch.Tensor | None, ids: torch.Tensor) -> torch.Tensor:
         """Stage s: (embed | decode) -> +anchor -> blocks -> (head | -anchor -> encode)."""
-        m = self.model
-        h = m.embed(ids) if s == 0 else self.boundaries[str(s - 1)].decode(inp)
-        a = self.anchors[str(s)](ids)
-        if a is not None:
-            h = h + a.to(h.dtype)
-        for i in self.split[s]:
-            h = m.layers[str(i)](h, m.rope_cos, m.rope_sin)
+        h, a = self._residual(s, inp, ids)
         if s == self.n_stages - 1:
-            return m.head(h)
-        if a is not None:
-            h = h - a.to(h.dtype)
-        return self.boundaries[str(s)].encode(h)
+            return self.model.head(h)
+        return self.boundaries[str(s)].encode(h if a is None else h - a)
 
     def boundary_input(self, s: int, inp: torch.Tensor | None, ids: torch.Tensor) -> torch.Tensor:
-        """The residual activation stage s would send (before its anchor is removed): diagnostics."""
-        m = self.model
-        h = m.embed(ids) if s == 0 else self.boundaries[str(s - 1)].decode(inp)
-        a = self.anchors[str(s)](ids)
-        if a is not None:
-            h = h + a.to(h.dtype)
-        for i in self.split[s]:
-            h = m.layers[str(i)](h, m.rope_cos, m.rope_sin)
-        return h if a is None else h - a.to(h.dtype)
+        """What stage s's projector sees: its residual minus its anchor (diagnostics, tests)."""
+        h, a = self._residual(s, inp, ids)
+        return h if a is None else h - a
 
     # ---- the single-process pipeline ------------------------------------------------------
     def forward(self, ids: torch.Tensor, targets: torch.Tensor | None = None, meter=None):
