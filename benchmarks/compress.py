@@ -505,15 +505,20 @@ def run(args) -> dict:
     if args.ab_before:
         res["ab"] = {"before": str(Path(args.ab_before).resolve()),
                      "rows": bench_ab(torch, args.ab_before, cfg, args.methods, log)}
-        # overhead at each (d, r) with the "before" wire times swapped in (same stage, encode/decode, SPEL)
+        # overhead at each (d, r) with the wire legs scaled back by the A/B speedups (ratios, not the A/B
+        # run's absolute times: those carry the load of the moment); stage, encode/decode, SPEL unchanged
+        ops_now = {_key(r): r for r in res["ops"]}
         for o in res["overhead"]:
             if o["method"] not in ("int8", "mapl-rvq"):
                 continue
             ab = {x["op"]: x for x in res["ab"]["rows"] if x.get("method") == o["method"] and x["d"] == o["d"]
                   and x["r"] == o["r"]}
-            if "pack" in ab and "unpack" in ab:
-                legs = 2 if o["method"] == "int8" else 1           # int8 quantises the gradient leg too
-                extra = legs * ((ab["pack"]["before_s"] - ab["pack"]["after_s"]) + (ab["unpack"]["before_s"] - ab["unpack"]["after_s"]))
+            now = ops_now.get(_key(o))
+            if "pack" in ab and "unpack" in ab and now:
+                extra = (now["pack"] * (ab["pack"]["speedup"] - 1) + now["unpack"] * (ab["unpack"]["speedup"] - 1))
+                if o["method"] == "int8":                  # int8 quantises the gradient leg with the same code
+                    extra += (now["pack_grad"] * (ab["pack"]["speedup"] - 1)
+                              + now["unpack_grad"] * (ab["unpack"]["speedup"] - 1))
                 o["overhead_pct_before_ab"] = 100 * (o["total_s"] + extra) / o["stage_fwd_bwd_s"]
     hd, hr = cfg["headline"]
     head = [o for o in res["overhead"] if o["d"] == hd and o["r"] in (hr, None)]
