@@ -582,6 +582,8 @@ class _Runtime:
                 keys = sorted(mine)
                 got = self.wire.recv([(tuple(mine[k].shape), mine[k].dtype) for k in keys], self.rank - 1, TAG_SYNC,
                                      "state sync")
+                if os.environ.get("MAPL_FAULT_CORRUPT_SYNC") == str(self.rank):     # fault injection (tests)
+                    got = [g + 1e-3 for g in got]
                 self.comp_in.apply_sync({k: v.clone() for k, v in zip(keys, got)})
 
     def check_sync(self) -> list[bool]:

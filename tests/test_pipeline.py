@@ -159,6 +159,17 @@ def test_parity_mapl_p4_gpipe_survives_a_killed_rank_and_resumes(corpus, tmp_pat
     assert_parity(res, ref, 1e-5, 4, "env")
 
 
+def test_diverged_projector_copy_is_detected_by_its_checksum(corpus, tmp_path):
+    """The receiver's copy of A_0 is corrupted on arrival (fault injection): the checksum exchange
+    after each evaluation reports the boundary, and the results JSON records the mismatch."""
+    args = base_args(corpus, "mapl", 2, "gpipe") + ["--out", str(tmp_path / "d.json"), "--ckpt", str(tmp_path / "d.pt")]
+    r = launch(args, 2, launcher="direct", timeout=240, env={"MAPL_FAULT_CORRUPT_SYNC": "1"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "shared state differs between sender and receiver at boundaries [0]" in r.stderr
+    res = json.loads((tmp_path / "d.json").read_text())
+    assert res["pipeline"]["state_checksum_match"] == [False]
+
+
 def test_killed_rank_under_accelerate_fails_the_launch_fast(corpus, tmp_path):
     args = base_args(corpus, "none", 2) + ["--out", str(tmp_path / "x.json"), "--ckpt", str(tmp_path / "x.pt")]
     r = launch(args, 2, launcher="accelerate", timeout=120,
