@@ -264,9 +264,10 @@ def budgets(rows: Sequence[dict]) -> dict[str, tuple[int, int | None]]:
 
 
 def main_rows(rows: Sequence[dict], budget: str = "main") -> list[dict]:
-    """Summaries of the default-configured runs at each model's main (or long) budget."""
+    """Summaries of the default-configured runs at each model's main (or long) budget. Models with
+    shape overrides (``tiny[d_model=64,...]``, the scaling study) have their own tables."""
     b = budgets(rows)
-    pick = [r for r in rows if _is_default(r) and r["model"] in b
+    pick = [r for r in rows if _is_default(r) and r["model"] in b and "[" not in r["model"]
             and r["steps"] == (b[r["model"]][0] if budget == "main" else b[r["model"]][1])]
     return summarize(pick, rows)
 

@@ -178,7 +178,8 @@ def test_metrics_and_macros(rows, tmp_path):
     m = R.write_metrics(rows, tmp_path / "metrics.json")
     assert json.loads((tmp_path / "metrics.json").read_text()) == m
     assert m["runs"] == len(rows)
-    assert "tiny-P4-none" in m["main"] and "tiny[d_model=64]-P4-none" in m["main"]   # two models: keys say which
+    assert "tiny-P4-none" in m["main"]
+    assert "tiny[d_model=64]-P4-none" not in m["main"]      # shape-override models belong to the scaling tables
     main = {k.removeprefix("tiny-P4-"): v for k, v in m["main"].items()}
     assert main["mapl-8x"]["seeds"] == 2 and "delta_pct" not in main["none"]
     assert set(m["long"]) == {"tiny-P4-none", "tiny-P4-ssn-8x", "tiny-P4-mapl-8x"}
