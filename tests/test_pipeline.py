@@ -179,11 +179,12 @@ def test_killed_rank_under_accelerate_fails_the_launch_fast(corpus, tmp_path):
     assert "MAPL_FAULT: rank 1" in r.stderr
 
 
-def test_mapl_rvq_parity(corpus, tmp_path):
-    args = base_args(corpus, "mapl-rvq", 2, "gpipe")
+@pytest.mark.parametrize("nprocs,schedule,launcher", [(2, "gpipe", "accelerate"), (4, "1f1b", "torchrun")])
+def test_mapl_rvq_parity(corpus, tmp_path, nprocs, schedule, launcher):
+    args = base_args(corpus, "mapl-rvq", nprocs, schedule, micro_batches=4 if nprocs == 4 else None)
     ref = reference(args)
-    res = run_mp(args, 2, tmp_path, "accelerate")
-    assert_parity(res, ref, 1e-5, 2, "accelerate")
+    res = run_mp(args, nprocs, tmp_path, launcher)
+    assert_parity(res, ref, 1e-5, nprocs, launcher)
 
 
 def test_rank_count_must_equal_stages(corpus, tmp_path):
