@@ -565,11 +565,11 @@ def load_bench(path: str | Path) -> list[dict]:
 
 def time_to_target_rows(rows: Sequence[dict], bench: Sequence[dict], bandwidths_bps: Sequence[float],
                         target_pct: float = 2.0, latency_s: float = 0.0) -> list[dict]:
-    """For each measured method: the target is the uncompressed final val loss + ``target_pct`` %;
-    steps to reach it (interpolated on the val curve of the longest default-configured run of that
-    method and effective ratio, of the model with the most runs) x the
-    simulated step time on a link of each bandwidth. ``time_s`` is None where the run never
-    reaches the target."""
+    """For each measured method: one common target for all methods, the final val loss of the
+    longest uncompressed run + ``target_pct`` %; steps to reach it (interpolated on the val curve of
+    the longest default-configured run of that method and effective ratio, of the model with the
+    most runs) x the simulated step time on a link of each bandwidth. ``steps_to_target`` and
+    ``time_s`` are None where the run never reaches the target."""
     from .link import LinkProfile, steps_to_target, step_time
     if not rows:
         return []
@@ -581,16 +581,17 @@ def time_to_target_rows(rows: Sequence[dict], bench: Sequence[dict], bandwidths_
         counts[r["model"]] += 1
     model = min(counts, key=lambda m: (-counts[m], m))          # the profile's main model: most runs
     pool = [r for r in pool if r["model"] == model]
+    dense = [r for r in pool if r["method"] == "none"]
+    if not dense:
+        return []
+    longest = max(dense, key=lambda r: (r["steps"], -(r["seed"] or 0)))
+    target = longest["val_loss"] * (1 + target_pct / 100)
     out = []
     for b in bench:
         cands = [r for r in pool if r["method"] == b["method"] and (b["method"] == "none" or r["ratio"] == b["ratio"])]
         if not cands:
             continue
         run = max(cands, key=lambda r: (r["steps"], -(r["seed"] or 0)))
-        ref = reference_loss(rows, run)
-        if ref is None:
-            continue
-        target = ref * (1 + target_pct / 100)
         n = steps_to_target(run["val_loss_curve"], target)
         for bw in bandwidths_bps:
             st = step_time(b["measurement"], LinkProfile(f"{bw:g}", bw, latency_s))
