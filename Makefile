@@ -12,7 +12,7 @@ export DVC_NO_ANALYTICS := 1
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 export PYTHONHASHSEED := 0
 
-.PHONY: install repro test test-fast bench clean-venv
+.PHONY: install repro repro-all test test-fast clean-venv
 
 install: $(STAMP)
 
@@ -25,6 +25,10 @@ $(STAMP): pyproject.toml constraints.txt
 
 repro: install
 	$(VENV)/bin/dvc repro
+
+# retrain everything from scratch (the committed results make a plain `dvc repro` a no-op on a clone)
+repro-all: install
+	$(VENV)/bin/dvc repro -f
 
 test: install
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest -q -rs tests
