@@ -55,6 +55,7 @@ import argparse
 import json
 import math
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -441,6 +442,8 @@ class _Runtime:
         if self.first or self.last:
             x, y = mdata.get_batch(self.train_tok, t.batch_size, t.seq_len, t.seed, step)
             x, y = x.to(self.device), y.to(self.device)
+        if os.environ.get("MAPL_FAULT_SIGTERM_RANK") == str(rank) and os.environ.get("MAPL_FAULT_SIGTERM_STEP") == str(step):
+            os.kill(os.getpid(), signal.SIGTERM)          # fault injection (tests): a real signal mid-step
         kill_rank, kill_step = os.environ.get("MAPL_FAULT_KILL_RANK"), os.environ.get("MAPL_FAULT_KILL_STEP")
         die = kill_rank is not None and int(kill_rank) == rank and int(kill_step or 0) == step
         lead = (self.mb, self.T)
@@ -512,7 +515,11 @@ class _Runtime:
         t0 = time.perf_counter()
         # one all-reduce: per-parameter grad norms (in the single-process parameter order) and the loss
         N = len(self.global_params) if t.grad_clip else 0
-        vec = torch.zeros(2 * N + 1, dtype=torch.float64, device=self.device)
+        # [norms (N), has-grad flags (N), stop request, loss]: a SIGINT/SIGTERM on any rank rides on the
+        # step's all-reduce, so every rank stops after the same step (no rank waits on a stopped peer)
+        vec = torch.zeros(2 * N + 2, dtype=torch.float64, device=self.device)
+        flag = getattr(self, "stop_flag", None)
+        vec[-2] = 1.0 if flag is not None and flag.stop else 0.0
         if N:
             have = [(i, p) for i, p in self.owned if p.grad is not None]
             if have:
@@ -527,6 +534,7 @@ class _Runtime:
         self.wire.all_reduce(vec, "grad norms and loss", lat)
         t0 = time.perf_counter()
         loss_sum = float(vec[-1])
+        self.stop_agreed = bool(vec[-2] > 0)
         if not math.isfinite(loss_sum):
             raise FloatingPointError(f"non-finite training loss {loss_sum} at step {step}; "
                                      "the last good checkpoints are kept")
@@ -739,6 +747,23 @@ def run_pipeline(cfg: RunConfig, rank: int, world: int, device: torch.device, *,
     from tqdm.auto import tqdm
     bar = tqdm(total=t.steps, initial=rt.state["step"], disable=not (progress and rank == 0), desc=cfg.name(), leave=False)
     sync_ok: list = []
+    with mtrain._StopFlag() as stop_flag:
+        rt.stop_flag = stop_flag
+        sync_ok = _train_loop(rt, cfg, t, bar, sync_ok)
+    bar.close()
+    if rt.ckpt:
+        rt.save()
+    if not sync_ok:
+        sync_ok = rt.check_sync()
+    res = rt.results(time.time() - t0, info or {"backend": dist.get_backend(), "launcher": None}, sync_ok)
+    if rank == 0 and out:
+        mtrain.atomic_write_json(out, res)
+    return res
+
+
+def _train_loop(rt, cfg, t, bar, sync_ok: list) -> list:
+    """Steps until the budget is spent or every rank agreed to stop (a signal on any rank): then the
+    per-rank checkpoints are written atomically and KeyboardInterrupt ends the run (exit 130)."""
     while rt.state["step"] < t.steps:
         step = rt.state["step"]
         ts = time.time()
@@ -758,17 +783,14 @@ def run_pipeline(cfg: RunConfig, rank: int, world: int, device: torch.device, *,
             if not all(sync_ok):
                 rt.log(f"warning: shared state differs between sender and receiver at boundaries "
                        f"{[p for p, ok in enumerate(sync_ok) if not ok]} (checksum)", file=sys.stderr)
-        if rt.ckpt and rt.state["step"] % t.checkpoint_every == 0:
+        if rt.ckpt and (rt.state["step"] % t.checkpoint_every == 0 or getattr(rt, "stop_agreed", False)):
             rt.save()
-    bar.close()
-    if rt.ckpt:
-        rt.save()
-    if not sync_ok:
-        sync_ok = rt.check_sync()
-    res = rt.results(time.time() - t0, info or {"backend": dist.get_backend(), "launcher": None}, sync_ok)
-    if rank == 0 and out:
-        mtrain.atomic_write_json(out, res)
-    return res
+        if getattr(rt, "stop_agreed", False):
+            bar.close()
+            rt.log(f"interrupted at step {rt.state['step']}: per-rank checkpoints written; rerun the same "
+                   "command to resume", file=sys.stderr)
+            raise KeyboardInterrupt(f"stopped by signal at step {rt.state['step']}")
+    return sync_ok
 
 
 # ---- CLI --------------------------------------------------------------------------------------

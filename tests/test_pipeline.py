@@ -170,6 +170,27 @@ def test_diverged_projector_copy_is_detected_by_its_checksum(corpus, tmp_path):
     assert res["pipeline"]["state_checksum_match"] == [False]
 
 
+@pytest.mark.parametrize("method", ["none", "mapl"])
+def test_sigterm_on_one_rank_stops_all_after_the_same_step_and_resume_is_exact(corpus, tmp_path, method):
+    """A real SIGTERM on rank 1 in the middle of step 3: the stop request rides on that step's
+    all-reduce, every rank finishes step 3, writes its checkpoint atomically and exits 130; the
+    rerun resumes at step 4 and ends on the uninterrupted losses, bit for bit."""
+    args = base_args(corpus, method, 2, "gpipe")
+    out, ckpt = tmp_path / "s.json", tmp_path / "s.pt"
+    io = ["--out", str(out), "--ckpt", str(ckpt)]
+    r = launch([*args, *io], 2, launcher="direct", timeout=120,
+               env={"MAPL_FAULT_SIGTERM_RANK": "1", "MAPL_FAULT_SIGTERM_STEP": "3"})
+    assert r.rank_returncodes == [130, 130], (r.rank_returncodes, r.stderr[-3000:])
+    assert "interrupted at step 4" in r.stderr
+    for rank in range(2):
+        assert torch.load(rank_ckpt_path(ckpt, rank), weights_only=True)["state"]["step"] == 4
+    assert not out.exists()
+    ref = reference(args)
+    r2 = launch([*args, *io], 2, launcher="direct", timeout=240)
+    assert r2.returncode == 0, r2.stderr[-3000:]
+    assert assert_parity(json.loads(out.read_text()), ref, 1e-6, 2, "env") == 0.0
+
+
 def test_killed_rank_under_accelerate_fails_the_launch_fast(corpus, tmp_path):
     args = base_args(corpus, "none", 2) + ["--out", str(tmp_path / "x.json"), "--ckpt", str(tmp_path / "x.pt")]
     r = launch(args, 2, launcher="accelerate", timeout=120,
