@@ -38,16 +38,6 @@ from mapl.train import atomic_write_json  # noqa: E402
 METHODS = {"none": 1, "int8": 1, "ssn": 8, "mapl": 8, "mapl-rvq": 4}     # mapl-rvq: 4x projection x 2x RVQ = 8x
 
 
-def _rvq_available() -> str | None:
-    if not (ROOT / "mapl" / "compress" / "rvq.py").exists():
-        return "mapl/compress/rvq.py does not exist"
-    try:
-        import mapl.compress.rvq  # noqa: F401
-    except Exception as e:          # noqa: BLE001
-        return f"mapl.compress.rvq does not import: {type(e).__name__}: {e}"
-    return None
-
-
 def run_method(method: str, ratio: float, args, workdir: Path) -> dict:
     out, ckpt = workdir / f"{method}.json", workdir / f"{method}.pt"
     cli = ["--profile", args.profile, "--method", method, "--stages", str(args.stages), "--steps", str(args.steps),
@@ -135,8 +125,6 @@ def markdown(bench: dict) -> str:
         n = r["steps_to_target"]
         lines.append(f"| {r['method']} | " + " | ".join(cells) + " | " + " | ".join(ttt) +
                      f" | {'n/a' if n is None else f'{n:.0f}'} | {r['curve_source']} |")
-    if bench.get("skipped"):
-        lines += ["", "Skipped: " + "; ".join(f"{k} ({v})" for k, v in bench["skipped"].items())]
     return "\n".join(lines) + "\n"
 
 
@@ -161,25 +149,13 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     profiles = [get_profile(p, args.latency_ms) for p in args.links.split(",")]
     load_run_config(args.profile)        # fail early on a bad profile
-    skipped, rows = {}, []
+    rows = []
     with tempfile.TemporaryDirectory(prefix="mapl-bench-pipeline-") as tmp:
         for method in [m.strip() for m in args.methods.split(",") if m.strip()]:
             if method not in METHODS:
                 raise SystemExit(f"--methods: {method!r} is unknown; allowed {sorted(METHODS)}")
-            if method == "mapl-rvq":
-                why = _rvq_available()
-                if why:
-                    skipped[method] = why
-                    print(f"skip {method}: {why}", file=sys.stderr)
-                    continue
             print(f"{method}: {args.steps} steps, P={args.stages} ...", file=sys.stderr, flush=True)
-            try:
-                res = run_method(method, METHODS[method], args, Path(tmp))
-            except RuntimeError as e:
-                if method == "mapl-rvq":
-                    skipped[method] = str(e).splitlines()[0]
-                    continue
-                raise
+            res = run_method(method, METHODS[method], args, Path(tmp))
             rows.append(summarize(method, res, profiles, args.curves if args.curves and args.curves.exists() else None))
             print(f"  done in {rows[-1]['bench_wall_s']:.0f} s; val {rows[-1]['val_loss']:.4f}", file=sys.stderr)
     if not rows:
@@ -192,7 +168,7 @@ def main(argv=None) -> int:
     bench = {"profile": args.profile, "stages": args.stages, "schedule": args.schedule, "steps": args.steps,
              "profiles": [p.name for p in profiles],
              "links": {p.name: {"bandwidth_bps": p.bandwidth_bps, "latency_s": p.latency_s} for p in profiles},
-             "target": target, "methods": rows, "skipped": skipped}
+             "target": target, "methods": rows}
     atomic_write_json(args.out_json, bench)
     args.out_md.parent.mkdir(parents=True, exist_ok=True)
     args.out_md.write_text(markdown(bench))

@@ -7,30 +7,15 @@ import math
 import pytest
 import torch
 
-from mapl.compress.base import Compressor, WireTransfer, payload_bytes
+from mapl.compress import ProjectionCompressor, projector_basis
+from mapl.compress.base import WireTransfer
 from mapl.compress.bitpack import pack_bits, pack_bits_rows, unpack_bits, unpack_bits_rows
 from mapl.compress.rvq import OP_EMA, OP_INIT, RVQCompressor, ResidualVQ
 
 
-class FixedProjection(Compressor):
-    """Stand-in for the projection compressor: a fixed orthonormal d x r matrix A."""
-
-    method = "test-proj"
-
-    def __init__(self, d: int, r: int, seed: int = 0, dtype=torch.float32):
-        super().__init__(d)
-        q, _ = torch.linalg.qr(torch.randn(d, r, generator=torch.Generator().manual_seed(seed), dtype=torch.float64))
-        self.register_buffer("A", q.to(dtype))
-
-    @property
-    def code_dim(self) -> int:
-        return self.A.shape[1]
-
-    def encode(self, x):
-        return x @ self.A.to(x.dtype)
-
-    def decode(self, z):
-        return z @ self.A.T.to(z.dtype)
+def FixedProjection(d: int, r: int, seed: int = 0, dtype=torch.float32) -> ProjectionCompressor:
+    """The real projection compressor with a fixed orthonormal d x r basis (no learned state)."""
+    return ProjectionCompressor(d, projector_basis(d, r, seed), "fixed").to(dtype)
 
 
 def make(r=8, d=16, **kw):
