@@ -103,13 +103,11 @@ class Timer:
 def _compressor(mapl, torch, method: str, d: int, r: int, *, search_with: str | None = None):
     from mapl.compress import build_boundary
     from mapl.compress.ssn import shared_basis
-    from mapl.config import CompressorConfig
+    from mapl.config import CompressorConfig, RVQConfig
     ratio = 1.0 if method in ("none", "int8") else d / r
-    kw = {}
-    if search_with is not None:
-        kw["rvq_search_with"] = search_with
-    comp = CompressorConfig(method=method, ratio=ratio, **kw).validate(d, 32000)
-    shared_U = shared_basis(d, comp.rank(d), comp.seed) if comp.projector == "fixed-shared" else None
+    rvq = RVQConfig(search_with=search_with) if search_with is not None else RVQConfig()
+    comp = CompressorConfig(method=method, ratio=ratio, rvq=rvq).validate(d)
+    shared_U = shared_basis(d, comp.rank(d), comp.seed) if comp.projector.kind == "fixed-shared" else None
     return build_boundary(comp, d, 0, shared_U), comp
 
 
@@ -195,10 +193,7 @@ def wire_row(torch, method: str, d: int, r: int, B: int, T: int, micro_batches: 
     floor_fwd_B = floor_fwd / 8 + ids
     floor_bwd_B = floor_bwd / 8
     # per optimizer step: learned projector A (fp32) to the receiver and the receiver's dL/dA back
-    step_bytes = comp.sync_bytes_per_step()
-    inner = comp.inner if method == "mapl-rvq" else comp
-    if hasattr(inner, "receiver_grad_bytes_per_step"):
-        step_bytes += inner.receiver_grad_bytes_per_step()
+    step_bytes = comp.sync_bytes_per_step() + comp.receiver_grad_bytes_per_step()
     state_per_tok = step_bytes / (n * micro_batches)
     row = {
         "method": method, "d": d, "r": comp.code_dim if method not in ("none", "int8") else None,
@@ -389,7 +384,7 @@ def bench_ab(torch, before_root: str, cfg: dict, methods, log) -> list[dict]:
 
     def build(pkg, method, d, r):
         ratio = 1.0 if method in ("none", "int8") else d / r
-        c = pkg.config.CompressorConfig(method=method, ratio=ratio).validate(d, 32000)
+        c = pkg.config.CompressorConfig(method=method, ratio=ratio).validate(d)
         return pkg.compress.build_boundary(c, d, 0).train()
 
     reps = max(5, cfg["reps"])

@@ -23,12 +23,7 @@ __all__ = ["boundary_bases", "boundary_activations", "boundary_diagnostics"]
 
 def boundary_bases(sm) -> list[torch.Tensor | None]:
     """A_p of every boundary (None for methods without a projector)."""
-    out = []
-    for comp in sm.compressors():
-        proj = getattr(comp, "inner", comp)
-        A = getattr(proj, "A", None)
-        out.append(A.detach().double() if isinstance(A, torch.Tensor) else None)
-    return out
+    return [None if comp.basis() is None else comp.basis().detach().double() for comp in sm.compressors()]
 
 
 @torch.no_grad()
@@ -70,7 +65,7 @@ def boundary_diagnostics(sm, batches) -> list[dict]:
                       "captured_energy": float((X @ A).norm()) / total,
                       "pca_energy": float(S[:r].pow(2).sum().sqrt()) / total,
                       "angles_to_pca_deg": _angles(A, pca),
-                      "ortho_err": float((A.T @ A - torch.eye(r, dtype=A.dtype)).abs().max())})
+                      "ortho_err": float((A.T @ A - torch.eye(r, dtype=A.dtype, device=A.device)).abs().max())})
             if p + 1 < len(bases) and bases[p + 1] is not None:
                 d["angles_to_next_deg"] = _angles(A, bases[p + 1])
         out.append(d)

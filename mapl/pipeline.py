@@ -227,22 +227,6 @@ def _map_split(data_dir: Path, manifest: dict, split: str, verify: bool):
                      dtype=np.dtype(manifest["dtype"]).newbyteorder("<"), mode="r")
 
 
-def _comp_attr(comp, name: str):
-    """A compressor method, or its wrapped projection's (``inner``) if the wrapper does not define it
-    (mapl-rvq wraps the projection whose A has the receiver-side gradient)."""
-    while comp is not None:
-        f = getattr(type(comp), name, None)
-        if f is not None:
-            return getattr(comp, name)
-        comp = getattr(comp, "inner", None)
-    return None
-
-
-def _receiver_grad_bytes(comp) -> int:
-    f = _comp_attr(comp, "receiver_grad_bytes_per_step")
-    return int(f()) if f is not None else 0
-
-
 class _ResultsView:
     """What ``mapl.train._results`` reads from a StagedModel, assembled on rank 0 from every rank:
     the per-boundary compressors (structure from rank 0's unpruned build; diagnostics from their
@@ -335,8 +319,8 @@ class _Runtime:
         self.opts = mtrain.build_optimizers(sm, cfg, exclude=self.excluded)
         gidx = {n: i for i, (n, _) in enumerate(self.global_params)}
         self.owned = [(gidx[n], p) for n, p in sm.named_parameters() if id(p) not in self.excluded]
-        self.rg_in = self.comp_in is not None and _receiver_grad_bytes(self.comp_in) > 0
-        self.rg_out = self.comp_out is not None and _receiver_grad_bytes(self.comp_out) > 0
+        self.rg_in = self.comp_in is not None and self.comp_in.receiver_grad_bytes_per_step() > 0
+        self.rg_out = self.comp_out is not None and self.comp_out.receiver_grad_bytes_per_step() > 0
         self.meter = ByteMeter()
         self.state = {"step": 0, "val_curve": [], "train_curve": [], "train_wall": 0.0}
         self.timing = {"fwd": [], "bwd": [], "opt": [], "wait": [], "wall": []}
@@ -495,9 +479,7 @@ class _Runtime:
         t0 = time.perf_counter()
         # receiver-side gradient of the projector: back to its owner, which adds it to its own A.grad
         if self.rg_in:
-            fold = _comp_attr(self.comp_in, "fold_receiver_grad")      # if the compressor stashes it apart
-            if fold is not None:
-                fold()
+            self.comp_in.fold_receiver_grad()
             grads = [(p.grad if p.grad is not None else torch.zeros_like(p)).float().clone()
                      for p in self.comp_in.parameters()]
             self.meter.add(rank - 1, "bwd", "state", sum(g.numel() * g.element_size() for g in grads))
@@ -545,7 +527,7 @@ class _Runtime:
             opt.zero_grad(set_to_none=True)
         if self.comp_out is not None:       # as mapl.train._check_stiefel, for the projector this stage owns
             for name, prm in self.comp_out.named_parameters():
-                if getattr(prm, "mapl_role", None) and not torch.isfinite(prm).all():
+                if not torch.isfinite(prm).all():
                     raise FloatingPointError(f"non-finite projector {name} of boundary {rank} (sender: stage {rank}) "
                                              f"after the optimizer step of step {step}; the last good checkpoints are kept")
         self.sync_cuda()

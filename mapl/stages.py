@@ -163,23 +163,23 @@ class StagedModel(nn.Module):
 def build_staged_model(cfg: RunConfig, vocab_size: int) -> StagedModel:
     """Deterministic in (cfg.train.seed, cfg.compressor.seed): every rank builds the same model."""
     mc = cfg.model_config(vocab_size)
-    comp = cfg.compressor.validate(mc.d_model, mc.vocab_size)
+    comp = cfg.compressor.validate(mc.d_model)
     torch.manual_seed(cfg.train.seed)
     model = Transformer(mc)
     split = split_layers(mc, cfg.stages)
     r = comp.rank(mc.d_model)
     shared_U = None
-    if comp.method == "ssn" or comp.projector == "fixed-shared":
+    if comp.method == "ssn" or comp.projector.kind == "fixed-shared":
         shared_U = shared_basis(mc.d_model, r, comp.seed)
     if comp.method == "ssn":
         sent_layers = [i for part in split[:-1] for i in part]
         constrain_to_subspace(model, shared_U, sent_layers)
-    anchor_rank = comp.anchor_rank or r
+    ac = comp.anchor
     anchors = []
     for s in range(cfg.stages):
         # the static shift is one table shared by all stages (same seed); learned anchors differ per stage
-        seed = comp.seed + 7 if comp.anchor == "static" else comp.seed + 1000 + s
-        anchors.append(Anchor(comp.anchor, mc.vocab_size, mc.d_model, anchor_rank, seed=seed,
-                              static_std=comp.static_anchor_std, init_std=comp.anchor_init_std))
+        seed = comp.seed + 7 if ac.kind == "static" else comp.seed + 1000 + s
+        anchors.append(Anchor(ac.kind, mc.vocab_size, mc.d_model, ac.rank or r, seed=seed,
+                              static_std=ac.static_std, init_std=ac.init_std))
     boundaries = [build_boundary(comp, mc.d_model, p, shared_U) for p in range(cfg.stages - 1)]
     return StagedModel(model, split, anchors, boundaries)

@@ -26,7 +26,8 @@ from tqdm.auto import tqdm
 
 from . import data as mdata
 from .diagnostics import boundary_diagnostics
-from .config import METHODS, PROJECT_ROOT, RunConfig, config_hash, load_params, load_run_config
+from .compress.base import StiefelParameter
+from .config import METHODS, PROJECT_ROOT, ConfigError, RunConfig, config_hash, load_params, load_run_config, parse_set
 from .stages import StagedModel, build_staged_model
 from .wire import ByteMeter
 
@@ -85,9 +86,10 @@ def _param_groups(sm: StagedModel, cfg: RunConfig) -> dict[str, list]:
     for name, p in sm.named_parameters():
         if not p.requires_grad:
             continue
-        role = getattr(p, "mapl_role", None)
-        if role in ("stiefel", "unconstrained"):
-            groups[role].append(p)
+        if isinstance(p, StiefelParameter):
+            groups["stiefel"].append(p)
+        elif name.startswith("boundaries."):         # a learned projector without the constraint (ablation)
+            groups["unconstrained"].append(p)
         elif name.startswith("model.layers.") and p.ndim == 2:
             groups["muon"].append(p)
         elif name.startswith("model.tok_embeddings"):
@@ -104,23 +106,23 @@ def _param_groups(sm: StagedModel, cfg: RunConfig) -> dict[str, list]:
 def build_optimizers(sm: StagedModel, cfg: RunConfig, exclude: set[int] | None = None) -> list[torch.optim.Optimizer]:
     """The paper's recipe: Muon for 2-D hidden weights; AdamW for embeddings, head, norms, anchors;
     SPEL for Stiefel projectors. ``exclude``: ids of parameters some other process owns."""
-    t, c = cfg.train, cfg.compressor
+    t, pc, spel = cfg.train, cfg.compressor.projector, cfg.compressor.spel
     groups = {k: [p for p in v if id(p) not in (exclude or set())] for k, v in _param_groups(sm, cfg).items()}
     opts = []
-    muon_params = groups["muon"] + (groups["unconstrained"] if c.unconstrained_optimizer == "muon" else [])
+    muon_params = groups["muon"] + (groups["unconstrained"] if pc.unconstrained_optimizer == "muon" else [])
     if muon_params:
         opts.append(torch.optim.Muon(muon_params, lr=t.lr_muon, weight_decay=t.weight_decay, momentum=t.muon_momentum))
     adam = [{"params": groups["embed"], "lr": t.lr_embed}, {"params": groups["head"], "lr": t.lr_head},
             {"params": groups["anchor"], "lr": t.lr_anchor or t.lr_embed}, {"params": groups["other"], "lr": t.lr_adam}]
-    if c.unconstrained_optimizer == "adamw":
-        adam.append({"params": groups["unconstrained"], "lr": c.proj_lr_mult * t.lr_muon})
+    if pc.unconstrained_optimizer == "adamw":
+        adam.append({"params": groups["unconstrained"], "lr": pc.lr_mult * t.lr_muon})
     adam = [g for g in adam if g["params"]]
     if adam:
         opts.append(torch.optim.AdamW(adam, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0))
     if groups["stiefel"]:
         from .optim import SPEL
-        opts.append(SPEL(groups["stiefel"], lr=c.proj_lr_mult * t.lr_muon, momentum=c.spel_momentum,
-                         polar=c.spel_polar, polar_steps=c.spel_polar_steps))
+        opts.append(SPEL(groups["stiefel"], lr=pc.lr_mult * t.lr_muon, momentum=spel.momentum,
+                         polar=spel.polar, polar_steps=spel.polar_steps))
     for opt in opts:
         for g in opt.param_groups:
             g["peak_lr"] = g["lr"]
@@ -163,7 +165,7 @@ def _check_finite(loss: torch.Tensor, step: int, sm: StagedModel, ids: torch.Ten
 def _check_stiefel(sm: StagedModel, step: int) -> None:
     for p, comp in enumerate(sm.compressors()):
         for name, prm in comp.named_parameters():
-            if getattr(prm, "mapl_role", None) and not torch.isfinite(prm).all():
+            if not torch.isfinite(prm).all():
                 raise FloatingPointError(f"non-finite projector {name} of boundary {p} (sender: stage {p}) after "
                                          f"the optimizer step of step {step}; the last good checkpoint is kept")
 
@@ -202,7 +204,7 @@ def _declared_bytes(sm: StagedModel, tokens_per_step: int, micro_batches: int, m
             spec, roles = comp.payload_spec(mb_shape, direction), comp.payload_roles(direction)
             side += micro_batches * sum(math.prod(s) * torch.tensor([], dtype=dt).element_size()
                                         for (s, dt), r in zip(spec, roles) if r == "sync")
-        state += comp.sync_bytes_per_step() + getattr(comp, "receiver_grad_bytes_per_step", lambda: 0)()
+        state += comp.sync_bytes_per_step() + comp.receiver_grad_bytes_per_step()
     ids = sm.id_bytes_per_token() * tokens_per_step * len(sm.compressors())
     return {k: int(round(v * steps)) for k, v in dict(fwd=fwd, bwd=bwd, piggyback=side, state=state, ids=ids).items()}
 
@@ -252,9 +254,7 @@ def run(cfg: RunConfig, out: Path | None = None, ckpt: Path | None = None, progr
                 loss.backward()
                 loss_sum += float(loss.detach())
             for comp in sm.compressors():
-                fold = getattr(comp, "fold_receiver_grad", None)
-                if fold is not None:
-                    fold()
+                comp.fold_receiver_grad()
             if t.grad_clip:
                 torch.nn.utils.clip_grad_norm_([p for p in sm.parameters() if p.grad is not None], t.grad_clip)
             for opt in opts:
@@ -300,7 +300,7 @@ def _sync_boundaries(sm: StagedModel, meter: ByteMeter) -> None:
         if payload:
             comp.apply_sync(payload)
             meter.add(p, "fwd", "state", sum(v.numel() * v.element_size() for v in payload.values()))
-        rg = getattr(comp, "receiver_grad_bytes_per_step", lambda: 0)()
+        rg = comp.receiver_grad_bytes_per_step()
         if rg:
             meter.add(p, "bwd", "state", rg)
 
@@ -308,11 +308,7 @@ def _sync_boundaries(sm: StagedModel, meter: ByteMeter) -> None:
 def _save_checkpoint(path, chash, sm, opts, meter, state):
     atomic_torch_save({"format": "mapl-checkpoint-v1", "config_hash": chash, "model": sm.state_dict(),
                        "optimizers": [o.state_dict() for o in opts], "meter": meter.state_dict(),
-                       "state": state, "extra": _extra_state(sm)}, path)
-
-
-def _extra_state(sm):
-    return {k: c.get_rng_state() for k, c in sm.boundaries.items() if hasattr(c, "get_rng_state")}
+                       "state": state}, path)
 
 
 def _load_checkpoint(path, chash, sm, opts, meter):
@@ -332,8 +328,6 @@ def _load_checkpoint(path, chash, sm, opts, meter):
         for g in o.param_groups:
             g.setdefault("peak_lr", g["lr"])
     meter.load_state_dict(ck["meter"])
-    for k, s in ck.get("extra", {}).items():
-        sm.boundaries[k].set_rng_state(s)
     return ck["state"]
 
 
@@ -350,11 +344,11 @@ def _results(cfg, sm, meter, state, manifest, wall) -> dict:
     fwd_bpt = sum(c.wire_bytes_per_token("fwd") for c in comps) / max(1, len(comps))
     bwd_bpt = sum(c.wire_bytes_per_token("bwd") for c in comps) / max(1, len(comps))
     ortho = [c.diagnostics().get("ortho_err") for c in comps if "ortho_err" in c.diagnostics()]
-    learned = [c for c in comps if getattr(c, "learned", False) or getattr(getattr(c, "inner", None), "learned", False)]
+    learned = [c for c in comps if c.learned]
     return {
         "run": cfg.name(), "method": cfg.compressor.method, "model": cfg.model, "stages": cfg.stages,
         "ratio": (2 * d / fwd_bpt) if comps else 1.0, "nominal_ratio": cfg.compressor.ratio,
-        "projector": cfg.compressor.projector, "anchor": cfg.compressor.anchor,
+        "projector": cfg.compressor.projector.kind, "anchor": cfg.compressor.anchor.kind,
         "steps": steps, "tokens": steps * tokens_per_step,
         "val_loss": state["val_curve"][-1][1] if state["val_curve"] else None,
         "val_loss_curve": state["val_curve"], "train_loss_curve": state["train_curve"],
@@ -391,7 +385,7 @@ def parse_args(argv=None):
     ap.add_argument("--steps", type=int, help="optimizer steps")
     ap.add_argument("--seed", type=int, help="training seed (init and batch order)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                    help="any other setting, e.g. --set train.lr_muon=0.03 --set compressor.rvq_rounds=4 (repeatable)")
+                    help="any other setting, e.g. --set train.lr_muon=0.03 --set compressor.rvq.rounds=4 (repeatable)")
     ap.add_argument("--out", type=Path, help="results JSON (default reports/results/<run>.json)")
     ap.add_argument("--ckpt", type=Path, help="checkpoint path (default checkpoints/<run>.pt); resumes if present")
     ap.add_argument("--fresh", action="store_true", help="ignore and overwrite an existing checkpoint")
@@ -399,30 +393,13 @@ def parse_args(argv=None):
     return ap.parse_args(argv)
 
 
-def _parse_set(items) -> dict:
-    out = {}
-    for item in items:
-        if "=" not in item:
-            raise SystemExit(f"--set {item!r}: expected KEY=VALUE")
-        k, v = item.split("=", 1)
-        out[k] = json.loads(v) if v[:1] in "[{0123456789-.tfn" and v not in ("nan",) and _is_json(v) else v
-    return out
-
-
-def _is_json(v):
-    try:
-        json.loads(v)
-        return True
-    except ValueError:
-        return False
-
-
 def config_from_args(args) -> RunConfig:
+    """Flags and ``--set`` values, converted by each field's type (so errors name the field)."""
     over = {"model": args.model, "method": args.method, "ratio": args.ratio, "stages": args.stages,
-            "compressor.projector": args.projector, "compressor.anchor": args.anchor,
-            "train.steps": args.steps, "train.seed": args.seed}
-    over.update(_parse_set(args.set))
-    return load_run_config(args.profile, over)
+            "projector": args.projector, "anchor": args.anchor, "train.steps": args.steps, "train.seed": args.seed}
+    over = {k: (None if v is None else str(v)) for k, v in over.items()}
+    over.update(parse_set(args.set))
+    return load_run_config(args.profile, over, from_string=True)
 
 
 def main(argv=None) -> int:

@@ -7,7 +7,7 @@ import torch
 from mapl.compress import Compressor, Int8Compressor, ProjectionCompressor, WireTransfer, build_boundary, payload_bytes
 from mapl.compress.anchors import Anchor
 from mapl.compress.ssn import SubspaceLinear, shared_basis
-from mapl.config import CompressorConfig, RunConfig, TrainConfig
+from mapl.config import AnchorConfig, CompressorConfig, RVQConfig, RunConfig, TrainConfig
 from mapl.stages import build_staged_model
 from mapl.train import build_optimizers
 from mapl.wire import ByteMeter
@@ -73,7 +73,7 @@ def test_ssn_residual_writers_live_in_span_U():
 @pytest.mark.parametrize("method,ratio,fwd,bwd", [
     ("none", 1, 2 * D, 2 * D), ("int8", 1, D + 2, D + 2), ("ssn", 4, 2 * 16, 2 * 16), ("mapl", 8, 2 * 8, 2 * 8)])
 def test_declared_bytes_per_token_follow_the_formula(method, ratio, fwd, bwd):
-    comp = build_boundary(CompressorConfig(method=method, ratio=ratio).validate(D, V), D, 0, shared_basis(D, int(D / ratio), 1))
+    comp = build_boundary(CompressorConfig(method=method, ratio=ratio).validate(D), D, 0, shared_basis(D, int(D / ratio), 1))
     assert comp.wire_bytes_per_token("fwd") == fwd
     assert comp.wire_bytes_per_token("bwd") == bwd
     z = comp.encode(torch.randn(3, 7, D))
@@ -151,9 +151,9 @@ def test_none_wire_is_bf16_rounding_only():
 
 
 @pytest.mark.parametrize("bad,field", [(dict(method="mapl", ratio=3), "ratio"), (dict(method="mapl", ratio=1), "ratio"),
-                                       (dict(method="zip"), "method"), (dict(method="mapl", ratio=4, anchor="big"), "anchor"),
-                                       (dict(method="mapl-rvq", ratio=4, rvq_codebook_size=100), "rvq_codebook_size"),
-                                       (dict(method="mapl-rvq", ratio=4, rvq_groups=5), "rvq_groups")])
+                                       (dict(method="zip"), "method"), (dict(method="mapl", ratio=4, anchor=AnchorConfig(kind="big")), "anchor"),
+                                       (dict(method="mapl-rvq", ratio=4, rvq=RVQConfig(codebook_size=100)), "rvq.codebook_size"),
+                                       (dict(method="mapl-rvq", ratio=4, rvq=RVQConfig(groups=5)), "rvq.groups")])
 def test_bad_compressor_config_names_the_field(bad, field):
     with pytest.raises(ValueError, match=field):
-        CompressorConfig(**bad).validate(D, V)
+        CompressorConfig(**bad).validate(D)

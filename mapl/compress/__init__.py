@@ -31,16 +31,16 @@ def build_boundary(comp, d_model: int, boundary: int, shared_U: torch.Tensor | N
     if comp.method == "int8":
         return Int8Compressor(d_model, comp.int8_block)
     r = comp.rank(d_model)
-    if comp.projector == "fixed-shared":
+    if comp.projector.kind == "fixed-shared":
         basis = shared_U
     else:
         basis = projector_basis(d_model, r, comp.seed + 100 + boundary)
-    proj = ProjectionCompressor(d_model, basis, comp.projector, comp.receiver_grad,
+    proj = ProjectionCompressor(d_model, basis, comp.projector.kind, comp.projector.receiver_grad,
                                 method="ssn" if comp.method == "ssn" else "mapl")
     if comp.method != "mapl-rvq":
         return proj
     from .rvq import RVQCompressor           # imported here: optional heavy path
-    return RVQCompressor(proj, groups=comp.rvq_groups or None, rounds=comp.rvq_rounds,
-                         codebook_size=comp.rvq_codebook_size, decay=comp.rvq_decay, sync=comp.rvq_sync,
-                         max_staleness=comp.rvq_max_staleness, search_with=comp.rvq_search_with,
-                         seed=comp.seed + 200 + boundary)
+    q = comp.rvq
+    return RVQCompressor(proj, groups=q.groups or None, rounds=q.rounds, codebook_size=q.codebook_size,
+                         decay=q.decay, sync=q.sync, max_staleness=q.max_staleness, search_with=q.search_with,
+                         chunk_elems=q.search_chunk_elems, seed=comp.seed + 200 + boundary)

@@ -26,7 +26,7 @@ from typing import ClassVar
 import torch
 import torch.nn as nn
 
-__all__ = ["Compressor", "WireTransfer", "payload_bytes", "WIRE_DTYPE", "tensor_checksum"]
+__all__ = ["Compressor", "StiefelParameter", "WireTransfer", "payload_bytes", "WIRE_DTYPE", "tensor_checksum"]
 
 # Float payloads travel as bf16, the paper's precision; the uncompressed reference is bf16 too.
 WIRE_DTYPE = torch.bfloat16
@@ -46,10 +46,20 @@ def tensor_checksum(*tensors: torch.Tensor) -> int:
     return crc
 
 
+class StiefelParameter(nn.Parameter):
+    """A parameter constrained to the Stiefel manifold St(d, r) = {A : AᵀA = I}. The type is the
+    constraint: SPEL optimises exactly the StiefelParameters, and checks find them by type."""
+
+    def __new__(cls, data=None, requires_grad=True):
+        return super().__new__(cls, data, requires_grad)
+
+
 class Compressor(nn.Module):
-    """Base class: the identity on a bf16 wire (method ``none``). Subclasses override what differs."""
+    """Base class: the identity on a bf16 wire (method ``none``). Subclasses override what differs;
+    every optional capability has a default here, so callers never probe for it."""
 
     method: ClassVar[str] = "none"
+    learned: bool = False          # holds a learned projector (synced to the receiver every step)
 
     def __init__(self, d_model: int):
         super().__init__()
@@ -116,6 +126,23 @@ class Compressor(nn.Module):
 
     def diagnostics(self) -> dict:
         return {}
+
+    # ---- optional capabilities (defaults: nothing to do) -------------------------------------
+    def basis(self) -> torch.Tensor | None:
+        """The d x r projector basis (A_p or SSN's U), or None for methods without one."""
+        return None
+
+    def fold_receiver_grad(self) -> None:
+        """Add the receiver-side gradient accumulated over the step's micro-batches to the owner's
+        parameter gradient (projections with ``receiver_grad="exact"``)."""
+
+    def receiver_grad_bytes_per_step(self) -> int:
+        """Bytes of the receiver-side gradient sent back to the sender once per step."""
+        return 0
+
+    def check_sync(self, *, raise_on_error: bool = True) -> dict:
+        """Health of state that must match across the boundary beyond ``checksum`` (RVQ staleness)."""
+        return {"ok": True}
 
 
 def _check_direction(direction: str) -> None:

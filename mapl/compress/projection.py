@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from .base import Compressor
+from .base import Compressor, StiefelParameter
 
 __all__ = ["ProjectionCompressor"]
 
@@ -47,9 +47,10 @@ class ProjectionCompressor(Compressor):
         self.receiver_grad = receiver_grad
         self.learned = projector in ("spel", "unconstrained")
         self._rx_grad = None
-        if self.learned:
+        if projector == "spel":
+            self.A = StiefelParameter(basis.clone())
+        elif projector == "unconstrained":
             self.A = nn.Parameter(basis.clone())
-            self.A.mapl_role = "stiefel" if projector == "spel" else "unconstrained"
         else:
             self.register_buffer("A", basis.clone())
 
@@ -68,6 +69,9 @@ class ProjectionCompressor(Compressor):
         else:
             A = self.A.detach()
         return z @ A.to(z.dtype).T
+
+    def basis(self) -> torch.Tensor:
+        return self.A
 
     def fold_receiver_grad(self) -> None:
         """Add the receiver-side gradient of A (accumulated over the step's micro-batches) to A.grad."""

@@ -718,12 +718,17 @@ class RVQCompressor(Compressor):
         return self.inner.sync_bytes_per_step()
 
     def receiver_grad_bytes_per_step(self) -> int:
-        return getattr(self.inner, "receiver_grad_bytes_per_step", lambda: 0)()
+        return self.inner.receiver_grad_bytes_per_step()
 
     def fold_receiver_grad(self) -> None:
-        fold = getattr(self.inner, "fold_receiver_grad", None)
-        if fold is not None:
-            fold()
+        self.inner.fold_receiver_grad()
+
+    def basis(self) -> torch.Tensor | None:
+        return self.inner.basis()
+
+    @property
+    def learned(self) -> bool:
+        return self.inner.learned
 
     def checksum(self) -> int:
         return self.inner.checksum()
