@@ -105,3 +105,53 @@ def test_foreign_checkpoint_is_refused(micro_cfg, tmp_path):
     torch.save({"model": {}}, ck)
     with pytest.raises(ValueError, match="not a mapl checkpoint"):
         run(micro_cfg("none"), ckpt=ck, progress=False, log=lambda *a: None)
+
+
+BAD_STRINGS = [
+    # (--set / flag values as the command line gives them, text the message must contain)
+    ({"train.steps": "abc"}, "train.steps='abc' is invalid: must be an integer"),
+    ({"train.lr_muon": "abc"}, "train.lr_muon='abc' is invalid: must be a number"),
+    ({"stages": "two"}, "stages='two' is invalid: must be an integer"),
+    ({"train.batch_size": "4.0"}, "train.batch_size='4.0' is invalid: must be an integer"),
+    ({"train.checkpoint_every": "0"}, "train.checkpoint_every=0 is invalid: must be >= 1"),
+    ({"train.grad_clip": "-1"}, "train.grad_clip=-1.0 is invalid: must be >= 0"),
+    ({"train": "5"}, "'train' is a section"),
+    ({"method": "mapl", "ratio": "nan"}, "compressor.ratio=nan is invalid: must be a finite number"),
+    ({"train.seed": "-1"}, "train.seed=-1 is invalid: must be >= 0"),
+    ({"train.lr_muon": "-0.02"}, "train.lr_muon=-0.02 is invalid: must be >= 0"),
+    ({"compressor.rvq": "x"}, "'compressor.rvq' is a section"),
+    ({"train.steps.x": "1"}, "train.steps is a value, not a section"),
+    ({"magic.key": "1"}, "'magic.key' is not a setting"),
+]
+
+
+@pytest.mark.parametrize("overrides,message", BAD_STRINGS, ids=[str(i) for i in range(len(BAD_STRINGS))])
+def test_command_line_values_are_parsed_by_the_field_type(overrides, message):
+    from mapl.config import ConfigError
+    with pytest.raises(ConfigError) as e:
+        load_run_config("micro", overrides, from_string=True).validate()
+    assert message in str(e.value), str(e.value)
+
+
+def test_int_and_float_spellings_give_one_config_hash():
+    from mapl.config import config_hash
+    a = load_run_config("micro", {"method": "mapl", "ratio": 4})
+    b = load_run_config("micro", {"method": "mapl", "ratio": "4.0"}, from_string=True)
+    assert a.compressor.ratio == 4.0 and isinstance(a.compressor.ratio, float)
+    assert config_hash(a) == config_hash(b)
+
+
+def test_params_yaml_errors_are_one_line(tmp_path):
+    from mapl.config import ConfigError, load_params
+    with pytest.raises(ConfigError, match="not found"):
+        load_params(tmp_path / "params.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("profiles:\n  micro: {model: micro\n")
+    with pytest.raises(ConfigError, match=r"invalid YAML at line"):
+        load_params(bad)
+    typed = {"profiles": {"micro": {"model": "micro", "train": {"steps": "many"}}}}
+    with pytest.raises(ConfigError, match=r"profiles.micro.train.steps='many' is invalid: must be an integer"):
+        load_run_config("micro", params=typed)
+    extra = {"profiles": {"micro": {"model": "micro", "trian": {}}}}
+    with pytest.raises(ConfigError, match=r"unknown key\(s\) \['trian'\]"):
+        load_run_config("micro", params=extra)
