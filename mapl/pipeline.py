@@ -71,9 +71,13 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from . import checkpoint
 from . import data as mdata
 from . import train as mtrain
-from .config import PROJECT_ROOT, RunConfig, config_hash
+from .config import PROJECT_ROOT, RunConfig
+from .engine import autocast_ctx, build_optimizers, check_projectors, open_run_data, resolve_data_dir, set_lr
+from .loop import LoopState, NonFiniteError, StepOutcome, train
+from .results import build_results, describe_boundary
 from .link import PROFILES, LinkProfile, StepMeasurement, estimate, get_profile, schedule_ops, step_time
 from .stages import StagedModel, build_staged_model
 from .wire import ByteMeter
@@ -217,53 +221,12 @@ def rank_ckpt_path(ckpt: Path, rank: int, prev: bool = False) -> Path:
     return stem.with_name(f"{stem.name}.rank{rank}{'.prev' if prev else ''}.pt")
 
 
-def _map_split(data_dir: Path, manifest: dict, split: str, verify: bool):
-    """The split's shard: hash-checked (``load_split``) on a host's first process, mapped as is on the
-    others (the first one has checked the same file)."""
-    if verify:
-        return mdata.load_split(data_dir, split)
-    import numpy as np
-    return np.memmap(Path(data_dir) / manifest["splits"][split]["file"],
-                     dtype=np.dtype(manifest["dtype"]).newbyteorder("<"), mode="r")
-
-
-class _ResultsView:
-    """What ``mapl.train._results`` reads from a StagedModel, assembled on rank 0 from every rank:
-    the per-boundary compressors (structure from rank 0's unpruned build; diagnostics from their
-    owners), token-id bytes and the model config."""
-
-    def __init__(self, model_cfg, comps: list, id_bytes: int):
-        self.model = type("M", (), {"cfg": model_cfg})()
-        self._comps, self._id_bytes = comps, id_bytes
-
-    def compressors(self):
-        return self._comps
-
-    def id_bytes_per_token(self) -> int:
-        return self._id_bytes
-
-    def parameters(self):
-        return iter(())              # n_params is filled in from the gathered per-rank counts
-
-
-class _OwnerView:
-    """A compressor as seen from rank 0: structure from its own copy, diagnostics from the owner."""
-
-    def __init__(self, comp, diag: dict):
-        self._comp, self._diag = comp, diag
-
-    def diagnostics(self) -> dict:
-        return self._diag
-
-    def __getattr__(self, name):
-        return getattr(self._comp, name)
-
-
 # ---- the runtime ------------------------------------------------------------------------------
 class _Runtime:
     def __init__(self, cfg: RunConfig, rank: int, world: int, device: torch.device, wire: _Wire, log,
                  timeout_s: float):
         self.cfg, self.rank, self.P, self.device, self.wire, self.log = cfg, rank, world, device, wire, log
+        self.reporter = rank == 0
         self.timeout_s = timeout_s
         t = cfg.train
         self.M, self.mb, self.T = t.micro_batches, t.batch_size // t.micro_batches, t.seq_len
@@ -285,7 +248,7 @@ class _Runtime:
         cfg, rank = self.cfg, self.rank
         if cfg.train.threads or self.device.type == "cpu":
             torch.set_num_threads(cfg.train.threads or 1)
-        self.data_dir = mtrain.resolve_data_dir(cfg)
+        self.data_dir = resolve_data_dir(cfg)
         # rank 0 tokenizes if needed; then the first process of every other host checks (hashes) or
         # builds its copy; everyone else maps the verified shards without hashing them again
         local0 = int(os.environ.get("LOCAL_RANK", rank)) == 0
@@ -297,68 +260,66 @@ class _Runtime:
                 except (ValueError, FileNotFoundError, OSError) as e:
                     err = f"data preparation in {self.data_dir} failed: {e}"
             self.agree(err)
-        self.manifest = mdata.read_manifest(self.data_dir)
-        vocab = int(self.manifest["vocab_size"])
+        err = None
+        try:
+            self.data = open_run_data(cfg, prepare=False)
+        except ValueError as e:
+            err = str(e)
+        self.agree(err)
+        self.manifest, self.train_tok, self.val_batches = self.data.manifest, self.data.train, self.data.val_batches
+        vocab = self.data.vocab_size
         self.cfg = cfg = cfg.validate(vocab)
-        self.chash = config_hash(cfg)
-        self.train_tok = _map_split(self.data_dir, self.manifest, "train", verify=local0)
-        val_tok = _map_split(self.data_dir, self.manifest, "val", verify=local0)
-        t = cfg.train
-        self.val_batches = mdata.eval_batches(val_tok[getattr(t, "eval_offset", 0):], t.eval_batch_size, t.seq_len,
-                                              t.eval_tokens)
 
         sm = build_staged_model(cfg, vocab)
         self.model_cfg = sm.model.cfg
+        self.split = sm.split
         self.global_params = [(n, p.dtype) for n, p in sm.named_parameters()]
-        self.templates = sm.compressors() if rank == 0 else None      # structure for the results (rank 0)
         self.sm: StagedModel = sm.prune_to_stage(rank).to(self.device)
         self.comp_in = sm.boundaries[str(rank - 1)] if rank > 0 else None
         self.comp_out = sm.boundaries[str(rank)] if rank < self.P - 1 else None
         recv_params = list(self.comp_in.parameters()) if self.comp_in is not None else []
         self.excluded = {id(p) for p in recv_params}        # the receiver's copy is optimised by the sender
-        self.opts = mtrain.build_optimizers(sm, cfg, exclude=self.excluded)
+        self.opts = build_optimizers(sm, cfg, exclude=self.excluded)
         gidx = {n: i for i, (n, _) in enumerate(self.global_params)}
         self.owned = [(gidx[n], p) for n, p in sm.named_parameters() if id(p) not in self.excluded]
         self.rg_in = self.comp_in is not None and self.comp_in.receiver_grad_bytes_per_step() > 0
         self.rg_out = self.comp_out is not None and self.comp_out.receiver_grad_bytes_per_step() > 0
         self.meter = ByteMeter()
-        self.state = {"step": 0, "val_curve": [], "train_curve": [], "train_wall": 0.0}
+        self.saved_step: int | None = None
+        self.sync_ok: list = []
         self.timing = {"fwd": [], "bwd": [], "opt": [], "wait": [], "wall": []}
         self._in_dtype = None
         self._dtype_sent = False
         self.ckpt = Path(ckpt) if ckpt else None
-        if self.ckpt is not None:
-            if fresh:
-                for prev in (False, True):
-                    rank_ckpt_path(self.ckpt, rank, prev).unlink(missing_ok=True)
-            self.wire.context = "checkpoint resume"
-            self.resume()
+        self.checkpointing = self.ckpt is not None
+        if self.ckpt is not None and fresh:
+            for prev in (False, True):
+                rank_ckpt_path(self.ckpt, rank, prev).unlink(missing_ok=True)
 
     # -- checkpoints
-    def _peek(self, path: Path) -> int | None:
+    def _peek(self, path: Path, allow_changes: bool) -> dict | None:
         if not path.exists():
             return None
         try:
-            ck = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as e:          # noqa: BLE001 -- a torn/foreign file: the other one may be fine
-            print(f"rank {self.rank}: ignoring unreadable checkpoint {path}: {type(e).__name__}: {str(e)[:120]}",
-                  file=sys.stderr)
+            ck = checkpoint.read(path)
+        except checkpoint.CheckpointError as e:      # a torn/foreign file: the other one may be fine
+            print(f"rank {self.rank}: ignoring checkpoint {path}: {e}", file=sys.stderr)
             return None
-        if not isinstance(ck, dict) or ck.get("format") != "mapl-checkpoint-v1":
-            raise ValueError(f"checkpoint {path} is not a mapl checkpoint (format mapl-checkpoint-v1)")
-        if ck["config_hash"] != self.chash:
-            raise ValueError(f"checkpoint {path} was written by another config (hash {ck['config_hash']}, this "
-                             f"run {self.chash}); use another --ckpt path, --fresh, or delete it")
-        return int(ck["state"]["step"])
+        checkpoint.resume_changes(ck, path, self.cfg, allow_changes)      # refuses another config here
+        return ck
 
-    def resume(self) -> None:
+    def resume(self, allow_changes: bool = False) -> LoopState | None:
+        """The newest step every rank has a checkpoint of (current or previous file), or None."""
+        if self.ckpt is None:
+            return None
+        self.wire.context = "checkpoint resume"
         err, have = None, {}
         try:
             for prev in (False, True):
                 path = rank_ckpt_path(self.ckpt, self.rank, prev)
-                step = self._peek(path)
-                if step is not None and step not in have:
-                    have[step] = path
+                ck = self._peek(path, allow_changes)
+                if ck is not None and checkpoint.checkpoint_step(ck) not in have:
+                    have[checkpoint.checkpoint_step(ck)] = (path, ck)
         except ValueError as e:
             err = str(e)
         self.agree(err)
@@ -368,18 +329,31 @@ class _Runtime:
             if any(all_have):
                 self.agree(f"per-rank checkpoints {self.ckpt} have no step in common (steps per rank: "
                            f"{all_have}); delete them or rerun with --fresh")
-            return
-        step = max(common)
-        self.state = mtrain._load_checkpoint(have[step], self.chash, self.sm, self.opts, self.meter)
+            return None
+        path, ck = have[max(common)]
+        state = checkpoint.restore(ck, path, self.cfg, self.sm, self.opts, self.meter, allow_changes)
+        self.saved_step = state.step
         if self.rank == 0:
             self.log(f"resumed {self.P} per-rank checkpoints {rank_ckpt_path(self.ckpt, 0).name.replace('rank0', 'rank*')} "
-                     f"at step {self.state['step']}")
+                     f"at step {state.step}")
+        return state
 
-    def save(self) -> None:
+    def save(self, state: LoopState) -> None:
+        """Every rank checks its values finite first; all write, or none does (the same step on disk)."""
+        self.wire.context = f"checkpoint after step {state.step}"
+        bad = checkpoint.first_nonfinite(self.sm, self.opts)
+        errs = self.wire.gather_object(bad, "checkpoint check")
+        culprits = [f"{name} (stage {r})" for r, name in enumerate(errs) if name]
+        if culprits:
+            kept = (f"the per-rank checkpoints keep step {self.saved_step}" if self.saved_step is not None
+                    else "no checkpoint was written")
+            raise NonFiniteError(f"non-finite values in {', '.join(culprits)} after step {state.step}: {kept}; lower "
+                                 "the learning rate and resume with --resume-with-changes")
         path, prev = rank_ckpt_path(self.ckpt, self.rank), rank_ckpt_path(self.ckpt, self.rank, prev=True)
         if path.exists():
             os.replace(path, prev)
-        mtrain._save_checkpoint(path, self.chash, self.sm, self.opts, self.meter, self.state)
+        checkpoint.save(path, cfg=self.cfg, model=self.sm, optimizers=self.opts, meter=self.meter, state=state)
+        self.saved_step = state.step
 
     # -- messages
     def _send_fwd(self, out: torch.Tensor, ids: torch.Tensor | None, meter: ByteMeter | None) -> None:
@@ -417,11 +391,11 @@ class _Runtime:
         return got[:n], ids
 
     # -- one training step
-    def train_step(self, step: int) -> float:
+    def train_step(self, step: int, lr_scale: float, stop_requested=lambda: False) -> StepOutcome:
         cfg, t, sm, rank = self.cfg, self.cfg.train, self.sm, self.rank
         ts = time.time()
         wait0 = self.wire.wait_s
-        mtrain.set_lr(self.opts, mtrain.lr_factor(step, cfg))
+        set_lr(self.opts, lr_scale)
         x = y = None
         if self.first or self.last:
             x, y = mdata.get_batch(self.train_tok, t.batch_size, t.seq_len, t.seed, step)
@@ -431,7 +405,12 @@ class _Runtime:
         kill_rank, kill_step = os.environ.get("MAPL_FAULT_KILL_RANK"), os.environ.get("MAPL_FAULT_KILL_STEP")
         die = kill_rank is not None and int(kill_rank) == rank and int(kill_step or 0) == step
         lead = (self.mb, self.T)
-        saved, loss_sum = {}, 0.0
+        saved = {}
+        loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+        # non-finite values seen by this stage (received message, own output), kept on the device: read
+        # once per step with the all-reduce, so a NaN is located without a host sync per micro-batch
+        bad_in = torch.zeros((), dtype=torch.bool, device=self.device)
+        bad_out = torch.zeros((), dtype=torch.bool, device=self.device)
         fwd_t, bwd_t = [0.0] * self.M, [0.0] * self.M
         for kind, m in schedule_ops(t.schedule, self.P, self.M, rank):
             self.wire.context = f"step {step} ({kind}{m})"
@@ -443,13 +422,15 @@ class _Runtime:
                 t0 = time.perf_counter()
                 if not self.first:
                     z_in = self.comp_in.unpack(payload, self._in_dtype).requires_grad_()
-                with mtrain.autocast_ctx(cfg, self.device):
+                    bad_in |= ~torch.isfinite(z_in).all()
+                with autocast_ctx(cfg, self.device):
                     out = sm.stage_forward(rank, z_in, ids)
                     if self.last:
                         ys = y[m * self.mb:(m + 1) * self.mb]
                         out = F.cross_entropy(out.float().reshape(-1, out.shape[-1]), ys.reshape(-1)) / self.M
+                bad_out |= ~torch.isfinite(out.detach()).all()
                 if self.last:
-                    loss_sum += float(out.detach())
+                    loss_sum += out.detach()
                 else:
                     self._send_fwd(out, ids, self.meter)
                 self.sync_cuda()
@@ -497,11 +478,13 @@ class _Runtime:
         t0 = time.perf_counter()
         # one all-reduce: per-parameter grad norms (in the single-process parameter order) and the loss
         N = len(self.global_params) if t.grad_clip else 0
-        # [norms (N), has-grad flags (N), stop request, loss]: a SIGINT/SIGTERM on any rank rides on the
-        # step's all-reduce, so every rank stops after the same step (no rank waits on a stopped peer)
-        vec = torch.zeros(2 * N + 2, dtype=torch.float64, device=self.device)
-        flag = getattr(self, "stop_flag", None)
-        vec[-2] = 1.0 if flag is not None and flag.stop else 0.0
+        # [norms (N), has-grad flags (N), non-finite codes (P), stop request, loss]: a SIGINT/SIGTERM on any
+        # rank rides on the step's all-reduce, so every rank stops after the same step (no rank waits on a
+        # stopped peer); non-finite code of stage s: 1 = its received message, 2 = its output
+        P = self.P
+        vec = torch.zeros(2 * N + P + 2, dtype=torch.float64, device=self.device)
+        vec[-2] = 1.0 if stop_requested() else 0.0
+        vec[2 * N + rank] = bad_in.to(torch.float64) + 2 * bad_out.to(torch.float64)
         if N:
             have = [(i, p) for i, p in self.owned if p.grad is not None]
             if have:
@@ -516,20 +499,16 @@ class _Runtime:
         self.wire.all_reduce(vec, "grad norms and loss", lat)
         t0 = time.perf_counter()
         loss_sum = float(vec[-1])
-        self.stop_agreed = bool(vec[-2] > 0)
+        stop = bool(vec[-2] > 0)
         if not math.isfinite(loss_sum):
-            raise FloatingPointError(f"non-finite training loss {loss_sum} at step {step}; "
-                                     "the last good checkpoints are kept")
+            return StepOutcome(loss_sum, stop, _nonfinite_place(vec[2 * N:2 * N + P].tolist()))
         if N:
             self._clip(vec, N, t.grad_clip)
         for opt in self.opts:
             opt.step()
             opt.zero_grad(set_to_none=True)
-        if self.comp_out is not None:       # as mapl.train._check_stiefel, for the projector this stage owns
-            for name, prm in self.comp_out.named_parameters():
-                if not torch.isfinite(prm).all():
-                    raise FloatingPointError(f"non-finite projector {name} of boundary {rank} (sender: stage {rank}) "
-                                             f"after the optimizer step of step {step}; the last good checkpoints are kept")
+        if self.comp_out is not None:       # the projector this stage owns
+            check_projectors({rank: self.comp_out}, step)
         self.sync_cuda()
         opt_t += time.perf_counter() - t0
         self._sync_state()
@@ -539,7 +518,7 @@ class _Runtime:
         self.timing["opt"].append(opt_t)
         self.timing["wait"].append(self.wire.wait_s - wait0)
         self.timing["wall"].append(time.time() - ts)
-        return loss_sum
+        return StepOutcome(loss_sum, stop)
 
     def _clip(self, vec: torch.Tensor, N: int, max_norm: float) -> None:
         """Global-norm clipping, reproducing ``clip_grad_norm_`` over the whole model: the same
@@ -558,7 +537,7 @@ class _Runtime:
     @torch.no_grad()
     def _sync_state(self) -> None:
         """After the optimizer step: learned state (projector A) from the sender to the receiver's copy."""
-        self.wire.context = f"step {self.state['step']} (state sync)"
+        self.wire.context = "state sync"
         if self.comp_out is not None:
             payload = self.comp_out.sync_payload()
             if payload:
@@ -576,9 +555,9 @@ class _Runtime:
                     got = [g + 1e-3 for g in got]
                 self.comp_in.apply_sync({k: v.clone() for k, v in zip(keys, got)})
 
-    def check_sync(self) -> list[bool]:
+    def check_sync(self, step: int) -> list[bool]:
         """Compare each boundary's shared-state checksum between sender and receiver."""
-        self.wire.context = f"checksum after step {self.state['step']}"
+        self.wire.context = f"checksum after step {step}"
         if self.comp_out is not None:
             self.wire.send([torch.tensor([self.comp_out.checksum()], dtype=torch.int64)], self.rank + 1, TAG_CHECK,
                            "state checksum")
@@ -590,20 +569,29 @@ class _Runtime:
         return [o for o in self.wire.gather_object(ok, "checksums")[1:]]
 
     # -- evaluation: the same wire, forward only, eval mode (no compressor state updates)
+    def evaluate(self, step: int) -> float:
+        """The validation loss (global), then the sender/receiver state checksums (warning on mismatch)."""
+        val = self._validation_loss(step)
+        self.sync_ok = self.check_sync(step)
+        if not all(self.sync_ok):
+            self.log(f"warning: shared state differs between sender and receiver at boundaries "
+                     f"{[p for p, ok in enumerate(self.sync_ok) if not ok]} (checksum)", file=sys.stderr)
+        return val
+
     @torch.no_grad()
-    def evaluate(self) -> float:
+    def _validation_loss(self, step: int) -> float:
         sm, rank = self.sm, self.rank
         was = sm.training
         sm.eval()
         total = 0.0
         for i, (x, y) in enumerate(self.val_batches):
-            self.wire.context = f"evaluation after step {self.state['step']} (batch {i})"
+            self.wire.context = f"evaluation after step {step} (batch {i})"
             lead = tuple(x.shape)
             ids, z_in = (x.to(self.device) if self.first else None), None
             if not self.first:
                 payload, ids = self._recv_fwd(lead)
                 z_in = self.comp_in.unpack(payload, self._in_dtype)
-            with mtrain.autocast_ctx(self.cfg, self.device):
+            with autocast_ctx(self.cfg, self.device):
                 out = sm.stage_forward(rank, z_in, ids)
             if self.last:
                 total += float(F.cross_entropy(out.float().reshape(-1, out.shape[-1]), y.to(self.device).reshape(-1)))
@@ -616,8 +604,8 @@ class _Runtime:
         return float(self.wire.all_reduce(vec, "validation loss")[0])
 
     # -- results (gathered to rank 0)
-    def measurement(self, merged: ByteMeter, timings: list[dict]) -> StepMeasurement:
-        steps, M, P = max(1, self.state["step"]), self.M, self.P
+    def measurement(self, merged: ByteMeter, timings: list[dict], steps: int) -> StepMeasurement:
+        steps, M, P = max(1, steps), self.M, self.P
 
         def mean_rows(rows):     # mean over measured steps, dropping the first (warm-up) when we can
             rows = rows[1:] if len(rows) > 1 else rows
@@ -637,11 +625,15 @@ class _Runtime:
                                [merged.total("state", "fwd", p) / steps for p in range(P - 1)],
                                [merged.total("state", "bwd", p) / steps for p in range(P - 1)], collective=True)
 
-    def results(self, wall: float, info: dict, sync_ok: list) -> dict | None:
-        diag = self.comp_out.diagnostics() if self.comp_out is not None else None
-        n_owned = sum(p.numel() for _, p in self.owned)
-        mine = {"meter": self.meter.state_dict(), "timing": self.timing, "diag": diag, "n_params": n_owned,
-                "pid": os.getpid(), "host": socket.gethostname()}
+    def results(self, state: LoopState, wall_s: float) -> dict | None:
+        """Every rank contributes plain data (its meter, timings, the boundary it sends on); rank 0
+        builds the results dict."""
+        if not self.sync_ok:
+            self.sync_ok = self.check_sync(state.step)
+        mine = {"meter": self.meter.state_dict(), "timing": self.timing,
+                "boundary": (describe_boundary(self.comp_out, self.rank, self.cfg, self.sm.id_bytes_per_token())
+                             if self.comp_out is not None else None),
+                "n_params": sum(p.numel() for _, p in self.owned), "pid": os.getpid(), "host": socket.gethostname()}
         everyone = self.wire.gather_object(mine, "results")
         if self.rank != 0:
             return None
@@ -651,30 +643,28 @@ class _Runtime:
                 merged.add(b, d, k, v)
             for b, d, v in r["meter"]["tokens"]:
                 merged.tokens[(b, d)] += v
-        comps = [_OwnerView(c, everyone[p]["diag"]) for p, c in enumerate(self.templates)]
-        id_bytes = self.sm.id_bytes_per_token()
-        view = _ResultsView(self.model_cfg, comps, id_bytes)
-        res = mtrain._results(self.cfg, view, merged, self.state, self.manifest, wall)
-        res["n_params"] = sum(r["n_params"] for r in everyone)
+        boundaries = [r["boundary"] for r in everyone[:-1]]
+        res = build_results(self.cfg, state, boundaries, merged, d_model=self.model_cfg.d_model,
+                            id_bytes_per_token=self.sm.id_bytes_per_token(),
+                            n_params=sum(r["n_params"] for r in everyone), manifest=self.manifest, wall_s=wall_s)
         res["runtime"] = "multiprocess"
         res["schedule"] = self.cfg.train.schedule
-        steps, t = max(1, self.state["step"]), self.cfg.train
-        mb_shape = (self.mb, self.T)
-        per_boundary_declared = {
-            f"boundary{p}": {k: v / steps for k, v in mtrain._declared_bytes(_ResultsView(self.model_cfg, [c], id_bytes),
-                                                                             t.batch_size * t.seq_len, t.micro_batches,
-                                                                             mb_shape, steps).items()}
-            for p, c in enumerate(comps)}
+        res["pipeline"] = self._pipeline_section(everyone, merged, boundaries, state.step)
+        return res
+
+    def _pipeline_section(self, everyone: list[dict], merged: ByteMeter, boundaries: list[dict], steps: int) -> dict:
+        steps = max(1, steps)
         per_boundary = {b: {d: {k: v / steps for k, v in kinds.items()} for d, kinds in dirs.items()}
                         for b, dirs in merged.summary().items()}
-        meas = self.measurement(merged, [r["timing"] for r in everyone])
         timings = [r["timing"] for r in everyone]
+        meas = self.measurement(merged, timings, steps)
         n_meas = [max(0, len(tm["wall"]) - 1) if len(tm["wall"]) > 1 else len(tm["wall"]) for tm in timings]
 
         def mean(xs):
             xs = xs[1:] if len(xs) > 1 else xs
             return sum(xs) / len(xs) if xs else None
 
+        info = self.info
         pipe = {
             "schedule": self.cfg.train.schedule, "processes": self.P, "backend": info["backend"],
             "launcher": info["launcher"], "pids": [r["pid"] for r in everyone], "hosts": [r["host"] for r in everyone],
@@ -683,17 +673,29 @@ class _Runtime:
             "stage_opt_s_per_step": meas.opt_s,
             "stage_wait_s_per_step": [mean(tm["wait"]) for tm in timings],
             "step_wall_s": mean(timings[0]["wall"]), "timed_steps": n_meas[0],
-            "bytes_per_step": per_boundary, "declared_bytes_per_step": per_boundary_declared,
+            "bytes_per_step": per_boundary,
+            "declared_bytes_per_step": {f"boundary{b['boundary']}": b["declared_per_step"] for b in boundaries},
             "timing": meas.to_dict(),
             "link_estimates": estimate(meas, PROFILES),
-            "state_checksum_match": sync_ok,
+            "state_checksum_match": self.sync_ok,
         }
         if self.wire.link is not None:
             lk = self.wire.link
             pipe["link_delay"] = {"profile": lk.name, "bandwidth_bps": lk.bandwidth_bps, "latency_s": lk.latency_s,
                                   "measured_step_s": pipe["step_wall_s"], "model_step_s": step_time(meas, lk)}
-        res["pipeline"] = pipe
-        return res
+        return pipe
+
+
+def _nonfinite_place(codes: list[float]) -> str:
+    """The first place holding a non-finite value, from the per-stage codes (1: received message, 2: output)."""
+    last = len(codes) - 1
+    for s, code in enumerate(codes):
+        code = int(code)
+        if code & 1:
+            return f"boundary {s - 1} message after the wire (received by stage {s})"
+        if code & 2:
+            return f"stage {s} output (boundary {s}, before the wire)" if s < last else f"stage {s} loss"
+    return "the loss only (activations finite)"
 
 
 def _inject_fault(rank: int, step: int) -> None:
@@ -710,69 +712,24 @@ def _inject_fault(rank: int, step: int) -> None:
 def run_pipeline(cfg: RunConfig, rank: int, world: int, device: torch.device, *, out: Path | None = None,
                  ckpt: Path | None = None, fresh: bool = False, progress: bool = True, log=print,
                  timeout_s: float = DEFAULT_TIMEOUT_S, link_delay: LinkProfile | None = None,
-                 info: dict | None = None) -> dict | None:
+                 info: dict | None = None, resume_with_changes: bool = False) -> dict | None:
     """Train ``cfg`` as stage ``rank`` of ``world`` (process group already initialised). Rank 0 returns
     the results dict (and writes ``out``); the other ranks return None."""
-    t0 = time.time()
+    started = time.time()
     cfg.validate()                       # everything that does not need the tokenizer, before data is touched
     if world != cfg.stages:
         raise ValueError(f"stages={cfg.stages} but {world} process(es) were started: mapl.pipeline runs one "
                          f"process per stage")
     wire = _Wire(rank, device, timeout_s, link_delay)
     rt = _Runtime(cfg, rank, world, device, wire, log if rank == 0 else (lambda *a, **k: None), timeout_s)
+    rt.info = info or {"backend": dist.get_backend(), "launcher": None}
     rt.setup(ckpt, fresh)
-    cfg, t = rt.cfg, rt.cfg.train
+    state = rt.resume(resume_with_changes)
+    t = rt.cfg.train
     if rank == 0:
-        log(f"{cfg.name()}: {world} processes, backend {info.get('backend') if info else dist.get_backend()}, "
-            f"schedule {t.schedule}, {t.micro_batches} micro-batches"
-            + (f", link delay {link_delay.name}" if link_delay else ""))
-    from tqdm.auto import tqdm
-    bar = tqdm(total=t.steps, initial=rt.state["step"], disable=not (progress and rank == 0), desc=cfg.name(), leave=False)
-    sync_ok: list = []
-    with mtrain._StopFlag() as stop_flag:
-        rt.stop_flag = stop_flag
-        sync_ok = _train_loop(rt, cfg, t, bar, sync_ok)
-    bar.close()
-    if rt.ckpt:
-        rt.save()
-    if not sync_ok:
-        sync_ok = rt.check_sync()
-    res = rt.results(time.time() - t0, info or {"backend": dist.get_backend(), "launcher": None}, sync_ok)
-    if rank == 0 and out:
-        mtrain.atomic_write_json(out, res)
-    return res
-
-
-def _train_loop(rt, cfg, t, bar, sync_ok: list) -> list:
-    """Steps until the budget is spent or every rank agreed to stop (a signal on any rank): then the
-    per-rank checkpoints are written atomically and KeyboardInterrupt ends the run (exit 130)."""
-    while rt.state["step"] < t.steps:
-        step = rt.state["step"]
-        ts = time.time()
-        loss = rt.train_step(step)
-        rt.state["step"] = step + 1
-        rt.state["train_wall"] += time.time() - ts
-        rt.state["train_curve"].append([step + 1, loss])
-        bar.update(1)
-        bar.set_postfix(loss=f"{loss:.3f}")
-        if rt.state["step"] % t.eval_every == 0 or rt.state["step"] == t.steps:
-            vl = rt.evaluate()
-            if not math.isfinite(vl):
-                raise FloatingPointError(f"non-finite validation loss at step {rt.state['step']}")
-            rt.state["val_curve"].append([rt.state["step"], vl])
-            rt.log(f"{cfg.name()} step {rt.state['step']}/{t.steps} train {loss:.4f} val {vl:.4f}")
-            sync_ok = rt.check_sync()
-            if not all(sync_ok):
-                rt.log(f"warning: shared state differs between sender and receiver at boundaries "
-                       f"{[p for p, ok in enumerate(sync_ok) if not ok]} (checksum)", file=sys.stderr)
-        if rt.ckpt and (rt.state["step"] % t.checkpoint_every == 0 or getattr(rt, "stop_agreed", False)):
-            rt.save()
-        if getattr(rt, "stop_agreed", False):
-            bar.close()
-            rt.log(f"interrupted at step {rt.state['step']}: per-rank checkpoints written; rerun the same "
-                   "command to resume", file=sys.stderr)
-            raise KeyboardInterrupt(f"stopped by signal at step {rt.state['step']}")
-    return sync_ok
+        log(f"{rt.cfg.name()}: {world} processes, backend {rt.info.get('backend')}, schedule {t.schedule}, "
+            f"{t.micro_batches} micro-batches" + (f", link delay {link_delay.name}" if link_delay else ""))
+    return train(rt, state, out=out if rank == 0 else None, log=rt.log, progress=progress, started=started)
 
 
 # ---- CLI --------------------------------------------------------------------------------------
@@ -837,13 +794,17 @@ def main(argv=None) -> int:
     info = {"backend": backend, "launcher": launcher, "distributed_type": str(acc.distributed_type)}
     try:
         res = run_pipeline(cfg, rank, world, device, out=out, ckpt=ckpt, fresh=args.fresh,
-                           progress=not args.no_progress, timeout_s=extra.timeout, link_delay=link, info=info)
+                           progress=not args.no_progress, timeout_s=extra.timeout, link_delay=link, info=info,
+                           resume_with_changes=args.resume_with_changes)
     except CommError as e:
         print(f"error: rank {rank} (stage {rank}): {e}", file=sys.stderr)
         _exit(3)
     except (ValueError, FileNotFoundError, FloatingPointError) as e:
         print(f"error: rank {rank}: {e}", file=sys.stderr)
         _exit(2)
+    except KeyboardInterrupt as e:      # a graceful stop: every rank agreed, checkpoints are written
+        print(f"rank {rank}: {e}", file=sys.stderr)
+        _exit(130)
     except BaseException as e:          # noqa: BLE001 -- never hang in teardown after a failure
         traceback.print_exc()
         print(f"error: rank {rank}: {type(e).__name__}: {e}", file=sys.stderr)
