@@ -23,7 +23,7 @@ A row holds, from one results JSON:
 * ``lr_muon``, ``lr_embed``, ``lr_head``, ``proj_lr_mult`` (the tuning table), ``ortho_max_err``,
   ``boundary_diagnostics``
 
-Configs written before the nested ``compressor.rvq.*`` / ``compressor.spel.*`` keys are read too
+Configs written before the nested ``compressor.rvq.*`` / ``compressor.projector.*`` keys are read too
 (``compressor.rvq_sync``, ``compressor.proj_lr_mult``).
 """
 from __future__ import annotations
@@ -136,7 +136,7 @@ def row_from_result(res: dict, group: str = "") -> dict:
         "state_bytes_per_token": _per_token(res, "state"), "sync_bytes_per_token": _per_token(res, "piggyback"),
         "lr_muon": _get(cfg, "train.lr_muon"), "lr_embed": _get(cfg, "train.lr_embed"),
         "lr_head": _get(cfg, "train.lr_head"),
-        "proj_lr_mult": _get(cfg, "compressor.spel.lr_mult", "compressor.proj_lr_mult"),
+        "proj_lr_mult": _get(cfg, "compressor.projector.lr_mult", "compressor.proj_lr_mult"),
         "ortho_max_err": res.get("ortho_max_err"), "boundary_diagnostics": res.get("boundary_diagnostics") or [],
     }
 
