@@ -98,8 +98,8 @@ def markdown(bench: dict) -> str:
              "Measured: mean step time of the real-delay run (first step dropped). Predicted: mapl.costmodel from the "
              "run's measured compute, compressor-declared bytes and the link. Comm: the share of the predicted step "
              f"that the link adds. Largest |error|: {_pct(bench['max_abs_error'])} over all cells; "
-             f"{_pct(bench['max_abs_error_comm25'])} where comm >= 25% (goal 15%). Load average before/after: "
-             f"{bench['load_before']} / {bench['load_after']} (2 cores, shared).", "",
+             f"{_pct(bench['max_abs_error_comm25'])} where comm >= 25% (goal 15%). Load average (1, 5, 15 min) before: "
+             f"{bench['load_before']}; after: {bench['load_after']} (2 cores, shared).", "",
              "| d | method | Mbit/s | latency (ms) | measured (s) | predicted (s) | error | comm | bytes = meter |",
              "|---|---|---|---|---|---|---|---|---|"]
     for c in bench["cells"]:
@@ -129,7 +129,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out-json", type=Path, default=ROOT / "reports" / "bench" / "costmodel-validation.json")
     ap.add_argument("--out-md", type=Path, default=ROOT / "reports" / "tables" / "costmodel-validation.md")
     args = ap.parse_args(argv)
-    load_before = " / ".join(f"{x:.2f}" for x in os.getloadavg())
+    load_before = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     cells, t0 = [], time.time()
     with tempfile.TemporaryDirectory(prefix="mapl-bench-costmodel-") as tmp:
         for w, method, ratio, bw, lat in grid(args):
@@ -142,7 +142,7 @@ def main(argv=None) -> int:
     bench = {"stages": args.stages, "layers": args.layers, "schedule": args.schedule,
              "micro_batches": args.micro_batches, "micro_batch_size": args.micro_batch_size, "seq_len": args.seq_len,
              "steps": args.steps, "runtime": "mapl.pipeline --link-delay", "load_before": load_before,
-             "load_after": " / ".join(f"{x:.2f}" for x in os.getloadavg()), "wall_s": time.time() - t0, "cells": cells,
+             "load_after": ", ".join(f"{x:.2f}" for x in os.getloadavg()), "wall_s": time.time() - t0, "cells": cells,
              "max_abs_error": max(abs(c["error"]) for c in cells), "max_abs_error_comm25": max(comm) if comm else None}
     atomic_write_json(args.out_json, bench)
     args.out_md.parent.mkdir(parents=True, exist_ok=True)

@@ -179,7 +179,7 @@ def markdown(bench: dict) -> str:
              f"{bench['mmap_threshold']} so that freed tensors leave RSS at once; `:heap` rows use glibc's default "
              f"malloc, whose heap keeps freed memory (what a plain process shows). Setup peak: the full-model "
              f"build every rank does before pruning to its stage. Largest |error| (rows without `:heap`): "
-             f"{100 * bench['max_abs_error']:.1f}% (target 20%). Load average before: {bench['load_before']} "
+             f"{100 * bench['max_abs_error']:.1f}% (target 20%). Load average (1, 5, 15 min) before: {bench['load_before']} "
              f"(2 cores).", "",
              "| case | stage | layers | alive | plan (MiB) | measured (MiB) | error | setup peak (MiB) |",
              "|---|---|---|---|---|---|---|---|"]
@@ -226,7 +226,7 @@ def main(argv=None) -> int:
                                                                     cases[-1]["stages"]), file=sys.stderr)
     bench = {"model": "150M", "vocab_size": VOCAB, "stages": args.stages, "steps": args.steps, "seq_len": args.seq_len,
              "micro_batches": args.micro_batches, "micro_batch_size": args.micro_batch_size,
-             "load_before": " / ".join(f"{x:.2f}" for x in load), "cases": cases,
+             "load_before": ", ".join(f"{x:.2f}" for x in load), "cases": cases,
              "mmap_threshold": args.mmap_threshold,
              "max_abs_error": max(abs(r["error"]) for c in cases if not c["case"].endswith(":heap")
                                   for r in c["stages"])}

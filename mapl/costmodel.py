@@ -34,7 +34,7 @@ import torch
 from .config import RunConfig
 
 __all__ = ["GPUSpec", "H100", "H200", "DEFAULT_MFU", "StageCompute", "BoundaryBytes", "Case", "Prediction",
-           "stage_flops", "flop_compute", "measured_compute", "boundary_bytes", "build_case",
+           "stage_flops", "flop_compute", "measured_compute", "boundary_bytes", "wire_ratio", "build_case",
            "simulate_inbound", "gpu_hours", "format_gpu_hours"]
 
 DEFAULT_MFU = 0.35        # kernel-level fraction of peak while a stage computes (bubbles are modelled apart)
@@ -177,6 +177,16 @@ def boundary_bytes(cfg: RunConfig, vocab_size: int | None = None) -> list[Bounda
     return out
 
 
+def wire_ratio(cfg: RunConfig, vocab_size: int | None = None) -> float:
+    """Compression ratio on the wire as the results report it: bf16 d per token over the forward data
+    bytes per token the compressor declares (token ids and synced state apart)."""
+    mc = cfg.model_config(vocab_size)
+    sm, _ = _meta_model(cfg.validate(mc.vocab_size), mc.vocab_size)
+    if cfg.stages < 2:
+        return 1.0
+    return 2 * mc.d_model / sm.boundaries["0"].wire_bytes_per_token("fwd")
+
+
 @dataclass
 class Case:
     """One run's step, ready to replay on any link."""
@@ -205,6 +215,12 @@ class Case:
 
     def with_compute(self, compute: StageCompute) -> "Case":
         return replace(self, compute=compute)
+
+    def scaled(self, k: float) -> "Case":
+        """The same case with every compute time x k (e.g. another MFU: k = mfu / mfu')."""
+        c = self.compute
+        return self.with_compute(StageCompute([[x * k for x in r] for r in c.fwd_s], [[x * k for x in r] for r in c.bwd_s],
+                                              [x * k for x in c.opt_s], f"{c.source} x {k:g}"))
 
 
 def _link_measurement(case: Case):

@@ -23,9 +23,9 @@ from typing import Callable, Iterable, Sequence
 
 from .config import METHODS
 
-__all__ = ["LOSS_FITS", "load_runs", "steps_to_target", "steps_ratios", "ratio_trend", "ratio_from_penalty",
+__all__ = ["LOSS_FITS", "load_runs", "main_model_runs", "steps_to_target", "steps_ratios", "ratio_trend", "ratio_from_penalty",
            "paper_steps_ratios", "time_to_target_rows", "crossover_bandwidth", "crossover_interval",
-           "speedup_grid", "validated_error"]
+           "speedup_grid", "validated_error", "ratio_key"]
 
 LOSS_FITS = {
     "chinchilla": {"B": 410.7, "beta": 0.28, "source": "Hoffmann et al. 2022, approach 3"},
@@ -63,8 +63,22 @@ def load_runs(results_dir: str | Path, groups: Iterable[str] | None = None) -> l
     return runs
 
 
+def ratio_key(method: str, ratio: float) -> tuple[str, float]:
+    """(method, effective wire ratio rounded to 3 decimals): how runs and measured steps are matched."""
+    return (method, 1.0 if method == "none" else round(float(ratio), 3))
+
+
+def main_model_runs(runs: Sequence[dict]) -> list[dict]:
+    """The runs of the model with the most runs (a profile's main model; scaling runs are left out)."""
+    counts = defaultdict(int)
+    for r in runs:
+        counts[r["model"]] += 1
+    main = min(counts, key=lambda m: (-counts[m], m)) if counts else None
+    return [r for r in runs if r["model"] == main]
+
+
 def _key(r: dict) -> tuple:
-    return (r["method"], 1.0 if r["method"] == "none" else r["ratio"])
+    return ratio_key(r["method"], r["ratio"])
 
 
 def steps_ratios(runs: Sequence[dict], target_pct: float = 2.0) -> list[dict]:
@@ -129,7 +143,8 @@ def paper_steps_ratios(scale: str, stages: int = 4, tokens: float | None = None)
             continue
         delta = base * e["delta_pct"] / 100            # the paper's percentages come from unrounded losses
         rs = [ratio_from_penalty(delta, tokens, f) for f in LOSS_FITS]
-        out[e["method"]] = {"low": min(rs), "high": max(rs), "delta": delta, "ratio": e["ratio"]}
+        out[e["method"]] = {"low": min(rs), "high": max(rs), "delta": delta, "ratio": e["ratio"],
+                            "proj_ratio": e["proj_ratio"]}
     return out
 
 
@@ -157,19 +172,18 @@ def time_to_target_rows(runs: Sequence[dict], cases: dict, bandwidths: Sequence[
 
 
 def crossover_bandwidth(time_a: Callable[[float], float], time_b: Callable[[float], float],
-                        lo: float = 1e6, hi: float = 1e12, iters: int = 80) -> float | None:
-    """Bandwidth (bit/s) at which ``time_a(bw) == time_b(bw)`` (bisection in log bandwidth), or None if
-    the sign of the difference is the same at both ends."""
+                        lo: float = 1e5, hi: float = 1e12, iters: int = 50) -> float:
+    """Bandwidth (bit/s) below which ``a`` is faster (``time_a < time_b``), by bisection in log bandwidth:
+    ``math.inf`` if a is faster at both ends of [lo, hi], 0.0 if it is slower at both; if a is faster only
+    at the high end, the bandwidth *above* which it is faster (``crossover_side`` tells which)."""
     f = lambda bw: time_a(bw) - time_b(bw)           # noqa: E731
     flo, fhi = f(lo), f(hi)
-    if flo == 0:
-        return lo
-    if (flo > 0) == (fhi > 0):
-        return None
+    if (flo < 0) == (fhi < 0):
+        return math.inf if flo < 0 else 0.0
     a, b = math.log(lo), math.log(hi)
     for _ in range(iters):
         mid = (a + b) / 2
-        if (f(math.exp(mid)) > 0) == (flo > 0):
+        if (f(math.exp(mid)) < 0) == (flo < 0):
             a = mid
         else:
             b = mid
@@ -178,15 +192,14 @@ def crossover_bandwidth(time_a: Callable[[float], float], time_b: Callable[[floa
 
 def crossover_interval(step_a, steps_a: tuple[float, float], step_b, steps_b: tuple[float, float],
                        rel_err: float, **kw) -> dict:
-    """Crossover of method a against b with its uncertainty: the step-time model's relative error applied
-    against a and for b (and vice versa), and each side's steps range (low, high)."""
+    """Crossover of method a against b (see :func:`crossover_bandwidth`) with its uncertainty: the
+    step-time model's relative error applied against a and for b (and the reverse), with each side's
+    steps range (low, high). ``low``/``high`` bracket ``mid``."""
     def cross(ka, kb, na, nb):
         return crossover_bandwidth(lambda bw: na * ka * step_a(bw), lambda bw: nb * kb * step_b(bw), **kw)
     mid = cross(1, 1, sum(steps_a) / 2, sum(steps_b) / 2)
-    worst = cross(1 + rel_err, 1 - rel_err, steps_a[1], steps_b[0])
-    best = cross(1 - rel_err, 1 + rel_err, steps_a[0], steps_b[1])
-    known = [x for x in (worst, best) if x is not None]
-    return {"mid": mid, "low": min(known) if known else None, "high": max(known) if known else None}
+    ends = [cross(1 + rel_err, 1 - rel_err, steps_a[1], steps_b[0]), cross(1 - rel_err, 1 + rel_err, steps_a[0], steps_b[1])]
+    return {"mid": mid, "low": min(ends + [mid]), "high": max(ends + [mid])}
 
 
 def speedup_grid(cases: dict, steps: dict, bandwidths: Sequence[float], latencies: Sequence[float],

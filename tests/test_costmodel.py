@@ -130,10 +130,15 @@ def test_wall_clock_list_scheduling():
 
 def test_crossover_bandwidth():
     # a: 1 + 8/bw, b: 2 + 1/bw -> equal at bw = 7; a is faster above
-    assert crossover_bandwidth(lambda b: 1 + 8 / b, lambda b: 2 + 1 / b, lo=1, hi=1e3) == pytest.approx(7, rel=1e-9)
-    assert crossover_bandwidth(lambda b: 1.0, lambda b: 2.0, lo=1, hi=1e3) is None
-    iv = crossover_interval(lambda b: 1 + 8 / b, (1, 1), lambda b: 2 + 1 / b, (1, 1), 0.0, lo=1, hi=1e3)
+    # a: 2 + 1/bw, b: 1 + 8/bw -> equal at bw = 7; a is faster below
+    assert crossover_bandwidth(lambda b: 2 + 1 / b, lambda b: 1 + 8 / b, lo=1, hi=1e3) == pytest.approx(7, rel=1e-9)
+    assert crossover_bandwidth(lambda b: 1.0, lambda b: 2.0, lo=1, hi=1e3) == math.inf
+    assert crossover_bandwidth(lambda b: 2.0, lambda b: 1.0, lo=1, hi=1e3) == 0.0
+    iv = crossover_interval(lambda b: 2 + 1 / b, (1, 1), lambda b: 1 + 8 / b, (1, 1), 0.0, lo=1, hi=1e3)
     assert iv["mid"] == pytest.approx(7) and iv["low"] == pytest.approx(7) and iv["high"] == pytest.approx(7)
+    # 10% error either way: a x 1.1 vs b x 0.9 -> bw = 6.1/1.3; a x 0.9 vs b x 1.1 -> bw = 7.9/0.7
+    iv = crossover_interval(lambda b: 2 + 1 / b, (1, 1), lambda b: 1 + 8 / b, (1, 1), 0.1, lo=1, hi=1e3)
+    assert iv["low"] == pytest.approx(6.1 / 1.3) and iv["high"] == pytest.approx(7.9 / 0.7)
 
 
 def test_ratio_from_penalty():
@@ -152,3 +157,29 @@ def test_steps_ratios_pair_seeds_and_mark_censored():
     (r,) = steps_ratios(runs, target_pct=2.0)
     assert r["seeds"] == 2 and r["censored"] == 1
     assert r["min"] == pytest.approx(1.5) and r["max"] == pytest.approx(1.5)     # seed 1: lower bound 300/200
+
+
+def test_bench_cases_reproduce_the_runtime_clock():
+    """Compressor-declared bytes equal the benchmark's metered bytes, so the step times are the runtime's."""
+    import json
+    from pathlib import Path
+    from mapl.link import step_time
+    from mapl.planner_views import bench_cases
+    path = Path(__file__).resolve().parents[1] / "reports" / "bench" / "pipeline.json"
+    if not path.exists():
+        pytest.skip("no committed pipeline benchmark")
+    cases = bench_cases(path, "cpu")
+    link = LinkProfile("x", 30e6, 0.01)
+    for e in json.loads(path.read_text())["methods"]:
+        meas = StepMeasurement(**e["timing"])
+        case = next(c for (m, r), c in cases.items() if m == e["method"] and r == round(e["ratio"], 3))
+        assert case.step_time(link) == pytest.approx(step_time(meas, link), rel=1e-12)
+
+
+def test_peer_inbound_clock_reproduces_published_step_times():
+    from mapl.peer import PEER, peer_comparison
+    res = peer_comparison()
+    for m, spec in PEER["runs"].items():
+        assert res["methods"][m]["theirs_step_s"] == pytest.approx(spec["step_s"], rel=0.03)
+    assert res["methods"]["ssn"]["bytes_per_token_fwd"] == 322.0          # 160 bf16 coordinates + an int16 id
+    assert res["speedup_theirs"] == pytest.approx(PEER["speedup"], rel=0.03)
