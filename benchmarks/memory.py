@@ -192,6 +192,35 @@ def markdown(bench: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def paper_table() -> str:
+    """The plan at the paper's shapes (bf16, 32 micro-batches of 16 x 2048 tokens, P = 4): the peak stage per
+    model, schedule and activation checkpointing, against one H200 (139.8 GiB) and one H100 (79.6 GiB)."""
+    from mapl.memory import check_plan
+    lines = ["# Memory plan at the paper's shapes (bf16 autocast, fp32 residual; P = 4; 32 micro-batches of "
+             "16 x 2048 tokens; MAPL at the paper's ratio)", "",
+             "Peak stage per configuration (`python -m mapl.memory --profile paper --model M --schedule S "
+             "[--checkpointing]`). Fits: after a 10% reserve.", "",
+             "| model | schedule | checkpointing | peak stage | activations | head | total (GiB) | H100 80 GB | H200 |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    ratio = {"150M": 4, "500M": 6, "1B": 8}
+    for model in ("150M", "500M", "1B"):
+        for schedule, ckpt in (("gpipe", False), ("1f1b", False), ("1f1b", True)):
+            cfg = load_run_config("paper", {"model": model, "method": "mapl", "ratio": ratio[model],
+                                            "train.schedule": schedule})
+            plan = memory_plan(cfg, device="cuda", checkpointing=ckpt)
+            st = plan.peak
+            fits = []
+            for gib in (79.6, 139.8):
+                try:
+                    check_plan(plan, gib * GiB)
+                    fits.append("fits")
+                except ValueError:
+                    fits.append("no")
+            lines.append(f"| {model} | {schedule} | {'on' if ckpt else 'off'} | {st.stage} | {st.activations / GiB:.1f} | "
+                         f"{st.head / GiB:.1f} | {st.total / GiB:.1f} | {fits[0]} | {fits[1]} |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python benchmarks/memory.py", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -208,7 +237,14 @@ def main(argv=None) -> int:
                          "once, so RSS follows live tensors; 0: glibc's default, whose heap keeps freed memory)")
     ap.add_argument("--out-json", type=Path, default=ROOT / "reports" / "bench" / "memory-plan.json")
     ap.add_argument("--out-md", type=Path, default=ROOT / "reports" / "tables" / "memory-plan.md")
+    ap.add_argument("--paper-table", action="store_true",
+                    help="only write the plan at the paper's shapes (reports/tables/memory-plan-paper.md; no runs)")
     args = ap.parse_args(argv)
+    if args.paper_table:
+        text = paper_table()
+        (ROOT / "reports" / "tables" / "memory-plan-paper.md").write_text(text)
+        print(text)
+        return 0
     if args.worker:
         worker(json.loads(args.worker))
         return 0

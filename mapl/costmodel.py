@@ -35,7 +35,7 @@ from .config import RunConfig
 
 __all__ = ["GPUSpec", "H100", "H200", "DEFAULT_MFU", "StageCompute", "BoundaryBytes", "Case", "Prediction",
            "stage_flops", "flop_compute", "measured_compute", "boundary_bytes", "wire_ratio", "build_case",
-           "simulate_inbound", "gpu_hours", "format_gpu_hours"]
+           "simulate_inbound", "gpu_hours", "format_gpu_hours", "main"]
 
 DEFAULT_MFU = 0.35        # kernel-level fraction of peak while a stage computes (bubbles are modelled apart)
 NS_STEPS = 5              # torch.optim.Muon's Newton-Schulz iterations
@@ -371,3 +371,33 @@ def format_gpu_hours(rep: dict) -> str:
         lines.append(f"On {n} GPUs: {w['list_scheduled']:.1f} h wall-clock with each run on its P GPUs (longest "
                      f"first); {w['ideal']:.1f} h if data-parallel replicas keep every GPU busy.")
     return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    """``python -m mapl.costmodel [--profile paper] [--mfu 0.35] [--out reports/tables/gpu-hours.md]``: print
+    the GPU-hour estimate of a profile's run groups (run this before ``dvc exp run -S profile=paper``)."""
+    import argparse
+    import sys
+    from pathlib import Path
+    ap = argparse.ArgumentParser(prog="python -m mapl.costmodel", description="GPU-hour estimate of a profile's runs.")
+    ap.add_argument("--profile", default="paper")
+    ap.add_argument("--groups", help="comma-separated run groups (default: all of the profile's)")
+    ap.add_argument("--mfu", type=float, default=DEFAULT_MFU, help="fraction of the bf16 peak while computing")
+    ap.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak (H100/H200 SXM: 989)")
+    ap.add_argument("--out", type=Path, help="also write the text here")
+    a = ap.parse_args(argv)
+    gpu = GPUSpec(f"NVIDIA H100/H200 SXM, dense bf16 {a.peak_tflops:g} TFLOP/s", a.peak_tflops * 1e12, a.mfu)
+    try:
+        text = format_gpu_hours(gpu_hours(a.profile, gpu, a.groups.split(",") if a.groups else None))
+    except (ValueError, KeyError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(text)
+    if a.out:
+        a.out.parent.mkdir(parents=True, exist_ok=True)
+        a.out.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
