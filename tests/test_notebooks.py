@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mapl import report
+from mapl import fingerprint
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ("data", "train", "report")
@@ -51,7 +51,8 @@ def project(tmp_path_factory):
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".ipynb_checkpoints")
     for d in ("mapl", "notebooks"):
         shutil.copytree(ROOT / d, root / d, ignore=ignore)
-    for f in ("dvc.yaml", "pyproject.toml"):
+    for f in ("dvc.yaml", "pyproject.toml", "reports/paper-numbers.csv"):
+        (root / f).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / f, root / f)
     corpus = root / "corpus"
     corpus.mkdir()
@@ -117,20 +118,21 @@ def test_repro_runs_every_stage(project):
 @pytest.mark.slow
 def test_report_outputs(project):
     root, _, _ = project
-    figs, tabs = root / "reports" / "figures", root / "reports" / "tables"
-    assert {p.name for p in figs.glob("*.png")} >= {"pareto.png", "curves-main.png"}
-    for name in ("table1", "paper-table1", "ablation-projector", "ablation-anchor", "seeds", "headline-long",
-                 "time-to-target"):
-        assert (tabs / f"{name}.md").exists() and (tabs / f"{name}.csv").exists(), name
+    figs, tabs = root / "reports" / "micro" / "figures", root / "reports" / "micro" / "tables"
+    assert {p.name for p in figs.glob("*.png")} == {"pareto.png", "curves-main.png", "curves-long.png", "tokens.png",
+                                                    "width.png", "time-to-target.png"}
+    for name in ("table1", "paper-table1", "headline", "headline-paired", "tokens", "width", "ablation-projector",
+                 "ablation-anchor", "rvq-sync", "seeds", "diagnostics", "tuning", "time-to-target"):
+        assert all((tabs / f"{name}.{ext}").exists() for ext in ("md", "csv", "tex")), name
     t1 = (tabs / "table1.md").read_text()
-    assert "| micro | 2 | MAPL | 4× |" in t1 and "150M, P=4, 4×" in t1
-    assert "| micro | 2 | Uncompressed |" in (tabs / "headline-long.md").read_text()
-    m = json.loads((root / "reports" / "metrics.json").read_text())
+    assert "| micro | 2 | MAPL | 4× | 4× |" in t1 and "150M, P=4, 4×" in t1
+    assert "| Uncompressed | — | 1× |" in (tabs / "headline.md").read_text()
+    m = json.loads((root / "reports" / "micro" / "metrics.json").read_text())
     assert m["runs"] == 4
-    assert set(m["main"]) == {"micro-P2-none", "micro-P2-mapl-4x"}
-    assert m["main"]["micro-P2-mapl-4x"]["seeds"] == 2 and "delta_pct" in m["main"]["micro-P2-mapl-4x"]
-    assert set(m["long"]) == {"micro-P2-none"}
-    assert "\\newcommand{\\resMainMicroPTwoMaplFourXDelta}" in (tabs / "macros.tex").read_text()
+    assert set(m["main"]) == {"none", "mapl_4x"}                          # keys without the model's name
+    assert m["main"]["mapl_4x"]["seeds"] == 2 and "delta_pct" in m["main"]["mapl_4x"]
+    assert set(m["long"]) == {"none"}
+    assert "\\newcommand{\\resMainMaplFourXDeltaPct}" in (tabs / "macros.tex").read_text()
 
 
 @pytest.mark.slow
@@ -176,9 +178,9 @@ def test_dvc_yaml_stages():
         for out in st.get("outs", []) + st.get("metrics", []):
             (path, opts), = out.items()
             assert opts == {"cache": False}, f"{name}: {path} must be committed (cache: false)"
-    # the training deps are exactly the sources fingerprinted for checkpoints (mapl.report.TRAIN_SOURCES)
+    # the training deps are exactly the sources fingerprinted for checkpoints (mapl.fingerprint.TRAIN_SOURCES)
     deps = {p for p in stages["train"]["do"]["deps"] if "$" not in p and not p.startswith("notebooks/")}
-    fingerprinted = {p.relative_to(ROOT).as_posix() for pat in report.TRAIN_SOURCES for p in ROOT.glob(pat)}
+    fingerprinted = {p.relative_to(ROOT).as_posix() for pat in fingerprint.TRAIN_SOURCES for p in ROOT.glob(pat)}
     assert deps == fingerprinted
-    assert {"mapl/report.py", "mapl/link.py"}.isdisjoint(deps)          # editing the report never retrains
-    assert d["plots"] == ["reports/figures"]
+    assert {"mapl/report", "mapl/link.py"}.isdisjoint(deps)             # editing the report never retrains
+    assert d["plots"] == ["reports/${profile}/figures"]
