@@ -19,16 +19,16 @@ checkpoint").
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Callable, Iterable
 
 import torch
 
 from .config import RESUMABLE_FIELDS, RunConfig, config_diff, config_hash
+from .io import atomic_torch_save
 from .loop import LoopState, NonFiniteError
 
-__all__ = ["FORMAT", "CheckpointError", "atomic_torch_save", "check_writable", "first_nonfinite", "save", "read",
+__all__ = ["FORMAT", "CheckpointError", "first_nonfinite", "save", "read",
            "resume_changes", "restore", "checkpoint_step"]
 
 FORMAT = "mapl-checkpoint-v2"
@@ -40,36 +40,6 @@ _EXECUTION_FIELDS = ("run_name", "profile", "train.checkpoint_every", "train.thr
 
 class CheckpointError(ValueError):
     """A checkpoint that cannot be used for this run; the message names the file and the fix."""
-
-
-# ---- atomic files ---------------------------------------------------------------------------------
-def atomic_torch_save(obj, path: Path) -> None:
-    """``torch.save`` to a temp file unique to this process, then rename: a reader sees the old file or
-    the new one, never a torn one, and two processes never share a temp name."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    try:
-        torch.save(obj, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-def check_writable(path: Path, what: str) -> None:
-    """Refuse, before any work, an output path that cannot be written (a folder, a read-only place)."""
-    path = Path(path)
-    if path.is_dir():
-        raise CheckpointError(f"{what} {path} is a folder; give a file path")
-    parent = path.parent
-    try:
-        parent.mkdir(parents=True, exist_ok=True)
-        probe = parent / f".{path.name}.{os.getpid()}.probe"
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as e:
-        raise CheckpointError(f"{what} {path} cannot be written: {e.strerror or e} ({parent})") from None
 
 
 # ---- finite checks ----------------------------------------------------------------------------------

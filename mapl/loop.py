@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Callable, Protocol
 
 from .config import RunConfig
-from .results import atomic_write_json
+from .io import atomic_write_json
 
 __all__ = ["LoopState", "StepOutcome", "Engine", "Interrupted", "NonFiniteError", "StopFlag", "lr_factor",
            "run_loop", "train"]
@@ -136,7 +136,7 @@ def run_loop(engine: Engine, state: LoopState, *, log: Callable = print, progres
                 if engine.checkpointing and (state.step % t.checkpoint_every == 0 or outcome.stop):
                     engine.save(state)
                 if outcome.stop:
-                    raise Interrupted(f"interrupted at step {state.step}: " + (
+                    raise Interrupted(f"stopped after step {state.step}: " + (
                         "checkpoint written; rerun the same command to resume" if engine.checkpointing
                         else "no checkpoint path was given, so nothing was kept"))
     finally:

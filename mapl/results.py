@@ -10,34 +10,18 @@ them with the loop state into the dict the report reads (keys: shared/design/ARC
 """
 from __future__ import annotations
 
-import json
 import math
-import os
 import platform
 import subprocess
-from pathlib import Path
 
 import torch
 
 from .config import PROJECT_ROOT, RunConfig, config_hash
 from .wire import ByteMeter
 
-__all__ = ["atomic_write_json", "provenance", "describe_boundary", "declared_totals", "measured_totals", "build_results"]
+__all__ = ["provenance", "describe_boundary", "declared_totals", "measured_totals", "build_results"]
 
 _KINDS = ("fwd", "bwd", "piggyback", "state", "ids")
-
-
-def atomic_write_json(path: Path, obj) -> None:
-    """Write JSON through a temp file unique to this process, then rename (never a torn file)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(json.dumps(obj, indent=1, sort_keys=False) + "\n")
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def _git(*args) -> str:

@@ -6,7 +6,9 @@ Rerunning the same command resumes from the checkpoint (``--ckpt``, default chec
 ``--fresh`` starts over; ``--resume-with-changes`` continues a checkpoint with new learning rates,
 step budget or evaluation settings (``mapl.config.RESUMABLE_FIELDS``; recorded in the results).
 Ctrl-C/SIGTERM: the step in flight completes, the checkpoint is written, exit code 130.
-Exit codes: 0 done, 2 invalid settings/files or non-finite values (one line), 130 interrupted.
+Exit codes (``mapl.cli``): 0 done, 1 a bug (traceback), 2 invalid settings, files or output paths (one
+line; ``--debug`` adds the traceback), 4 non-finite values (the last good checkpoint is kept), 130
+interrupted.
 
 The multi-process pipeline (one process per stage) is ``python -m mapl.pipeline``; both run the same
 loop (mapl/loop.py). ``--help`` documents every flag; profiles live in params.yaml.
@@ -19,11 +21,12 @@ import sys
 import time
 from pathlib import Path
 
-from .checkpoint import atomic_torch_save, check_writable
-from .config import METHODS, PROJECT_ROOT, ConfigError, RunConfig, load_params, load_run_config, parse_set
+from .cli import add_debug_flag, run_cli
+from .config import METHODS, PROJECT_ROOT, RunConfig, load_params, load_run_config, parse_set
 from .engine import LocalEngine, build_optimizers, resolve_data_dir
+from .io import OutputError, OutputLock, atomic_torch_save, atomic_write_json, check_writable
 from .loop import lr_factor, train
-from .results import atomic_write_json, provenance
+from .results import provenance
 
 __all__ = ["run", "main", "parse_args", "add_run_arguments", "config_from_args", "check_output_paths",
            "build_optimizers", "lr_factor", "resolve_data_dir", "atomic_write_json", "atomic_torch_save", "provenance"]
@@ -33,11 +36,11 @@ def check_output_paths(out: Path | None, ckpt: Path | None, ckpt_files: list[Pat
     """Before any work: the results and checkpoint paths differ and both can be written."""
     files = [Path(p) for p in (ckpt_files if ckpt_files is not None else [ckpt] if ckpt else [])]
     if out is not None and any(Path(out).resolve() == f.resolve() for f in files):
-        raise ConfigError(f"--out {out} is also the checkpoint path: the results would overwrite the checkpoint; "
-                          "give them different paths")
-    for path, what in [(out, "--out")] + [(f, "--ckpt") for f in files]:
+        raise OutputError(f"--out {out} is also the checkpoint path: the results would overwrite the checkpoint; "
+                          "give them different paths, e.g. --out r.json --ckpt r.pt")
+    for path in [out, *files]:
         if path is not None:
-            check_writable(path, what)
+            check_writable(path)
 
 
 def run(cfg: RunConfig, out: Path | None = None, ckpt: Path | None = None, progress: bool = True, log=print,
@@ -46,13 +49,14 @@ def run(cfg: RunConfig, out: Path | None = None, ckpt: Path | None = None, progr
     from ``ckpt`` when it exists."""
     started = time.time()
     check_output_paths(out, ckpt)
-    engine = LocalEngine.build(cfg, ckpt=ckpt)
-    state = engine.resume(allow_changes=resume_with_changes)
-    if state is not None:
-        log(f"resumed {ckpt} at step {state.step}" +
-            (f" with changed settings {sorted(state.resumed_with_changes[-1]['changes'])}"
-             if state.resumed_with_changes and state.resumed_with_changes[-1]["step"] == state.step else ""))
-    return train(engine, state, out=out, log=log, progress=progress, started=started)
+    with OutputLock(results=out, checkpoint=ckpt):        # a second run on the same paths is refused
+        engine = LocalEngine.build(cfg, ckpt=ckpt)
+        state = engine.resume(allow_changes=resume_with_changes)
+        if state is not None:
+            log(f"resumed {ckpt} at step {state.step}" +
+                (f" with changed settings {sorted(state.resumed_with_changes[-1]['changes'])}"
+                 if state.resumed_with_changes and state.resumed_with_changes[-1]["step"] == state.step else ""))
+        return train(engine, state, out=out, log=log, progress=progress, started=started)
 
 
 # ---- CLI ------------------------------------------------------------------------------------------
@@ -78,6 +82,7 @@ def add_run_arguments(ap: argparse.ArgumentParser, params: dict) -> None:
                          "evaluation settings or schedule differ from this run's (recorded in the results); any "
                          "other change is refused")
     ap.add_argument("--no-progress", action="store_true", help="no tqdm bar")
+    add_debug_flag(ap)
 
 
 def parse_args(argv=None):
@@ -96,28 +101,23 @@ def config_from_args(args) -> RunConfig:
     return load_run_config(args.profile, over, from_string=True)
 
 
-def main(argv=None) -> int:
-    try:
-        args = parse_args(argv)
-        cfg = config_from_args(args)
-        out = args.out or PROJECT_ROOT / "reports" / "results" / f"{cfg.name()}.json"
-        ckpt = args.ckpt or PROJECT_ROOT / "checkpoints" / f"{cfg.name()}.pt"
-        check_output_paths(out, ckpt)
-        if args.fresh:
-            ckpt.unlink(missing_ok=True)
-        res = run(cfg, out=out, ckpt=ckpt, progress=not args.no_progress,
-                  resume_with_changes=args.resume_with_changes)
-    except (ValueError, FileNotFoundError, FloatingPointError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except OSError as e:              # a write failed (disk full, permissions): one line, no traceback
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt as e:        # mapl.loop.Interrupted: "interrupted at step N: checkpoint written..."
-        print(str(e) or "interrupted", file=sys.stderr)
-        return 130
+def _main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    cfg = config_from_args(args)
+    out = args.out or PROJECT_ROOT / "reports" / "results" / f"{cfg.name()}.json"
+    ckpt = args.ckpt or PROJECT_ROOT / "checkpoints" / f"{cfg.name()}.pt"
+    check_output_paths(out, ckpt)
+    if args.fresh:
+        ckpt.unlink(missing_ok=True)
+    res = run(cfg, out=out, ckpt=ckpt, progress=not args.no_progress, resume_with_changes=args.resume_with_changes)
     print(json.dumps({k: res[k] for k in ("run", "val_loss", "tokens", "tokens_per_s", "ratio")}))
     return 0
+
+
+def main(argv=None) -> int:
+    """The CLI; exit codes and one-line errors as ``mapl.cli`` documents (0, 2 user error, 4 non-finite,
+    130 interrupted with the checkpoint written; ``--debug`` shows tracebacks)."""
+    return run_cli(_main, argv, prog="python -m mapl.train")
 
 
 if __name__ == "__main__":

@@ -199,15 +199,23 @@ def test_checkpoint_with_missing_keys_is_one_line(micro_cfg, tmp_path):
 
 def test_output_paths_are_checked_before_any_work(micro_cfg, tmp_path, monkeypatch):
     import mapl.data as D
-    from mapl.config import ConfigError
+    from mapl.io import OutputError
     monkeypatch.setattr(D, "prepare", lambda *a, **k: pytest.fail("data touched before the output paths were checked"))
-    with pytest.raises(ConfigError, match="--out .* is also the checkpoint path"):
+    with pytest.raises(OutputError, match="--out .* is also the checkpoint path"):
         run(micro_cfg("none"), out=tmp_path / "x.pt", ckpt=tmp_path / "x.pt", progress=False, log=lambda *a: None)
     (tmp_path / "file").write_text("")
-    with pytest.raises(ValueError, match=r"--out .*file/r\.json cannot be written"):
+    with pytest.raises(OutputError, match=r"file/r\.json"):
         run(micro_cfg("none"), out=tmp_path / "file" / "r.json", progress=False, log=lambda *a: None)
-    with pytest.raises(ValueError, match="is a folder"):
+    with pytest.raises(OutputError, match="is a directory"):
         run(micro_cfg("none"), out=tmp_path, progress=False, log=lambda *a: None)
+
+
+def test_a_second_run_on_the_same_outputs_is_refused_with_the_holders_pid(micro_cfg, tmp_path):
+    from mapl.io import OutputError, OutputLock
+    with OutputLock(results=tmp_path / "r.json"):
+        with pytest.raises(OutputError, match=r"in use by PID \d+"):
+            run(micro_cfg("none"), out=tmp_path / "r.json", ckpt=tmp_path / "r.pt", progress=False,
+                log=lambda *a: None)
 
 
 def test_eval_offset_beyond_the_validation_tokens_names_the_field(micro_cfg):
