@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
-import os
 import sys
 import threading
 import time
@@ -38,22 +37,15 @@ from pathlib import Path
 
 from .config import (METHODS, PROJECT_ROOT, ConfigError, RunConfig, RVQConfig, build, config_hash, load_params,
                      load_run_config, setting)
-from .model import count_params
 from . import reuse
+from .progress import GroupClock, StepProgress, emit, estimate_core_seconds, estimate_group, hms
 
 __all__ = ["LAUNCHERS", "LauncherConfig", "Job", "group_names", "group_specs", "launcher_config", "run_name",
-           "spec_config", "plan_group", "estimate_core_seconds", "estimate_group", "estimate_text", "results_dir",
-           "check_names", "emit", "StepProgress", "GroupClock", "launch_args", "prepare_data", "status_table",
+           "spec_config", "plan_group", "estimate_text", "results_dir",
+           "check_names", "launch_args", "prepare_data", "status_table",
            "run_many", "main"]
 
 LAUNCHERS = ("pool", "accelerate", "torchrun")
-# one 300-step run of `tiny` (1.37M parameters, 16 x 128 tokens per step, 6 evaluations of 65,536 tokens)
-# takes about 70 s on one quiet core: seconds per (token x parameter) of training, an eval token a third
-CORE_S_PER_TOKEN_PARAM = 70.0 / (1.37e6 * (300 * 2048 + 6 * 65536 / 3))
-RVQ_SLOWDOWN = 1.25                 # codebook search and EMA updates
-RUN_OVERHEAD_S = 5.0                # process start, data load, diagnostics
-
-
 @dataclass(frozen=True)
 class LauncherConfig:
     """How the runs of a profile start (``profiles.<p>.launcher``)."""
@@ -154,38 +146,14 @@ def plan_group(profile: str, specs: list[dict], out_dir: Path, params: dict | No
     fingerprint = fingerprint or reuse.code_fingerprint()
     jobs = []
     for k, spec in enumerate(specs, 1):
-        cfg = spec_config(profile, spec, params)
-        cfg.validate()                       # every spec checked before any work starts
+        # validated (projector and anchor resolved): the config a run records its hash of; every
+        # spec is checked before any work starts
+        cfg = spec_config(profile, spec, params).validate()
         out = Path(out_dir) / f"{cfg.name()}.json"
         ckpt = PROJECT_ROOT / "checkpoints" / profile / f"{cfg.name()}.pt"
         action, step = reuse.decide(cfg, out, ckpt, fingerprint, log)
         jobs.append(Job(k, len(specs), cfg, spec, out, ckpt, action, step))
     return jobs
-
-
-# ---- wall-time estimates (pool profiles) ---------------------------------------------------------
-def estimate_core_seconds(cfg: RunConfig, from_step: int = 0) -> float:
-    """Seconds of one quiet core to train ``cfg`` from ``from_step`` (calibrated on `tiny`, see above)."""
-    t = cfg.train
-    n_params = count_params(cfg.model_config(cfg.data.vocab_size or None))
-    steps = max(0, t.steps - from_step)
-    evals = steps // t.eval_every + 1
-    tokens = steps * t.batch_size * t.seq_len + evals * t.eval_tokens / 3
-    slow = RVQ_SLOWDOWN if cfg.compressor.method == "mapl-rvq" else 1.0
-    return RUN_OVERHEAD_S + tokens * n_params * CORE_S_PER_TOKEN_PARAM * slow
-
-
-def estimate_group(seconds: list[float], workers: int) -> float:
-    """Wall seconds of runs taking ``seconds`` each on ``workers`` side by side (longest first)."""
-    loads = [0.0] * max(1, workers)
-    for s in sorted(seconds, reverse=True):
-        loads[loads.index(min(loads))] += s
-    return max(loads)
-
-
-def _minutes(s: float) -> str:
-    s = int(round(s))
-    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
 
 
 def estimate_text(profile: str, params: dict | None = None) -> str:
@@ -206,55 +174,12 @@ def estimate_text(profile: str, params: dict | None = None) -> str:
         wall = estimate_group([estimate_core_seconds(c) for c in cfgs], workers)
         total += wall
         how = f"{workers} side by side" if launcher.kind == "pool" else "one launch at a time"
-        lines.append(f"  {group:<10} {len(cfgs):>3} run(s)  about {_minutes(wall):>7} ({how})")
+        lines.append(f"  {group:<10} {len(cfgs):>3} run(s)  about {hms(wall):>7} ({how})")
     if launcher.kind != "pool" and launcher.gpus:
         lines.append(f"  total {total:,.0f} GPU-hours; {total / launcher.gpus:,.0f} h of wall clock on {launcher.gpus} GPUs")
     else:
-        lines.append(f"  total about {_minutes(total)} (quiet machine; `threads: 1` per run)")
+        lines.append(f"  total about {hms(total)} (quiet machine; `threads: 1` per run)")
     return "\n".join(lines)
-
-
-# ---- progress -------------------------------------------------------------------------------------
-def emit(line: str) -> None:
-    """One progress line on fd 2, written at once (lines of runs side by side do not interleave)."""
-    os.write(2, (line.rstrip("\n") + "\n").encode())
-
-
-class StepProgress:
-    """``on_step`` callback of one run: a line every ``every_s`` seconds of work, and at the end."""
-
-    def __init__(self, k: int, n: int, name: str, every_s: float):
-        self.k, self.n, self.name, self.every_s = k, n, name, every_s
-        self.t0 = self.step0 = self.last = None
-
-    def __call__(self, step: int, steps: int, loss: float) -> None:
-        now = time.monotonic()
-        if self.t0 is None:
-            self.t0, self.step0, self.last = now, step, now
-        if now - self.last < self.every_s and step < steps:
-            return
-        self.last = now
-        rate = (step - self.step0) / (now - self.t0) if now > self.t0 and step > self.step0 else 0.0
-        eta = _minutes((steps - step) / rate) if rate else "?"
-        emit(f"run {self.k} of {self.n} {self.name} step {step}/{steps} loss {loss:.3f} ETA {eta}")
-
-
-class GroupClock:
-    """The group's ETA after each finished run, from estimated work done so far vs the time it took."""
-
-    def __init__(self, group: str, jobs: list[Job]):
-        self.group, self.t0 = group, time.monotonic()
-        self.work = {j.k: estimate_core_seconds(j.cfg, j.start_step) for j in jobs}
-        self.done: list[int] = []
-
-    def finished(self, job: Job, status: str) -> None:
-        self.done.append(job.k)
-        spent = time.monotonic() - self.t0
-        done_w = sum(self.work[k] for k in self.done)
-        left_w = sum(self.work.values()) - done_w
-        eta = _minutes(spent * left_w / done_w) if done_w and left_w else "0:00"
-        emit(f"group {self.group}: run {job.k} of {job.n} {job.name} {status}; {len(self.done)} of "
-             f"{len(self.work)} done in {_minutes(spent)}, ETA {eta}")
 
 
 # ---- executing ------------------------------------------------------------------------------------
@@ -271,7 +196,8 @@ def _pool_worker(args) -> dict:
     except Exception as e:           # one failed run must not take the group down; it is reported
         return {"k": job.k, "run": job.name, "error": f"{type(e).__name__}: {e}"}
     reuse.stamp_results(job.out, fingerprint)
-    return {"k": job.k, "run": job.name, "val_loss": res["val_loss"], "wall_s": round(time.time() - t0, 1)}
+    return {"k": job.k, "run": job.name, "action": job.action, "from_step": job.start_step,
+            "val_loss": res["val_loss"], "wall_s": round(time.time() - t0, 1)}
 
 
 def _run_pool(jobs: list[Job], workers: int, every_s: float, fingerprint: str, clock: GroupClock | None):
@@ -320,7 +246,7 @@ def _launch_one(job: Job, profile: str, launcher: LauncherConfig, gpu_ids: list[
         tail = " | ".join((res.stderr or res.stdout).strip().splitlines()[-3:])
         return {"k": job.k, "run": job.name, "error": f"exit {res.returncode}: {tail}"}
     reuse.stamp_results(job.out, fingerprint)
-    return {"k": job.k, "run": job.name, "wall_s": round(res.wall_s, 1)}
+    return {"k": job.k, "run": job.name, "action": job.action, "wall_s": round(res.wall_s, 1)}
 
 
 def _run_launched(jobs: list[Job], profile: str, launcher: LauncherConfig, fingerprint: str,
@@ -369,7 +295,8 @@ def status_table(status: list[dict]) -> str:
     """The group's outcome as Markdown: one row per run (what happened, val loss, wall time)."""
     rows = ["| # | run | outcome | val loss | wall (s) |", "|---|---|---|---|---|"]
     for s in status:
-        outcome = s.get("error") or s.get("skipped") or "trained"
+        done = {"restore": "restored from its checkpoint", "resume": f"resumed at step {s.get('from_step', 0)}"}
+        outcome = s.get("error") or s.get("skipped") or done.get(s.get("action"), "trained")
         val = f"{s['val_loss']:.4f}" if "val_loss" in s else ""
         rows.append(f"| {s['k']} | {s['run']} | {outcome} | {val} | {s.get('wall_s', '')} |")
     return "\n".join(rows)
