@@ -41,9 +41,10 @@ def estimate_core_seconds(cfg: RunConfig, from_step: int = 0) -> float:
 
 
 def estimate_group(seconds: list[float], workers: int) -> float:
-    """Wall seconds of runs taking ``seconds`` each on ``workers`` side by side (longest first)."""
+    """Wall seconds of runs taking ``seconds`` each on ``workers`` side by side, each starting in
+    list order on the first free worker (as the pool hands them out)."""
     loads = [0.0] * max(1, workers)
-    for s in sorted(seconds, reverse=True):
+    for s in seconds:
         loads[loads.index(min(loads))] += s
     return max(loads)
 

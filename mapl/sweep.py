@@ -35,14 +35,14 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from .config import (METHODS, PROJECT_ROOT, ConfigError, RunConfig, RVQConfig, build, config_hash, load_params,
+from .config import (METHODS, PROJECT_ROOT, ConfigError, RunConfig, RVQConfig, build, check_fields, config_hash, load_params,
                      load_run_config, setting)
 from . import reuse
 from .progress import GroupClock, StepProgress, emit, estimate_core_seconds, estimate_group, hms
 
 __all__ = ["LAUNCHERS", "LauncherConfig", "Job", "group_names", "group_specs", "launcher_config", "run_name",
            "spec_config", "plan_group", "estimate_text", "results_dir",
-           "check_names", "launch_args", "prepare_data", "status_table",
+           "check_names", "launch_args", "prepare_data", "status_table", "stage_table",
            "run_many", "main"]
 
 LAUNCHERS = ("pool", "accelerate", "torchrun")
@@ -94,8 +94,10 @@ def group_specs(profile: str, group: str, params: dict | None = None) -> list[di
 
 def launcher_config(profile: str, params: dict | None = None) -> LauncherConfig:
     params = params or load_params()
-    return build(LauncherConfig, (params["profiles"][profile] or {}).get("launcher") or {},
-                 f"profiles.{profile}.launcher")
+    where = f"profiles.{profile}.launcher"
+    launcher = build(LauncherConfig, (params["profiles"][profile] or {}).get("launcher") or {}, where)
+    check_fields(launcher, where)
+    return launcher
 
 
 def run_name(cfg: RunConfig, profile_steps: int) -> str:
@@ -220,6 +222,7 @@ def launch_args(job: Job, profile: str) -> list[str]:
 def _memory_refusal(job: Job, launcher: LauncherConfig) -> str | None:
     """The memory plan, written beside the results; the reason a run is not launched, or None."""
     from .memory import GiB, format_plan, memory_plan
+    from .train import atomic_write_json
     plan = memory_plan(job.cfg, device="cuda" if launcher.gpus else "cpu")
     need = plan.peak.total if launcher.gpus else sum(s.total for s in plan.stages)
     limit = launcher.memory_gib * GiB * 0.9            # the same 10 % reserve as mapl.memory.check_plan
@@ -228,6 +231,7 @@ def _memory_refusal(job: Job, launcher: LauncherConfig) -> str | None:
                f"{limit / GiB:.1f}: {'launched' if need <= limit else 'NOT launched (memory plan only)'}")
     job.out.parent.mkdir(parents=True, exist_ok=True)
     job.out.with_suffix(".memory.md").write_text(format_plan(plan) + f"\n\n{verdict}\n")
+    atomic_write_json(job.out.with_suffix(".memory.json"), {**plan.to_dict(), "verdict": verdict})
     return None if need <= limit else verdict
 
 
@@ -300,6 +304,31 @@ def status_table(status: list[dict]) -> str:
         val = f"{s['val_loss']:.4f}" if "val_loss" in s else ""
         rows.append(f"| {s['k']} | {s['run']} | {outcome} | {val} | {s.get('wall_s', '')} |")
     return "\n".join(rows)
+
+
+def stage_table(out_dir: Path) -> str:
+    """Per stage of every multi-process run in ``out_dir``: compute, optimizer and waiting seconds per
+    step (measured), and peak memory (the memory plan's, and the measured one where the results carry
+    ``pipeline.stage_peak_memory_bytes``). Empty when no run of the folder ran multi-process."""
+    import json
+    rows = ["| run | step (s) | stage | compute (s) | optimizer (s) | waiting (s) | peak memory plan (GiB) | "
+            "peak memory measured (GiB) |", "|---|---|---|---|---|---|---|---|"]
+    for path in sorted(Path(out_dir).glob("*.json")):
+        res = json.loads(path.read_text())
+        pipe = res.get("pipeline") if isinstance(res, dict) else None
+        if not pipe:
+            continue
+        plan_path = path.with_suffix(".memory.json")
+        planned = [s["total"] for s in json.loads(plan_path.read_text())["stages"]] if plan_path.exists() else []
+        measured = pipe.get("stage_peak_memory_bytes") or []
+
+        def cell(xs, s, scale=1.0, fmt="{:.2f}"):
+            return fmt.format(xs[s] / scale) if s < len(xs) and xs[s] is not None else "—"
+        for s in range(pipe["processes"]):
+            rows.append(f"| {res['run'] if s == 0 else ''} | {cell([pipe['step_wall_s']], s) if s == 0 else ''} | {s} | "
+                        f"{cell(pipe['stage_compute_s_per_step'], s)} | {cell(pipe['stage_opt_s_per_step'], s)} | "
+                        f"{cell(pipe['stage_wait_s_per_step'], s)} | {cell(planned, s, 2**30)} | {cell(measured, s, 2**30)} |")
+    return "\n".join(rows) if len(rows) > 2 else ""
 
 
 def run_many(profile: str, specs: list[dict], out_dir: Path, jobs: int = 0, log=print, group: str = "",

@@ -131,13 +131,14 @@ def _git_status(root: Path) -> str:
                           text=True, check=True).stdout
 
 
-def smoke(root: Path = PROJECT_ROOT, keep: bool = False, capture: bool = False) -> Path | None:
+def smoke(root: Path = PROJECT_ROOT, keep: bool = False, capture: bool = False) -> tuple[Path | None, str]:
     """The whole pipeline on ``micro`` in a copy; a second ``dvc repro`` must do nothing and this
-    checkout's ``git status`` must not change. Returns the copy's path when ``keep``."""
+    checkout's ``git status`` must not change. Returns the copy's path (when ``keep``, else None) and
+    the first repro's output (when ``capture``, else '')."""
     t0, before = time.monotonic(), _git_status(root)
     dest, env = _new_copy("micro", root)
     try:
-        dvc(["repro"], dest, env, capture)
+        log = dvc(["repro"], dest, env, capture)
         second = dvc(["repro"], dest, env, capture=True)
         if "Running stage" in second or "up to date" not in second:
             raise WorkspaceError(f"a second `dvc repro` on micro was not a no-op:\n{second[-3000:]}")
@@ -150,7 +151,7 @@ def smoke(root: Path = PROJECT_ROOT, keep: bool = False, capture: bool = False) 
     print(f"smoke: every stage on micro, second repro a no-op, checkout untouched ({time.monotonic() - t0:.0f} s)",
           flush=True)
     _done(dest, keep)
-    return dest if keep else None
+    return (dest if keep else None), log
 
 
 def _files(base: Path, profile: str) -> dict[str, Path]:
