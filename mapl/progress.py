@@ -18,7 +18,7 @@ import time
 from .config import RunConfig
 from .model import count_params
 
-__all__ = ["CORE_S_PER_TOKEN_PARAM", "RVQ_SLOWDOWN", "RUN_OVERHEAD_S", "estimate_core_seconds", "estimate_group",
+__all__ = ["CORE_S_PER_TOKEN_PARAM", "RVQ_SLOWDOWN", "RUN_OVERHEAD_S", "LAUNCH_OVERHEAD_S", "estimate_core_seconds", "estimate_group",
            "hms", "emit", "StepProgress", "GroupClock"]
 
 # one 300-step run of `tiny` (1.37M parameters, 16 x 128 tokens per step, 6 evaluations of 65,536 tokens)
@@ -26,6 +26,7 @@ __all__ = ["CORE_S_PER_TOKEN_PARAM", "RVQ_SLOWDOWN", "RUN_OVERHEAD_S", "estimate
 CORE_S_PER_TOKEN_PARAM = 70.0 / (1.37e6 * (300 * 2048 + 6 * 65536 / 3))
 RVQ_SLOWDOWN = 1.25                 # codebook search and EMA updates
 RUN_OVERHEAD_S = 5.0                # process start, data load, diagnostics
+LAUNCH_OVERHEAD_S = 40.0            # a multi-process launch on CPU: P interpreters, each building the model
 
 
 # ---- wall-time estimates -------------------------------------------------------------------------

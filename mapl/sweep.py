@@ -38,7 +38,7 @@ from pathlib import Path
 from .config import (METHODS, PROJECT_ROOT, ConfigError, RunConfig, RVQConfig, build, check_fields, config_hash, load_params,
                      load_run_config, setting)
 from . import reuse
-from .progress import GroupClock, StepProgress, emit, estimate_core_seconds, estimate_group, hms
+from .progress import LAUNCH_OVERHEAD_S, GroupClock, StepProgress, emit, estimate_core_seconds, estimate_group, hms
 
 __all__ = ["LAUNCHERS", "LauncherConfig", "Job", "group_names", "group_specs", "launcher_config", "run_name",
            "spec_config", "plan_group", "estimate_text", "results_dir",
@@ -159,28 +159,24 @@ def plan_group(profile: str, specs: list[dict], out_dir: Path, params: dict | No
 
 
 def estimate_text(profile: str, params: dict | None = None) -> str:
-    """Runs per group and the estimated wall time, before any work starts. Pool profiles: from
-    :func:`estimate_core_seconds`; launched profiles on GPUs: GPU-hours from mapl.costmodel."""
+    """Runs per group and what they will take, printed before any work starts (dvc.yaml's prepare
+    stage). Profiles launched on GPUs: GPU-hours and wall-clock from the planner's cost model
+    (mapl.costmodel); the rest: wall time on this machine from :func:`mapl.progress.estimate_core_seconds`."""
     params = params or load_params()
     launcher = launcher_config(profile, params)
+    if launcher.kind != "pool" and launcher.gpus:
+        from .costmodel import format_gpu_hours, gpu_hours
+        return format_gpu_hours(gpu_hours(profile, n_gpus=(launcher.gpus,), params=params))
+    workers = launcher.jobs if launcher.kind == "pool" else 1
+    how = f"{workers} side by side" if launcher.kind == "pool" else "one launch at a time"
     lines, total = [f"profile {profile}: launcher {launcher.kind}"], 0.0
     for group in group_names(profile, params):
         cfgs = [spec_config(profile, s, params) for s in group_specs(profile, group, params)]
-        if launcher.kind != "pool" and launcher.gpus:
-            from .costmodel import gpu_hours     # the planner's step-time model: GPU-hours of one run on P GPUs
-            hours = sum(gpu_hours(c) for c in cfgs)
-            total += hours
-            lines.append(f"  {group:<10} {len(cfgs):>3} run(s)  {hours:,.0f} GPU-hours")
-            continue
-        workers = launcher.jobs if launcher.kind == "pool" else 1
-        wall = estimate_group([estimate_core_seconds(c) for c in cfgs], workers)
+        extra = 0.0 if launcher.kind == "pool" else LAUNCH_OVERHEAD_S
+        wall = estimate_group([estimate_core_seconds(c) + extra for c in cfgs], workers)
         total += wall
-        how = f"{workers} side by side" if launcher.kind == "pool" else "one launch at a time"
         lines.append(f"  {group:<10} {len(cfgs):>3} run(s)  about {hms(wall):>7} ({how})")
-    if launcher.kind != "pool" and launcher.gpus:
-        lines.append(f"  total {total:,.0f} GPU-hours; {total / launcher.gpus:,.0f} h of wall clock on {launcher.gpus} GPUs")
-    else:
-        lines.append(f"  total about {hms(total)} (quiet machine; `threads: 1` per run)")
+    lines.append(f"  total about {hms(total)} (quiet machine; `threads: 1` per run)")
     return "\n".join(lines)
 
 

@@ -7,6 +7,8 @@
     python -m mapl.workspace verify             # re-execute the report from the committed results; fail on
                                                 # any difference in tables, figures or metrics (make verify)
     python -m mapl.workspace smoke --keep       # keep the copy for a look (its path is printed)
+    python -m mapl.workspace repro --profile paper --dir ../mapl-paper --copy-back
+                                                # a lasting workspace: rerun the same command to resume
 
 The copy holds every file git would commit here (tracked files, and untracked ones .gitignore does
 not exclude, as they are in the working tree), gets a git repository of its own and params.yaml's
@@ -70,6 +72,8 @@ def make_copy(dest: Path, profile: str, root: Path = PROJECT_ROOT, env: dict | N
     dest = Path(dest)
     for rel in checkout_files(root):
         target = dest / rel
+        if rel == "dvc.lock" and target.exists():      # a lasting workspace keeps what its own runs recorded
+            continue
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(Path(root) / rel, target)
     params = dest / "params.yaml"
@@ -78,7 +82,8 @@ def make_copy(dest: Path, profile: str, root: Path = PROJECT_ROOT, env: dict | N
         raise WorkspaceError(f"{params}: no top-level `profile:` line to set to {profile!r}")
     params.write_text(text)
     env = env or tool_env(root)
-    for cmd in (["git", "init", "-q"], ["git", "add", "-A"], ["git", "commit", "-q", "-m", f"workspace: {profile}"]):
+    for cmd in (["git", "init", "-q"], ["git", "add", "-A"],
+                ["git", "commit", "-q", "--allow-empty", "-m", f"workspace: {profile}"]):
         _run(cmd, dest, env, capture=True)
     return dest
 
@@ -88,9 +93,11 @@ def dvc(args: list[str], cwd: Path, env: dict, capture: bool = False) -> str:
     return _run([str(Path(sys.executable).parent / "dvc"), *args], cwd, env, capture)
 
 
-def _new_copy(profile: str, root: Path) -> tuple[Path, dict]:
+def _new_copy(profile: str, root: Path, into: Path | None = None) -> tuple[Path, dict]:
+    """A fresh temporary copy, or ``into`` (created or refreshed: what DVC, the shards and the
+    checkpoints left there stay, so an interrupted long run resumes)."""
     env = tool_env(root)
-    dest = Path(tempfile.mkdtemp(prefix=f"mapl-{profile}-"))
+    dest = Path(into) if into else Path(tempfile.mkdtemp(prefix=f"mapl-{profile}-"))
     make_copy(dest, profile, root, env)
     return dest, env
 
@@ -103,12 +110,13 @@ def _done(dest: Path, keep: bool) -> None:
 
 
 def repro(profile: str, root: Path = PROJECT_ROOT, copy_back: bool = False, keep: bool = False,
-          capture: bool = False, extra: list[str] | None = None) -> str:
-    """``dvc repro`` on ``profile`` in a fresh copy; with ``copy_back`` replace reports/<profile>/ here by
-    the copy's. Returns the captured output (``capture``) or ''."""
+          capture: bool = False, extra: list[str] | None = None, into: Path | None = None) -> str:
+    """``dvc repro`` on ``profile`` in a fresh copy (or in the workspace ``into``, which is kept); with
+    ``copy_back`` replace reports/<profile>/ here by the copy's. Returns the captured output or ''."""
     if copy_back and profile == _default_profile(root):
         raise WorkspaceError(f"profile {profile!r} is this checkout's default: run `dvc repro` here instead")
-    dest, env = _new_copy(profile, root)
+    dest, env = _new_copy(profile, root, into)
+    keep = keep or into is not None
     try:
         log = dvc(["repro", *(extra or [])], dest, env, capture)
         if copy_back:
@@ -208,6 +216,8 @@ def main(argv=None) -> int:
     rp = sub.add_parser("repro", help="dvc repro on a profile in a copy")
     rp.add_argument("--profile", required=True)
     rp.add_argument("--copy-back", action="store_true", help="copy reports/<profile>/ back into this checkout")
+    rp.add_argument("--dir", type=Path, help="a lasting workspace (created or refreshed, never removed): its "
+                                             "checkpoints survive, so a rerun resumes (the paper profile)")
     vf = sub.add_parser("verify", help="re-execute the report from the committed results; fail on differences")
     vf.add_argument("--profile", default="", help="default: params.yaml's profile")
     for p in (sm, rp, vf):
@@ -217,12 +227,11 @@ def main(argv=None) -> int:
         if args.cmd == "smoke":
             smoke(keep=args.keep)
         elif args.cmd == "repro":
-            repro(args.profile, copy_back=args.copy_back, keep=args.keep)
+            repro(args.profile, copy_back=args.copy_back, keep=args.keep, into=args.dir)
         else:
             verify(args.profile, keep=args.keep)
-    except (WorkspaceError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+    except (WorkspaceError, ValueError) as e:        # one clear message, no traceback; exit status 1
+        raise SystemExit(f"error: {e}") from None
     return 0
 
 
