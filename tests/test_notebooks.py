@@ -111,6 +111,7 @@ def test_paper_smoke_rehearsal_150M(tmp_path):
     1F1B pipeline each, 2 steps, Mistral 32k tokenizer; results in the copy's reports/paper-smoke/."""
     _needs_tools()
     pytest.importorskip("accelerate")
+    pytest.importorskip("mapl.memory", reason="the launcher checks each run's memory plan (mapl.memory, planner)")
     dest = workspace.make_copy(tmp_path / "w", "paper-smoke", ROOT)
     p = subprocess.run([sys.executable, "-m", "mapl.sweep", "--group", "main"], cwd=dest, env=workspace.tool_env(ROOT),
                        capture_output=True, text=True, timeout=3000)
