@@ -343,7 +343,9 @@ def run_many(profile: str, specs: list[dict], out_dir: Path, jobs: int = 0, log=
     summary = f"{len(plan)} run(s): {len(status)} current, " + ", ".join(f"{v} to {a}" for a, v in counts.items())
     log(summary)
     if progress_every:
-        emit(f"group {group or Path(out_dir).name}: {summary}")
+        names = group_names(profile, params)
+        where = f" ({names.index(group) + 1} of {len(names)} groups)" if group in names else ""
+        emit(f"group {group or Path(out_dir).name}{where}: {summary}")
     clock = GroupClock(group or Path(out_dir).name, todo) if progress_every and todo else None
     prepare_data([j.cfg for j in todo])
     if launcher.kind == "pool" and todo:
