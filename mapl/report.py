@@ -59,7 +59,7 @@ GROUP_ORDER = ("main", "ablations", "seeds", "long")
 DASH = "—"
 
 # Files whose content changes the numbers of a training run; dvc.yaml's train deps list the same.
-TRAIN_SOURCES = ("mapl/__init__.py", "mapl/config.py", "mapl/data.py", "mapl/model.py", "mapl/stages.py",
+TRAIN_SOURCES = ("mapl/__init__.py", "mapl/config.py", "mapl/data/*.py", "mapl/model.py", "mapl/stages.py",
                  "mapl/optim.py", "mapl/wire.py", "mapl/diagnostics.py", "mapl/train.py", "mapl/sweep.py", "mapl/compress/*.py",
                  "pyproject.toml")
 
