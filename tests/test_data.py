@@ -468,6 +468,8 @@ def test_hf_streaming_path_on_local_files(tmp_path, monkeypatch):
     cfg = DataConfig(source="hf", hf_id="parquet", paths=(str(tmp_path / "d.parquet"),), tokenizer="byte",
                      val_tokens=100, max_train_tokens=500)
     m = D.prepare(cfg.validate(), tmp_path / "out")
+    records = list(D.sources.iter_records(cfg))
+    assert list(D.sources.iter_records(cfg, start=7)) == records[7:]         # resume position on the Hub path
     lens = [len(r) + 1 for r in rows]                                        # bytes + eot
     n_val = int(np.searchsorted(np.cumsum(lens), 100)) + 1                   # first docs reaching 100
     assert m["splits"]["val"]["documents"] == n_val
