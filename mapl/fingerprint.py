@@ -13,7 +13,7 @@ from typing import Sequence
 __all__ = ["TRAIN_SOURCES", "code_fingerprint"]
 
 # Files whose content changes the numbers of a training run; dvc.yaml's train deps list the same.
-TRAIN_SOURCES = ("mapl/__init__.py", "mapl/config.py", "mapl/data.py", "mapl/model.py", "mapl/stages.py",
+TRAIN_SOURCES = ("mapl/__init__.py", "mapl/config.py", "mapl/data/*.py", "mapl/model.py", "mapl/stages.py",
                  "mapl/optim.py", "mapl/wire.py", "mapl/diagnostics.py", "mapl/train.py", "mapl/sweep.py",
                  "mapl/compress/*.py", "pyproject.toml")
 
