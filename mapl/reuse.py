@@ -34,7 +34,7 @@ __all__ = ["TRAIN_SOURCES", "ACTIONS", "source_files", "code_fingerprint", "resu
 # deps in dvc.yaml besides the notebook and the data stamp (a test compares the two). A folder counts
 # every file below it except __pycache__/ and *.pyc, which .dvcignore hides from DVC too.
 TRAIN_SOURCES = (
-    "mapl/__init__.py", "mapl/config.py", "mapl/data.py", "mapl/model.py", "mapl/stages.py", "mapl/optim.py",
+    "mapl/__init__.py", "mapl/config.py", "mapl/data", "mapl/model.py", "mapl/stages.py", "mapl/optim.py",
     "mapl/wire.py", "mapl/diagnostics.py", "mapl/train.py", "mapl/sweep.py", "mapl/compress", "pyproject.toml",
 )
 ACTIONS = ("current", "restore", "resume", "train")

@@ -59,7 +59,7 @@ def _checked_text(nb_path: Path) -> str:
 @pytest.mark.slow
 def test_smoke_runs_every_stage_into_the_micro_folders(smoke):
     dest, log = smoke
-    for stage in ["prepare", *(f"train@{g}" for g in GROUPS), "report"]:
+    for stage in ["prepare", *(f"train@{g}" for g in GROUPS), "report", "plan"]:
         assert f"Running stage '{stage}'" in log, stage
     assert "group main (1 of 10 groups): 4 run(s): 0 current" in log and "run 1 of 4 micro-P2-none-s0 step 20/20 loss" in log
     stamp = json.loads((dest / "data" / "micro.manifest.json").read_text())
@@ -71,7 +71,7 @@ def test_smoke_runs_every_stage_into_the_micro_folders(smoke):
     res = json.loads((out / "results" / "width" / "micro-d32-P2-mapl-4x-s0.json").read_text())
     assert res["provenance"]["code_fingerprint"] == reuse.code_fingerprint(dest)
     assert sorted(p.name for p in (out / "notebooks").iterdir()) == sorted(
-        ["data.ipynb", "report.ipynb", *(f"train-{g}.ipynb" for g in GROUPS)])
+        ["data.ipynb", "report.ipynb", "when_it_pays.ipynb", *(f"train-{g}.ipynb" for g in GROUPS)])
     for nb in (out / "notebooks").iterdir():
         assert not [o for o in _outputs(nb) if o["output_type"] == "error"], nb.name
         checked = _checked_text(nb)
@@ -156,7 +156,7 @@ def test_committed_notebook_is_clean_and_parameterized(name):
 
 def test_dvc_yaml_stages():
     stages = DVC["stages"]
-    assert list(stages) == ["prepare", "train", "report"]
+    assert list(stages) == ["prepare", "train", "report", "plan"]
     assert stages["train"]["foreach"] == GROUPS
     for name, st in stages.items():
         st = st.get("do", st)

@@ -1,71 +1,113 @@
-"""mapl.report on synthetic results dicts: loading, Δ%, grouping, tables, figures, metrics, macros."""
+"""mapl.report on synthetic results trees: loading, Δ%, paired intervals, tables, figures, metrics."""
+import csv
 import json
 import math
+import statistics
 
 import numpy as np
 import pytest
 
 from mapl import report as R
+from mapl.report import paper
 
 D = 128          # d_model of the synthetic runs: uncompressed 2d = 256 bytes per token
+DEFAULTS = {"none": (None, "none"), "int8": (None, "none"), "ssn": ("fixed-shared", "static"),
+            "mapl": ("spel", "factorized"), "mapl-rvq": ("spel", "factorized")}
 
 
-def result(method="none", ratio=1, seed=0, steps=300, loss=4.0, projector=None, anchor=None, stages=4,
-           model="tiny", profile="cpu", eval_offset=0, name=None, overrides=None):
-    defaults = {"none": (None, "none"), "int8": (None, "none"), "ssn": ("fixed-shared", "static"),
-                "mapl": ("spel", "factorized"), "mapl-rvq": ("spel", "factorized")}[method]
-    projector = projector or defaults[0]
-    anchor = anchor or defaults[1]
-    fwd = {"none": 2 * D, "int8": D + 2}.get(method, 2 * D / ratio / (4 if method == "mapl-rvq" else 1))
+def result(method="none", ratio=1, seed=0, steps=300, loss=4.0, projector=None, anchor=None, stages=4, model="tiny",
+           profile="cpu", eval_offset=0, name=None, overrides=None, d=D, sync="stream", lr_muon=0.02, lr_embed=0.03):
+    """A results dict shaped like mapl.train's, with exact declared wire totals."""
+    projector = projector or DEFAULTS[method][0]
+    anchor = anchor or DEFAULTS[method][1]
+    fwd = {"none": 2 * d, "int8": d + 2}.get(method, 2 * d / ratio / (2 if method == "mapl-rvq" else 1))
+    bwd = fwd if method != "mapl-rvq" else 2 * d / ratio
+    tokens, b = steps * 2048, stages - 1
+    per_token = {"fwd": fwd, "bwd": bwd, "ids": 2 if projector else 0, "state": 8 if projector in ("spel", "unconstrained") else 0,
+                 "piggyback": (0.5 if sync == "stream" else 64) if method == "mapl-rvq" else 0}
     run = name or f"{model}-P{stages}-{method}-{ratio}x-{projector}-{anchor}-n{steps}-s{seed}"
-    cfg_hash = f"{run}-{eval_offset}-{profile}"
     return {
-        "run": run, "method": method, "model": model, "stages": stages, "ratio": 2 * D / fwd,
-        "nominal_ratio": ratio, "projector": projector, "anchor": anchor, "steps": steps, "tokens": steps * 2048,
+        "run": run, "method": method, "model": model, "stages": stages, "ratio": 2 * d / fwd,
+        "nominal_ratio": ratio, "projector": projector, "anchor": anchor, "steps": steps, "tokens": tokens,
         "val_loss": loss, "val_loss_curve": [[steps // 2, loss + 0.5], [steps, loss]],
         "train_loss_curve": [[i + 1, loss + 1.0 - i / steps] for i in range(steps)],
-        "wire": {"fwd_bytes_per_token": fwd, "bwd_bytes_per_token": fwd, "id_bytes_per_token": 2 if projector else 0,
-                 "uncompressed_bytes_per_token": 2 * D},
+        "wire": {"fwd_bytes_per_token": fwd, "bwd_bytes_per_token": bwd, "id_bytes_per_token": per_token["ids"],
+                 "uncompressed_bytes_per_token": 2 * d,
+                 "declared": {k: v * tokens * b for k, v in per_token.items()}},
         "ortho_max_err": 1e-7 if projector == "spel" else None,
         "config": {"profile": profile, "model_overrides": overrides or {},
-                   "train": {"seed": seed, "eval_offset": eval_offset}},
-        "provenance": {"seed": seed, "config_hash": cfg_hash},
+                   "compressor": {"rvq": {"sync": sync}, "spel": {"lr_mult": 0.1}},
+                   "train": {"seed": seed, "eval_offset": eval_offset, "lr_muon": lr_muon, "lr_embed": lr_embed,
+                             "lr_head": 0.01}},
+        "provenance": {"seed": seed, "config_hash": f"{run}-{eval_offset}-{profile}"},
     }
 
 
-def write(root, group, res):
-    path = root / "reports" / "results" / group / f"{res['run']}.json"
+LONG = {"none": [3.50, 3.52, 3.48], "ssn": [3.60, 3.63, 3.57], "mapl": [3.55, 3.56, 3.52],
+        "fixed": [3.58, 3.58, 3.55], "rvq": [3.57, 3.59, 3.54]}
+
+
+def write(base, group, res):
+    path = base / group / f"{res['run']}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(res))
 
 
-@pytest.fixture
-def rows(tmp_path):
-    """A cpu-profile results tree: main grid, ablations, seeds, long trio, a tune run, a micro run."""
+def _groups():
     main = [result("none", loss=4.00), result("int8", loss=4.01), result("ssn", 4, loss=4.40),
             result("ssn", 8, loss=4.60), result("mapl", 4, loss=4.04), result("mapl", 8, loss=4.08),
-            result("mapl-rvq", 4, loss=4.10)]
+            result("mapl-rvq", 4, loss=4.10), result("mapl-rvq", 8, loss=4.16)]
     abl = [result("mapl", 8, projector="fixed", loss=4.20, name="abl-fixed"),
            result("mapl", 8, projector="unconstrained", loss=4.30, name="abl-unc"),
            result("mapl", 8, anchor="none", loss=4.25, name="abl-anchor-none"),
            result("mapl", 8, anchor="static", loss=4.26, name="abl-anchor-static"),
            result("mapl", 8, anchor="full", loss=4.06, name="abl-anchor-full")]
     seeds = [result("none", seed=1, loss=4.02), result("mapl", 8, seed=1, loss=4.12),
-             result("ssn", 8, seed=1, loss=4.62)]
-    long = [result("none", steps=1200, loss=3.50), result("ssn", 8, steps=1200, loss=3.85),
-            result("mapl", 8, steps=1200, loss=3.55)]
-    for g, rs in (("main", main), ("ablations", abl), ("seeds", seeds), ("long", long)):
+             result("ssn", 8, seed=1, loss=4.62), result("mapl", 8, projector="fixed", seed=1, loss=4.22, name="abl-fixed-s1")]
+    long = []
+    for s in range(3):
+        long += [result("none", steps=3000, seed=s, loss=LONG["none"][s]),
+                 result("ssn", 8, steps=3000, seed=s, loss=LONG["ssn"][s]),
+                 result("mapl", 8, steps=3000, seed=s, loss=LONG["mapl"][s]),
+                 result("mapl", 8, projector="fixed", steps=3000, seed=s, loss=LONG["fixed"][s], name=f"long-fixed-s{s}"),
+                 result("mapl-rvq", 8, steps=3000, seed=s, loss=LONG["rvq"][s])]
+    tokens = [result(m, r, steps=1000, seed=s, loss=base + 0.01 * s)
+              for s in range(2) for m, r, base in (("none", 1, 3.80), ("ssn", 8, 3.95), ("mapl", 8, 3.90))]
+    width = [result(m, r, d=64, loss=lo, overrides={"d_model": 64}, name=f"w64-{m}")
+             for m, r, lo in (("none", 1, 4.5), ("ssn", 8, 4.8), ("mapl", 8, 4.7))]
+    rvq_sync = [result("mapl-rvq", 8, sync="full", loss=4.15, name="rvq-full"),
+                result("mapl-rvq", 8, sync="mirrored", loss=4.14, name="rvq-mirrored")]
+    tune = [result("mapl", 8, loss=4.4, eval_offset=65536, lr_muon=0.02, lr_embed=0.03, name="tune-mapl-a"),
+            result("mapl", 8, loss=4.5, eval_offset=65536, lr_muon=0.04, lr_embed=0.03, name="tune-mapl-b"),
+            result("none", loss=4.3, eval_offset=65536, lr_muon=0.02, lr_embed=0.03, name="tune-none-a")]
+    return {"main": main, "ablations": abl, "seeds": seeds, "long": long, "tokens": tokens, "width": width,
+            "rvq_sync": rvq_sync, "tune": tune}
+
+
+@pytest.fixture
+def tree(tmp_path):
+    """A cpu profile in the per-profile layout, plus a duplicate, a broken file and another profile."""
+    base = R.results_dir("cpu", tmp_path)
+    groups = _groups()
+    for g, rs in groups.items():
         for r in rs:
-            write(tmp_path, g, r)
-    write(tmp_path, "main", {**main[0], "run": "zz-dup"})                       # same config: dropped
-    write(tmp_path, "", {**main[5], "run": "adhoc-lr", "val_loss": 9.9})        # ad hoc, same key: main wins
-    write(tmp_path, "tune", result("mapl", 8, loss=3.0, eval_offset=65536, name="tune-x"))
-    write(tmp_path, "scaling_tokens", result("mapl", 8, steps=3000, loss=3.3, name="t3000"))  # not the long group
-    write(tmp_path, "scaling_width", result("none", loss=4.5, overrides={"d_model": 64}, name="w64"))
-    write(tmp_path, "", result("mapl", 8, loss=9.0, model="micro", profile="micro", name="micro-x"))
-    (tmp_path / "reports" / "results" / "main" / ".gitkeep").write_text("")
-    (tmp_path / "reports" / "results" / "main" / "broken.json").write_text("{not json")
-    return R.select(R.load_results(tmp_path), profile="cpu")
+            write(base, g, r)
+    write(base, "tokens", {**groups["main"][0], "run": "zz-dup"})                   # same config: main keeps it
+    write(base, "", {**groups["main"][5], "run": "adhoc-lr", "val_loss": 9.9})      # ad hoc, same key: main wins
+    write(base, "main", result("mapl", 8, loss=9.0, model="micro", profile="micro", name="micro-x"))
+    (base / "main" / ".gitkeep").write_text("")
+    (base / "main" / "broken.json").write_text("{not json")
+    return tmp_path
+
+
+@pytest.fixture
+def rows_all(tree):
+    return R.select(R.load_results(tree, R.results_dir("cpu")), profile="cpu", eval_offset=None)
+
+
+@pytest.fixture
+def rows(rows_all):
+    return R.select(rows_all)
 
 
 def test_delta_pct():
@@ -73,124 +115,212 @@ def test_delta_pct():
     assert R.delta_pct(None, 3.0) is None and R.delta_pct(3.0, None) is None
 
 
-def test_load_and_select(rows, tmp_path):
-    everything = R.load_results(tmp_path)
-    assert {r["run"] for r in everything} >= {"tune-x", "micro-x"}
-    assert not {"zz-dup", "adhoc-lr"} & {r["run"] for r in everything}
-    assert {"zz-dup", "adhoc-lr"} <= {r["run"] for r in R.load_results(tmp_path, dedupe=False)}
-    names = {r["run"] for r in rows}
-    assert "tune-x" not in names and "micro-x" not in names          # tuning slice and other profile excluded
-    assert len(rows) == 7 + 5 + 3 + 3 + 2
-    assert next(r for r in rows if r["run"] == "w64")["model"] == "tiny[d_model=64]"
-    r = next(r for r in rows if r["run"] == "abl-fixed")
-    assert (r["group"], r["projector"], r["anchor"], r["ratio"], r["nominal_ratio"]) == ("ablations", "fixed",
-                                                                                          "factorized", 8, 8)
-    assert next(r for r in rows if r["method"] == "mapl-rvq")["ratio"] == 16     # effective, not nominal
+def test_load_and_select(tree, rows, rows_all):
+    everything = R.load_results(tree, R.results_dir("cpu"))
+    names = {r["run"] for r in everything}
+    assert "micro-x" in names and not {"zz-dup", "adhoc-lr"} & names
+    assert {"zz-dup", "adhoc-lr"} <= {r["run"] for r in R.load_results(tree, R.results_dir("cpu"), dedupe=False)}
+    assert {r["run"] for r in rows_all if r["eval_offset"]} == {"tune-mapl-a", "tune-mapl-b", "tune-none-a"}
+    assert not [r for r in rows if r["eval_offset"] or r["profile"] != "cpu"]
+    by = {r["run"]: r for r in rows}
+    assert by["w64-none"]["model"] == "tiny[d_model=64]" and by["w64-none"]["d_model"] == 64
+    fixed = by["abl-fixed"]
+    assert (fixed["group"], fixed["variant"], fixed["wire_ratio"], fixed["projection_ratio"]) == ("ablations",
+                                                                                                  "mapl-fixed", 8, 8)
+    rvq = next(r for r in rows if r["method"] == "mapl-rvq" and r["projection_ratio"] == 8 and r["steps"] == 300
+               and r["rvq_sync"] == "stream")
+    assert rvq["wire_ratio"] == 16 and rvq["variant"] == "mapl-rvq"                # wire: twice the projection ratio
+    assert by["rvq-full"]["variant"] == "mapl-rvq-sync-full"
+    assert by[next(r["run"] for r in rows if r["method"] == "int8")]["projection_ratio"] is None
+
+
+def test_total_bytes_per_token():
+    res = result("mapl", 8)                                      # 32 fwd + 32 bwd + 2 ids + 8 projector exchange
+    assert R.total_bytes_per_token(res) == pytest.approx(74.0)
+    res["wire"]["declared"] = {"fwd": 3000, "bwd": 3000, "ids": 600, "piggyback": 6, "state": 900}
+    res["tokens"], res["stages"] = 100, 4
+    assert R.total_bytes_per_token(res) == pytest.approx(7506 / 300)   # / (tokens x boundaries)
+    res["wire"]["total_bytes_per_token_per_boundary"] = 12.5            # what the results carry wins
+    assert R.total_bytes_per_token(res) == 12.5
+    assert R.total_bytes_per_token({"wire": {}, "tokens": 10, "stages": 4}) is None
+    row = R.row_from_result(result("mapl-rvq", 8, sync="full"))
+    assert (row["total_bytes_per_token"], row["sync_bytes_per_token"], row["state_bytes_per_token"]) == (122, 64, 8)
 
 
 def test_reference_prefers_same_seed_then_mean(rows):
     m1 = next(r for r in rows if r["method"] == "mapl" and r["seed"] == 1)
     assert R.reference_loss(rows, m1) == 4.02
-    lone = {**m1, "seed": 7}
-    assert R.reference_loss(rows, lone) == pytest.approx(4.01)
+    assert R.reference_loss(rows, {**m1, "seed": 7}) == pytest.approx(4.01)
     assert R.reference_loss(rows, {**m1, "steps": 999}) is None
 
 
-def test_summaries_and_budgets(rows):
-    assert R.budgets(rows) == {"tiny": (300, 1200), "tiny[d_model=64]": (300, None)}
-    main = {(s["method"], s["ratio"]): s for s in R.main_rows(rows)}
-    assert len(main) == 7 and main[("int8", 1.97)]["n"] == 1 and main[("mapl-rvq", 16)]["nominal_ratio"] == 4
+def test_budgets_and_summaries(rows):
+    assert R.main_model(rows) == "tiny"
+    assert [R.budget_steps(rows, g) for g in ("main", "long", "tokens", "missing")] == [300, 3000, 1000, None]
+    main = {(s["variant"], s["wire_ratio"]): s for s in R.table1_summaries(rows)}
+    assert len(main) == 8 and ("mapl-rvq", 16) in main and main[("mapl-rvq", 16)]["projection_ratio"] == 8
     m8 = main[("mapl", 8)]
-    assert m8["n"] == 2 and m8["seeds"] == [0, 1]
-    assert m8["val_loss"] == pytest.approx(4.10)
+    assert m8["n"] == 2 and m8["seeds"] == [0, 1] and m8["val_loss"] == pytest.approx(4.10)
     assert m8["val_loss_std"] == pytest.approx(math.sqrt(2) * 0.02)
-    # each seed against its own reference: 2% and (4.12 - 4.02) / 4.02
+    assert m8["deltas"] == pytest.approx({0: 2.0, 1: 100 * 0.10 / 4.02})           # each seed vs its own reference
     assert m8["delta_pct"] == pytest.approx((2.0 + 100 * 0.10 / 4.02) / 2)
-    long = {s["method"]: s for s in R.headline(rows)}
-    assert set(long) == {"none", "ssn", "mapl"} and long["mapl"]["steps"] == 1200
-    assert long["mapl"]["delta_pct"] == pytest.approx(100 * 0.05 / 3.5)
 
 
-def test_paper_data_and_match():
+def test_t_quantile_and_interval_by_hand():
+    # two-sided 95% critical values of Student's t (printed tables)
+    for df, t in ((1, 12.7062), (2, 4.3027), (3, 3.1824), (4, 2.7764), (10, 2.2281), (30, 2.0423)):
+        assert R.t_quantile(0.975, df) == pytest.approx(t, abs=1e-4)
+    assert R.t_interval([1.0]) is None
+    lo, hi = R.t_interval([1.0, 1.5, 2.3])
+    mean, sd = 1.6, math.sqrt(((1.0 - 1.6) ** 2 + (1.5 - 1.6) ** 2 + (2.3 - 1.6) ** 2) / 2)
+    assert (lo, hi) == pytest.approx((mean - 4.3027 * sd / math.sqrt(3), mean + 4.3027 * sd / math.sqrt(3)), abs=1e-3)
+    p = R.paired({0: 3.0, 1: 2.5, 2: 4.0, 5: 9.9}, {0: 2.0, 1: 1.0, 2: 1.7})       # seed 5 unpaired
+    assert p["seeds"] == [0, 1, 2] and p["diffs"] == pytest.approx([1.0, 1.5, 2.3]) and p["ci"] == pytest.approx((lo, hi))
+    assert R.paired({0: 1.0}, {1: 1.0}) is None
+
+
+def test_headline_and_paired_tables(rows):
+    none, ssn, mapl = LONG["none"], LONG["ssn"], LONG["mapl"]
+    diffs = [100 * (ssn[s] - mapl[s]) / none[s] for s in range(3)]
+    mean, sd = statistics.fmean(diffs), statistics.stdev(diffs)
+    half = 4.302653 * sd / math.sqrt(3)
+    t = R.paired_table(rows)
+    assert [b[0] for b in t.body] == ["SSN 8× − MAPL 8×", "MAPL, fixed projector 8× − MAPL 8×",
+                                      "MAPL+VQ 16× (proj. 8×) − MAPL 8×"]
+    first = t.body[0]
+    assert first[2] == "0,1,2" and first[3] == ", ".join(f"{d:+.2f}" for d in diffs)
+    assert first[4] == f"{mean:.2f} ± {sd:.2f}" and first[5] == f"[{mean - half:+.2f}, {mean + half:+.2f}]"
+    assert first[6] == "MAPL 8× ahead"                                      # the interval excludes 0
+    assert f"MAPL 8× is {mean:.2f} ± {sd:.2f} points ahead of SSN 8× at 3,000 steps (3 seeds, 95% CI" in t.takeaway
+    h = R.headline_table(rows)
+    assert [b[0] for b in h.body] == ["Uncompressed", "SSN", "MAPL", "MAPL, fixed projector", "MAPL+VQ"]
+    assert h.body[1][5] == "0,1,2" and "+13.93% (Table 1, 1B, P=4, 8×)" == h.body[1][9]
+    assert "+1.19% (App. C" in h.body[3][9]
+    assert h.takeaway.startswith(f"MAPL 8× is {mean:.2f}")
+
+
+def test_token_and_width_axes(rows):
+    t = R.token_table(rows)
+    assert [b[0] for b in t.body] == ["300", "1,000", "3,000"]
+    assert "(300 steps) → " in t.takeaway and "(3,000 steps)" in t.takeaway and "95% CI" in t.takeaway
+    w = R.width_table(rows)
+    assert [b[0] for b in w.body] == [64, 128] and w.body[0][1] == "8"
+    gap64 = 100 * (4.8 - 4.7) / 4.5
+    assert w.body[0][-2] == f"{gap64:.2f}" and f"{gap64:+.2f} (d = 64)" in w.takeaway
+    assert R.width_table([r for r in rows if r["group"] != "width"]).body == []   # one width: no axis
+
+
+def test_paper_numbers_file():
+    with open(paper.PAPER_NUMBERS, newline="") as f:
+        raw = list(csv.DictReader(f))
+    assert {r["certainty"] for r in raw} <= set(paper.CERTAINTY)
+    assert all(r["value"] and r["unit"] is not None and r["source"] for r in raw)
     t1 = R.paper_table1()
-    assert len(t1) == 24 and all(e["certainty"] == "CONFIRMED-secondary" for e in t1)
+    assert len(t1) == 24 and {e["scale"] for e in t1} == {"150M", "500M", "1B"}
+    assert {(e["method"], e["stages"]) for e in t1 if e["scale"] == "1B"} == {
+        (m, p) for m in ("none", "ssn", "mapl", "mapl-rvq") for p in (4, 8)}
+    assert all("val_loss" in e for e in t1)
     mapl150 = next(e for e in R.paper_table1("mapl", 4) if e["scale"] == "150M")
     assert (mapl150["val_loss"], mapl150["delta_pct"]) == (3.156, 0.84)
-    # tiny-model rows: matched by method and projection ratio; the paper's rvq reports twice the ratio
-    assert R.paper_match({"method": "mapl", "nominal_ratio": 8, "model": "tiny", "stages": 4})["scale"] == "1B"
-    vq = R.paper_match({"method": "mapl-rvq", "nominal_ratio": 4, "model": "tiny", "stages": 4})
-    assert (vq["scale"], vq["ratio"], vq["stages"]) == ("150M", 8, 4)
-    assert R.paper_match({"method": "mapl", "nominal_ratio": 6, "model": "500M", "stages": 8})["delta_pct"] == 0.0
-    assert R.paper_match({"method": "mapl", "nominal_ratio": 16, "model": "tiny", "stages": 4}) is None
-    assert R.paper_match({"method": "int8", "nominal_ratio": None, "model": "tiny", "stages": 4}) is None
-    assert R.PAPER_PROJECTOR_ABLATION["spel"]["val_loss"] == 3.1564
-    assert R.PAPER_ANCHOR_ABLATION["full"]["delta_pct"] == 0.47
+    vq = R.paper_match("mapl-rvq", 4, 4, "tiny")
+    assert (vq["scale"], vq["reported_ratio"], vq["projection_ratio"]) == ("150M", 8, 4)
+    assert R.paper_match("mapl", 8, 4, "tiny")["scale"] == "1B" and R.paper_match("mapl", 16, 4) is None
+    assert R.paper_match("mapl", 6, 8, "500M")["delta_pct"] == 0.0
+    anchors = {e["variant"]: e for e in R.paper_ablation("anchor")}
+    assert anchors["none"]["delta_pct"] == 2.39 and anchors["static"]["delta_pct"] == 2.48   # no anchor is ahead
+    assert {e["variant"] for e in R.paper_ablation("projector")} == {"fixed", "unconstrained", "spel"}
 
 
-def test_main_table_markdown(rows):
-    header, body = R.main_table(rows)
-    md = R.to_markdown(header, body)
-    assert md.splitlines()[0].startswith("| model | P | method |")
-    mapl8 = next(b for b in body if b[2] == "MAPL" and b[3] == "8×")
-    assert mapl8[6] == 2 and mapl8[7].startswith("4.1000 ± ") and mapl8[9] == "1B, P=4, 8×"
-    assert mapl8[11] == "+1.38%"
-    none = next(b for b in body if b[2] == "Uncompressed")
-    assert none[8] == R.DASH
-    assert next(b for b in body if b[2] == "int8")[9] == R.DASH
+def test_table1(rows):
+    t = R.table1(rows)
+    assert t.header[:5] == ["model", "P", "method", "proj. d/r", "wire ratio"]
+    mapl8 = next(b for b in t.body if b[2] == "MAPL" and b[4] == "8×")
+    assert mapl8[6] == "74.0" and mapl8[8] == 2 and mapl8[9].startswith("4.1000 ± ") and mapl8[11] == "1B, P=4, 8×"
+    vq = next(b for b in t.body if b[2] == "MAPL+VQ" and b[3] == "4×")
+    assert vq[4] == "8×" and vq[11] == "150M, P=4, 8×"
+    assert "4× +1.00% vs +10.00%" in t.takeaway and "MAPL ahead at 2 of 2" in t.takeaway
 
 
-def test_ablation_tables(rows):
-    tabs = R.ablation_tables(rows)
-    header, body = tabs["projector"]
-    assert [b[0].split(":")[0] for b in body] == ["fixed", "unconstrained", "spel"]
-    fixed = body[0]
-    assert fixed[7] == f"{100 * 0.2 / 4.0:+.2f}%" and fixed[8] == "3.1673" and fixed[9] == "+1.19%"
-    assert "CONFIRMED-secondary" in fixed[10]
-    spel = body[2]
-    assert spel[5] == 2                                    # main seed 0 + seeds seed 1
-    header, body = tabs["anchor"]
-    assert [b[0].split(":")[0] for b in body] == ["none", "static", "full", "factorized"]
-    assert body[2][6] == "4.0600"
-    empty = R.ablation_tables([r for r in rows if r["group"] != "ablations"])
-    assert all(b[6] == R.DASH for b in empty["projector"][1]) and len(empty["anchor"][1]) == 4
+def test_ablation_ordering_claims(rows):
+    anchor = R.ablation_table(rows, "anchor")
+    assert [b[0].split(":")[0] for b in anchor.body] == ["none", "static", "full", "factorized"]
+    assert "no anchor +6.25% < static +6.50%: the same order as the paper's." in anchor.takeaway
+    swapped = [dict(r, val_loss=4.30) if r["run"] == "abl-anchor-none" else r for r in rows]
+    assert "the orders differ" in R.ablation_table(swapped, "anchor").takeaway     # the paper: no anchor ahead
+    proj = R.ablation_table(rows, "projector")
+    assert proj.body[0][5] == 2 and proj.body[0][9] == "+1.19%" and proj.body[0][10] == "CONFIRMED-secondary"
+    names = {"a": "A", "b": "B"}
+    assert "the same order as the paper's" in R.order_sentence({"a": 1, "b": 2}, {"a": 0.5, "b": 3}, names)
+    assert "the orders differ" in R.order_sentence({"a": 2, "b": 1}, {"a": 0.5, "b": 3}, names)
+    empty = R.ablation_table([r for r in rows if r["group"] != "ablations"], "anchor")
+    assert empty.body == [] and "no runs in group ablations" in empty.render()
 
 
-def test_seed_table(rows):
-    header, body = R.seed_table(rows)
-    assert {b[2] for b in body} == {"Uncompressed", "SSN", "MAPL"}
-    assert all(b[7] == "0,1" for b in body)
+def test_seed_rvq_and_tuning_tables(rows, rows_all):
+    seeds = R.seed_table(rows)
+    assert {b[5] for b in seeds.body} == {"0,1", "0,1,2"}
+    sync = R.rvq_sync_table(rows)
+    assert [b[0] for b in sync.body] == ["stream", "full", "mirrored"]
+    assert sync.body[1][8] == "122.0" and sync.body[0][6] == "0.50"
+    tune = R.tuning_table(rows_all)
+    assert [b[-1] for b in tune.body] == ["★", "★", ""]
+    assert "MAPL 8× μ 0.02, emb 0.03 (4.400, best of 2 cells)" in tune.takeaway
+    assert "use each tuned method's best cell" in tune.takeaway
+    assert R.tuning_table(rows).body == []                           # the report slice has no tuning runs
 
 
-def test_val_loss_table_and_csv(rows):
-    header, body = R.val_loss_table([r for r in rows if r["group"] == "long"])
-    assert [b[1] for b in body] == ["Uncompressed", "SSN", "MAPL"]
-    assert body[2][8] == f"{100 * 0.05 / 3.5:+.2f}%"
-    assert R.to_csv(header, body).splitlines()[0] == ",".join(header)
+def test_diagnostics_table():
+    r = R.row_from_result(result("mapl", 8))
+    r["boundary_diagnostics"] = [
+        {"boundary": 0, "rank": 16, "captured_energy": 0.8, "pca_energy": 0.9, "angles_to_pca_deg": {"mean": 30},
+         "angles_to_next_deg": {"mean": 50}, "ortho_err": 1e-6},
+        {"boundary": 1, "rank": 16, "captured_energy": 0.6, "pca_energy": 0.7, "angles_to_pca_deg": {"mean": 40},
+         "ortho_err": 2e-6}]
+    t = R.diagnostics_table([r])
+    assert t.body == [[r["run"], "MAPL 8×", 300, 16, "0.700", "0.800", "50.0", "35.0", "2.0e-06"]]
+    assert "captures 0.70" in t.takeaway and "0.80 learned vs 0.36 fixed" in t.takeaway
 
 
-def test_write_table(tmp_path):
-    md = R.write_table((["a", "b"], [[1, "x"]]), tmp_path / "t" / "tab", title="# T")
-    assert (tmp_path / "t" / "tab.md").read_text() == "# T\n\n" + md
-    assert (tmp_path / "t" / "tab.csv").read_text() == "a,b\n1,x\n"
+def test_style_map_distinct():
+    colours = [c for c, _ in R.STYLE.values()]
+    markers = [m for _, m in R.STYLE.values()]
+    assert len(set(colours)) == len(colours) and len(set(markers)) == len(markers)
+    assert set(R.METHOD_LABELS) <= set(R.STYLE) and set(R.VARIANT_LABELS) == set(R.STYLE)
+    assert R.label("mapl-rvq", 16, 8) == "MAPL+VQ 16× (proj. 8×)" and R.label("mapl", 8, 8) == "MAPL 8×"
+    assert R.label("none", 1) == "Uncompressed"
+    assert R.style("mapl-fixed-anchor-none")["markerfacecolor"] == "none"    # unknown: the method's, hollow
+    assert [R.linestyle(x) for x in (1, 4, 8, 16, 32)] == ["-", "-", "--", ":", "-."]
 
 
-def test_metrics_and_macros(rows, tmp_path):
-    m = R.write_metrics(rows, tmp_path / "metrics.json")
-    assert json.loads((tmp_path / "metrics.json").read_text()) == m
+def test_write_table_formats(tmp_path):
+    t = R.Table("demo", "Demo 50%", ["a_b", "Δ%"], [[1, "+2.0% ± 0.1"]], caption="Cap & more.", takeaway="Says x.")
+    md = R.write_table(t, tmp_path / "t")
+    assert md.startswith("# Demo 50%\n\nCap & more.\n\n| a_b | Δ% |") and md.endswith("Takeaway: Says x.\n")
+    assert (tmp_path / "t" / "demo.csv").read_text() == "a_b,Δ%\n1,+2.0% ± 0.1\n"
+    tex = (tmp_path / "t" / "demo.tex").read_text()
+    assert r"a\_b & $\Delta$\% \\" in tex and r"+2.0\% $\pm$ 0.1" in tex and r"\caption{Demo 50\%. Cap \& more.}" in tex
+    assert "*Takeaway:* Says x." in t.render()
+    assert R.Table("e", "Empty", ["a"], [], takeaway="no runs in group x.").render() == "**Empty:** no runs in group x.\n"
+
+
+def test_metrics_keys_and_macros(rows, tmp_path):
+    m = R.write_metrics(rows, tmp_path / "m" / "metrics.json")
+    assert json.loads((tmp_path / "m" / "metrics.json").read_text()) == m
+    flat = json.dumps(m)
+    assert "tiny" not in flat                                           # no key embeds the model's name
     assert m["runs"] == len(rows)
-    assert "tiny-P4-none" in m["main"]
-    assert "tiny[d_model=64]-P4-none" not in m["main"]      # shape-override models belong to the scaling tables
-    main = {k.removeprefix("tiny-P4-"): v for k, v in m["main"].items()}
-    assert main["mapl-8x"]["seeds"] == 2 and "delta_pct" not in main["none"]
-    assert set(m["long"]) == {"tiny-P4-none", "tiny-P4-ssn-8x", "tiny-P4-mapl-8x"}
-    gap = m["main_ssn_minus_mapl_delta_points"]["tiny-P4-8x"]
-    assert gap == pytest.approx(main["ssn-8x"]["delta_pct"] - main["mapl-8x"]["delta_pct"], abs=1e-3)
+    assert set(m["main"]) == {"none", "int8", "ssn_4x", "ssn_8x", "mapl_4x", "mapl_8x", "mapl_rvq_8x", "mapl_rvq_16x"}
+    assert m["main"]["mapl_8x"]["seeds"] == 2 and "delta_pct" not in m["main"]["none"]
+    assert set(m["long"]) == {"none", "ssn_8x", "mapl_8x", "mapl_fixed_8x", "mapl_rvq_16x"}
+    assert set(m["long_paired"]) == {"ssn_8x_minus_mapl_8x", "mapl_fixed_8x_minus_mapl_8x", "mapl_rvq_16x_minus_mapl_8x"}
+    assert {"mean", "std", "n", "ci95_low", "ci95_high"} == set(m["long_paired"]["ssn_8x_minus_mapl_8x"])
+    assert set(m["token_axis"]) == {"main", "tokens", "long"} and set(m["width"]) == {"d64", "d128"}
+    assert "mapl_anchor_static_8x" in m["ablations"]
+    other = dict(R.table1_summaries(rows)[0], model="500M", stages=8)
+    assert R.metric_name(other, "tiny", 4) == "none_m500m_p8"
     text = R.write_macros(m, tmp_path / "macros.tex")
-    assert "\\newcommand{\\resMainTinyPFourMaplEightXDelta}{+" in text
-    assert "\\newcommand{\\resLongTinyPFourNoneLoss}{3.500}" in text
-    assert "\\newcommand{\\resMainTinyPFourMaplRvqFourXLoss}" not in text     # key is ratio 16 (effective)
-    assert "\\newcommand{\\resMainTinyPFourMaplRvqOneSixXLoss}" in text
-    assert "\\newcommand{\\resMainGapTinyPFourEightX}" in text
+    assert "\\newcommand{\\resMainMaplEightXDeltaPct}{+" in text
+    assert "\\newcommand{\\resLongPairedSsnEightXMinusMaplEightXCiNineFiveLow}{" in text
     for line in text.splitlines()[1:]:
         name = line.split("{\\", 1)[1].split("}", 1)[0]
         assert name.isalpha(), name                                     # LaTeX command names: letters only
@@ -201,15 +331,17 @@ def test_metrics_of_nothing():
     assert R.macros({"runs": 0}) == {"resRuns": "0"}
 
 
-def test_figures_write_pngs(rows, tmp_path):
-    for fn, name in ((R.pareto_figure, "pareto.png"), (R.loss_curves_figure, "curves.png")):
-        fn(rows, tmp_path / name)
-        assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-        fn([], tmp_path / f"empty-{name}")                               # no results: still a figure
-        assert (tmp_path / f"empty-{name}").exists()
-    R.pareto_figure(rows, tmp_path / "a.png")
-    R.pareto_figure(rows, tmp_path / "b.png")
-    assert (tmp_path / "a.png").read_bytes() == (tmp_path / "b.png").read_bytes()   # deterministic bytes
+def test_plots_write_pngs(rows, tmp_path):
+    plots = [R.pareto_plot(rows), R.curves_plot(rows, "main"), R.curves_plot(rows, "long"),
+             R.tokens_plot(rows, "t"), R.width_plot(rows, "w")]
+    for p in plots:
+        path = p.save(tmp_path)
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and not p.empty and p.caption and p.takeaway
+    assert "MAPL 8× 32 → 74.0" in plots[0].takeaway
+    for p in (R.pareto_plot([]), R.curves_plot([], "long"), R.tokens_plot([], ""), R.width_plot([], "")):
+        assert p.empty and p.save(tmp_path / "empty").exists()        # no runs: still a file (a DVC out)
+    a, b = R.pareto_plot(rows).save(tmp_path / "a"), R.pareto_plot(rows).save(tmp_path / "b")
+    assert a.read_bytes() == b.read_bytes()                            # deterministic bytes
 
 
 def test_time_to_target(rows, tmp_path):
@@ -218,26 +350,38 @@ def test_time_to_target(rows, tmp_path):
 
     def meas(nbytes):
         return StepMeasurement.uniform("gpipe", 4, 2, 0.01, 0.02, [nbytes] * 3, [nbytes] * 3).to_dict()
-    bench = {"methods": [{"method": "none", "ratio": 1.0, "timing": meas(1e6)},
-                         {"method": "mapl", "ratio": 8.0, "timing": meas(1.25e5)},
-                         {"method": "ssn", "ratio": 8.0, "timing": meas(1.25e5)},
-                         {"method": "mapl-rvq", "ratio": 8.0, "timing": meas(6e4)},    # effective 8x: no such run
-                         {"bogus": 1}]}
+    bench = {"profile": "cpu", "methods": [
+        {"method": "none", "ratio": 1.0, "timing": meas(1e6)}, {"method": "mapl", "ratio": 8.0, "timing": meas(1.25e5)},
+        {"method": "ssn", "ratio": 8.0, "timing": meas(1.25e5)}, {"method": "mapl-rvq", "ratio": 32.0, "timing": meas(3e4)},
+        {"bogus": 1}]}
     (tmp_path / "pipeline.json").write_text(json.dumps(bench))
-    b = R.load_bench(tmp_path / "pipeline.json")
+    assert R.load_bench(tmp_path / "pipeline.json", profile="micro") == []          # another profile's benchmark
+    b = R.load_bench(tmp_path / "pipeline.json", profile="cpu")
     assert [x["method"] for x in b] == ["none", "mapl", "ssn", "mapl-rvq"]
-    ttt = R.time_to_target_rows(rows, b, [1e7, 1e9], target_pct=2.0)
-    by = {(t["method"], t["bandwidth_bps"]): t for t in ttt}
-    assert by[("ssn", 1e7)]["time_s"] is None                            # SSN never gets within 2%
-    assert not any(t["method"] == "mapl-rvq" for t in ttt)                # matched on the effective ratio
-    assert R.time_to_target_table(ttt)[1][0][:3] == ["Uncompressed", "1×", "10"]
-    slow_none, slow_mapl = by[("none", 1e7)], by[("mapl", 1e7)]
-    assert slow_none["target"] == pytest.approx(3.5 * 1.02)
-    assert slow_mapl["time_s"] < slow_none["time_s"]                      # 8x fewer bytes on a slow link
-    assert by[("none", 1e9)]["step_s"] < slow_none["step_s"]
-    R.time_to_target_figure(ttt, tmp_path / "ttt.png")
-    R.time_to_target_figure([], tmp_path / "ttt-empty.png")
-    assert (tmp_path / "ttt.png").exists() and (tmp_path / "ttt-empty.png").exists()
+    ttt = R.time_to_target_rows(rows, b, [1e7, 1e9], target_pct=2.0, latencies_s=[0.0, 0.05])
+    by = {(t["method"], t["bandwidth_bps"], t["latency_s"]): t for t in ttt}
+    assert len(ttt) == 4 * 2 * 2
+    assert by[("none", 1e7, 0.0)]["target"] == pytest.approx(statistics.fmean(LONG["none"]) * 1.02)
+    assert by[("ssn", 1e7, 0.0)]["time_s"] is None and by[("ssn", 1e7, 0.0)]["budget"] == 3000   # kept, marked
+    assert by[("mapl-rvq", 1e7, 0.0)]["budget"] is None                  # no run at 32x: listed as such
+    assert by[("mapl", 1e7, 0.0)]["time_s"] < by[("none", 1e7, 0.0)]["time_s"]   # fewer bytes on a slow link
+    assert by[("none", 1e7, 0.05)]["step_s"] > by[("none", 1e7, 0.0)]["step_s"]
+    t = R.time_to_target_table(ttt)
+    assert len(t.body) == 8 and t.body[0][:2] == ["Uncompressed", "0"]
+    ssn_row = next(b for b in t.body if b[0] == "SSN 8×")
+    assert ssn_row[3] == "never in 3,000 steps" and ssn_row[4] == "never"
+    assert "Never within their runs" in t.takeaway and "ProtocolNanoGPT" in t.takeaway
+    plot = R.time_to_target_plot(ttt)
+    assert plot.save(tmp_path).exists() and not plot.empty
+    assert R.time_to_target_plot([]).empty
+
+
+def test_output_paths(tmp_path):
+    p = R.output_paths(tmp_path, "cpu")
+    assert p == {"results": tmp_path / "reports/cpu/results", "tables": tmp_path / "reports/cpu/tables",
+                 "figures": tmp_path / "reports/cpu/figures", "metrics": tmp_path / "reports/cpu/metrics.json"}
+    q = R.output_paths(tmp_path, "cpu", results="reports/results", out="/elsewhere")
+    assert q["results"] == tmp_path / "reports/results" and q["metrics"].as_posix() == "/elsewhere/metrics.json"
 
 
 def test_data_helpers():
@@ -245,55 +389,19 @@ def test_data_helpers():
     tok = byte_tokenizer()
     lengths = R.token_byte_lengths(tok)
     assert len(lengths) == 257 and lengths[256] == 0 and set(lengths[:256]) == {1}
-    hist = R.token_length_histogram(np.array([65, 66, 256, 256]), lengths)
-    assert hist == {0: 2, 1: 2}
+    assert R.token_length_histogram(np.array([65, 66, 256, 256]), lengths) == {0: 2, 1: 2}
     manifest = {"splits": {"train": {"tokens": 1000, "documents": 3, "works": ["a", "b", "c"]},
                            "val": {"tokens": 100, "documents": 1, "unigram_entropy": 3.25}}}
-    header, body = R.data_summary_table(manifest)
-    assert body == [["train", "1,000", 3, 3, R.DASH], ["val", "100", 1, R.DASH, "3.2500"]]
+    assert R.data_summary_table(manifest)[1] == [["train", "1,000", 3, 3, "—"], ["val", "100", 1, "—", "3.2500"]]
 
 
 def test_code_fingerprint(tmp_path):
+    from mapl.fingerprint import code_fingerprint
     (tmp_path / "mapl" / "compress").mkdir(parents=True)
     (tmp_path / "mapl" / "train.py").write_text("a")
     (tmp_path / "mapl" / "report.py").write_text("r")
-    fp = R.code_fingerprint(tmp_path)
+    fp = code_fingerprint(tmp_path)
     (tmp_path / "mapl" / "report.py").write_text("changed")               # not a training source
-    assert R.code_fingerprint(tmp_path) == fp
+    assert code_fingerprint(tmp_path) == fp
     (tmp_path / "mapl" / "compress" / "x.py").write_text("new")
-    assert R.code_fingerprint(tmp_path) != fp
-
-
-def _scal_row(method, projector, anchor, ratio, d, steps, loss):
-    return {"run": f"{method}-{projector}-{d}-{steps}", "method": method, "projector": projector, "anchor": anchor,
-            "nominal_ratio": ratio, "d_model": d, "steps": steps, "val_loss": loss, "seed": 0, "stages": 4,
-            "boundary_diagnostics": []}
-
-
-def test_scaling_rows_compute_gaps_in_points():
-    from mapl import report
-    rows = []
-    for d, steps, base in ((64, 300, 5.0), (128, 300, 4.0), (128, 3000, 3.0)):
-        rows += [_scal_row("none", None, "none", None, d, steps, base),
-                 _scal_row("ssn", "fixed-shared", "static", 8, d, steps, base * 1.05),
-                 _scal_row("mapl", "spel", "factorized", 8, d, steps, base * 1.02),
-                 _scal_row("mapl", "fixed", "factorized", 8, d, steps, base * 1.03),
-                 _scal_row("mapl", "spel", "none", 8, d, steps, base * 1.5)]      # an ablation: ignored
-    pts = report.scaling_rows(rows)
-    assert [(p["d_model"], p["steps"]) for p in pts] == [(64, 300), (128, 300), (128, 3000)]
-    for p in pts:
-        assert abs(p["gap_ssn_minus_mapl"] - 3.0) < 1e-9 and abs(p["gap_fixed_minus_mapl"] - 1.0) < 1e-9
-    t = report.scaling_tables(rows)
-    assert len(t["width"][1]) == 2 and len(t["tokens"][1]) == 2
-
-
-def test_diagnostics_table_averages_boundaries():
-    from mapl import report
-    r = _scal_row("mapl", "spel", "factorized", 8, 128, 300, 4.0)
-    r["boundary_diagnostics"] = [
-        {"boundary": 0, "rank": 16, "captured_energy": 0.8, "pca_energy": 0.9, "angles_to_pca_deg": {"mean": 30},
-         "angles_to_next_deg": {"mean": 50}, "ortho_err": 1e-6},
-        {"boundary": 1, "rank": 16, "captured_energy": 0.6, "pca_energy": 0.7, "angles_to_pca_deg": {"mean": 40},
-         "ortho_err": 2e-6}]
-    header, body = report.diagnostics_table([r])
-    assert body == [[r["run"], 16, "0.700", "0.800", "50.0", "35.0", "2.0e-06"]]
+    assert code_fingerprint(tmp_path) != fp

@@ -1,0 +1,138 @@
+"""The one error policy of every ``python -m mapl.*`` entry point: exit codes and one-line errors.
+
+    if __name__ == "__main__":
+        sys.exit(run_cli(main, prog="python -m mapl.train"))
+
+A user error (an invalid flag or config value, a missing or corrupt input, an unwritable output)
+prints ONE line ``error: ...`` naming what to fix, never a traceback; ``--debug`` (or
+``MAPL_DEBUG=1``) adds the traceback. Anything unexpected is a bug: its traceback is printed.
+
+| code | meaning |
+|---|---|
+| 0 | success |
+| 1 | a bug (an unexpected exception): the traceback is printed |
+| 2 | user error (flag, config, input data, checkpoint, output path): one line ``error: ...`` |
+| 3 | a peer process of the multi-process pipeline failed or did not answer in time |
+| 4 | non-finite values (NaN/Inf): the run stopped, the last good checkpoint is kept |
+| 130 | interrupted (Ctrl-C / SIGTERM): stopped after the step in flight, checkpoint written |
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+import traceback
+from typing import Callable, Sequence
+
+__all__ = ["EXIT_OK", "EXIT_BUG", "EXIT_USER_ERROR", "EXIT_PEER_FAILED", "EXIT_NON_FINITE", "EXIT_INTERRUPTED",
+           "EXIT_CODES", "USER_ERRORS", "PeerFailure", "exit_code", "error_line", "report", "run_cli",
+           "add_debug_flag", "debug_requested"]
+
+EXIT_OK = 0
+EXIT_BUG = 1                 # Python's own code for an uncaught exception
+EXIT_USER_ERROR = 2          # argparse's code for a usage error: the same family
+EXIT_PEER_FAILED = 3
+EXIT_NON_FINITE = 4
+EXIT_INTERRUPTED = 130       # the shell's 128 + SIGINT
+
+EXIT_CODES = {
+    EXIT_OK: "success",
+    EXIT_BUG: "a bug (an unexpected exception): the traceback is printed; please report it",
+    EXIT_USER_ERROR: "user error (flag, config, input data, checkpoint, output path): one line `error: ...` "
+                     "names what to fix",
+    EXIT_PEER_FAILED: "a peer process of the multi-process pipeline failed or did not answer in time",
+    EXIT_NON_FINITE: "non-finite values (NaN/Inf): the run stopped, the last good checkpoint is kept",
+    EXIT_INTERRUPTED: "interrupted (Ctrl-C / SIGTERM): stopped after the step in flight, checkpoint written",
+}
+
+# ValueError covers ConfigError, the data helper's DataError and io.OutputError: by contract, code
+# that raises a ValueError phrases its message for the user. The OSErrors name a path the user gave.
+USER_ERRORS = (ValueError, FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
+
+
+class PeerFailure(RuntimeError):
+    """Another process of a multi-process run died or did not answer (exit code 3).
+
+    The runtime's transport error subclasses it; the message names the operation, peer and step."""
+
+
+def exit_code(exc: BaseException) -> int:
+    """The documented exit code for an exception that ended a run."""
+    if isinstance(exc, KeyboardInterrupt):
+        return EXIT_INTERRUPTED
+    if isinstance(exc, PeerFailure):
+        return EXIT_PEER_FAILED
+    if isinstance(exc, FloatingPointError):
+        return EXIT_NON_FINITE
+    if isinstance(exc, USER_ERRORS):
+        return EXIT_USER_ERROR
+    return EXIT_BUG
+
+
+def _message(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.strerror and exc.filename:
+        text = f"{exc.filename}: {exc.strerror}"     # not "[Errno 2] No such file ...: 'x'"
+    else:
+        text = str(exc)
+    # one line whatever the raiser wrote: a message with newlines would look like several errors
+    return re.sub(r"\s*\n\s*", " ", text.strip()) or type(exc).__name__
+
+
+def error_line(exc: BaseException, label: str | None = None) -> str:
+    """The one line printed for ``exc``: ``error: [label: ]message`` or ``interrupted: ...``."""
+    if isinstance(exc, KeyboardInterrupt):       # a bare Ctrl-C has no message
+        parts = ["interrupted", label, _message(exc) if str(exc).strip() else None]
+    else:
+        parts = ["error", label, _message(exc)]
+    return ": ".join(p for p in parts if p)
+
+
+def report(exc: BaseException, *, prog: str = "mapl", label: str | None = None, debug: bool = False) -> int:
+    """Print what ``exc`` means for the user to stderr and return its exit code.
+
+    Entry points that must leave with ``os._exit`` (the multi-process pipeline) call this in their
+    own ``except BaseException`` and exit with the code; everyone else uses ``run_cli``."""
+    code = exit_code(exc)
+    sys.stdout.flush()
+    if code == EXIT_BUG:
+        traceback.print_exception(exc)
+        print(f"{prog}: unexpected {type(exc).__name__}{' on ' + label if label else ''}: this is a bug, "
+              f"please report it with the traceback above", file=sys.stderr)
+    else:
+        if debug:
+            traceback.print_exception(exc)
+        print(error_line(exc, label), file=sys.stderr)
+    sys.stderr.flush()
+    return code
+
+
+def debug_requested(argv: Sequence[str]) -> bool:
+    """``--debug`` among the arguments (before a ``--``) or ``MAPL_DEBUG`` set to anything but 0/empty."""
+    flags = list(argv)[:list(argv).index("--")] if "--" in argv else list(argv)
+    return "--debug" in flags or os.environ.get("MAPL_DEBUG", "0").strip().lower() not in ("", "0", "false", "no")
+
+
+def run_cli(main: Callable[[list[str]], int | None], argv: Sequence[str] | None = None, *, prog: str,
+            label: str | None = None) -> int:
+    """Call ``main(argv)`` (without ``--debug``) and turn how it ended into an exit code.
+
+    Returns ``main``'s own code (``None`` is 0); an exception is reported by ``report``. ``SystemExit``
+    (argparse's usage errors, ``--help``) passes through unchanged."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = debug_requested(argv)
+    if "--debug" in argv:
+        cut = argv.index("--") if "--" in argv else len(argv)
+        argv = [a for a in argv[:cut] if a != "--debug"] + argv[cut:]
+    try:
+        code = main(argv)
+    except (Exception, KeyboardInterrupt) as e:     # noqa: BLE001 -- the policy itself: each gets its code
+        return report(e, prog=prog, label=label, debug=debug)
+    return EXIT_OK if code is None else int(code)
+
+
+def add_debug_flag(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Document ``--debug`` in an entry point's ``--help`` (``run_cli`` consumes the flag itself)."""
+    parser.add_argument("--debug", action="store_true",
+                        help="show the Python traceback for user errors too (same as MAPL_DEBUG=1)")
+    return parser

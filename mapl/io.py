@@ -1,0 +1,289 @@
+"""Safe outputs: atomic writes with unique temp names, writable checks, exclusive output locks.
+
+Every file a run writes (results JSON, checkpoints) goes through this module, so that
+
+* a reader never sees a half-written file: the bytes go to a temp file in the target's folder, are
+  fsynced, then renamed over the target (``os.replace`` is atomic within one filesystem);
+* two processes writing the same path never share a temp file (each temp name holds the PID and a
+  random token and is created with ``O_EXCL``), and a failed write removes its temp file;
+* an output problem (disk full, ``ulimit -f``, read-only or missing folder, a directory where a
+  file belongs) is found before any work (``check_writable``) or, if it happens mid-run, surfaces as
+  one ``OutputError`` naming the path and the cause, never as a torch/zip traceback;
+* two runs never write the same outputs at once (``OutputLock``), and one run never gives the same
+  file twice (results and checkpoint must differ).
+
+Typical use in an entry point (``python -m mapl.train --out r.json --ckpt r.pt``)::
+
+    check_writable(out); check_writable(ckpt)          # before any data or model is touched
+    with OutputLock(results=out, checkpoint=ckpt):      # refused if another run holds either path
+        ... train ...
+        atomic_torch_save(state, ckpt)
+        atomic_write_json(out, results)
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import secrets
+import shlex
+import sys
+import time
+from pathlib import Path
+
+__all__ = ["OutputError", "atomic_write_text", "atomic_write_bytes", "atomic_write_json", "atomic_torch_save",
+           "check_writable", "OutputLock"]
+
+PathLike = str | os.PathLike
+
+
+class OutputError(ValueError):
+    """An output path cannot be written (or is in use); the message names the path and the cause."""
+
+
+# errno -> what the user can do about it (the OS's own words come first in the message)
+_HINTS = {
+    errno.ENOSPC: "the disk is full: free space or choose another folder",
+    errno.EDQUOT: "the disk quota is exhausted: free space or choose another folder",
+    errno.EFBIG: "the file-size limit is reached (ulimit -f) or the disk is full",
+    errno.EACCES: "no permission to write there: choose a writable folder",
+    errno.EPERM: "no permission to write there: choose a writable folder",
+    errno.EROFS: "the filesystem is read-only: choose a writable folder",
+    errno.EISDIR: "it is a directory: give a file path",
+    errno.ENOTDIR: "a parent of it is a file, not a folder",
+    errno.EEXIST: "a file is where its folder should be",
+    errno.ENAMETOOLONG: "the file name is too long",
+}
+
+
+def _output_error(path: Path, e: OSError, doing: str = "cannot write") -> OutputError:
+    cause = e.strerror or str(e)
+    hint = _HINTS.get(e.errno)
+    return OutputError(f"{doing} {path}: {cause}" + (f" ({hint})" if hint else ""))
+
+
+def _temp_name(path: Path) -> Path:
+    # PID + random token: unique per process and per call; '.tmp' so no results glob picks it up
+    return path.with_name(f"{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
+
+
+def _open_temp(path: Path) -> tuple[int, Path]:
+    """Create a fresh temp file next to ``path`` (O_EXCL: never shared, mode from the umask)."""
+    if path.is_dir():
+        raise OutputError(f"cannot write {path}: it is a directory (give a file path)")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise _output_error(path, e, "cannot create the folder of") from e
+    while True:
+        tmp = _temp_name(path)
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666), tmp
+        except FileExistsError:      # 32 random bits collided: draw again
+            continue
+        except OSError as e:
+            raise _output_error(path, e) from e
+
+
+def _fsync_folder(folder: Path) -> None:
+    """Make the rename itself durable; some filesystems cannot fsync a folder (best effort)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def _atomic_file(path: PathLike):
+    """Yield a binary file object; on success fsync + rename over ``path``, on any failure remove it.
+
+    ``OSError`` (from the body, the fsync or the rename) becomes one ``OutputError``; anything else
+    (a bug, KeyboardInterrupt) propagates unchanged, after the temp file is removed."""
+    path = Path(path)
+    fd, tmp = _open_temp(path)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        if isinstance(e, OSError):
+            raise _output_error(path, e) from e
+        raise
+    _fsync_folder(path.parent)
+
+
+def atomic_write_bytes(path: PathLike, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically (temp file, fsync, rename); ``OutputError`` on failure."""
+    with _atomic_file(path) as f:
+        f.write(data)
+
+
+def atomic_write_text(path: PathLike, text: str) -> None:
+    """Write ``text`` (UTF-8) to ``path`` atomically; ``OutputError`` on failure."""
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_json(path: PathLike, obj) -> None:
+    """Write ``obj`` as indented JSON to ``path`` atomically (serialised first: a non-serialisable
+    object raises ``TypeError`` before any file is created)."""
+    atomic_write_text(path, json.dumps(obj, indent=1) + "\n")
+
+
+class _RecordingWriter:
+    """A file wrapper that remembers the OSError behind a failed write: torch.save reports it only
+    as a zip-writer ``RuntimeError`` ("enforce fail at inline_container.cc"), which names no cause."""
+
+    def __init__(self, f):
+        self.f, self.error = f, None
+
+    def write(self, b):
+        try:
+            return self.f.write(b)
+        except OSError as e:
+            self.error = e
+            raise
+
+    def flush(self):
+        try:
+            return self.f.flush()
+        except OSError as e:
+            self.error = e
+            raise
+
+
+def atomic_torch_save(obj, path: PathLike) -> None:
+    """``torch.save(obj, path)`` atomically; a write failure is one ``OutputError`` naming the cause."""
+    import torch                        # lazy: the JSON/text writers must not pay for importing torch
+
+    with _atomic_file(path) as f:
+        writer = _RecordingWriter(f)
+        try:
+            torch.save(obj, writer)
+        except RuntimeError as e:
+            if writer.error is None:     # not an I/O failure: a real error, keep it as it is
+                raise
+            raise writer.error from e    # _atomic_file turns it into OutputError and removes the temp
+
+
+def check_writable(path: PathLike) -> Path:
+    """Fail now, before any work, if ``path`` could not be written at the end of the run.
+
+    Creates the folder if needed, then creates and removes a probe file named like the real temp
+    file (so a name that is too long fails here too). Returns ``path`` as a ``Path``."""
+    path = Path(path)
+    fd, tmp = _open_temp(path)
+    os.close(fd)
+    try:
+        tmp.unlink()
+    except OSError as e:
+        raise _output_error(path, e, "cannot remove a probe file next to") from e
+    return path
+
+
+def _holder_command() -> str:
+    return shlex.join(getattr(sys, "orig_argv", None) or [sys.executable, *sys.argv])
+
+
+class OutputLock:
+    """Hold an exclusive lock on a run's output paths for the whole run.
+
+    ``with OutputLock(results=out, checkpoint=ckpt): ...`` (or positional paths). Each path gets a
+    ``<path>.lock`` sidecar holding ``fcntl.flock`` and the holder's PID and command line; the OS
+    releases the lock when the process dies, even by SIGKILL (a stale sidecar is then reused).
+    A path already locked by another run, or the same file given twice, is an ``OutputError``.
+    ``None`` paths are skipped (e.g. no checkpoint). The sidecars are removed on exit."""
+
+    def __init__(self, *paths: PathLike | None, **named: PathLike | None):
+        items = [(str(p), p) for p in paths] + list(named.items())
+        self._paths = [(label, Path(p)) for label, p in items if p is not None]
+        self._held: list[tuple[Path, int]] = []
+        self._check_distinct()
+
+    def _check_distinct(self) -> None:
+        seen: dict[Path, str] = {}
+        for label, p in self._paths:
+            key = p.resolve()
+            if key in seen:
+                which = f"{label} is given twice" if seen[key] == label else f"{seen[key]} and {label} are the same file"
+                raise OutputError(f"{which} ({key}): every output of a run needs its own path, "
+                                  f"e.g. --out r.json --ckpt r.pt")
+            seen[key] = label
+
+    def __enter__(self) -> OutputLock:
+        try:
+            for _, p in self._paths:
+                self._held.append((p, _acquire(p)))
+        except BaseException:
+            self.release()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+    def release(self) -> None:
+        """Remove the sidecars (while still locked, so no waiter locks a file being deleted), unlock."""
+        for p, fd in reversed(self._held):
+            with contextlib.suppress(OSError):
+                _lock_path(p).unlink()
+            os.close(fd)
+        self._held.clear()
+
+
+def _lock_path(path: Path) -> Path:
+    return path.with_name(path.name + ".lock")
+
+
+def _acquire(path: Path) -> int:
+    """Lock ``<path>.lock`` and write our PID and command into it; return the open descriptor."""
+    lock = _lock_path(path)
+    try:
+        lock.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise _output_error(path, e, "cannot create the folder of") from e
+    while True:
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o666)
+        except OSError as e:
+            raise _output_error(lock, e, "cannot create the lock file") from e
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise OutputError(f"{path} is in use by {_read_holder(lock)}: wait for that run to finish, stop it, "
+                              f"or choose another output path") from None
+        # the holder we waited on may have unlinked the sidecar between our open and our flock:
+        # then we hold a lock on a deleted file and must start over on the new one
+        try:
+            same = os.stat(lock).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n{_holder_command()}\n".encode())
+    return fd
+
+
+def _read_holder(lock: Path) -> str:
+    """'PID 1234 (python -m mapl.train ...)' from a held sidecar (the holder writes it just after locking)."""
+    for _ in range(20):
+        with contextlib.suppress(OSError):
+            pid, _, cmd = lock.read_text().partition("\n")
+            if pid.strip().isdigit():
+                return f"PID {pid.strip()} ({cmd.strip()})"
+        time.sleep(0.01)
+    return f"another process (see {lock})"

@@ -1,0 +1,166 @@
+"""Headline numbers for ``dvc metrics`` (``reports/<profile>/metrics.json``) and LaTeX macros.
+
+Keys never embed the model's name, so ``dvc metrics diff`` and ``dvc exp show`` line up across
+profiles: ``main.mapl_8x.delta_pct``, ``long.ssn_8x.val_loss``,
+``long_paired.ssn_8x_minus_mapl_8x.mean``, ``token_axis.long.ssn_minus_mapl.ci95_low``,
+``width.d64.ssn_minus_mapl.mean``, ``ablations.mapl_fixed_8x.delta_pct``. A configuration's name is
+its variant (``mapl``, ``mapl_fixed``, ``mapl_anchor_none``, ``mapl_rvq``) and, for methods with a
+projector, its **wire ratio** (2d / forward bytes: ``mapl_rvq_16x`` is MAPL+VQ at projection 8x).
+Runs of another model or P than the profile's main ones (the paper profile's 500M and 1B, P = 8)
+get a suffix: ``mapl_6x_m500m``, ``mapl_4x_p8``.
+
+Macros: ``\\res`` + the CamelCased key path, digits spelled out (LaTeX command names are letters):
+``main.mapl_8x.delta_pct`` -> ``\\resMainMaplEightXDeltaPct`` = ``+2.32\\%``.
+"""
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Sequence
+
+from .files import atomic_write_text
+from .rows import budget_steps, main_model, run_key
+from .stats import summarize
+from .studies import comparisons, headline_summaries, token_points, width_points
+from .tables import table1_summaries
+
+__all__ = ["metric_name", "metrics", "write_metrics", "macros", "write_macros"]
+
+_ROUND = {"val_loss": 6, "val_loss_std": 6}
+
+
+def _main_stages(rows: Sequence[dict]) -> int | None:
+    counts = Counter(r["stages"] for r in rows if r["model"] == main_model(rows))
+    return min(counts, key=lambda p: (-counts[p], p)) if counts else None
+
+
+def metric_name(s: dict, model: str | None = None, stages: int | None = None) -> str:
+    """``mapl_8x``; with a suffix for a model other than ``model`` or a P other than ``stages``."""
+    name = s["variant"].replace("-", "_")
+    if s.get("projection_ratio") is not None:
+        name += f"_{s['wire_ratio']:g}x".replace(".", "p")
+    if model is not None and s["model"] != model:
+        name += "_m" + "".join(ch for ch in s["model"].lower() if ch.isalnum())
+    if stages is not None and s["stages"] != stages:
+        name += f"_p{s['stages']}"
+    return name
+
+
+def _entry(s: dict) -> dict:
+    e = {"val_loss": s["val_loss"], "seeds": s["n"], "steps": s["steps"],
+         "fwd_bytes_per_token": s["fwd_bytes_per_token"], "total_bytes_per_token": s["total_bytes_per_token"]}
+    if s["val_loss_std"] is not None:
+        e["val_loss_std"] = s["val_loss_std"]
+    if s["method"] != "none" and s["delta_pct"] is not None:
+        e["delta_pct"] = s["delta_pct"]
+        if s["delta_std"] is not None:
+            e["delta_std"] = s["delta_std"]
+    return {k: (round(v, _ROUND.get(k, 4)) if isinstance(v, float) else v) for k, v in e.items() if v is not None}
+
+
+def _paired(c: dict) -> dict:
+    e = {"mean": round(c["mean"], 4), "n": c["n"]}
+    if c["std"] is not None:
+        e["std"] = round(c["std"], 4)
+    if c["ci"] is not None:
+        e["ci95_low"], e["ci95_high"] = round(c["ci"][0], 4), round(c["ci"][1], 4)
+    return e
+
+
+def _section(sums: Sequence[dict], model, stages) -> dict:
+    return {metric_name(s, model, stages): _entry(s) for s in sums}
+
+
+def _ablation_sums(rows: Sequence[dict]) -> list[dict]:
+    keys = {run_key(r, False) for r in rows if r["group"] == "ablations" and r["variant"] != r["method"]}
+    return summarize([r for r in rows if run_key(r, False) in keys], rows)
+
+
+def _axis(points: Sequence[dict], name) -> dict:
+    return {name(p): {"ssn_minus_mapl": _paired(p["gap"])} for p in points if p["gap"]}
+
+
+def metrics(rows: Sequence[dict]) -> dict:
+    """The metrics dict (keys: the module docstring); sections without runs are left out."""
+    model, stages = main_model(rows), _main_stages(rows)
+    out: dict = {"runs": len(rows)}
+    sections = {"main": table1_summaries(rows), "ablations": _ablation_sums(rows),
+                "long": headline_summaries(rows, "long")}
+    for key, sums in sections.items():
+        if sums:
+            out[key] = _section(sums, model, stages)
+    paired = {f"{metric_name(c['a'], model, stages)}_minus_{metric_name(c['b'], model, stages)}": _paired(c)
+              for c in comparisons(sections["long"])}
+    if paired:
+        out["long_paired"] = paired
+    groups = {budget_steps(rows, g, model): g for g in ("longer", "long", "tokens", "main")}
+    tokens = _axis(token_points(rows), lambda p: groups.get(p["steps"], f"steps{p['steps']}"))
+    points = width_points(rows)
+    width = _axis(points, lambda p: f"d{p['d']}") if len(points) > 1 else {}
+    for key, sec in (("token_axis", tokens), ("width", width)):
+        if sec:
+            out[key] = sec
+    return out
+
+
+def write_metrics(rows: Sequence[dict], path: str | Path) -> dict:
+    """Write :func:`metrics` as sorted, indented JSON (atomically); returns it."""
+    m = metrics(rows)
+    atomic_write_text(path, json.dumps(m, indent=1, sort_keys=True) + "\n")
+    return m
+
+
+_DIGITS = "Zero One Two Three Four Five Six Seven Eight Nine".split()
+
+
+def _camel(text: str) -> str:
+    """LaTeX-safe CamelCase: letters kept, digits spelled (``8x`` -> ``EightX``, ``1.5`` -> ``OnePtFive``)."""
+    out, up = [], True
+    for ch in str(text):
+        if ch.isdigit():
+            out.append(_DIGITS[int(ch)])
+            up = True
+        elif ch == ".":
+            out.append("Pt")
+            up = True
+        elif ch.isalpha() and ch.isascii():
+            out.append(ch.upper() if up else ch)
+            up = False
+        else:
+            up = True
+    return "".join(out)
+
+
+def _format(leaf: str, v) -> str:
+    if isinstance(v, int):
+        return str(v)
+    if leaf.startswith("val_loss"):
+        return f"{v:.3f}" if leaf == "val_loss" else f"{v:.4f}"
+    if leaf == "delta_pct":
+        return f"{v:+.2f}\\%"
+    if leaf in ("mean", "ci95_low", "ci95_high"):
+        return f"{v:+.2f}"
+    return f"{v:.2f}" if leaf.endswith("std") else f"{v:g}"
+
+
+def macros(m: dict, prefix: str = "res") -> dict[str, str]:
+    """LaTeX macro name -> text for every number of :func:`metrics` output."""
+    out = {}
+
+    def walk(d: dict, path: str) -> None:
+        for k, v in d.items():
+            if isinstance(v, dict):
+                walk(v, path + _camel(k))
+            elif isinstance(v, (int, float)):
+                out[path + _camel(k)] = _format(k, v)
+    walk(m, prefix)
+    return out
+
+
+def write_macros(m: dict, path: str | Path, prefix: str = "res") -> str:
+    """``\\newcommand`` lines for :func:`macros` (atomically); returns the text written."""
+    text = "% generated by mapl.report.write_macros from metrics.json; do not edit\n"
+    text += "".join(f"\\newcommand{{\\{k}}}{{{v}}}\n" for k, v in sorted(macros(m, prefix).items()))
+    atomic_write_text(path, text)
+    return text

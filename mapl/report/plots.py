@@ -1,0 +1,111 @@
+"""Each figure of the report with its caption and a takeaway computed from the numbers it shows.
+
+    >>> plot = pareto_plot(rows)
+    >>> plot.save(FIGURES)            # FIGURES/pareto.png
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from matplotlib.figure import Figure
+
+from .figures import axis_figure, loss_curves_figure, pareto_figure, save_figure
+from .rows import budget_steps, main_model, run_key
+from .studies import STUDY_VARIANTS, headline_ratio, token_points, width_points
+from .style import fmt_ratio, label
+from .table import fmt, fmt_int
+from .tables import main_budget, table1_summaries
+
+__all__ = ["Plot", "pareto_plot", "curves_plot", "tokens_plot", "width_plot"]
+
+
+@dataclass
+class Plot:
+    """A figure with its file stem, caption and one-line takeaway; ``empty``: no data to draw (the
+    figure is a one-line note, still written so that the file always exists)."""
+    name: str
+    caption: str
+    takeaway: str
+    figure: Figure
+    empty: bool = False
+
+    def save(self, folder: str | Path) -> Path:
+        path = Path(folder) / f"{self.name}.png"
+        save_figure(self.figure, path)
+        return path
+
+
+def _bytes_takeaway(sums: Sequence[dict], ratio: float | None) -> str:
+    """Forward vs total bytes of the methods at projection ratio ``ratio`` (the headline's)."""
+    picks = [s for s in sums if s["method"] != "none" and s["total_bytes_per_token"] and s["projection_ratio"] == ratio]
+    if not picks:
+        return "no compressed runs with byte counts."
+    parts = [f"{label(s['variant'], s['wire_ratio'], s['projection_ratio'])} {fmt(s['fwd_bytes_per_token'], 0)} → "
+             f"{fmt(s['total_bytes_per_token'], 1)}" for s in picks]
+    return ("Forward → total bytes per token and boundary: " + "; ".join(parts)
+            + ". The total counts the backward gradients, token ids, the projector exchange and codebook sync.")
+
+
+def pareto_plot(rows: Sequence[dict]) -> Plot:
+    """Δ% against forward and total bytes per token at the main budget (Table 1's runs)."""
+    sums = table1_summaries(rows)
+    model = main_model(rows)
+    steps = main_budget(rows, model) if model else None
+    caption = ("Δ% of validation loss against bytes per token and boundary at the main budget, token-matched; error "
+               "bars: std over seeds; point labels: wire ratio (2d / forward bytes). Left: the forward payload, as "
+               "the paper counts it. Right: total = (forward + backward + token ids + projector exchange + codebook "
+               "sync) bytes of the run / (training tokens × boundaries).")
+    takeaway = _bytes_takeaway(sums, headline_ratio(rows)) if sums else "no runs in group main."
+    return Plot("pareto", caption, takeaway, pareto_figure(sums, steps), empty=not sums)
+
+
+def curves_plot(rows: Sequence[dict], group: str) -> Plot:
+    """Loss curves of the configurations of ``group``, with every seed of them from any group (mean
+    over seeds, band = range)."""
+    keys = {run_key(r, False) for r in rows if r["group"] == group}
+    pick = [r for r in rows if run_key(r, False) in keys]
+    steps = budget_steps(rows, group)
+    title = f"Loss curves, group {group}" + (f" ({steps:,} steps)" if steps else "")
+    fig = loss_curves_figure(pick, title=title)
+    if not pick:
+        return Plot(f"curves-{group}", f"Loss curves of group {group}.", f"no runs in group {group}.", fig, empty=True)
+    finals = {}
+    for r in pick:
+        finals.setdefault((r["variant"], r["wire_ratio"], r["projection_ratio"]), []).append(r["val_loss"])
+    best = min(finals, key=lambda k: sum(finals[k]) / len(finals[k]))
+    dense = [r for r in pick if r["method"] == "none" and len(r["val_loss_curve"]) >= 2]
+    still = ""
+    if dense:                        # does the val loss still fall at the end of the budget?
+        (s0, l0), (s1, l1) = dense[0]["val_loss_curve"][-2:]
+        still = f"; the uncompressed val loss fell by {l0 - l1:.4f} over its last {s1 - s0:,} steps"
+    caption = ("Train loss (moving mean) and validation loss against step; one line per configuration, the mean over "
+               "its seeds with their range as a band; colour and marker: method; line style: wire ratio (solid ≤ 6×, "
+               "dashed ≤ 12×, dotted ≤ 24×, dash-dot beyond).")
+    takeaway = (f"Lowest final val loss: {label(*best)} {sum(finals[best]) / len(finals[best]):.4f}{still}.")
+    return Plot(f"curves-{group}", caption, takeaway, fig)
+
+
+def tokens_plot(rows: Sequence[dict], takeaway: str) -> Plot:
+    """The token axis (``takeaway``: the token table's, the same numbers)."""
+    points = token_points(rows)
+    ratio = headline_ratio(rows)
+    fig = axis_figure(points, "steps", "optimizer steps (log; tokens ∝ steps)", STUDY_VARIANTS[1:],
+                      f"Token axis at projection ratio {fmt_ratio(ratio)}", "fewer than two budgets with runs")
+    caption = ("Left: each method's Δ% against the training budget (mean; bars: std over seeds). Right: the paired "
+               "SSN − MAPL difference of Δ% (positive: MAPL ahead), its mean with the Student t 95% interval and "
+               "every seed as a dot.")
+    return Plot("tokens", caption, takeaway, fig, empty=len(points) < 2)
+
+
+def width_plot(rows: Sequence[dict], takeaway: str) -> Plot:
+    """The width axis (``takeaway``: the width table's)."""
+    points = width_points(rows)
+    steps = points[0]["steps"] if points else None
+    fig = axis_figure(points, "d", "model width d (log)", STUDY_VARIANTS[1:],
+                      f"Width axis at projection ratio {fmt_ratio(headline_ratio(rows))}, {fmt_int(steps)} steps",
+                      "no runs in group width")
+    caption = ("Left: each method's Δ% against the model width d at the main budget (bars: std over seeds where "
+               "there are several). Right: the paired SSN − MAPL gap per width.")
+    return Plot("width", caption, takeaway, fig, empty=len(points) < 2)

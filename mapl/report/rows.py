@@ -1,0 +1,231 @@
+"""Results JSON -> one flat *row* per run; loading, selection, keys and budgets.
+
+    >>> rows = select(load_results(ROOT, results_dir("cpu")), profile="cpu")
+
+A row holds, from one results JSON:
+
+* ``run``, ``group`` (its folder under the results directory: main, seeds, ablations, long, longer,
+  tokens, width, rvq_sync, tune, tune2, ...), ``profile``, ``config_hash``
+* ``model`` (the preset, with any shape overrides in brackets: ``tiny[d_model=64,ffn_hidden=192]``),
+  ``base_model`` (the preset alone), ``d_model`` (uncompressed bytes per token / 2), ``stages`` (P)
+* ``method``, ``projector``, ``anchor``, ``rvq_sync`` (mapl-rvq only), ``variant`` (the method plus
+  every setting that differs from the method's default: ``mapl-fixed``, ``mapl-anchor-none``,
+  ``mapl-rvq-sync-full``; the key of the style map and of the metrics)
+* the two ratios, never confused: ``wire_ratio`` = 2d / forward bytes per token (what the results
+  call ``ratio``: MAPL+VQ at projection 8x is 16x on the wire) and ``projection_ratio`` = d / r (the
+  config's ``compressor.ratio``; None for methods without a projector)
+* ``seed``, ``steps``, ``tokens``, ``eval_offset`` (nonzero: the tuning protocol's validation slice),
+  ``val_loss``, ``val_loss_curve``, ``train_loss_curve``
+* bytes per token and boundary: ``fwd_bytes_per_token``, ``bwd_bytes_per_token``,
+  ``id_bytes_per_token``, ``uncompressed_bytes_per_token`` and ``total_bytes_per_token`` (see
+  :func:`total_bytes_per_token`), with ``state_bytes_per_token`` (projector exchange: receiver-side
+  gradients back, the updated basis forward) and ``sync_bytes_per_token`` (codebook sync) inside it
+* ``lr_muon``, ``lr_embed``, ``lr_head``, ``proj_lr_mult`` (the tuning table), ``ortho_max_err``,
+  ``boundary_diagnostics``
+
+Configs written before the nested ``compressor.rvq.*`` / ``compressor.projector.*`` keys are read too
+(``compressor.rvq_sync``, ``compressor.proj_lr_mult``).
+"""
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from ..config import METHODS
+
+__all__ = ["GROUP_ORDER", "METHOD_ORDER", "KEY", "results_dir", "row_from_result", "load_results", "select",
+           "total_bytes_per_token", "variant_of", "is_default", "run_key", "group_runs", "sort_key",
+           "main_model", "budget_steps"]
+
+# where a configuration appears in two groups, the first group here keeps it (the others are dropped)
+GROUP_ORDER = ("main", "seeds", "ablations", "long", "longer", "tokens", "width", "rvq_sync", "tune", "tune2")
+METHOD_ORDER = ("none", "int8", "ssn", "mapl", "mapl-rvq")
+KEY = ("model", "stages", "method", "wire_ratio", "projector", "anchor", "rvq_sync", "steps", "seed")
+
+
+def results_dir(profile: str, root: str | Path = "") -> Path:
+    """``<root>/reports/<profile>/results``: where a profile's run groups write their results JSON."""
+    return Path(root) / "reports" / profile / "results"
+
+
+def _get(d: dict, *paths: str):
+    """The first of the dotted ``paths`` present in the nested dict ``d`` (None if none is)."""
+    for path in paths:
+        cur = d
+        for part in path.split("."):
+            cur = cur.get(part) if isinstance(cur, dict) else None
+        if cur is not None:
+            return cur
+    return None
+
+
+def _round(x: float | None) -> float | None:
+    return None if x is None else float(f"{x:.3g}")
+
+
+def total_bytes_per_token(res: dict) -> float | None:
+    """Bytes per training token and boundary, both directions, everything on the wire:
+
+        total = (fwd + bwd + ids + piggyback + state) bytes of the run / (tokens x (P - 1))
+
+    fwd/bwd: the activation and gradient payloads; ids: token ids (anchors); piggyback: codebook
+    slices streamed with the data; state: the projector exchange (receiver-side gradients back, the
+    updated basis forward) and full codebook syncs. ``wire.total_bytes_per_token_per_boundary``
+    when the results carry it, else computed from ``wire.declared``; None for results without either."""
+    wire = res.get("wire") or {}
+    if wire.get("total_bytes_per_token_per_boundary") is not None:
+        return float(wire["total_bytes_per_token_per_boundary"])
+    declared, tokens, stages = wire.get("declared"), res.get("tokens"), res.get("stages")
+    if not declared or not tokens or not stages or stages < 2:
+        return None
+    return sum(declared.values()) / (tokens * (stages - 1))
+
+
+def _per_token(res: dict, *kinds: str) -> float | None:
+    wire = res.get("wire") or {}
+    declared, tokens, stages = wire.get("declared"), res.get("tokens"), res.get("stages")
+    if not declared or not tokens or not stages or stages < 2:
+        return None
+    return sum(declared.get(k, 0) for k in kinds) / (tokens * (stages - 1))
+
+
+def variant_of(method: str, projector: str | None, anchor: str | None, rvq_sync: str | None = None) -> str:
+    """The method plus every setting that differs from the method's default (``mapl.config.METHODS``):
+    ``mapl``, ``mapl-fixed``, ``mapl-anchor-static``, ``mapl-rvq-sync-mirrored``."""
+    default = METHODS.get(method, {})
+    name = method
+    if projector is not None and projector != default.get("projector"):
+        name += f"-{projector}"
+    if anchor is not None and anchor != default.get("anchor"):
+        name += f"-anchor-{anchor}"
+    if rvq_sync not in (None, "stream"):
+        name += f"-sync-{rvq_sync}"
+    return name
+
+
+def _model_name(res: dict, cfg: dict) -> str:
+    over = cfg.get("model_overrides") or {}
+    inner = ",".join(f"{k}={v}" for k, v in sorted(over.items()))
+    return res.get("model", "") + (f"[{inner}]" if inner else "")
+
+
+def row_from_result(res: dict, group: str = "") -> dict:
+    """One flat row from a results JSON dict (fields: the module docstring)."""
+    cfg, wire, prov = res.get("config") or {}, res.get("wire") or {}, res.get("provenance") or {}
+    method, projector = res.get("method", "none"), res.get("projector")
+    rvq_sync = _get(cfg, "compressor.rvq.sync", "compressor.rvq_sync") if method == "mapl-rvq" else None
+    uncompressed = wire.get("uncompressed_bytes_per_token")
+    return {
+        "run": res.get("run", ""), "group": group, "profile": cfg.get("profile", ""),
+        "config_hash": prov.get("config_hash", ""),
+        "model": _model_name(res, cfg), "base_model": res.get("model", ""),
+        "d_model": int(uncompressed // 2) if uncompressed else None, "stages": res.get("stages"),
+        "method": method, "projector": projector, "anchor": res.get("anchor"), "rvq_sync": rvq_sync,
+        "variant": variant_of(method, projector, res.get("anchor"), rvq_sync),
+        "wire_ratio": _round(res.get("ratio", 1.0)),
+        "projection_ratio": _round(res.get("nominal_ratio")) if projector else None,
+        "seed": prov.get("seed", _get(cfg, "train.seed") or 0), "steps": res.get("steps"),
+        "tokens": res.get("tokens"), "eval_offset": _get(cfg, "train.eval_offset") or 0,
+        "val_loss": res.get("val_loss"),
+        "val_loss_curve": res.get("val_loss_curve") or [], "train_loss_curve": res.get("train_loss_curve") or [],
+        "fwd_bytes_per_token": wire.get("fwd_bytes_per_token"), "bwd_bytes_per_token": wire.get("bwd_bytes_per_token"),
+        "id_bytes_per_token": wire.get("id_bytes_per_token", 0), "uncompressed_bytes_per_token": uncompressed,
+        "total_bytes_per_token": total_bytes_per_token(res),
+        "state_bytes_per_token": _per_token(res, "state"), "sync_bytes_per_token": _per_token(res, "piggyback"),
+        "lr_muon": _get(cfg, "train.lr_muon"), "lr_embed": _get(cfg, "train.lr_embed"),
+        "lr_head": _get(cfg, "train.lr_head"),
+        "proj_lr_mult": _get(cfg, "compressor.projector.lr_mult", "compressor.proj_lr_mult"),
+        "ortho_max_err": res.get("ortho_max_err"), "boundary_diagnostics": res.get("boundary_diagnostics") or [],
+    }
+
+
+def _group_rank(group: str) -> tuple:
+    return (GROUP_ORDER.index(group) if group in GROUP_ORDER else len(GROUP_ORDER), group)
+
+
+def _read(path: Path) -> dict | None:
+    try:
+        res = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return res if isinstance(res, dict) and "val_loss" in res and "method" in res else None
+
+
+def load_results(root: str | Path, results: str | Path = "reports/results", dedupe: bool = True) -> list[dict]:
+    """Rows of every results dict under ``<root>/<results>`` (``results`` may be absolute), sorted by
+    :func:`sort_key`; files that are not results JSON are skipped. ``dedupe``: one row per
+    :func:`run_key` and profile among the runs on the report's validation slice (eval_offset 0): where
+    a configuration appears in two groups, or an ad-hoc run repeats one with other hyperparameters,
+    the first of :data:`GROUP_ORDER` (then the others by name) keeps it. Runs on the tuning slice
+    differ by their learning rates only and are all kept."""
+    base = Path(root) / results
+    found = []
+    for path in sorted(base.rglob("*.json")) if base.is_dir() else []:
+        res = _read(path)
+        if res is not None:
+            group = path.parent.relative_to(base).as_posix() if path.parent != base else ""
+            found.append(row_from_result(res, group))
+    found.sort(key=lambda r: (_group_rank(r["group"]), r["run"]))
+    rows, seen = [], set()
+    for r in found:
+        key = (r["profile"], *run_key(r)) if dedupe and not r["eval_offset"] else (r["group"], r["run"])
+        if key not in seen:
+            seen.add(key)
+            rows.append(r)
+    return sorted(rows, key=sort_key)
+
+
+def sort_key(r: dict) -> tuple:
+    """Model, P, method (in :data:`METHOD_ORDER`), variant, wire ratio, steps, seed, run."""
+    m = r["method"]
+    return (str(r["model"]), r.get("stages") or 0, METHOD_ORDER.index(m) if m in METHOD_ORDER else 99,
+            r.get("variant", m), r.get("wire_ratio") or 0, r.get("steps") or 0, r.get("seed") or 0, r.get("run", ""))
+
+
+def select(rows: Iterable[dict], profile: str | None = None, eval_offset: int | None = 0, **eq) -> list[dict]:
+    """Rows of ``profile`` (None: any) evaluated at ``eval_offset`` (None: any; the default 0 leaves
+    the tuning protocol out) with ``row[k] == v`` for every keyword; rows without a val loss are dropped."""
+    out = []
+    for r in rows:
+        if r.get("val_loss") is None or (profile and r["profile"] != profile):
+            continue
+        if eval_offset is not None and (r.get("eval_offset") or 0) != eval_offset:
+            continue
+        if all(r.get(k) == v for k, v in eq.items()):
+            out.append(r)
+    return out
+
+
+def is_default(r: dict) -> bool:
+    """The method at its default projector and anchor (and streamed codebook sync)."""
+    return r["variant"] == r["method"]
+
+
+def run_key(r: dict, with_seed: bool = True) -> tuple:
+    """Grouping key: model, P, method, wire ratio, projector, anchor, rvq sync, steps[, seed]."""
+    return tuple(r.get(k) for k in (KEY if with_seed else KEY[:-1]))
+
+
+def group_runs(rows: Iterable[dict], with_seed: bool = False) -> dict[tuple, list[dict]]:
+    """Rows by :func:`run_key` (insertion order kept)."""
+    out: dict[tuple, list[dict]] = defaultdict(list)
+    for r in rows:
+        out[run_key(r, with_seed)].append(r)
+    return dict(out)
+
+
+def main_model(rows: Sequence[dict]) -> str | None:
+    """The profile's main model: the model without shape overrides of the ``main`` group (else of
+    every row) with the most runs; ties by name."""
+    pool = [r for r in rows if "[" not in r["model"]]
+    counts = Counter(r["model"] for r in pool if r["group"] == "main") or Counter(r["model"] for r in pool)
+    return min(counts, key=lambda m: (-counts[m], m)) if counts else None
+
+
+def budget_steps(rows: Sequence[dict], group: str, model: str | None = None) -> int | None:
+    """The training budget (steps) of a run group: its most common step count (ties: the smaller),
+    of ``model``'s runs when given; None when the group has no runs."""
+    counts = Counter(r["steps"] for r in rows if r["group"] == group and (model is None or r["model"] == model))
+    return min(counts, key=lambda s: (-counts[s], s)) if counts else None

@@ -1,0 +1,132 @@
+"""Δ% against the uncompressed run, summaries over seeds, and paired comparisons with t-intervals.
+
+Conventions: Δ% = 100 (L - L_ref) / L_ref, with L_ref the uncompressed (``none``) run of the same
+model, steps, profile and seed, preferring the same P; where that seed is missing, the mean over the
+uncompressed seeds. A *paired* comparison of A and B takes the seeds both have and, per seed, the
+difference Δ%(A) - Δ%(B) in percentage points (both against that seed's own uncompressed run, so the
+seed's shared data order cancels); its 95% interval is the Student t interval of the mean,
+mean ± t(0.975, n - 1) · sd / √n.
+
+    >>> round(t_quantile(0.975, 2), 4)
+    4.3027
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Sequence
+
+from .rows import KEY, group_runs
+
+__all__ = ["delta_pct", "reference_loss", "seed_deltas", "summarize", "t_quantile", "t_interval", "paired"]
+
+
+def delta_pct(loss: float | None, ref: float | None) -> float | None:
+    """Relative degradation in percent: 100 (loss - ref) / ref (None when either is missing)."""
+    if loss is None or ref is None or not ref:
+        return None
+    return 100.0 * (loss - ref) / ref
+
+
+def reference_loss(rows: Sequence[dict], r: dict) -> float | None:
+    """Uncompressed loss for ``r``: same model, steps, profile and seed, preferring the same P;
+    without that seed, the mean over the uncompressed seeds (same preference)."""
+    refs = [x for x in rows if x["method"] == "none" and x["model"] == r["model"] and x["steps"] == r["steps"]
+            and x["profile"] == r["profile"] and x.get("val_loss") is not None
+            and (x.get("eval_offset") or 0) == (r.get("eval_offset") or 0)]
+    for pool in ([x for x in refs if x["stages"] == r["stages"]], refs):
+        same = [x["val_loss"] for x in pool if x["seed"] == r["seed"]]
+        if same:
+            return same[0]
+        if pool:
+            return statistics.fmean(x["val_loss"] for x in pool)
+    return None
+
+
+def seed_deltas(runs: Sequence[dict], within: Sequence[dict]) -> dict[int, float]:
+    """seed -> Δ% of each run in ``runs`` (references looked up in ``within``)."""
+    out = {}
+    for r in runs:
+        d = delta_pct(r["val_loss"], reference_loss(within, r))
+        if d is not None:
+            out[r["seed"]] = d
+    return out
+
+
+def _spread(values: Sequence[float]) -> float | None:
+    return statistics.stdev(values) if len(values) >= 2 else None
+
+
+def summarize(rows: Sequence[dict], within: Sequence[dict] | None = None) -> list[dict]:
+    """One summary per configuration (:func:`mapl.report.rows.run_key` without the seed): the key's
+    fields, ``variant``, both ratios, bytes per token, ``n``, ``seeds``, the val loss (mean, sample
+    std, min, max), Δ% (mean and std over seeds, each seed against its own reference) and
+    ``deltas`` (seed -> Δ%); ``within``: where to look for references (default: ``rows``)."""
+    within = rows if within is None else within
+    out = []
+    for runs in group_runs(rows).values():
+        losses = [x["val_loss"] for x in runs]
+        deltas = seed_deltas(runs, within)
+        first = runs[0]
+        keep = ("variant", "projection_ratio", "d_model", "base_model", "profile", "fwd_bytes_per_token",
+                "bwd_bytes_per_token", "total_bytes_per_token", "state_bytes_per_token", "sync_bytes_per_token",
+                "tokens")
+        out.append({**{k: first[k] for k in KEY[:-1]}, **{k: first.get(k) for k in keep},
+                    "n": len(runs), "seeds": sorted(x["seed"] for x in runs),
+                    "val_loss": statistics.fmean(losses), "val_loss_std": _spread(losses),
+                    "val_loss_min": min(losses), "val_loss_max": max(losses),
+                    "delta_pct": statistics.fmean(deltas.values()) if deltas else None,
+                    "delta_std": _spread(list(deltas.values())), "deltas": deltas,
+                    "runs": [x["run"] for x in runs]})
+    return out
+
+
+def _t_cdf(t: float, df: int) -> float:
+    """P(T <= t) for Student's t with integer ``df``, in closed form (Abramowitz & Stegun 26.7.3/4)."""
+    theta = math.atan(t / math.sqrt(df))
+    c2, s = math.cos(theta) ** 2, math.sin(theta)
+    if df % 2:                                 # odd: 2/pi (theta + sin cos (1 + 2/3 c2 + 2*4/(3*5) c2^2 + ...))
+        term, acc = 1.0, 1.0 if df > 1 else 0.0
+        for k in range(1, (df - 1) // 2):
+            term *= 2 * k / (2 * k + 1) * c2
+            acc += term
+        a = 2 / math.pi * (theta + s * math.cos(theta) * acc)
+    else:                                      # even: sin (1 + 1/2 c2 + 1*3/(2*4) c2^2 + ...)
+        term, acc = 1.0, 1.0
+        for k in range(1, df // 2):
+            term *= (2 * k - 1) / (2 * k) * c2
+            acc += term
+        a = s * acc
+    return 0.5 * (1.0 + a)
+
+
+def t_quantile(p: float, df: int) -> float:
+    """The ``p`` quantile of Student's t with ``df`` >= 1 degrees of freedom (bisection on the CDF)."""
+    if not 0 < p < 1 or df < 1:
+        raise ValueError(f"t_quantile: p={p!r} must be in (0, 1) and df={df!r} >= 1")
+    lo, hi = -1e6, 1e6
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if _t_cdf(mid, df) < p else (lo, mid)
+    return 0.5 * (lo + hi)
+
+
+def t_interval(values: Sequence[float], level: float = 0.95) -> tuple[float, float] | None:
+    """Two-sided Student t interval of the mean of ``values`` (None for fewer than two values)."""
+    n = len(values)
+    if n < 2:
+        return None
+    mean, sd = statistics.fmean(values), statistics.stdev(values)
+    half = t_quantile(0.5 + level / 2, n - 1) * sd / math.sqrt(n)
+    return mean - half, mean + half
+
+
+def paired(a: dict[int, float], b: dict[int, float], level: float = 0.95) -> dict | None:
+    """Per-seed differences a[seed] - b[seed] over the seeds both have: ``seeds``, ``diffs``, ``n``,
+    ``mean``, ``std`` (None for n = 1), ``ci`` ((low, high) or None for n = 1); None without a common seed."""
+    seeds = sorted(set(a) & set(b))
+    if not seeds:
+        return None
+    diffs = [a[s] - b[s] for s in seeds]
+    return {"seeds": seeds, "diffs": diffs, "n": len(diffs), "mean": statistics.fmean(diffs),
+            "std": _spread(diffs), "ci": t_interval(diffs, level), "level": level}

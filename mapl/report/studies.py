@@ -1,0 +1,230 @@
+"""The studies beyond Table 1: the headline at the long budget with paired comparisons, the token
+axis (Δ% and the SSN - MAPL gap against training steps) and the width axis.
+
+All use the profile's main model (:func:`mapl.report.rows.main_model`) at the *headline ratio*: the
+projection ratio d/r of the MAPL runs of the ``long`` group (without one: 8 if MAPL ran at 8, else
+MAPL's most common ratio). Comparisons are paired by seed (:func:`mapl.report.stats.paired`): the
+difference of two methods' Δ% on the same seed, in percentage points, positive when the second
+method is ahead; its 95% interval is a Student t interval over the seeds.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from typing import Sequence
+
+from . import paper
+from .rows import budget_steps, main_model
+from .stats import paired, summarize, t_interval
+from .style import fmt_ratio, label, variant_label
+from .table import DASH, Table, fmt, fmt_ci, fmt_int, fmt_pct, fmt_pm
+from .tables import NO_RUNS, main_budget
+
+__all__ = ["STUDY_VARIANTS", "COMPARISONS", "headline_ratio", "headline_summaries", "comparisons", "headline_table",
+           "paired_table", "token_points", "token_table", "width_points", "width_table", "gap_sentence"]
+
+STUDY_VARIANTS = ("none", "ssn", "mapl", "mapl-fixed", "mapl-rvq")
+# (A, B): the paired difference Δ%(A) - Δ%(B) at the same projection ratio d/r
+COMPARISONS = (("ssn", "mapl"), ("mapl-fixed", "mapl"), ("mapl-rvq", "mapl"))
+
+
+def headline_ratio(rows: Sequence[dict]) -> float | None:
+    """The projection ratio d/r of the headline (see the module docstring)."""
+    for pool in ([r for r in rows if r["group"] == "long"], rows):
+        ratios = Counter(r["projection_ratio"] for r in pool if r["variant"] == "mapl")
+        if ratios:
+            return 8 if pool is rows and 8 in ratios else min(ratios, key=lambda x: (-ratios[x], x))
+    return None
+
+
+def _study_pool(rows: Sequence[dict], ratio: float | None, steps: int | None = None, same_model: bool = True):
+    model = main_model(rows)
+    return [r for r in rows if r["variant"] in STUDY_VARIANTS
+            and (r["model"] == model if same_model else r["base_model"] == (model or "").split("[")[0])
+            and (steps is None or r["steps"] == steps) and (r["method"] == "none" or r["projection_ratio"] == ratio)]
+
+
+def headline_summaries(rows: Sequence[dict], group: str = "long") -> list[dict]:
+    """Summaries of the main model's runs at the budget of ``group`` (every variant at the headline
+    ratio, and the uncompressed run)."""
+    model = main_model(rows)
+    steps = budget_steps(rows, group, model)
+    if steps is None:
+        return []
+    return summarize(_study_pool(rows, headline_ratio(rows), steps), rows)
+
+
+def comparisons(sums: Sequence[dict]) -> list[dict]:
+    """The paired comparisons of :data:`COMPARISONS` among ``sums`` (same model, P, steps and
+    projection ratio): ``a``, ``b`` (summaries) plus the :func:`paired` fields."""
+    out = []
+    for va, vb in COMPARISONS:
+        for a in (s for s in sums if s["variant"] == va):
+            b = next((s for s in sums if s["variant"] == vb and s["projection_ratio"] == a["projection_ratio"]
+                      and (s["model"], s["stages"], s["steps"]) == (a["model"], a["stages"], a["steps"])), None)
+            p = paired(a["deltas"], b["deltas"]) if b else None
+            if p:
+                out.append({"a": a, "b": b, **p})
+    return out
+
+
+def _name(s: dict) -> str:
+    return label(s["variant"], s["wire_ratio"], s["projection_ratio"])
+
+
+def gap_sentence(c: dict) -> str:
+    """"MAPL 8× is 1.20 ± 0.30 points ahead of SSN 8× at 3,000 steps (3 seeds, 95% CI [+0.45, +1.95])"."""
+    a, b = c["a"], c["b"]
+    lead, lag = (b, a) if c["mean"] >= 0 else (a, b)
+    spread = f" ± {c['std']:.2f}" if c["std"] is not None else ""
+    ci = f", 95% CI {fmt_ci(c['ci'])}" if c["ci"] else ""
+    verdict = "" if c["ci"] is None else (" (the interval excludes 0)" if c["ci"][0] > 0 or c["ci"][1] < 0
+                                          else " (the interval includes 0: not resolved)")
+    return (f"{_name(lead)} is {abs(c['mean']):.2f}{spread} points ahead of {_name(lag)} at {fmt_int(a['steps'])} "
+            f"steps ({c['n']} seed{'s' if c['n'] > 1 else ''}{ci}){verdict}")
+
+
+def _paper_delta(s: dict) -> str:
+    if s["variant"] == "mapl-fixed":
+        p = next((e for e in paper.paper_ablation("projector") if e["variant"] == "fixed"), None)
+        return f"{fmt_pct(p['delta_pct'])} (App. C, {p['scale']}, {fmt_ratio(p['projection_ratio'])})" if p else DASH
+    p = paper.paper_match(s["method"], s["projection_ratio"], s["stages"], s["model"])
+    if p is None or s["method"] == "none":
+        return DASH
+    return f"{fmt_pct(p['delta_pct'])} (Table 1, {p['scale']}, P={p['stages']}, {fmt_ratio(p['reported_ratio'])})"
+
+
+def headline_table(rows: Sequence[dict], group: str = "long") -> Table:
+    """The headline at the budget of ``group``: per method mean ± std over seeds of the val loss and
+    Δ%, the 95% t interval of Δ% (each seed against its own uncompressed run), the paper beside."""
+    sums = headline_summaries(rows, group)
+    header = ["method", "proj. d/r", "wire ratio", "total B/tok", "steps", "seeds", "val loss", "Δ%", "Δ% 95% CI",
+              "paper Δ%"]
+    body = [[variant_label(s["variant"]), fmt_ratio(s["projection_ratio"]), fmt_ratio(s["wire_ratio"]),
+             fmt(s["total_bytes_per_token"], 1), fmt_int(s["steps"]), ",".join(map(str, s["seeds"])),
+             fmt_pm(s["val_loss"], s["val_loss_std"]),
+             fmt_pm(s["delta_pct"], s["delta_std"], 2, pct=True) if s["method"] != "none" else DASH,
+             fmt_ci(t_interval(list(s["deltas"].values()))) if s["method"] != "none" else DASH,
+             _paper_delta(s)] for s in sums]
+    comps = comparisons(sums)
+    if comps:
+        takeaway = "; ".join(gap_sentence(c) for c in comps[:2]) + "."
+    elif sums:
+        takeaway = (f"Δ% at {fmt_int(sums[0]['steps'])} steps: " + "; ".join(
+            f"{_name(s)} {fmt_pct(s['delta_pct'])} ({s['n']} seed{'s' if s['n'] > 1 else ''})"
+            for s in sums if s["method"] != "none") + "; no pair of methods to compare.")
+    else:
+        takeaway = NO_RUNS.format(group)
+    caption = ("The main model at the long budget, every method on the same tokens and seeds: mean ± sample std over "
+               "seeds; Δ% per seed against that seed's uncompressed run, with the Student t 95% interval of its "
+               "mean. Paired differences between methods: the next table.")
+    return Table("headline", f"Headline at the long budget ({group} group)", header, body, caption, takeaway)
+
+
+def paired_table(rows: Sequence[dict], group: str = "long") -> Table:
+    """The paired comparisons at the budget of ``group``: per seed Δ%(A) - Δ%(B), mean ± std, the
+    95% t interval and what it says."""
+    comps = comparisons(headline_summaries(rows, group))
+    header = ["comparison (A − B)", "steps", "seeds", "per-seed A − B (points)", "mean ± std", "95% CI", "reading"]
+    body = []
+    for c in comps:
+        excl = c["ci"] is not None and (c["ci"][0] > 0 or c["ci"][1] < 0)
+        ahead = _name(c["b"]) if c["mean"] > 0 else _name(c["a"])
+        reading = (DASH if c["ci"] is None else f"{ahead} ahead" if excl else "not resolved")
+        body.append([f"{_name(c['a'])} − {_name(c['b'])}", fmt_int(c["a"]["steps"]), ",".join(map(str, c["seeds"])),
+                     ", ".join(f"{d:+.2f}" for d in c["diffs"]), fmt_pm(c["mean"], c["std"], 2), fmt_ci(c["ci"]),
+                     reading])
+    caption = ("Differences of Δ% between two methods on the same seed (positive: B is ahead), their mean ± sample "
+               "std and the Student t 95% interval of the mean (n − 1 degrees of freedom).")
+    takeaway = ("; ".join(gap_sentence(c) for c in comps) + "." if comps else
+                f"no pair of methods with a common seed in group {group}." if headline_summaries(rows, group)
+                else NO_RUNS.format(group))
+    return Table("headline-paired", f"Paired comparisons at the long budget ({group} group)", header, body, caption,
+                 takeaway)
+
+
+def token_points(rows: Sequence[dict]) -> list[dict]:
+    """Per step count of the main model at the headline ratio: ``steps``, ``tokens``, ``sums``
+    (variant -> summary) and ``gap`` (the paired SSN - MAPL comparison, or None)."""
+    pool = _study_pool(rows, headline_ratio(rows))
+    out = []
+    for steps in sorted({r["steps"] for r in pool}):
+        sums = {s["variant"]: s for s in summarize([r for r in pool if r["steps"] == steps], rows)}
+        if "none" not in sums or len(sums) < 2:
+            continue
+        gap = next((c for c in comparisons(list(sums.values())) if c["a"]["variant"] == "ssn"), None)
+        out.append({"steps": steps, "tokens": sums["none"]["tokens"], "sums": sums, "gap": gap})
+    return out
+
+
+def _delta_cell(s: dict | None) -> str:
+    return DASH if s is None else fmt_pm(s["delta_pct"], s["delta_std"], 2, pct=True) + f" (n={s['n']})"
+
+
+def _gap_trend(points: Sequence[dict], where) -> str:
+    """The SSN - MAPL gap along an axis; ``where(point)`` names a point ("3,000 steps", "d = 64")."""
+    gaps = [(where(p), p["gap"]) for p in points if p["gap"]]
+    if not gaps:
+        return "no point with both SSN and MAPL runs."
+    trend = " → ".join(f"{g['mean']:+.2f} ({name})" for name, g in gaps)
+    last_name, last = gaps[-1]
+    spread = (f"± {last['std']:.2f} over {last['n']} seeds, 95% CI {fmt_ci(last['ci'])}" if last["ci"]
+              else "one seed, no interval")
+    return f"SSN − MAPL gap in Δ% points (positive: MAPL ahead): {trend}; at {last_name}: {spread}."
+
+
+def _study_header(first: str) -> list[str]:
+    return [first, "none val loss", *(f"{variant_label(v)} Δ%" for v in STUDY_VARIANTS[1:]), "gap SSN − MAPL",
+            "gap 95% CI"]
+
+
+def _study_row(key_cells: list, p: dict) -> list:
+    gap = p["gap"]
+    return [*key_cells, fmt_pm(p["sums"]["none"]["val_loss"], p["sums"]["none"]["val_loss_std"]),
+            *(_delta_cell(p["sums"].get(v)) for v in STUDY_VARIANTS[1:]),
+            fmt_pm(gap["mean"], gap["std"], 2) if gap else DASH, fmt_ci(gap["ci"]) if gap else DASH]
+
+
+def token_table(rows: Sequence[dict]) -> Table:
+    """The token axis: each method's Δ% and the paired SSN - MAPL gap at every training budget of
+    the main model (groups main, tokens, long, longer)."""
+    points = token_points(rows)
+    ratio = headline_ratio(rows)
+    header = _study_header("steps")[:1] + ["tokens"] + _study_header("steps")[1:]
+    body = [_study_row([fmt_int(p["steps"]), fmt_int(p["tokens"])], p) for p in points]
+    caption = (f"The main model at projection ratio {fmt_ratio(ratio)} (MAPL+VQ: twice that on the wire) and every "
+               f"training budget: Δ% mean ± std over seeds (n seeds), and the paired SSN − MAPL difference of Δ% "
+               f"(positive: MAPL ahead) with its Student t 95% interval.")
+    takeaway = (_gap_trend(points, lambda p: f"{fmt_int(p['steps'])} steps") if len(points) > 1
+                else "fewer than two budgets with runs: no token axis.")
+    return Table("tokens", "Token axis: Δ% against training budget", header, body, caption, takeaway)
+
+
+def width_points(rows: Sequence[dict]) -> list[dict]:
+    """Per width d of the main model's family at its main budget and the headline ratio: ``d``,
+    ``sums`` (variant -> summary) and ``gap`` (paired SSN - MAPL, or None)."""
+    model = main_model(rows)
+    steps = main_budget(rows, model) if model else None
+    pool = _study_pool(rows, headline_ratio(rows), steps, same_model=False)
+    out = []
+    for d in sorted({r["d_model"] for r in pool if r["d_model"]}):
+        sums = {s["variant"]: s for s in summarize([r for r in pool if r["d_model"] == d], rows)}
+        if "none" not in sums or len(sums) < 2:
+            continue
+        gap = next((c for c in comparisons(list(sums.values())) if c["a"]["variant"] == "ssn"), None)
+        out.append({"d": d, "steps": steps, "sums": sums, "gap": gap})
+    return out
+
+
+def width_table(rows: Sequence[dict]) -> Table:
+    """The width axis: Δ% and the SSN - MAPL gap at each width d (group width, plus the main model)."""
+    points = width_points(rows)
+    ratio = headline_ratio(rows)
+    steps = points[0]["steps"] if points else None
+    header = ["d", "r"] + _study_header("d")[1:]
+    body = ([_study_row([p["d"], fmt(p["d"] / ratio, 0) if ratio else DASH], p) for p in points]
+            if len(points) > 1 else [])
+    caption = (f"Models of the main model's depth at widths d, projection ratio {fmt_ratio(ratio)} (rank r = d / "
+               f"ratio), at the main budget ({fmt_int(steps)} steps): Δ% mean ± std over seeds (n seeds) and the "
+               f"paired SSN − MAPL gap (positive: MAPL ahead).")
+    takeaway = _gap_trend(points, lambda p: f"d = {p['d']}") if len(points) > 1 else NO_RUNS.format("width")
+    return Table("width", "Width axis: Δ% against model width", header, body, caption, takeaway)

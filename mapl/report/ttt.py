@@ -1,0 +1,222 @@
+"""Time to a target loss on a simulated link: measured step times (``benchmarks/pipeline.py``) replayed
+on links of several bandwidths and latencies by the virtual clock of :mod:`mapl.link`, times the steps
+each method needs to reach one common target on its validation curve.
+
+The target is the uncompressed run's final val loss at its longest budget (mean over seeds) plus
+``target_pct`` percent. A method's steps to target come from the mean val curve over the seeds of
+its longest default-configured run with the measured wire ratio (linear interpolation between
+evaluations); a method whose curve never gets there is listed as such, never dropped.
+
+    >>> bench = load_bench(ROOT / "reports/bench/pipeline.json")
+    >>> rows_ttt = time_to_target_rows(rows, bench, [80e6, 1e9], target_pct=2.0, latencies_s=[0.0, 0.05])
+"""
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from pathlib import Path
+from typing import Sequence
+
+from matplotlib.patches import Rectangle
+from matplotlib.ticker import FuncFormatter
+
+from . import paper
+from .figures import empty_note, new_figure
+from .plots import Plot
+from .rows import METHOD_ORDER, main_model
+from .style import label, style
+from .table import DASH, Table, fmt_int
+
+__all__ = ["load_bench", "time_to_target_rows", "time_to_target_table", "time_to_target_plot"]
+
+
+def load_bench(path: str | Path, profile: str | None = None) -> list[dict]:
+    """Step measurements from a pipeline benchmark JSON (missing file, or one measured on a profile
+    other than ``profile``: ``[]``): ``{"methods": [...]}``,
+    ``{"measurements": [...]}`` or a plain list; an entry holds ``method``, ``ratio`` (wire ratio;
+    optional for ``none``) and ``timing`` (a ``mapl.link.StepMeasurement.to_dict()``) or
+    ``pipeline.timing`` (a ``mapl.pipeline`` results dict). Returns ``{"method", "wire_ratio",
+    "measurement"}`` dicts; entries of another shape are skipped."""
+    from ..link import StepMeasurement
+    path = Path(path)
+    if not path.exists():
+        return []
+    data = json.loads(path.read_text())
+    if profile and isinstance(data, dict) and data.get("profile", profile) != profile:
+        return []
+    entries = (data.get("methods") or data.get("measurements") or []) if isinstance(data, dict) else data
+    out = []
+    for e in entries if isinstance(entries, list) else []:
+        try:
+            meas = StepMeasurement.from_results(e) if "pipeline" in e else StepMeasurement(**e["timing"])
+        except (KeyError, TypeError, ValueError):
+            continue
+        ratio = e.get("ratio", 1.0 if e.get("method") == "none" else None)
+        wire = None if ratio is None else float(f"{float(ratio):.3g}")
+        out.append({"method": e.get("method", "none"), "wire_ratio": wire, "measurement": meas})
+    return out
+
+
+def _curve_of(rows: Sequence[dict], method: str, wire_ratio: float | None) -> tuple[int | None, int, list]:
+    """(budget, seeds, mean val curve) of the longest default run of this method and wire ratio."""
+    cands = [r for r in rows if r["method"] == method and r["variant"] == method
+             and (method == "none" or r["wire_ratio"] == wire_ratio)]
+    if not cands:
+        return None, 0, []
+    steps = max(r["steps"] for r in cands)
+    runs = [dict(r["val_loss_curve"]) for r in cands if r["steps"] == steps and r["val_loss_curve"]]
+    common = sorted(set.intersection(*(set(c) for c in runs))) if runs else []
+    return steps, len(runs), [(s, statistics.fmean(c[s] for c in runs)) for s in common]
+
+
+def time_to_target_rows(rows: Sequence[dict], bench: Sequence[dict], bandwidths_bps: Sequence[float],
+                        target_pct: float = 2.0, latencies_s: Sequence[float] = (0.0,)) -> list[dict]:
+    """One dict per (measured method, latency, bandwidth): ``method``, ``variant``, ``wire_ratio``,
+    ``budget`` (steps of the curve used; None: no run), ``seeds``, ``target``, ``steps_to_target``
+    (None: never), ``latency_s``, ``bandwidth_bps``, ``step_s`` and ``time_s`` (None: never)."""
+    from ..link import LinkProfile, step_time, steps_to_target
+    model = main_model(rows)
+    pool = [r for r in rows if r["model"] == model]
+    dense = [r for r in pool if r["method"] == "none"]
+    if not dense or not bench:
+        return []
+    longest = max(r["steps"] for r in dense)
+    target = statistics.fmean(r["val_loss"] for r in dense if r["steps"] == longest) * (1 + target_pct / 100)
+    out = []
+    for b in bench:
+        budget, seeds, curve = _curve_of(pool, b["method"], b["wire_ratio"])
+        n = steps_to_target(curve, target) if curve else None
+        for lat in latencies_s:
+            for bw in bandwidths_bps:
+                st = step_time(b["measurement"], LinkProfile(f"{bw:g}bps", bw, lat))
+                out.append({"method": b["method"], "variant": b["method"], "wire_ratio": b["wire_ratio"],
+                            "budget": budget, "seeds": seeds, "target": target, "target_pct": target_pct,
+                            "steps_to_target": n, "latency_s": lat, "bandwidth_bps": bw, "step_s": st,
+                            "time_s": None if n is None else n * st})
+    return out
+
+
+def _never(t: dict) -> str:
+    return "no run" if t["budget"] is None else f"never in {t['budget']:,} steps"
+
+
+def _mbit(bw: float) -> str:
+    return f"{bw / 1e6:g}"
+
+
+def time_to_target_table(ttt: Sequence[dict]) -> Table:
+    """One row per method and latency; one column of seconds per bandwidth."""
+    bws = sorted({t["bandwidth_bps"] for t in ttt})
+    header = ["method", "latency (ms)", "curve (steps, seeds)", "steps to target",
+              *(f"time (s) at {_mbit(bw)} Mbit/s" for bw in bws)]
+    body = []
+    for (method, ratio, lat), ts in _by_line(ttt).items():
+        t0 = ts[0]
+        body.append([label(method, ratio), f"{lat * 1e3:g}",
+                     DASH if t0["budget"] is None else f"{t0['budget']:,}, {t0['seeds']}",
+                     _never(t0) if t0["steps_to_target"] is None else f"{t0['steps_to_target']:,.0f}",
+                     *("never" if t["time_s"] is None else f"{t['time_s']:,.1f}" for t in ts)])
+    target = ttt[0] if ttt else None
+    caption = ("Simulated link (mapl.link virtual clock on the pipeline benchmark's measured step times, full duplex, "
+               "one-way latency as listed): seconds to reach the target val loss = steps to target × simulated "
+               "step time" + (f"; target {target['target']:.4f} = uncompressed final + {target['target_pct']:g}%."
+                              if target else "."))
+    return Table("time-to-target", "Time to target on a simulated link", header, body, caption, _takeaway(ttt))
+
+
+def _by_line(ttt: Sequence[dict]) -> dict[tuple, list[dict]]:
+    lines: dict[tuple, list[dict]] = {}
+    order = lambda t: (METHOD_ORDER.index(t["method"]) if t["method"] in METHOD_ORDER else 99,   # noqa: E731
+                       t["wire_ratio"] or 0, t["latency_s"], t["bandwidth_bps"])
+    for t in sorted(ttt, key=order):
+        lines.setdefault((t["method"], t["wire_ratio"], t["latency_s"]), []).append(t)
+    return lines
+
+
+def _takeaway(ttt: Sequence[dict]) -> str:
+    if not ttt:
+        return "no pipeline benchmark of this profile with matching runs: nothing to show."
+    parts = []
+    for lat in sorted({t["latency_s"] for t in ttt}):
+        for bw in (min(t["bandwidth_bps"] for t in ttt), max(t["bandwidth_bps"] for t in ttt)):
+            reach = [t for t in ttt if t["latency_s"] == lat and t["bandwidth_bps"] == bw and t["time_s"] is not None]
+            if reach:
+                best = min(reach, key=lambda t: t["time_s"])
+                parts.append(f"{_mbit(bw)} Mbit/s at {lat * 1e3:g} ms: {label(best['method'], best['wire_ratio'])} "
+                             f"({best['time_s']:,.0f} s)")
+    never = sorted({label(t["method"], t["wire_ratio"]) for t in ttt if t["steps_to_target"] is None})
+    text = "Fastest to the target: " + ("; ".join(parts) or "no method reaches it")
+    text += f". Never within their runs: {', '.join(never)}." if never else ". Every method reaches it."
+    return text + _protocol_sentence(ttt)
+
+
+def _protocol_sentence(ttt: Sequence[dict]) -> str:
+    """Our SSN's steps to target relative to uncompressed, beside the SSN authors' own record."""
+    dense = paper.paper_value("protocolnanogpt", "steps_to_loss", method="none")
+    ssn_p = paper.paper_value("protocolnanogpt", "steps_to_loss", method="ssn")
+    steps = {t["method"]: t for t in ttt}
+    if "none" not in steps or "ssn" not in steps or not dense or not ssn_p:
+        return ""
+    ssn, none = steps["ssn"], steps["none"]
+    ours = (f"SSN {ssn['wire_ratio']:g}× needs {ssn['steps_to_target'] / none['steps_to_target']:.2f}× the "
+            f"uncompressed steps" if ssn["steps_to_target"] and none["steps_to_target"]
+            else f"SSN {ssn['wire_ratio']:g}× does not reach the target within {fmt_int(ssn['budget'])} steps")
+    return (f" {ours}; in the SSN authors' ProtocolNanoGPT records SSN at {ssn_p['reported_ratio']:g}× needs "
+            f"{ssn_p['value'] / dense['value']:.2f}× the dense steps ({ssn_p['certainty']}).")
+
+
+def _draw_panel(ax, lines: dict, lat: float) -> None:
+    """One latency: a line per method that reaches the target; the others as hollow markers in a
+    grey band above the curves (one row each, no time axis there), named in the legend."""
+    mine = {k: ts for k, ts in lines.items() if k[2] == lat}
+    never = [k for k, ts in mine.items() if ts[0]["time_s"] is None]
+    band = 1.0 - 0.07 * len(never) - 0.05 if never else 1.0      # axes fraction where the band starts
+    top = ax.get_xaxis_transform()                                # x in data, y in axes fraction
+    for (method, ratio, _), ts in mine.items():
+        kw, name = style(method), label(method, ratio)
+        x = [t["bandwidth_bps"] / 1e6 for t in ts]
+        if (method, ratio, lat) in never:
+            y = 1.0 - 0.07 * (never.index((method, ratio, lat)) + 0.5) - 0.01
+            ax.plot(x, [y] * len(x), transform=top, ls="none", ms=6, label=f"{name}: {_never(ts[0])}",
+                    **{**kw, "markerfacecolor": "none"})
+        else:
+            ax.plot(x, [t["time_s"] for t in ts], ms=6, label=name, **kw)
+    times = [t["time_s"] for ts in mine.values() for t in ts if t["time_s"]]
+    ax.set_xscale("log"), ax.set_yscale("log")
+    if times and never:                     # the curves stay below the band; no time labels inside it
+        lo, hi = min(times) / 1.3, max(times) * 1.3
+        ax.set_ylim(lo, math.exp(math.log(lo) + (math.log(hi) - math.log(lo)) / band))
+        ax.add_patch(Rectangle((0, band), 1, 1 - band, transform=ax.transAxes, color="0.92", zorder=0, lw=0))
+        ax.text(0.01, band + 0.005, "never reach the target", transform=ax.transAxes, fontsize=7, color="0.3",
+                va="bottom")
+    limit = max(times) * 1.3 if times else math.inf
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}" if v <= limit else ""))
+    ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}" if v <= limit and f"{v:g}"[0] in "235" else ""))
+    ax.set(xlabel="link bandwidth (Mbit/s, log)", ylabel="time to target (s, log)",
+           title=f"simulated link, {lat * 1e3:g} ms one-way latency")
+    ax.grid(alpha=0.3, which="both")
+
+
+def time_to_target_plot(ttt: Sequence[dict]) -> Plot:
+    """One panel per latency: time to target against bandwidth (log-log), every measured method;
+    those that never reach the target are drawn as hollow markers in a band at the top."""
+    lats = sorted({t["latency_s"] for t in ttt}) or [0.0]
+    fig, axes = new_figure(len(lats), 5.2, 4.4)
+    lines = _by_line(ttt)
+    for ax, lat in zip(axes, lats):
+        if ttt:
+            _draw_panel(ax, lines, lat)
+        else:
+            empty_note(ax, "no pipeline benchmark of this profile with matching runs")
+    if ttt:
+        t0 = ttt[0]
+        handles, labels = axes[0].get_legend_handles_labels()
+        fig.legend(handles, labels, loc="outside lower center", ncol=3, fontsize=8)
+        fig.suptitle(f"Time to val loss {t0['target']:.3f} (uncompressed final + {t0['target_pct']:g}%), "
+                     f"virtual clock on measured step times")
+    caption = ("Simulated, not measured on a real network: the pipeline benchmark's per-operation compute times and "
+               "exact message sizes replayed on full-duplex links of each bandwidth and one-way latency "
+               "(mapl.link), times each method's steps to the target. Hollow markers in the band at the top: "
+               "methods whose runs never reach the target.")
+    return Plot("time-to-target", caption, _takeaway(ttt), fig, empty=not ttt)

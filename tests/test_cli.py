@@ -1,0 +1,108 @@
+"""The CLI error policy (mapl/cli.py): each way a run can end gives its documented exit code, a user
+error is exactly one line on stderr, a bug keeps its traceback, --debug / MAPL_DEBUG=1 show it."""
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from mapl.cli import (EXIT_BUG, EXIT_CODES, EXIT_INTERRUPTED, EXIT_NON_FINITE, EXIT_PEER_FAILED, EXIT_USER_ERROR,
+                      PeerFailure, error_line, exit_code, run_cli)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+ENTRY = """
+import argparse, os, signal, sys, time
+from mapl.cli import PeerFailure, add_debug_flag, run_cli
+from mapl.io import OutputError
+
+def main(argv):
+    ap = add_debug_flag(argparse.ArgumentParser(prog="tiny"))
+    ap.add_argument("kind")
+    kind = ap.parse_args(argv).kind
+    assert "--debug" not in argv, "run_cli passes main its arguments without --debug"
+    if kind == "ok":
+        print("done")
+    elif kind == "code":
+        return 5
+    elif kind == "output":
+        raise OutputError("cannot write /x/r.json: Permission denied")
+    elif kind == "multiline":
+        raise ValueError("train.steps='abc' is invalid:\\n  must be an integer")
+    elif kind == "missing":
+        open("no-such-input.txt")
+    elif kind == "nan":
+        raise FloatingPointError("non-finite training loss nan at step 3")
+    elif kind == "peer":
+        raise PeerFailure("recv from stage 1 failed at step 3: peer died")
+    elif kind == "stop":
+        raise KeyboardInterrupt("stopped by signal at step 3; checkpoint c.pt written")
+    elif kind == "sigint":
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(60)
+    elif kind == "bug":
+        return 1 // 0
+
+sys.exit(run_cli(main, prog="python -m tiny"))
+"""
+
+CASES = [
+    # (arguments, environment, exit code, the one stderr line (None: no stderr), traceback printed)
+    (["ok"], {}, 0, None, False),
+    (["code"], {}, 5, None, False),
+    (["output"], {}, EXIT_USER_ERROR, "error: cannot write /x/r.json: Permission denied", False),
+    (["multiline"], {}, EXIT_USER_ERROR, "error: train.steps='abc' is invalid: must be an integer", False),
+    (["missing"], {}, EXIT_USER_ERROR, "error: no-such-input.txt: No such file or directory", False),
+    (["nan"], {}, EXIT_NON_FINITE, "error: non-finite training loss nan at step 3", False),
+    (["peer"], {}, EXIT_PEER_FAILED, "error: recv from stage 1 failed at step 3: peer died", False),
+    (["stop"], {}, EXIT_INTERRUPTED, "interrupted: stopped by signal at step 3; checkpoint c.pt written", False),
+    (["sigint"], {}, EXIT_INTERRUPTED, "interrupted", False),
+    (["bug"], {}, EXIT_BUG, "python -m tiny: unexpected ZeroDivisionError: this is a bug, please report it with "
+                            "the traceback above", True),
+    (["output", "--debug"], {}, EXIT_USER_ERROR, "error: cannot write /x/r.json: Permission denied", True),
+    (["nan"], {"MAPL_DEBUG": "1"}, EXIT_NON_FINITE, "error: non-finite training loss nan at step 3", True),
+]
+
+
+@pytest.mark.parametrize("args,env,code,line,traceback", CASES, ids=[" ".join(c[0]) + str(c[1]) for c in CASES])
+def test_entry_point_exit_code_and_stderr(tmp_path, args, env, code, line, traceback):
+    p = subprocess.run([sys.executable, "-c", textwrap.dedent(ENTRY), *args], cwd=tmp_path, text=True,
+                       capture_output=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": str(ROOT), "MAPL_DEBUG": "0", **env})
+    assert p.returncode == code, p.stderr
+    if line is None:
+        assert p.stderr == ""
+        return
+    lines = p.stderr.strip().splitlines()
+    assert lines[-1] == line, p.stderr
+    if traceback:
+        assert lines[0] == "Traceback (most recent call last):", p.stderr
+    else:
+        assert len(lines) == 1, p.stderr
+
+
+def test_usage_errors_keep_argparse_behaviour(tmp_path):
+    p = subprocess.run([sys.executable, "-c", textwrap.dedent(ENTRY), "ok", "--bogus"], cwd=tmp_path, text=True,
+                       capture_output=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert p.returncode == EXIT_USER_ERROR and "unrecognized arguments: --bogus" in p.stderr
+
+
+def test_project_errors_map_to_their_codes():
+    from mapl.config import ConfigError
+    from mapl.io import OutputError
+    assert exit_code(ConfigError("x")) == exit_code(OutputError("x")) == EXIT_USER_ERROR
+    assert exit_code(PermissionError(13, "Permission denied", "c.pt")) == EXIT_USER_ERROR
+    assert exit_code(PeerFailure("x")) == EXIT_PEER_FAILED
+    assert exit_code(RuntimeError("x")) == exit_code(KeyError("x")) == EXIT_BUG
+    assert set(EXIT_CODES) == {0, EXIT_BUG, EXIT_USER_ERROR, EXIT_PEER_FAILED, EXIT_NON_FINITE, EXIT_INTERRUPTED}
+
+
+def test_label_names_the_rank(capsys):
+    def fail(argv):
+        raise FloatingPointError("non-finite boundary activation at step 7")
+    assert run_cli(fail, [], prog="python -m mapl.pipeline", label="rank 2 (stage 2)") == EXIT_NON_FINITE
+    assert capsys.readouterr().err == "error: rank 2 (stage 2): non-finite boundary activation at step 7\n"
+    assert error_line(KeyboardInterrupt(), label="rank 1") == "interrupted: rank 1"
+    assert run_cli(lambda argv: None, ["--debug"], prog="p") == 0

@@ -1,0 +1,185 @@
+"""The step-time model (mapl.costmodel) and the planner (mapl.planner) on hand-checkable cases."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from mapl.config import load_run_config
+from mapl.costmodel import (BoundaryBytes, Case, GPUSpec, StageCompute, _wall_clock, boundary_bytes, build_case,
+                            gpu_hours, simulate_inbound, stage_flops)
+from mapl.link import IDEAL, LinkProfile, StepMeasurement
+from mapl.planner import crossover_bandwidth, crossover_interval, ratio_from_penalty, steps_ratios
+from mapl.stages import split_layers
+
+MICRO = dict(d=64, q=64, kv=64, f=192, V=256)
+
+
+def _micro(method="none", **kw):
+    over = {"method": method, "stages": 2, **kw}
+    if method not in ("none", "int8"):
+        over["ratio"] = 4
+    return load_run_config("micro", over).validate(256)
+
+
+def test_flops_match_a_hand_count():
+    cfg = _micro()
+    t, d = cfg.train, MICRO["d"]
+    tokens = (t.batch_size // t.micro_batches) * t.seq_len
+    block = 2 * (d * MICRO["q"] + 2 * d * MICRO["kv"] + MICRO["q"] * d + 3 * d * MICRO["f"]) + 4 * t.seq_len * MICRO["q"]
+    split = split_layers(cfg.model_config(256), 2)
+    fl = stage_flops(cfg, 256)
+    assert fl[0]["fwd"] == tokens * len(split[0]) * block
+    assert fl[1]["fwd"] == tokens * (len(split[1]) * block + 2 * d * MICRO["V"])
+    assert fl[1]["bwd"] == 2 * fl[1]["fwd"]
+    ckpt = stage_flops(cfg, 256, checkpointing=True)
+    assert ckpt[0]["bwd"] == 2 * fl[0]["fwd"] + tokens * len(split[0]) * block
+    # Muon: 5 Newton-Schulz iterations of 4 m^2 n + 2 m^3 per owned m x n matrix (m <= n)
+    ns = lambda m, n: 5 * (4 * m * m * n + 2 * m ** 3)          # noqa: E731
+    per_block = 4 * ns(64, 64) + 3 * ns(64, 192)
+    assert fl[0]["opt"] == len(split[0]) * per_block
+
+
+def test_projection_flops_counted_on_both_sides():
+    none, mapl = stage_flops(_micro(), 256), stage_flops(_micro("mapl"), 256)
+    t = _micro().train
+    tokens = (t.batch_size // t.micro_batches) * t.seq_len
+    r = 64 // 4
+    assert mapl[0]["fwd"] - none[0]["fwd"] == tokens * 2 * 64 * r
+    assert mapl[1]["fwd"] - none[1]["fwd"] == tokens * 2 * 64 * r
+
+
+def test_wire_bytes_come_from_the_compressors():
+    t = _micro().train
+    B, T = t.batch_size // t.micro_batches, t.seq_len
+    assert boundary_bytes(_micro(), 256) == [BoundaryBytes(B * T * 64 * 2, B * T * 64 * 2, 0, 0)]
+    # mapl 4x: r = 16 bf16 values each way, int16 token ids forward, A (64 x 16 fp32) synced and its
+    # receiver-side gradient sent back once per step
+    assert boundary_bytes(_micro("mapl"), 256) == [BoundaryBytes(B * T * (16 * 2 + 2), B * T * 16 * 2, 64 * 16 * 4, 64 * 16 * 4)]
+    ssn = boundary_bytes(_micro("ssn"), 256)[0]
+    assert (ssn.fwd, ssn.bwd, ssn.state_fwd, ssn.state_bwd) == (B * T * (16 * 2 + 2), B * T * 16 * 2, 0, 0)
+
+
+def _case(schedule, P, M, fwd, bwd, nbytes, opt=0.0, state=0.0):
+    comp = StageCompute([[fwd] * M for _ in range(P)], [[bwd] * M for _ in range(P)], [opt] * P, "hand")
+    return Case("hand", schedule, comp, [BoundaryBytes(nbytes, nbytes, state, 0.0)] * (P - 1), 1)
+
+
+def test_step_time_hand_case():
+    # P = 2, M = 1: F0 [0,1], message 0.5 s + 0.1 s -> F1 [1.6,2.6], B1 [2.6,4.6], gradient 0.6 s ->
+    # B0 [5.2,7.2], all-reduce 2 x 0.1 s -> 7.4, optimizer 0.5 s -> 7.9, A synced forward 0.5 + 0.1 -> 8.5
+    link = LinkProfile("x", 1e9, 0.1)
+    case = _case("gpipe", 2, 1, 1.0, 2.0, 62_500_000, opt=0.5, state=62_500_000)
+    pred = case.predict(link)
+    assert pred.step_s == pytest.approx(8.5)
+    assert pred.compute_s == pytest.approx(6.5)
+    assert pred.comm_fraction == pytest.approx(1 - 6.5 / 8.5)
+    # GPipe, M = 2, bandwidth-bound: the second message waits for the first on the channel
+    assert _case("gpipe", 2, 2, 0.1, 0.1, 125_000_000).step_time(LinkProfile("y", 1e9, 0.0)) == pytest.approx(
+        0.1 + 1 + 1 + 0.1 + 0.1 + 1 + 1 + 0.1)
+
+
+def test_inbound_wire_hand_case():
+    # P = 2, M = 1, steps back to back: stage 1's one wire carries stage 0's forward; stage 0's carries
+    # the gradient. Per step: F0 1, fwd 0.6, F1 1, B1 2, bwd 0.6, B0 2, optimizer 0.5 on both: stage 0
+    # cannot start step k+1 before its optimizer step ends, so a step takes 1+0.6+1+2+0.6+2+0.5 = 7.7 s
+    meas = StepMeasurement.uniform("gpipe", 2, 1, 1.0, 2.0, [62_500_000], [62_500_000], opt_s=[0.5, 0.5])
+    assert simulate_inbound(meas, LinkProfile("x", 1e9, 0.1), steps=3) == pytest.approx(7.7)
+    # one wire per stage: with M = 2 the two forward messages and nothing else share stage 1's wire;
+    # on a free link the clock is the compute-only schedule
+    assert simulate_inbound(meas, IDEAL, steps=2) == pytest.approx(1 + 1 + 2 + 2 + 0.5)
+
+
+def test_duplex_and_runtime_clock_agree():
+    cfg = _micro("mapl")
+    case = build_case(cfg, gpu=GPUSpec("test", 1e12, 0.5), vocab_size=256)
+    link = LinkProfile("z", 50e6, 0.02)
+    from mapl.link import simulate
+    from mapl.costmodel import _link_measurement
+    assert case.step_time(link) == simulate(_link_measurement(case), link).step_time
+
+
+def test_gpu_hours_arithmetic():
+    params = {"profiles": {"x": {
+        "model": "micro", "stages": 1, "data": {"source": "shakespeare", "tokenizer": "byte", "vocab_size": 256},
+        "train": {"steps": 100, "batch_size": 4, "seq_len": 32, "micro_batches": 2, "eval_every": 50,
+                  "eval_tokens": 128},
+        "groups": {"g": [{"method": "none"}]}}}}
+    gpu = GPUSpec("test", 1e12, 0.5)
+    rep = gpu_hours("x", gpu, params=params, n_gpus=(1,))
+    d, T, V = 64, 32, 256                # the profile's data.vocab_size
+    block = 2 * (4 * d * d + 3 * d * 192) + 4 * T * 64
+    tokens = 2 * T
+    fwd = tokens * (4 * block + 2 * d * V)
+    ns = 4 * (4 * 5 * (4 * 64 ** 3 + 2 * 64 ** 3) + 3 * 5 * (4 * 64 * 64 * 192 + 2 * 64 ** 3))
+    step = (2 * 3 * fwd + ns) / 0.5e12
+    evals = 2 * (128 / tokens) * fwd / 0.5e12
+    (run,) = rep["runs"]
+    assert run["step_s"] == pytest.approx(step)
+    assert run["gpu_hours"] == pytest.approx((100 * step + evals) / 3600)
+    assert rep["total_gpu_hours"] == pytest.approx(run["gpu_hours"])
+    assert rep["wall_clock_h"][1]["ideal"] == pytest.approx(run["gpu_hours"])
+
+
+def test_wall_clock_list_scheduling():
+    runs = [{"stages": 4, "run_s": 10.0}, {"stages": 4, "run_s": 10.0}, {"stages": 8, "run_s": 5.0}]
+    assert _wall_clock(runs, 8) == 15.0
+    assert _wall_clock(runs, 64) == 10.0
+    assert _wall_clock(runs, 4) == math.inf
+
+
+def test_crossover_bandwidth():
+    # a: 1 + 8/bw, b: 2 + 1/bw -> equal at bw = 7; a is faster above
+    # a: 2 + 1/bw, b: 1 + 8/bw -> equal at bw = 7; a is faster below
+    assert crossover_bandwidth(lambda b: 2 + 1 / b, lambda b: 1 + 8 / b, lo=1, hi=1e3) == pytest.approx(7, rel=1e-9)
+    assert crossover_bandwidth(lambda b: 1.0, lambda b: 2.0, lo=1, hi=1e3) == math.inf
+    assert crossover_bandwidth(lambda b: 2.0, lambda b: 1.0, lo=1, hi=1e3) == 0.0
+    iv = crossover_interval(lambda b: 2 + 1 / b, (1, 1), lambda b: 1 + 8 / b, (1, 1), 0.0, lo=1, hi=1e3)
+    assert iv["mid"] == pytest.approx(7) and iv["low"] == pytest.approx(7) and iv["high"] == pytest.approx(7)
+    # 10% error either way: a x 1.1 vs b x 0.9 -> bw = 6.1/1.3; a x 0.9 vs b x 1.1 -> bw = 7.9/0.7
+    iv = crossover_interval(lambda b: 2 + 1 / b, (1, 1), lambda b: 1 + 8 / b, (1, 1), 0.1, lo=1, hi=1e3)
+    assert iv["low"] == pytest.approx(6.1 / 1.3) and iv["high"] == pytest.approx(7.9 / 0.7)
+
+
+def test_ratio_from_penalty():
+    assert ratio_from_penalty(0.0, 3e9) == 1.0
+    reducible = 410.7 * 3e9 ** -0.28
+    assert ratio_from_penalty(0.1, 3e9) == pytest.approx((1 + 0.1 / reducible) ** (1 / 0.28))
+    assert ratio_from_penalty(-0.05, 3e9) < 1 < ratio_from_penalty(0.05, 3e9, "besiroglu")
+
+
+def test_steps_ratios_pair_seeds_and_mark_censored():
+    def run(method, seed, curve, steps=300):
+        return {"run": f"{method}{seed}", "method": method, "ratio": 1.0 if method == "none" else 8.0, "steps": steps,
+                "seed": seed, "model": "tiny", "final": curve[-1][1], "curve": curve}
+    runs = [run("none", 0, [[100, 4.0], [200, 3.06], [300, 3.0]]), run("mapl", 0, [[100, 4.0], [200, 3.5], [300, 3.06]]),
+            run("none", 1, [[100, 4.0], [200, 3.06], [300, 3.0]]), run("mapl", 1, [[100, 4.0], [200, 3.5], [300, 3.2]])]
+    (r,) = steps_ratios(runs, target_pct=2.0)
+    assert r["seeds"] == 2 and r["censored"] == 1
+    assert r["min"] == pytest.approx(1.5) and r["max"] == pytest.approx(1.5)     # seed 1: lower bound 300/200
+
+
+def test_bench_cases_reproduce_the_runtime_clock():
+    """Compressor-declared bytes equal the benchmark's metered bytes, so the step times are the runtime's."""
+    import json
+    from pathlib import Path
+    from mapl.link import step_time
+    from mapl.planner_views import bench_cases
+    path = Path(__file__).resolve().parents[1] / "reports" / "bench" / "pipeline.json"
+    if not path.exists():
+        pytest.skip("no committed pipeline benchmark")
+    cases = bench_cases(path, "cpu")
+    link = LinkProfile("x", 30e6, 0.01)
+    for e in json.loads(path.read_text())["methods"]:
+        meas = StepMeasurement(**e["timing"])
+        case = next(c for (m, r), c in cases.items() if m == e["method"] and r == round(e["ratio"], 3))
+        assert case.step_time(link) == pytest.approx(step_time(meas, link), rel=1e-12)
+
+
+def test_peer_inbound_clock_reproduces_published_step_times():
+    from mapl.peer import PEER, peer_comparison
+    res = peer_comparison()
+    for m, spec in PEER["runs"].items():
+        assert res["methods"][m]["theirs_step_s"] == pytest.approx(spec["step_s"], rel=0.03)
+    assert res["methods"]["ssn"]["bytes_per_token_fwd"] == 322.0          # 160 bf16 coordinates + an int16 id
+    assert res["speedup_theirs"] == pytest.approx(PEER["speedup"], rel=0.03)
