@@ -13,7 +13,7 @@ A profile lists run groups (``profiles.<p>.groups.<name>``: a list of run specs)
 
 A spec is a dict of overrides for :func:`mapl.config.load_run_config` (``method``, ``ratio``,
 ``projector``, ``anchor``, ``train.seed``, ``model.d_model``, ...) plus an optional ``name`` (default:
-:func:`run_name`, e.g. ``tiny-P4-mapl-8x-3000st-s1``). Results go to ``<out_dir>/<run>.json``,
+:func:`run_name`, e.g. ``tiny-P4-mapl-8x-3000steps-s1``). Results go to ``<out_dir>/<run>.json``,
 checkpoints to ``checkpoints/<profile>/<run>.pt``; :func:`mapl.reuse.decide` says which runs are
 current, which restore or resume from a checkpoint, and which train.
 
@@ -101,7 +101,7 @@ def launcher_config(profile: str, params: dict | None = None) -> LauncherConfig:
 
 
 def run_name(cfg: RunConfig, profile_steps: int) -> str:
-    """model[-d<width>]-P<stages>-method[-<ratio>x][-proj-<kind>][-anchor-<kind>][-sync-<mode>][-<steps>st]-s<seed>:
+    """model[-d<width>]-P<stages>-method[-<ratio>x][-proj-<kind>][-anchor-<kind>][-sync-<mode>][-<steps>steps]-s<seed>:
     a variant or budget appears only where it differs from the method's default or the profile's steps."""
     c, default = cfg.compressor.resolved(), METHODS[cfg.compressor.method]
     parts = [cfg.model, *([f"d{cfg.model_overrides['d_model']}"] if "d_model" in cfg.model_overrides else []),
@@ -115,7 +115,7 @@ def run_name(cfg: RunConfig, profile_steps: int) -> str:
     if c.method == "mapl-rvq" and c.rvq.sync != RVQConfig().sync:
         parts.append(f"sync-{c.rvq.sync}")
     if cfg.train.steps != profile_steps:
-        parts.append(f"{cfg.train.steps}st")
+        parts.append(f"{cfg.train.steps}steps")
     return "-".join([*parts, f"s{cfg.train.seed}"])
 
 

@@ -36,7 +36,7 @@ def test_cpu_groups_are_the_planned_grid():
     long = cfgs("long")
     assert {c.train.seed for c in long} == {0, 1, 2} and {c.train.steps for c in long} == {3000}
     assert all(c.train.warmup_steps == 300 and c.train.eval_every == 250 for c in long)
-    assert "tiny-P4-mapl-8x-proj-fixed-3000st-s2" in {c.name() for c in long}
+    assert "tiny-P4-mapl-8x-proj-fixed-3000steps-s2" in {c.name() for c in long}
     for group, steps, every in (("longer", 6000, 500), ("tokens", 1000, 100)):
         assert all(c.train.steps == steps and c.train.warmup_steps == steps // 10 and c.train.eval_every == every
                    for c in cfgs(group)), group
@@ -65,7 +65,7 @@ def test_run_name_shows_only_what_differs():
     named = sweep.spec_config("cpu", {"method": "mapl-rvq", "ratio": 8, "compressor.rvq.sync": "full",
                                       "anchor": "static", "train.steps": 1000, "train.seed": 1,
                                       "model.d_model": 256, "model.ffn_hidden": 704}, PARAMS)
-    assert named.name() == "tiny-d256-P4-mapl-rvq-8x-anchor-static-sync-full-1000st-s1"
+    assert named.name() == "tiny-d256-P4-mapl-rvq-8x-anchor-static-sync-full-1000steps-s1"
     assert sweep.spec_config("cpu", {"name": "x", "method": "none"}, PARAMS).name() == "x"
 
 
