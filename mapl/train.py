@@ -210,8 +210,10 @@ def _declared_bytes(sm: StagedModel, tokens_per_step: int, micro_batches: int, m
 
 
 def run(cfg: RunConfig, out: Path | None = None, ckpt: Path | None = None, progress: bool = True,
-        log=print) -> dict:
-    """Train ``cfg`` (single-process pipeline) and return the results dict (also written to ``out``)."""
+        log=print, on_step=None) -> dict:
+    """Train ``cfg`` (single-process pipeline) and return the results dict (also written to ``out``).
+
+    ``on_step(step, steps, loss)`` is called after every optimizer step (mapl.sweep's progress lines)."""
     t0 = time.time()
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
@@ -267,6 +269,8 @@ def run(cfg: RunConfig, out: Path | None = None, ckpt: Path | None = None, progr
             state["train_curve"].append([step + 1, loss_sum])
             bar.update(1)
             bar.set_postfix(loss=f"{loss_sum:.3f}")
+            if on_step is not None:
+                on_step(state["step"], t.steps, loss_sum)
             if state["step"] % t.eval_every == 0 or state["step"] == t.steps:
                 vl = evaluate(sm, val_batches, cfg, device)
                 if not math.isfinite(vl):
