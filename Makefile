@@ -1,7 +1,11 @@
 # The README's two commands:
 #   make repro   set up .venv if needed, then `dvc repro` (the cpu profile by default)
 #   make test    set up .venv if needed, then the whole test suite (CI runs this via .ci/run)
-# Both are idempotent; the install step is skipped while pyproject.toml is unchanged.
+# Both are idempotent; the install step is skipped while pyproject.toml is unchanged. Beside them:
+#   make smoke        prepare, train@* and report on the micro profile in a temporary copy (nothing here changes)
+#   make verify       re-execute the report from the committed results in a temporary copy; fail on any difference
+#   make repro-all    retrain every run of the cpu profile (prints the plan and its estimate first)
+#   make paper-smoke  the paper code path at paper shapes on CPU, in a temporary copy; results land in reports/paper-smoke/
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
@@ -12,7 +16,7 @@ export DVC_NO_ANALYTICS := 1
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 export PYTHONHASHSEED := 0
 
-.PHONY: install repro repro-all test test-fast clean-venv
+.PHONY: install repro repro-all smoke verify paper-smoke estimate test test-fast clean-venv
 
 install: $(STAMP)
 
@@ -29,6 +33,19 @@ repro: install
 # retrain everything from scratch (the committed results make a plain `dvc repro` a no-op on a clone)
 repro-all: install
 	$(VENV)/bin/dvc repro -f
+
+# runs per group and the wall-time estimate of the default profile
+estimate: install
+	$(PY) -m mapl.sweep --estimate
+
+smoke: install
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m mapl.workspace smoke
+
+verify: install
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m mapl.workspace verify
+
+paper-smoke: install
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m mapl.workspace repro --profile paper-smoke --copy-back
 
 test: install
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest -q -rs tests

@@ -474,7 +474,9 @@ def apply_overrides(tree: dict, overrides: dict, from_string: bool = False) -> d
     return tree
 
 
-_PROFILE_KEYS = {f.name for f in fields(RunConfig)} - {"profile"} | {"groups", "method_overrides"}
+# groups (run specs), method_overrides (tuned settings) and launcher (how runs are started) are read by
+# mapl.sweep; they are not fields of one run
+_PROFILE_KEYS = {f.name for f in fields(RunConfig)} - {"profile"} | {"groups", "method_overrides", "launcher"}
 
 
 def load_run_config(profile: str, overrides: dict | None = None, params: dict | None = None,
@@ -493,6 +495,7 @@ def load_run_config(profile: str, overrides: dict | None = None, params: dict | 
     if unknown:
         raise ConfigError(f"profiles.{profile}: unknown key(s) {unknown}; allowed: {sorted(_PROFILE_KEYS)}")
     tree.pop("groups", None)
+    tree.pop("launcher", None)
     tuned = tree.pop("method_overrides", None) or {}
     overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
     method = overrides.get("method") or overrides.get("compressor.method") or \

@@ -116,8 +116,10 @@ def _quiet(*args, **kwargs) -> None:
     pass
 
 
-def run_loop(engine: Engine, state: LoopState, *, log: Callable = print, progress: bool = True) -> LoopState:
+def run_loop(engine: Engine, state: LoopState, *, log: Callable = print, progress: bool = True,
+             on_step: Callable | None = None) -> LoopState:
     """Train until ``cfg.train.steps`` (from ``state``, e.g. a resumed one); returns the final state.
+    ``on_step(step, steps, loss)`` is called after every optimizer step (the sweep's progress lines).
     Raises :class:`NonFiniteError` on a non-finite loss and :class:`Interrupted` after a graceful stop."""
     from tqdm.auto import tqdm
 
@@ -131,6 +133,8 @@ def run_loop(engine: Engine, state: LoopState, *, log: Callable = print, progres
                 outcome = _one_step(engine, state, lambda: flag.stop)
                 bar.update(1)
                 bar.set_postfix(loss=f"{outcome.loss:.3f}")
+                if on_step is not None and engine.reporter:
+                    on_step(state.step, t.steps, outcome.loss)
                 if state.step % t.eval_every == 0 or state.step == t.steps:
                     _evaluate(engine, state, log, outcome.loss)
                 if engine.checkpointing and (state.step % t.checkpoint_every == 0 or outcome.stop):
@@ -168,12 +172,12 @@ def _evaluate(engine: Engine, state: LoopState, log: Callable, train_loss: float
 
 
 def train(engine: Engine, state: LoopState | None = None, *, out: Path | None = None, log: Callable = print,
-          progress: bool = True, started: float | None = None) -> dict | None:
+          progress: bool = True, started: float | None = None, on_step: Callable | None = None) -> dict | None:
     """Run the loop to the end, write the final checkpoint and the results (the reporter writes ``out``).
     ``started``: when the run began (setup included) for the results' ``wall_s``. Returns the results
     dict on the reporter, None elsewhere."""
     started = time.time() if started is None else started
-    state = run_loop(engine, state or LoopState(), log=log, progress=progress)
+    state = run_loop(engine, state or LoopState(), log=log, progress=progress, on_step=on_step)
     if engine.checkpointing:
         engine.save(state)
     results = engine.results(state, time.time() - started)

@@ -284,7 +284,7 @@ def memory_plan(cfg: RunConfig, vocab_size: int | None = None, *, device: str = 
     cfg = cfg.validate(mc.vocab_size)
     prec = resolve_precision(precision or cfg.train.precision, device)
     if checkpointing is None:        # the field lands with the runtime rewrite; absent means off
-        checkpointing = bool(getattr(cfg.train, "activation_checkpointing", False))
+        checkpointing = bool(getattr(cfg.train, "activation_checkpointing", False))   # field lands with the compress merge
     stages = [_stage_plan(cfg, mc.vocab_size, s, prec, checkpointing, sends_held, device) for s in range(cfg.stages)]
     t = cfg.train
     return MemoryPlan(run=cfg.name(), precision=prec, schedule=t.schedule, micro_batches=t.micro_batches,

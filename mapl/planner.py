@@ -45,7 +45,7 @@ def _is_default(r: dict) -> bool:
     cfg = r.get("config") or {}
     comp, train = cfg.get("compressor", {}), cfg.get("train", {})
     return (d is not None and r.get("projector") == d["projector"] and r.get("anchor") == d["anchor"]
-            and not train.get("eval_offset") and comp.get("rvq_sync", "stream") == "stream")
+            and not train.get("eval_offset") and (comp.get("rvq") or {}).get("sync", comp.get("rvq_sync", "stream")) == "stream")
 
 
 def load_runs(results_dir: str | Path, groups: Iterable[str] | None = None) -> list[dict]:

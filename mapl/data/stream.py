@@ -1,0 +1,162 @@
+"""Streamed, resumable preparation (``val_tokens > 0``: the paper's DCLM route, and paper-smoke).
+
+Documents are read in source order and tokenized in batches; the first ones worth ``val_tokens``
+tokens go to ``val.bin``, the rest to ``train.bin`` until ``max_train_tokens`` (0 = the whole
+source). Work happens in ``<out>/.partial/``. Every ``chunk_tokens`` train tokens (or 30 s) the shard is
+flushed to disk (fsync) and then ``progress.json`` is replaced atomically with the exact state
+(tokens, documents, the next source record, the corpus-hash chain): that record is the commit
+point of a chunk. An interrupted preparation (Ctrl-C, a crash, a lost node) restarts from the last
+record: the shard is cut back to the tokens it vouches for, re-hashed, and the source is reopened
+at the next record (parquet skips whole files and row groups), so nothing is tokenized twice
+apart from the last partial chunk, and the result is byte for byte that of an uninterrupted run.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shutil
+import time
+from pathlib import Path
+
+from .config import DataConfig, effective_token_config, token_config
+from .files import atomic_write_json, sha256_file
+from .shards import ShardWriter, dtype_for
+from .sources import DocChain, count_records, iter_records
+from .tokenizers import encode_stream
+
+__all__ = ["write_streamed", "Progress", "PROGRESS"]
+
+log = logging.getLogger("mapl.data")
+
+PROGRESS = "progress.json"
+CHUNK_SECONDS = 30.0        # a chunk also ends after this long, so a slow source loses at most this much
+
+
+class Progress:
+    """A line every ``every_s`` seconds: train tokens, source records, rate and ETA. The rate and
+    the ETA are measured from the first document written in this session (not from the start,
+    which includes loading the tokenizer, the val split, or a resume)."""
+
+    def __init__(self, label: str, cap: int, records: int | None, every_s: float):
+        self.label, self.cap, self.records, self.every_s = label, cap, records, every_s
+        self.start = time.monotonic()
+        self.base: tuple[float, int, float] | None = None         # (time, tokens, fraction) at the first document
+
+    def _fraction(self, tokens: int, position: int) -> float:
+        return max(tokens / self.cap if self.cap else 0.0, position / self.records if self.records else 0.0)
+
+    def update(self, tokens: int, position: int, final: bool = False) -> None:
+        now, frac = time.monotonic(), self._fraction(tokens, position)
+        if self.base is None:
+            self.base, self.last = (now, tokens, frac), now
+        if not final and now - self.last < self.every_s:
+            return
+        (t0, tokens0, frac0), self.last = self.base, now
+        rate = (tokens - tokens0) / max(now - t0, 1e-9)
+        eta = "?" if frac <= frac0 else _hms((now - t0) * (1 - frac) / (frac - frac0))
+        of_cap = f" of {self.cap:,}" if self.cap else ""
+        of_records = f" of {self.records:,}" if self.records else ""
+        log.info("%s: train %s tokens%s, source record %s%s (%.1f%%), %.2f M tokens/s, %s", self.label,
+                 f"{tokens:,}", of_cap, f"{position:,}", of_records, 100 * frac, rate / 1e6,
+                 f"took {_hms(now - self.start)}" if final else f"ETA {eta}")
+
+
+def _hms(seconds: float) -> str:
+    s = int(seconds)
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
+
+
+def _mismatch(state: dict, work: Path, cfg: DataConfig, tok_sha: str) -> str:
+    """Why a progress record cannot be resumed ("" if it can)."""
+    if effective_token_config(state.get("config", {})) != effective_token_config(token_config(cfg)):
+        return "it is for other settings"
+    if state.get("tokenizer_sha256") != tok_sha:
+        return "it is for another tokenizer"
+    try:
+        if sha256_file(work / "val.bin") != state["val"]["sha256"]:
+            return "val.bin does not match it"
+        train = work / "train.bin"
+        if state["train"]["tokens"] and train.stat().st_size < state["train"]["tokens"] * state["itemsize"]:
+            return "train.bin is shorter than it says"
+    except OSError as e:
+        return f"{e.strerror}: {e.filename}"
+    return ""
+
+
+def _load_state(work: Path, cfg: DataConfig, tok_sha: str) -> dict | None:
+    """The progress record if it belongs to this config and tokenizer and its files are intact."""
+    try:
+        state = json.loads((work / PROGRESS).read_text())
+    except (OSError, ValueError):
+        return None
+    why = _mismatch(state, work, cfg, tok_sha)
+    if why:
+        log.warning("%s: starting over (%s)", work / PROGRESS, why)
+        return None
+    return state
+
+
+def _write_val(cfg: DataConfig, work: Path, tok, tok_sha: str, cache_dir, timer) -> dict:
+    dtype = dtype_for(tok.get_vocab_size())
+    writer, chain, position = ShardWriter(work / "val.bin", dtype), DocChain(), 0
+    try:
+        for position, doc, ids in encode_stream(tok, iter_records(cfg, cache_dir), timer):
+            writer.write(doc, ids)
+            chain.add(doc)
+            if writer.tokens >= cfg.val_tokens:
+                break
+        entry = writer.finish()
+    finally:
+        writer.close()
+    state = {"config": token_config(cfg), "tokenizer_sha256": tok_sha, "itemsize": dtype.itemsize, "val": entry,
+             "position": position, "chain": chain.state, "train": {"tokens": 0, "documents": 0, "names": []},
+             "train_entry": None}
+    atomic_write_json(work / PROGRESS, state)
+    return state
+
+
+def _save(work: Path, state: dict, train: dict, position: int, chain: DocChain) -> None:
+    state.update(train=train, position=position, chain=chain.state)
+    atomic_write_json(work / PROGRESS, state)
+
+
+def _write_train(cfg: DataConfig, work: Path, tok, state: dict, cache_dir, timer, progress: Progress,
+                 chunk_tokens: int) -> None:
+    resume = state["train"] if state["train"]["tokens"] else None
+    writer = ShardWriter(work / "train.bin", dtype_for(tok.get_vocab_size()), resume)
+    chain, position, last, last_t = DocChain(state["chain"]), state["position"], writer.tokens, time.monotonic()
+    try:
+        for position, doc, ids in encode_stream(tok, iter_records(cfg, cache_dir, start=position), timer):
+            full = writer.write(doc, ids, cfg.max_train_tokens)
+            chain.add(doc)
+            progress.update(writer.tokens, position)
+            if full:
+                break
+            if writer.tokens - last >= chunk_tokens or time.monotonic() - last_t >= CHUNK_SECONDS:
+                _save(work, state, writer.sync(), position, chain)      # data on disk first, then the record
+                last, last_t = writer.tokens, time.monotonic()
+        train = writer.sync()
+        state["train_entry"] = writer.finish()
+        _save(work, state, train, position, chain)
+    finally:
+        writer.close()
+    progress.update(writer.tokens, position, final=True)
+
+
+def write_streamed(cfg: DataConfig, work: Path, tok, cache_dir=None, *, timer: list | None = None,
+                   every_s: float = 10.0, chunk_tokens: int = 1 << 24, label: str = "prepare") -> tuple[dict, str]:
+    """Write (or finish) ``val.bin`` and ``train.bin`` in ``work``; their manifest entries and the corpus hash."""
+    tok_sha = hashlib.sha256(tok.to_str().encode()).hexdigest()
+    state = _load_state(work, cfg, tok_sha)
+    if state is None:
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir(parents=True)
+        state = _write_val(cfg, work, tok, tok_sha, cache_dir, timer)
+    else:
+        log.info("%s: resuming at source record %s (train: %s tokens already written)", label,
+                 f"{state['position']:,}", f"{state['train']['tokens']:,}")
+    if state["train_entry"] is None:
+        progress = Progress(label, cfg.max_train_tokens, count_records(cfg, cache_dir), every_s)
+        _write_train(cfg, work, tok, state, cache_dir, timer, progress, chunk_tokens)
+    return {"val": state["val"], "train": state["train_entry"]}, state["chain"]

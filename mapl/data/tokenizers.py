@@ -1,0 +1,173 @@
+"""Tokenizers (all ``tokenizers.Tokenizer``) and document encoding.
+
+``bpe``: byte-level BPE trained on the train split (deterministic, cached by corpus hash); ``byte``:
+256 byte symbols + end-of-text, untrained (tests); ``mistral``: the 32k Mistral-7B-v0.1 SentencePiece
+model from the pinned ``mistral-common`` wheel, converted by :mod:`mapl.data.spm`.
+"""
+from __future__ import annotations
+
+import itertools
+import time
+from pathlib import Path
+from typing import Iterable, Iterator, TypeVar
+
+import numpy as np
+
+from .config import DataConfig
+from .downloads import MISTRAL_MEMBER, MISTRAL_MODEL_SHA256, MISTRAL_SPEC, fetch_mistral_model
+from .errors import DataError
+from .files import atomic_write_bytes
+from .sources import Doc
+from .spm import spm_to_tokenizer
+
+__all__ = ["EOT", "bytes_to_unicode", "byte_tokenizer", "train_bpe", "mistral_tokenizer", "build_tokenizer",
+           "eot_id", "chunks", "encode_stream", "encode_docs", "encode_documents", "tokenizer_origin"]
+
+EOT = "<|endoftext|>"
+
+# Byte-level tokenizers see long documents in line-aligned pieces of at most this many characters:
+# the BPE pre-tokenizer is local, so ids barely change, and memory stays bounded for huge files.
+_CHUNK_CHARS = 1 << 16
+_ENCODE_BATCH = 64          # documents (or chunks) per encode_batch call
+
+T = TypeVar("T")
+
+
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's printable stand-in for each byte (the alphabet of tokenizers' ByteLevel)."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), 256))
+    out, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            out[b] = chr(b)
+        else:
+            out[b] = chr(256 + extra)
+            extra += 1
+    return out
+
+
+def _byte_level(tok):
+    from tokenizers import decoders, pre_tokenizers
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    return tok
+
+
+def byte_tokenizer():
+    """256 byte symbols (id = byte value) + end-of-text (id 256); lossless, no training."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    vocab = {ch: b for b, ch in bytes_to_unicode().items()}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    # No regex split: with no merges the pieces do not matter, and one piece per chunk is faster.
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([EOT])
+    return tok
+
+
+def chunks(text: str, limit: int = _CHUNK_CHARS) -> Iterator[str]:
+    """Line-aligned pieces of at most ``limit`` characters (hard cut only for a longer line)."""
+    start = 0
+    while len(text) - start > limit:
+        cut = text.rfind("\n", start, start + limit)
+        cut = start + limit if cut < 0 else cut + 1
+        yield text[start:cut]
+        start = cut
+    if start < len(text):
+        yield text[start:]
+
+
+def train_bpe(texts: Iterable[str], vocab_size: int = 2048, cache_dir: Path | None = None,
+              corpus_hash: str | None = None):
+    """Byte-level BPE trained on ``texts``; end-of-text is id 0.
+
+    Deterministic (same texts -> identical tokenizer.json). With ``cache_dir`` and ``corpus_hash``
+    the result is cached under ``tokenizers/`` keyed by corpus, vocabulary and tokenizers version."""
+    import tokenizers
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    cached = None
+    if cache_dir is not None and corpus_hash:
+        cached = Path(cache_dir) / "tokenizers" / f"bpe{vocab_size}-{corpus_hash[:16]}-tk{tokenizers.__version__}.json"
+        if cached.exists():
+            return Tokenizer.from_file(str(cached))
+    tok = _byte_level(Tokenizer(models.BPE()))
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOT], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator((c for t in texts for c in chunks(t)), trainer=trainer)
+    if cached is not None:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(cached, tok.to_str().encode())
+    return tok
+
+
+def mistral_tokenizer(cache_dir: Path | None = None):
+    """32k Mistral-7B-v0.1 SentencePiece BPE as a ``tokenizers.Tokenizer`` (end-of-text = ``</s>`` = 2)."""
+    return spm_to_tokenizer(fetch_mistral_model(cache_dir).read_bytes())
+
+
+def eot_id(tok) -> int:
+    """Id that separates documents: ``<|endoftext|>`` for bpe/byte, ``</s>`` for Mistral."""
+    for name in (EOT, "</s>"):
+        i = tok.token_to_id(name)
+        if i is not None:
+            return i
+    raise DataError("tokenizer has no end-of-text token (<|endoftext|> or </s>)")
+
+
+def build_tokenizer(cfg: DataConfig, train_texts: list[str] | None, cache_dir: Path | None = None,
+                    corpus_hash: str | None = None):
+    if cfg.tokenizer == "byte":
+        return byte_tokenizer()
+    if cfg.tokenizer == "mistral":
+        return mistral_tokenizer(cache_dir)
+    return train_bpe(train_texts, cfg.vocab_size, cache_dir, corpus_hash)
+
+
+def _is_byte_level(tok) -> bool:
+    return type(tok.pre_tokenizer).__name__ == "ByteLevel"
+
+
+def encode_stream(tok, items: Iterable[tuple[T, Doc]], timer: list | None = None
+                  ) -> Iterator[tuple[T, Doc, np.ndarray]]:
+    """``(tag, doc, ids + [eot])`` per ``(tag, doc)``, encoding ``_ENCODE_BATCH`` documents per
+    ``encode_batch`` call (the tag rides along: a resume position, or nothing)."""
+    eot = eot_id(tok)
+    # Text that spells "<|endoftext|>" or "</s>" stays text: only real boundaries get the eot id.
+    tok.encode_special_tokens = True
+    encode = getattr(tok, "encode_batch_fast", tok.encode_batch)    # no offsets: faster
+    # Byte-level tokenizers split safely at line ends; SentencePiece would add a dummy-prefix space
+    # to every piece, so it gets whole documents.
+    split = chunks if _is_byte_level(tok) else (lambda text: [text])
+    items = iter(items)
+    while True:
+        batch = list(itertools.islice(items, _ENCODE_BATCH))
+        if not batch:
+            return
+        pieces = [list(split(d.text)) for _, d in batch]
+        t0 = time.perf_counter()
+        encs = encode([p for ps in pieces for p in ps], add_special_tokens=False)
+        if timer is not None:
+            timer[0] += time.perf_counter() - t0
+        k = 0
+        for (tag, d), ps in zip(batch, pieces):
+            ids = [i for e in encs[k:k + len(ps)] for i in e.ids]
+            k += len(ps)
+            ids.append(eot)
+            yield tag, d, np.asarray(ids, dtype=np.int64)
+
+
+def encode_docs(tok, docs: Iterable[Doc], timer: list | None = None) -> Iterator[tuple[Doc, np.ndarray]]:
+    """``(doc, ids + [eot])`` per document."""
+    return ((d, ids) for _, d, ids in encode_stream(tok, ((None, d) for d in docs), timer))
+
+
+def encode_documents(tok, texts: Iterable[str]) -> np.ndarray:
+    """All ``texts`` encoded (in batches) and joined, each followed by the end-of-text id."""
+    parts = [ids for _, ids in encode_docs(tok, (Doc(str(i), t) for i, t in enumerate(texts)))]
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+
+def tokenizer_origin(cfg: DataConfig) -> str:
+    return {"mistral": f"{MISTRAL_SPEC} wheel: {MISTRAL_MEMBER} (sha256 {MISTRAL_MODEL_SHA256})",
+            "bpe": "byte-level BPE trained on the train split",
+            "byte": "256 bytes + end-of-text, untrained"}[cfg.tokenizer]

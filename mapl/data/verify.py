@@ -1,0 +1,187 @@
+"""Is a prepared folder what its manifest says? Safe, and cheap at paper scale.
+
+Every check refuses (``DataError``, one line naming the file and the fix); nothing here rebuilds or
+deletes anything.
+
+Design. A shard's bytes are proven by its sha256 against ``manifest.json``. Hashing tens of GB at
+every run start (and in every stage process) is too slow, so a full hash is done **once per host**
+and remembered in a stamp ``.verified-<host>.json`` in the folder (or under ``~/.cache/mapl`` when
+the folder is read-only): file name, sha256 and the file's (device, inode, size, mtime_ns,
+ctime_ns). Later checks compare ``stat`` with the stamp and skip the hash when all five match.
+Any write to the file changes its ctime, which user programs cannot set back (``touch`` and
+``os.utime`` set mtime and atime, and set ctime to *now*), and replacing it changes the inode, so a
+matching stamp means the bytes that were hashed. Two guards keep the stamp honest: it is written
+only if ``stat`` did not change while hashing, and only when the file's last change is more than
+``_RACY_S`` seconds old (a filesystem with coarse timestamps could otherwise hide a write made in
+the same tick, the "racy git" problem). Processes of one host that start together take a lock,
+so one hashes and the others reuse its stamp. What a stamp cannot see (bit rot below the
+filesystem, a changed clock) is what ``python -m mapl.data --verify`` is for: a full re-hash.
+The size is checked against the manifest before anything else, so a truncated shard is named as such.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from .config import DataConfig, effective_token_config, token_config
+from .errors import DataError, MissingDataError, prepare_command
+from .files import atomic_write_json, exclusive_lock, sha256_fd
+
+__all__ = ["MANIFEST", "TOKENIZER_FILE", "FORMAT_VERSION", "read_manifest", "check_config", "verify_file",
+           "verified_manifest"]
+
+MANIFEST = "manifest.json"
+TOKENIZER_FILE = "tokenizer.json"
+FORMAT_VERSION = 1
+_RACY_S = 2.0
+
+_VERIFIED: dict[tuple, str] = {}     # (path, dev, ino, size, mtime_ns, ctime_ns) -> sha256, this process
+
+
+def read_manifest(out_dir: str | os.PathLike, profile: str | None = None) -> dict:
+    """The folder's manifest; a clear error if the folder or the manifest is missing or unreadable."""
+    out = Path(out_dir)
+    path = out / MANIFEST
+    if not out.is_dir():
+        raise MissingDataError(f"{out}: no prepared dataset (the folder is missing); prepare it with "
+                               f"{prepare_command(profile)}")
+    if not path.exists():
+        raise MissingDataError(f"{path} is missing: the folder was never completely prepared; prepare it with "
+                               f"{prepare_command(profile)}")
+    try:
+        m = json.loads(path.read_text())
+        m["splits"]["train"], m["splits"]["val"], m["tokenizer"]["sha256"], m["dtype"]   # noqa: B018 (shape check)
+    except (ValueError, KeyError, TypeError) as e:
+        raise DataError(f"{path} is not a valid manifest ({type(e).__name__}: {e}); rebuild the folder with "
+                        f"{prepare_command(profile, rebuild=True)}") from None
+    if m.get("format") != FORMAT_VERSION:
+        raise DataError(f"{path} has format {m.get('format')!r}, this code reads format {FORMAT_VERSION}; "
+                        f"rebuild the folder with {prepare_command(profile, rebuild=True)}")
+    return m
+
+
+def check_config(manifest: dict, cfg: DataConfig, out: Path, profile: str | None = None) -> None:
+    """Refuse a folder prepared for other data settings than ``cfg``'s."""
+    want = effective_token_config(token_config(cfg))
+    have = effective_token_config(manifest.get("config", {}))
+    diffs = [f"{k}: folder {have.get(k)!r}, config {want.get(k)!r}" for k in token_config(cfg)
+             if (k in want or k in have) and have.get(k) != want.get(k)]
+    if diffs:
+        raise DataError(f"{out} holds data prepared for other settings ({'; '.join(diffs)}); use another folder "
+                        f"or replace it with {prepare_command(profile, rebuild=True)}")
+
+
+def _stat_key(st: os.stat_result) -> tuple:
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
+class _Stamps:
+    """The host's stamp file for one folder (JSON: file name -> sha256 + stat key): in the folder,
+    or under ``~/.cache/mapl/verified`` when the folder cannot be written (a read-only data mount)."""
+
+    def __init__(self, folder: Path):
+        host = socket.gethostname() or "host"
+        fallback = (Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mapl" / "verified"
+                    / f"{hashlib.sha256(str(folder.resolve()).encode()).hexdigest()[:16]}-{host}.json")
+        self.candidates = [folder / f".verified-{host}.json", fallback]
+        self.path: Path | None = None        # where this process records, once it holds that place's lock
+
+    def matches(self, name: str, key: tuple, sha: str) -> bool:
+        for path in self.candidates:
+            try:
+                entry = json.loads(path.read_text()).get(name)
+            except (OSError, ValueError):
+                continue
+            if entry and entry.get("sha256") == sha and tuple(entry.get("stat", ())) == key:
+                return True
+        return False
+
+    @contextlib.contextmanager
+    def locked(self, what: str) -> Iterator[None]:
+        """Hold the lock of the first place that can be written (none: hash without a stamp)."""
+        with contextlib.ExitStack() as stack:
+            for path in self.candidates:
+                try:
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    stack.enter_context(exclusive_lock(path.with_name(path.name + ".lock"), what))
+                except OSError:
+                    continue
+                self.path = path
+                break
+            yield
+
+    def record(self, name: str, key: tuple, sha: str) -> None:
+        if self.path is None:
+            return
+        try:
+            stamps = json.loads(self.path.read_text()) if self.path.exists() else {}
+        except (OSError, ValueError):
+            stamps = {}
+        stamps[name] = {"sha256": sha, "stat": list(key)}
+        try:
+            atomic_write_json(self.path, stamps)
+        except OSError:
+            pass                     # no stamp: the next start hashes again (slower, still safe)
+
+
+def _hash_and_stamp(path: Path, sha256: str, stamps: _Stamps, fix: str) -> tuple:
+    """Full sha256 of ``path``; a stamp if the file stayed unchanged and is not too fresh to trust."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        before = _stat_key(os.fstat(fd))
+        actual = sha256_fd(fd)
+        after = os.fstat(fd)
+    finally:
+        os.close(fd)
+    if actual != sha256:
+        raise DataError(f"{path}: sha256 mismatch: manifest.json expects {sha256}, the file has {actual} "
+                        f"(corrupt, or from another preparation); rebuild it with {fix}")
+    if _stat_key(after) == before and time.time() - max(after.st_mtime, after.st_ctime) > _RACY_S:
+        stamps.record(path.name, before, sha256)
+    return _stat_key(after)
+
+
+def verify_file(path: Path, sha256: str, nbytes: int | None, profile: str | None = None, full: bool = False) -> None:
+    """``path`` holds ``nbytes`` bytes whose sha256 is ``sha256``, or a ``DataError`` says what is wrong."""
+    fix = prepare_command(profile, rebuild=True)
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        raise MissingDataError(f"{path} is missing (manifest.json lists it with sha256 {sha256}); rebuild the "
+                               f"folder with {fix}") from None
+    if nbytes is not None and st.st_size != nbytes:
+        raise DataError(f"{path} has {st.st_size} bytes, manifest.json says {nbytes} (truncated or replaced); "
+                        f"rebuild it with {fix}")
+    real = str(path.resolve())
+    if not full and _VERIFIED.get((real, *_stat_key(st))) == sha256:
+        return
+    stamps = _Stamps(path.parent)
+    if not full and stamps.matches(path.name, _stat_key(st), sha256):
+        _VERIFIED[(real, *_stat_key(st))] = sha256
+        return
+    with stamps.locked(f"hashing {path}"):
+        if not full and stamps.matches(path.name, _stat_key(path.stat()), sha256):
+            return                   # another process of this host hashed it while we waited
+        _VERIFIED[(real, *_hash_and_stamp(path, sha256, stamps, fix))] = sha256
+
+
+def verified_manifest(out: Path, cfg: DataConfig | None = None, profile: str | None = None,
+                      full: bool = False) -> dict:
+    """The manifest of a complete folder whose shards and tokenizer match it (and ``cfg``, if given)."""
+    m = read_manifest(out, profile)
+    if cfg is not None:
+        check_config(m, cfg, out, profile)
+    itemsize = np.dtype(m["dtype"]).itemsize
+    for split in ("val", "train"):
+        entry = m["splits"][split]
+        verify_file(out / entry["file"], entry["sha256"], entry["tokens"] * itemsize, profile, full)
+    verify_file(out / TOKENIZER_FILE, m["tokenizer"]["sha256"], None, profile, full)
+    return m

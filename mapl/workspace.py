@@ -1,0 +1,244 @@
+"""The DVC pipeline on any profile in a temporary copy of this checkout, so nothing here changes.
+
+    python -m mapl.workspace smoke              # micro profile up to the report, then a second repro that must
+                                                # do nothing; this checkout's `git status` must not change (make smoke)
+    python -m mapl.workspace repro --profile paper-smoke --copy-back
+                                                # a non-default profile; then reports/paper-smoke/ is copied here
+    python -m mapl.workspace verify             # re-execute the report from the committed results; fail on
+                                                # any difference in tables, figures or metrics (make verify)
+    python -m mapl.workspace smoke --keep       # keep the copy for a look (its path is printed)
+    python -m mapl.workspace repro --profile paper --dir ../mapl-paper --copy-back
+                                                # a lasting workspace: rerun the same command to resume
+
+The copy holds every file git would commit here (tracked files, and untracked ones .gitignore does
+not exclude, as they are in the working tree), gets a git repository of its own and params.yaml's
+``profile:`` set to the profile, so DVC runs there exactly as it would here. Raw downloads are shared
+with this checkout (``MAPL_CACHE_DIR`` = data/raw here, unless set), so nothing is fetched twice;
+shards, checkpoints and everything DVC writes stay in the copy.
+"""
+from __future__ import annotations
+
+import argparse
+import difflib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from .config import PROJECT_ROOT
+
+__all__ = ["SMOKE_TARGETS", "checkout_files", "tool_env", "make_copy", "dvc", "repro", "smoke", "compare_outputs", "verify", "main"]
+
+# what `make smoke` reproduces: the report and everything it needs (prepare, train@*). The plan stage
+# (notebooks/when_it_pays.ipynb) is left out until it handles a profile that reports/bench/pipeline.json
+# has no measurements for (on micro its heat map gets an empty grid)
+SMOKE_TARGETS = ("report",)
+_GIT_ID = {"GIT_AUTHOR_NAME": "mapl workspace", "GIT_AUTHOR_EMAIL": "workspace@mapl.invalid",
+           "GIT_COMMITTER_NAME": "mapl workspace", "GIT_COMMITTER_EMAIL": "workspace@mapl.invalid"}
+
+
+class WorkspaceError(RuntimeError):
+    """A step in the copy failed or its outputs differ; the message says which."""
+
+
+def _run(cmd: list, cwd: Path, env: dict, capture: bool) -> str:
+    p = subprocess.run(cmd, cwd=cwd, env=env, text=True, capture_output=capture)
+    if p.returncode != 0:
+        tail = ((p.stdout or "") + (p.stderr or ""))[-4000:] if capture else ""
+        raise WorkspaceError(f"`{' '.join(map(str, cmd))}` failed in {cwd} (exit {p.returncode})\n{tail}".rstrip())
+    return (p.stdout or "") + (p.stderr or "")
+
+
+def checkout_files(root: Path = PROJECT_ROOT) -> list[str]:
+    """Paths (relative) that git would commit: tracked, plus untracked and not ignored; only files that exist."""
+    out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=root,
+                         capture_output=True, check=True).stdout.decode()
+    return sorted({p for p in out.split("\0") if p and (Path(root) / p).is_file()})
+
+
+def tool_env(root: Path = PROJECT_ROOT) -> dict:
+    """The environment of DVC in the copy: this venv first on PATH (DVC's commands call python and
+    papermill), offline Hugging Face, no DVC analytics, raw downloads shared with ``root``."""
+    venv_bin = str(Path(sys.executable).parent)
+    env = {**os.environ, "PATH": venv_bin + os.pathsep + os.environ.get("PATH", ""), "DVC_NO_ANALYTICS": "1",
+           "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1",
+           **_GIT_ID}
+    env.setdefault("MAPL_CACHE_DIR", str(Path(root) / "data" / "raw"))
+    return env
+
+
+def make_copy(dest: Path, profile: str, root: Path = PROJECT_ROOT, env: dict | None = None) -> Path:
+    """Copy the checkout's files into ``dest``, set ``profile:`` and commit them in a new git repository."""
+    dest = Path(dest)
+    for rel in checkout_files(root):
+        target = dest / rel
+        if rel == "dvc.lock" and target.exists():      # a lasting workspace keeps what its own runs recorded
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(Path(root) / rel, target)
+    params = dest / "params.yaml"
+    text, n = re.subn(r"(?m)^profile:\s*\S+", f"profile: {profile}", params.read_text(), count=1)
+    if n != 1:
+        raise WorkspaceError(f"{params}: no top-level `profile:` line to set to {profile!r}")
+    params.write_text(text)
+    env = env or tool_env(root)
+    for cmd in (["git", "init", "-q"], ["git", "add", "-A"],
+                ["git", "commit", "-q", "--allow-empty", "-m", f"workspace: {profile}"]):
+        _run(cmd, dest, env, capture=True)
+    return dest
+
+
+def dvc(args: list[str], cwd: Path, env: dict, capture: bool = False) -> str:
+    """``dvc <args>`` with this venv's DVC; output streams to the terminal unless ``capture``."""
+    return _run([str(Path(sys.executable).parent / "dvc"), *args], cwd, env, capture)
+
+
+def _new_copy(profile: str, root: Path, into: Path | None = None) -> tuple[Path, dict]:
+    """A fresh temporary copy, or ``into`` (created or refreshed: what DVC, the shards and the
+    checkpoints left there stay, so an interrupted long run resumes)."""
+    env = tool_env(root)
+    dest = Path(into) if into else Path(tempfile.mkdtemp(prefix=f"mapl-{profile}-"))
+    make_copy(dest, profile, root, env)
+    return dest, env
+
+
+def _done(dest: Path, keep: bool) -> None:
+    if keep:
+        print(f"workspace kept: {dest}", flush=True)
+    else:
+        shutil.rmtree(dest, ignore_errors=True)
+
+
+def repro(profile: str, root: Path = PROJECT_ROOT, copy_back: bool = False, keep: bool = False,
+          capture: bool = False, extra: list[str] | None = None, into: Path | None = None) -> str:
+    """``dvc repro`` on ``profile`` in a fresh copy (or in the workspace ``into``, which is kept); with
+    ``copy_back`` replace reports/<profile>/ here by the copy's. Returns the captured output or ''."""
+    if copy_back and profile == _default_profile(root):
+        raise WorkspaceError(f"profile {profile!r} is this checkout's default: run `dvc repro` here instead")
+    dest, env = _new_copy(profile, root, into)
+    keep = keep or into is not None
+    try:
+        log = dvc(["repro", *(extra or [])], dest, env, capture)
+        if copy_back:
+            src, target = dest / "reports" / profile, Path(root) / "reports" / profile
+            shutil.rmtree(target, ignore_errors=True)
+            shutil.copytree(src, target)
+            print(f"copied reports/{profile}/ from the workspace", flush=True)
+    finally:
+        _done(dest, keep)
+    return log
+
+
+def _default_profile(root: Path) -> str:
+    from .config import load_params
+    return load_params(Path(root) / "params.yaml")["profile"]
+
+
+def _git_status(root: Path) -> str:
+    return subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=root, capture_output=True,
+                          text=True, check=True).stdout
+
+
+def smoke(root: Path = PROJECT_ROOT, keep: bool = False, capture: bool = False) -> tuple[Path | None, str]:
+    """The pipeline up to the report (:data:`SMOKE_TARGETS`) on ``micro`` in a copy; a second
+    ``dvc repro`` must do nothing and this
+    checkout's ``git status`` must not change. Returns the copy's path (when ``keep``, else None) and
+    the first repro's output (when ``capture``, else '')."""
+    t0, before = time.monotonic(), _git_status(root)
+    dest, env = _new_copy("micro", root)
+    try:
+        log = dvc(["repro", *SMOKE_TARGETS], dest, env, capture)
+        second = dvc(["repro", *SMOKE_TARGETS], dest, env, capture=True)
+        if "Running stage" in second or "up to date" not in second:
+            raise WorkspaceError(f"a second `dvc repro` on micro was not a no-op:\n{second[-3000:]}")
+        after = _git_status(root)
+        if after != before:
+            raise WorkspaceError(f"the smoke run changed this checkout's git status:\n{after}")
+    except BaseException:
+        _done(dest, keep)
+        raise
+    print(f"smoke: prepare, train@* and report on micro, second repro a no-op, checkout untouched ({time.monotonic() - t0:.0f} s)",
+          flush=True)
+    _done(dest, keep)
+    return (dest if keep else None), log
+
+
+def _files(base: Path, profile: str) -> dict[str, Path]:
+    out = base / "reports" / profile
+    found = {p.relative_to(base).as_posix(): p for sub in ("tables", "figures") if (out / sub).is_dir()
+             for p in sorted((out / sub).rglob("*")) if p.is_file()}
+    if (out / "metrics.json").is_file():
+        found[f"reports/{profile}/metrics.json"] = out / "metrics.json"
+    return found
+
+
+def compare_outputs(expected: Path, actual: Path, profile: str) -> list[str]:
+    """Differences between two checkouts' report outputs of ``profile`` (tables, figures, metrics.json):
+    files only in one of them, and files whose bytes differ (with the first differing lines of text)."""
+    a, b = _files(Path(expected), profile), _files(Path(actual), profile)
+    problems = [f"missing after re-execution: {k}" for k in sorted(set(a) - set(b))]
+    problems += [f"new after re-execution: {k}" for k in sorted(set(b) - set(a))]
+    for key in sorted(set(a) & set(b)):
+        old, new = a[key].read_bytes(), b[key].read_bytes()
+        if old == new:
+            continue
+        if key.endswith(".png"):
+            problems.append(f"differs: {key} (PNG, {len(old)} vs {len(new)} bytes)")
+            continue
+        diff = difflib.unified_diff(old.decode(errors="replace").splitlines(), new.decode(errors="replace").splitlines(),
+                                    "committed", "re-executed", n=0, lineterm="")
+        problems.append(f"differs: {key}\n    " + "\n    ".join(list(diff)[2:12]))
+    return problems
+
+
+def verify(profile: str = "", root: Path = PROJECT_ROOT, keep: bool = False, capture: bool = False) -> list[str]:
+    """Re-execute the report stage of ``profile`` (default: params.yaml's) from the committed results in
+    a copy and compare its tables, figures and metrics with the committed ones; raises on a difference."""
+    profile = profile or _default_profile(root)
+    if not _files(Path(root), profile):
+        raise WorkspaceError(f"no committed report outputs under reports/{profile}/ to verify")
+    dest, env = _new_copy(profile, root)
+    try:
+        dvc(["repro", "--force", "--single-item", "report"], dest, env, capture)
+        problems = compare_outputs(root, dest, profile)
+    finally:
+        _done(dest, keep)
+    if problems:
+        raise WorkspaceError(f"the re-executed report of {profile} differs from the committed one:\n" + "\n".join(problems))
+    print(f"verify: tables, figures and metrics of reports/{profile}/ re-executed identically", flush=True)
+    return problems
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m mapl.workspace", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    sm = sub.add_parser("smoke", help="every stage on the micro profile; second repro a no-op; checkout untouched")
+    rp = sub.add_parser("repro", help="dvc repro on a profile in a copy")
+    rp.add_argument("--profile", required=True)
+    rp.add_argument("--copy-back", action="store_true", help="copy reports/<profile>/ back into this checkout")
+    rp.add_argument("--dir", type=Path, help="a lasting workspace (created or refreshed, never removed): its "
+                                             "checkpoints survive, so a rerun resumes (the paper profile)")
+    vf = sub.add_parser("verify", help="re-execute the report from the committed results; fail on differences")
+    vf.add_argument("--profile", default="", help="default: params.yaml's profile")
+    for p in (sm, rp, vf):
+        p.add_argument("--keep", action="store_true", help="keep the temporary copy (its path is printed)")
+    args = ap.parse_args(argv)
+    try:
+        if args.cmd == "smoke":
+            smoke(keep=args.keep)
+        elif args.cmd == "repro":
+            repro(args.profile, copy_back=args.copy_back, keep=args.keep, into=args.dir)
+        else:
+            verify(args.profile, keep=args.keep)
+    except (WorkspaceError, ValueError) as e:        # one clear message, no traceback; exit status 1
+        raise SystemExit(f"error: {e}") from None
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,226 @@
+"""Run groups, run names, reuse decisions, launch arguments, scheduling and progress (mapl.sweep,
+mapl.reuse, mapl.progress); fast: nothing here trains."""
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from mapl import reuse, sweep
+from mapl.config import ConfigError, config_hash, load_params
+from mapl.progress import GroupClock, StepProgress, estimate_core_seconds, estimate_group
+from mapl.train import config_from_args, parse_args
+
+PARAMS = load_params()
+GROUPS = ["main", "seeds", "ablations", "long", "longer", "tokens", "width", "rvq_sync", "tune", "tune2"]
+
+
+def cfgs(group, profile="cpu"):
+    return [sweep.spec_config(profile, s, PARAMS) for s in sweep.group_specs(profile, group, PARAMS)]
+
+
+def test_every_profile_lists_every_group():
+    for profile in PARAMS["profiles"]:
+        assert sorted(sweep.group_names(profile, PARAMS)) == sorted(GROUPS), profile
+
+
+def test_cpu_groups_are_the_planned_grid():
+    sizes = {g: len(cfgs(g)) for g in GROUPS}
+    assert sizes == {"main": 11, "seeds": 16, "ablations": 5, "long": 15, "longer": 6, "tokens": 6, "width": 6,
+                     "rvq_sync": 2, "tune": 12, "tune2": 9}
+    main = {c.name() for c in cfgs("main")}
+    assert {"tiny-P4-none-s0", "tiny-P4-int8-s0", "tiny-P4-ssn-8x-s0", "tiny-P4-mapl-16x-s0", "tiny-P4-mapl-rvq-4x-s0"} <= main
+    assert {c.name().replace("-s1", "-s0") for c in cfgs("seeds")} == main | {c.name() for c in cfgs("ablations")}
+    long = cfgs("long")
+    assert {c.train.seed for c in long} == {0, 1, 2} and {c.train.steps for c in long} == {3000}
+    assert all(c.train.warmup_steps == 300 and c.train.eval_every == 250 for c in long)
+    assert "tiny-P4-mapl-8x-proj-fixed-3000steps-s2" in {c.name() for c in long}
+    for group, steps, every in (("longer", 6000, 500), ("tokens", 1000, 100)):
+        assert all(c.train.steps == steps and c.train.warmup_steps == steps // 10 and c.train.eval_every == every
+                   for c in cfgs(group)), group
+    assert {c.model_overrides["d_model"] for c in cfgs("width")} == {64, 256}
+    assert {c.compressor.rvq.sync for c in cfgs("rvq_sync")} == {"full", "mirrored"}
+    assert all(c.train.eval_offset == 65536 for g in ("tune", "tune2") for c in cfgs(g))
+    # token-matched: every run of the report's groups sees the same batches for its seed
+    shapes = {(c.train.batch_size, c.train.seq_len) for g in GROUPS for c in cfgs(g)}
+    assert shapes == {(16, 128)}
+
+
+def test_run_names_are_unique_per_config():
+    for profile in PARAMS["profiles"]:
+        sweep.check_names(profile, PARAMS)
+    params = {**PARAMS, "profiles": {**PARAMS["profiles"]}}
+    micro = dict(params["profiles"]["micro"])
+    micro["groups"] = {**micro["groups"], "tune2": [{"name": "micro-P2-none-s0", "method": "mapl", "ratio": 4}]}
+    params["profiles"]["micro"] = micro
+    with pytest.raises(ConfigError, match="micro-P2-none-s0.*two different configs"):
+        sweep.check_names("micro", params)
+
+
+def test_run_name_shows_only_what_differs():
+    base = sweep.spec_config("cpu", {"method": "mapl", "ratio": 8}, PARAMS)
+    assert base.name() == "tiny-P4-mapl-8x-s0"
+    named = sweep.spec_config("cpu", {"method": "mapl-rvq", "ratio": 8, "compressor.rvq.sync": "full",
+                                      "anchor": "static", "train.steps": 1000, "train.seed": 1,
+                                      "model.d_model": 256, "model.ffn_hidden": 704}, PARAMS)
+    assert named.name() == "tiny-d256-P4-mapl-rvq-8x-anchor-static-sync-full-1000steps-s1"
+    assert sweep.spec_config("cpu", {"name": "x", "method": "none"}, PARAMS).name() == "x"
+
+
+def test_launcher_config():
+    assert sweep.launcher_config("cpu", PARAMS) == sweep.LauncherConfig("pool", jobs=2)
+    paper = sweep.launcher_config("paper", PARAMS)
+    assert paper.kind == "accelerate" and paper.gpus == 8
+    assert sweep.launcher_config("paper-smoke", PARAMS).gpus == 0
+    bad = {"profiles": {"x": {"launcher": {"kind": "mpirun"}}}}
+    with pytest.raises(ConfigError, match=r"profiles.x.launcher.kind='mpirun' is invalid: allowed"):
+        sweep.launcher_config("x", bad)
+    with pytest.raises(ConfigError, match="unknown key"):
+        sweep.launcher_config("x", {"profiles": {"x": {"launcher": {"gpu": 8}}}})
+
+
+def test_paper_profiles_use_the_pipeline_shapes():
+    for profile in ("paper", "paper-smoke"):
+        for c in cfgs("main", profile):
+            assert c.train.schedule == "1f1b" and c.stages in (4, 8)
+    smoke = cfgs("main", "paper-smoke")
+    assert {c.compressor.method for c in smoke} == {"none", "int8", "ssn", "mapl", "mapl-rvq"}
+    assert all(c.model == "150M" and c.compressor.rank(1024) in (256, 1024) and c.data.tokenizer == "mistral"
+               for c in smoke)
+
+
+def test_launch_args_rebuild_the_same_config(tmp_path):
+    """The pipeline's command line reproduces the sweep's config exactly (same hash in the results)."""
+    specs = sweep.group_specs("paper-smoke", "main", PARAMS) + sweep.group_specs("cpu", "long", PARAMS)[:4]
+    for profile, spec in [("paper-smoke", s) for s in specs[:5]] + [("cpu", s) for s in specs[5:]]:
+        cfg = sweep.spec_config(profile, spec, PARAMS).validate()
+        job = sweep.Job(1, 1, cfg, spec, tmp_path / "r.json", tmp_path / "r.pt", "train")
+        args = sweep.launch_args(job, profile)
+        i = args.index("--out")
+        assert args[i:i + 4] == ["--out", str(job.out), "--ckpt", str(job.ckpt)]
+        again = config_from_args(parse_args(args[:i])).validate()
+        assert again.name() == cfg.name() and config_hash(again) == config_hash(cfg)
+
+
+# ---- reuse -------------------------------------------------------------------------------------------
+def _ckpt(path: Path, cfg, step: int):
+    torch.save({"format": "mapl-checkpoint-v1", "config_hash": config_hash(cfg), "state": {"step": step}}, path)
+
+
+def _results(path: Path, cfg, fingerprint):
+    import json
+    path.write_text(json.dumps({"run": cfg.name(), "steps": cfg.train.steps, "val_loss": 1.0,
+                                "provenance": {"config_hash": config_hash(cfg), "code_fingerprint": fingerprint}}))
+
+
+def test_reuse_decisions(tmp_path):
+    cfg = sweep.spec_config("micro", {"method": "mapl", "ratio": 4}, PARAMS).validate()
+    out, ckpt = tmp_path / "r.json", tmp_path / "r.pt"
+    assert reuse.decide(cfg, out, ckpt, "code-a") == ("train", 0)
+    reuse.mark_code(ckpt, "code-a")
+    _ckpt(ckpt, cfg, 10)
+    assert reuse.decide(cfg, out, ckpt, "code-a") == ("resume", 10)
+    _ckpt(ckpt, cfg, cfg.train.steps)
+    assert reuse.decide(cfg, out, ckpt, "code-a") == ("restore", cfg.train.steps)
+    _results(out, cfg, "code-a")
+    assert reuse.decide(cfg, out, ckpt, "code-a") == ("current", cfg.train.steps)
+    # other training code: the results and the checkpoint go, the run trains
+    dropped = []
+    assert reuse.decide(cfg, out, ckpt, "code-b", log=dropped.append) == ("train", 0)
+    assert not out.exists() and not ckpt.exists() and not ckpt.with_suffix(".code").exists() and len(dropped) == 3
+    # another config's checkpoint under the same name
+    reuse.mark_code(ckpt, "code-a")
+    _ckpt(ckpt, replace(cfg, train=replace(cfg.train, steps=99)), 99)
+    assert reuse.decide(cfg, out, ckpt, "code-a") == ("train", 0) and not ckpt.exists()
+    # pipeline checkpoints (one per rank) from this code resume; the pipeline checks them itself
+    reuse.mark_code(ckpt, "code-a")
+    (tmp_path / "r.rank0.pt").write_bytes(b"x")
+    assert reuse.decide(cfg, out, ckpt, "code-a") == ("resume", 0)
+    assert reuse.decide(cfg, out, ckpt, "code-b") == ("train", 0) and not (tmp_path / "r.rank0.pt").exists()
+
+
+def test_stamp_keeps_the_results_layout(tmp_path):
+    from mapl.train import atomic_write_json
+    out = tmp_path / "r.json"
+    atomic_write_json(out, {"run": "r", "val_loss": 1.25, "provenance": {"config_hash": "abc"}, "z": [1, 2]})
+    reuse.stamp_results(out, "f00d")
+    text = out.read_text()
+    assert text.startswith('{\n "run": "r",') and '"code_fingerprint": "f00d"' in text and text.endswith("}\n")
+
+
+def test_fingerprint_follows_the_training_sources(tmp_path):
+    for rel in ("mapl/a.py", "mapl/pkg/b.py", "mapl/pkg/__pycache__/b.cpython-311.pyc", "mapl/report.py"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("x = 1\n")
+    sources = ("mapl/a.py", "mapl/pkg")
+    fp = reuse.code_fingerprint(tmp_path, sources)
+    assert [p.name for p in reuse.source_files(tmp_path, sources)] == ["a.py", "b.py"]
+    (tmp_path / "mapl/report.py").write_text("x = 2\n")
+    (tmp_path / "mapl/pkg/__pycache__/b.cpython-311.pyc").write_text("other bytes")
+    assert reuse.code_fingerprint(tmp_path, sources) == fp
+    (tmp_path / "mapl/pkg/b.py").write_text("x = 2\n")
+    assert reuse.code_fingerprint(tmp_path, sources) != fp
+    with pytest.raises(FileNotFoundError, match="mapl/gone.py is missing"):
+        reuse.code_fingerprint(tmp_path, ("mapl/gone.py",))
+
+
+# ---- estimates, scheduling and progress ----------------------------------------------------------------
+def test_estimates():
+    tiny = sweep.spec_config("cpu", {"method": "none"}, PARAMS)
+    assert 60 < estimate_core_seconds(tiny) < 90                        # the calibration point (~70 s)
+    rvq = sweep.spec_config("cpu", {"method": "mapl-rvq", "ratio": 8}, PARAMS)
+    assert estimate_core_seconds(rvq) > 1.2 * estimate_core_seconds(tiny) - 10
+    wide = cfgs("width")[-1]
+    assert 2.5 < estimate_core_seconds(wide) / estimate_core_seconds(tiny) < 4.5      # d = 256: ~3.5x
+    assert estimate_group([3, 1, 1, 1], 2) == 3 and estimate_group([1, 1, 1, 3], 2) == 4 and estimate_group([5], 4) == 5
+    main = estimate_group([estimate_core_seconds(c) for c in cfgs("main")], 2)
+    assert main < 45 * 60                                                # the first table in under 45 minutes
+    text = sweep.estimate_text("cpu", PARAMS)
+    assert "main" in text and "tune2" in text and "total about" in text
+
+
+def test_launched_runs_share_the_gpus(monkeypatch):
+    """Runs start in order when their P GPUs are free; two 4-stage runs share 8 GPUs, an 8-stage run waits."""
+    active, seen, lock = [], [], threading.Lock()
+
+    def fake_launch(job, profile, launcher, gpu_ids, fingerprint):
+        with lock:
+            active.append(job.k)
+            seen.append((job.k, tuple(gpu_ids), tuple(active)))
+        time.sleep(0.2)
+        with lock:
+            active.remove(job.k)
+        return {"k": job.k, "run": job.name}
+
+    monkeypatch.setattr(sweep, "_launch_one", fake_launch)
+    base = sweep.spec_config("paper", {"method": "none"}, PARAMS)
+    jobs = [sweep.Job(k, 3, replace(base, stages=p), {}, Path("o"), Path("c"), "train") for k, p in ((1, 4), (2, 4), (3, 8))]
+    sweep._run_launched(jobs, "paper", sweep.LauncherConfig("accelerate", gpus=8), "fp", None)
+    by_k = {k: (ids, act) for k, ids, act in seen}
+    assert set(by_k[1][0]) | set(by_k[2][0]) == set(range(8)) and set(by_k[1][0]).isdisjoint(by_k[2][0])
+    assert by_k[3] == (tuple(range(8)), (3,))                           # alone, after both
+    seen.clear()
+    sweep._run_launched(jobs[:2], "paper-smoke", sweep.LauncherConfig("accelerate", gpus=0), "fp", None)
+    assert [act for _, _, act in seen] == [(1,), (2,)] and all(ids == () for _, ids, _ in seen)   # CPU: one at a time
+    with pytest.raises(ConfigError, match="needs 8 GPUs"):
+        sweep._run_launched(jobs[2:], "paper", sweep.LauncherConfig("accelerate", gpus=4), "fp", None)
+
+
+def test_progress_lines(capfd):
+    p = StepProgress(3, 11, "tiny-P4-ssn-8x-s0", every_s=0.0)
+    p(1, 300, 5.0)
+    time.sleep(0.01)
+    p(2, 300, 4.5123)
+    err = capfd.readouterr().err.splitlines()
+    assert err[-1].startswith("run 3 of 11 tiny-P4-ssn-8x-s0 step 2/300 loss 4.512 ETA ")
+    quiet = StepProgress(1, 1, "r", every_s=3600)
+    quiet(1, 10, 1.0)
+    quiet(5, 10, 1.0)
+    quiet(10, 10, 1.0)                                                   # the last step always prints
+    assert capfd.readouterr().err.splitlines() == ["run 1 of 1 r step 10/10 loss 1.000 ETA 0:00"]
+    job = sweep.Job(1, 2, sweep.spec_config("cpu", {"method": "none"}, PARAMS), {}, Path("o"), Path("c"), "train")
+    clock = GroupClock("main", [job, replace(job, k=2)])
+    clock.finished(job, "val 4.0351")
+    assert capfd.readouterr().err.startswith("group main: run 1 of 2 tiny-P4-none-s0 val 4.0351; 1 of 2 done in 0:00, ETA")
