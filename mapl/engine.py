@@ -21,7 +21,7 @@ import torch
 from . import checkpoint
 from . import data as mdata
 from .compress.base import StiefelParameter
-from .config import PROJECT_ROOT, ConfigError, RunConfig
+from .config import ConfigError, RunConfig
 from .diagnostics import boundary_diagnostics
 from .loop import LoopState, NonFiniteError, StepOutcome
 from .results import build_results, describe_boundary
@@ -33,40 +33,40 @@ __all__ = ["RunData", "resolve_data_dir", "open_run_data", "build_optimizers", "
            "stage_of_parameter", "check_projectors", "LocalEngine"]
 
 
-# ---- data -------------------------------------------------------------------------------------------
+# ---- data ----------------------------------------------------------------------------------------------
 @dataclass
 class RunData:
-    data_dir: Path
-    manifest: dict
-    train: object                 # token array (memory-mapped shard)
+    """The run's prepared, verified dataset (``mapl.data.open_dataset``) and its evaluation batches."""
+    dataset: mdata.Dataset
     val_batches: list             # fixed evaluation batches [(x, y)]
 
     @property
-    def vocab_size(self) -> int:
-        return int(self.manifest["vocab_size"])
+    def manifest(self) -> dict:
+        return self.dataset.manifest
 
     @property
-    def data_hash(self) -> str:
-        return self.manifest.get("splits", {}).get("train", {}).get("sha256", "")
+    def vocab_size(self) -> int:
+        return self.dataset.vocab_size
+
+    def batch(self, step: int, t) -> tuple[torch.Tensor, torch.Tensor]:
+        """The training batch of ``step`` (``t``: the TrainConfig): the same on every process and resume."""
+        return self.dataset.batch(step, t.batch_size, t.seq_len, t.seed)
 
 
 def resolve_data_dir(cfg: RunConfig) -> Path:
-    return Path(cfg.data_dir) if cfg.data_dir else PROJECT_ROOT / "data" / mdata.dataset_dir_name(cfg.data)
+    return Path(cfg.data_dir) if cfg.data_dir else mdata.default_data_dir(cfg.data)
 
 
-def open_run_data(cfg: RunConfig, *, prepare: bool = True) -> RunData:
-    """The run's token shards (hash-checked) and its evaluation batches. ``prepare``: build the shards
-    when missing (single process); the multi-process runtime prepares before its ranks read."""
-    data_dir = resolve_data_dir(cfg)
-    manifest = mdata.prepare(cfg.data, data_dir) if prepare else mdata.read_manifest(data_dir)
-    train, val = mdata.load_split(data_dir, "train"), mdata.load_split(data_dir, "val")
+def open_run_data(cfg: RunConfig) -> RunData:
+    """The run's token shards, verified against the manifest and the config (training never builds
+    data: ``python -m mapl.data`` does), and its evaluation batches."""
+    ds = mdata.open_dataset(cfg.data, resolve_data_dir(cfg), profile=cfg.profile)
     t = cfg.train
-    room = len(val) - t.seq_len - 1
+    room = len(ds.val) - t.seq_len - 1
     if t.eval_offset > room:
-        raise ConfigError(f"train.eval_offset={t.eval_offset} is invalid: the validation split has {len(val)} tokens, "
-                          f"so it must be <= {max(0, room)} (validation windows of train.seq_len={t.seq_len})")
-    val_batches = mdata.eval_batches(val[t.eval_offset:], t.eval_batch_size, t.seq_len, t.eval_tokens)
-    return RunData(data_dir, manifest, train, val_batches)
+        raise ConfigError(f"train.eval_offset={t.eval_offset} is invalid: the validation split has {len(ds.val)} "
+                          f"tokens, so it must be <= {max(0, room)} (validation windows of train.seq_len={t.seq_len})")
+    return RunData(ds, ds.eval_batches(t.eval_batch_size, t.seq_len, t.eval_tokens, offset=t.eval_offset))
 
 
 # ---- the optimizer recipe ---------------------------------------------------------------------------
@@ -190,7 +190,7 @@ class LocalEngine:
     def train_step(self, step: int, lr_scale: float, stop_requested=lambda: False) -> StepOutcome:
         t, sm, dev = self.cfg.train, self.sm, self.device
         set_lr(self.opts, lr_scale)
-        x, y = mdata.get_batch(self.data.train, t.batch_size, t.seq_len, t.seed, step)
+        x, y = self.data.batch(step, t)
         x, y = x.to(dev), y.to(dev)
         mb = t.batch_size // t.micro_batches
         loss_sum = torch.zeros((), dtype=torch.float64, device=dev)     # on device: one host read per step

@@ -103,11 +103,12 @@ def test_stage_processes_stop_when_their_launcher_is_killed(corpus, tmp_path):  
     assert steps[0] == steps[1] and 0 < steps[0] < 2000
 
 
-def test_ranks_wait_for_a_slow_data_preparation_without_timing_out(corpus, tmp_path):     # noqa: F811
-    """Rank 0 prepares data for longer than the training timeout: rank 1 waits (saying so), nothing fails."""
+def test_ranks_wait_for_a_slow_data_verification_without_timing_out(corpus, tmp_path):     # noqa: F811
+    """Rank 0 opens (verifies) the data for longer than the training timeout: rank 1 waits (saying so)
+    instead of reporting a dead peer, and the run completes."""
     io = ["--out", str(tmp_path / "w.json"), "--ckpt", str(tmp_path / "w.pt"), "--steps", "2", "--timeout", "2"]
     r = launch([*base_args(corpus, "none", 2), *io], 2, launcher="direct", timeout=240,
-               env={"MAPL_FAULT_PREPARE_DELAY_S": "8"})
+               env={"MAPL_FAULT_DATA_DELAY_S": "8"})
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "[rank 1] rank 1: waiting for rank 0 to prepare the data" in r.stdout
+    assert "[rank 1] rank 1: waiting for the other ranks to open the data" in r.stdout
     assert json.loads((tmp_path / "w.json").read_text())["steps"] == 2

@@ -39,15 +39,15 @@ def test_sigint_checkpoints_and_resume_equals_uninterrupted(micro_cfg, tmp_path,
     full = run(cfg, progress=False, log=lambda *a: None)
     ck = tmp_path / "ck.pt"
     import mapl.data as D
-    real_get_batch = D.get_batch
+    real_batch = D.Dataset.batch
     fired = []
 
-    def get_batch(tokens, B, T_, seed, step):
+    def batch(self, step, *a, **k):
         if step == 7 and not fired:            # a real SIGINT in the middle of a step
             fired.append(step)
             os.kill(os.getpid(), signal.SIGINT)
-        return real_get_batch(tokens, B, T_, seed, step)
-    monkeypatch.setattr(D, "get_batch", get_batch)
+        return real_batch(self, step, *a, **k)
+    monkeypatch.setattr(D.Dataset, "batch", batch)
     with pytest.raises(KeyboardInterrupt):
         run(cfg, ckpt=ck, progress=False, log=lambda *a: None)
     assert ck.exists()

@@ -10,8 +10,8 @@ Variables (all optional; a malformed one is refused with a one-line error at sta
   start of step k (a graceful stop must follow: every rank finishes step k and exits 130);
 * ``MAPL_FAULT_CORRUPT_SYNC=r``: rank r perturbs the projector state it receives (the checksum
   exchange must report the boundary);
-* ``MAPL_FAULT_PREPARE_DELAY_S=x``: rank 0 takes x seconds longer to prepare the data (the others must
-  wait for it, however long, and not report a dead peer).
+* ``MAPL_FAULT_DATA_DELAY_S=x``: rank 0 takes x seconds longer to open (verify) the data (the others
+  must wait for it, however long, and not report a dead peer).
 """
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ class FaultPlan:
     sigterm_rank: int | None = None
     sigterm_step: int | None = None
     corrupt_sync_rank: int | None = None
-    prepare_delay_s: float = 0.0
+    data_delay_s: float = 0.0
 
     @classmethod
     def from_env(cls, env=None) -> "FaultPlan":
@@ -60,9 +60,9 @@ class FaultPlan:
         mode = env.get("MAPL_FAULT_MODE", "exit")
         if mode not in ("exit", "hang"):
             raise ValueError(f"MAPL_FAULT_MODE={mode!r} is invalid: allowed 'exit', 'hang'")
-        hang_s, delay_s = _float_env(env, "MAPL_FAULT_HANG_S", 300.0), _float_env(env, "MAPL_FAULT_PREPARE_DELAY_S", 0.0)
+        hang_s, delay_s = _float_env(env, "MAPL_FAULT_HANG_S", 300.0), _float_env(env, "MAPL_FAULT_DATA_DELAY_S", 0.0)
         return cls(kill_rank=_int_env(env, "MAPL_FAULT_KILL_RANK"), kill_step=_int_env(env, "MAPL_FAULT_KILL_STEP") or 0,
-                   hang=mode == "hang", hang_s=hang_s, prepare_delay_s=delay_s,
+                   hang=mode == "hang", hang_s=hang_s, data_delay_s=delay_s,
                    sigterm_rank=_int_env(env, "MAPL_FAULT_SIGTERM_RANK"),
                    sigterm_step=_int_env(env, "MAPL_FAULT_SIGTERM_STEP"),
                    corrupt_sync_rank=_int_env(env, "MAPL_FAULT_CORRUPT_SYNC"))

@@ -1,5 +1,5 @@
 """What one rank of ``python -m mapl.pipeline`` does, from an initialised process group to its results:
-prepare or wait for the data, make the groups and the transport, print the memory plan, build the
+open the (prepared) data, make the groups and the transport, print the memory plan, build the
 stage (``PipelineEngine``), resume, and run the one training loop.
 
     run_rank(cfg, topo, out=..., ckpt=..., timeout_s=60)   # rank 0 returns the results dict
@@ -14,9 +14,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from .. import data as mdata
 from ..config import RunConfig
-from ..engine import open_run_data, resolve_data_dir
+from ..engine import RunData, open_run_data, resolve_data_dir
 from ..link import LinkProfile
 from ..loop import train
 from .faults import FaultPlan
@@ -24,7 +23,7 @@ from .topology import Topology
 from .transport import Transport
 from .worker import PipelineEngine
 
-__all__ = ["run_rank", "prepare_data", "print_memory_plan"]
+__all__ = ["run_rank", "open_data", "print_memory_plan"]
 
 
 def _gather_errors(err: str | None, group=None) -> None:
@@ -35,29 +34,31 @@ def _gather_errors(err: str | None, group=None) -> None:
         raise ValueError("; ".join(bad))
 
 
-def prepare_data(cfg: RunConfig, topo: Topology, faults: FaultPlan | None = None) -> None:
-    """Rank 0 builds the shards if needed; then the first process of every other host checks or builds
-    its copy. The others wait for as long as that takes (the default group has no practical timeout),
-    saying so after 5 s: a long tokenisation is never mistaken for a dead peer."""
-    data_dir = resolve_data_dir(cfg)
+def open_data(cfg: RunConfig, topo: Topology, faults: FaultPlan | None = None) -> RunData:
+    """The first process of every host opens the data first (verifying the shards against the manifest:
+    a full hash the first time on that host), then the others (a quick stamp check). Ranks wait for
+    each other for as long as that takes (the default group has no practical timeout) and say so after
+    5 s: a slow verification is never mistaken for a dead peer. An error on any rank ends every rank
+    with the same one-line message."""
     local0 = int(os.environ.get("LOCAL_RANK", topo.rank)) == 0
-    for turn, mine in ((0, topo.rank == 0), (1, topo.rank != 0 and local0)):
-        err = None
-        note = threading.Timer(5.0, lambda: print(f"rank {topo.rank}: waiting for rank 0 to prepare the data in "
-                                                  f"{data_dir} (no timeout)", flush=True))
-        if mine:
+    data, err = None, None
+    for turn in (True, False):
+        note = threading.Timer(5.0, lambda: print(f"rank {topo.rank}: waiting for the other ranks to open the data in "
+                                                  f"{resolve_data_dir(cfg)} (no timeout)", flush=True))
+        if local0 == turn:
             try:
-                if turn == 0 and faults is not None and faults.prepare_delay_s:
-                    time.sleep(faults.prepare_delay_s)          # fault injection: a slow tokenisation
-                mdata.prepare(cfg.data, data_dir)
-            except (ValueError, FileNotFoundError, OSError) as e:
-                err = f"data preparation in {data_dir} failed: {e}"
-        elif turn == 0:
+                if topo.rank == 0 and faults is not None and faults.data_delay_s:
+                    time.sleep(faults.data_delay_s)              # fault injection: a slow verification
+                data = open_run_data(cfg)
+            except (ValueError, FileNotFoundError) as e:         # mapl.data's DataError, MissingDataError
+                err = str(e)
+        else:
             note.start()
         try:
             _gather_errors(err)
         finally:
             note.cancel()
+    return data
 
 
 def print_memory_plan(cfg: RunConfig, vocab: int, topo: Topology, log) -> None:
@@ -84,13 +85,12 @@ def run_rank(cfg: RunConfig, topo: Topology, *, out: Path | None, ckpt: Path | N
     if cfg.train.threads or topo.device.type == "cpu":
         torch.set_num_threads(cfg.train.threads or 1)
     quiet = log if topo.rank == 0 else (lambda *a, **k: None)
-    prepare_data(cfg, topo, faults)
+    data = open_data(cfg, topo, faults)
     world_group, dp_group = topo.make_groups(timeout_s)
     tx = Transport(topo.rank, topo.prev, topo.next, topo.device, timeout_s, link, blocking, world_group,
                    stages=topo.stages)
-    err, data = None, None
+    err = None
     try:
-        data = open_run_data(cfg, prepare=False)
         cfg = cfg.validate(data.vocab_size)
         print_memory_plan(cfg, data.vocab_size, topo, quiet)
     except ValueError as e:

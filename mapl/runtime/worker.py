@@ -135,9 +135,7 @@ class PipelineEngine:
         """This replica's share of the step's batch (first and last stages: ids and targets)."""
         if not (self.topo.first or self.topo.last):
             return None, None
-        from .. import data as mdata
-        t = self.cfg.train
-        x, y = mdata.get_batch(self.data.train, t.batch_size, t.seq_len, t.seed, step)
+        x, y = self.data.batch(step, self.cfg.train)
         rows = slice(self.topo.replica * self.M * self.mb, (self.topo.replica + 1) * self.M * self.mb)
         return x[rows].to(self.topo.device), y[rows].to(self.topo.device)
 
