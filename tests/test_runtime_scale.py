@@ -16,7 +16,7 @@ def _losses(res):
     return [loss for _, loss in res["train_loss_curve"]]
 
 
-@pytest.mark.parametrize("method", ["none", "mapl"])
+@pytest.mark.parametrize("method", [pytest.param("none", marks=pytest.mark.slow), "mapl"])
 def test_two_replicas_of_a_two_stage_pipeline_train_like_one(corpus, tmp_path, method):     # noqa: F811
     """P = 2 stages x R = 2 replicas on 4 processes, the global batch split between the replicas and the
     gradients summed per stage: the losses are those of one pipeline with the same global batch and
