@@ -115,6 +115,10 @@ def _exit(rank: int, code: int, message: str = "") -> int:
     os._exit(code)
 
 
+def _checkpoint_files(ckpt: Path, stages: int) -> list[Path]:
+    return [rank_ckpt_path(ckpt, s, prev) for s in range(stages) for prev in (False, True)]
+
+
 def _rank_files(out: Path, ckpt: Path, topo: Topology) -> list[Path]:
     """The outputs this rank writes: rank 0 the results; replica 0 of each stage its checkpoints."""
     mine = [out] if topo.rank == 0 else []
@@ -125,7 +129,7 @@ def _self_launch(extra, args, argv) -> int:
     """No launcher around us: start the P x R ranks here (direct), or under the launcher asked for."""
     cfg = mtrain.config_from_args(args)
     out, ckpt = _paths(args, cfg)
-    mtrain.check_output_paths(out, ckpt, [rank_ckpt_path(ckpt, s, p) for s in range(cfg.stages) for p in (0, 1)])
+    mtrain.check_output_paths(out, ckpt, _checkpoint_files(ckpt, cfg.stages))
     if extra.replicas < 1:
         raise ValueError(f"--replicas {extra.replicas} is invalid: must be >= 1")
     res = launch(argv, cfg.stages * extra.replicas, launcher=extra.launcher, stream=True)
@@ -165,8 +169,7 @@ def _rank_main(extra, args, debug: bool) -> int:
     try:
         with OutputLock(*_rank_files(out, ckpt, topo)):     # a second run on the same files is refused
             if rank == 0:
-                mtrain.check_output_paths(out, ckpt, [rank_ckpt_path(ckpt, s, p) for s in range(cfg.stages)
-                                                      for p in (0, 1)])
+                mtrain.check_output_paths(out, ckpt, _checkpoint_files(ckpt, cfg.stages))
             res = run_rank(cfg, topo, out=out, ckpt=ckpt, fresh=args.fresh, progress=not args.no_progress,
                            timeout_s=extra.timeout, link=link, blocking=extra.blocking_transport,
                            resume_with_changes=args.resume_with_changes, faults=faults, started=started)

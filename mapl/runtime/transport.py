@@ -143,9 +143,6 @@ class Transport:
             off += n
         return out
 
-    def recv(self, specs: list, peer: int, what: str) -> list[torch.Tensor]:
-        return self.wait(self.post(specs, peer, what))
-
     def _emulate_link(self, peer: int, sent: float, nbytes: int) -> None:
         """Sleep until the message would have arrived: the channel is a FIFO, free once the previous
         message has been serialised (the same model as the virtual clock)."""
@@ -156,14 +153,13 @@ class Transport:
             time.sleep(delay)
 
     # -- batches and step end
-    def exchange(self, sends: list[tuple[list[torch.Tensor], int, str]], recvs: list[tuple[list, int, str]],
-                 wait: bool = True) -> list:
-        """Post ``recvs`` [(specs, peer, what)], then send ``sends`` [(tensors, peer, what)]; return the
-        received messages (``wait``) or their pending handles."""
+    def exchange(self, sends: list[tuple[list[torch.Tensor], int, str]], recvs: list[tuple[list, int, str]]) -> list:
+        """One batch: post ``recvs`` [(specs, peer, what)], then send ``sends`` [(tensors, peer, what)];
+        return the received messages."""
         posted = [self.post(specs, peer, what) for specs, peer, what in recvs]
         for tensors, peer, what in sends:
             self.send(tensors, peer, what)
-        return [self.wait(rx) for rx in posted] if wait else posted
+        return [self.wait(rx) for rx in posted]
 
     def flush(self) -> None:
         """Complete every send in flight (their buffers are then free)."""
