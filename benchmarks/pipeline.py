@@ -17,11 +17,26 @@ losses, so every method reaches it. Compute times are measured on shared CPU cor
 2 cores: they are upper bounds of what a stage costs alone.
 
 Writes ``reports/bench/pipeline.json`` and ``reports/tables/pipeline.md``.
+
+Two more tables:
+
+    python benchmarks/pipeline.py --overlap       # real-delay runs: measured vs virtual-clock step time
+    python benchmarks/pipeline.py --parity        # blocking transport: every method, P 2/4, GPipe/1F1B
+
+``--overlap`` runs one pipeline (method none, the largest messages) on links of three bandwidths chosen
+around the one where a micro-batch's message takes as long as its forward compute, with the runtime's
+real-delay mode (each message sleeps until it would have arrived): the measured step time is set
+beside the compute-only makespan, compute + communication without overlap, and the virtual clock's
+prediction from the run's own measurements. Writes ``reports/bench/pipeline-overlap.json`` and
+``reports/tables/pipeline-overlap.md``. ``--parity`` checks that the blocking transport (every send
+waits for its receive, as on NCCL) gives losses bit-identical to the single-process loop; it writes
+``reports/bench/pipeline-blocking-parity.json`` and ``reports/tables/pipeline-blocking-parity.md``.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
@@ -31,9 +46,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from mapl.config import load_run_config  # noqa: E402
-from mapl.link import StepMeasurement, estimate, get_profile, steps_to_target  # noqa: E402
-from mapl.pipeline import launch  # noqa: E402
-from mapl.train import atomic_write_json  # noqa: E402
+from mapl.io import atomic_write_json, atomic_write_text  # noqa: E402
+from mapl.link import IDEAL, LinkProfile, StepMeasurement, estimate, get_profile, step_time, steps_to_target  # noqa: E402
+from mapl.runtime.launch import launch  # noqa: E402
 
 METHODS = {"none": 1, "int8": 1, "ssn": 8, "mapl": 8, "mapl-rvq": 4}     # mapl-rvq: 4x projection x 2x RVQ = 8x
 
@@ -128,6 +143,107 @@ def markdown(bench: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+# ---- overlap: real-delay runs against the virtual clock ------------------------------------------
+def _run_once(args, cli_extra: list[str], workdir: Path, name: str) -> dict:
+    out, ckpt = workdir / f"{name}.json", workdir / f"{name}.pt"
+    cli = ["--profile", args.profile, "--method", "none", "--stages", str(args.stages), "--steps", str(args.steps),
+           "--set", f"train.schedule={args.schedule}", "--set", f"train.eval_every={10 ** 6}",
+           "--set", f"train.eval_tokens={args.eval_tokens}", "--set", "train.threads=1",
+           "--set", f"train.checkpoint_every={10 ** 6}", "--no-progress", "--fresh",
+           "--out", str(out), "--ckpt", str(ckpt), *cli_extra]
+    r = launch(cli, args.stages, launcher="direct", timeout=args.timeout)
+    if r.returncode != 0:
+        raise RuntimeError(f"{name}: launch failed ({r.returncode}):\n{r.stderr[-3000:]}")
+    return json.loads(out.read_text())
+
+
+def _no_overlap_s(meas: StepMeasurement, link: LinkProfile) -> float:
+    """The step if nothing overlapped: the compute-only makespan plus every message's time on the link
+    along the pipeline (each boundary's forward and backward messages one after the other)."""
+    comm = sum(meas.n_micro * (link.message_s(meas.fwd_bytes[p]) + link.message_s(meas.bwd_bytes[p]))
+               + link.message_s(meas.state_fwd_bytes[p]) + link.message_s(meas.state_bwd_bytes[p])
+               for p in range(meas.n_stages - 1))
+    return step_time(meas, IDEAL) + comm
+
+
+def overlap_table(args) -> dict:
+    """Three real-delay runs around the bandwidth where a message takes as long as a forward."""
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="mapl-bench-overlap-") as tmp:
+        base = StepMeasurement.from_results(_run_once(args, [], Path(tmp), "ideal"))
+        fwd_s = sum(map(sum, base.fwd_s)) / (base.n_stages * base.n_micro)
+        equal_bps = 8 * max(base.fwd_bytes) / fwd_s
+        for factor in (2.0, 1.0, 0.5):
+            bps = equal_bps * factor
+            spec = f"{bps / 1e6:.3f}Mbps@{args.latency_ms if args.latency_ms is not None else 1.0}ms"
+            res = _run_once(args, ["--link-delay", spec], Path(tmp), f"delay{factor}")
+            meas, link = StepMeasurement.from_results(res), get_profile(spec)
+            ld = res["pipeline"]["link_delay"]
+            rows.append({"bandwidth_bps": bps, "latency_s": link.latency_s, "message_over_forward": 1 / factor,
+                         "measured_step_s": ld["measured_step_s"], "predicted_step_s": ld["model_step_s"],
+                         "compute_only_s": step_time(meas, IDEAL), "no_overlap_s": _no_overlap_s(meas, link),
+                         "error": ld["measured_step_s"] / ld["model_step_s"] - 1.0,
+                         "timed_steps": res["pipeline"]["timed_steps"], "timing": meas.to_dict()})
+            print(f"  {spec}: measured {ld['measured_step_s']:.3f} s, predicted {ld['model_step_s']:.3f} s",
+                  file=sys.stderr, flush=True)
+    return {"profile": args.profile, "stages": args.stages, "schedule": args.schedule, "steps": args.steps,
+            "method": "none", "forward_s_per_micro_batch": fwd_s, "message_bytes": max(base.fwd_bytes),
+            "load": os.getloadavg(), "rows": rows}
+
+
+def overlap_markdown(b: dict) -> str:
+    lines = [f"# Communication overlaps compute (profile {b['profile']}, P = {b['stages']}, {b['schedule']}, "
+             f"method {b['method']}, {b['steps']} steps per link)", "",
+             f"Real-delay mode: every message sleeps until it would have arrived over the link. A forward takes "
+             f"{1000 * b['forward_s_per_micro_batch']:.1f} ms per micro-batch and a message is "
+             f"{b['message_bytes'] / 1024:.1f} KiB. Predicted = the virtual clock (mapl.link) fed with the run's own "
+             f"measured compute and bytes; no overlap = compute-only makespan + every message's link time in "
+             f"sequence. Load average during the runs: {', '.join(f'{x:.1f}' for x in b['load'])} (2 cores).", "",
+             "| link | message / forward | measured step | predicted step | error | compute only | no overlap |",
+             "|---|---|---|---|---|---|---|"]
+    for r in b["rows"]:
+        lines.append(f"| {r['bandwidth_bps'] / 1e6:.2f} Mb/s, {1000 * r['latency_s']:.0f} ms | "
+                     f"{r['message_over_forward']:.1f} | {_fmt_s(r['measured_step_s'])} | "
+                     f"{_fmt_s(r['predicted_step_s'])} | {100 * r['error']:+.1f}% | {_fmt_s(r['compute_only_s'])} | "
+                     f"{_fmt_s(r['no_overlap_s'])} |")
+    return "\n".join(lines) + "\n"
+
+
+# ---- parity of the blocking transport ---------------------------------------------------------------
+def parity_grid(args) -> dict:
+    """Every method at P 2/4 x GPipe/1F1B with the blocking transport vs the single-process loop."""
+    from mapl.train import config_from_args, parse_args, run
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="mapl-bench-parity-") as tmp:
+        for method in [m.strip() for m in args.methods.split(",") if m.strip()]:
+            for P, schedule in ((2, "gpipe"), (2, "1f1b"), (4, "gpipe"), (4, "1f1b")):
+                cli = ["--profile", "micro", "--method", method, "--stages", str(P), "--set", f"train.schedule={schedule}",
+                       "--set", f"train.micro_batches={P}", "--set", f"train.batch_size={2 * P}",
+                       "--set", "train.threads=1", "--no-progress"] + (["--ratio", "4"] if method not in ("none", "int8") else [])
+                ref = run(config_from_args(parse_args(cli)), progress=False, log=lambda *a, **k: None)
+                out = Path(tmp) / f"{method}-{P}-{schedule}.json"
+                t0 = time.time()
+                r = launch([*cli, "--blocking-transport", "--timeout", "60", "--out", str(out), "--ckpt",
+                            str(out.with_suffix(".pt"))], P, launcher="direct", timeout=args.timeout)
+                res = json.loads(out.read_text()) if r.returncode == 0 else None
+                same = res is not None and res["train_loss_curve"] == ref["train_loss_curve"] and \
+                    res["val_loss_curve"] == ref["val_loss_curve"]
+                rows.append({"method": method, "stages": P, "schedule": schedule, "returncode": r.returncode,
+                             "bit_identical": same, "steps": len(ref["train_loss_curve"]), "wall_s": time.time() - t0})
+                print(f"  {method} P={P} {schedule}: {'identical' if same else 'DIFFERENT/FAILED'}", file=sys.stderr)
+    return {"profile": "micro", "transport": "blocking", "rows": rows}
+
+
+def parity_markdown(b: dict) -> str:
+    lines = ["# Blocking transport (every send waits for its receive, as NCCL's do) vs the single-process loop", "",
+             "Per-step training and validation losses of the micro profile (20 steps), gloo, one process per stage.", "",
+             "| method | P | schedule | exit | losses bit-identical |", "|---|---|---|---|---|"]
+    for r in b["rows"]:
+        lines.append(f"| {r['method']} | {r['stages']} | {r['schedule']} | {r['returncode']} | "
+                     f"{'yes' if r['bit_identical'] else 'NO'} |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python benchmarks/pipeline.py", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -146,7 +262,17 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout", type=float, default=900, help="per-method launch timeout (s)")
     ap.add_argument("--out-json", type=Path, default=ROOT / "reports" / "bench" / "pipeline.json")
     ap.add_argument("--out-md", type=Path, default=ROOT / "reports" / "tables" / "pipeline.md")
+    ap.add_argument("--overlap", action="store_true", help="the real-delay overlap table instead (method none)")
+    ap.add_argument("--parity", action="store_true", help="the blocking-transport parity grid instead (micro profile)")
     args = ap.parse_args(argv)
+    if args.overlap or args.parity:
+        name = "pipeline-overlap" if args.overlap else "pipeline-blocking-parity"
+        bench = overlap_table(args) if args.overlap else parity_grid(args)
+        md = overlap_markdown(bench) if args.overlap else parity_markdown(bench)
+        atomic_write_json(ROOT / "reports" / "bench" / f"{name}.json", bench)
+        atomic_write_text(ROOT / "reports" / "tables" / f"{name}.md", md)
+        print(md)
+        return 0
     profiles = [get_profile(p, args.latency_ms) for p in args.links.split(",")]
     load_run_config(args.profile)        # fail early on a bad profile
     rows = []
@@ -170,8 +296,7 @@ def main(argv=None) -> int:
              "links": {p.name: {"bandwidth_bps": p.bandwidth_bps, "latency_s": p.latency_s} for p in profiles},
              "target": target, "methods": rows}
     atomic_write_json(args.out_json, bench)
-    args.out_md.parent.mkdir(parents=True, exist_ok=True)
-    args.out_md.write_text(markdown(bench))
+    atomic_write_text(args.out_md, markdown(bench))
     print(markdown(bench))
     return 0
 

@@ -1,7 +1,7 @@
 """Link emulator: per-boundary bandwidth/latency profiles and a deterministic virtual clock.
 
 A pipeline step is a fixed sequence of compute operations per stage (the schedule: GPipe or 1F1B,
-``schedule_ops``) joined by messages between neighbouring stages. Given the compute time of every
+``mapl.runtime.schedule.schedule_ops``) joined by messages between neighbouring stages. Given the compute time of every
 operation (measured once by ``mapl.pipeline``) and the bytes of every message (metered), the virtual
 clock replays the step on any link and returns its duration, with no wall clock and no randomness.
 
@@ -36,11 +36,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
+from .runtime.schedule import schedule_ops
+
 __all__ = ["LinkProfile", "PROFILES", "IDEAL", "get_profile", "schedule_ops", "StepMeasurement", "SimResult",
            "simulate", "step_time", "floor_time", "estimate", "steps_to_target", "time_to_target"]
-
-SCHEDULES = ("gpipe", "1f1b")
-
 
 # ---- link profiles ----------------------------------------------------------------------------
 @dataclass(frozen=True)
@@ -115,28 +114,6 @@ def _links(links, n_boundaries: int) -> list[LinkProfile]:
     if len(links) != n_boundaries:
         raise ValueError(f"got {len(links)} link profiles for {n_boundaries} boundaries; give one per boundary")
     return links
-
-
-# ---- schedules --------------------------------------------------------------------------------
-def schedule_ops(schedule: str, n_stages: int, n_micro: int, stage: int) -> list[tuple[str, int]]:
-    """The compute operations of ``stage`` in one step, in order: ("F", m) forward, ("B", m) backward.
-
-    GPipe: all forwards, then all backwards (micro-batch order). 1F1B (non-interleaved, PipeDream-
-    flush): ``P - 1 - s`` warm-up forwards, then alternate one forward / one backward, then the
-    remaining backwards. Backwards run in micro-batch order in both, so every parameter accumulates
-    its gradient in the same order as the single-process loop (bitwise-equal sums)."""
-    if schedule not in SCHEDULES:
-        raise ValueError(f"schedule={schedule!r} is invalid: allowed {list(SCHEDULES)}")
-    if not 0 <= stage < n_stages:
-        raise ValueError(f"stage={stage} is invalid: must be in [0, {n_stages})")
-    if schedule == "gpipe":
-        return [("F", m) for m in range(n_micro)] + [("B", m) for m in range(n_micro)]
-    warm = min(n_stages - 1 - stage, n_micro)
-    ops = [("F", m) for m in range(warm)]
-    for i in range(n_micro - warm):
-        ops += [("F", warm + i), ("B", i)]
-    ops += [("B", m) for m in range(n_micro - warm, n_micro)]
-    return ops
 
 
 # ---- measurements -----------------------------------------------------------------------------

@@ -36,9 +36,9 @@ __all__ = ["TRAIN_SOURCES", "ACTIONS", "source_files", "code_fingerprint", "resu
 TRAIN_SOURCES = (
     "mapl/__init__.py", "mapl/config.py", "mapl/data", "mapl/model.py", "mapl/stages.py", "mapl/optim.py",
     "mapl/wire.py", "mapl/diagnostics.py", "mapl/train.py", "mapl/sweep.py", "mapl/compress", "pyproject.toml",
+    "mapl/loop.py", "mapl/engine.py", "mapl/checkpoint.py", "mapl/results.py", "mapl/pipeline.py", "mapl/runtime",
 )
 ACTIONS = ("current", "restore", "resume", "train")
-_CHECKPOINT_FORMAT = "mapl-checkpoint-v1"
 
 
 def source_files(root: str | Path = PROJECT_ROOT, sources=TRAIN_SOURCES) -> list[Path]:
@@ -101,11 +101,13 @@ def checkpoint_step(ckpt: Path, cfg: RunConfig) -> int | None:
     """The step of the single-process checkpoint at ``ckpt`` if it is a loadable mapl checkpoint of
     this config, else None. (Pipeline checkpoints are checked by the pipeline when it resumes.)"""
     import torch
+
+    from .checkpoint import FORMAT
     try:
         ck = torch.load(ckpt, map_location="cpu", weights_only=True)
     except Exception:               # noqa: BLE001 -- truncated, foreign or pickled: not reusable
         return None
-    if not isinstance(ck, dict) or ck.get("format") != _CHECKPOINT_FORMAT or ck.get("config_hash") != config_hash(cfg):
+    if not isinstance(ck, dict) or ck.get("format") != FORMAT or ck.get("config_hash") != config_hash(cfg):
         return None
     step = (ck.get("state") or {}).get("step")
     return step if isinstance(step, int) else None

@@ -20,7 +20,7 @@ NOTEBOOKS = ("data", "train", "report")
 GROUPS = ["main", "seeds", "ablations", "long", "longer", "tokens", "width", "rvq_sync", "tune", "tune2"]
 DVC = yaml.safe_load((ROOT / "dvc.yaml").read_text())
 # modules a training run imports that cannot change its numbers (so they are not training sources)
-ORCHESTRATION = {"mapl/reuse.py", "mapl/progress.py"}
+ORCHESTRATION = {"mapl/reuse.py", "mapl/progress.py", "mapl/io.py", "mapl/cli.py"}
 
 
 def _needs_tools():

@@ -106,7 +106,8 @@ def test_launch_args_rebuild_the_same_config(tmp_path):
 
 # ---- reuse -------------------------------------------------------------------------------------------
 def _ckpt(path: Path, cfg, step: int):
-    torch.save({"format": "mapl-checkpoint-v1", "config_hash": config_hash(cfg), "state": {"step": step}}, path)
+    from mapl.checkpoint import FORMAT
+    torch.save({"format": FORMAT, "config_hash": config_hash(cfg), "state": {"step": step}}, path)
 
 
 def _results(path: Path, cfg, fingerprint):

@@ -1,0 +1,152 @@
+"""Checkpoints: written atomically and only when every value is finite; read back with one-line errors.
+
+A checkpoint holds the model, the optimizer states, the byte meter, the loop state and the run's full
+configuration (``RunConfig.to_dict()``). On resume the stored configuration is compared field by
+field with this run's (``mapl.config.config_diff``):
+
+* identical: resume;
+* only settings in ``mapl.config.RESUMABLE_FIELDS`` differ (learning rates, step budget, warmup,
+  clipping, evaluation, schedule): resume only when asked explicitly (``--resume-with-changes``), and
+  the change is recorded in the loop state and so in the results;
+* anything else differs (model, data, compressor, seed): refused, naming the fields.
+
+A non-finite parameter or optimizer state is never written: ``save`` raises and the last good
+checkpoint stays as it was (issue: a huge LR used to leave inf embeddings in "the last good
+checkpoint").
+
+    save(path, cfg=cfg, model=sm, optimizers=opts, meter=meter, state=state, stage_of=stage_fn)
+    ck = read(path); state = restore(ck, path, cfg, sm, opts, meter, allow_changes=False)
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Iterable
+
+import torch
+
+from .config import RESUMABLE_FIELDS, RunConfig, config_diff, config_hash
+from .io import atomic_torch_save
+from .loop import LoopState, NonFiniteError
+
+__all__ = ["FORMAT", "CheckpointError", "first_nonfinite", "save", "read",
+           "resume_changes", "restore", "checkpoint_step"]
+
+FORMAT = "mapl-checkpoint-v2"
+_REQUIRED = ("format", "config", "config_hash", "model", "optimizers", "meter", "state")
+_STATE_KEYS = ("step", "train_curve", "val_curve", "train_wall")
+# how a run is executed, not what it computes: never part of a resume decision (as in config_hash)
+_EXECUTION_FIELDS = ("run_name", "profile", "train.checkpoint_every", "train.threads")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used for this run; the message names the file and the fix."""
+
+
+# ---- finite checks ----------------------------------------------------------------------------------
+def _float_tensors(model: torch.nn.Module, optimizers: Iterable[torch.optim.Optimizer]):
+    names = {id(p): n for n, p in model.named_parameters()}
+    for name, t in model.state_dict().items():
+        if isinstance(t, torch.Tensor):          # extra state (e.g. RVQ counters) may be plain Python
+            yield name, t
+    for i, opt in enumerate(optimizers):
+        for p, st in opt.state.items():
+            for key, t in st.items():
+                if isinstance(t, torch.Tensor):
+                    yield f"{type(opt).__name__} {key} of {names.get(id(p), f'optimizer {i} parameter')}", t
+
+
+def first_nonfinite(model: torch.nn.Module, optimizers: Iterable[torch.optim.Optimizer]) -> str | None:
+    """The name of the first parameter, buffer or optimizer state holding NaN/Inf (None if all finite).
+    One host sync for the whole check: every flag is computed on its device, then read once."""
+    items = [(n, t) for n, t in _float_tensors(model, optimizers) if t.is_floating_point() and t.numel()]
+    if not items:
+        return None
+    flags = torch.stack([torch.isfinite(t).all().to(items[0][1].device) for _, t in items])
+    if bool(flags.all()):
+        return None
+    return items[int((~flags).nonzero()[0, 0])][0]
+
+
+# ---- save / read / restore --------------------------------------------------------------------------
+def save(path: Path, *, cfg: RunConfig, model: torch.nn.Module, optimizers: list, meter, state: LoopState,
+         where: Callable[[str], str] = lambda name: "", last_good: int | None = None) -> None:
+    """Check every value finite, then write atomically. ``where(name)`` says which stage holds a
+    tensor (for the message); ``last_good`` is the step of the checkpoint already on disk."""
+    bad = first_nonfinite(model, optimizers)
+    if bad is not None:
+        kept = f"{path} keeps step {last_good}" if last_good is not None else f"no checkpoint was written to {path}"
+        raise NonFiniteError(f"non-finite values in {bad}{where(bad)} after step {state.step}: the checkpoint is not "
+                             f"updated ({kept}); lower the learning rate and resume with --resume-with-changes")
+    atomic_torch_save({"format": FORMAT, "config": cfg.to_dict(), "config_hash": config_hash(cfg),
+                       "model": model.state_dict(), "optimizers": [o.state_dict() for o in optimizers],
+                       "meter": meter.state_dict(), "state": state.to_dict()}, path)
+
+
+def read(path: Path) -> dict:
+    """Load a checkpoint (``weights_only``: no pickled code) and check its shape, or one-line error."""
+    try:
+        ck = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:          # noqa: BLE001 -- torch raises many types for a bad file
+        raise CheckpointError(f"checkpoint {path} cannot be loaded safely (truncated, foreign, or needs pickled "
+                              f"objects): {type(e).__name__}: {str(e)[:200]}. Delete it or use --fresh") from None
+    if not isinstance(ck, dict) or not str(ck.get("format", "")).startswith("mapl-checkpoint"):
+        raise CheckpointError(f"checkpoint {path} is not a mapl checkpoint; delete it or use --fresh")
+    if ck["format"] != FORMAT:
+        raise CheckpointError(f"checkpoint {path} was written by an older mapl (format {ck['format']}, without its "
+                              f"configuration): it cannot be resumed; delete it or use --fresh")
+    missing = [k for k in _REQUIRED if k not in ck] + \
+        [f"state.{k}" for k in _STATE_KEYS if not isinstance(ck.get("state"), dict) or k not in ck["state"]]
+    if missing:
+        raise CheckpointError(f"checkpoint {path} lacks {missing}: it is damaged or was not written by mapl; delete "
+                              "it or use --fresh")
+    return ck
+
+
+def checkpoint_step(ck: dict) -> int:
+    return int(ck["state"]["step"])
+
+
+def resume_changes(ck: dict, path: Path, cfg: RunConfig, allow_changes: bool) -> dict[str, list]:
+    """The settings that differ between the checkpoint and ``cfg`` (dotted field -> [old, new]), if
+    resuming with them is allowed; else CheckpointError naming them."""
+    if ck["config_hash"] == config_hash(cfg):
+        return {}
+    diff = {k: [a, b] for k, (a, b) in config_diff(ck["config"], cfg.to_dict()).items() if k not in _EXECUTION_FIELDS}
+    fixed = sorted(k for k in diff if k not in RESUMABLE_FIELDS)
+    shown = ", ".join(f"{k} {diff[k][0]!r} -> {diff[k][1]!r}" for k in (fixed or sorted(diff))[:6])
+    if fixed:
+        raise CheckpointError(f"checkpoint {path} was written by another config ({shown}); only "
+                              f"{', '.join(sorted(RESUMABLE_FIELDS))} may change on resume (with "
+                              "--resume-with-changes). Use another --ckpt path or --fresh")
+    if not allow_changes:
+        raise CheckpointError(f"checkpoint {path} was written with other settings ({shown}); to continue it with "
+                              "these, pass --resume-with-changes (recorded in the results), or use --fresh")
+    return diff
+
+
+def restore(ck: dict, path: Path, cfg: RunConfig, model: torch.nn.Module, optimizers: list, meter,
+            allow_changes: bool = False) -> LoopState:
+    """Load ``ck`` into the model, optimizers and meter; return the loop state to continue from."""
+    changes = resume_changes(ck, path, cfg, allow_changes)
+    try:
+        model.load_state_dict(ck["model"])
+    except (RuntimeError, KeyError, ValueError) as e:
+        first = str(e).strip().splitlines()[0][:300]
+        raise CheckpointError(f"checkpoint {path} does not fit this model ({first}); use --fresh") from None
+    if len(ck["optimizers"]) != len(optimizers):
+        raise CheckpointError(f"checkpoint {path} holds {len(ck['optimizers'])} optimizer states, this run has "
+                              f"{len(optimizers)}; use --fresh")
+    for opt, saved in zip(optimizers, ck["optimizers"]):
+        fresh = [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]
+        try:
+            opt.load_state_dict(saved)
+        except (ValueError, KeyError, RuntimeError) as e:
+            raise CheckpointError(f"checkpoint {path}: optimizer state does not fit ({str(e)[:200]}); use --fresh") \
+                from None
+        for group, hyper in zip(opt.param_groups, fresh):      # this run's settings (a resume may change LRs)
+            group.update(hyper)
+    meter.load_state_dict(ck["meter"])
+    state = LoopState.from_dict(ck["state"])
+    if changes:
+        state.resumed_with_changes.append({"step": state.step, "changes": changes})
+    return state

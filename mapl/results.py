@@ -1,0 +1,115 @@
+"""The results JSON of one run, built from plain data (numbers, dicts), the same for both runtimes.
+
+Each boundary is described once by the process that owns it (``describe_boundary``: declared bytes
+and diagnostics of its compressor); the byte meter holds what was measured. ``build_results`` joins
+them with the loop state into the dict the report reads (keys: shared/design/ARCHITECTURE.md
+"Results JSON"), plus ``wire.total_bytes_per_token_per_boundary`` and the nested ``config``.
+
+    results = build_results(cfg, state, boundaries, meter, d_model=128, id_bytes_per_token=2,
+                            n_params=n, manifest=manifest, wall_s=wall)
+"""
+from __future__ import annotations
+
+import math
+import platform
+import subprocess
+
+import torch
+
+from .config import PROJECT_ROOT, RunConfig, config_hash
+from .wire import ByteMeter
+
+__all__ = ["provenance", "describe_boundary", "declared_totals", "measured_totals", "build_results"]
+
+_KINDS = ("fwd", "bwd", "piggyback", "state", "ids")
+
+
+def _git(*args) -> str:
+    try:
+        return subprocess.run(["git", *args], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=10).stdout.strip()
+    except Exception:       # noqa: BLE001 -- no git (e.g. an sdist): provenance says so rather than failing
+        return ""
+
+
+def provenance(cfg: RunConfig, data_hash: str) -> dict:
+    return {"git_sha": _git("rev-parse", "HEAD") or None,
+            "dirty": bool(_git("status", "--porcelain", "--untracked-files=no", "--", "mapl")),
+            "torch": torch.__version__, "python": platform.python_version(), "seed": cfg.train.seed,
+            "config_hash": config_hash(cfg), "data_hash": data_hash, "host": platform.node()}
+
+
+def _element_size(dtype: torch.dtype) -> int:
+    return torch.empty(0, dtype=dtype, device="cpu").element_size()
+
+
+def describe_boundary(comp, index: int, cfg: RunConfig, id_bytes_per_token: int, replicas: int = 1) -> dict:
+    """Plain data about boundary ``index``'s compressor: declared bytes per token and per optimizer step
+    (data both ways, piggybacked sync, per-step state, token ids) and its diagnostics. With R
+    data-parallel replicas, every replica's pipeline syncs its own state: state bytes count R times."""
+    t = cfg.train
+    tokens, mb_shape = t.batch_size * t.seq_len, (t.batch_size // t.micro_batches, t.seq_len)
+    piggyback = 0
+    for direction in ("fwd", "bwd"):
+        spec, roles = comp.payload_spec(mb_shape, direction), comp.payload_roles(direction)
+        piggyback += t.micro_batches * sum(math.prod(s) * _element_size(dt) for (s, dt), r in zip(spec, roles)
+                                           if r == "sync")
+    fwd_bpt, bwd_bpt = comp.wire_bytes_per_token("fwd"), comp.wire_bytes_per_token("bwd")
+    per_step = {"fwd": fwd_bpt * tokens, "bwd": bwd_bpt * tokens, "piggyback": piggyback,
+                "state": replicas * (comp.sync_bytes_per_step() + comp.receiver_grad_bytes_per_step()),
+                "ids": id_bytes_per_token * tokens}
+    return {"boundary": index, "learned": bool(comp.learned), "fwd_bytes_per_token": fwd_bpt,
+            "bwd_bytes_per_token": bwd_bpt, "declared_per_step": per_step, "diagnostics": comp.diagnostics()}
+
+
+def declared_totals(boundaries: list[dict], steps: int) -> dict:
+    """Declared bytes of ``steps`` optimizer steps, summed over boundaries, per kind."""
+    return {k: int(round(sum(b["declared_per_step"][k] for b in boundaries) * steps)) for k in _KINDS}
+
+
+def measured_totals(meter: ByteMeter) -> dict:
+    return {"fwd": meter.total("data", "fwd"), "bwd": meter.total("data", "bwd"), "piggyback": meter.total("sync"),
+            "state": meter.total("state"), "ids": meter.total("ids")}
+
+
+def _wire(boundaries, meter, d_model, id_bytes, tokens, steps) -> dict:
+    n = max(1, len(boundaries))
+    declared, measured = declared_totals(boundaries, steps), measured_totals(meter)
+    return {"fwd_bytes_per_token": sum(b["fwd_bytes_per_token"] for b in boundaries) / n,
+            "bwd_bytes_per_token": sum(b["bwd_bytes_per_token"] for b in boundaries) / n,
+            "id_bytes_per_token": id_bytes, "uncompressed_bytes_per_token": 2 * d_model,
+            "sync_bytes_total": measured["state"] + measured["piggyback"],
+            "declared_bytes_total": sum(declared.values()), "measured_bytes_total": sum(measured.values()),
+            # everything that crossed a boundary (both directions, ids, projector exchange, codebook sync)
+            # per training token and boundary: the number a link's bandwidth divides
+            "total_bytes_per_token_per_boundary": sum(measured.values()) / max(1, tokens) / n if boundaries else 0.0,
+            "declared": declared, "measured": measured, "per_boundary": meter.summary()}
+
+
+def build_results(cfg: RunConfig, state, boundaries: list[dict], meter: ByteMeter, *, d_model: int,
+                  id_bytes_per_token: int, n_params: int, manifest: dict, wall_s: float) -> dict:
+    """The results dict (one JSON per run) from the loop state, boundary descriptions and the meter."""
+    t = cfg.train
+    tokens = state.step * t.batch_size * t.seq_len
+    wire = _wire(boundaries, meter, d_model, id_bytes_per_token, tokens, state.step)
+    ortho = [b["diagnostics"]["ortho_err"] for b in boundaries if "ortho_err" in b["diagnostics"]]
+    learned = any(b["learned"] for b in boundaries)
+    splits = manifest.get("splits", {})
+    return {
+        "run": cfg.name(), "method": cfg.compressor.method, "model": cfg.model, "stages": cfg.stages,
+        "ratio": (2 * d_model / wire["fwd_bytes_per_token"]) if boundaries else 1.0,
+        "nominal_ratio": cfg.compressor.ratio,
+        "projector": cfg.compressor.projector.kind, "anchor": cfg.compressor.anchor.kind,
+        "steps": state.step, "tokens": tokens,
+        "val_loss": state.val_curve[-1][1] if state.val_curve else None,
+        "val_loss_curve": state.val_curve, "train_loss_curve": state.train_curve,
+        "wire": wire,
+        "ortho_max_err": max(ortho) if (ortho and learned) else None,
+        "diagnostics": {str(b["boundary"]): b["diagnostics"] for b in boundaries},
+        "wall_s": wall_s, "train_wall_s": state.train_wall,
+        "tokens_per_s": tokens / max(1e-9, state.train_wall),
+        "n_params": n_params,
+        "unigram_entropy": splits.get("val", {}).get("unigram_entropy"),
+        "resumed_with_changes": state.resumed_with_changes,
+        "config": cfg.to_dict(),
+        "provenance": provenance(cfg, splits.get("train", {}).get("sha256", "")),
+    }

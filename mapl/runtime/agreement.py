@@ -1,0 +1,76 @@
+"""The step's one all-reduce: what every rank must agree on before the optimizer step.
+
+One float64 vector, summed over every rank:
+
+    [ per-parameter grad norms (N) | has-grad flags (N) | non-finite flags (2P) | stop request | loss ]
+
+* the norms give the GLOBAL gradient norm for clipping, bit-identical to ``clip_grad_norm_`` over
+  the whole model in one process (same per-parameter norms, stacked in the same order and grouped by
+  dtype as torch groups them); after the data-parallel sum every replica holds the same gradients,
+  so the norms arrive R times and are divided by R;
+* non-finite flags: stage s sets slot 2s when the message it received held NaN/Inf and 2s + 1 when
+  its own output did, so every rank can name the first place a NaN appeared;
+* a SIGINT/SIGTERM on any rank rides on the stop slot: every rank stops after the same step;
+* the loss: only last stages know it (each replica's mean over its micro-batches, pre-divided by R).
+"""
+from __future__ import annotations
+
+import torch
+
+__all__ = ["StepAgreement", "nonfinite_place"]
+
+
+def nonfinite_place(flags: list[float]) -> str:
+    """The first place holding a non-finite value, from the 2P flags (received message, own output)."""
+    P = len(flags) // 2
+    for s in range(P):
+        if flags[2 * s] > 0:
+            return f"boundary {s - 1} message after the wire (received by stage {s})"
+        if flags[2 * s + 1] > 0:
+            return f"stage {s} output (boundary {s}, before the wire)" if s < P - 1 else f"stage {s} loss"
+    return "the loss only (activations finite)"
+
+
+class StepAgreement:
+    def __init__(self, global_params: list[tuple[str, torch.dtype]], owned: list[tuple[int, torch.nn.Parameter]],
+                 stages: int, stage: int, replicas: int, clipping: bool, device: torch.device):
+        self.global_params, self.owned = global_params, owned
+        self.P, self.stage, self.R, self.device = stages, stage, replicas, device
+        self.N = len(global_params) if clipping else 0
+
+    def vector(self, loss_sum: torch.Tensor, bad_in: torch.Tensor, bad_out: torch.Tensor, stop: bool) -> torch.Tensor:
+        N, P = self.N, self.P
+        vec = torch.zeros(2 * N + 2 * P + 2, dtype=torch.float64, device=self.device)
+        if N:
+            have = [(i, p) for i, p in self.owned if p.grad is not None]
+            if have:
+                norms = torch._foreach_norm([p.grad for _, p in have], 2.0)
+                idx = torch.tensor([i for i, _ in have], device=self.device)
+                vec[idx] = torch.stack([n.to(torch.float64) for n in norms])
+                vec[N + idx] = 1.0
+        vec[2 * N + 2 * self.stage] = bad_in.to(torch.float64)
+        vec[2 * N + 2 * self.stage + 1] = bad_out.to(torch.float64)
+        vec[-2] = 1.0 if stop else 0.0
+        vec[-1] = loss_sum
+        return vec
+
+    def read(self, vec: torch.Tensor) -> tuple[float, bool, list[float], list[bool]]:
+        """(global loss, stop agreed, non-finite flags, has-grad mask) from the summed vector, in one
+        host read."""
+        N, P = self.N, self.P
+        if self.R > 1 and N:
+            vec[:2 * N] /= self.R
+        host = vec[N:].tolist()
+        return host[-1], host[-2] > 0, host[N:N + 2 * P], [f > 0 for f in host[:N]]
+
+    def clip(self, vec: torch.Tensor, mask: list[bool], max_norm: float) -> None:
+        """Global-norm clipping of this rank's parameters with the norm of the whole model."""
+        groups: dict = {}
+        for i, (_, dt) in enumerate(self.global_params):
+            if mask[i]:
+                groups.setdefault(dt, []).append(vec[i].to(dt))
+        norms = [n for g in groups.values() for n in g]
+        if not norms:
+            return
+        total = torch.linalg.vector_norm(torch.stack(norms), 2.0)
+        torch.nn.utils.clip_grads_with_norm_([p for _, p in self.owned], max_norm, total)

@@ -1,0 +1,121 @@
+"""What a multi-process run measured: per-operation compute times, bytes per message, step wall time;
+turned into a ``mapl.link.StepMeasurement`` (the virtual clock's input) and the results' ``pipeline``
+section (with the link estimates, and measured vs modelled step time in real-delay mode).
+
+Compute times are taken per forward/backward of each micro-batch: with ``time.perf_counter`` on CPU,
+and with CUDA events on a GPU (read once per step, after the step's all-reduce has synchronised the
+host), so timing never adds a device synchronisation per operation.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from ..link import PROFILES, StepMeasurement, estimate, step_time
+from ..wire import ByteMeter
+
+__all__ = ["OpTimer", "merge_meters", "step_measurement", "pipeline_section"]
+
+
+class OpTimer:
+    """Accumulates seconds per (kind, micro-batch) of one step."""
+
+    def __init__(self, device: torch.device, n_micro: int):
+        self.cuda = device.type == "cuda"
+        self.M = n_micro
+        self.reset()
+
+    def reset(self) -> None:
+        self.events: list = []
+        self.seconds = {"F": [0.0] * self.M, "B": [0.0] * self.M}
+
+    def start(self):
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            return ev
+        return time.perf_counter()
+
+    def stop(self, kind: str, m: int, started) -> None:
+        if self.cuda:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            self.events.append((kind, m, started, end))
+        else:
+            self.seconds[kind][m] += time.perf_counter() - started
+
+    def read(self) -> tuple[list[float], list[float]]:
+        """(forward seconds, backward seconds) per micro-batch; call after the step's host sync."""
+        for kind, m, a, b in self.events:
+            b.synchronize()
+            self.seconds[kind][m] += a.elapsed_time(b) / 1000.0
+        out = (self.seconds["F"], self.seconds["B"])
+        self.reset()
+        return out
+
+
+def merge_meters(states: list[dict]) -> ByteMeter:
+    merged = ByteMeter()
+    for st in states:
+        for b, d, k, v in st["bytes"]:
+            merged.add(b, d, k, v)
+        for b, d, v in st["tokens"]:
+            merged.tokens[(b, d)] += v
+    return merged
+
+
+def _mean(xs):
+    xs = xs[1:] if len(xs) > 1 else xs          # the first step warms up: dropped when there are others
+    return sum(xs) / len(xs) if xs else None
+
+
+def _mean_rows(rows, M):
+    rows = rows[1:] if len(rows) > 1 else rows
+    return [sum(r[m] for r in rows) / max(1, len(rows)) for m in range(M)] if rows else [0.0] * M
+
+
+def step_measurement(schedule: str, merged: ByteMeter, timings: list[dict], steps: int, M: int,
+                     replicas: int = 1) -> StepMeasurement:
+    """``timings``: one per stage (replica 0); ``merged``: every rank's meter (R replicas carry the
+    same messages, so bytes are divided by R)."""
+    P, per_step = len(timings), max(1, steps) * replicas
+
+    def message(direction, p):               # one micro-batch's message: data, piggybacked sync, ids
+        return sum(merged.total(k, direction, p) for k in ("data", "sync", "ids")) / (per_step * M)
+    return StepMeasurement(schedule, [_mean_rows(tm["fwd"], M) for tm in timings],
+                           [_mean_rows(tm["bwd"], M) for tm in timings],
+                           [message("fwd", p) for p in range(P - 1)], [message("bwd", p) for p in range(P - 1)],
+                           [_mean(tm["opt"]) or 0.0 for tm in timings],
+                           [merged.total("state", "fwd", p) / per_step for p in range(P - 1)],
+                           [merged.total("state", "bwd", p) / per_step for p in range(P - 1)], collective=True)
+
+
+def pipeline_section(*, schedule: str, everyone: list[dict], merged: ByteMeter, boundaries: list[dict], steps: int,
+                     M: int, replicas: int, info: dict, link) -> dict:
+    """The results' ``pipeline`` block (rank 0)."""
+    P = len(everyone) // replicas
+    stage_timings = [r["timing"] for r in everyone[:P]]         # replica 0's stages
+    meas = step_measurement(schedule, merged, stage_timings, steps, M, replicas)
+    per_step = max(1, steps)
+    pipe = {
+        "schedule": schedule, "processes": len(everyone), "stages": P, "replicas": replicas,
+        "backend": info["backend"], "launcher": info["launcher"], "transport": info["transport"],
+        "pids": [r["pid"] for r in everyone], "hosts": [r["host"] for r in everyone],
+        "timeout_s": info["timeout_s"], "micro_batches": M,
+        "stage_compute_s_per_step": [sum(meas.fwd_s[s]) + sum(meas.bwd_s[s]) for s in range(P)],
+        "stage_opt_s_per_step": meas.opt_s,
+        "stage_wait_s_per_step": [_mean(tm["wait"]) for tm in stage_timings],
+        "step_wall_s": _mean(stage_timings[0]["wall"]),
+        "timed_steps": max(0, len(stage_timings[0]["wall"]) - 1) or len(stage_timings[0]["wall"]),
+        "bytes_per_step": {b: {d: {k: v / per_step for k, v in kinds.items()} for d, kinds in dirs.items()}
+                           for b, dirs in merged.summary().items()},
+        "declared_bytes_per_step": {f"boundary{b['boundary']}": b["declared_per_step"] for b in boundaries},
+        "timing": meas.to_dict(),
+        "link_estimates": estimate(meas, PROFILES),
+        "state_checksum_match": info["state_checksum_match"],
+    }
+    if link is not None:
+        pipe["link_delay"] = {"profile": link.name, "bandwidth_bps": link.bandwidth_bps, "latency_s": link.latency_s,
+                              "measured_step_s": pipe["step_wall_s"], "model_step_s": step_time(meas, link)}
+    return pipe

@@ -1,0 +1,87 @@
+"""Pipeline schedules as stage programs, proved deadlock-free under rendezvous (NCCL-like) semantics."""
+import pytest
+
+from mapl.runtime.schedule import (SCHEDULES, Barrier, Comm, Compute, ScheduleError, Transfer, check_programs,
+                                   naive_program, schedule_ops, stage_program, step_tail)
+
+GRID = [(P, M) for P in (2, 4, 8) for M in (P, 2 * P, 4 * P)]
+
+
+@pytest.mark.parametrize("schedule", sorted(SCHEDULES))
+@pytest.mark.parametrize("P,M", GRID)
+def test_programs_are_deadlock_free_under_rendezvous_semantics(schedule, P, M):
+    """Every stage's program, with the step-end exchanges (receiver-side gradients, all-reduce, state
+    sync), completes when every send waits for its receive to be posted."""
+    programs = [stage_program(schedule, P, M, s) + step_tail(P, s, receiver_grads=True, synced_state=True)
+                for s in range(P)]
+    rounds = check_programs(programs)
+    assert rounds <= 2 * M + 4 * P          # no serialisation beyond the pipeline's own fill and drain
+
+
+@pytest.mark.parametrize("P,M", GRID)
+def test_the_first_runtimes_op_order_deadlocks_1f1b(P, M):
+    """The checker is not vacuous: a lone send followed by a lone receive (the first runtime's order,
+    safe only because gloo's isend was waited at the end of the step) deadlocks 1F1B at every P."""
+    with pytest.raises(ScheduleError, match="deadlock"):
+        check_programs([naive_program("1f1b", P, M, s) for s in range(P)])
+    check_programs([naive_program("gpipe", P, M, s) for s in range(P)])      # GPipe's order happens to be safe
+
+
+def test_checker_catches_messages_that_would_meet_the_wrong_receive():
+    progs = [stage_program("gpipe", 2, 2, s) for s in range(2)]
+    swapped = [Comm((Transfer("recv", "fwd", 1, 0),)) if a == Comm((Transfer("recv", "fwd", 0, 0),)) else
+               Comm((Transfer("recv", "fwd", 0, 0),)) if a == Comm((Transfer("send", "bwd", 0, 0),
+                                                                       Transfer("recv", "fwd", 1, 0))) else a
+               for a in progs[1]]
+    with pytest.raises(ScheduleError, match="wrong receive"):
+        check_programs([progs[0], swapped])
+
+
+def test_a_barrier_waits_for_every_stage():
+    with pytest.raises(ScheduleError, match="deadlock"):
+        check_programs([[Barrier("x"), Comm((Transfer("send", "fwd", 0, 1),))],
+                        [Comm((Transfer("recv", "fwd", 0, 0),)), Barrier("x")]])
+
+
+@pytest.mark.parametrize("schedule", sorted(SCHEDULES))
+def test_each_batch_pairs_the_last_compute_sends_with_the_next_compute_receives(schedule):
+    P, M = 4, 8
+    for s in range(P):
+        prog = stage_program(schedule, P, M, s)
+        computes = [(a.kind, a.mb) for a in prog if isinstance(a, Compute)]
+        assert computes == schedule_ops(schedule, P, M, s)
+        for a in prog:
+            if isinstance(a, Comm):
+                assert len(a.sends()) <= 1 and len(a.recvs()) <= 1
+        for i, a in enumerate(prog):             # every compute's input is received right before it
+            if isinstance(a, Compute) and (a.kind == "F" and s > 0 or a.kind == "B" and s < P - 1):
+                assert isinstance(prog[i - 1], Comm)
+                assert (a.kind == "F") == (prog[i - 1].recvs()[0].what == "fwd")
+                assert prog[i - 1].recvs()[0].mb == a.mb
+
+
+@pytest.mark.parametrize("schedule", sorted(SCHEDULES))
+@pytest.mark.parametrize("P,M", [(2, 2), (4, 4), (4, 8), (3, 5)])
+def test_schedule_ops_cover_every_micro_batch_once(schedule, P, M):
+    for s in range(P):
+        ops = schedule_ops(schedule, P, M, s)
+        assert sorted(ops) == sorted([("F", m) for m in range(M)] + [("B", m) for m in range(M)])
+        assert [m for k, m in ops if k == "B"] == list(range(M))       # backward in micro-batch order
+        for m in range(M):
+            assert ops.index(("F", m)) < ops.index(("B", m))
+        if schedule == "1f1b":      # at most P - s micro-batches in flight on stage s
+            live = peak = 0
+            for k, _ in ops:
+                live += 1 if k == "F" else -1
+                peak = max(peak, live)
+            assert peak == min(P - s, M)
+
+
+def test_schedule_ops_rejects_unknown():
+    with pytest.raises(ValueError, match="schedule"):
+        schedule_ops("interleaved", 2, 2, 0)
+
+
+def test_the_config_knows_exactly_the_registered_schedules():
+    from mapl.config import SCHEDULES as CONFIG_SCHEDULES
+    assert set(CONFIG_SCHEDULES) == set(SCHEDULES)
