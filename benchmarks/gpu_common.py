@@ -97,7 +97,7 @@ def epoch_batch(tokens: np.ndarray, batch_size: int, seq_len: int, seed: int, st
         raise ValueError(f"step {step} would read window {g[-1]} of {n_windows}: the run would repeat the corpus")
     order = np.random.default_rng([seed, 0, n_windows]).permutation(n_windows)
     starts = order[g] * seq_len
-    w = np.asarray(tokens[starts[:, None] + np.arange(seq_len + 1)], dtype=np.int64)
+    w = mdata.take_windows(tokens, starts, seq_len + 1).astype(np.int64)
     return torch.from_numpy(w[:, :-1].copy()), torch.from_numpy(w[:, 1:].copy())
 
 

@@ -393,15 +393,3 @@ def test_data_helpers():
     manifest = {"splits": {"train": {"tokens": 1000, "documents": 3, "works": ["a", "b", "c"]},
                            "val": {"tokens": 100, "documents": 1, "unigram_entropy": 3.25}}}
     assert R.data_summary_table(manifest)[1] == [["train", "1,000", 3, 3, "—"], ["val", "100", 1, "—", "3.2500"]]
-
-
-def test_code_fingerprint(tmp_path):
-    from mapl.fingerprint import code_fingerprint
-    (tmp_path / "mapl" / "compress").mkdir(parents=True)
-    (tmp_path / "mapl" / "train.py").write_text("a")
-    (tmp_path / "mapl" / "report.py").write_text("r")
-    fp = code_fingerprint(tmp_path)
-    (tmp_path / "mapl" / "report.py").write_text("changed")               # not a training source
-    assert code_fingerprint(tmp_path) == fp
-    (tmp_path / "mapl" / "compress" / "x.py").write_text("new")
-    assert code_fingerprint(tmp_path) != fp
