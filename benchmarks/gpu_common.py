@@ -24,7 +24,8 @@ if str(ROOT) not in sys.path:
 
 from mapl import data as mdata  # noqa: E402
 from mapl import link as mlink  # noqa: E402
-from mapl import train as mtrain  # noqa: E402
+from mapl import engine as mengine  # noqa: E402
+from mapl.loop import lr_factor  # noqa: E402
 from mapl.config import load_run_config  # noqa: E402
 from mapl.stages import StagedModel, build_staged_model  # noqa: E402
 
@@ -47,16 +48,7 @@ def build_model(cfg, vocab: int, device: torch.device) -> StagedModel:
     return build_staged_model(cfg, vocab).to(device).train()
 
 
-def stage_of_parameter(name: str, split: list[list[int]]) -> int:
-    """The stage that holds a StagedModel parameter (later: mapl.engine.stage_of_parameter)."""
-    parts = name.split(".")
-    if parts[0] in ("anchors", "boundaries"):                  # a projector belongs to its sender
-        return int(parts[1])
-    if parts[:2] == ["model", "layers"]:
-        return next(s for s, layers in enumerate(split) if int(parts[2]) in layers)
-    if parts[:2] == ["model", "tok_embeddings"]:
-        return 0
-    return len(split) - 1
+stage_of_parameter = mengine.stage_of_parameter    # the stage that holds a StagedModel parameter
 
 
 def stage_optimizers(sm: StagedModel, cfg) -> list[list[torch.optim.Optimizer]]:
@@ -65,20 +57,20 @@ def stage_optimizers(sm: StagedModel, cfg) -> list[list[torch.optim.Optimizer]]:
     out = []
     for s in range(sm.n_stages):
         foreign = {id(p) for n, p in names if stage_of_parameter(n, sm.split) != s}
-        out.append(mtrain.build_optimizers(sm, cfg, exclude=foreign))
+        out.append(mengine.build_optimizers(sm, cfg, exclude=foreign))
     return out
 
 
 def autocast(cfg, device: torch.device):
-    return mtrain.autocast_ctx(cfg, device)
+    return mengine.autocast_ctx(cfg, device)
 
 
 def lr_scale(step: int, cfg) -> float:
-    return mtrain.lr_factor(step, cfg)
+    return lr_factor(step, cfg)
 
 
 def set_lr(opts, factor: float) -> None:
-    mtrain.set_lr(opts, factor)
+    mengine.set_lr(opts, factor)
 
 
 def open_corpus(data_dir: Path) -> tuple[np.ndarray, np.ndarray, dict]:

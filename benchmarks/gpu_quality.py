@@ -19,9 +19,9 @@ import time
 
 import torch
 
-from gpu_common import (build_model, digest, epoch_batch, free_device, lr_scale, run_config, set_lr,
+from gpu_common import (autocast, build_model, digest, epoch_batch, free_device, lr_scale, run_config, set_lr,
                         sync, train_step)
-from mapl import train as mtrain
+from mapl import engine as mengine
 
 __all__ = ["QUALITY_METHODS", "quality_config", "quality_shape", "run_quality"]
 
@@ -52,7 +52,7 @@ class _Run:
         self.method, self.ratio = method, ratio
         self.cfg = quality_config(method, ratio, dry, steps).validate(vocab)
         self.sm = build_model(self.cfg, vocab, device)
-        self.opts = mtrain.build_optimizers(self.sm, self.cfg)
+        self.opts = mengine.build_optimizers(self.sm, self.cfg)
         self.digest, self.steps, self.train_s, self.last_loss = "", 0, 0.0, None
 
     def set_steps(self, steps: int) -> None:
@@ -69,7 +69,13 @@ class _Run:
 
     @torch.no_grad()
     def evaluate(self, val_batches, device) -> float:
-        return mtrain.evaluate(self.sm, val_batches, self.cfg, device)
+        self.sm.eval()                   # eval: compressors must not update state (RVQ EMA, k-means)
+        total = 0.0
+        with autocast(self.cfg, device):
+            for x, y in val_batches:
+                total += float(self.sm(x.to(device), y.to(device)))
+        self.sm.train()
+        return total / max(1, len(val_batches))
 
 
 def _val_batches(val, cfg):
