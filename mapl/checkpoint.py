@@ -24,7 +24,7 @@ from typing import Callable, Iterable
 
 import torch
 
-from .config import RESUMABLE_FIELDS, RunConfig, config_diff, config_hash
+from .config import EXECUTION_FIELDS, RESUMABLE_FIELDS, RunConfig, config_diff, config_hash
 from .io import atomic_torch_save
 from .loop import LoopState, NonFiniteError
 
@@ -34,8 +34,6 @@ __all__ = ["FORMAT", "CheckpointError", "first_nonfinite", "save", "read",
 FORMAT = "mapl-checkpoint-v2"
 _REQUIRED = ("format", "config", "config_hash", "model", "optimizers", "meter", "state")
 _STATE_KEYS = ("step", "train_curve", "val_curve", "train_wall")
-# how a run is executed, not what it computes: never part of a resume decision (as in config_hash)
-_EXECUTION_FIELDS = ("run_name", "profile", "train.checkpoint_every", "train.threads")
 
 
 class CheckpointError(ValueError):
@@ -111,7 +109,7 @@ def resume_changes(ck: dict, path: Path, cfg: RunConfig, allow_changes: bool) ->
     resuming with them is allowed; else CheckpointError naming them."""
     if ck["config_hash"] == config_hash(cfg):
         return {}
-    diff = {k: [a, b] for k, (a, b) in config_diff(ck["config"], cfg.to_dict()).items() if k not in _EXECUTION_FIELDS}
+    diff = {k: [a, b] for k, (a, b) in config_diff(ck["config"], cfg.to_dict()).items() if k not in EXECUTION_FIELDS}
     fixed = sorted(k for k in diff if k not in RESUMABLE_FIELDS)
     shown = ", ".join(f"{k} {diff[k][0]!r} -> {diff[k][1]!r}" for k in (fixed or sorted(diff))[:6])
     if fixed:

@@ -31,7 +31,7 @@ from .model import PRESETS, ModelConfig
 
 __all__ = ["METHODS", "PROJECTORS", "ANCHORS", "SCHEDULES", "PRECISIONS", "RVQ_SYNC_MODES", "POLAR_METHODS",
            "ConfigError", "setting", "AnchorConfig", "ProjectorConfig", "SPELConfig", "RVQConfig",
-           "CompressorConfig", "TrainConfig", "RunConfig", "PROJECT_ROOT", "RESUMABLE_FIELDS",
+           "CompressorConfig", "TrainConfig", "RunConfig", "PROJECT_ROOT", "RESUMABLE_FIELDS", "EXECUTION_FIELDS",
            "load_params", "load_run_config", "apply_overrides", "parse_set", "config_hash", "config_diff",
            "check_fields", "coerce"]
 
@@ -59,6 +59,8 @@ RESUMABLE_FIELDS = frozenset({
     "train.warmup_steps", "train.min_lr_frac", "train.grad_clip", "train.weight_decay", "train.eval_every",
     "train.eval_tokens", "train.eval_batch_size", "train.schedule", "compressor.projector.lr_mult",
 })
+# how a run is executed, not what it computes: outside the config hash and every resume decision
+EXECUTION_FIELDS = ("run_name", "profile", "train.checkpoint_every", "train.threads")
 
 
 class ConfigError(ValueError):
@@ -359,10 +361,12 @@ class RunConfig:
 
 def _normalised(cfg: RunConfig) -> dict:
     d = cfg.to_dict()
-    for key in ("run_name", "profile"):
-        d.pop(key, None)
-    for key in ("checkpoint_every", "threads"):          # how a run is executed, not what it computes
-        d["train"].pop(key, None)
+    for dotted in EXECUTION_FIELDS:
+        *path, last = dotted.split(".")
+        node = d
+        for part in path:
+            node = node[part]
+        node.pop(last, None)
     return d
 
 
