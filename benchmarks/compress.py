@@ -102,13 +102,11 @@ class Timer:
 
 def _compressor(mapl, torch, method: str, d: int, r: int, *, search_with: str | None = None):
     from mapl.compress import build_boundary
-    from mapl.compress.ssn import shared_basis
     from mapl.config import CompressorConfig, RVQConfig
     ratio = 1.0 if method in ("none", "int8") else d / r
     rvq = RVQConfig(search_with=search_with) if search_with is not None else RVQConfig()
     comp = CompressorConfig(method=method, ratio=ratio, rvq=rvq).validate(d)
-    shared_U = shared_basis(d, comp.rank(d), comp.seed) if comp.projector.kind == "fixed-shared" else None
-    return build_boundary(comp, d, 0, shared_U), comp
+    return build_boundary(comp, d, 0), comp
 
 
 def _needs_ids(method: str) -> bool:
@@ -155,7 +153,8 @@ def bench_ops(torch, timer: Timer, method: str, d: int, r: int, B: int, T: int, 
         out["pack_grad"] = timer(lambda: comp.pack_grad(gz))
         gpay = comp.pack_grad(gz)
         out["unpack_grad"] = timer(lambda: comp.unpack_grad(gpay, gz.dtype))
-    return {k: v["median_s"] for k, v in out.items()} | {"_min": {k: v["min_s"] for k, v in out.items()}}
+    return ({k: v["median_s"] for k, v in out.items()} | {"_min": {k: v["min_s"] for k, v in out.items()}}
+            | {"_learned": comp.learned})
 
 
 def wire_row(torch, method: str, d: int, r: int, B: int, T: int, micro_batches: int) -> dict:
@@ -177,17 +176,7 @@ def wire_row(torch, method: str, d: int, r: int, B: int, T: int, micro_batches: 
     sync_fwd = payload_bytes(fwd) - data_fwd
     bwd_b = payload_bytes(bwd)
     ids = ID_BITS / 8 if _needs_ids(method) else 0.0
-    # information floor, bits per token
-    if method == "none":
-        floor_fwd = 16 * d
-    elif method == "int8":
-        nsc = d // comp.block if comp.block else 1
-        floor_fwd = 8 * d + 16 * nsc
-    elif method == "mapl-rvq":
-        floor_fwd = comp.rvq.groups * comp.rvq.rounds * math.log2(comp.rvq.codebook_size)
-    else:
-        floor_fwd = 16 * r
-    floor_bwd = 8 * d + 16 * (d // comp.block if comp.block else 1) if method == "int8" else 16 * comp.code_dim
+    floor_fwd, floor_bwd = comp.wire_efficiency_floor("fwd"), comp.wire_efficiency_floor("bwd")   # bits/token
     meas_fwd = (data_fwd + sync_fwd) / n + ids
     meas_bwd = bwd_b / n
     floor_fwd_B = floor_fwd / 8 + ids
@@ -223,11 +212,10 @@ def wire_row(torch, method: str, d: int, r: int, B: int, T: int, micro_batches: 
 
 
 def bench_spel(torch, timer: Timer, d: int, r: int, device: str) -> dict:
-    from mapl.compress import projector_basis
-    from mapl.optim import SPEL
+    from mapl.optim import SPEL, stiefel_random
     out = {}
     for polar in ("svd", "polar_express"):
-        A = torch.nn.Parameter(projector_basis(d, r, 0).to(device))
+        A = torch.nn.Parameter(stiefel_random(d, r, 0, device=device))
         opt = SPEL([A], lr=0.002, momentum=0.95, polar=polar, polar_steps=10)
         g = torch.randn(d, r, generator=torch.Generator().manual_seed(2)).to(device) * 1e-2
 
@@ -247,7 +235,7 @@ def bench_search(torch, timer: Timer, dim: int, K: int, n_tokens: int, device: s
     return {"K": K, "dim": dim, "groups": q.groups, "rounds": q.rounds, "tokens": n_tokens,
             "median_s": t["median_s"], "us_per_token": t["median_s"] / n_tokens * 1e6,
             "ns_per_distance": t["median_s"] / elems * 1e9,
-            "chunk_elems": getattr(q, "chunk_elems", None)}
+            "tile_bytes": q.tile_bytes}
 
 
 def _stage_blocks(torch, d: int):
@@ -419,11 +407,12 @@ def bench_ab(torch, before_root: str, cfg: dict, methods, log) -> list[dict]:
 
 # ---- the report ----------------------------------------------------------------------------------
 
-def overhead_row(ops: dict, spel: dict | None, stage_s: float, method: str, micro_batches: int) -> dict:
+def overhead_row(ops: dict, spel: dict | None, stage_s: float, learned: bool, micro_batches: int) -> dict:
+    """Per-micro-batch compressor cost against the stage's fwd+bwd; a learned projector adds one SPEL
+    step per optimizer step (amortised over its micro-batches)."""
     enc = ops["encode_fwd"] + ops["encode_bwd"]
     dec = ops["decode_fwd"] + ops["decode_bwd"]
     wire = ops["pack"] + ops["unpack"] + ops["pack_grad"] + ops["unpack_grad"]
-    learned = method in ("mapl", "mapl-rvq")
     spel_s = (spel["svd"] / micro_batches) if (learned and spel) else 0.0
     spel_pe = (spel["polar_express"] / micro_batches) if (learned and spel) else 0.0
     total = enc + dec + wire + spel_s
@@ -474,14 +463,14 @@ def run(args) -> dict:
                 if method in ("none", "int8") and r != ranks[0]:
                     continue              # rank-independent: measured once per d
                 ops = bench_ops(torch, timer, method, d, r, B, T, dev)
-                mins = ops.pop("_min")
+                mins, learned = ops.pop("_min"), ops.pop("_learned")
                 row = {"method": method, "d": d, "r": None if method in ("none", "int8") else r,
-                       "tokens": B * T, **ops, "min": mins}
+                       "tokens": B * T, **ops, "min": mins, "learned": learned}
                 res["ops"].append(row)
                 if d in stages:
-                    ov = overhead_row(ops, spel, stages[d]["fwd_bwd_s"], method, M)
+                    ov = overhead_row(ops, spel, stages[d]["fwd_bwd_s"], learned, M)
                     # the same from the fastest run of each piece: less sensitive to a busy machine
-                    ov["overhead_pct_from_min"] = overhead_row(mins, spel, stages[d]["min_s"], method, M)["overhead_pct"]
+                    ov["overhead_pct_from_min"] = overhead_row(mins, spel, stages[d]["min_s"], learned, M)["overhead_pct"]
                     res["overhead"].append({"method": method, "d": d, "r": row["r"], **ov})
                 res["wire"].append(wire_row(torch, method, d, r, B, T, M))
                 log(f"d={d} r={r} {method}: " + ", ".join(f"{k} {v * 1e3:.2f}ms" for k, v in ops.items()))
@@ -536,6 +525,7 @@ def _baseline_compare(old: dict, new: dict) -> dict:
     """before/after (speedup = before / after) for every op, overhead, search and SPEL row both runs have."""
     out = {"environment": old.get("environment", {}), "ops": [], "overhead": [], "search": [], "spel": []}
     ops_old = {_key(r): r for r in old.get("ops", [])}
+    ops_new = {_key(r): r for r in new["ops"]}
     for r in new["ops"]:
         o = ops_old.get(_key(r))
         if o:
@@ -551,7 +541,8 @@ def _baseline_compare(old: dict, new: dict) -> dict:
         o = ops_old.get(_key(r))
         if o:
             spel = spel_new.get((r["d"], r["r"])) if r["r"] else None
-            before = overhead_row(o, spel, stage_new[r["d"]], r["method"], M)
+            learned = ops_new[_key(r)]["learned"]
+            before = overhead_row(o, spel, stage_new[r["d"]], learned, M)
             out["overhead"].append({"method": r["method"], "d": r["d"], "r": r["r"],
                                     "overhead_pct_before": before["overhead_pct"], "overhead_pct_after": r["overhead_pct"],
                                     "total_ms_before": 1e3 * before["total_s"], "total_ms_after": 1e3 * r["total_s"]})

@@ -223,9 +223,9 @@ class RVQConfig:
     codebook_size: int = setting(256, min=2, max=65536)    # a power of two (checked in validate)
     decay: float = setting(0.99, min=0, max_exclusive=1)
     sync: str = setting("stream", choices=RVQ_SYNC_MODES)
-    max_staleness: int = setting(1000, min=0)
+    max_staleness: int | None = setting(None, min=0)      # None = the sync mode's bound (stream 2*ceil(K/n), else 0)
     search_with: str = setting("receiver", choices=("sender", "receiver"))
-    search_chunk_elems: int = setting(1 << 20, min=1)      # distance values per search tile (memory budget)
+    search_tile_bytes: int = setting(0, min=0)             # memory budget per search tile; 0 = 4 MiB on CPU, 256 MiB on GPU
 
 
 @dataclass(frozen=True)

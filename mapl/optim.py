@@ -158,26 +158,31 @@ def _retract(Y: torch.Tensor, method: str, steps: int) -> torch.Tensor:
     raise ValueError(f"unknown polar method {method!r}; allowed: {POLAR_METHODS}")
 
 
-def stiefel_random(d: int, r: int, generator: torch.Generator | None = None,
+def stiefel_random(d: int, r: int, seed: int | torch.Generator | None = None, *,
                    dtype: torch.dtype = torch.float32, device: torch.device | str | None = None
                    ) -> torch.Tensor:
     """A Haar-distributed point of St(d, r): Q of the thin QR of a d x r Gaussian, with column j
-    multiplied by sign(R_jj).
+    multiplied by sign(R_jj). The one orthonormal-basis helper: projector starting points, SSN's
+    shared U and the anchors' fixed bases all come from here (``stiefel_random(c, r, s).T`` for
+    orthonormal rows).
 
     Plain QR output is not Haar (LAPACK's sign convention biases it); the sign fix makes the
     factorisation unique (R with positive diagonal), hence Q = G·R⁻¹ inherits the Gaussian's
     rotation invariance. The Gaussian is drawn and factorised in float64, then cast, so the result
-    depends only on the generator's state (and is orthonormal to the target dtype's precision).
+    depends only on the seed (and is orthonormal to the target dtype's precision).
+
+    ``seed``: an int (a fresh CPU generator, so every rank and every device gets the same matrix),
+    a Generator (drawn on its device), or None (the global CPU RNG). ``device``: where the result
+    goes (default: where it was drawn).
     """
     if not (0 < r <= d):
         raise ValueError(f"stiefel_random needs 0 < r <= d, got d={d}, r={r}")
-    if device is None and generator is not None:
-        device = generator.device
-    G = torch.randn(d, r, generator=generator, dtype=torch.float64, device=device)
+    gen = torch.Generator().manual_seed(seed) if isinstance(seed, int) else seed
+    G = torch.randn(d, r, generator=gen, dtype=torch.float64, device=gen.device if gen is not None else "cpu")
     Q, R = torch.linalg.qr(G, mode="reduced")
     s = torch.sign(torch.diagonal(R))
     s = torch.where(s == 0, torch.ones_like(s), s)
-    return (Q * s).to(dtype)
+    return (Q * s).to(dtype=dtype, device=device if device is not None else Q.device)
 
 
 def ortho_error(A: torch.Tensor) -> float:

@@ -15,12 +15,13 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .compress import build_boundary
+from .compress import build_boundary, shared_basis
 from .compress.anchors import Anchor
 from .compress.base import WireTransfer
-from .compress.ssn import constrain_to_subspace, shared_basis
+from .compress.ssn import constrain_to_subspace
 from .config import RunConfig
 from .model import ModelConfig, Transformer
+from .seeds import derive_seed
 from .wire import id_dtype
 
 __all__ = ["split_layers", "StagedModel", "build_staged_model"]
@@ -109,7 +110,7 @@ class StagedModel(nn.Module):
                 comp = self.boundaries[str(s)]
                 x = WireTransfer.apply(out, comp, meter, s)
                 if meter is not None and self.ids_on_wire:
-                    meter.add(s, "fwd", "ids", ids.numel() * torch.tensor([], dtype=self.id_dtype).element_size())
+                    meter.add(s, "fwd", "ids", ids.numel() * self.id_dtype.itemsize)
         if targets is None:
             return out
         return F.cross_entropy(out.float().reshape(-1, out.shape[-1]), targets.reshape(-1))
@@ -135,11 +136,7 @@ class StagedModel(nn.Module):
         return [self.boundaries[str(p)] for p in range(self.n_stages - 1)]
 
     def id_bytes_per_token(self) -> int:
-        return torch.tensor([], dtype=self.id_dtype).element_size() if self.ids_on_wire else 0
-
-    def set_dry_run(self, flag: bool) -> None:
-        for c in self.compressors():
-            c.dry_run = flag
+        return self.id_dtype.itemsize if self.ids_on_wire else 0
 
     def prune_to_stage(self, s: int) -> "StagedModel":
         """Drop everything stage s does not hold (in place). Boundary s-1 stays as the receiver's copy."""
@@ -168,18 +165,15 @@ def build_staged_model(cfg: RunConfig, vocab_size: int) -> StagedModel:
     model = Transformer(mc)
     split = split_layers(mc, cfg.stages)
     r = comp.rank(mc.d_model)
-    shared_U = None
-    if comp.method == "ssn" or comp.projector.kind == "fixed-shared":
-        shared_U = shared_basis(mc.d_model, r, comp.seed)
     if comp.method == "ssn":
         sent_layers = [i for part in split[:-1] for i in part]
-        constrain_to_subspace(model, shared_U, sent_layers)
+        constrain_to_subspace(model, shared_basis(comp, mc.d_model), sent_layers)
     ac = comp.anchor
     anchors = []
     for s in range(cfg.stages):
         # the static shift is one table shared by all stages (same seed); learned anchors differ per stage
-        seed = comp.seed + 7 if ac.kind == "static" else comp.seed + 1000 + s
+        seed = derive_seed(comp.seed, "static_shift") if ac.kind == "static" else derive_seed(comp.seed, "anchor", s)
         anchors.append(Anchor(ac.kind, mc.vocab_size, mc.d_model, ac.rank or r, seed=seed,
                               static_std=ac.static_std, init_std=ac.init_std))
-    boundaries = [build_boundary(comp, mc.d_model, p, shared_U) for p in range(cfg.stages - 1)]
+    boundaries = [build_boundary(comp, mc.d_model, p) for p in range(cfg.stages - 1)]
     return StagedModel(model, split, anchors, boundaries)

@@ -460,7 +460,7 @@ def test_orthogonality_holds_over_10k_spel_steps(autocast):
     g = torch.Generator().manual_seed(0)
     d, r = 32, 8
     X = torch.randn(256, d, generator=g) @ torch.randn(d, d, generator=g) * 0.3
-    A = torch.nn.Parameter(stiefel_random(d, r, generator=g))
+    A = torch.nn.Parameter(stiefel_random(d, r, g))
     opt = SPEL([A], lr=0.02, momentum=0.9)
     worst = 0.0
     for step in range(10_000):
