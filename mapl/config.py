@@ -296,6 +296,7 @@ class TrainConfig:
     checkpoint_every: int = setting(100, min=1)
     precision: str = setting("auto", choices=PRECISIONS)   # auto: bf16 autocast on CUDA, fp32 on CPU
     schedule: str = setting("gpipe", choices=SCHEDULES)    # multi-process schedule
+    activation_checkpointing: bool = setting(False)        # recompute each block in backward (memory for time)
     seed: int = setting(0, min=0)
     threads: int = setting(0, min=0)                       # torch threads (0 = leave as is)
 
@@ -361,7 +362,7 @@ def _normalised(cfg: RunConfig) -> dict:
     d = cfg.to_dict()
     for key in ("run_name", "profile"):
         d.pop(key, None)
-    for key in ("checkpoint_every", "threads"):          # how a run is executed, not what it computes
+    for key in ("checkpoint_every", "threads", "activation_checkpointing"):   # how a run is executed, not what it computes
         d["train"].pop(key, None)
     return d
 

@@ -200,13 +200,12 @@ def _declared_bytes(sm: StagedModel, tokens_per_step: int, micro_batches: int, m
     for comp in sm.compressors():
         fwd += comp.wire_bytes_per_token("fwd") * tokens_per_step
         bwd += comp.wire_bytes_per_token("bwd") * tokens_per_step
-        for direction in ("fwd", "bwd"):
-            spec, roles = comp.payload_spec(mb_shape, direction), comp.payload_roles(direction)
-            side += micro_batches * sum(math.prod(s) * torch.tensor([], dtype=dt).element_size()
-                                        for (s, dt), r in zip(spec, roles) if r == "sync")
+        side += micro_batches * comp.sync_bytes_per_microbatch()
         state += comp.sync_bytes_per_step() + comp.receiver_grad_bytes_per_step()
     ids = sm.id_bytes_per_token() * tokens_per_step * len(sm.compressors())
-    return {k: int(round(v * steps)) for k, v in dict(fwd=fwd, bwd=bwd, piggyback=side, state=state, ids=ids).items()}
+    out = {k: int(round(v * steps)) for k, v in dict(fwd=fwd, bwd=bwd, piggyback=side, state=state, ids=ids).items()}
+    out["piggyback"] += sum(comp.one_off_sync_bytes() for comp in sm.compressors()) if steps else 0
+    return out
 
 
 def run(cfg: RunConfig, out: Path | None = None, ckpt: Path | None = None, progress: bool = True,

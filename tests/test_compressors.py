@@ -158,3 +158,37 @@ def test_none_wire_is_bf16_rounding_only():
 def test_bad_compressor_config_names_the_field(bad, field):
     with pytest.raises(ValueError, match=field):
         CompressorConfig(**bad).validate(D)
+
+
+# ---- device-correctness: every tensor made inside follows its input's device -----------------------
+
+@pytest.fixture
+def on_meta():
+    """Factories without a device land on the meta device: a tensor made without following its
+    input's device then meets a real CPU tensor and the op fails (the GPU bug class, without a GPU)."""
+    torch.set_default_device("meta")
+    try:
+        yield
+    finally:
+        torch.set_default_device(None)
+
+
+@pytest.mark.parametrize("method,sync", [("none", "stream"), ("int8", "stream"), ("ssn", "stream"), ("mapl", "stream"),
+                                         ("mapl-rvq", "stream"), ("mapl-rvq", "full"), ("mapl-rvq", "mirrored")])
+def test_compressors_follow_their_inputs_device(method, sync, on_meta):
+    torch.set_default_device(None)
+    cfg = CompressorConfig(method=method, ratio=1.0 if method in ("none", "int8") else 4.0, rvq=RVQConfig(sync=sync))
+    comp = build_boundary(cfg.validate(D), D, 0).train()
+    x = torch.randn(2, 40, D, requires_grad=True)
+    torch.set_default_device("meta")
+    meter = ByteMeter()
+    for _ in range(3):                                   # RVQ: k-means init, EMA steps, revivals
+        y = comp.decode(WireTransfer.apply(comp.encode(x), comp, meter, 0))
+        y.backward(torch.ones_like(y))
+        assert y.device.type == "cpu" and x.grad.device.type == "cpu"
+    comp.fold_receiver_grad()
+    comp.eval()
+    z = comp.encode(x.detach())
+    assert comp.unpack(comp.pack(z), z.dtype).device.type == "cpu"
+    comp.diagnostics(), comp.check_sync(), comp.checksum(), comp.check_finite(0, 0)
+    comp.apply_sync(comp.sync_payload())

@@ -176,7 +176,10 @@ def test_bytes_match_declaration(mode, T):
     ds, bits, B = r // G, 4, 3
     declared_sync = {"stream": 24 + G * R * 4 * (4 + 4 * ds), "full": 24 + G * R * K * ds * 4,
                      "mirrored": 24 + G * R * K * ds * 4 + G * R * (K // 16) * (4 + 4 * ds)}[mode]
+    # stream: the message carrying the k-means init sends the whole codebook (K - n more codewords)
+    one_off = G * R * (K - 4) * (4 + 4 * ds) if mode == "stream" else 0
     assert c.sync_bytes_per_microbatch() == declared_sync
+    assert c.one_off_sync_bytes() == one_off
     assert c.wire_bytes_per_token("fwd") == G * R * bits / 8
     assert c.wire_bytes_per_token("bwd") == 2 * r
     meter = RecordingMeter()
@@ -184,9 +187,11 @@ def test_bytes_match_declaration(mode, T):
     for _ in range(3):
         y = c.decode(WireTransfer.apply(c.encode(x), c, meter, 0))
         y.sum().backward()
+    first = True
     for direction, by, tokens in meter.calls:
         if direction == "fwd":
-            assert by["sync"] == declared_sync
+            assert by["sync"] == declared_sync + (one_off if first else 0)
+            first = False
             assert by["data"] == B * math.ceil(T * G * R * bits / 8)
             if T * G * R * bits % 8 == 0:
                 assert by["data"] == c.wire_bytes_per_token("fwd") * tokens
@@ -196,7 +201,7 @@ def test_bytes_match_declaration(mode, T):
     spec = c.payload_spec((B, T), "fwd")
     assert [(tuple(t.shape), t.dtype) for t in payload] == [(tuple(s), dt) for s, dt in spec]
     assert len(c.payload_roles("fwd")) == len(payload)
-    assert c.diagnostics()["sync_bytes_total"] == 4 * declared_sync
+    assert c.diagnostics()["sync_bytes_total"] == 4 * declared_sync + one_off
 
 
 def test_defaults_halve_mapl_bytes():
@@ -426,6 +431,30 @@ def test_separate_sender_and_receiver_objects_converge_when_frozen():
         receiver.unpack(sender.pack(z), z.dtype)
     assert torch.equal(receiver.recv.codebooks, sender.rvq.codebooks)
     assert receiver.staleness() == 0
+
+
+def shapes(tensors):
+    return [(tuple(t.shape), t.dtype) for t in tensors]
+
+
+def test_stream_receiver_gets_the_kmeans_init_at_once():
+    """The init moves every codeword: its message carries the whole codebook (a one-off), so the
+    receiver does not decode with pre-init codewords for a whole stream cycle. A separate receiver
+    object (another process) allocates that message from its own state."""
+    sender = make(sync="stream", search_with="sender").train()
+    receiver = copy.deepcopy(sender)
+    z = torch.randn(2, 6, 8)
+    spec = receiver.payload_spec((2, 6), "fwd")
+    payload = sender.pack(z)
+    assert int(payload[1][1]) == OP_INIT and shapes(payload) == [(tuple(s), dt) for s, dt in spec]
+    receiver.unpack(payload, z.dtype)
+    assert torch.equal(receiver.recv.codebooks, sender.rvq.codebooks) and receiver.staleness() == 0
+    after = receiver.payload_spec((2, 6), "fwd")
+    assert after == sender.payload_spec((2, 6), "fwd") and after != spec
+    payload = sender.pack(z)
+    assert int(payload[1][1]) == OP_EMA and shapes(payload) == [(tuple(s), dt) for s, dt in after]
+    receiver.unpack(payload, z.dtype)
+    assert receiver.eval().payload_spec((2, 6), "fwd") == after
 
 
 @pytest.mark.parametrize("one_object", [False, True])

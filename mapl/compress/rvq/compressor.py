@@ -36,7 +36,8 @@ class RVQCompressor(Compressor):
     (bf16 by default; not quantised).
 
     Order of operations. ``pack(z)``: (1) search -> indices; (2) if training: EMA update (version
-    v+1); (3) sync tensors read from the *updated* codebooks. ``unpack(payload)``: (1) unpack indices;
+    v+1), or the k-means init on the first training message; (3) sync tensors read from the
+    *updated* codebooks (the message carrying the init carries the whole codebook, in every mode). ``unpack(payload)``: (1) unpack indices;
     (2) decode with the receiver copy; (3) apply the sync tensors to the receiver copy. So message i
     is decoded with what messages < i delivered. The very first training message, whose indices come
     from the pre-k-means codebooks, is decoded with the equally pre-k-means receiver copy.
@@ -118,7 +119,13 @@ class RVQCompressor(Compressor):
         if direction == "bwd":
             return [((B, T, self.code_dim), self.grad_dtype)]
         codes = ((B, packed_nbytes(T * self.rvq.groups * self.rvq.rounds, self.rvq.bits)), torch.uint8)
-        return [codes, _HEADER, *self.sync.spec()]
+        return [codes, _HEADER, *self.sync.spec(with_init=self._init_is_next())]
+
+    def _init_is_next(self) -> bool:
+        """Whether the next message carries the k-means init (a training message before any init was
+        made or received). Sender and receiver objects agree on it from their own state: the sender has
+        not initialised ``rvq``, the receiver has not received the init into ``recv``."""
+        return self.training and not (bool(self.rvq.initted) or bool(self.recv.initted))
 
     def payload_roles(self, direction: str) -> list[str]:
         _check_direction(direction)
@@ -140,6 +147,13 @@ class RVQCompressor(Compressor):
     def sync_bytes_per_microbatch(self) -> int:
         """Declared codebook-sync bytes piggybacked on every forward message (independent of B, T)."""
         return spec_bytes([_HEADER, *self.sync.spec()])
+
+    def one_off_sync_bytes(self) -> int:
+        """Extra bytes of the message that carries the k-means init (stream: the whole codebook, so
+        the receiver does not decode with pre-init codewords for a whole stream cycle)."""
+        if not self.rvq.kmeans_init:
+            return 0
+        return spec_bytes(self.sync.spec(with_init=True)) - spec_bytes(self.sync.spec())
 
     # ---- wire: forward -----------------------------------------------------------------------
     def _shadow_codebooks(self) -> torch.Tensor | None:

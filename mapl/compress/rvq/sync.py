@@ -64,9 +64,9 @@ class CodebookSync(nn.Module):
         """Shapes and dtypes of the sync tensors; ``with_init``: of the message carrying the k-means init."""
         raise NotImplementedError
 
-    def sender_tensors(self, sender: ResidualVQ, op: dict | None, advance: bool = True) -> list[torch.Tensor]:
+    def sender_tensors(self, sender: ResidualVQ, op: dict | None) -> list[torch.Tensor]:
         """The sync tensors of a message, read from the sender's codebooks after its update ``op``
-        (None when the codebooks did not learn). ``advance``: move the stream cursor."""
+        (None when the codebooks did not learn)."""
         raise NotImplementedError
 
     @torch.no_grad()
@@ -120,23 +120,26 @@ class StreamSync(CodebookSync):
         n = K if with_init else self.n
         return [((G, R, n), torch.int32), ((G, R, n, ds), self.dtype)]
 
-    def _slice(self, advance: bool) -> torch.Tensor:
+    def _slice(self) -> torch.Tensor:
         """Positions (G,R,n) of this message's slice; moves the cursor (a new permutation per cycle)."""
         K, n = self.shape[2], self.n
         c = int(self.cursor)
         cols = (c * n + torch.arange(n, device=self.perm.device)) % K
         pos = self.perm[..., cols]
-        if advance:
-            if c + 1 >= self.cycle:
-                self.cursor.zero_()
-                self.perm.copy_(self._new_perm())
-            else:
-                self.cursor += 1
+        if c + 1 >= self.cycle:
+            self.cursor.zero_()
+            self.perm.copy_(self._new_perm())
+        else:
+            self.cursor += 1
         return pos
 
-    def sender_tensors(self, sender, op, advance=True):
+    def sender_tensors(self, sender, op):
         cb = sender.codebooks
-        pos = self._slice(advance)
+        if op is not None and op["op"] == OP_INIT:          # every codeword moved: send them all, once
+            G, R, K, _ = self.shape
+            pos = torch.arange(K, dtype=torch.int32, device=cb.device).expand(G, R, K).contiguous()
+            return [pos, cb.detach().clone()]
+        pos = self._slice()
         val = cb.gather(2, pos.unsqueeze(-1).expand(*pos.shape, cb.shape[-1]))
         return [pos.to(torch.int32).contiguous(), val.contiguous()]
 
@@ -154,7 +157,7 @@ class FullSync(CodebookSync):
     def spec(self, with_init: bool = False) -> Spec:
         return [(self.shape, self.dtype)]
 
-    def sender_tensors(self, sender, op, advance=True):
+    def sender_tensors(self, sender, op):
         return [sender.codebooks.detach().clone()]
 
     def _write(self, receiver, version, op, tensors, idx):
@@ -174,7 +177,7 @@ class MirroredSync(CodebookSync):
         M = self.max_revive
         return [(self.shape, self.dtype), ((G, R, M), torch.int32), ((G, R, M, ds), self.dtype)]
 
-    def sender_tensors(self, sender, op, advance=True):
+    def sender_tensors(self, sender, op):
         cb = sender.codebooks
         if op is None:
             return [torch.zeros_like(cb), *sender.no_revivals()]
