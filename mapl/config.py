@@ -29,7 +29,8 @@ import yaml
 from .data import DataConfig
 from .model import PRESETS, ModelConfig
 
-__all__ = ["METHODS", "PROJECTORS", "ANCHORS", "SCHEDULES", "PRECISIONS", "RVQ_SYNC_MODES", "POLAR_METHODS",
+__all__ = ["METHODS", "PROJECTORS", "ANCHORS", "SCHEDULES", "PRECISIONS", "RVQ_SYNC_MODES", "RVQ_SEARCH_KERNELS",
+           "POLAR_METHODS",
            "ConfigError", "setting", "AnchorConfig", "ProjectorConfig", "SPELConfig", "RVQConfig",
            "CompressorConfig", "TrainConfig", "RunConfig", "PROJECT_ROOT", "RESUMABLE_FIELDS",
            "load_params", "load_run_config", "apply_overrides", "parse_set", "config_hash", "config_diff",
@@ -51,6 +52,7 @@ ANCHORS = ("none", "static", "full", "factorized")
 SCHEDULES = ("gpipe", "1f1b")
 PRECISIONS = ("auto", "fp32", "bf16")
 RVQ_SYNC_MODES = ("stream", "full", "mirrored")
+RVQ_SEARCH_KERNELS = ("auto", "matmul", "fused")
 POLAR_METHODS = ("svd", "polar_express")
 # settings that change neither the model's shape nor its data: a checkpoint may be resumed with new
 # values when the user asks for it explicitly (the change is recorded in the results)
@@ -226,6 +228,7 @@ class RVQConfig:
     max_staleness: int | None = setting(None, min=0)      # None = the sync mode's bound (stream 2*ceil(K/n), else 0)
     search_with: str = setting("receiver", choices=("sender", "receiver"))
     search_tile_bytes: int = setting(0, min=0)             # memory budget per search tile; 0 = 4 MiB on CPU, 256 MiB on GPU
+    search_kernel: str = setting("auto", choices=RVQ_SEARCH_KERNELS)   # auto: matmul on CPU, fused (compiled) on GPU
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """SPEL: spectral steepest descent on the Stiefel manifold, for the per-boundary projector A_p.
 
-MAPL (paper dossier §1.4) keeps each boundary projector on St(d, r) = {A in R^{d x r} : AᵀA = I_r},
+MAPL keeps each boundary projector on St(d, r) = {A in R^{d x r} : AᵀA = I_r},
 r <= d, so that Aᵀ is the exact left inverse of A and compress/decompress is an isometry on col(A).
 One SPEL step on a parameter A with Euclidean gradient g is
 
@@ -10,9 +10,12 @@ One SPEL step on a parameter A with Euclidean gradient g is
     A  <- polar(A - lr·D)               retraction: nearest point of St(d, r) (polar factor)
 
 ``msign``/``polar`` are computed either exactly (SVD) or with Polar Express (Amsel et al.,
-arXiv 2505.16932), the odd-polynomial iteration the paper names. The SVD path is the default: A is at
-most 2048 x 256, so an fp32 SVD is cheap, and the retraction has to hold ‖AᵀA - I‖ <= 1e-5 over a
-whole run, which a few bf16 Polar-Express steps cannot (§1.4 implementation note).
+arXiv 2505.16932), the odd-polynomial iteration the paper names. Both hold the retraction to
+‖AᵀA - I‖ <= 1e-5 over a run when computed in fp32 (10 Polar-Express steps; a few bf16 steps cannot).
+SVD is the default and the CPU choice: on a CPU an fp32 SVD of a d x 256 matrix is cheaper than 10
+Polar-Express iterations (benchmarks/compress.py --paper-shape). On a GPU choose ``polar_express``:
+it is ~60 small matmuls (~6 GFLOP per step at d = 1024, r = 256, about a millisecond), where two
+cuSOLVER SVDs per step are latency-bound and synchronise with the host.
 
 Besides the optimizer this module holds the small Stiefel toolkit the compressors, diagnostics and
 tests share: ``stiefel_random`` (Haar init), ``ortho_error``, ``principal_angles``.
@@ -22,6 +25,8 @@ from __future__ import annotations
 from typing import Callable, Iterable
 
 import torch
+
+from .config import POLAR_METHODS
 
 __all__ = [
     "sym",
@@ -37,10 +42,8 @@ __all__ = [
     "POLAR_EXPRESS_COEFFS",
 ]
 
-POLAR_METHODS = ("svd", "polar_express")
-
-# Polar Express degree-5 coefficients p(x) = a·x + b·x³ + c·x⁵, one triple per iteration (MAPL.md §1.4,
-# Algorithm 1 of 2505.16932 / repo NoahAmsel/PolarExpress). The last triple is the classical quintic
+# Polar Express degree-5 coefficients p(x) = a·x + b·x³ + c·x⁵, one triple per iteration
+# (Algorithm 1 of arXiv 2505.16932, repo NoahAmsel/PolarExpress). The last triple is the classical quintic
 # Newton-Schulz map (fixed point 1, cubic convergence) and is repeated for every step past the list.
 _PE_RAW = (
     (8.28721201814563, -23.595886519098837, 17.300387312530933),
@@ -217,7 +220,7 @@ def principal_angles(A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
 
 
 class SPEL(torch.optim.Optimizer):
-    """SPectral steepest descent on the stiEfeL manifold (MCSD/SPEL, as used by MAPL §1.4).
+    """SPectral steepest descent on the stiEfeL manifold (MCSD/SPEL, as used by MAPL).
 
     Every parameter must be a d x r matrix with r <= d whose columns are (meant to be) orthonormal;
     the first step retracts it onto St(d, r) even if it starts off it. Per step, per parameter:

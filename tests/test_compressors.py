@@ -162,15 +162,6 @@ def test_bad_compressor_config_names_the_field(bad, field):
 
 # ---- device-correctness: every tensor made inside follows its input's device -----------------------
 
-@pytest.fixture
-def on_meta():
-    """Factories without a device land on the meta device: a tensor made without following its
-    input's device then meets a real CPU tensor and the op fails (the GPU bug class, without a GPU)."""
-    torch.set_default_device("meta")
-    try:
-        yield
-    finally:
-        torch.set_default_device(None)
 
 
 @pytest.mark.parametrize("method,sync", [("none", "stream"), ("int8", "stream"), ("ssn", "stream"), ("mapl", "stream"),
@@ -192,3 +183,18 @@ def test_compressors_follow_their_inputs_device(method, sync, on_meta):
     assert comp.unpack(comp.pack(z), z.dtype).device.type == "cpu"
     comp.diagnostics(), comp.check_sync(), comp.checksum(), comp.check_finite(0, 0)
     comp.apply_sync(comp.sync_payload())
+
+
+def test_seed_table_reproduces_the_offsets_the_results_were_made_with():
+    from mapl.seeds import derive_seed
+    assert [derive_seed(1234, p, i) for p, i in [("shared_basis", 0), ("static_shift", 0), ("projector", 2),
+                                                  ("rvq", 1), ("anchor", 3), ("rvq_stream", 0)]] == \
+        [1234, 1241, 1336, 1435, 2237, 9153]
+    with pytest.raises(ValueError, match="purpose"):
+        derive_seed(0, "projecter")
+    with pytest.raises(ValueError, match="index"):
+        derive_seed(0, "projector", 100)
+    # the projector of boundary 1: QR of a float64 Gaussian drawn from seed + 100 + 1, columns sign-fixed
+    comp = build_boundary(CompressorConfig(method="mapl", ratio=4).validate(D), D, 1)
+    q, r = torch.linalg.qr(torch.randn(D, 16, generator=torch.Generator().manual_seed(1234 + 101), dtype=torch.float64))
+    assert torch.equal(comp.basis().detach(), (q * torch.sign(torch.diagonal(r))).float())

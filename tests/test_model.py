@@ -154,15 +154,6 @@ def test_ssn_boundary_error_under_bf16_autocast_is_within_2x_of_fp32():
     assert all(b <= 2 * f for b, f in zip(bf16, fp32)), (bf16, fp32)
 
 
-@pytest.fixture
-def on_meta():
-    """Factories without a device land on the meta device: a tensor made without following its
-    input's device then meets a real CPU tensor and the op fails (the GPU bug class, without a GPU)."""
-    torch.set_default_device("meta")
-    try:
-        yield
-    finally:
-        torch.set_default_device(None)
 
 
 @pytest.mark.parametrize("method", ["none", "int8", "ssn", "mapl", "mapl-rvq"])

@@ -477,20 +477,18 @@ def test_orthogonality_holds_over_10k_spel_steps(autocast):
 
 
 @pytest.mark.parametrize("polar", ["svd", "polar_express"])
-def test_spel_and_toolkit_follow_their_inputs_device(polar):
+def test_spel_and_toolkit_follow_their_inputs_device(polar, on_meta):
     """Under a meta default device, a tensor made without following its input's device would meet
     the real CPU parameter and fail: the class of bug that only shows on a GPU, caught on CPU."""
+    torch.set_default_device(None)
     A = torch.nn.Parameter(stiefel_random(32, 8, 0))
     B = stiefel_random(32, 8, 1)
     opt = SPEL([A], lr=0.05, polar=polar)
     torch.set_default_device("meta")
-    try:
-        for _ in range(3):
-            A.grad = torch.ones_like(A)
-            opt.step()
-        assert A.device.type == "cpu" and ortho_error(A) < 1e-5
-        assert principal_angles(A, B).device.type == "cpu"
-        assert msign(A.detach(), polar).device.type == "cpu"
-        assert stiefel_random(32, 8, 2).device.type == "cpu"
-    finally:
-        torch.set_default_device(None)
+    for _ in range(3):
+        A.grad = torch.ones_like(A)
+        opt.step()
+    assert A.device.type == "cpu" and ortho_error(A) < 1e-5
+    assert principal_angles(A, B).device.type == "cpu"
+    assert msign(A.detach(), polar).device.type == "cpu"
+    assert stiefel_random(32, 8, 2).device.type == "cpu"

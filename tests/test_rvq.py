@@ -86,6 +86,31 @@ def test_search_equals_bruteforce_residual_search(tile_bytes, dtype):
     torch.testing.assert_close(q.lookup(idx), z - resid, atol=tol, rtol=0)
 
 
+@pytest.mark.slow
+def test_fused_search_kernel_equals_bruteforce_and_matmul():
+    """The GPU's default kernel (torch.compile of one fused distance+argmin), compiled here by
+    inductor's CPU backend: the same indices as the float64 reference and as the matmul kernel."""
+    g = torch.Generator().manual_seed(5)
+    fused = ResidualVQ(dim=12, groups=3, rounds=3, codebook_size=16, kmeans_init=False, seed=3,
+                       tile_bytes=16 * 16 * 4 * 3, search_kernel="fused")           # 16-token tiles + a partial one
+    z = torch.randn(5, 7, 12, generator=g)
+    idx, resid = fused.search(z, return_residual=True)
+    assert torch.equal(idx, reference_search(z.reshape(-1, 12), fused.codebooks).view(5, 7, 3, 3))
+    torch.testing.assert_close(fused.lookup(idx), z - resid, atol=1e-5, rtol=0)
+    matmul = ResidualVQ(dim=12, groups=3, rounds=3, codebook_size=16, kmeans_init=False, seed=3, search_kernel="matmul")
+    z = torch.randn(300, 12, generator=g)
+    assert torch.equal(fused.search(z), matmul.search(z))
+
+
+def test_search_kernel_and_sync_names_come_from_the_config():
+    from mapl.compress.rvq import SYNC_STRATEGIES
+    from mapl.compress.rvq.search import SEARCH_KERNELS
+    from mapl.config import RVQ_SEARCH_KERNELS, RVQ_SYNC_MODES
+    assert tuple(SYNC_STRATEGIES) == RVQ_SYNC_MODES and SEARCH_KERNELS is RVQ_SEARCH_KERNELS
+    with pytest.raises(ValueError, match="search_kernel"):
+        ResidualVQ(dim=4, search_kernel="gpu")
+
+
 def test_lookup_sums_rounds_and_concatenates_groups():
     q = ResidualVQ(dim=6, groups=3, rounds=2, codebook_size=4, kmeans_init=False)
     idx = torch.tensor([[[1, 2], [0, 3], [3, 3]]])

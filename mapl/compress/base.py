@@ -109,7 +109,10 @@ class Compressor(nn.Module):
         return ["data"] * len(self.payload_spec((1, 1), direction))
 
     def payload_spec(self, lead_shape: tuple[int, ...], direction: str) -> list[tuple[tuple[int, ...], torch.dtype]]:
-        """Shapes and dtypes of the payload for ``lead_shape`` = (B, T): receivers allocate from this."""
+        """Shapes and dtypes of the next payload for ``lead_shape`` = (B, T): receivers allocate from
+        this. It may follow the compressor's state (RVQ: the message carrying the k-means init is
+        larger); declarations use the stateless ``wire_bytes_per_token``, ``sync_bytes_per_microbatch``
+        and ``one_off_sync_bytes``."""
         return [((*lead_shape, self.code_dim), self.wire_dtype)]
 
     def wire_bytes_per_token(self, direction: str) -> float:
@@ -147,7 +150,7 @@ class Compressor(nn.Module):
         pass
 
     def sync_bytes_per_step(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.sync_payload().values())
+        return payload_bytes(list(self.sync_payload().values()))
 
     def checksum(self) -> int:
         return tensor_checksum(*self.sync_payload().values()) if self.sync_payload() else 0

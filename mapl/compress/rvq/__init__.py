@@ -1,9 +1,10 @@
 """Residual vector quantisation of the projected activation Z (method ``mapl-rvq``, the paper's MAPL+VQ).
 
-Three pieces, one file each:
+Three pieces:
 
 * ``codebook.py`` -- :class:`ResidualVQ`: grouped residual VQ with EMA k-means codebooks (search,
-  lookup, k-means init, EMA update, dead-code revival).
+  lookup, k-means init, EMA update, dead-code revival); ``search.py`` holds the nearest-codeword
+  search itself (tiles from a memory budget; a matmul kernel for CPUs, a fused one for GPUs).
 * ``sync.py`` -- how the receiver's codebook copy follows the sender's: ``stream`` (the paper's),
   ``full`` and ``mirrored``, three strategies behind one interface.
 * ``compressor.py`` -- :class:`RVQCompressor`: the inner projection (``encode``/``decode``) followed,

@@ -20,16 +20,12 @@ import math
 import torch
 import torch.nn as nn
 
-__all__ = ["ResidualVQ", "OP_NONE", "OP_EMA", "OP_INIT", "CPU_TILE_BYTES", "GPU_TILE_BYTES", "codebook_bits"]
+from .search import SEARCH_KERNELS, first_argmin_, residual_search, search_tiles, tile_budget
+
+__all__ = ["ResidualVQ", "OP_NONE", "OP_EMA", "OP_INIT", "codebook_bits"]
 
 # What a forward message says happened to the sender's codebooks (header field 1).
 OP_NONE, OP_EMA, OP_INIT = 0, 1, 2
-
-# Search tile budget (bytes of one tile's distance block) when the config says 0 ("auto"). On a CPU a
-# cache-sized block is fastest (the argmin passes re-read it from cache); on a GPU the search is
-# launch-bound with small tiles, so a tile holds thousands of tokens (a few launches per message).
-CPU_TILE_BYTES = 4 << 20
-GPU_TILE_BYTES = 256 << 20
 
 
 def codebook_bits(k) -> int:
@@ -37,35 +33,6 @@ def codebook_bits(k) -> int:
     if not isinstance(k, int) or isinstance(k, bool) or k < 2 or k & (k - 1) or k > 65536:
         raise ValueError(f"codebook_size={k!r} is invalid; allowed: a power of two in 2..65536")
     return k.bit_length() - 1
-
-
-def _first_argmin_(d: torch.Tensor, rev: torch.Tensor) -> torch.Tensor:
-    """``d.argmin(-1)`` (the first minimum on ties), overwriting ``d``; ``rev = arange(K, 0, -1)`` in d's dtype.
-
-    ATen's CPU argmin is a scalar loop (~0.8 ns per value); this is four vectorised passes (~0.25 ns per
-    value on a cache-sized block): m = min over the row; d <- (d <= m) * (K - k), i.e. K - k exactly at
-    the minima and 0 elsewhere (an in-place float comparison, no bool tensor); the first minimum has the
-    largest K - k. Exact: the comparison is against the row's own minimum, and K <= 2**16 is exact in
-    float32. A row holding NaN yields an index in range (not necessarily argmin's). On a GPU, where
-    argmin is one parallel pass (also the first minimum), that is used instead.
-    """
-    if d.is_cuda:
-        return d.argmin(-1)
-    K = d.shape[-1]
-    m = d.amin(-1, keepdim=True)
-    d.le_(m).mul_(rev)
-    return (K - d.amax(-1).to(torch.int64)).clamp_(0, K - 1)
-
-
-def search_tiles(n_groups: int, n_tokens: int, K: int, budget_elems: int) -> tuple[int, int]:
-    """(groups, tokens) per search tile so a tile's (groups, tokens, K) distance block holds about
-    ``budget_elems`` values. All groups at once while that leaves >= 16 tokens per tile (few, large
-    batched matmuls); for large K, fewer groups per tile rather than fewer tokens."""
-    ts = budget_elems // (n_groups * K)
-    if ts >= min(16, n_tokens):
-        return n_groups, max(1, ts)
-    gs = max(1, min(n_groups, budget_elems // (16 * K)))
-    return gs, max(1, budget_elems // (gs * K))
 
 
 class ResidualVQ(nn.Module):
@@ -78,13 +45,14 @@ class ResidualVQ(nn.Module):
     Buffers: ``codebooks (G,R,K,ds)``; EMA state ``cluster_size (G,R,K)`` and ``embed_sum (G,R,K,ds)``;
     ``initted`` (k-means init done, or received); ``version`` (+1 per change of the codebooks).
     All randomness (k-means seeding, revival samples) comes from a CPU generator seeded with ``seed``.
-    ``tile_bytes``: the search's memory budget per tile (0 = auto by device, see CPU_TILE_BYTES).
+    ``tile_bytes``: the search's memory budget per tile (0 = auto by device) and ``search_kernel``
+    (auto / matmul / fused): see mapl/compress/rvq/search.py.
     """
 
     def __init__(self, *, dim: int, groups: int | None = None, rounds: int = 2, codebook_size: int = 256,
                  decay: float = 0.99, eps: float = 1e-5, kmeans_init: bool = True, kmeans_iters: int = 10,
                  dead_code_threshold: float = 1.0, seed: int = 0, max_revive: int | None = None,
-                 tile_bytes: int = 0):
+                 tile_bytes: int = 0, search_kernel: str = "auto"):
         super().__init__()
         groups = max(1, dim // 2) if groups is None else groups      # default: 2-dim codewords
         _check_shape(dim, groups, rounds)
@@ -96,6 +64,8 @@ class ResidualVQ(nn.Module):
             raise ValueError(f"max_revive={max_revive!r} is invalid; allowed: 0..codebook_size")
         if not isinstance(tile_bytes, int) or tile_bytes < 0:
             raise ValueError(f"tile_bytes={tile_bytes!r} is invalid; allowed: an int >= 0 (0 = auto)")
+        if search_kernel not in SEARCH_KERNELS:
+            raise ValueError(f"search_kernel={search_kernel!r} is invalid; allowed: {', '.join(map(repr, SEARCH_KERNELS))}")
         self.dim, self.groups, self.rounds, self.codebook_size = dim, groups, rounds, codebook_size
         self.sub_dim = dim // groups
         self.decay, self.eps = float(decay), float(eps)
@@ -103,6 +73,7 @@ class ResidualVQ(nn.Module):
         self.dead_code_threshold = float(dead_code_threshold)
         self.max_revive = int(max_revive)
         self.tile_bytes = tile_bytes
+        self.search_kernel = search_kernel
         self.seed = seed
         # EMA count a revived code restarts with: a grace period of ~log(2)/(1-decay) updates before
         # it can be revived again if it stays unused.
@@ -134,56 +105,26 @@ class ResidualVQ(nn.Module):
         self._gen.set_state(state["gen"])
 
     # ---- pure ------------------------------------------------------------------------------
-    def _tiles(self, n_groups: int, n_tokens: int, dtype: torch.dtype, device: torch.device) -> tuple[int, int]:
-        budget = self.tile_bytes or (GPU_TILE_BYTES if device.type == "cuda" else CPU_TILE_BYTES)
-        return search_tiles(n_groups, n_tokens, self.codebook_size, max(1, budget // dtype.itemsize))
-
     @torch.no_grad()
     def search(self, z: torch.Tensor, *, codebooks: torch.Tensor | None = None, return_residual: bool = False):
         """Greedy residual nearest-codeword search: ``z (..., dim) -> idx (..., G, R)`` (int64).
 
-        Round r quantises the residual left by rounds < r with codebook r. Distances are
-        ``||x||^2 - 2 x.c + ||c||^2`` via batched matmul; ``||x||^2`` is the same for every codeword, so
-        the argmin is taken over ``||c||^2 - 2 x.c`` (ties: the first minimum, as ``argmin``). The work is
-        tiled over (groups, tokens) so each (groups, tokens, K) distance block stays within the tile
-        budget; Python loops run over tiles and rounds only. Computed in float64 if z or the codebooks
-        are float64, else float32. ``codebooks`` (default: this module's) selects the codebooks
-        searched. With ``return_residual`` also returns the final residual ``z - lookup(idx)`` (as
-        computed by the search), shape (..., dim).
+        Round r quantises the residual left by rounds < r with codebook r (ties: the first minimum, as
+        ``argmin``), by this module's ``search_kernel`` and tile budget (mapl/compress/rvq/search.py).
+        Computed in float64 if z or the codebooks are float64, else float32. ``codebooks`` (default:
+        this module's) selects the codebooks searched. With ``return_residual`` also returns the final
+        residual ``z - lookup(idx)`` (as computed by the search), shape (..., dim).
         """
         if z.shape[-1] != self.dim:
             raise ValueError(f"search expects last dim {self.dim}, got shape {tuple(z.shape)}")
-        G, R, K, ds = self.groups, self.rounds, self.codebook_size, self.sub_dim
         lead = z.shape[:-1]
         cb = self.codebooks if codebooks is None else codebooks
         dt = torch.float64 if torch.float64 in (z.dtype, cb.dtype) else torch.float32
-        dev = z.device
-        x = z.detach().reshape(-1, G, ds).to(dt).transpose(0, 1)     # (G, N, ds) view
-        N = x.shape[1]
-        C = cb.to(dt)                                                   # (G, R, K, ds)
-        Cr = [C[:, r].contiguous() for r in range(R)]                   # (G, K, ds) per round
-        # augmented codebooks [-2 c ; ||c||^2] (G, ds+1, K): with res_aug = [res, 1] one bmm gives
-        # ||c||^2 - 2 res.c directly (no broadcast copy of ||c||^2 into the output, as baddbmm does)
-        Ca = [torch.cat([-2.0 * c.transpose(1, 2), (c * c).sum(-1).unsqueeze(1)], 1).contiguous() for c in Cr]
-        rev = torch.arange(K, 0, -1, device=dev, dtype=dt)             # K - k
-        # outputs written straight into token-major (N, G, R) / (N, G, ds): contiguous for every consumer
-        idx = torch.empty(N, G, R, dtype=torch.int64, device=dev)
-        resid = torch.empty(N, G, ds, dtype=dt, device=dev) if return_residual else None
-        gs, ts = self._tiles(G, N, dt, dev)
-        for g0 in range(0, G, gs):
-            g1 = min(G, g0 + gs)
-            goff = torch.arange(g0, g1, device=dev)[:, None] * K        # row offsets into (G*K, ds)
-            for s in range(0, N, ts):
-                n = min(ts, N - s)
-                res_aug = torch.ones(g1 - g0, n, ds + 1, dtype=dt, device=dev)
-                res_aug[..., :ds] = x[g0:g1, s:s + n]
-                idx[s:s + n, g0:g1] = _search_tile(res_aug, [c[g0:g1] for c in Ca], Cr, goff, rev)
-                if resid is not None:
-                    resid[s:s + n, g0:g1] = res_aug[..., :ds].transpose(0, 1)
-        idx = idx.view(*lead, G, R)
-        if return_residual:
-            return idx, resid.view(*lead, self.dim)
-        return idx
+        x = z.detach().reshape(-1, self.groups, self.sub_dim).to(dt)
+        idx, resid = residual_search(x, cb.to(dt), kernel=self.search_kernel, tile_bytes=self.tile_bytes,
+                                     return_residual=return_residual)
+        idx = idx.view(*lead, self.groups, self.rounds)
+        return (idx, resid.view(*lead, self.dim)) if return_residual else idx
 
     def lookup(self, idx: torch.Tensor, codebooks: torch.Tensor | None = None) -> torch.Tensor:
         """Decode ``idx (..., G, R)`` with ``codebooks`` (default: this module's): sum over rounds of the
@@ -235,11 +176,11 @@ class ResidualVQ(nn.Module):
         Ct = C.transpose(1, 2).contiguous()
         rev = torch.arange(K, 0, -1, device=x.device, dtype=x.dtype)
         out = torch.empty(x.shape[0], x.shape[1], dtype=torch.int64, device=x.device)
-        gs, ts = self._tiles(G, x.shape[1], x.dtype, x.device)
+        gs, ts = search_tiles(G, x.shape[1], K, tile_budget(self.tile_bytes, x.dtype, x.device))
         for g0 in range(0, G, gs):
             for s in range(0, x.shape[1], ts):
                 d = torch.baddbmm(c2[g0:g0 + gs], x[g0:g0 + gs, s:s + ts], Ct[g0:g0 + gs], alpha=-2.0)
-                out[g0:g0 + gs, s:s + ts] = _first_argmin_(d, rev)
+                out[g0:g0 + gs, s:s + ts] = first_argmin_(d, rev)
         return out
 
     def _kmeans(self, x: torch.Tensor) -> torch.Tensor:
@@ -382,21 +323,6 @@ class ResidualVQ(nn.Module):
         self.embed_sum.copy_(self.codebooks * self.cluster_size.unsqueeze(-1))
         self.initted.fill_(True)
         self.version += 1
-
-
-def _search_tile(res_aug: torch.Tensor, Ca: list[torch.Tensor], Cr: list[torch.Tensor], goff: torch.Tensor,
-                 rev: torch.Tensor) -> torch.Tensor:
-    """All rounds of one (groups, tokens) tile: ``res_aug = [res, 1]`` (gs, n, ds+1) in, its residual
-    part updated in place; returns the indices (n, gs, R). ``Ca`` are the tile's augmented codebooks,
-    ``Cr`` the full per-round codebooks (G, K, ds) indexed through ``goff`` (the tile's row offsets)."""
-    res = res_aug[..., :-1]                                             # (gs, n, ds) view
-    G, K, ds = Cr[0].shape
-    out = torch.empty(res.shape[1], res.shape[0], len(Cr), dtype=torch.int64, device=res.device)
-    for r, (ca, cr) in enumerate(zip(Ca, Cr)):
-        i = _first_argmin_(torch.bmm(res_aug, ca), rev)                 # (gs, n)
-        out[:, :, r] = i.T
-        res -= cr.view(G * K, ds).index_select(0, (i + goff).view(-1)).view(res.shape)
-    return out
 
 
 def _check_shape(dim, groups, rounds) -> None:

@@ -68,7 +68,7 @@ class RVQCompressor(Compressor):
                  max_staleness: int | None = None, seed: int = 0, grad_dtype: torch.dtype = torch.bfloat16,
                  eps: float = 1e-5, kmeans_init: bool = True, kmeans_iters: int = 10,
                  dead_code_threshold: float = 1.0, max_revive: int | None = None, search_with: str = "receiver",
-                 tile_bytes: int = 0):
+                 tile_bytes: int = 0, search_kernel: str = "auto"):
         if not isinstance(inner, Compressor):
             raise TypeError(f"inner must be a Compressor, got {type(inner).__name__}")
         if search_with not in ("sender", "receiver"):
@@ -81,7 +81,7 @@ class RVQCompressor(Compressor):
             max_revive = max(1, K // 16)
         kw = dict(dim=inner.code_dim, groups=groups, rounds=rounds, codebook_size=K, decay=decay, eps=eps,
                   kmeans_init=kmeans_init, kmeans_iters=kmeans_iters, dead_code_threshold=dead_code_threshold,
-                  seed=seed, max_revive=max_revive, tile_bytes=tile_bytes)
+                  seed=seed, max_revive=max_revive, tile_bytes=tile_bytes, search_kernel=search_kernel)
         self.rvq = ResidualVQ(**kw)          # the sender's codebooks (learned)
         self.recv = ResidualVQ(**kw)         # the receiver's copy: same seed -> identical at version 0
         self.sync = make_sync(sync, self.rvq, stream_fraction)
