@@ -2,6 +2,7 @@
 
     python benchmarks/compress.py                 # full grid, ~10 min on 1 core (writes the two reports)
     python benchmarks/compress.py --quick         # tiny shapes, seconds (the test suite runs this)
+    python benchmarks/compress.py --paper-shape   # RVQ pack at d=1024, r=256, 16 x 2048 tokens; SPEL at r=256; GPU estimates
 
 Every time is the median of ``--reps`` timed runs after ``--warmup`` untimed ones, with
 ``torch.set_num_threads(--threads)`` (default 1). What is measured (benchmarks/README.md has the details):
@@ -102,13 +103,11 @@ class Timer:
 
 def _compressor(mapl, torch, method: str, d: int, r: int, *, search_with: str | None = None):
     from mapl.compress import build_boundary
-    from mapl.compress.ssn import shared_basis
     from mapl.config import CompressorConfig, RVQConfig
     ratio = 1.0 if method in ("none", "int8") else d / r
     rvq = RVQConfig(search_with=search_with) if search_with is not None else RVQConfig()
     comp = CompressorConfig(method=method, ratio=ratio, rvq=rvq).validate(d)
-    shared_U = shared_basis(d, comp.rank(d), comp.seed) if comp.projector.kind == "fixed-shared" else None
-    return build_boundary(comp, d, 0, shared_U), comp
+    return build_boundary(comp, d, 0), comp
 
 
 def _needs_ids(method: str) -> bool:
@@ -155,7 +154,8 @@ def bench_ops(torch, timer: Timer, method: str, d: int, r: int, B: int, T: int, 
         out["pack_grad"] = timer(lambda: comp.pack_grad(gz))
         gpay = comp.pack_grad(gz)
         out["unpack_grad"] = timer(lambda: comp.unpack_grad(gpay, gz.dtype))
-    return {k: v["median_s"] for k, v in out.items()} | {"_min": {k: v["min_s"] for k, v in out.items()}}
+    return ({k: v["median_s"] for k, v in out.items()} | {"_min": {k: v["min_s"] for k, v in out.items()}}
+            | {"_learned": comp.learned})
 
 
 def wire_row(torch, method: str, d: int, r: int, B: int, T: int, micro_batches: int) -> dict:
@@ -177,17 +177,7 @@ def wire_row(torch, method: str, d: int, r: int, B: int, T: int, micro_batches: 
     sync_fwd = payload_bytes(fwd) - data_fwd
     bwd_b = payload_bytes(bwd)
     ids = ID_BITS / 8 if _needs_ids(method) else 0.0
-    # information floor, bits per token
-    if method == "none":
-        floor_fwd = 16 * d
-    elif method == "int8":
-        nsc = d // comp.block if comp.block else 1
-        floor_fwd = 8 * d + 16 * nsc
-    elif method == "mapl-rvq":
-        floor_fwd = comp.rvq.groups * comp.rvq.rounds * math.log2(comp.rvq.codebook_size)
-    else:
-        floor_fwd = 16 * r
-    floor_bwd = 8 * d + 16 * (d // comp.block if comp.block else 1) if method == "int8" else 16 * comp.code_dim
+    floor_fwd, floor_bwd = comp.wire_efficiency_floor("fwd"), comp.wire_efficiency_floor("bwd")   # bits/token
     meas_fwd = (data_fwd + sync_fwd) / n + ids
     meas_bwd = bwd_b / n
     floor_fwd_B = floor_fwd / 8 + ids
@@ -223,11 +213,10 @@ def wire_row(torch, method: str, d: int, r: int, B: int, T: int, micro_batches: 
 
 
 def bench_spel(torch, timer: Timer, d: int, r: int, device: str) -> dict:
-    from mapl.compress import projector_basis
-    from mapl.optim import SPEL
+    from mapl.optim import SPEL, stiefel_random
     out = {}
     for polar in ("svd", "polar_express"):
-        A = torch.nn.Parameter(projector_basis(d, r, 0).to(device))
+        A = torch.nn.Parameter(stiefel_random(d, r, 0, device=device))
         opt = SPEL([A], lr=0.002, momentum=0.95, polar=polar, polar_steps=10)
         g = torch.randn(d, r, generator=torch.Generator().manual_seed(2)).to(device) * 1e-2
 
@@ -247,7 +236,7 @@ def bench_search(torch, timer: Timer, dim: int, K: int, n_tokens: int, device: s
     return {"K": K, "dim": dim, "groups": q.groups, "rounds": q.rounds, "tokens": n_tokens,
             "median_s": t["median_s"], "us_per_token": t["median_s"] / n_tokens * 1e6,
             "ns_per_distance": t["median_s"] / elems * 1e9,
-            "chunk_elems": getattr(q, "chunk_elems", None)}
+            "tile_bytes": q.tile_bytes}
 
 
 def _stage_blocks(torch, d: int):
@@ -417,13 +406,164 @@ def bench_ab(torch, before_root: str, cfg: dict, methods, log) -> list[dict]:
     return rows
 
 
+# ---- paper shapes: RVQ pack at r = 256 and SPEL at d = 1024/2048, measured on CPU, estimated for a GPU ----
+
+# Vendor peak figures (dense): HBM bandwidth, fp32 non-tensor-core and bf16 tensor-core FLOP/s; a kernel
+# is assumed to reach BW_EFF of the bandwidth and FP_EFF of the fp32 peak, a launch to cost LAUNCH_S.
+GPUS = {"H100-SXM": {"bw": 3.35e12, "fp32": 67e12, "bf16": 989e12},
+        "H200": {"bw": 4.8e12, "fp32": 67e12, "bf16": 989e12}}
+BW_EFF, FP_EFF, LAUNCH_S, MFU = 0.7, 0.5, 5e-6, 0.4
+PAPER = dict(d=1024, r=256, batch=16, seq=2048, micro_batches=32, blocks=2, K=256, rounds=2)
+
+
+def _gpu_time(gpu: dict, nbytes: float, flops: float, launches: int) -> float:
+    return max(nbytes / (gpu["bw"] * BW_EFF), flops / (gpu["fp32"] * FP_EFF)) + launches * LAUNCH_S
+
+
+def _stage_step_flops(p: dict) -> float:
+    """fwd+bwd FLOPs of one 150M stage (``blocks`` LLaMA blocks) over a step's micro-batches: 6 x
+    matmul parameters per token, plus causal attention 6 * T * d per token per block."""
+    from mapl.model import ModelConfig
+    from mapl.stages import _block_cost
+    cfg = ModelConfig.preset("150M")
+    tokens = p["batch"] * p["seq"] * p["micro_batches"]
+    return p["blocks"] * tokens * (6 * _block_cost(cfg) + 6 * p["seq"] * cfg.d_model)
+
+
+def rvq_gpu_estimate(p: dict, tile_bytes: int = 256 << 20) -> dict:
+    """Expected pack time per message on a GPU, from the search's distances (N*G*R*K), and its share of
+    a 150M stage's step (``micro_batches`` packs per step) at MFU 40%."""
+    N, G, R, K, ds = p["batch"] * p["seq"], p["r"] // 2, p["rounds"], p["K"], 2
+    D = N * G * R * K
+    tiles = -(-D // R // (tile_bytes // 4))
+    ema_bytes = 40 * N * p["r"] * R                          # targets, index_add, bincount, bit-packing: a few passes
+    kernels = {"matmul": (8 * D, 2 * (ds + 1) * D, tiles * R * 8),     # distances written then read back (fp32)
+               "fused": (4 * N * p["r"] * (R + 1), (2 * ds + 2) * D, R * 4)}   # one tile; distances stay in registers
+    step_flops = _stage_step_flops(p)
+    out = {"distances_per_message": D, "stage_step_flops": step_flops, "assumptions": {
+        "bw_eff": BW_EFF, "fp32_eff": FP_EFF, "launch_s": LAUNCH_S, "mfu": MFU, "tile_bytes": tile_bytes}}
+    for name, gpu in GPUS.items():
+        step_s = step_flops / (gpu["bf16"] * MFU)
+        row = {"stage_step_s_at_mfu": step_s}
+        for kern, (nbytes, flops, launches) in kernels.items():
+            t = _gpu_time(gpu, nbytes + ema_bytes, flops, launches + 30)
+            row[kern] = {"pack_s": t, "bytes": nbytes + ema_bytes, "flops": flops,
+                         "pct_of_step": 100 * p["micro_batches"] * t / step_s,
+                         "pct_of_3s_step": 100 * p["micro_batches"] * t / 3.0}
+        out[name] = row
+    return out
+
+
+def spel_gpu_estimate(d: int, r: int, steps: int = 10) -> dict:
+    """One SPEL step on a GPU: Polar Express is 2 x ``steps`` iterations of three r x r / r x d matmuls
+    (direction and retraction); the SVD route is two thin SVDs, latency-bound (not estimated from FLOPs)."""
+    flops = 2 * steps * (2 * r * r * d + 2 * r ** 3 + 2 * r * r * d)
+    return {name: {"polar_express_s": _gpu_time(gpu, 2 * steps * 6 * d * r * 4, flops, 2 * steps * 6 + 10),
+                   "polar_express_flops": flops} for name, gpu in GPUS.items()}
+
+
+def bench_rvq_paper(torch, p: dict, reps: int, kernels=("matmul", "fused")) -> dict:
+    """Pack (search + EMA update + bit-packing + sync tensors), unpack and search alone at the paper's
+    shape on this CPU, one row per search kernel ("fused" is compiled by inductor's CPU backend)."""
+    from mapl.compress import ProjectionCompressor
+    from mapl.compress.rvq import RVQCompressor
+    from mapl.optim import stiefel_random
+    z = torch.randn(p["batch"], p["seq"], p["r"], generator=torch.Generator().manual_seed(0))
+    rows = []
+    for kern in kernels:
+        comp = RVQCompressor(ProjectionCompressor(p["d"], stiefel_random(p["d"], p["r"], 0), "fixed"),
+                             search_kernel=kern).train()
+        t0 = time.perf_counter()
+        comp.unpack(comp.pack(z), z.dtype)                  # k-means init (+ compilation): once per run
+        init_s = time.perf_counter() - t0
+        comp.rvq.search(z[:1, :64])                         # compile for a second shape before timing
+        ts = {"search": [], "pack": [], "unpack": []}
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            comp.rvq.search(z)
+            ts["search"].append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            payload = comp.pack(z)
+            ts["pack"].append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            comp.unpack(payload, z.dtype)
+            ts["unpack"].append(time.perf_counter() - t0)
+        D = p["batch"] * p["seq"] * comp.rvq.groups * comp.rvq.rounds * comp.rvq.codebook_size
+        rows.append({"kernel": kern, "init_s": init_s, **{f"{k}_s": statistics.median(v) for k, v in ts.items()},
+                     "ns_per_distance": statistics.median(ts["search"]) / D * 1e9, "loadavg": os.getloadavg()[0]})
+    return {"shape": p, "cpu": rows, "gpu_estimate": rvq_gpu_estimate(p)}
+
+
+def bench_spel_paper(torch, dims=(1024, 2048), r: int = 256, reps: int = 3, drift_steps: int = 200) -> list[dict]:
+    """SPEL step time (SVD vs Polar Express, 10 iterations) at r = 256, and how far each keeps A from
+    the manifold over ``drift_steps`` steps with random gradients (max |AᵀA - I|), on this CPU."""
+    from mapl.optim import SPEL, ortho_error, stiefel_random
+    rows = []
+    for d in dims:
+        row = {"d": d, "r": r, "gpu_estimate": spel_gpu_estimate(d, r)}
+        for polar in ("svd", "polar_express"):
+            A = torch.nn.Parameter(stiefel_random(d, r, 0))
+            opt = SPEL([A], lr=0.002, momentum=0.95, polar=polar, polar_steps=10)
+            g = torch.Generator().manual_seed(1)
+            times, worst = [], 0.0
+            for i in range(drift_steps):
+                A.grad = torch.randn(d, r, generator=g) * 1e-2
+                t0 = time.perf_counter()
+                opt.step()
+                times.append(time.perf_counter() - t0)
+                worst = max(worst, ortho_error(A)) if i % 10 == 9 else worst
+            row[polar] = {"step_s": statistics.median(times[:max(reps, 1) * 10]), "ortho_err_max": worst,
+                          "ortho_err_final": ortho_error(A), "steps": drift_steps}
+        rows.append(row)
+    return rows
+
+
+def paper_markdown(res: dict) -> str:
+    rv, env = res["rvq"], res["environment"]
+    p = rv["shape"]
+    L = [f"# Paper shapes: RVQ pack (d={p['d']}, r={p['r']}, {p['batch']} x {p['seq']} tokens) and SPEL at r = 256", "",
+         f"CPU: {env['cpu_model']}, {env['threads']} thread(s), torch {env['torch']}; load average "
+         f"{env['loadavg_start']:.2f} -> {env['loadavg_end']:.2f} (2 cores shared: times are upper bounds).", "",
+         "| kernel | k-means init s | search s | pack s | unpack s | ns/distance |", "|---|---|---|---|---|---|"]
+    L += [f"| {r['kernel']} | {r['init_s']:.1f} | {r['search_s']:.2f} | {r['pack_s']:.2f} | {r['unpack_s']:.3f} | "
+          f"{r['ns_per_distance']:.2f} |" for r in rv["cpu"]]
+    g = rv["gpu_estimate"]
+    L += ["", f"GPU estimate per message ({g['distances_per_message']:.3g} distances; bandwidth x{BW_EFF}, fp32 x{FP_EFF}, "
+          f"{p['micro_batches']} messages per step, stage step = {g['stage_step_flops']:.3g} FLOP at MFU {MFU}):", "",
+          "| GPU | stage step s | kernel | pack ms | % of step | % of a 3 s step |", "|---|---|---|---|---|---|"]
+    for name in GPUS:
+        for kern in ("matmul", "fused"):
+            e = g[name][kern]
+            L.append(f"| {name} | {g[name]['stage_step_s_at_mfu']:.2f} | {kern} | {1e3 * e['pack_s']:.2f} | "
+                     f"{e['pct_of_step']:.1f} | {e['pct_of_3s_step']:.1f} |")
+    L += ["", "| d | r | SVD step ms | Polar Express step ms | max ortho err SVD | Polar Express | GPU PE est. ms (H100) |",
+          "|---|---|---|---|---|---|---|"]
+    for s in res["spel"]:
+        L.append(f"| {s['d']} | {s['r']} | {1e3 * s['svd']['step_s']:.1f} | {1e3 * s['polar_express']['step_s']:.1f} | "
+                 f"{s['svd']['ortho_err_max']:.2e} | {s['polar_express']['ortho_err_max']:.2e} | "
+                 f"{1e3 * s['gpu_estimate']['H100-SXM']['polar_express_s']:.2f} |")
+    return "\n".join(L) + "\n"
+
+
+def run_paper(args) -> dict:
+    import torch
+    torch.set_num_threads(args.threads)
+    env = _environment(torch, "cpu")
+    reps = args.reps or 2
+    res = {"environment": env, "rvq": bench_rvq_paper(torch, PAPER, reps, tuple(args.kernels)),
+           "spel": bench_spel_paper(torch, reps=reps, drift_steps=args.spel_steps)}
+    env["loadavg_end"] = os.getloadavg()[0]
+    return res
+
+
 # ---- the report ----------------------------------------------------------------------------------
 
-def overhead_row(ops: dict, spel: dict | None, stage_s: float, method: str, micro_batches: int) -> dict:
+def overhead_row(ops: dict, spel: dict | None, stage_s: float, learned: bool, micro_batches: int) -> dict:
+    """Per-micro-batch compressor cost against the stage's fwd+bwd; a learned projector adds one SPEL
+    step per optimizer step (amortised over its micro-batches)."""
     enc = ops["encode_fwd"] + ops["encode_bwd"]
     dec = ops["decode_fwd"] + ops["decode_bwd"]
     wire = ops["pack"] + ops["unpack"] + ops["pack_grad"] + ops["unpack_grad"]
-    learned = method in ("mapl", "mapl-rvq")
     spel_s = (spel["svd"] / micro_batches) if (learned and spel) else 0.0
     spel_pe = (spel["polar_express"] / micro_batches) if (learned and spel) else 0.0
     total = enc + dec + wire + spel_s
@@ -474,14 +614,14 @@ def run(args) -> dict:
                 if method in ("none", "int8") and r != ranks[0]:
                     continue              # rank-independent: measured once per d
                 ops = bench_ops(torch, timer, method, d, r, B, T, dev)
-                mins = ops.pop("_min")
+                mins, learned = ops.pop("_min"), ops.pop("_learned")
                 row = {"method": method, "d": d, "r": None if method in ("none", "int8") else r,
-                       "tokens": B * T, **ops, "min": mins}
+                       "tokens": B * T, **ops, "min": mins, "learned": learned}
                 res["ops"].append(row)
                 if d in stages:
-                    ov = overhead_row(ops, spel, stages[d]["fwd_bwd_s"], method, M)
+                    ov = overhead_row(ops, spel, stages[d]["fwd_bwd_s"], learned, M)
                     # the same from the fastest run of each piece: less sensitive to a busy machine
-                    ov["overhead_pct_from_min"] = overhead_row(mins, spel, stages[d]["min_s"], method, M)["overhead_pct"]
+                    ov["overhead_pct_from_min"] = overhead_row(mins, spel, stages[d]["min_s"], learned, M)["overhead_pct"]
                     res["overhead"].append({"method": method, "d": d, "r": row["r"], **ov})
                 res["wire"].append(wire_row(torch, method, d, r, B, T, M))
                 log(f"d={d} r={r} {method}: " + ", ".join(f"{k} {v * 1e3:.2f}ms" for k, v in ops.items()))
@@ -536,6 +676,7 @@ def _baseline_compare(old: dict, new: dict) -> dict:
     """before/after (speedup = before / after) for every op, overhead, search and SPEL row both runs have."""
     out = {"environment": old.get("environment", {}), "ops": [], "overhead": [], "search": [], "spel": []}
     ops_old = {_key(r): r for r in old.get("ops", [])}
+    ops_new = {_key(r): r for r in new["ops"]}
     for r in new["ops"]:
         o = ops_old.get(_key(r))
         if o:
@@ -551,7 +692,8 @@ def _baseline_compare(old: dict, new: dict) -> dict:
         o = ops_old.get(_key(r))
         if o:
             spel = spel_new.get((r["d"], r["r"])) if r["r"] else None
-            before = overhead_row(o, spel, stage_new[r["d"]], r["method"], M)
+            learned = ops_new[_key(r)]["learned"]
+            before = overhead_row(o, spel, stage_new[r["d"]], learned, M)
             out["overhead"].append({"method": r["method"], "d": r["d"], "r": r["r"],
                                     "overhead_pct_before": before["overhead_pct"], "overhead_pct_after": r["overhead_pct"],
                                     "total_ms_before": 1e3 * before["total_s"], "total_ms_after": 1e3 * r["total_s"]})
@@ -659,8 +801,8 @@ def markdown(res: dict) -> str:
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="tiny shapes, a few seconds")
-    ap.add_argument("--json", default=str(ROOT / "reports/bench/compress.json"))
-    ap.add_argument("--md", default=str(ROOT / "reports/tables/compress.md"))
+    ap.add_argument("--json", help="default reports/bench/compress.json (paper shape: paper_shape.json)")
+    ap.add_argument("--md", help="default reports/tables/compress.md (paper shape: paper_shape.md)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
@@ -678,6 +820,11 @@ def parse_args(argv=None):
     ap.add_argument("--mapl-path", help="import mapl from this directory (e.g. a pre-change copy)")
     ap.add_argument("--ab-before", help="directory holding a pre-change copy of mapl/: time its int8/mapl-rvq "
                                         "pack/unpack and RVQ search alternately with the current code")
+    ap.add_argument("--paper-shape", action="store_true",
+                    help="only the paper-shape section: RVQ pack at d=1024, r=256, 16 x 2048 tokens and SPEL at "
+                         "r=256 on CPU, plus GPU estimates (writes --json/--md, default reports/bench/paper_shape.*)")
+    ap.add_argument("--kernels", nargs="+", default=["matmul", "fused"], choices=("matmul", "fused"))
+    ap.add_argument("--spel-steps", type=int, default=200)
     ap.add_argument("--silent", action="store_true")
     ap.add_argument("--_memory-child", dest="memory_child", help=argparse.SUPPRESS)
     return ap.parse_args(argv)
@@ -689,14 +836,17 @@ def main(argv=None) -> dict:
     if args.memory_child:
         print(json.dumps(_memory_child(json.loads(args.memory_child))))
         return {}
-    res = run(args)
-    for path, text in ((args.json, json.dumps(res, indent=1)), (args.md, markdown(res))):
+    name, run_fn, md_fn = ("paper_shape", run_paper, paper_markdown) if args.paper_shape else ("compress", run, markdown)
+    res = run_fn(args)
+    out_json = args.json or str(ROOT / f"reports/bench/{name}.json")
+    out_md = args.md or str(ROOT / f"reports/tables/{name}.md")
+    for path, text in ((out_json, json.dumps(res, indent=1)), (out_md, md_fn(res))):
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(str(path) + ".tmp")
+        tmp = Path(f"{path}.{os.getpid()}.tmp")             # unique: two runs never share a temp file
         tmp.write_text(text)
         tmp.replace(path)
     if not args.silent:
-        print(markdown(res))
+        print(md_fn(res))
     return res
 
 

@@ -29,7 +29,8 @@ import yaml
 from .data import DataConfig
 from .model import PRESETS, ModelConfig
 
-__all__ = ["METHODS", "PROJECTORS", "ANCHORS", "SCHEDULES", "PRECISIONS", "RVQ_SYNC_MODES", "POLAR_METHODS",
+__all__ = ["METHODS", "PROJECTORS", "ANCHORS", "SCHEDULES", "PRECISIONS", "RVQ_SYNC_MODES", "RVQ_SEARCH_KERNELS",
+           "POLAR_METHODS",
            "ConfigError", "setting", "AnchorConfig", "ProjectorConfig", "SPELConfig", "RVQConfig",
            "CompressorConfig", "TrainConfig", "RunConfig", "PROJECT_ROOT", "RESUMABLE_FIELDS", "EXECUTION_FIELDS",
            "load_params", "load_run_config", "apply_overrides", "parse_set", "config_hash", "config_diff",
@@ -51,6 +52,7 @@ ANCHORS = ("none", "static", "full", "factorized")
 SCHEDULES = ("gpipe", "1f1b")
 PRECISIONS = ("auto", "fp32", "bf16")
 RVQ_SYNC_MODES = ("stream", "full", "mirrored")
+RVQ_SEARCH_KERNELS = ("auto", "matmul", "fused")
 POLAR_METHODS = ("svd", "polar_express")
 # settings that change neither the model's shape nor its data: a checkpoint may be resumed with new
 # values when the user asks for it explicitly (the change is recorded in the results)
@@ -60,7 +62,7 @@ RESUMABLE_FIELDS = frozenset({
     "train.eval_tokens", "train.eval_batch_size", "train.schedule", "compressor.projector.lr_mult",
 })
 # how a run is executed, not what it computes: outside the config hash and every resume decision
-EXECUTION_FIELDS = ("run_name", "profile", "train.checkpoint_every", "train.threads")
+EXECUTION_FIELDS = ("run_name", "profile", "train.checkpoint_every", "train.threads", "train.activation_checkpointing")
 
 
 class ConfigError(ValueError):
@@ -225,9 +227,10 @@ class RVQConfig:
     codebook_size: int = setting(256, min=2, max=65536)    # a power of two (checked in validate)
     decay: float = setting(0.99, min=0, max_exclusive=1)
     sync: str = setting("stream", choices=RVQ_SYNC_MODES)
-    max_staleness: int = setting(1000, min=0)
+    max_staleness: int | None = setting(None, min=0)      # None = the sync mode's bound (stream 2*ceil(K/n), else 0)
     search_with: str = setting("receiver", choices=("sender", "receiver"))
-    search_chunk_elems: int = setting(1 << 20, min=1)      # distance values per search tile (memory budget)
+    search_tile_bytes: int = setting(0, min=0)             # memory budget per search tile; 0 = 4 MiB on CPU, 256 MiB on GPU
+    search_kernel: str = setting("auto", choices=RVQ_SEARCH_KERNELS)   # auto: matmul on CPU, fused (compiled) on GPU
 
 
 @dataclass(frozen=True)
@@ -298,6 +301,7 @@ class TrainConfig:
     checkpoint_every: int = setting(100, min=1)
     precision: str = setting("auto", choices=PRECISIONS)   # auto: bf16 autocast on CUDA, fp32 on CPU
     schedule: str = setting("gpipe", choices=SCHEDULES)    # multi-process schedule
+    activation_checkpointing: bool = setting(False)        # recompute each block in backward (memory for time)
     seed: int = setting(0, min=0)
     threads: int = setting(0, min=0)                       # torch threads (0 = leave as is)
 

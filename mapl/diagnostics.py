@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from .optim import principal_angles
+from .optim import ortho_error, principal_angles
 
 __all__ = ["boundary_bases", "boundary_activations", "boundary_diagnostics"]
 
@@ -65,7 +65,7 @@ def boundary_diagnostics(sm, batches) -> list[dict]:
                       "captured_energy": float((X @ A).norm()) / total,
                       "pca_energy": float(S[:r].pow(2).sum().sqrt()) / total,
                       "angles_to_pca_deg": _angles(A, pca),
-                      "ortho_err": float((A.T @ A - torch.eye(r, dtype=A.dtype, device=A.device)).abs().max())})
+                      "ortho_err": ortho_error(A)})
             if p + 1 < len(bases) and bases[p + 1] is not None:
                 d["angles_to_next_deg"] = _angles(A, bases[p + 1])
         out.append(d)

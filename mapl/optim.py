@@ -1,6 +1,6 @@
 """SPEL: spectral steepest descent on the Stiefel manifold, for the per-boundary projector A_p.
 
-MAPL (paper dossier §1.4) keeps each boundary projector on St(d, r) = {A in R^{d x r} : AᵀA = I_r},
+MAPL keeps each boundary projector on St(d, r) = {A in R^{d x r} : AᵀA = I_r},
 r <= d, so that Aᵀ is the exact left inverse of A and compress/decompress is an isometry on col(A).
 One SPEL step on a parameter A with Euclidean gradient g is
 
@@ -10,9 +10,12 @@ One SPEL step on a parameter A with Euclidean gradient g is
     A  <- polar(A - lr·D)               retraction: nearest point of St(d, r) (polar factor)
 
 ``msign``/``polar`` are computed either exactly (SVD) or with Polar Express (Amsel et al.,
-arXiv 2505.16932), the odd-polynomial iteration the paper names. The SVD path is the default: A is at
-most 2048 x 256, so an fp32 SVD is cheap, and the retraction has to hold ‖AᵀA - I‖ <= 1e-5 over a
-whole run, which a few bf16 Polar-Express steps cannot (§1.4 implementation note).
+arXiv 2505.16932), the odd-polynomial iteration the paper names. Both hold the retraction to
+‖AᵀA - I‖ <= 1e-5 over a run when computed in fp32 (10 Polar-Express steps; a few bf16 steps cannot).
+SVD is the default and the CPU choice: on a CPU an fp32 SVD of a d x 256 matrix is cheaper than 10
+Polar-Express iterations (benchmarks/compress.py --paper-shape). On a GPU choose ``polar_express``:
+it is ~60 small matmuls (~6 GFLOP per step at d = 1024, r = 256, about a millisecond), where two
+cuSOLVER SVDs per step are latency-bound and synchronise with the host.
 
 Besides the optimizer this module holds the small Stiefel toolkit the compressors, diagnostics and
 tests share: ``stiefel_random`` (Haar init), ``ortho_error``, ``principal_angles``.
@@ -22,6 +25,8 @@ from __future__ import annotations
 from typing import Callable, Iterable
 
 import torch
+
+from .config import POLAR_METHODS
 
 __all__ = [
     "sym",
@@ -37,10 +42,8 @@ __all__ = [
     "POLAR_EXPRESS_COEFFS",
 ]
 
-POLAR_METHODS = ("svd", "polar_express")
-
-# Polar Express degree-5 coefficients p(x) = a·x + b·x³ + c·x⁵, one triple per iteration (MAPL.md §1.4,
-# Algorithm 1 of 2505.16932 / repo NoahAmsel/PolarExpress). The last triple is the classical quintic
+# Polar Express degree-5 coefficients p(x) = a·x + b·x³ + c·x⁵, one triple per iteration
+# (Algorithm 1 of arXiv 2505.16932, repo NoahAmsel/PolarExpress). The last triple is the classical quintic
 # Newton-Schulz map (fixed point 1, cubic convergence) and is repeated for every step past the list.
 _PE_RAW = (
     (8.28721201814563, -23.595886519098837, 17.300387312530933),
@@ -158,26 +161,31 @@ def _retract(Y: torch.Tensor, method: str, steps: int) -> torch.Tensor:
     raise ValueError(f"unknown polar method {method!r}; allowed: {POLAR_METHODS}")
 
 
-def stiefel_random(d: int, r: int, generator: torch.Generator | None = None,
+def stiefel_random(d: int, r: int, seed: int | torch.Generator | None = None, *,
                    dtype: torch.dtype = torch.float32, device: torch.device | str | None = None
                    ) -> torch.Tensor:
     """A Haar-distributed point of St(d, r): Q of the thin QR of a d x r Gaussian, with column j
-    multiplied by sign(R_jj).
+    multiplied by sign(R_jj). The one orthonormal-basis helper: projector starting points, SSN's
+    shared U and the anchors' fixed bases all come from here (``stiefel_random(c, r, s).T`` for
+    orthonormal rows).
 
     Plain QR output is not Haar (LAPACK's sign convention biases it); the sign fix makes the
     factorisation unique (R with positive diagonal), hence Q = G·R⁻¹ inherits the Gaussian's
     rotation invariance. The Gaussian is drawn and factorised in float64, then cast, so the result
-    depends only on the generator's state (and is orthonormal to the target dtype's precision).
+    depends only on the seed (and is orthonormal to the target dtype's precision).
+
+    ``seed``: an int (a fresh CPU generator, so every rank and every device gets the same matrix),
+    a Generator (drawn on its device), or None (the global CPU RNG). ``device``: where the result
+    goes (default: where it was drawn).
     """
     if not (0 < r <= d):
         raise ValueError(f"stiefel_random needs 0 < r <= d, got d={d}, r={r}")
-    if device is None and generator is not None:
-        device = generator.device
-    G = torch.randn(d, r, generator=generator, dtype=torch.float64, device=device)
+    gen = torch.Generator().manual_seed(seed) if isinstance(seed, int) else seed
+    G = torch.randn(d, r, generator=gen, dtype=torch.float64, device=gen.device if gen is not None else "cpu")
     Q, R = torch.linalg.qr(G, mode="reduced")
     s = torch.sign(torch.diagonal(R))
     s = torch.where(s == 0, torch.ones_like(s), s)
-    return (Q * s).to(dtype)
+    return (Q * s).to(dtype=dtype, device=device if device is not None else Q.device)
 
 
 def ortho_error(A: torch.Tensor) -> float:
@@ -212,7 +220,7 @@ def principal_angles(A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
 
 
 class SPEL(torch.optim.Optimizer):
-    """SPectral steepest descent on the stiEfeL manifold (MCSD/SPEL, as used by MAPL §1.4).
+    """SPectral steepest descent on the stiEfeL manifold (MCSD/SPEL, as used by MAPL).
 
     Every parameter must be a d x r matrix with r <= d whose columns are (meant to be) orthonormal;
     the first step retracts it onto St(d, r) even if it starts off it. Per step, per parameter:

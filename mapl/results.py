@@ -10,7 +10,6 @@ them with the loop state into the dict the report reads (keys: shared/design/ARC
 """
 from __future__ import annotations
 
-import math
 import platform
 import subprocess
 
@@ -38,32 +37,28 @@ def provenance(cfg: RunConfig, data_hash: str) -> dict:
             "config_hash": config_hash(cfg), "data_hash": data_hash, "host": platform.node()}
 
 
-def _element_size(dtype: torch.dtype) -> int:
-    return torch.empty(0, dtype=dtype, device="cpu").element_size()
-
-
 def describe_boundary(comp, index: int, cfg: RunConfig, id_bytes_per_token: int, replicas: int = 1) -> dict:
     """Plain data about boundary ``index``'s compressor: declared bytes per token and per optimizer step
     (data both ways, piggybacked sync, per-step state, token ids) and its diagnostics. With R
     data-parallel replicas, every replica's pipeline syncs its own state: state bytes count R times."""
     t = cfg.train
-    tokens, mb_shape = t.batch_size * t.seq_len, (t.batch_size // t.micro_batches, t.seq_len)
-    piggyback = 0
-    for direction in ("fwd", "bwd"):
-        spec, roles = comp.payload_spec(mb_shape, direction), comp.payload_roles(direction)
-        piggyback += t.micro_batches * sum(math.prod(s) * _element_size(dt) for (s, dt), r in zip(spec, roles)
-                                           if r == "sync")
+    tokens = t.batch_size * t.seq_len
     fwd_bpt, bwd_bpt = comp.wire_bytes_per_token("fwd"), comp.wire_bytes_per_token("bwd")
-    per_step = {"fwd": fwd_bpt * tokens, "bwd": bwd_bpt * tokens, "piggyback": piggyback,
+    # every replica's pipeline carries its own micro-batches' piggybacked sync and its own state
+    per_step = {"fwd": fwd_bpt * tokens, "bwd": bwd_bpt * tokens,
+                "piggyback": replicas * t.micro_batches * comp.sync_bytes_per_microbatch(),
                 "state": replicas * (comp.sync_bytes_per_step() + comp.receiver_grad_bytes_per_step()),
                 "ids": id_bytes_per_token * tokens}
     return {"boundary": index, "learned": bool(comp.learned), "fwd_bytes_per_token": fwd_bpt,
-            "bwd_bytes_per_token": bwd_bpt, "declared_per_step": per_step, "diagnostics": comp.diagnostics()}
+            "bwd_bytes_per_token": bwd_bpt, "declared_per_step": per_step,
+            "declared_once": {"piggyback": replicas * comp.one_off_sync_bytes()}, "diagnostics": comp.diagnostics()}
 
 
 def declared_totals(boundaries: list[dict], steps: int) -> dict:
-    """Declared bytes of ``steps`` optimizer steps, summed over boundaries, per kind."""
-    return {k: int(round(sum(b["declared_per_step"][k] for b in boundaries) * steps)) for k in _KINDS}
+    """Declared bytes of ``steps`` optimizer steps, summed over boundaries, per kind (plus what is sent
+    once per run, e.g. the whole RVQ codebook right after its k-means init, as soon as a step ran)."""
+    once = {k: sum(b.get("declared_once", {}).get(k, 0) for b in boundaries) if steps else 0 for k in _KINDS}
+    return {k: int(round(sum(b["declared_per_step"][k] for b in boundaries) * steps)) + once[k] for k in _KINDS}
 
 
 def measured_totals(meter: ByteMeter) -> dict:

@@ -14,13 +14,15 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
-from .compress import build_boundary
+from .compress import build_boundary, shared_basis
 from .compress.anchors import Anchor
 from .compress.base import WireTransfer
-from .compress.ssn import constrain_to_subspace, shared_basis
+from .compress.ssn import constrain_to_subspace
 from .config import RunConfig
 from .model import ModelConfig, Transformer
+from .seeds import derive_seed
 from .wire import id_dtype
 
 __all__ = ["split_layers", "StagedModel", "build_staged_model"]
@@ -63,9 +65,10 @@ def split_layers(cfg: ModelConfig, stages: int) -> list[list[int]]:
 
 class StagedModel(nn.Module):
     def __init__(self, model: Transformer, split: list[list[int]], anchors: list[Anchor],
-                 boundaries: list[nn.Module]):
+                 boundaries: list[nn.Module], activation_checkpointing: bool = False):
         super().__init__()
         self.model = model
+        self.activation_checkpointing = activation_checkpointing      # per block (train.activation_checkpointing)
         self.split = split
         self.n_stages = len(split)
         self.anchors = nn.ModuleDict({str(s): a for s, a in enumerate(anchors)})
@@ -75,16 +78,33 @@ class StagedModel(nn.Module):
 
     # ---- one stage ------------------------------------------------------------------------
     def _residual(self, s: int, inp: torch.Tensor | None, ids: torch.Tensor):
-        """Stage s up to its last block: (embed | decode) -> +anchor -> blocks. Returns (h, anchor)."""
+        """Stage s up to its last block: (embed | decode) -> +anchor -> blocks. Returns (h, anchor).
+
+        The residual stream stays in the weights' dtype (fp32) under bf16 autocast: the matmuls inside
+        embed/decode/anchor run in bf16 and their outputs are upcast here, and every block adds its
+        bf16 branch outputs to the fp32 stream. Without this, a bf16 stream carrying SSN's N(0, 1)
+        shift loses the small signal next to it (boundary messages off by 10-20%)."""
         m = self.model
-        h = m.embed(ids) if s == 0 else self.boundaries[str(s - 1)].decode(inp)
+        dt = self._stream_dtype(s)
+        h = (m.embed(ids) if s == 0 else self.boundaries[str(s - 1)].decode(inp)).to(dt)
         a = self.anchors[str(s)](ids)
         if a is not None:
-            a = a.to(h.dtype)
+            a = a.to(dt)
             h = h + a
         for i in self.split[s]:
-            h = m.layers[str(i)](h, m.rope_cos, m.rope_sin)
+            h = self._block(m.layers[str(i)], h)
         return h, a
+
+    def _stream_dtype(self, s: int) -> torch.dtype:
+        """The residual stream's dtype at stage s: its first block's weights' (fp32 unless cast)."""
+        return self.model.layers[str(self.split[s][0])].attn_norm.weight.dtype
+
+    def _block(self, block: nn.Module, h: torch.Tensor) -> torch.Tensor:
+        cos, sin = self.model.rope_cos, self.model.rope_sin
+        if self.activation_checkpointing and torch.is_grad_enabled():
+            # keep only the block's input; recompute its inside in backward (same numbers, less memory)
+            return checkpoint(block, h, cos, sin, use_reentrant=False)
+        return block(h, cos, sin)
 
     def stage_forward(self, s: int, inp: torch.Tensor | None, ids: torch.Tensor) -> torch.Tensor:
         """Stage s: (embed | decode) -> +anchor -> blocks -> (head | -anchor -> encode)."""
@@ -109,7 +129,7 @@ class StagedModel(nn.Module):
                 comp = self.boundaries[str(s)]
                 x = WireTransfer.apply(out, comp, meter, s)
                 if meter is not None and self.ids_on_wire:
-                    meter.add(s, "fwd", "ids", ids.numel() * torch.tensor([], dtype=self.id_dtype).element_size())
+                    meter.add(s, "fwd", "ids", ids.numel() * self.id_dtype.itemsize)
         if targets is None:
             return out
         return F.cross_entropy(out.float().reshape(-1, out.shape[-1]), targets.reshape(-1))
@@ -135,11 +155,7 @@ class StagedModel(nn.Module):
         return [self.boundaries[str(p)] for p in range(self.n_stages - 1)]
 
     def id_bytes_per_token(self) -> int:
-        return torch.tensor([], dtype=self.id_dtype).element_size() if self.ids_on_wire else 0
-
-    def set_dry_run(self, flag: bool) -> None:
-        for c in self.compressors():
-            c.dry_run = flag
+        return self.id_dtype.itemsize if self.ids_on_wire else 0
 
     def prune_to_stage(self, s: int) -> "StagedModel":
         """Drop everything stage s does not hold (in place). Boundary s-1 stays as the receiver's copy."""
@@ -168,18 +184,15 @@ def build_staged_model(cfg: RunConfig, vocab_size: int) -> StagedModel:
     model = Transformer(mc)
     split = split_layers(mc, cfg.stages)
     r = comp.rank(mc.d_model)
-    shared_U = None
-    if comp.method == "ssn" or comp.projector.kind == "fixed-shared":
-        shared_U = shared_basis(mc.d_model, r, comp.seed)
     if comp.method == "ssn":
         sent_layers = [i for part in split[:-1] for i in part]
-        constrain_to_subspace(model, shared_U, sent_layers)
+        constrain_to_subspace(model, shared_basis(comp, mc.d_model), sent_layers)
     ac = comp.anchor
     anchors = []
     for s in range(cfg.stages):
         # the static shift is one table shared by all stages (same seed); learned anchors differ per stage
-        seed = comp.seed + 7 if ac.kind == "static" else comp.seed + 1000 + s
+        seed = derive_seed(comp.seed, "static_shift") if ac.kind == "static" else derive_seed(comp.seed, "anchor", s)
         anchors.append(Anchor(ac.kind, mc.vocab_size, mc.d_model, ac.rank or r, seed=seed,
                               static_std=ac.static_std, init_std=ac.init_std))
-    boundaries = [build_boundary(comp, mc.d_model, p, shared_U) for p in range(cfg.stages - 1)]
-    return StagedModel(model, split, anchors, boundaries)
+    boundaries = [build_boundary(comp, mc.d_model, p) for p in range(cfg.stages - 1)]
+    return StagedModel(model, split, anchors, boundaries, cfg.train.activation_checkpointing)

@@ -3,6 +3,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import torch
 
 from mapl.config import load_run_config
 from mapl.data import DataConfig, prepare
@@ -35,3 +36,14 @@ def micro_cfg(tiny_corpus):
         return replace(cfg, data=DataConfig(source="text", paths=(str(tiny_corpus.parent / "doc*.txt"),),
                                             tokenizer="byte"), data_dir=str(tiny_corpus))
     return make
+
+
+@pytest.fixture
+def on_meta():
+    """Factories without a device land on the meta device: a tensor made without following its
+    input's device then meets a real CPU tensor and the op fails (the GPU bug class, without a GPU)."""
+    torch.set_default_device("meta")
+    try:
+        yield
+    finally:
+        torch.set_default_device(None)

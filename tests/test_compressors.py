@@ -6,7 +6,8 @@ import torch
 
 from mapl.compress import Compressor, Int8Compressor, ProjectionCompressor, WireTransfer, build_boundary, payload_bytes
 from mapl.compress.anchors import Anchor
-from mapl.compress.ssn import SubspaceLinear, shared_basis
+from mapl.compress.ssn import SubspaceLinear
+from mapl.optim import stiefel_random
 from mapl.config import AnchorConfig, CompressorConfig, RVQConfig, RunConfig, TrainConfig
 from mapl.stages import build_staged_model
 from mapl.train import build_optimizers
@@ -64,7 +65,7 @@ def test_mapl_round_trip_is_lossy_so_the_ssn_test_can_fail():
 
 
 def test_ssn_residual_writers_live_in_span_U():
-    U = shared_basis(D, 16, seed=3)
+    U = stiefel_random(D, 16, 3)
     lin = SubspaceLinear(torch.randn(D, 32), U)
     y = lin(torch.randn(5, 32))
     assert torch.allclose(y @ U @ U.T, y, atol=1e-5)
@@ -73,7 +74,7 @@ def test_ssn_residual_writers_live_in_span_U():
 @pytest.mark.parametrize("method,ratio,fwd,bwd", [
     ("none", 1, 2 * D, 2 * D), ("int8", 1, D + 2, D + 2), ("ssn", 4, 2 * 16, 2 * 16), ("mapl", 8, 2 * 8, 2 * 8)])
 def test_declared_bytes_per_token_follow_the_formula(method, ratio, fwd, bwd):
-    comp = build_boundary(CompressorConfig(method=method, ratio=ratio).validate(D), D, 0, shared_basis(D, int(D / ratio), 1))
+    comp = build_boundary(CompressorConfig(method=method, ratio=ratio).validate(D), D, 0)
     assert comp.wire_bytes_per_token("fwd") == fwd
     assert comp.wire_bytes_per_token("bwd") == bwd
     z = comp.encode(torch.randn(3, 7, D))
@@ -157,3 +158,43 @@ def test_none_wire_is_bf16_rounding_only():
 def test_bad_compressor_config_names_the_field(bad, field):
     with pytest.raises(ValueError, match=field):
         CompressorConfig(**bad).validate(D)
+
+
+# ---- device-correctness: every tensor made inside follows its input's device -----------------------
+
+
+
+@pytest.mark.parametrize("method,sync", [("none", "stream"), ("int8", "stream"), ("ssn", "stream"), ("mapl", "stream"),
+                                         ("mapl-rvq", "stream"), ("mapl-rvq", "full"), ("mapl-rvq", "mirrored")])
+def test_compressors_follow_their_inputs_device(method, sync, on_meta):
+    torch.set_default_device(None)
+    cfg = CompressorConfig(method=method, ratio=1.0 if method in ("none", "int8") else 4.0, rvq=RVQConfig(sync=sync))
+    comp = build_boundary(cfg.validate(D), D, 0).train()
+    x = torch.randn(2, 40, D, requires_grad=True)
+    torch.set_default_device("meta")
+    meter = ByteMeter()
+    for _ in range(3):                                   # RVQ: k-means init, EMA steps, revivals
+        y = comp.decode(WireTransfer.apply(comp.encode(x), comp, meter, 0))
+        y.backward(torch.ones_like(y))
+        assert y.device.type == "cpu" and x.grad.device.type == "cpu"
+    comp.fold_receiver_grad()
+    comp.eval()
+    z = comp.encode(x.detach())
+    assert comp.unpack(comp.pack(z), z.dtype).device.type == "cpu"
+    comp.diagnostics(), comp.check_sync(), comp.checksum(), comp.check_finite(0, 0)
+    comp.apply_sync(comp.sync_payload())
+
+
+def test_seed_table_reproduces_the_offsets_the_results_were_made_with():
+    from mapl.seeds import derive_seed
+    assert [derive_seed(1234, p, i) for p, i in [("shared_basis", 0), ("static_shift", 0), ("projector", 2),
+                                                  ("rvq", 1), ("anchor", 3), ("rvq_stream", 0)]] == \
+        [1234, 1241, 1336, 1435, 2237, 9153]
+    with pytest.raises(ValueError, match="purpose"):
+        derive_seed(0, "projecter")
+    with pytest.raises(ValueError, match="index"):
+        derive_seed(0, "projector", 100)
+    # the projector of boundary 1: QR of a float64 Gaussian drawn from seed + 100 + 1, columns sign-fixed
+    comp = build_boundary(CompressorConfig(method="mapl", ratio=4).validate(D), D, 1)
+    q, r = torch.linalg.qr(torch.randn(D, 16, generator=torch.Generator().manual_seed(1234 + 101), dtype=torch.float64))
+    assert torch.equal(comp.basis().detach(), (q * torch.sign(torch.diagonal(r))).float())

@@ -460,7 +460,7 @@ def test_orthogonality_holds_over_10k_spel_steps(autocast):
     g = torch.Generator().manual_seed(0)
     d, r = 32, 8
     X = torch.randn(256, d, generator=g) @ torch.randn(d, d, generator=g) * 0.3
-    A = torch.nn.Parameter(stiefel_random(d, r, generator=g))
+    A = torch.nn.Parameter(stiefel_random(d, r, g))
     opt = SPEL([A], lr=0.02, momentum=0.9)
     worst = 0.0
     for step in range(10_000):
@@ -474,3 +474,21 @@ def test_orthogonality_holds_over_10k_spel_steps(autocast):
         if step % 500 == 499:
             worst = max(worst, float(ortho_error(A.detach())))
     assert worst <= 1e-5, worst
+
+
+@pytest.mark.parametrize("polar", ["svd", "polar_express"])
+def test_spel_and_toolkit_follow_their_inputs_device(polar, on_meta):
+    """Under a meta default device, a tensor made without following its input's device would meet
+    the real CPU parameter and fail: the class of bug that only shows on a GPU, caught on CPU."""
+    torch.set_default_device(None)
+    A = torch.nn.Parameter(stiefel_random(32, 8, 0))
+    B = stiefel_random(32, 8, 1)
+    opt = SPEL([A], lr=0.05, polar=polar)
+    torch.set_default_device("meta")
+    for _ in range(3):
+        A.grad = torch.ones_like(A)
+        opt.step()
+    assert A.device.type == "cpu" and ortho_error(A) < 1e-5
+    assert principal_angles(A, B).device.type == "cpu"
+    assert msign(A.detach(), polar).device.type == "cpu"
+    assert stiefel_random(32, 8, 2).device.type == "cpu"

@@ -7,15 +7,16 @@ import math
 import pytest
 import torch
 
-from mapl.compress import ProjectionCompressor, projector_basis
+from mapl.compress import ProjectionCompressor
 from mapl.compress.base import WireTransfer
 from mapl.compress.bitpack import pack_bits, pack_bits_rows, unpack_bits, unpack_bits_rows
 from mapl.compress.rvq import OP_EMA, OP_INIT, RVQCompressor, ResidualVQ
+from mapl.optim import stiefel_random
 
 
 def FixedProjection(d: int, r: int, seed: int = 0, dtype=torch.float32) -> ProjectionCompressor:
     """The real projection compressor with a fixed orthonormal d x r basis (no learned state)."""
-    return ProjectionCompressor(d, projector_basis(d, r, seed), "fixed").to(dtype)
+    return ProjectionCompressor(d, stiefel_random(d, r, seed), "fixed").to(dtype)
 
 
 def make(r=8, d=16, **kw):
@@ -71,10 +72,10 @@ def reference_search(x, cb):
     return torch.tensor(out)
 
 
-@pytest.mark.parametrize("chunk_elems", [1, 1 << 21])
+@pytest.mark.parametrize("tile_bytes", [1, 1 << 24])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_search_equals_bruteforce_residual_search(chunk_elems, dtype):
-    q = ResidualVQ(dim=12, groups=3, rounds=3, codebook_size=16, kmeans_init=False, seed=3, chunk_elems=chunk_elems)
+def test_search_equals_bruteforce_residual_search(tile_bytes, dtype):
+    q = ResidualVQ(dim=12, groups=3, rounds=3, codebook_size=16, kmeans_init=False, seed=3, tile_bytes=tile_bytes)
     q = q.to(dtype)
     z = torch.randn(5, 7, 12, generator=torch.Generator().manual_seed(0), dtype=dtype)
     idx, resid = q.search(z, return_residual=True)
@@ -83,6 +84,31 @@ def test_search_equals_bruteforce_residual_search(chunk_elems, dtype):
     assert torch.equal(idx, ref)
     tol = 1e-12 if dtype == torch.float64 else 1e-5
     torch.testing.assert_close(q.lookup(idx), z - resid, atol=tol, rtol=0)
+
+
+@pytest.mark.slow
+def test_fused_search_kernel_equals_bruteforce_and_matmul():
+    """The GPU's default kernel (torch.compile of one fused distance+argmin), compiled here by
+    inductor's CPU backend: the same indices as the float64 reference and as the matmul kernel."""
+    g = torch.Generator().manual_seed(5)
+    fused = ResidualVQ(dim=12, groups=3, rounds=3, codebook_size=16, kmeans_init=False, seed=3,
+                       tile_bytes=16 * 16 * 4 * 3, search_kernel="fused")           # 16-token tiles + a partial one
+    z = torch.randn(5, 7, 12, generator=g)
+    idx, resid = fused.search(z, return_residual=True)
+    assert torch.equal(idx, reference_search(z.reshape(-1, 12), fused.codebooks).view(5, 7, 3, 3))
+    torch.testing.assert_close(fused.lookup(idx), z - resid, atol=1e-5, rtol=0)
+    matmul = ResidualVQ(dim=12, groups=3, rounds=3, codebook_size=16, kmeans_init=False, seed=3, search_kernel="matmul")
+    z = torch.randn(300, 12, generator=g)
+    assert torch.equal(fused.search(z), matmul.search(z))
+
+
+def test_search_kernel_and_sync_names_come_from_the_config():
+    from mapl.compress.rvq import SYNC_STRATEGIES
+    from mapl.compress.rvq.search import SEARCH_KERNELS
+    from mapl.config import RVQ_SEARCH_KERNELS, RVQ_SYNC_MODES
+    assert tuple(SYNC_STRATEGIES) == RVQ_SYNC_MODES and SEARCH_KERNELS is RVQ_SEARCH_KERNELS
+    with pytest.raises(ValueError, match="search_kernel"):
+        ResidualVQ(dim=4, search_kernel="gpu")
 
 
 def test_lookup_sums_rounds_and_concatenates_groups():
@@ -153,7 +179,7 @@ def test_receiver_decodes_with_its_own_copy(mode):
 @pytest.mark.parametrize("fraction,cycle", [(None, 16), (0.25, 4), (0.3, 4)])
 def test_stream_converges_exactly_with_frozen_codebooks(fraction, cycle):
     c = make(sync="stream", stream_fraction=fraction).eval()
-    assert c.stream_cycle == cycle
+    assert c.sync.cycle == cycle
     c.rvq.set_codebooks(torch.randn_like(c.rvq.codebooks))
     z = torch.randn(2, 4, 8)
     for i in range(cycle):
@@ -175,7 +201,10 @@ def test_bytes_match_declaration(mode, T):
     ds, bits, B = r // G, 4, 3
     declared_sync = {"stream": 24 + G * R * 4 * (4 + 4 * ds), "full": 24 + G * R * K * ds * 4,
                      "mirrored": 24 + G * R * K * ds * 4 + G * R * (K // 16) * (4 + 4 * ds)}[mode]
+    # stream: the message carrying the k-means init sends the whole codebook (K - n more codewords)
+    one_off = G * R * (K - 4) * (4 + 4 * ds) if mode == "stream" else 0
     assert c.sync_bytes_per_microbatch() == declared_sync
+    assert c.one_off_sync_bytes() == one_off
     assert c.wire_bytes_per_token("fwd") == G * R * bits / 8
     assert c.wire_bytes_per_token("bwd") == 2 * r
     meter = RecordingMeter()
@@ -183,9 +212,11 @@ def test_bytes_match_declaration(mode, T):
     for _ in range(3):
         y = c.decode(WireTransfer.apply(c.encode(x), c, meter, 0))
         y.sum().backward()
+    first = True
     for direction, by, tokens in meter.calls:
         if direction == "fwd":
-            assert by["sync"] == declared_sync
+            assert by["sync"] == declared_sync + (one_off if first else 0)
+            first = False
             assert by["data"] == B * math.ceil(T * G * R * bits / 8)
             if T * G * R * bits % 8 == 0:
                 assert by["data"] == c.wire_bytes_per_token("fwd") * tokens
@@ -195,7 +226,7 @@ def test_bytes_match_declaration(mode, T):
     spec = c.payload_spec((B, T), "fwd")
     assert [(tuple(t.shape), t.dtype) for t in payload] == [(tuple(s), dt) for s, dt in spec]
     assert len(c.payload_roles("fwd")) == len(payload)
-    assert c.diagnostics()["sync_bytes_total"] == 4 * declared_sync
+    assert c.diagnostics()["sync_bytes_total"] == 4 * declared_sync + one_off
 
 
 def test_defaults_halve_mapl_bytes():
@@ -203,7 +234,7 @@ def test_defaults_halve_mapl_bytes():
     assert (c.rvq.groups, c.rvq.rounds, c.rvq.codebook_size) == (32, 2, 256)
     assert c.wire_bytes_per_token("fwd") == 64                  # r bytes/token vs MAPL's 2r
     assert c.wire_bytes_per_token("bwd") == 128
-    assert c.stream_n == 1 and c.stream_cycle == 256
+    assert c.sync.n == 1 and c.sync.cycle == 256
     assert RVQCompressor(FixedProjection(256, 64), groups=16, rounds=1).wire_bytes_per_token("fwd") == 16   # 8x over bf16 z
 
 
@@ -242,7 +273,7 @@ def test_stream_staleness_is_bounded_while_learning():
     for _ in range(20):
         roundtrip(c, torch.randn(2, 6, 8, generator=g))
         worst = max(worst, c.check_sync()["staleness"])
-    assert 0 < worst <= 2 * c.stream_cycle - 2
+    assert 0 < worst <= 2 * c.sync.cycle - 2
     tight = make(sync="stream", max_staleness=1).train()
     for _ in range(3):
         roundtrip(tight, torch.randn(2, 6, 8, generator=g))
@@ -254,34 +285,25 @@ def test_stream_staleness_is_bounded_while_learning():
 # ---- statefulness ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("mode", ["stream", "full", "mirrored"])
-def test_no_codebook_change_in_eval_or_dry_run(mode):
-    c = make(sync=mode)
-    z = torch.randn(2, 6, 8)
-    # dry run in training mode: nothing at all changes (not even k-means init or the stream cursor)
-    c.train()
-    before = state(c)
-    ref = copy.deepcopy(c)
-    c.dry_run = True
-    assert c.inner.dry_run
-    out = roundtrip(c, z)
-    assert out.shape == z.shape
-    # shape inference feeds uninitialised buffers: garbage must not crash or change anything
-    junk = []
-    for shape, dt in c.payload_spec((2, 6), "fwd"):
-        nbytes = math.prod(shape) * torch.tensor([], dtype=dt).element_size()
-        junk.append(torch.randint(0, 256, (nbytes,), dtype=torch.uint8).view(dt).view(shape))
-    assert c.unpack(junk, torch.float32).shape == (2, 6, 8)
-    assert same_state(before, state(c)) and not bool(c.rvq.initted)
-    c.dry_run = False
-    a, b = c.pack(z), ref.pack(z)                  # the dry run left no trace in what comes next
-    assert all(torch.equal(x, y) for x, y in zip(a, b))
-    c.unpack(a, z.dtype)
-    # eval: the sender's codebooks and EMA state are frozen
+def test_no_codebook_change_in_eval(mode):
+    c = make(sync=mode).train()
+    roundtrip(c, torch.randn(2, 6, 8))                  # k-means init
     c.eval()
     sender = {k: v for k, v in state(c).items() if k.startswith("rvq.")}
     for _ in range(3):
         roundtrip(c, torch.randn(2, 6, 8))
     assert same_state(sender, state(c), sender.keys())
+    c.train()
+    roundtrip(c, torch.randn(2, 6, 8))
+    assert not same_state(sender, state(c), sender.keys()), "training must change them: the test can fail"
+
+
+def test_a_malformed_header_is_refused():
+    c = make().eval()
+    payload = c.pack(torch.randn(2, 6, 8))
+    payload[1][2] = 7                                  # T does not match the codes' length
+    with pytest.raises(ValueError, match="header says T=7"):
+        c.unpack(payload, torch.float32)
 
 
 def test_wire_transfer_forward_is_the_receiver_decode():
@@ -430,10 +452,34 @@ def test_separate_sender_and_receiver_objects_converge_when_frozen():
     receiver = copy.deepcopy(sender)                     # same config and seed: identical at version 0
     sender.rvq.set_codebooks(torch.randn_like(sender.rvq.codebooks))
     z = torch.randn(2, 4, 8)
-    for _ in range(sender.stream_cycle):
+    for _ in range(sender.sync.cycle):
         receiver.unpack(sender.pack(z), z.dtype)
     assert torch.equal(receiver.recv.codebooks, sender.rvq.codebooks)
     assert receiver.staleness() == 0
+
+
+def shapes(tensors):
+    return [(tuple(t.shape), t.dtype) for t in tensors]
+
+
+def test_stream_receiver_gets_the_kmeans_init_at_once():
+    """The init moves every codeword: its message carries the whole codebook (a one-off), so the
+    receiver does not decode with pre-init codewords for a whole stream cycle. A separate receiver
+    object (another process) allocates that message from its own state."""
+    sender = make(sync="stream", search_with="sender").train()
+    receiver = copy.deepcopy(sender)
+    z = torch.randn(2, 6, 8)
+    spec = receiver.payload_spec((2, 6), "fwd")
+    payload = sender.pack(z)
+    assert int(payload[1][1]) == OP_INIT and shapes(payload) == [(tuple(s), dt) for s, dt in spec]
+    receiver.unpack(payload, z.dtype)
+    assert torch.equal(receiver.recv.codebooks, sender.rvq.codebooks) and receiver.staleness() == 0
+    after = receiver.payload_spec((2, 6), "fwd")
+    assert after == sender.payload_spec((2, 6), "fwd") and after != spec
+    payload = sender.pack(z)
+    assert int(payload[1][1]) == OP_EMA and shapes(payload) == [(tuple(s), dt) for s, dt in after]
+    receiver.unpack(payload, z.dtype)
+    assert receiver.eval().payload_spec((2, 6), "fwd") == after
 
 
 @pytest.mark.parametrize("one_object", [False, True])

@@ -1,5 +1,6 @@
 """Per-stage token anchors: the token-specific, high-rank part of the residual stream that is removed
-before projecting and restored after, so the projector spends its rank on the rest (MAPL.md §1.3).
+before projecting and restored after, so the projector spends its rank on the rest (the paper's
+factorized anchors).
 
 Each stage p owns one anchor a_p(t). Stage p adds a_p to its input (stage 0: to its token embedding, as
 SSN adds its fixed shift) and subtracts the *same* a_p from its output before encoding. The anchor thus
@@ -14,15 +15,9 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-__all__ = ["Anchor", "orthonormal_rows"]
+from ..optim import stiefel_random
 
-
-def orthonormal_rows(rows: int, cols: int, seed: int) -> torch.Tensor:
-    """A fixed random (rows x cols) matrix with orthonormal rows, from a seed (never communicated)."""
-    g = torch.Generator().manual_seed(seed)
-    q, r = torch.linalg.qr(torch.randn(cols, rows, generator=g, dtype=torch.float64))
-    q = q * torch.sign(torch.diagonal(r)).unsqueeze(0)
-    return q.T.contiguous().float()
+__all__ = ["Anchor"]
 
 
 class Anchor(nn.Module):
@@ -34,12 +29,13 @@ class Anchor(nn.Module):
             pass
         elif kind == "static":
             g = torch.Generator().manual_seed(seed)
-            self.register_buffer("shift", torch.randn(vocab_size, d_model, generator=g) * static_std)
+            self.register_buffer("shift", torch.randn(vocab_size, d_model, generator=g, device=g.device) * static_std)
         elif kind == "full":
             self.table = nn.Parameter(torch.randn(vocab_size, d_model) * init_std)
         elif kind == "factorized":
             self.table = nn.Parameter(torch.randn(vocab_size, rank) * init_std)
-            self.register_buffer("basis", orthonormal_rows(rank, d_model, seed))
+            # fixed orthonormal rows (r_a x d), derived from the seed on every rank: never sent
+            self.register_buffer("basis", stiefel_random(d_model, rank, seed).T.contiguous())
         else:
             raise ValueError(f"anchor={kind!r} is invalid: allowed 'none', 'static', 'full', 'factorized'")
 

@@ -1,4 +1,4 @@
-"""The one interface every stage-boundary compressor implements (design/ARCHITECTURE.md).
+"""The one interface every stage-boundary compressor implements.
 
 A boundary p sits between stage p (the sender) and stage p+1 (the receiver). Two levels:
 
@@ -17,16 +17,23 @@ receiver's gradient on the dequantised z is passed to z unchanged (after its own
 
 State that must match on both sides (projector A_p, RVQ codebooks) is synchronised explicitly with
 ``sync_payload`` / ``apply_sync``; the bytes are metered as overhead and ``checksum`` detects desync.
+
+Every optional capability has a default here (the identity compressor's answer), so callers never
+probe for a method: ``learned``, ``basis``, ``fold_receiver_grad``, ``receiver_grad_bytes_per_step``,
+``sync_payload``/``apply_sync``/``sync_bytes_per_step``/``checksum``, ``sync_bytes_per_microbatch``,
+``one_off_sync_bytes``, ``check_sync``, ``check_finite``, ``diagnostics``, ``wire_efficiency_floor``.
 """
 from __future__ import annotations
 
+import math
 import zlib
 from typing import ClassVar
 
 import torch
 import torch.nn as nn
 
-__all__ = ["Compressor", "StiefelParameter", "WireTransfer", "payload_bytes", "WIRE_DTYPE", "tensor_checksum"]
+__all__ = ["Compressor", "StiefelParameter", "WireTransfer", "payload_bytes", "spec_bytes", "WIRE_DTYPE",
+           "tensor_checksum"]
 
 # Float payloads travel as bf16, the paper's precision; the uncompressed reference is bf16 too.
 WIRE_DTYPE = torch.bfloat16
@@ -35,6 +42,11 @@ WIRE_DTYPE = torch.bfloat16
 def payload_bytes(payload: list[torch.Tensor]) -> int:
     """Bytes of a payload as handed to torch.distributed (no framing: gloo/NCCL send raw storage)."""
     return sum(t.numel() * t.element_size() for t in payload)
+
+
+def spec_bytes(spec: list[tuple[tuple[int, ...], torch.dtype]]) -> int:
+    """Bytes of a payload described by ``payload_spec``: the size the receiver allocates."""
+    return sum(math.prod(shape) * dt.itemsize for shape, dt in spec)
 
 
 def tensor_checksum(*tensors: torch.Tensor) -> int:
@@ -64,7 +76,6 @@ class Compressor(nn.Module):
     def __init__(self, d_model: int):
         super().__init__()
         self.d_model = d_model
-        self.dry_run = False      # set by shape-inference / dry forwards: stateful updates must not run
         self.wire_dtype = WIRE_DTYPE   # float payload dtype; tests use float64 for gradcheck
 
     # ---- in-graph -------------------------------------------------------------------------
@@ -98,7 +109,10 @@ class Compressor(nn.Module):
         return ["data"] * len(self.payload_spec((1, 1), direction))
 
     def payload_spec(self, lead_shape: tuple[int, ...], direction: str) -> list[tuple[tuple[int, ...], torch.dtype]]:
-        """Shapes and dtypes of the payload for ``lead_shape`` = (B, T): receivers allocate from this."""
+        """Shapes and dtypes of the next payload for ``lead_shape`` = (B, T): receivers allocate from
+        this. It may follow the compressor's state (RVQ: the message carrying the k-means init is
+        larger); declarations use the stateless ``wire_bytes_per_token``, ``sync_bytes_per_microbatch``
+        and ``one_off_sync_bytes``."""
         return [((*lead_shape, self.code_dim), self.wire_dtype)]
 
     def wire_bytes_per_token(self, direction: str) -> float:
@@ -106,9 +120,26 @@ class Compressor(nn.Module):
         _check_direction(direction)
         # per-token size = bytes of the payload for one sequence of T tokens, divided by T; data only
         T = 64
-        roles = self.payload_roles(direction)
-        return sum(_numel(shape) * torch.tensor([], dtype=dt).element_size()
-                   for (shape, dt), role in zip(self.payload_spec((1, T), direction), roles) if role == "data") / T
+        return spec_bytes(self._role_spec((1, T), direction, "data")) / T
+
+    def sync_bytes_per_microbatch(self) -> int:
+        """Declared bytes of shared state piggybacked on every forward message (role "sync"),
+        independent of the message's (B, T); 0 for stateless compressors."""
+        return spec_bytes(self._role_spec((1, 1), "fwd", "sync"))
+
+    def one_off_sync_bytes(self) -> int:
+        """Declared piggybacked bytes sent once per run on top of ``sync_bytes_per_microbatch``
+        (RVQ with stream sync: the whole codebook right after the k-means init)."""
+        return 0
+
+    def wire_efficiency_floor(self, direction: str) -> float:
+        """The information floor in bits per token: what one token's message cannot do without
+        (here: ``code_dim`` values in the wire dtype). Wire efficiency = floor / measured bytes."""
+        _check_direction(direction)
+        return float(self.code_dim * torch.finfo(self.wire_dtype).bits)
+
+    def _role_spec(self, lead_shape, direction: str, role: str):
+        return [s for s, r in zip(self.payload_spec(lead_shape, direction), self.payload_roles(direction)) if r == role]
 
     # ---- shared state ---------------------------------------------------------------------
     def sync_payload(self) -> dict[str, torch.Tensor]:
@@ -119,7 +150,7 @@ class Compressor(nn.Module):
         pass
 
     def sync_bytes_per_step(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.sync_payload().values())
+        return payload_bytes(list(self.sync_payload().values()))
 
     def checksum(self) -> int:
         return tensor_checksum(*self.sync_payload().values()) if self.sync_payload() else 0
@@ -144,17 +175,20 @@ class Compressor(nn.Module):
         """Health of state that must match across the boundary beyond ``checksum`` (RVQ staleness)."""
         return {"ok": True}
 
+    @torch.no_grad()
+    def check_finite(self, boundary: int, step: int) -> None:
+        """Raise FloatingPointError naming the first non-finite parameter (the learned projector),
+        after an optimizer step. One host sync per parameter; none for stateless compressors."""
+        for name, prm in self.named_parameters():
+            if not torch.isfinite(prm).all():
+                raise FloatingPointError(f"non-finite projector {name} of boundary {boundary} (sender: stage "
+                                         f"{boundary}) after the optimizer step of step {step}; the last good "
+                                         "checkpoint is kept")
+
 
 def _check_direction(direction: str) -> None:
     if direction not in ("fwd", "bwd"):
         raise ValueError(f"direction={direction!r} is invalid; allowed: 'fwd', 'bwd'")
-
-
-def _numel(shape) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
 
 
 class WireTransfer(torch.autograd.Function):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import Compressor
+from .base import Compressor, _check_direction
 
 __all__ = ["Int8Compressor", "absmax_quantize", "absmax_dequantize"]
 
@@ -55,3 +55,8 @@ class Int8Compressor(Compressor):
 
     def payload_spec(self, lead_shape, direction):
         return [((*lead_shape, self.d_model), torch.int8), ((*lead_shape, self._n_scales()), _SCALE_DTYPE)]
+
+    def wire_efficiency_floor(self, direction):
+        """d int8 codes plus the fp16 scales, on both legs."""
+        _check_direction(direction)
+        return float(8 * self.d_model + self._n_scales() * torch.finfo(_SCALE_DTYPE).bits)

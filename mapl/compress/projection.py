@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from ..optim import ortho_error
 from .base import Compressor, StiefelParameter
 
 __all__ = ["ProjectionCompressor"]
@@ -93,8 +94,5 @@ class ProjectionCompressor(Compressor):
         """Receiver-side gradient of A_p sent back (d x r fp32) when receiver_grad == "exact"."""
         return self.A.numel() * 4 if (self.learned and self.receiver_grad == "exact") else 0
 
-    @torch.no_grad()
     def diagnostics(self):
-        A = self.A.detach().double()
-        eye = torch.eye(A.shape[1], dtype=A.dtype, device=A.device)
-        return {"ortho_err": float((A.T @ A - eye).abs().max())}
+        return {"ortho_err": ortho_error(self.A)}

@@ -17,14 +17,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-__all__ = ["SubspaceLinear", "SubspaceEmbedding", "shared_basis", "constrain_to_subspace"]
-
-
-def shared_basis(d_model: int, k: int, seed: int) -> torch.Tensor:
-    """SSN's U: QR of a seeded Gaussian; every rank derives the same U, so it is never sent."""
-    g = torch.Generator().manual_seed(seed)
-    q, r = torch.linalg.qr(torch.randn(d_model, k, generator=g, dtype=torch.float64))
-    return (q * torch.sign(torch.diagonal(r)).unsqueeze(0)).float()
+__all__ = ["SubspaceLinear", "SubspaceEmbedding", "constrain_to_subspace"]
 
 
 class SubspaceLinear(nn.Module):

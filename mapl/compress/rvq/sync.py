@@ -1,0 +1,210 @@
+"""How the receiver's copy of the RVQ codebooks follows the sender's: three sync strategies.
+
+The sender owns the learned codebooks; the receiver decodes with its own copy. After the message
+header (``[sender version, op, T]``) every forward message carries the strategy's sync tensors, of
+fixed shapes independent of the message's (B, T):
+
+* :class:`StreamSync` (``stream``, the paper's): ``n`` codewords of every codebook per message,
+  walking a seeded random permutation of the K codes (a new one every ``ceil(K/n)`` messages), so
+  every codeword is refreshed at least once per cycle. Tensors: positions int32 (G,R,n), values
+  (G,R,n,ds). The k-means init moves every codeword at once, so the message that carries the init
+  sends the whole codebook instead (positions (G,R,K), values (G,R,K,ds)): a one-off, declared by
+  ``RVQCompressor.one_off_sync_bytes``.
+* :class:`FullSync` (``full``): the whole codebook (G,R,K,ds) in every message: exact, staleness 0, the
+  expensive reference (per message rather than per step, because the sender learns per message).
+* :class:`MirroredSync` (``mirrored``): the receiver repeats the sender's EMA update. Counts come from
+  the indices it already has; the per-code sums of the round targets (which need z) are sent, plus up
+  to ``max_revive`` revived codes per codebook, and the k-means init result once (in the sums' slot).
+  Tensors: stat (G,R,K,ds), revive positions int32 (G,R,M), revive values (G,R,M,ds). Bit-identical
+  copies, staleness 0, about the cost of ``full``.
+
+A strategy is a module so that its receiver-side bookkeeping (the version each codeword was last
+written at, the newest sender version heard of) and the stream's permutation travel in checkpoints.
+"""
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+import torch.nn as nn
+
+from ...seeds import derive_seed
+from .codebook import OP_INIT, ResidualVQ
+
+__all__ = ["CodebookSync", "StreamSync", "FullSync", "MirroredSync", "SYNC_STRATEGIES", "make_sync"]
+
+Spec = list[tuple[tuple[int, ...], torch.dtype]]
+
+
+class CodebookSync(nn.Module):
+    """One sync strategy. ``spec``/``sender_tensors`` on the sending side, ``apply`` on the receiving
+    side (or on the sender's shadow of the receiver copy); ``staleness`` is the receiver's view."""
+
+    name: ClassVar[str]
+
+    def __init__(self, q: ResidualVQ):
+        super().__init__()
+        G, R, K = q.groups, q.rounds, q.codebook_size
+        self.shape = (G, R, K, q.sub_dim)
+        self.dtype = q.codebooks.dtype
+        self.register_buffer("code_version", torch.zeros(G, R, K, dtype=torch.int64, device="cpu"))
+        self.register_buffer("seen_version", torch.zeros((), dtype=torch.int64, device="cpu"))
+        self.desync = False        # a mirrored version gap was seen (a lost or reordered message)
+
+    def get_extra_state(self):
+        return {"desync": self.desync}
+
+    def set_extra_state(self, state) -> None:
+        self.desync = bool(state["desync"])
+
+    def default_max_staleness(self) -> int:
+        return 0
+
+    def spec(self, with_init: bool = False) -> Spec:
+        """Shapes and dtypes of the sync tensors; ``with_init``: of the message carrying the k-means init."""
+        raise NotImplementedError
+
+    def sender_tensors(self, sender: ResidualVQ, op: dict | None) -> list[torch.Tensor]:
+        """The sync tensors of a message, read from the sender's codebooks after its update ``op``
+        (None when the codebooks did not learn)."""
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def apply(self, receiver: ResidualVQ, version: int, op: int, tensors: list[torch.Tensor],
+              idx: torch.Tensor) -> None:
+        """Apply one message's sync tensors to the receiver copy (idempotent for stream and full)."""
+        self._write(receiver, version, op, tensors, idx)
+        if op == OP_INIT:
+            receiver.initted.fill_(True)
+        self.seen_version.fill_(max(version, int(self.seen_version)))
+
+    def _write(self, receiver: ResidualVQ, version: int, op: int, tensors: list[torch.Tensor], idx: torch.Tensor):
+        raise NotImplementedError
+
+    def staleness(self, receiver: ResidualVQ) -> int:
+        """Versions the receiver copy is behind the newest sender version it has heard of."""
+        return int(self.seen_version) - int(self.code_version.min())
+
+
+class StreamSync(CodebookSync):
+    name = "stream"
+
+    def __init__(self, q: ResidualVQ, stream_fraction: float | None = None):
+        super().__init__(q)
+        K = q.codebook_size
+        if stream_fraction is not None and not 0.0 < stream_fraction <= 1.0:
+            raise ValueError(f"stream_fraction={stream_fraction!r} is invalid; allowed: 0 < f <= 1")
+        self.n = 1 if stream_fraction is None else max(1, min(K, round(stream_fraction * K)))
+        self.cycle = -(-K // self.n)
+        self._gen = torch.Generator().manual_seed(derive_seed(q.seed, "rvq_stream"))
+        self.register_buffer("perm", self._new_perm())
+        self.register_buffer("cursor", torch.zeros((), dtype=torch.int64, device="cpu"))
+
+    def get_extra_state(self):
+        return {**super().get_extra_state(), "gen": self._gen.get_state()}
+
+    def set_extra_state(self, state) -> None:
+        super().set_extra_state(state)
+        self._gen.set_state(state["gen"])
+
+    def default_max_staleness(self) -> int:
+        # every codeword is refreshed once per cycle: at most 2 * cycle - 2 versions behind while learning
+        return 2 * self.cycle
+
+    def _new_perm(self) -> torch.Tensor:
+        G, R, K, _ = self.shape
+        return torch.rand(G, R, K, generator=self._gen, device="cpu").argsort(dim=-1)
+
+    def spec(self, with_init: bool = False) -> Spec:
+        G, R, K, ds = self.shape
+        n = K if with_init else self.n
+        return [((G, R, n), torch.int32), ((G, R, n, ds), self.dtype)]
+
+    def _slice(self) -> torch.Tensor:
+        """Positions (G,R,n) of this message's slice; moves the cursor (a new permutation per cycle)."""
+        K, n = self.shape[2], self.n
+        c = int(self.cursor)
+        cols = (c * n + torch.arange(n, device=self.perm.device)) % K
+        pos = self.perm[..., cols]
+        if c + 1 >= self.cycle:
+            self.cursor.zero_()
+            self.perm.copy_(self._new_perm())
+        else:
+            self.cursor += 1
+        return pos
+
+    def sender_tensors(self, sender, op):
+        cb = sender.codebooks
+        if op is not None and op["op"] == OP_INIT:          # every codeword moved: send them all, once
+            G, R, K, _ = self.shape
+            pos = torch.arange(K, dtype=torch.int32, device=cb.device).expand(G, R, K).contiguous()
+            return [pos, cb.detach().clone()]
+        pos = self._slice()
+        val = cb.gather(2, pos.unsqueeze(-1).expand(*pos.shape, cb.shape[-1]))
+        return [pos.to(torch.int32).contiguous(), val.contiguous()]
+
+    def _write(self, receiver, version, op, tensors, idx):
+        pos, val = tensors
+        rc = receiver.codebooks
+        p = pos.long().to(rc.device)
+        rc.scatter_(2, p.unsqueeze(-1).expand(*p.shape, rc.shape[-1]), val.to(rc))
+        self.code_version.scatter_(2, p, version)
+
+
+class FullSync(CodebookSync):
+    name = "full"
+
+    def spec(self, with_init: bool = False) -> Spec:
+        return [(self.shape, self.dtype)]
+
+    def sender_tensors(self, sender, op):
+        return [sender.codebooks.detach().clone()]
+
+    def _write(self, receiver, version, op, tensors, idx):
+        receiver.codebooks.copy_(tensors[0])
+        self.code_version.fill_(version)
+
+
+class MirroredSync(CodebookSync):
+    name = "mirrored"
+
+    def __init__(self, q: ResidualVQ):
+        super().__init__(q)
+        self.max_revive = q.max_revive
+
+    def spec(self, with_init: bool = False) -> Spec:
+        G, R, K, ds = self.shape
+        M = self.max_revive
+        return [(self.shape, self.dtype), ((G, R, M), torch.int32), ((G, R, M, ds), self.dtype)]
+
+    def sender_tensors(self, sender, op):
+        cb = sender.codebooks
+        if op is None:
+            return [torch.zeros_like(cb), *sender.no_revivals()]
+        return [op["stat"].to(cb.dtype).contiguous(), op["rpos"].to(torch.int32).contiguous(),
+                op["rval"].to(cb.dtype).contiguous()]
+
+    def _write(self, receiver, version, op, tensors, idx):
+        stat, rpos, rval = tensors
+        rc = receiver.codebooks
+        receiver.mirror(op, stat.to(rc), rpos.to(rc.device), rval.to(rc), idx)
+        if int(receiver.version) != version:
+            self.desync = True
+        self.code_version.fill_(int(receiver.version))
+
+    def staleness(self, receiver: ResidualVQ) -> int:
+        return int(self.seen_version) - int(receiver.version)
+
+
+SYNC_STRATEGIES: dict[str, type[CodebookSync]] = {c.name: c for c in (StreamSync, FullSync, MirroredSync)}
+
+
+def make_sync(mode: str, q: ResidualVQ, stream_fraction: float | None = None) -> CodebookSync:
+    """The strategy named ``mode`` for codebooks shaped like ``q``."""
+    if mode not in SYNC_STRATEGIES:
+        raise ValueError(f"sync={mode!r} is invalid; allowed: {', '.join(map(repr, SYNC_STRATEGIES))}")
+    if mode == "stream":
+        return StreamSync(q, stream_fraction)
+    if stream_fraction is not None:
+        raise ValueError(f"stream_fraction={stream_fraction!r} is only used by sync='stream', not {mode!r}")
+    return SYNC_STRATEGIES[mode](q)
