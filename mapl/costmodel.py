@@ -89,7 +89,15 @@ class Prediction:
 
 
 def _payload_bytes(comp, mb_shape, direction: str) -> int:
-    return sum(math.prod(s) * torch.tensor([], dtype=dt).element_size() for s, dt in comp.payload_spec(mb_shape, direction))
+    """Bytes of a steady-state message. A fresh compressor's next training message would be RVQ's one-off
+    k-means-init message (the whole codebook, ``one_off_sync_bytes``), so the spec is read in eval mode."""
+    was_training = comp.training
+    comp.eval()
+    try:
+        spec = comp.payload_spec(mb_shape, direction)
+    finally:
+        comp.train(was_training)
+    return sum(math.prod(s) * torch.tensor([], dtype=dt).element_size() for s, dt in spec)
 
 
 def _matmul_weights(module: torch.nn.Module) -> int:

@@ -37,6 +37,7 @@ TRAIN_SOURCES = (
     "mapl/__init__.py", "mapl/config.py", "mapl/data", "mapl/model.py", "mapl/stages.py", "mapl/optim.py",
     "mapl/wire.py", "mapl/diagnostics.py", "mapl/train.py", "mapl/sweep.py", "mapl/compress", "pyproject.toml",
     "mapl/loop.py", "mapl/engine.py", "mapl/checkpoint.py", "mapl/results.py", "mapl/pipeline.py", "mapl/runtime",
+    "mapl/seeds.py",
 )
 ACTIONS = ("current", "restore", "resume", "train")
 

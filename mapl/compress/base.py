@@ -108,11 +108,13 @@ class Compressor(nn.Module):
         state, e.g. a streamed codebook slice). The meter books "sync" bytes as overhead."""
         return ["data"] * len(self.payload_spec((1, 1), direction))
 
-    def payload_spec(self, lead_shape: tuple[int, ...], direction: str) -> list[tuple[tuple[int, ...], torch.dtype]]:
-        """Shapes and dtypes of the next payload for ``lead_shape`` = (B, T): receivers allocate from
-        this. It may follow the compressor's state (RVQ: the message carrying the k-means init is
-        larger); declarations use the stateless ``wire_bytes_per_token``, ``sync_bytes_per_microbatch``
-        and ``one_off_sync_bytes``."""
+    def payload_spec(self, lead_shape: tuple[int, ...], direction: str,
+                     pending: int = 0) -> list[tuple[tuple[int, ...], torch.dtype]]:
+        """Shapes and dtypes of a payload for ``lead_shape`` = (B, T): receivers allocate from this. It
+        may follow the compressor's state (RVQ: the message carrying the k-means init is larger), so a
+        receiver that posts receives ahead says how many earlier forward messages it has posted but
+        not yet unpacked (``pending``). Declarations use the stateless ``wire_bytes_per_token``,
+        ``sync_bytes_per_microbatch`` and ``one_off_sync_bytes``."""
         return [((*lead_shape, self.code_dim), self.wire_dtype)]
 
     def wire_bytes_per_token(self, direction: str) -> float:

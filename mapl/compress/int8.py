@@ -53,7 +53,7 @@ class Int8Compressor(Compressor):
     pack_grad = pack
     unpack_grad = unpack
 
-    def payload_spec(self, lead_shape, direction):
+    def payload_spec(self, lead_shape, direction, pending=0):
         return [((*lead_shape, self.d_model), torch.int8), ((*lead_shape, self._n_scales()), _SCALE_DTYPE)]
 
     def wire_efficiency_floor(self, direction):

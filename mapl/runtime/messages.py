@@ -25,6 +25,7 @@ class StageMessages:
         self._meta_rx: PendingRecv | None = None
         self._out_dtype: torch.dtype | None = None
         self._dtype_sent = False
+        self._fwd_pending = 0                          # forward receives posted and not yet taken
 
     # -- sender side
     def fwd_message(self, out: torch.Tensor, ids: torch.Tensor, meter: ByteMeter | None) -> list[torch.Tensor]:
@@ -52,13 +53,15 @@ class StageMessages:
 
     # -- receiver side
     def fwd_specs(self, lead: tuple[int, int]) -> list:
-        specs = self.comp_in.payload_spec(lead, "fwd")
+        specs = self.comp_in.payload_spec(lead, "fwd", pending=self._fwd_pending)
         return specs + [(lead, self.sm.id_dtype)] if self.sm.ids_on_wire else specs
 
     def post_fwd(self, lead: tuple[int, int]) -> PendingRecv:
         if self.in_dtype is None and self._meta_rx is None:
             self._meta_rx = self.tx.post([((1,), torch.int64)], self.topo.prev, "meta")
-        return self.tx.post(self.fwd_specs(lead), self.topo.prev, "fwd")
+        rx = self.tx.post(self.fwd_specs(lead), self.topo.prev, "fwd")
+        self._fwd_pending += 1
+        return rx
 
     def post_bwd(self, lead: tuple[int, int]) -> PendingRecv:
         return self.tx.post(self.comp_out.payload_spec(lead, "bwd"), self.topo.next, "bwd")
@@ -76,6 +79,7 @@ class StageMessages:
         """(the compressor's payload, the token ids or None) of a forward message."""
         self.learn_dtype()
         got = self.received(rx)
+        self._fwd_pending -= 1
         n = len(got) - (1 if self.sm.ids_on_wire else 0)
         ids = None
         if self.sm.ids_on_wire:

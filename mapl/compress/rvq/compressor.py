@@ -113,19 +113,21 @@ class RVQCompressor(Compressor):
         return self.inner.decode(z)
 
     # ---- wire layout -----------------------------------------------------------------------
-    def payload_spec(self, lead_shape: tuple[int, ...], direction: str) -> list[tuple[tuple[int, ...], torch.dtype]]:
+    def payload_spec(self, lead_shape: tuple[int, ...], direction: str,
+                     pending: int = 0) -> list[tuple[tuple[int, ...], torch.dtype]]:
         _check_direction(direction)
         B, T = lead_shape
         if direction == "bwd":
             return [((B, T, self.code_dim), self.grad_dtype)]
         codes = ((B, packed_nbytes(T * self.rvq.groups * self.rvq.rounds, self.rvq.bits)), torch.uint8)
-        return [codes, _HEADER, *self.sync.spec(with_init=self._init_is_next())]
+        return [codes, _HEADER, *self.sync.spec(with_init=self._init_is_next(pending))]
 
-    def _init_is_next(self) -> bool:
-        """Whether the next message carries the k-means init (a training message before any init was
-        made or received). Sender and receiver objects agree on it from their own state: the sender has
-        not initialised ``rvq``, the receiver has not received the init into ``recv``."""
-        return self.training and not (bool(self.rvq.initted) or bool(self.recv.initted))
+    def _init_is_next(self, pending: int = 0) -> bool:
+        """Whether the next message carries the k-means init (the first training message, before any
+        init was made or received). Sender and receiver objects agree on it from their own state: the
+        sender has not initialised ``rvq``, the receiver has not received the init into ``recv`` and has
+        no earlier message still pending (a look-ahead receive is posted before the init arrives)."""
+        return self.training and pending == 0 and not (bool(self.rvq.initted) or bool(self.recv.initted))
 
     def payload_roles(self, direction: str) -> list[str]:
         _check_direction(direction)
