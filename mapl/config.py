@@ -8,7 +8,9 @@ Every field's type comes from its annotation and its allowed values from its met
 ``min``, ``max``, ...): the one place where what is allowed is written down. Values from YAML and
 from the command line are converted by the field's type (``--set train.steps=abc`` is refused naming
 the field; ``ratio: 4`` and ``--ratio 4.0`` are the same float, so the same config hash), and every
-error is a ``ConfigError`` whose message names the field, the value and what is allowed.
+error is a ``ConfigError`` whose message names the field, the value and what is allowed. The generic
+machinery (``setting``, ``coerce``, ``check_fields``, ``parse_set``, ...) is in ``mapl.settings``; this
+module holds the project's settings and re-exports those names.
 
     >>> cfg = load_run_config("cpu", overrides={"method": "mapl", "ratio": 8, "train.lr_muon": "0.03"})
     >>> cfg.compressor.spel.momentum
@@ -18,16 +20,16 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
-import types
-import typing
-from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 import yaml
 
 from .data import DataConfig
 from .model import PRESETS, ModelConfig
+# re-exported: callers import these from mapl.config
+from .settings import (ConfigError, build, check_fields, coerce, field_hints, field_type, parse_set, refuse,
+                       set_nested, setting)
 
 __all__ = ["METHODS", "PROJECTORS", "ANCHORS", "SCHEDULES", "PRECISIONS", "RVQ_SYNC_MODES", "RVQ_SEARCH_KERNELS",
            "POLAR_METHODS",
@@ -63,135 +65,6 @@ RESUMABLE_FIELDS = frozenset({
 })
 # how a run is executed, not what it computes: outside the config hash and every resume decision
 EXECUTION_FIELDS = ("run_name", "profile", "train.checkpoint_every", "train.threads", "train.activation_checkpointing")
-
-
-class ConfigError(ValueError):
-    """An invalid configuration value; the message names the field, the value and what is allowed."""
-
-
-def _bad(name: str, value, allowed: str):
-    raise ConfigError(f"{name}={value!r} is invalid: {allowed}")
-
-
-def setting(default=None, *, choices=None, min=None, min_exclusive=None, max=None, max_exclusive=None,
-            factory=None):
-    """A dataclass field whose allowed values travel with it (read by :func:`check_fields`)."""
-    meta = {k: v for k, v in dict(choices=choices, min=min, min_exclusive=min_exclusive, max=max,
-                                  max_exclusive=max_exclusive).items() if v is not None}
-    if factory is not None:
-        return field(default_factory=factory, metadata=meta)
-    return field(default=default, metadata=meta)
-
-
-# ---- typed conversion ---------------------------------------------------------------------------
-_NONE_WORDS = ("none", "null", "~")
-_BOOL_WORDS = {"true": True, "yes": True, "on": True, "1": True, "false": False, "no": False, "off": False, "0": False}
-
-
-def _type_name(tp) -> str:
-    return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(tp, str(tp))
-
-
-def coerce(value, tp, name: str, from_string: bool = False):
-    """``value`` as type ``tp`` (a field annotation), or ConfigError naming ``name``.
-
-    ``from_string``: the value came from the command line, so "3" may be an int and "none" is None."""
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin in (types.UnionType, typing.Union):                       # X | None
-        if value is None or (from_string and str(value).strip().lower() in _NONE_WORDS):
-            return None
-        (inner,) = [a for a in args if a is not type(None)]
-        return coerce(value, inner, name, from_string)
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        if from_string and str(value).strip().lower() in _BOOL_WORDS:
-            return _BOOL_WORDS[str(value).strip().lower()]
-    elif tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if from_string:
-            try:
-                return int(str(value).strip())
-            except ValueError:
-                pass
-    elif tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        # YAML 1.1 reads 1e-3 (no dot) as a string: a float literal is accepted from YAML too
-        if from_string or isinstance(value, str):
-            try:
-                return float(str(value).strip())
-            except ValueError:
-                pass
-    elif tp is str:
-        if isinstance(value, str):
-            return value
-    elif origin is tuple:
-        items = value
-        if from_string and isinstance(value, str):
-            items = json.loads(value) if value.strip().startswith("[") else [s for s in value.split(",") if s]
-        if isinstance(items, str):
-            items = [items]
-        if isinstance(items, (list, tuple)):
-            return tuple(coerce(v, args[0], name, from_string) for v in items)
-    elif tp is dict or origin is dict:
-        if isinstance(value, dict):
-            return dict(value)
-    else:
-        raise TypeError(f"{name}: unsupported field type {tp!r}")      # a bug in a dataclass, not user input
-    _bad(name, value, f"must be {_type_name(tp)}")
-
-
-def _hints(cls) -> dict:
-    return typing.get_type_hints(cls)
-
-
-def check_fields(obj, where: str) -> None:
-    """Type and range of every field of a (nested) config dataclass, from its annotations and metadata."""
-    hints = _hints(type(obj))
-    for f in fields(obj):
-        value, name = getattr(obj, f.name), f"{where}.{f.name}" if where else f.name
-        if is_dataclass(value):
-            check_fields(value, name)
-            continue
-        value = coerce(value, hints[f.name], name)
-        if isinstance(value, float) and not math.isfinite(value):
-            _bad(name, value, "must be a finite number")
-        _check_range(name, value, f.metadata)
-
-
-def _check_range(name: str, value, meta) -> None:
-    if value is None:
-        return
-    if "choices" in meta and value not in meta["choices"]:
-        _bad(name, value, f"allowed: {', '.join(repr(c) for c in meta['choices'])}")
-    if "min" in meta and value < meta["min"]:
-        _bad(name, value, f"must be >= {meta['min']}")
-    if "min_exclusive" in meta and value <= meta["min_exclusive"]:
-        _bad(name, value, f"must be > {meta['min_exclusive']}")
-    if "max" in meta and value > meta["max"]:
-        _bad(name, value, f"must be <= {meta['max']}")
-    if "max_exclusive" in meta and value >= meta["max_exclusive"]:
-        _bad(name, value, f"must be < {meta['max_exclusive']}")
-
-
-def build(cls, values: dict, where: str, from_string: bool = False):
-    """A (nested) config dataclass from a dict; unknown keys and wrong types are refused."""
-    if not isinstance(values, dict):
-        _bad(where, values, f"must be a mapping of {cls.__name__} fields")
-    hints = {f.name: _hints(cls)[f.name] for f in fields(cls)}
-    unknown = sorted(set(values) - set(hints))
-    if unknown:
-        raise ConfigError(f"{where}: unknown key(s) {unknown}; allowed: {sorted(hints)}")
-    out = {}
-    for key, value in values.items():
-        tp, name = hints[key], f"{where}.{key}"
-        if isinstance(tp, type) and is_dataclass(tp):
-            out[key] = value if isinstance(value, tp) else build(tp, value or {}, name, from_string)
-        else:
-            out[key] = coerce(value, tp, name, from_string)
-    return cls(**out)
 
 
 # ---- the configs --------------------------------------------------------------------------------
@@ -256,22 +129,23 @@ class CompressorConfig:
         c = self.resolved()
         if c.projector.kind is not None:
             if c.ratio <= 1:
-                _bad("compressor.ratio", c.ratio, f"method {c.method!r} needs ratio > 1 (rank r = d / ratio < d)")
+                refuse("compressor.ratio", c.ratio, f"method {c.method!r} needs ratio > 1 (rank r = d / ratio < d)")
             r = d_model / c.ratio
             if r != int(r) or r < 1:
-                _bad("compressor.ratio", c.ratio, f"d_model={d_model} / ratio must be a positive integer rank r; "
-                                                  f"reachable ratios divide {d_model}")
+                refuse("compressor.ratio", c.ratio, f"d_model={d_model} / ratio must be a positive integer rank r; "
+                                                    f"reachable ratios divide {d_model}")
         if c.method == "mapl-rvq":
             K = c.rvq.codebook_size
             if K & (K - 1):
-                _bad("compressor.rvq.codebook_size", K, "must be a power of two in 2..65536")
+                refuse("compressor.rvq.codebook_size", K, "must be a power of two in 2..65536")
             r = c.rank(d_model)
             if r % (c.rvq.groups or max(1, r // 2)):
-                _bad("compressor.rvq.groups", c.rvq.groups, f"must divide the rank r={r}")
+                refuse("compressor.rvq.groups", c.rvq.groups, f"must divide the rank r={r}")
         if c.int8_block and d_model % c.int8_block:
-            _bad("compressor.int8_block", c.int8_block, f"must be 0 (one scale per token) or divide d_model={d_model}")
+            refuse("compressor.int8_block", c.int8_block,
+                   f"must be 0 (one scale per token) or divide d_model={d_model}")
         if c.anchor.rank > d_model:
-            _bad("compressor.anchor.rank", c.anchor.rank, f"must be in [0, d_model={d_model}]")
+            refuse("compressor.anchor.rank", c.anchor.rank, f"must be in [0, d_model={d_model}]")
         return c
 
     def rank(self, d_model: int) -> int:
@@ -308,9 +182,10 @@ class TrainConfig:
     def validate(self, stages: int) -> "TrainConfig":
         check_fields(self, "train")
         if self.batch_size % self.micro_batches:
-            _bad("train.micro_batches", self.micro_batches, f"must divide train.batch_size={self.batch_size}")
+            refuse("train.micro_batches", self.micro_batches, f"must divide train.batch_size={self.batch_size}")
         if self.schedule == "1f1b" and self.micro_batches < stages:
-            _bad("train.micro_batches", self.micro_batches, f"1F1B needs at least as many micro-batches as stages ({stages})")
+            refuse("train.micro_batches", self.micro_batches,
+                   f"1F1B needs at least as many micro-batches as stages ({stages})")
         return self
 
 
@@ -341,14 +216,14 @@ class RunConfig:
         check_fields(self, "")
         asked = self.model_overrides.get("vocab_size")
         if asked is not None and vocab_size is not None and asked < vocab_size:
-            _bad("model.vocab_size", asked, f"is smaller than the tokenizer's vocabulary ({vocab_size}); leave it "
-                                            "unset (the model takes the tokenizer's size) or use a smaller tokenizer")
+            refuse("model.vocab_size", asked, f"is smaller than the tokenizer's vocabulary ({vocab_size}); leave it "
+                                              "unset (the model takes the tokenizer's size) or use a smaller tokenizer")
         mc = self.model_config(vocab_size)
         if self.stages > mc.n_layers:
-            _bad("stages", self.stages, f"must be in [1, n_layers={mc.n_layers}] (each stage owns >= 1 layer)")
+            refuse("stages", self.stages, f"must be in [1, n_layers={mc.n_layers}] (each stage owns >= 1 layer)")
         self.train.validate(self.stages)
         if self.train.seq_len > mc.max_seq_len:
-            _bad("train.seq_len", self.train.seq_len, f"must be <= model.max_seq_len={mc.max_seq_len}")
+            refuse("train.seq_len", self.train.seq_len, f"must be <= model.max_seq_len={mc.max_seq_len}")
         self.data.validate()
         return replace(self, compressor=self.compressor.validate(mc.d_model))
 
@@ -411,18 +286,6 @@ def load_params(path: Path | None = None) -> dict:
     return params
 
 
-def parse_set(items) -> dict[str, str]:
-    """``["train.lr_muon=0.03", ...]`` -> {"train.lr_muon": "0.03"}; values stay strings until the
-    field's type is known (``apply_overrides``)."""
-    out = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise ConfigError(f"--set {item!r} is invalid: expected SECTION.KEY=VALUE, e.g. --set train.lr_muon=0.03")
-        out[key.strip()] = value
-    return out
-
-
 _SECTIONS = {"train": TrainConfig, "compressor": CompressorConfig, "data": DataConfig, "model": ModelConfig}
 _TOP = {"model", "stages", "data_dir", "run_name"}
 _SHORTCUTS = {"method": "compressor.method", "ratio": "compressor.ratio", "projector": "compressor.projector.kind",
@@ -433,36 +296,11 @@ def _field_type(key: str):
     """The annotation of a dotted key (``train.steps``, ``compressor.rvq.sync``), or ConfigError."""
     section, _, rest = key.partition(".")
     if section in _TOP and not rest:
-        return _hints(RunConfig)[section]
+        return field_hints(RunConfig)[section]
     if section not in _SECTIONS:
         raise ConfigError(f"{key!r} is not a setting: allowed sections {sorted(_SECTIONS)} (as SECTION.KEY), "
                           f"or {sorted(_TOP | set(_SHORTCUTS))}")
-    if not rest:
-        raise ConfigError(f"{key!r} is a section: set one of its keys, e.g. {key}.{fields(_SECTIONS[section])[0].name}=...")
-    cls, parts = _SECTIONS[section], rest.split(".")
-    for i, part in enumerate(parts):
-        hints = _hints(cls)
-        if part not in hints:
-            where = ".".join([section, *parts[:i]])
-            raise ConfigError(f"{key!r}: {where} has no key {part!r}; allowed: {sorted(hints)}")
-        tp = hints[part]
-        if isinstance(tp, type) and is_dataclass(tp):
-            if i == len(parts) - 1:
-                raise ConfigError(f"{key!r} is a section: set one of its keys, e.g. {key}.{fields(tp)[0].name}=...")
-            cls = tp
-        elif i < len(parts) - 1:
-            raise ConfigError(f"{key!r}: {'.'.join([section, *parts[:i + 1]])} is a value, not a section")
-    return tp
-
-
-def _set_nested(tree: dict, dotted: str, value) -> None:
-    *path, last = dotted.split(".")
-    for part in path:
-        node = tree.setdefault(part, {})
-        if not isinstance(node, dict):
-            raise ConfigError(f"{dotted!r}: {part} is a value in the profile, not a section")
-        tree = node
-    tree[last] = value
+    return field_type(_SECTIONS[section], key)
 
 
 def apply_overrides(tree: dict, overrides: dict, from_string: bool = False) -> dict:
@@ -476,9 +314,9 @@ def apply_overrides(tree: dict, overrides: dict, from_string: bool = False) -> d
         section = key.partition(".")[0]
         converted = coerce(value, tp, key, from_string)
         if section == "model" and "." in key:
-            _set_nested(tree, "model_overrides." + key.split(".", 1)[1], converted)
+            set_nested(tree, "model_overrides." + key.split(".", 1)[1], converted)
         else:
-            _set_nested(tree, key, converted)
+            set_nested(tree, key, converted)
     return tree
 
 
@@ -497,7 +335,7 @@ def load_run_config(profile: str, overrides: dict | None = None, params: dict | 
     params = params if params is not None else load_params()
     profiles = params["profiles"]
     if profile not in profiles:
-        _bad("profile", profile, f"allowed: {sorted(profiles)}")
+        refuse("profile", profile, f"allowed: {sorted(profiles)}")
     tree = json.loads(json.dumps(profiles[profile] or {}))               # a deep copy
     unknown = sorted(set(tree) - _PROFILE_KEYS)
     if unknown:

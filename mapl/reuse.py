@@ -34,10 +34,10 @@ __all__ = ["TRAIN_SOURCES", "ACTIONS", "source_files", "code_fingerprint", "resu
 # deps in dvc.yaml besides the notebook and the data stamp (a test compares the two). A folder counts
 # every file below it except __pycache__/ and *.pyc, which .dvcignore hides from DVC too.
 TRAIN_SOURCES = (
-    "mapl/__init__.py", "mapl/config.py", "mapl/data", "mapl/model.py", "mapl/stages.py", "mapl/optim.py",
-    "mapl/wire.py", "mapl/diagnostics.py", "mapl/train.py", "mapl/sweep.py", "mapl/compress", "pyproject.toml",
-    "mapl/loop.py", "mapl/engine.py", "mapl/checkpoint.py", "mapl/results.py", "mapl/pipeline.py", "mapl/runtime",
-    "mapl/seeds.py",
+    "mapl/__init__.py", "mapl/config.py", "mapl/settings.py", "mapl/data", "mapl/model.py", "mapl/stages.py",
+    "mapl/optim.py", "mapl/wire.py", "mapl/diagnostics.py", "mapl/train.py", "mapl/sweep.py", "mapl/compress",
+    "pyproject.toml", "mapl/loop.py", "mapl/engine.py", "mapl/checkpoint.py", "mapl/results.py", "mapl/pipeline.py",
+    "mapl/runtime", "mapl/seeds.py",
 )
 ACTIONS = ("current", "restore", "resume", "train")
 
