@@ -305,10 +305,11 @@ def status_table(status: list[dict]) -> str:
 def stage_table(out_dir: Path) -> str:
     """Per stage of every multi-process run in ``out_dir``: compute, optimizer and waiting seconds per
     step (measured), and peak memory (the memory plan's, and the measured one where the results carry
-    ``pipeline.stage_peak_memory_bytes``). Empty when no run of the folder ran multi-process."""
+    ``pipeline.stage_peak_memory_bytes``: on a GPU the tensors' peak, on a CPU the process's peak RSS,
+    which includes the Python/torch runtime). Empty when no run of the folder ran multi-process."""
     import json
     rows = ["| run | step (s) | stage | compute (s) | optimizer (s) | waiting (s) | peak memory plan (GiB) | "
-            "peak memory measured (GiB) |", "|---|---|---|---|---|---|---|---|"]
+            "peak memory measured (GiB; GPU: tensors, CPU: process RSS) |", "|---|---|---|---|---|---|---|---|"]
     for path in sorted(Path(out_dir).glob("*.json")):
         res = json.loads(path.read_text())
         pipe = res.get("pipeline") if isinstance(res, dict) else None

@@ -98,6 +98,8 @@ def assert_parity(res, ref, nprocs, launcher, tol=0.0):
     assert pipe["launcher"] == launcher
     assert all(pipe["state_checksum_match"])
     assert len(pipe["stage_compute_s_per_step"]) == nprocs and all(t > 0 for t in pipe["stage_compute_s_per_step"])
+    assert pipe["peak_memory_kind"] == "process_peak_rss" and len(pipe["stage_peak_memory_bytes"]) == nprocs
+    assert all(b > 50 * 2**20 for b in pipe["stage_peak_memory_bytes"])     # a process running torch: > 50 MiB
     return worst
 
 

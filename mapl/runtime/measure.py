@@ -5,17 +5,35 @@ section (with the link estimates, and measured vs modelled step time in real-del
 Compute times are taken per forward/backward of each micro-batch: with ``time.perf_counter`` on CPU,
 and with CUDA events on a GPU (read once per step, after the step's all-reduce has synchronised the
 host), so timing never adds a device synchronisation per operation.
+
+Peak memory per process: ``torch.cuda.max_memory_allocated`` on a GPU (tensors only, what the memory
+plan counts); on a CPU the process's peak resident set (``VmHWM``: tensors plus the Python/torch
+runtime and allocator slack, so it sits above the plan by a few hundred MiB).
 """
 from __future__ import annotations
 
+import re
 import time
+from pathlib import Path
 
 import torch
 
 from ..link import PROFILES, StepMeasurement, estimate, step_time
 from ..wire import ByteMeter
 
-__all__ = ["OpTimer", "merge_meters", "step_measurement", "pipeline_section"]
+__all__ = ["OpTimer", "merge_meters", "step_measurement", "pipeline_section", "peak_memory"]
+
+
+def peak_memory(device: torch.device) -> tuple[int | None, str]:
+    """(bytes, what they are) of this process's peak memory so far on ``device``."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device)), "cuda_max_allocated"
+    try:            # VmHWM, not ru_maxrss: Linux carries ru_maxrss over fork+exec from the parent
+        status = Path("/proc/self/status").read_text()
+    except OSError:
+        return None, "unavailable"
+    found = re.search(r"VmHWM:\s+(\d+)\s+kB", status)
+    return (1024 * int(found.group(1)), "process_peak_rss") if found else (None, "unavailable")
 
 
 class OpTimer:
@@ -106,6 +124,8 @@ def pipeline_section(*, schedule: str, everyone: list[dict], merged: ByteMeter, 
         "stage_compute_s_per_step": [sum(meas.fwd_s[s]) + sum(meas.bwd_s[s]) for s in range(P)],
         "stage_opt_s_per_step": meas.opt_s,
         "stage_wait_s_per_step": [_mean(tm["wait"]) for tm in stage_timings],
+        "stage_peak_memory_bytes": [r["peak_memory"][0] for r in everyone[:P]],
+        "peak_memory_kind": everyone[0]["peak_memory"][1],
         "step_wall_s": _mean(stage_timings[0]["wall"]),
         "timed_steps": max(0, len(stage_timings[0]["wall"]) - 1) or len(stage_timings[0]["wall"]),
         "bytes_per_step": {b: {d: {k: v / per_step for k, v in kinds.items()} for d, kinds in dirs.items()}

@@ -38,7 +38,7 @@ from ..wire import ByteMeter
 from . import boundary_sync as bsync
 from .agreement import StepAgreement, nonfinite_place
 from .faults import FaultPlan
-from .measure import OpTimer, merge_meters, pipeline_section
+from .measure import OpTimer, merge_meters, peak_memory, pipeline_section
 from .messages import StageMessages
 from .rank_checkpoints import RankCheckpoints
 from .schedule import Comm, Compute, stage_program
@@ -333,7 +333,7 @@ class PipelineEngine:
                 "boundary": (describe_boundary(self.comp_out, self.stage, self.cfg, id_bytes, replicas=self.R)
                              if self.comp_out is not None and self.topo.replica == 0 else None),
                 "n_params": sum(p.numel() for _, p in self.owned) if self.topo.replica == 0 else 0,
-                "pid": os.getpid(), "host": socket.gethostname()}
+                "pid": os.getpid(), "host": socket.gethostname(), "peak_memory": peak_memory(self.topo.device)}
         everyone = self.tx.gather_object(mine, "results")
         if not self.reporter:
             return None
