@@ -61,6 +61,7 @@ def test_smoke_runs_every_stage_into_the_micro_folders(smoke):
     dest, log = smoke
     for stage in ["prepare", *(f"train@{g}" for g in GROUPS), "report", "plan"]:
         assert f"Running stage '{stage}'" in log, stage
+    assert "Running stage 'plan-paper'" not in log
     assert "group main (1 of 10 groups): 4 run(s): 0 current" in log and "run 1 of 4 micro-P2-none-s0 step 20/20 loss" in log
     stamp = json.loads((dest / "data" / "micro.manifest.json").read_text())
     assert stamp["profile"] == "micro" and (dest / stamp["data_dir"] / "manifest.json").exists()
@@ -165,13 +166,32 @@ def test_committed_notebook_is_clean_and_parameterized(name):
     assert nb["metadata"]["kernelspec"]["name"] == "python3"
 
 
+def test_plan_paper_outputs_are_committed_and_labelled():
+    """The paper case (stage plan-paper) is committed: a model-based prediction, crossovers of MAPL,
+    MAPL+RVQ and SSN against uncompressed at 150M and 1B."""
+    import csv
+    base = ROOT / "reports" / "paper"
+    md = (base / "plan-paper" / "tables" / "when-it-pays-paper.md").read_text()
+    assert md.startswith("# When compression pays (paper case, model-based prediction, no training results read)")
+    with open(base / "plan-paper" / "tables" / "when-it-pays-paper.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    for model in ("150M", "1B"):
+        against_none = {r["method"].split()[0] for r in rows if r["model"] == model and r["against"] == "none"}
+        assert against_none == {"ssn", "mapl", "mapl-rvq"}, model
+        for kind in ("heatmap", "curve"):
+            assert (base / "plan-paper" / "figures" / f"when-it-pays-{kind}-{model}.png").exists()
+    assert "MODEL-BASED PREDICTION" in _checked_text(base / "notebooks" / "when_it_pays-paper.ipynb")
+    stage = DVC["stages"]["plan-paper"]
+    assert "-p case paper" in stage["cmd"] and not any("${profile}" in d or d.startswith("reports/cpu") for d in stage["deps"])
+
+
 def _outs(st: dict) -> list[str]:
     return [next(iter(o)) for o in st.get("outs", []) + st.get("metrics", []) + st.get("plots", [])]
 
 
 def test_dvc_yaml_stages():
     stages = DVC["stages"]
-    assert list(stages) == ["prepare", "train", "report", "plan"]
+    assert list(stages) == ["prepare", "train", "report", "plan", "plan-paper"]
     assert stages["train"]["foreach"] == GROUPS
     for name, st in stages.items():
         st = st.get("do", st)
@@ -179,7 +199,9 @@ def test_dvc_yaml_stages():
         for out in st.get("outs", []) + st.get("metrics", []) + st.get("plots", []):
             (path, opts), = out.items()
             assert opts == {"cache": False}, f"{name}: {path} must be committed (cache: false)"
-            assert path.startswith(("reports/${profile}/", "data/${profile}.")), f"{name}: {path} is not per profile"
+            # plan-paper is the one profile-independent stage: the paper's shapes, no training
+            allowed = ("reports/paper/",) if name == "plan-paper" else ("reports/${profile}/", "data/${profile}.")
+            assert path.startswith(allowed), f"{name}: {path} is not per profile"
     assert "python -m mapl.sweep --estimate --profile ${profile}" in stages["prepare"]["cmd"][0]
 
 
