@@ -462,54 +462,60 @@ def spel_gpu_estimate(d: int, r: int, steps: int = 10) -> dict:
                    "polar_express_flops": flops} for name, gpu in GPUS.items()}
 
 
-def bench_rvq_paper(torch, p: dict, reps: int, kernels=("matmul", "fused")) -> dict:
+def bench_rvq_paper(torch, p: dict, reps: int, kernels=("matmul", "fused"), device: str = "cpu") -> dict:
     """Pack (search + EMA update + bit-packing + sync tensors), unpack and search alone at the paper's
-    shape on this CPU, one row per search kernel ("fused" is compiled by inductor's CPU backend)."""
+    shape, one row per search kernel (on a CPU "fused" is compiled by inductor's CPU backend)."""
     from mapl.compress import ProjectionCompressor
     from mapl.compress.rvq import RVQCompressor
     from mapl.optim import stiefel_random
-    z = torch.randn(p["batch"], p["seq"], p["r"], generator=torch.Generator().manual_seed(0))
+    z = torch.randn(p["batch"], p["seq"], p["r"], generator=torch.Generator().manual_seed(0)).to(device)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+
+    def timed(fn):
+        sync()
+        t0 = time.perf_counter()
+        out = fn()
+        sync()
+        return out, time.perf_counter() - t0
+
     rows = []
     for kern in kernels:
         comp = RVQCompressor(ProjectionCompressor(p["d"], stiefel_random(p["d"], p["r"], 0), "fixed"),
-                             search_kernel=kern).train()
-        t0 = time.perf_counter()
-        comp.unpack(comp.pack(z), z.dtype)                  # k-means init (+ compilation): once per run
-        init_s = time.perf_counter() - t0
+                             search_kernel=kern).to(device).train()
+        _, init_s = timed(lambda: comp.unpack(comp.pack(z), z.dtype))   # k-means init (+ compilation): once per run
         comp.rvq.search(z[:1, :64])                         # compile for a second shape before timing
         ts = {"search": [], "pack": [], "unpack": []}
         for _ in range(reps):
-            t0 = time.perf_counter()
-            comp.rvq.search(z)
-            ts["search"].append(time.perf_counter() - t0)
-            t0 = time.perf_counter()
-            payload = comp.pack(z)
-            ts["pack"].append(time.perf_counter() - t0)
-            t0 = time.perf_counter()
-            comp.unpack(payload, z.dtype)
-            ts["unpack"].append(time.perf_counter() - t0)
+            ts["search"].append(timed(lambda: comp.rvq.search(z))[1])
+            payload, t = timed(lambda: comp.pack(z))
+            ts["pack"].append(t)
+            ts["unpack"].append(timed(lambda: comp.unpack(payload, z.dtype))[1])
         D = p["batch"] * p["seq"] * comp.rvq.groups * comp.rvq.rounds * comp.rvq.codebook_size
         rows.append({"kernel": kern, "init_s": init_s, **{f"{k}_s": statistics.median(v) for k, v in ts.items()},
                      "ns_per_distance": statistics.median(ts["search"]) / D * 1e9, "loadavg": os.getloadavg()[0]})
     return {"shape": p, "cpu": rows, "gpu_estimate": rvq_gpu_estimate(p)}
 
 
-def bench_spel_paper(torch, dims=(1024, 2048), r: int = 256, reps: int = 3, drift_steps: int = 200) -> list[dict]:
+def bench_spel_paper(torch, dims=(1024, 2048), r: int = 256, reps: int = 3, drift_steps: int = 200,
+                     device: str = "cpu") -> list[dict]:
     """SPEL step time (SVD vs Polar Express, 10 iterations) at r = 256, and how far each keeps A from
-    the manifold over ``drift_steps`` steps with random gradients (max |AᵀA - I|), on this CPU."""
+    the manifold over ``drift_steps`` steps with random gradients (max |AᵀA - I|)."""
     from mapl.optim import SPEL, ortho_error, stiefel_random
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     rows = []
     for d in dims:
         row = {"d": d, "r": r, "gpu_estimate": spel_gpu_estimate(d, r)}
         for polar in ("svd", "polar_express"):
-            A = torch.nn.Parameter(stiefel_random(d, r, 0))
+            A = torch.nn.Parameter(stiefel_random(d, r, 0, device=device))
             opt = SPEL([A], lr=0.002, momentum=0.95, polar=polar, polar_steps=10)
             g = torch.Generator().manual_seed(1)
             times, worst = [], 0.0
             for i in range(drift_steps):
-                A.grad = torch.randn(d, r, generator=g) * 1e-2
+                A.grad = (torch.randn(d, r, generator=g) * 1e-2).to(device)
+                sync()
                 t0 = time.perf_counter()
                 opt.step()
+                sync()
                 times.append(time.perf_counter() - t0)
                 worst = max(worst, ortho_error(A)) if i % 10 == 9 else worst
             row[polar] = {"step_s": statistics.median(times[:max(reps, 1) * 10]), "ortho_err_max": worst,
@@ -522,7 +528,7 @@ def paper_markdown(res: dict) -> str:
     rv, env = res["rvq"], res["environment"]
     p = rv["shape"]
     L = [f"# Paper shapes: RVQ pack (d={p['d']}, r={p['r']}, {p['batch']} x {p['seq']} tokens) and SPEL at r = 256", "",
-         f"CPU: {env['cpu_model']}, {env['threads']} thread(s), torch {env['torch']}; load average "
+         f"Measured on {env.get('gpu', 'CPU')}: {env['cpu_model']}, {env['threads']} thread(s), torch {env['torch']}; load average "
          f"{env['loadavg_start']:.2f} -> {env['loadavg_end']:.2f} (2 cores shared: times are upper bounds).", "",
          "| kernel | k-means init s | search s | pack s | unpack s | ns/distance |", "|---|---|---|---|---|---|"]
     L += [f"| {r['kernel']} | {r['init_s']:.1f} | {r['search_s']:.2f} | {r['pack_s']:.2f} | {r['unpack_s']:.3f} | "
@@ -548,10 +554,10 @@ def paper_markdown(res: dict) -> str:
 def run_paper(args) -> dict:
     import torch
     torch.set_num_threads(args.threads)
-    env = _environment(torch, "cpu")
+    env = _environment(torch, args.device)
     reps = args.reps or 2
-    res = {"environment": env, "rvq": bench_rvq_paper(torch, PAPER, reps, tuple(args.kernels)),
-           "spel": bench_spel_paper(torch, reps=reps, drift_steps=args.spel_steps)}
+    res = {"environment": env, "rvq": bench_rvq_paper(torch, PAPER, reps, tuple(args.kernels), args.device),
+           "spel": bench_spel_paper(torch, reps=reps, drift_steps=args.spel_steps, device=args.device)}
     env["loadavg_end"] = os.getloadavg()[0]
     return res
 

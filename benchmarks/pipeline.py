@@ -10,7 +10,7 @@ time to a target validation loss = steps to target x step time.
     python benchmarks/pipeline.py                       # 10 steps per method, ~1 min each on 2 cores
     python benchmarks/pipeline.py --steps 4 --methods none,mapl
 
-Steps to target come from ``--curves`` (default reports/results: the single-process runs of the cpu
+Steps to target come from ``--curves`` (default reports/cpu/results/main: the single-process runs of the cpu
 profile, same run names, if present -- their full-length validation curves) or else from the short
 run itself (indicative only). The default target is the highest of the methods' best validation
 losses, so every method reaches it. Compute times are measured on shared CPU cores, 4 processes on
@@ -256,7 +256,7 @@ def main(argv=None) -> int:
     ap.add_argument("--latency-ms", type=float, help="override every profile's latency")
     ap.add_argument("--eval-tokens", type=int, default=16384)
     ap.add_argument("--target", type=float, help="target validation loss (default: highest final val loss)")
-    ap.add_argument("--curves", type=Path, default=ROOT / "reports" / "results",
+    ap.add_argument("--curves", type=Path, default=ROOT / "reports" / "cpu" / "results" / "main",
                     help="folder of full-length results JSONs to take steps-to-target from (default %(default)s)")
     ap.add_argument("--launcher", default="accelerate", choices=["accelerate", "torchrun", "direct"])
     ap.add_argument("--timeout", type=float, default=900, help="per-method launch timeout (s)")
