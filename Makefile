@@ -2,7 +2,7 @@
 #   make repro   set up .venv if needed, then `dvc repro` (the cpu profile by default)
 #   make test    set up .venv if needed, then the whole test suite (CI runs this via .ci/run)
 # Both are idempotent; the install step is skipped while pyproject.toml is unchanged. Beside them:
-#   make smoke        prepare, train@* and report on the micro profile in a temporary copy (nothing here changes)
+#   make smoke        prepare, train@*, report and plan on the micro profile in a temporary copy (nothing here changes)
 #   make verify       re-execute the report from the committed results in a temporary copy; fail on any difference
 #   make repro-all    retrain every run of the cpu profile (prints the plan and its estimate first)
 #   make paper-smoke  the paper code path at paper shapes on CPU, in a temporary copy; results land in reports/paper-smoke/

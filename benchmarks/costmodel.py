@@ -9,6 +9,8 @@ the schedule and its overlap model. Error = (predicted - measured) / measured, p
 
     python benchmarks/costmodel.py                    # 21 cells, ~6 min on 2 idle cores
     python benchmarks/costmodel.py --widths 128 --bandwidths 10e6 --latencies-ms 1 --steps 3
+    python benchmarks/costmodel.py --profile micro --widths 64 --bandwidths 10e6 --latencies-ms 1 --mapl-width 0 \
+        --seq-len 32 --steps 2 --out-json /tmp/c.json --out-md /tmp/c.md       # a seconds-long check that it runs
 
 Writes ``reports/bench/costmodel-validation.json`` and ``reports/tables/costmodel-validation.md``. The
 cells run one after another; the load average is recorded (the machine is shared).
@@ -29,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 from mapl.config import load_run_config  # noqa: E402
 from mapl.costmodel import build_case, measured_compute  # noqa: E402
 from mapl.link import LinkProfile  # noqa: E402
-from mapl.pipeline import launch  # noqa: E402
+from mapl.runtime.launch import launch  # noqa: E402
 from mapl.train import atomic_write_json  # noqa: E402
 
 
@@ -54,15 +56,15 @@ def _cli(over: dict) -> list[str]:
 def run_cell(args, width: int, method: str, ratio: float, bw: float, lat_ms: float, tmp: Path) -> dict:
     over = cell_overrides(args, width, method, ratio)
     out, ckpt = tmp / "cell.json", tmp / "cell.pt"
-    cli = ["--profile", "cpu", *_cli(over), "--no-progress", "--fresh", "--out", str(out), "--ckpt", str(ckpt),
+    cli = ["--profile", args.profile, *_cli(over), "--no-progress", "--fresh", "--out", str(out), "--ckpt", str(ckpt),
            "--link-delay", f"{bw:g}bps", "--link-latency-ms", f"{lat_ms:g}"]
     t0 = time.time()
     r = launch(cli, args.stages, launcher="direct", timeout=args.timeout)
     if r.returncode != 0:
         raise RuntimeError(f"cell d={width} {method} {bw:g} bps {lat_ms:g} ms failed ({r.returncode}):\n{r.stderr[-2000:]}")
     res = json.loads(out.read_text())
-    pipe = res["pipeline"]
-    cfg = load_run_config("cpu", over)
+    pipe = res["pipeline"]      # mapl.runtime.measure.pipeline_section: timing (a StepMeasurement), step_wall_s, ...
+    cfg = load_run_config(args.profile, over)
     case = build_case(cfg, measured_compute(pipe["timing"], "this run"), vocab_size=cfg.data.vocab_size)
     link = LinkProfile(f"{bw:g}bps@{lat_ms:g}ms", bw, lat_ms / 1000)
     pred = case.predict(link)
@@ -113,6 +115,7 @@ def markdown(bench: dict) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python benchmarks/costmodel.py", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--profile", default="cpu", help="profile of the data and settings not overridden (default %(default)s)")
     ap.add_argument("--widths", type=lambda s: [int(x) for x in s.split(",")], default=[128, 512, 1024])
     ap.add_argument("--bandwidths", type=lambda s: [float(x) for x in s.split(",")], default=[10e6, 100e6, 1e9])
     ap.add_argument("--latencies-ms", type=lambda s: [float(x) for x in s.split(",")], default=[1.0, 50.0])
@@ -139,7 +142,7 @@ def main(argv=None) -> int:
                   f"{c['predicted_step_s']:.3f} s ({100 * c['error']:+.1f}%, comm {100 * c['comm_fraction']:.0f}%)",
                   file=sys.stderr, flush=True)
     comm = [abs(c["error"]) for c in cells if c["comm_fraction"] >= 0.25]
-    bench = {"stages": args.stages, "layers": args.layers, "schedule": args.schedule,
+    bench = {"profile": args.profile, "stages": args.stages, "layers": args.layers, "schedule": args.schedule,
              "micro_batches": args.micro_batches, "micro_batch_size": args.micro_batch_size, "seq_len": args.seq_len,
              "steps": args.steps, "runtime": "mapl.pipeline --link-delay", "load_before": load_before,
              "load_after": ", ".join(f"{x:.2f}" for x in os.getloadavg()), "wall_s": time.time() - t0, "cells": cells,

@@ -9,6 +9,8 @@ fp32). The setup peak is reported too: every rank builds the full model before p
 
     python benchmarks/memory.py                        # 4 cases x 3 steps, ~3 min on 2 cores
     python benchmarks/memory.py --cases 1f1b:none --steps 2
+    python benchmarks/memory.py --model micro --stages 2 --cases 1f1b:mapl --steps 2 --out-json /tmp/m.json --out-md /tmp/m.md
+                                                       # a seconds-long check that the script runs
 
 The token stream is the cpu profile's (BPE 2048) under a manifest that declares V = 32000, so the model
 has the paper's vocabulary (embedding, head, logits) while no 32k tokenizer is needed; memory does not
@@ -59,7 +61,7 @@ def _trim() -> None:
 
 
 def overrides(args, schedule: str, method: str, data_dir: Path) -> dict:
-    over = {"model": "150M", "stages": args.stages, "method": method, "data_dir": str(data_dir),
+    over = {"model": args.model, "stages": args.stages, "method": method, "data_dir": str(data_dir),
             "data.vocab_size": VOCAB, "train.steps": args.steps, "train.seq_len": args.seq_len,
             "train.batch_size": args.micro_batches * args.micro_batch_size,
             "train.micro_batches": args.micro_batches, "train.schedule": schedule, "train.threads": 1,
@@ -76,10 +78,10 @@ def _warm_up(cfg) -> None:
     import dataclasses
 
     import torch
-    from tqdm.auto import tqdm  # noqa: F401 -- imported by run_pipeline
+    from tqdm.auto import tqdm  # noqa: F401 -- imported by the training loop's progress
     from mapl import data as mdata  # noqa: F401
+    from mapl.engine import build_optimizers
     from mapl.stages import build_staged_model
-    from mapl.train import build_optimizers
     tiny = dataclasses.replace(cfg, model="micro", model_overrides={}, stages=2,
                                train=dataclasses.replace(cfg.train, seq_len=16, schedule="gpipe"))
     sm = build_staged_model(tiny.validate(256), 256)
@@ -94,27 +96,32 @@ def _warm_up(cfg) -> None:
 
 
 def worker(spec: dict) -> None:
-    """One rank: baseline, setup, reset the peak, train, report (called in a fresh process)."""
+    """One rank: baseline, setup, reset the peak, train, report (called in a fresh process). Runs the
+    stage as ``python -m mapl.pipeline`` does (mapl.runtime.rank.run_rank); "setup" is
+    ``PipelineEngine._build_model`` (full-model build, pruning to the stage, its optimizers)."""
     import torch.distributed as dist
-    from mapl import pipeline as mp
-    _acc, rank, world, device, _ = mp.init_distributed(120)
+    from mapl.runtime import worker as rw
+    from mapl.runtime.rank import run_rank
+    from mapl.runtime.topology import Topology, detect_launcher, init_distributed
+    rank, world, device, backend = init_distributed()
     cfg = load_run_config("cpu", spec["overrides"])
+    topo = Topology(rank, world, cfg.stages, device, backend, detect_launcher())
     _warm_up(cfg)
     _trim()
     base = _status()["VmRSS"]
     _reset_peak()
     marks = {}
-    setup = mp._Runtime.setup          # adapter: the one private hook (pipeline.py is being rewritten)
+    build = rw.PipelineEngine._build_model          # the one private hook: where a rank builds its stage
 
-    def measured_setup(self, *a, **k):
-        setup(self, *a, **k)
+    def measured_build(self, *a, **k):
+        build(self, *a, **k)
         marks["setup_peak"] = _status()["VmHWM"]
         _trim()
         marks["after_setup"] = _status()["VmRSS"]
         _reset_peak()
 
-    mp._Runtime.setup = measured_setup
-    mp.run_pipeline(cfg, rank, world, device, progress=False, timeout_s=300)
+    rw.PipelineEngine._build_model = measured_build
+    run_rank(cfg, topo, out=None, ckpt=None, progress=False, timeout_s=300, log=lambda *a, **k: None)
     st = _status()
     out = {"rank": rank, "baseline": base, "setup_peak": marks["setup_peak"] - base,
            "after_setup": marks["after_setup"] - base, "train_peak": st["VmHWM"] - base}
@@ -171,7 +178,8 @@ def compare(args, case: str, schedule: str, method: str, measured: list[dict], d
 
 def markdown(bench: dict) -> str:
     mib = 1024 ** 2
-    lines = [f"# Memory plan vs measured peak per process (150M shape: d = 1024, 8 layers, V = {VOCAB}; "
+    shape = "150M shape: d = 1024, 8 layers" if bench["model"] == "150M" else f"model {bench['model']}"
+    lines = [f"# Memory plan vs measured peak per process ({shape}, V = {VOCAB}; "
              f"P = {bench['stages']} processes on CPU, fp32)", "",
              f"{bench['micro_batches']} micro-batches of {bench['micro_batch_size']} x {bench['seq_len']} tokens, "
              f"{bench['steps']} steps. Measured: peak RSS over training minus the RSS before the model was built "
@@ -226,6 +234,7 @@ def main(argv=None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--cases", default=",".join(CASES), help="schedule:method list (default %(default)s)")
+    ap.add_argument("--model", default="150M", help="model preset (default %(default)s; micro: a quick check)")
     ap.add_argument("--stages", type=int, default=4)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--seq-len", type=int, default=128)
@@ -260,7 +269,7 @@ def main(argv=None) -> int:
             cases.append(compare(args, case, schedule, method, measured, data_dir))
             print(f"  {time.time() - t0:.0f} s; errors " + ", ".join(f"{100 * r['error']:+.1f}%" for r in
                                                                     cases[-1]["stages"]), file=sys.stderr)
-    bench = {"model": "150M", "vocab_size": VOCAB, "stages": args.stages, "steps": args.steps, "seq_len": args.seq_len,
+    bench = {"model": args.model, "vocab_size": VOCAB, "stages": args.stages, "steps": args.steps, "seq_len": args.seq_len,
              "micro_batches": args.micro_batches, "micro_batch_size": args.micro_batch_size,
              "load_before": ", ".join(f"{x:.2f}" for x in load), "cases": cases,
              "mmap_threshold": args.mmap_threshold,

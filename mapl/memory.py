@@ -279,12 +279,12 @@ def memory_plan(cfg: RunConfig, vocab_size: int | None = None, *, device: str = 
                 sends_held: str = "step") -> MemoryPlan:
     """Bytes per stage of ``cfg`` on ``device`` ('cuda' or 'cpu': picks the precision of 'auto').
     ``vocab_size``: the tokenizer's (default: the model preset's). ``checkpointing``: default the config's
-    ``train.activation_checkpointing`` (False where the field does not exist yet)."""
+    ``train.activation_checkpointing``."""
     mc = cfg.model_config(vocab_size)
     cfg = cfg.validate(mc.vocab_size)
     prec = resolve_precision(precision or cfg.train.precision, device)
-    if checkpointing is None:        # the field lands with the runtime rewrite; absent means off
-        checkpointing = bool(getattr(cfg.train, "activation_checkpointing", False))   # field lands with the compress merge
+    if checkpointing is None:
+        checkpointing = cfg.train.activation_checkpointing
     stages = [_stage_plan(cfg, mc.vocab_size, s, prec, checkpointing, sends_held, device) for s in range(cfg.stages)]
     t = cfg.train
     return MemoryPlan(run=cfg.name(), precision=prec, schedule=t.schedule, micro_batches=t.micro_batches,

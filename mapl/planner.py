@@ -1,9 +1,15 @@
 """When does compression pay? Steps to target, time to target, crossover bandwidths (notebooks/when_it_pays).
 
 Time to target = steps to target x step time. Step times come from :mod:`mapl.costmodel`; steps to target
-from our own loss curves (:func:`steps_ratios`: each method against uncompressed, per seed and budget)
-or, at paper scale, from the paper's final-loss penalties converted with a loss-vs-tokens fit
+from our own loss curves or, at paper scale, from the paper's final-loss penalties converted with a loss-vs-tokens fit
 (:func:`ratio_from_penalty`).
+
+Our curves: :func:`steps_ratios` gives each method's (and, with ``load_runs(..., variants=True)``, each
+variant's) steps to reach uncompressed's final loss + 2 %, divided by uncompressed's, paired by seed at
+each training length, with its spread over seeds; :func:`steps_ratio_table` sets the lengths side by side
+and :func:`ratio_trend` follows the ratio along one run::
+
+    python -m mapl.planner reports/cpu/results          # the table of steps ratios per training length
 
 The conversion. At a fixed model size, ``L(D) = L_inf + B D^-beta`` (D tokens). If a method's final loss
 sits ``delta`` above uncompressed after D0 tokens and the method behaves like uncompressed training on
@@ -21,11 +27,10 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
-from .config import METHODS
 
-__all__ = ["LOSS_FITS", "load_runs", "main_model_runs", "steps_to_target", "steps_ratios", "ratio_trend", "ratio_from_penalty",
-           "paper_steps_ratios", "time_to_target_rows", "crossover_bandwidth", "crossover_interval",
-           "speedup_grid", "validated_error", "ratio_key"]
+__all__ = ["LOSS_FITS", "load_runs", "main_model_runs", "steps_to_target", "steps_ratios", "ratio_trend",
+           "steps_ratio_table", "steps_report", "ratio_from_penalty", "paper_steps_ratios", "common_target", "time_to_target_rows",
+           "crossover_bandwidth", "crossover_interval", "speedup_grid", "validated_error", "ratio_key", "run_label", "main"]
 
 LOSS_FITS = {
     "chinchilla": {"B": 410.7, "beta": 0.28, "source": "Hoffmann et al. 2022, approach 3"},
@@ -39,41 +44,37 @@ def steps_to_target(curve: Sequence[Sequence[float]], target: float) -> float | 
     return s2t(curve, target)
 
 
-def _is_default(r: dict) -> bool:
-    """A run of the method's default configuration (no ablation, tuning split or sync variant)."""
-    d = METHODS.get(r["method"])
-    cfg = r.get("config") or {}
-    comp, train = cfg.get("compressor", {}), cfg.get("train", {})
-    return (d is not None and r.get("projector") == d["projector"] and r.get("anchor") == d["anchor"]
-            and not train.get("eval_offset") and (comp.get("rvq") or {}).get("sync", comp.get("rvq_sync", "stream")) == "stream")
+def load_runs(results_dir: str | Path, groups: Iterable[str] | None = None, variants: bool = False) -> list[dict]:
+    """Runs under ``results_dir/<group>/*.json`` as the report reads them (:mod:`mapl.report.rows`: one
+    run per configuration and seed, runs on the tuning protocol's validation slice left out), the
+    methods' default configurations only unless ``variants`` (e.g. ``mapl-fixed``: the fixed projector).
+    Each run: ``run``, ``group``, ``model``, ``method``, ``variant``, ``ratio`` (wire ratio, 3 significant
+    digits, as the report rounds it), ``projection_ratio``, ``steps``, ``seed``, ``final``, ``curve``."""
+    from .report.rows import load_results, select
+    rows = select(load_results("", Path(results_dir).resolve()))
+    keep = set(groups) if groups is not None else None
+    return [{"run": r["run"], "group": r["group"], "model": r["model"], "method": r["method"], "variant": r["variant"],
+             "ratio": ratio_key(r["method"], r["wire_ratio"])[1], "projection_ratio": r["projection_ratio"],
+             "steps": int(r["steps"]), "seed": int(r["seed"]), "final": float(r["val_loss"]), "curve": r["val_loss_curve"]}
+            for r in rows if r["val_loss_curve"] and (variants or r["variant"] == r["method"])
+            and (keep is None or r["group"] in keep)]
 
 
-def load_runs(results_dir: str | Path, groups: Iterable[str] | None = None) -> list[dict]:
-    """Default-configured runs under ``results_dir/<group>/*.json`` (all groups unless given)."""
-    root = Path(results_dir)
-    files = sorted(root.glob("*/*.json")) if groups is None else sorted(f for g in groups for f in (root / g).glob("*.json"))
-    runs = []
-    for f in files:
-        r = json.loads(f.read_text())
-        if not isinstance(r, dict) or not r.get("val_loss_curve") or not _is_default(r):
-            continue
-        runs.append({"run": r["run"], "group": f.parent.name, "method": r["method"], "ratio": float(r["ratio"]),
-                     "steps": int(r["steps"]), "seed": int(r["provenance"]["seed"]), "model": r["model"],
-                     "final": float(r["val_loss"]), "curve": r["val_loss_curve"]})
-    return runs
+def ratio_key(method: str, ratio: float | None) -> tuple[str, float]:
+    """(method, wire ratio to 3 significant digits, as the report rounds it): how runs, step
+    measurements and cases are matched."""
+    return (method, 1.0 if method == "none" or ratio is None else float(f"{float(ratio):.3g}"))
 
 
-def ratio_key(method: str, ratio: float) -> tuple[str, float]:
-    """(method, effective wire ratio rounded to 3 decimals): how runs and measured steps are matched."""
-    return (method, 1.0 if method == "none" else round(float(ratio), 3))
+def run_label(variant: str, ratio: float) -> str:
+    """'mapl 8x', 'mapl-fixed 8x'; 'none' for the uncompressed run."""
+    return variant if variant == "none" else f"{variant} {ratio:g}x"
 
 
 def main_model_runs(runs: Sequence[dict]) -> list[dict]:
-    """The runs of the model with the most runs (a profile's main model; scaling runs are left out)."""
-    counts = defaultdict(int)
-    for r in runs:
-        counts[r["model"]] += 1
-    main = min(counts, key=lambda m: (-counts[m], m)) if counts else None
+    """The runs of the profile's main model (:func:`mapl.report.rows.main_model`: width studies left out)."""
+    from .report.rows import main_model
+    main = main_model([{"group": "", **r} for r in runs])
     return [r for r in runs if r["model"] == main]
 
 
@@ -81,44 +82,89 @@ def _key(r: dict) -> tuple:
     return ratio_key(r["method"], r["ratio"])
 
 
+def _variant(r: dict) -> str:
+    return r.get("variant", r["method"])
+
+
+def _spread(values: Sequence[float]) -> dict:
+    """mean, sample sd, min, max and the Student t 95% interval of the mean (None below two values)."""
+    from .report.stats import t_interval
+    n = len(values)
+    mean = sum(values) / n
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else None
+    return {"mean": mean, "sd": sd, "min": min(values), "max": max(values), "ci95": t_interval(values)}
+
+
 def steps_ratios(runs: Sequence[dict], target_pct: float = 2.0) -> list[dict]:
-    """Per (method, ratio, budget): steps to reach uncompressed's final loss + ``target_pct`` %, divided
-    by uncompressed's steps to it, paired by seed (same budget and seed), then mean/min/max over seeds.
-    A run that never gets there within its budget gives a lower bound (``censored``)."""
+    """Per (model, variant, wire ratio, budget): the steps to reach uncompressed's final loss + ``target_pct``
+    %, divided by uncompressed's steps to it, paired by seed (the same budget and seed: the same tokens),
+    then its spread over seeds (:func:`_spread`; ``per_seed``: seed -> ratio). A run that never gets there
+    within its budget gives a lower bound, budget / uncompressed's steps (counted in ``censored``)."""
     dense = {(r["model"], r["steps"], r["seed"]): r for r in runs if r["method"] == "none"}
-    per = defaultdict(list)
+    per = defaultdict(dict)
     for r in runs:
         ref = dense.get((r["model"], r["steps"], r["seed"]))
         if r["method"] == "none" or ref is None:
             continue
         target = ref["final"] * (1 + target_pct / 100)
         n_ref, n = steps_to_target(ref["curve"], target), steps_to_target(r["curve"], target)
-        if not n_ref:
-            continue
-        per[(r["model"], *_key(r), r["steps"])].append((n / n_ref if n is not None else r["steps"] / n_ref, n is None))
+        if n_ref:
+            per[(r["model"], r["method"], _variant(r), _key(r)[1], r["steps"])][r["seed"]] = \
+                (n / n_ref if n is not None else r["steps"] / n_ref, n is None)
     out = []
-    for (model, method, ratio, budget), vals in sorted(per.items()):
-        xs = [v for v, _ in vals]
-        out.append({"model": model, "method": method, "ratio": ratio, "budget": budget, "seeds": len(xs),
-                    "mean": sum(xs) / len(xs), "min": min(xs), "max": max(xs),
-                    "censored": sum(c for _, c in vals), "target_pct": target_pct})
+    for (model, method, variant, ratio, budget), seeds in sorted(per.items()):
+        xs = [v for v, _ in seeds.values()]
+        out.append({"model": model, "method": method, "variant": variant, "ratio": ratio, "budget": budget,
+                    "seeds": len(xs), "per_seed": {s: v for s, (v, _) in sorted(seeds.items())}, **_spread(xs),
+                    "censored": sum(c for _, c in seeds.values()), "target_pct": target_pct})
     return out
 
 
+def steps_ratio_table(ratios: Sequence[dict]) -> str:
+    """Markdown: one row per (variant, wire ratio), one column per budget (training length): the mean steps
+    ratio ± sd over seeds [min, max], n seeds (a ``>`` marks a lower bound: some seed never got there)."""
+    budgets = sorted({r["budget"] for r in ratios})
+    rows = defaultdict(dict)
+    for r in ratios:
+        rows[(r["method"], r["variant"], r["ratio"])][r["budget"]] = r
+    lines = ["| method | " + " | ".join(f"{b:,} steps" for b in budgets) + " |", "|---|" + "---|" * len(budgets)]
+    for (_, variant, ratio), cells in sorted(rows.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2])):
+        txt = []
+        for b in budgets:
+            c = cells.get(b)
+            if c is None:
+                txt.append("")
+                continue
+            sd = f" ± {c['sd']:.2f}" if c["sd"] is not None else ""
+            txt.append(f"{'>' if c['censored'] else ''}{c['mean']:.2f}{sd} [{c['min']:.2f}, {c['max']:.2f}], n={c['seeds']}"
+                       + (f" ({c['censored']} censored)" if c["censored"] else ""))
+        lines.append(f"| {run_label(variant, ratio)} | " + " | ".join(txt) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def ratio_trend(runs: Sequence[dict]) -> list[dict]:
-    """Along the longest budget: for each evaluation step s of uncompressed (same seed), the steps a method
-    needs to reach uncompressed's loss at s, divided by s (None: not reached within the run)."""
-    longest = max((r["steps"] for r in runs), default=0)
-    dense = {r["seed"]: r for r in runs if r["method"] == "none" and r["steps"] == longest}
-    out = []
+    """Along each (variant, wire ratio)'s longest budget that has uncompressed runs on the same seeds: at
+    each evaluation step s of uncompressed, the steps the method needs to reach uncompressed's loss at s
+    (same seed), divided by s; mean/min/max over the seeds that reach it (``reached`` of ``seeds``)."""
+    dense = {(r["model"], r["steps"], r["seed"]): r for r in runs if r["method"] == "none"}
+    paired = defaultdict(list)
     for r in runs:
-        ref = dense.get(r["seed"])
-        if r["method"] == "none" or r["steps"] != longest or ref is None:
-            continue
-        for s, loss in ref["curve"]:
-            n = steps_to_target(r["curve"], loss)
-            out.append({"method": r["method"], "ratio": r["ratio"], "seed": r["seed"], "step": s,
-                        "dense_loss": loss, "steps_ratio": None if n is None else n / s})
+        if r["method"] != "none" and (r["model"], r["steps"], r["seed"]) in dense:
+            paired[(r["model"], r["method"], _variant(r), _key(r)[1])].append(r)
+    out = []
+    for (model, method, variant, ratio), rs in sorted(paired.items()):
+        budget = max(r["steps"] for r in rs)
+        points = defaultdict(list)
+        for r in (r for r in rs if r["steps"] == budget):
+            for s, loss in dense[(model, budget, r["seed"])]["curve"]:
+                n = steps_to_target(r["curve"], loss)
+                points[s].append((loss, None if n is None else n / s))
+        for s, vals in sorted(points.items()):
+            got = [v for _, v in vals if v is not None]
+            out.append({"method": method, "variant": variant, "ratio": ratio, "budget": budget, "step": s,
+                        "dense_loss": sum(l for l, _ in vals) / len(vals), "seeds": len(vals), "reached": len(got),
+                        "mean": sum(got) / len(got) if got else None, "min": min(got, default=None),
+                        "max": max(got, default=None)})
     return out
 
 
@@ -143,31 +189,50 @@ def paper_steps_ratios(scale: str, stages: int = 4, tokens: float | None = None)
             continue
         delta = base * e["delta_pct"] / 100            # the paper's percentages come from unrounded losses
         rs = [ratio_from_penalty(delta, tokens, f) for f in LOSS_FITS]
-        out[e["method"]] = {"low": min(rs), "high": max(rs), "delta": delta, "ratio": e["ratio"],
-                            "proj_ratio": e["proj_ratio"]}
+        out[e["method"]] = {"low": min(rs), "high": max(rs), "delta": delta, "ratio": e["reported_ratio"],
+                            "proj_ratio": e["projection_ratio"]}
     return out
+
+
+def _mean_curve(runs: Sequence[dict]) -> list:
+    """The mean validation curve over ``runs`` at the evaluation steps they share."""
+    curves = [dict(r["curve"]) for r in runs]
+    common = sorted(set.intersection(*(set(c) for c in curves))) if curves else []
+    return [(s, sum(c[s] for c in curves) / len(curves)) for s in common]
+
+
+def common_target(runs: Sequence[dict], target_pct: float = 2.0) -> tuple[float, int, int] | None:
+    """The measured time-to-target table's target (mapl.report.ttt): uncompressed's final loss at its
+    longest budget, mean over seeds, + ``target_pct`` %. Returns (target, budget, seeds), None without one."""
+    dense = [r for r in runs if r["method"] == "none"]
+    if not dense:
+        return None
+    budget = max(r["steps"] for r in dense)
+    finals = [r["final"] for r in dense if r["steps"] == budget]
+    return sum(finals) / len(finals) * (1 + target_pct / 100), budget, len(finals)
 
 
 def time_to_target_rows(runs: Sequence[dict], cases: dict, bandwidths: Sequence[float], latency_s: float = 0.0,
                         target_pct: float = 2.0) -> list[dict]:
-    """The measured time-to-target table's rule (mapl.report): one target, the longest uncompressed run's
-    final loss + ``target_pct`` %; steps on the longest run of each (method, ratio); times on each link
-    from ``cases`` ((method, ratio) -> costmodel.Case)."""
+    """The measured time-to-target table's rule (mapl.report.ttt): one target (:func:`common_target`); for each
+    (method, wire ratio) in ``cases`` (-> costmodel.Case), the steps to it on the mean curve over the seeds of
+    its longest default-configured run; the step time of its Case on each link."""
     from .link import LinkProfile
-    dense = [r for r in runs if r["method"] == "none"]
-    ref = max(dense, key=lambda r: (r["steps"], -r["seed"]))
-    target = ref["final"] * (1 + target_pct / 100)
+    common = common_target(runs, target_pct)
+    if common is None:
+        return []
+    target = common[0]
     out = []
     for key, case in cases.items():
-        cands = [r for r in runs if _key(r) == key]
-        if not cands:
-            continue
-        run = max(cands, key=lambda r: (r["steps"], -r["seed"]))
-        n = steps_to_target(run["curve"], target)
+        cands = [r for r in runs if _key(r) == key and _variant(r) == r["method"]]
+        budget = max((r["steps"] for r in cands), default=None)
+        longest = [r for r in cands if r["steps"] == budget]
+        n = steps_to_target(_mean_curve(longest), target) if longest else None
         for bw in bandwidths:
             st = case.step_time(LinkProfile(f"{bw:g}", bw, latency_s))
-            out.append({"method": key[0], "ratio": key[1], "run": run["run"], "bandwidth_bps": bw, "target": target,
-                        "steps_to_target": n, "step_s": st, "time_s": None if n is None else n * st})
+            out.append({"method": key[0], "ratio": key[1], "budget": budget, "seeds": len(longest), "target": target,
+                        "bandwidth_bps": bw, "latency_s": latency_s, "steps_to_target": n, "step_s": st,
+                        "time_s": None if n is None else n * st})
     return out
 
 
@@ -225,3 +290,48 @@ def validated_error(path: str | Path, min_comm: float = 0.25, default: float | N
     cells = json.loads(path.read_text())["cells"]
     errs = [abs(c["error"]) for c in cells if c["comm_fraction"] >= min_comm and c.get("error") is not None]
     return max(errs) if errs else default
+
+
+def steps_report(runs: Sequence[dict], target_pct: float = 2.0) -> str:
+    """Markdown: :func:`steps_ratio_table` of ``runs``, then :func:`ratio_trend` along the runs longer than
+    the shortest budget (one line per method: its ratio at uncompressed's loss of each evaluation)."""
+    ratios = steps_ratios(runs, target_pct)
+    if not ratios:
+        return "No run has an uncompressed run of the same budget and seed to compare with.\n"
+    text = (f"Steps to reach uncompressed's final loss + {target_pct:g} % (same budget and seed), relative to "
+            f"uncompressed's: mean ± sd over seeds [min, max]; '>': a lower bound (a seed never got there).\n\n"
+            + steps_ratio_table(ratios))
+    shortest = min(r["budget"] for r in ratios)
+    lines = defaultdict(list)
+    for t in ratio_trend(runs):
+        if t["budget"] > shortest:
+            got = "never" if t["mean"] is None else f"{t['mean']:.2f}" + ("" if t["reached"] == t["seeds"] else
+                                                                           f" ({t['reached']}/{t['seeds']} seeds)")
+            lines[(run_label(t["variant"], t["ratio"]), t["budget"])].append(f"{t['step']:,}: {got}")
+    if lines:
+        text += ("\nAlong the longest runs: steps to reach uncompressed's loss at step s (same seed), divided by s, "
+                 "mean over seeds:\n\n" + "\n".join(f"* {name} ({budget:,} steps): " + ", ".join(cells)
+                                                   for (name, budget), cells in lines.items()) + "\n")
+    return text
+
+
+def main(argv=None) -> int:
+    """``python -m mapl.planner [RESULTS_DIR] [--target-pct 2]``: the steps-to-target ratio of every method and
+    variant against uncompressed, per training length (paired by seed), and along the longest runs."""
+    import argparse
+    import sys
+    ap = argparse.ArgumentParser(prog="python -m mapl.planner", description=main.__doc__)
+    ap.add_argument("results", nargs="?", default="reports/cpu/results", type=Path)
+    ap.add_argument("--target-pct", type=float, default=2.0, help="target: uncompressed's final loss + this %%")
+    a = ap.parse_args(argv)
+    if not a.results.is_dir():
+        print(f"error: results folder {a.results} does not exist", file=sys.stderr)
+        return 2
+    runs = main_model_runs(load_runs(a.results, variants=True))
+    print(f"{len(runs)} runs of the main model in {a.results}\n")
+    print(steps_report(runs, a.target_pct))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,6 +1,6 @@
 """The DVC pipeline on any profile in a temporary copy of this checkout, so nothing here changes.
 
-    python -m mapl.workspace smoke              # micro profile up to the report, then a second repro that must
+    python -m mapl.workspace smoke              # micro profile up to the report and plan, then a second repro that must
                                                 # do nothing; this checkout's `git status` must not change (make smoke)
     python -m mapl.workspace repro --profile paper-smoke --copy-back
                                                 # a non-default profile; then reports/paper-smoke/ is copied here
@@ -33,10 +33,9 @@ from .config import PROJECT_ROOT
 
 __all__ = ["SMOKE_TARGETS", "checkout_files", "tool_env", "make_copy", "dvc", "repro", "smoke", "compare_outputs", "verify", "main"]
 
-# what `make smoke` reproduces: the report and everything it needs (prepare, train@*). The plan stage
-# (notebooks/when_it_pays.ipynb) is left out until it handles a profile that reports/bench/pipeline.json
-# has no measurements for (on micro its heat map gets an empty grid)
-SMOKE_TARGETS = ("report",)
+# what `make smoke` reproduces: the report and the planner on the profile, and everything they need
+# (prepare, train@*). plan-paper (profile-independent: no micro code path; a minute or two of crossover searches) is left out.
+SMOKE_TARGETS = ("report", "plan")
 _GIT_ID = {"GIT_AUTHOR_NAME": "mapl workspace", "GIT_AUTHOR_EMAIL": "workspace@mapl.invalid",
            "GIT_COMMITTER_NAME": "mapl workspace", "GIT_COMMITTER_EMAIL": "workspace@mapl.invalid"}
 
@@ -144,7 +143,7 @@ def _git_status(root: Path) -> str:
 
 
 def smoke(root: Path = PROJECT_ROOT, keep: bool = False, capture: bool = False) -> tuple[Path | None, str]:
-    """The pipeline up to the report (:data:`SMOKE_TARGETS`) on ``micro`` in a copy; a second
+    """The pipeline up to the report and plan (:data:`SMOKE_TARGETS`) on ``micro`` in a copy; a second
     ``dvc repro`` must do nothing and this
     checkout's ``git status`` must not change. Returns the copy's path (when ``keep``, else None) and
     the first repro's output (when ``capture``, else '')."""
@@ -161,7 +160,7 @@ def smoke(root: Path = PROJECT_ROOT, keep: bool = False, capture: bool = False) 
     except BaseException:
         _done(dest, keep)
         raise
-    print(f"smoke: prepare, train@* and report on micro, second repro a no-op, checkout untouched ({time.monotonic() - t0:.0f} s)",
+    print(f"smoke: prepare, train@*, report and plan on micro, second repro a no-op, checkout untouched ({time.monotonic() - t0:.0f} s)",
           flush=True)
     _done(dest, keep)
     return (dest if keep else None), log

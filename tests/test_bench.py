@@ -74,3 +74,43 @@ def test_baseline_comparison(bench, report, tmp_path):
     assert b["search"] and all(s["speedup"] > 0 for s in b["search"])
     assert b["ops"] and b["ops"][0]["pack"]["before"] > 0
     assert "Before / after" in (tmp_path / "c.md").read_text()
+
+
+def _prepared(profile: str) -> bool:
+    from mapl.config import load_run_config
+    from mapl.engine import resolve_data_dir
+    return (resolve_data_dir(load_run_config(profile)) / "manifest.json").exists()
+
+
+def _script(args: list[str], tmp: Path) -> dict:
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, *args, "--out-json", str(tmp / "b.json"), "--out-md", str(tmp / "b.md")],
+                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads((tmp / "b.json").read_text())
+
+
+@pytest.mark.slow
+def test_costmodel_benchmark_runs_micro_cells_on_the_runtime(tmp_path):
+    """benchmarks/costmodel.py reads the runtime's results (pipeline section of mapl.runtime.measure)."""
+    if not _prepared("micro"):
+        pytest.skip("micro data not prepared (python -m mapl.data --profile micro)")
+    bench = _script(["benchmarks/costmodel.py", "--profile", "micro", "--widths", "64", "--bandwidths", "10e6",
+                     "--latencies-ms", "1", "--mapl-width", "64", "--mapl-ratio", "4", "--seq-len", "32", "--steps", "3"],
+                    tmp_path)
+    assert [c["method"] for c in bench["cells"]] == ["none", "mapl"]
+    for c in bench["cells"]:
+        assert c["wire_bytes_match_meter"] and c["measured_step_s"] > 0 and c["runtime_clock_step_s"] > 0
+
+
+@pytest.mark.slow
+def test_memory_benchmark_hooks_the_runtime_stage_build(tmp_path):
+    """benchmarks/memory.py measures each rank around PipelineEngine._build_model (mapl.runtime.worker)."""
+    if not (ROOT / "data" / "shakespeare-bpe2048" / "manifest.json").exists():
+        pytest.skip("cpu data not prepared (python -m mapl.data --profile cpu)")
+    bench = _script(["benchmarks/memory.py", "--model", "micro", "--stages", "2", "--cases", "1f1b:mapl", "--steps", "2",
+                     "--seq-len", "32", "--micro-batches", "2", "--micro-batch-size", "1"], tmp_path)
+    (case,) = bench["cases"]
+    assert bench["model"] == "micro" and len(case["stages"]) == 2
+    assert all(s["measured_train_peak"] > 0 and s["measured_setup_peak"] > 0 for s in case["stages"])

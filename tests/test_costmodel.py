@@ -9,7 +9,7 @@ from mapl.config import load_run_config
 from mapl.costmodel import (BoundaryBytes, Case, GPUSpec, StageCompute, _wall_clock, boundary_bytes, build_case,
                             gpu_hours, simulate_inbound, stage_flops)
 from mapl.link import IDEAL, LinkProfile, StepMeasurement
-from mapl.planner import crossover_bandwidth, crossover_interval, ratio_from_penalty, steps_ratios
+from mapl.planner import crossover_bandwidth, crossover_interval, ratio_from_penalty, ratio_key, steps_ratios
 from mapl.stages import split_layers
 
 MICRO = dict(d=64, q=64, kv=64, f=192, V=256)
@@ -172,7 +172,7 @@ def test_bench_cases_reproduce_the_runtime_clock():
     link = LinkProfile("x", 30e6, 0.01)
     for e in json.loads(path.read_text())["methods"]:
         meas = StepMeasurement(**e["timing"])
-        case = next(c for (m, r), c in cases.items() if m == e["method"] and r == round(e["ratio"], 3))
+        case = cases[ratio_key(e["method"], e["ratio"])]
         assert case.step_time(link) == pytest.approx(step_time(meas, link), rel=1e-12)
 
 
@@ -183,3 +183,119 @@ def test_peer_inbound_clock_reproduces_published_step_times():
         assert res["methods"][m]["theirs_step_s"] == pytest.approx(spec["step_s"], rel=0.03)
     assert res["methods"]["ssn"]["bytes_per_token_fwd"] == 322.0          # 160 bf16 coordinates + an int16 id
     assert res["speedup_theirs"] == pytest.approx(PEER["speedup"], rel=0.03)
+
+
+# ---- the planner's summaries and views (mapl.planner, mapl.planner_views) ---------------------------------
+def _run(method, seed, curve, steps=300, variant=None, ratio=None):
+    return {"run": f"{variant or method}-{steps}-s{seed}", "method": method, "variant": variant or method,
+            "ratio": ratio or (1.0 if method == "none" else 8.0), "steps": steps, "seed": seed, "model": "tiny",
+            "final": curve[-1][1], "curve": curve}
+
+
+def _runs():
+    dense = [[100, 4.0], [200, 3.06], [300, 3.0]]
+    return [_run("none", 0, dense), _run("none", 1, dense),
+            _run("mapl", 0, [[100, 4.0], [200, 3.5], [300, 3.06]]), _run("mapl", 1, [[100, 4.0], [200, 3.5], [300, 3.06]]),
+            _run("mapl", 0, [[100, 4.0], [200, 3.5], [300, 3.2]], variant="mapl-fixed"),
+            _run("none", 0, [[200, 3.06], [400, 2.9], [600, 2.85]], steps=600),
+            _run("mapl", 0, [[200, 3.2], [400, 3.0], [600, 2.9]], steps=600)]
+
+
+def test_steps_ratio_table_lengths_variants_and_trend():
+    from mapl.planner import ratio_trend, steps_ratio_table, steps_ratios, steps_report
+    ratios = steps_ratios(_runs())
+    by = {(r["variant"], r["budget"]): r for r in ratios}
+    assert by[("mapl", 300)]["seeds"] == 2 and by[("mapl", 300)]["mean"] == pytest.approx(1.5)
+    assert by[("mapl", 300)]["sd"] == pytest.approx(0.0) and by[("mapl", 300)]["per_seed"] == {0: 1.5, 1: 1.5}
+    assert by[("mapl-fixed", 300)]["censored"] == 1 and by[("mapl", 600)]["seeds"] == 1
+    table = steps_ratio_table(ratios)
+    assert table.splitlines()[0] == "| method | 300 steps | 600 steps |"
+    assert "| mapl-fixed 8x | >1.50 [1.50, 1.50], n=1 (1 censored) |  |" in table
+    trend = {(t["variant"], t["step"]): t for t in ratio_trend(_runs())}
+    # along the 600-step runs: uncompressed's loss at 200 (3.06) is reached by mapl at 340 (on its line 3.2 -> 3.0)
+    assert trend[("mapl", 200)]["mean"] == pytest.approx(1.7) and trend[("mapl", 600)]["mean"] is None
+    assert trend[("mapl-fixed", 300)]["budget"] == 300
+    text = steps_report(_runs())
+    assert "mapl 8x (600 steps): 200: 1.70, 400: 1.50, 600: never" in text
+    assert steps_report([_run("mapl", 0, [[100, 3.0]])]).startswith("No run has an uncompressed run")
+
+
+def test_time_to_target_rows_use_the_common_target_and_mean_curves():
+    from mapl.planner import common_target, time_to_target_rows
+    runs = _runs()
+    target, budget, seeds = common_target(runs)
+    assert (budget, seeds) == (600, 1) and target == pytest.approx(2.85 * 1.02)
+    runs += [_run("int8", 0, [[100, 4.0], [300, 3.0]], ratio=2.0)]
+    cases = {("none", 1.0): _Lin(1.0, 0.0), ("mapl", 8.0): _Lin(0.5, 0.0), ("ssn", 8.0): _Lin(0.5, 0.0),
+             ("int8", 2.0): _Lin(0.5, 0.0)}
+    rows = {r["method"]: r for r in time_to_target_rows(runs, cases, [1e9])}
+    assert rows["none"]["budget"] == 600 and rows["none"]["steps_to_target"] == pytest.approx(200 + 200 * (3.06 - target) / 0.16)
+    assert rows["mapl"]["steps_to_target"] == pytest.approx(400 + 200 * (3.0 - target) / 0.1) and rows["mapl"]["seeds"] == 1
+    assert rows["mapl"]["time_s"] == pytest.approx(0.5 * rows["mapl"]["steps_to_target"])
+    assert rows["int8"]["budget"] == 300 and rows["int8"]["steps_to_target"] is None and rows["int8"]["time_s"] is None
+    assert rows["ssn"]["budget"] is None and rows["ssn"]["time_s"] is None
+    assert common_target([_run("mapl", 0, [[100, 3.0]])]) is None
+
+
+class _Lin:
+    """A case whose step is compute + bytes / bandwidth + latency (what the planner needs of a Case)."""
+
+    def __init__(self, compute: float, bits: float):
+        self.compute, self.bits = compute, bits
+
+    def step_time(self, link) -> float:
+        return self.compute + self.bits / link.bandwidth_bps + link.latency_s
+
+    def scaled(self, k: float) -> "_Lin":
+        return _Lin(self.compute * k, self.bits)
+
+
+def test_plan_crossovers_grid_and_empty_views():
+    from mapl.planner_views import bandwidth_text, crossover_table, plan
+    cases = {"none": _Lin(1.0, 8e9), "mapl 8x": _Lin(1.2, 1e9), "ssn 8x": _Lin(1.0, 1e9)}
+    steps = {"none": (100, 100), "mapl 8x": (100, 100), "ssn 8x": None}
+    res = plan(cases, steps, [1e6, 1e7], [0.0, 0.05], 0.0, 0.0, rival="ssn 8x")
+    # mapl is faster below 1.2 + 1e9/bw = 1 + 8e9/bw <=> bw = 7e9 / 0.2 = 35 Gbit/s
+    c = res["crossovers"][("mapl 8x", "none")]
+    assert c["mid"] == pytest.approx(35e9, rel=1e-6) and bandwidth_text(c["mid"]) == "35 Gbit/s"
+    assert res["bandwidths"][-1] >= 3 * 35e9 and res["bandwidths"][:3] == [1e6, 1e7, 3e7]     # extended to span it
+    assert len(res["grid"]["mapl 8x"]) == 2 and len(res["grid"]["mapl 8x"][0]) == len(res["bandwidths"])
+    assert res["never"] == ["ssn 8x"] and not res["empty"]
+    assert "| mapl 8x | none | 35 Gbit/s | 35 Gbit/s |" in crossover_table(res)
+    fixed = plan(cases, steps, [1e6, 1e7], [0.0], 0.0, 0.0, fit_grid=False)
+    assert fixed["bandwidths"] == [1e6, 1e7]
+    # only the reference reaches the target: nothing to compare, said in one line
+    alone = plan(cases, {"none": (100, 100), "mapl 8x": None}, [1e6], [0.0], 0.0, 0.1)
+    assert alone["grid"] == {"none": [[1.0]]} and set(alone["empty"]) == {"heatmap", "crossovers"}
+    assert crossover_table(alone).startswith("No crossover to show: no compressed method reaches the target.")
+    gone = plan(cases, {"none": None, "mapl 8x": (1, 1)}, [1e6], [0.0], 0.0, 0.1)
+    assert gone["empty"]["heatmap"] == "no speedup against none: none never reaches the target"
+    assert plan(cases, {}, [1e6], [0.0], 0.0, 0.1)["empty"]["curve"] == "no method reaches the target"
+    assert [bandwidth_text(x) for x in (math.inf, 0.0, 2.5e5, 44.8e6, 1.5e12)] == \
+        ["every bandwidth", "none", "250 kbit/s", "44.8 Mbit/s", "1.5 Tbit/s"]
+
+
+def test_figures_never_blank():
+    pytest.importorskip("matplotlib")
+    from mapl.planner_views import curve_figure, heatmap_figure
+    assert heatmap_figure({"none": [[1.0]]}, [1e6], [0.0]) is None
+    assert curve_figure({}, [1e6], 0.1) is None
+    fig = heatmap_figure({"none": [[1.0, 1.0]], "mapl": [[1.1, 0.9]]}, [1e6, 1e7], [0.0])
+    assert fig is not None and fig.axes[0].collections[0].norm.vmax == pytest.approx(1.25)
+
+
+def test_planner_reproduces_the_measured_time_to_target_table():
+    """The profile case recomputes reports/cpu/tables/time-to-target.csv (mapl.report.ttt) from the cost
+    model's cases: same steps rule, step times equal to the runtime's clock."""
+    from pathlib import Path
+    from mapl.planner import load_runs, main_model_runs
+    from mapl.planner_views import bench_cases, bench_profile, reproduce_table
+    root = Path(__file__).resolve().parents[1]
+    csv_path, bench, results = (root / "reports/cpu/tables/time-to-target.csv", root / "reports/bench/pipeline.json",
+                                root / "reports/cpu/results")
+    if not (csv_path.exists() and results.is_dir()) or bench_profile(bench) != "cpu":
+        pytest.skip("no committed cpu results, time-to-target table or cpu pipeline benchmark")
+    runs = main_model_runs(load_runs(results))
+    rep = reproduce_table(csv_path, runs, bench_cases(bench, "cpu"), 2.0)
+    assert rep["cells"] > 0 and not rep["missing"] and not rep["never_differs"]
+    assert rep["max_rel_diff"] < 1e-3          # the table prints 0.1 s

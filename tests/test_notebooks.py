@@ -1,4 +1,4 @@
-"""The DVC pipeline and its notebooks: `make smoke` (every stage on the micro profile in a temporary
+"""The DVC pipeline and its notebooks: `make smoke` (the profile's stages on the micro profile in a temporary
 copy of this checkout), nbval on its executed notebooks, reuse of checkpoints when DVC reruns a group,
 the paper-smoke rehearsal, `make verify`; and fast static checks of dvc.yaml, params.yaml and the
 committed notebooks. Nothing here writes into the repository (the smoke run checks `git status`).
@@ -16,7 +16,7 @@ from mapl import reuse, workspace
 from mapl.config import load_params
 
 ROOT = Path(__file__).resolve().parents[1]
-NOTEBOOKS = ("data", "train", "report")
+NOTEBOOKS = ("data", "train", "report", "when_it_pays")
 GROUPS = ["main", "seeds", "ablations", "long", "longer", "tokens", "width", "rvq_sync", "tune", "tune2"]
 DVC = yaml.safe_load((ROOT / "dvc.yaml").read_text())
 # modules a training run imports that cannot change its numbers (so they are not training sources)
@@ -59,8 +59,9 @@ def _checked_text(nb_path: Path) -> str:
 @pytest.mark.slow
 def test_smoke_runs_every_stage_into_the_micro_folders(smoke):
     dest, log = smoke
-    for stage in ["prepare", *(f"train@{g}" for g in GROUPS), "report"]:
+    for stage in ["prepare", *(f"train@{g}" for g in GROUPS), "report", "plan"]:
         assert f"Running stage '{stage}'" in log, stage
+    assert "Running stage 'plan-paper'" not in log
     assert "group main (1 of 10 groups): 4 run(s): 0 current" in log and "run 1 of 4 micro-P2-none-s0 step 20/20 loss" in log
     stamp = json.loads((dest / "data" / "micro.manifest.json").read_text())
     assert stamp["profile"] == "micro" and (dest / stamp["data_dir"] / "manifest.json").exists()
@@ -71,7 +72,7 @@ def test_smoke_runs_every_stage_into_the_micro_folders(smoke):
     res = json.loads((out / "results" / "width" / "micro-d32-P2-mapl-4x-s0.json").read_text())
     assert res["provenance"]["code_fingerprint"] == reuse.code_fingerprint(dest)
     assert sorted(p.name for p in (out / "notebooks").iterdir()) == sorted(
-        ["data.ipynb", "report.ipynb", *(f"train-{g}.ipynb" for g in GROUPS)])
+        ["data.ipynb", "report.ipynb", "when_it_pays.ipynb", *(f"train-{g}.ipynb" for g in GROUPS)])
     for nb in (out / "notebooks").iterdir():
         assert not [o for o in _outputs(nb) if o["output_type"] == "error"], nb.name
         checked = _checked_text(nb)
@@ -80,6 +81,15 @@ def test_smoke_runs_every_stage_into_the_micro_folders(smoke):
     assert "step 20/20" not in train_main and "| 1 | micro-P2-none-s0 | trained |" in train_main   # progress cleared
     assert "nothing to train" in _text(out / "notebooks" / "train-longer.ipynb")
     assert (out / "metrics.json").exists() and list((out / "figures").glob("*.png")) and list((out / "tables").glob("*.md"))
+    plan = _checked_text(out / "notebooks" / "when_it_pays.ipynb")       # FLOP-based: no step measurement of micro
+    assert "no step measurement of micro" in plan and ("Crossover bandwidth" in plan or "No crossover" in plan)
+    assert "Target: validation loss" in plan and "Measured time-to-target table not reproduced" in plan
+    assert (out / "plan" / "tables" / "when-it-pays-profile.md").exists()
+    assert (out / "plan" / "tables" / "when-it-pays-profile.csv").exists()
+    drawn = {p.name for p in (out / "plan" / "figures").glob("*.png")}
+    text = _text(out / "notebooks" / "when_it_pays.ipynb")
+    for kind in ("heatmap", "curve"):                  # each view is drawn or says why not: never a blank figure
+        assert f"when-it-pays-{kind}.png" in drawn or f"no {kind} to draw" in text, kind
     assert not (ROOT / "reports" / "micro").exists()
 
 
@@ -88,7 +98,7 @@ def test_nbval_on_executed_micro_notebooks(smoke):
     """nbval re-executes executed notebooks with their injected parameters, from their own folder."""
     pytest.importorskip("nbval")
     dest, _ = smoke
-    nbs = [f"reports/micro/notebooks/{n}.ipynb" for n in ("data", "train-main", "report")]   # train-* share one notebook
+    nbs = [f"reports/micro/notebooks/{n}.ipynb" for n in ("data", "train-main", "report", "when_it_pays")]  # train-* share one
     p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--nbval-lax",
                         "--nbval-current-env", "--rootdir", str(dest), *nbs], cwd=dest, env=workspace.tool_env(ROOT),
                        capture_output=True, text=True, timeout=900)
@@ -156,9 +166,32 @@ def test_committed_notebook_is_clean_and_parameterized(name):
     assert nb["metadata"]["kernelspec"]["name"] == "python3"
 
 
+def test_plan_paper_outputs_are_committed_and_labelled():
+    """The paper case (stage plan-paper) is committed: a model-based prediction, crossovers of MAPL,
+    MAPL+RVQ and SSN against uncompressed at 150M and 1B."""
+    import csv
+    base = ROOT / "reports" / "paper"
+    md = (base / "plan-paper" / "tables" / "when-it-pays-paper.md").read_text()
+    assert md.startswith("# When compression pays (paper case, model-based prediction, no training results read)")
+    with open(base / "plan-paper" / "tables" / "when-it-pays-paper.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    for model in ("150M", "1B"):
+        against_none = {r["method"].split()[0] for r in rows if r["model"] == model and r["against"] == "none"}
+        assert against_none == {"ssn", "mapl", "mapl-rvq"}, model
+        for kind in ("heatmap", "curve"):
+            assert (base / "plan-paper" / "figures" / f"when-it-pays-{kind}-{model}.png").exists()
+    assert "MODEL-BASED PREDICTION" in _checked_text(base / "notebooks" / "when_it_pays-paper.ipynb")
+    stage = DVC["stages"]["plan-paper"]
+    assert "-p case paper" in stage["cmd"] and not any("${profile}" in d or d.startswith("reports/cpu") for d in stage["deps"])
+
+
+def _outs(st: dict) -> list[str]:
+    return [next(iter(o)) for o in st.get("outs", []) + st.get("metrics", []) + st.get("plots", [])]
+
+
 def test_dvc_yaml_stages():
     stages = DVC["stages"]
-    assert list(stages) == ["prepare", "train", "report", "plan"]
+    assert list(stages) == ["prepare", "train", "report", "plan", "plan-paper"]
     assert stages["train"]["foreach"] == GROUPS
     for name, st in stages.items():
         st = st.get("do", st)
@@ -166,8 +199,27 @@ def test_dvc_yaml_stages():
         for out in st.get("outs", []) + st.get("metrics", []) + st.get("plots", []):
             (path, opts), = out.items()
             assert opts == {"cache": False}, f"{name}: {path} must be committed (cache: false)"
-            assert path.startswith(("reports/${profile}/", "data/${profile}.")), f"{name}: {path} is not per profile"
+            # plan-paper is the one profile-independent stage: the paper's shapes, no training
+            allowed = ("reports/paper/",) if name == "plan-paper" else ("reports/${profile}/", "data/${profile}.")
+            assert path.startswith(allowed), f"{name}: {path} is not per profile"
     assert "python -m mapl.sweep --estimate --profile ${profile}" in stages["prepare"]["cmd"][0]
+
+
+def test_no_two_stages_share_an_output_in_any_profile():
+    """DVC refuses overlapping outputs: with every profile of params.yaml substituted (paper included,
+    where `plan` writes under reports/paper/ too), no output is inside another stage's output."""
+    for profile in load_params(ROOT / "params.yaml")["profiles"]:
+        outs = []
+        for name, st in DVC["stages"].items():
+            items = st["foreach"] if "foreach" in st else [None]
+            for item in items:
+                for path in _outs(st.get("do", st)):
+                    path = path.replace("${profile}", profile).replace("${item}", str(item))
+                    outs.append((f"{name}@{item}" if item else name, path.rstrip("/")))
+        for i, (a, pa) in enumerate(outs):
+            for b, pb in outs[i + 1:]:
+                assert pa != pb and not pb.startswith(pa + "/") and not pa.startswith(pb + "/"), \
+                    f"profile {profile}: {a} ({pa}) and {b} ({pb}) overlap"
 
 
 def test_train_deps_are_the_fingerprinted_sources():
