@@ -63,6 +63,7 @@ class Ctx:
     data: Path                      # the prepared data folder the run reads
     glob: str                       # the corpus files (for data.paths and `python -m mapl.data`)
     bug: frozenset
+    seeds: Path                     # finished runs, trained once per session (``seed``)
     pythonpath: Path = PROJECT
     procs: list = field(default_factory=list)       # helper processes (a lock holder) to stop at the end
     stdout: str = ""                # stdout read while the command ran (``during``)
@@ -177,18 +178,15 @@ def check_stderr(ctx: Ctx, err: str, mode: str, line) -> None:
 
 
 # ---- what rows set up ---------------------------------------------------------------------------------
-_SEEDS: dict[tuple, Path] = {}
-
-
 def seed(*flags: str) -> Callable[[Ctx], None]:
     """Setup: r.json and r.pt of a finished run of ``mapl.train @run <flags>`` in the row's folder
     (trained once per session, in this process, with the config the CLI builds from the same flags)."""
     def setup(ctx: Ctx) -> None:
         import torch
         import mapl.train as mtrain
-        key = (str(ctx.data), *flags)
-        if key not in _SEEDS:
-            where = Path(tempfile.mkdtemp(prefix="mapl-fault-seed-"))
+        where = ctx.seeds / hashlib.sha256(json.dumps([str(ctx.data), *flags]).encode()).hexdigest()[:16]
+        if not (where / "r.json").exists():
+            where.mkdir(parents=True, exist_ok=True)
             args = ctx.argv(f"mapl.train @run {' '.join(flags)} --out r.json --ckpt r.pt")[3:-4]
             threads = torch.get_num_threads()
             try:
@@ -196,9 +194,8 @@ def seed(*flags: str) -> Callable[[Ctx], None]:
                            ckpt=where / "r.pt", progress=False, log=lambda *a, **k: None)
             finally:
                 torch.set_num_threads(threads)
-            _SEEDS[key] = where
         for name in ("r.json", "r.pt"):
-            shutil.copy2(_SEEDS[key] / name, ctx.dir / name)
+            shutil.copy2(where / name, ctx.dir / name)
     return setup
 
 
@@ -408,22 +405,23 @@ HASH = "[0-9a-f]{64}"
 
 FAULTS = [
     # ---- configuration: flags, --set, params.yaml ---------------------------------------------------
-    Fault("set-wrong-type", "`--set` value of the wrong type", f"{T} --set train.steps=abc {IO}", 2,
+    Fault("set-wrong-type", "`--set` value of the wrong type (`train.steps=abc`)", f"{T} --set train.steps=abc {IO}", 2,
           r"^error: train\.steps='abc' is invalid: must be an integer$",
           "error: train.steps='abc' is invalid: must be an integer",
           "refused before any data or model is touched", "nothing written", "fix the value"),
-    Fault("set-out-of-range", "value out of its range (`grad_clip=-1`, `seed -1`, `lr -0.02`, ...)",
+    Fault("set-out-of-range", "a value out of its range (`--set train.grad_clip=-1`)",
           f"{T} --set train.grad_clip=-1 {IO}", 2, r"^error: train\.grad_clip=-1\.0 is invalid: must be >= 0$",
           "error: train.grad_clip=-1.0 is invalid: must be >= 0",
           "refused before any work", "nothing written", "fix the value"),
-    Fault("seed-negative", "negative seed flag", f"{T} --seed -1 {IO}", 2,
+    Fault("seed-negative", "a flag out of its range (`--seed -1`)", f"{T} --seed -1 {IO}", 2,
           r"^error: train\.seed=-1 is invalid: must be >= 0$", "error: train.seed=-1 is invalid: must be >= 0",
           "refused before any work", "nothing written", "fix the value", slow=True),
-    Fault("ratio-nan", "non-finite number (`--ratio nan`, `lr=1e400`)", f"{T} --method mapl --ratio nan {IO}", 2,
+    Fault("ratio-nan", "a non-finite number (`--ratio nan`)", f"{T} --method mapl --ratio nan {IO}", 2,
           r"^error: compressor\.ratio=nan is invalid: must be a finite number$",
           "error: compressor.ratio=nan is invalid: must be a finite number",
           "refused before any work", "nothing written", "fix the value"),
-    Fault("ratio-unreachable", "a ratio no integer rank gives", f"{T} --method mapl --ratio 3 {IO}", 2,
+    Fault("ratio-unreachable", "a ratio no integer rank gives (`--ratio 3` at d = 64)",
+          f"{T} --method mapl --ratio 3 {IO}", 2,
           r"^error: compressor\.ratio=3\.0 is invalid: .*reachable ratios divide 64",
           "error: compressor.ratio=3.0 is invalid: ... reachable ratios divide 64 ...",
           "refused before any work", "nothing written", "pick an allowed ratio", slow=True),
@@ -431,36 +429,38 @@ FAULTS = [
           r"^error: 'train' is a section: set one of its keys, e.g\. train\.steps=\.\.\.$",
           "error: 'train' is a section: set one of its keys, e.g. train.steps=...",
           "refused (no longer silently ignored)", "nothing written", "set a key of the section"),
-    Fault("set-unknown-key", "unknown key", f"{T} --set train.lr_magic=1 {IO}", 2,
+    Fault("set-unknown-key", "an unknown key (`--set train.lr_magic=1`)", f"{T} --set train.lr_magic=1 {IO}", 2,
           r"^error: 'train\.lr_magic': train has no key 'lr_magic'; allowed: \[.*'lr_muon'.*\]$",
           "error: 'train.lr_magic': train has no key 'lr_magic'; allowed: [...]",
           "refused before any work", "nothing written", "use an allowed key"),
-    Fault("set-unknown-section", "unknown section", f"{T} --set magic.key=1 {IO}", 2,
+    Fault("set-unknown-section", "an unknown section (`--set magic.key=1`)", f"{T} --set magic.key=1 {IO}", 2,
           r"^error: 'magic\.key' is not a setting: allowed sections \[", "error: 'magic.key' is not a setting: "
           "allowed sections [...]", "refused before any work", "nothing written", "use an allowed section", slow=True),
     Fault("set-malformed", "`--set` without `=`", f"{T} --set train.steps {IO}", 2,
           r"^error: --set 'train\.steps' is invalid: expected SECTION\.KEY=VALUE",
           "error: --set 'train.steps' is invalid: expected SECTION.KEY=VALUE, e.g. ...",
           "refused before any work", "nothing written", "write KEY=VALUE", slow=True),
-    Fault("checkpoint-every-zero", "`checkpoint_every=0` (was a ZeroDivisionError after a step)",
+    Fault("checkpoint-every-zero", "`--set train.checkpoint_every=0` (was a ZeroDivisionError after a step)",
           f"{T} --set train.checkpoint_every=0 {IO}", 2,
           r"^error: train\.checkpoint_every=0 is invalid: must be >= 1$",
           "error: train.checkpoint_every=0 is invalid: must be >= 1",
           "refused before any work", "nothing written", "fix the value"),
-    Fault("eval-offset-beyond-data", "`eval_offset` past the validation split", f"{T} --set train.eval_offset=100000000 {IO}",
+    Fault("eval-offset-beyond-data", "`eval_offset` past the validation split",
+          f"{T} --set train.eval_offset=100000000 {IO}",
           2, r"^error: train\.eval_offset=100000000 is invalid: the validation split has \d+ tokens, so it must be "
              r"<= \d+ \(validation windows of train\.seq_len=32\)$",
           "error: train.eval_offset=100000000 is invalid: the validation split has N tokens, so it must be <= M ...",
           "refused once the data is opened, before the model is built", "nothing written", "fix the value"),
-    Fault("bad-flag", "unknown command-line flag", f"{T} --bogus {IO}", 2,
+    Fault("bad-flag", "an unknown flag (`--bogus`)", f"{T} --bogus {IO}", 2,
           r"^python -m mapl\.train: error: unrecognized arguments: --bogus$",
           "usage: ... / python -m mapl.train: error: unrecognized arguments: --bogus",
           "argparse refuses it", "nothing written", "`--help` lists the flags", stderr="usage"),
-    Fault("bad-choice", "flag value outside its choices", f"{T} --method zip {IO}", 2,
+    Fault("bad-choice", "a flag value outside its choices (`--method zip`)", f"{T} --method zip {IO}", 2,
           r"^python -m mapl\.train: error: argument --method: invalid choice: 'zip' \(choose from .*mapl.*\)$",
           "usage: ... / python -m mapl.train: error: argument --method: invalid choice: 'zip' (choose from ...)",
           "argparse refuses it", "nothing written", "pick one of the listed values", stderr="usage", slow=True),
-    Fault("unknown-profile", "a profile params.yaml does not define", f"{T.replace('@run', '@run --profile gpu')} {IO}",
+    Fault("unknown-profile", "a profile params.yaml does not define (`--profile gpu`)",
+          f"{T.replace('@run', '@run --profile gpu')} {IO}",
           2, r"^python -m mapl\.train: error: argument --profile: invalid choice: 'gpu' \(choose from .*micro.*\)$",
           "usage: ... / python -m mapl.train: error: argument --profile: invalid choice: 'gpu' (choose from ...)",
           "argparse refuses it", "nothing written", "use a profile of params.yaml", stderr="usage"),
@@ -478,7 +478,7 @@ FAULTS = [
           r"^error: profiles\.micro\.train\.steps='many' is invalid: must be an integer$",
           "error: profiles.micro.train.steps='many' is invalid: must be an integer",
           "refused at start", "nothing written", "fix params.yaml",
-          setup=params_yaml(_set_in("profiles.micro.train.steps", "many"))),
+          setup=params_yaml(_set_in("profiles.micro.train.steps", "many")), slow=True),
     Fault("params-unknown-key", "params.yaml has an unknown section", f"{T} {IO}", 2,
           r"^error: profiles\.micro: unknown key\(s\) \['trian'\]; allowed: \[",
           "error: profiles.micro: unknown key(s) ['trian']; allowed: [...]",
@@ -486,7 +486,7 @@ FAULTS = [
           setup=params_yaml(_set_in("profiles.micro.trian", {"steps": 3})), slow=True),
     Fault("lr-overflow", "a learning rate so large that the optimizer's float32 update overflows",
           f"{T} --set train.lr_adam=1e38 {IO}", 4, r"(overflow|learning rate)",
-          "", "", "", "", bug=("code", "stderr"),
+          "", "", "", "", bug=("code", "stderr"), slow=True,
           reason="RuntimeError 'value cannot be converted to type float without overflow' from torch's AdamW step "
                  "escapes as a bug (exit 1, traceback); mapl/loop.py should report it as non-finite (exit 4)"),
     # ---- data ------------------------------------------------------------------------------------------
@@ -517,7 +517,7 @@ FAULTS = [
           r"`python -m mapl\.data --profile micro --rebuild`$",
           "error: <dir>/train.bin has N bytes, manifest.json says M (truncated or replaced); rebuild it with "
           "`python -m mapl.data --profile P --rebuild`", "refused", "the shard as it is, the manifest",
-          "`python -m mapl.data --profile P --rebuild`", own_data=True, setup=truncate("data/train.bin")),
+          "`python -m mapl.data --profile P --rebuild`", own_data=True, setup=truncate("data/train.bin"), slow=True),
     Fault("manifest-corrupt", "manifest.json is not JSON", f"{T} {IO}", 2,
           r"^error: data/manifest\.json is not a valid manifest \(JSONDecodeError: .*\); rebuild the folder with "
           r"`python -m mapl\.data --profile micro --rebuild`$",
@@ -594,7 +594,7 @@ FAULTS = [
           r"checkpoint is kept; lower the learning rate and resume from it with --resume-with-changes$",
           "error: non-finite training loss nan at step S; first non-finite value: stage K output (boundary K, ...). "
           "The last good checkpoint is kept; lower the learning rate and resume from it with --resume-with-changes",
-          "stops at the first non-finite step; a non-finite value is never checkpointed",
+          "stops at the first non-finite step, naming the step and the stage; the checkpoint is not updated",
           "the last checkpoint (byte for byte), the earlier results",
           "the same command with a lower LR and `--resume-with-changes`",
           setup=seed("--method mapl --ratio 4 --steps 2"),
@@ -608,17 +608,17 @@ FAULTS = [
           "", "", "", "", setup=seed("--method mapl --ratio 4 --steps 2"),
           after=checkpoint_step("r.pt", 2, 6, finite=True), changes=("r.pt",),
           recover=(f"{T} --method mapl --ratio 4 --steps 6 --set train.checkpoint_every=1 --resume-with-changes {IO}",),
-          recovered=results_steps(6, resumed=True), bug=("recover",),
+          recovered=results_steps(6, resumed=True), bug=("recover",), slow=True,
           reason="the 'last good' checkpoint is only finite: it was written after the step whose x1e30 update "
                  "diverged (the NaN shows one step later), so resuming it with a lower LR fails with NaN again "
                  "(mapl/loop.py, mapl/checkpoint.py)"),
-    Fault("interrupt", "Ctrl-C (SIGINT) or SIGTERM mid-run", f"{T} --steps 30 {TOO_LONG} {IO}", 130,
+    Fault("interrupt", "Ctrl-C (SIGINT) or SIGTERM mid-run", f"{T} --steps 12 {TOO_LONG} {IO}", 130,
           r"^interrupted: stopped after step \d+: checkpoint written; rerun the same command to resume$",
           "interrupted: stopped after step S: checkpoint written; rerun the same command to resume",
           "the step in flight completes, the checkpoint is written atomically",
           "the checkpoint of the last completed step", "rerun the same command (it resumes)",
-          during=signal_after(r"step 3/30 "), after=checkpoint_step("r.pt", 3, 30), creates=("r.pt",),
-          recover=(f"{T} --steps 30 {TOO_LONG} {IO}",), recovered=results_steps(30)),
+          during=signal_after(r"step 3/12 "), after=checkpoint_step("r.pt", 3, 12), creates=("r.pt",),
+          recover=(f"{T} --steps 12 {TOO_LONG} {IO}",), recovered=results_steps(12)),
     # ---- outputs -----------------------------------------------------------------------------------------
     Fault("out-equals-ckpt", "`--out x.pt --ckpt x.pt`", f"{T} --out r.pt --ckpt r.pt", 2,
           r"^error: --out r\.pt is also the checkpoint path: the results would overwrite the checkpoint; give them "
@@ -651,11 +651,12 @@ FAULTS = [
           "choose another output path", "the second run is refused at start", "the first run's files and locks",
           "wait, stop the other run, or choose other paths",
           setup=holder(f"{T} --steps 100000 {TOO_LONG} {IO}", r"step 2/100000 "), after=stop_holder),
-    Fault("disk-full", "a write fails (disk full, `ulimit -f`, quota)", f"{T} --steps 4 --resume-with-changes {IO}", 2,
+    Fault("disk-full", "a write fails (file-size limit `ulimit -f`; a full disk or quota names its own cause)",
+          f"{T} --steps 4 --resume-with-changes {IO}", 2,
           r"^error: cannot write r\.pt: File too large \(the file-size limit is reached \(ulimit -f\) or the disk is "
           r"full\)$",
-          "error: cannot write <path>: <OS error> (the disk is full: free space or choose another folder | the "
-          "file-size limit is reached (ulimit -f) or the disk is full)", "the run stops at the failed write",
+          "error: cannot write <path>: File too large (the file-size limit is reached (ulimit -f) or the disk is "
+          "full)", "the run stops at the failed write",
           "the previous checkpoint and results, byte for byte; no temp file", "free space, rerun the same command",
           setup=seed("--steps 2"), file_size_limit=1 << 20, recover=(f"{T} --steps 4 --resume-with-changes {IO}",),
           recovered=results_steps(4, resumed=True)),
@@ -671,7 +672,7 @@ FAULTS = [
            r"^error: the pipeline failed \(exit codes per rank: \[3, 1\]\)$"),
           "error: rank R (stage S): <operation> from stage K failed during step N (...): a peer stage died or did not "
           "answer within the T s process-group timeout (...); error: the pipeline failed (exit codes per rank: [...])",
-          "every other rank exits within the timeout (`--timeout`, default 60 s)",
+          "the other ranks fail at their next wait on it (at most `--timeout` s, default 60)",
           "the per-rank checkpoints of the last checkpointed step", "rerun the same command (it resumes)",
           stderr="ranks", env={"MAPL_FAULT_KILL_RANK": "1", "MAPL_FAULT_KILL_STEP": "3"},
           creates=("r.rank?.pt", "r.rank1.pt.lock", "r.rank1.prev.pt.lock"),
@@ -694,7 +695,7 @@ FAULTS = [
            r"rerun the same command to resume$"),
           "interrupted: rank R (stage S): stopped after step N: checkpoint written ...; interrupted: all P ranks "
           "stopped after the same step and wrote their checkpoints (<run>.rank*.pt); rerun the same command to resume",
-          "every rank finishes the same step and writes its checkpoint; exit 130 from every rank and the command",
+          "every rank finishes the same step and writes its checkpoint",
           "the per-rank checkpoints", "rerun the same command (it resumes)", stderr="ranks",
           during=signal_after(r"step 3/20 "), creates=("r.rank?.pt", "r.rank?.prev.pt"),
           recover=(f"{MP} {TOO_LONG}",), recovered=results_steps(20), slow=True),
@@ -719,7 +720,7 @@ FAULTS = [
           "nothing written", "use a group of the profile"),
     Fault("sweep-unknown-profile", "`mapl.sweep --estimate` on an unknown profile",
           "mapl.sweep --profile nope --estimate", 2, r"^error: profile='nope' is invalid: allowed \[",
-          "", "", "", "", bug=("code", "stderr"),
+          "", "", "", "", bug=("code", "stderr"), slow=True,
           reason="mapl/sweep.py group_names() indexes params['profiles'][profile]: KeyError traceback, exit 1"),
     Fault("workspace-unknown-profile", "`mapl.workspace repro/verify` on an unknown profile",
           "mapl.workspace repro --profile nope", 2,
@@ -764,14 +765,51 @@ def _nobody_argv(argv: list[str]) -> list[str]:
     return [argv[0], "-c", code, *argv[3:]]
 
 
-def test_the_table_names_are_unique():
+def test_the_table_names_are_unique_and_every_row_is_documented():
     assert len({f.name for f in FAULTS}) == len(FAULTS)
+    for f in FAULTS:
+        assert f.bug and f.reason or not f.bug and all((f.shows, f.happens, f.kept, f.fix, f.line)), f.name
+
+
+def test_the_checks_catch_what_they_must(tmp_path):
+    """The harness itself: a lost, overwritten or new file, a temp file, a traceback, a second line."""
+    (tmp_path / "keep").write_text("a")
+    (tmp_path / "gone").write_text("b")
+    before = snapshot(tmp_path)
+    (tmp_path / "keep").write_text("changed")
+    (tmp_path / "gone").unlink()
+    (tmp_path / "r.json.123-ab.tmp").write_text("")
+    (tmp_path / "new").write_text("")
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / ".verified-host.json").write_text("{}")      # the data folder's bookkeeping: fine
+    ctx = Ctx(tmp_path, tmp_path, "", frozenset(), tmp_path)
+    check_files(ctx, before)
+    assert sorted(m for _, m in ctx.failures) == ["gone was lost", "keep was overwritten", "temp file left: "
+                                                  "r.json.123-ab.tmp", "unexpected new file: new"]
+    for err, mode in [("Traceback (most recent call last):\nerror: x\n", "one"), ("error: x\nerror: y\n", "one"),
+                      ("error: y\n", "one"), ("error: x\n", "usage"), ("error: x\nwarning: y\n", "ranks")]:
+        ctx = Ctx(tmp_path, tmp_path, "", frozenset(), tmp_path)
+        check_stderr(ctx, err, mode, r"^error: x$")
+        assert ctx.failures, (err, mode)
+    ctx = Ctx(tmp_path, tmp_path, "", frozenset({"code"}), tmp_path)
+    ctx.expect("code", False, "exit 1")
+    with pytest.raises(KnownBug):
+        ctx.verdict()
+    ctx.expect("files", False, "lost")
+    with pytest.raises(AssertionError) as e:
+        ctx.verdict()
+    assert not isinstance(e.value, KnownBug)
+
+
+@pytest.fixture(scope="module")
+def seeds(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("fault-seeds")
 
 
 @pytest.mark.parametrize("f", [_params(f) for f in FAULTS])
-def test_fault(f: Fault, tmp_path, tiny_corpus):
+def test_fault(f: Fault, tmp_path, tiny_corpus, seeds):
     with _row_folder(f, tmp_path) as folder:
-        ctx = Ctx(folder, tiny_corpus, str(tiny_corpus.parent / "doc*.txt"), frozenset(f.bug))
+        ctx = Ctx(folder, tiny_corpus, str(tiny_corpus.parent / "doc*.txt"), frozenset(f.bug), seeds)
         try:
             _run_row(f, ctx)
         finally:
@@ -834,13 +872,14 @@ def failure_modes_md() -> str:
              "a test that runs the command on the micro profile and checks the exit code, the message (no "
              "traceback), that no file was lost or overwritten and no temp file is left, and the recovery where "
              "one is given.", "",
-             "| fault | what happens | what the user sees (stderr) | exit | kept on disk | how to go on |",
-             "|---|---|---|---|---|---|"]
+             "| fault | command | what happens | what the user sees (stderr) | exit | kept on disk | how to go on |",
+             "|---|---|---|---|---|---|---|"]
     for f in FAULTS:
         if f.bug:
             continue
-        lines.append(f"| {cell(f.fault)} | {cell(f.happens)} | `` {cell(f.shows)} `` | {f.code} | {cell(f.kept)} | "
-                     f"{cell(f.fix)} |")
+        command = f"`python -m {f.cmd.split()[0]}`"
+        lines.append(f"| {cell(f.fault)} | {command} | {cell(f.happens)} | `` {cell(f.shows)} `` | "
+                     f"{f.code} | {cell(f.kept)} | {cell(f.fix)} |")
     lines += ["", "Exit codes (`mapl.cli`, every `python -m mapl.*` command):", "", "| code | meaning |", "|---|---|"]
     lines += [f"| {code} | {cell(text)} |" for code, text in sorted(EXIT_CODES.items())]
     return "\n".join(lines) + "\n"
