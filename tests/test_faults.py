@@ -343,6 +343,12 @@ def checkpoint_step(name: str, low: int, high: int, finite: bool = False) -> Cal
     return after
 
 
+def stdout_has(pattern: str) -> Callable:
+    def after(ctx: Ctx, out: str, err: str) -> None:
+        ctx.expect("stdout", re.search(pattern, out) is not None, f"stdout has no /{pattern}/:\n{out[-3000:]}")
+    return after
+
+
 def results_steps(steps: int, resumed: bool = False) -> Callable:
     def after(ctx: Ctx, out: str, err: str) -> None:
         res = json.loads((ctx.dir / "r.json").read_text())
@@ -390,6 +396,7 @@ class Fault:
     as_nobody: bool = False         # the command drops root (folder permissions apply)
     own_data: bool = False          # a private copy of the prepared data in <folder>/data
     timeout: float = 300
+    exit_text: str = ""             # FAILURE_MODES.md's exit cell, when not just ``code``
     slow: bool = False
     bug: tuple = ()                 # properties known to fail: code, stderr, files, recover
     reason: str = ""                # the bug, for the xfail
@@ -429,6 +436,10 @@ FAULTS = [
           r"^error: 'train' is a section: set one of its keys, e.g\. train\.steps=\.\.\.$",
           "error: 'train' is a section: set one of its keys, e.g. train.steps=...",
           "refused (no longer silently ignored)", "nothing written", "set a key of the section"),
+    Fault("lr-negative", "a negative learning rate", f"{T} --set train.lr_muon=-0.02 {IO}", 2,
+          r"^error: train\.lr_muon=-0\.02 is invalid: must be >= 0$",
+          "error: train.lr_muon=-0.02 is invalid: must be >= 0",
+          "refused before any work", "nothing written", "fix the value", slow=True),
     Fault("set-unknown-key", "an unknown key (`--set train.lr_magic=1`)", f"{T} --set train.lr_magic=1 {IO}", 2,
           r"^error: 'train\.lr_magic': train has no key 'lr_magic'; allowed: \[.*'lr_muon'.*\]$",
           "error: 'train.lr_magic': train has no key 'lr_magic'; allowed: [...]",
@@ -505,13 +516,13 @@ FAULTS = [
           "refused with both hashes; nothing is rebuilt or deleted", "the shard as it is, the manifest",
           "`python -m mapl.data --profile P --rebuild`, then the same command", own_data=True,
           setup=flip_byte("data/train.bin"), recover=(REBUILD, f"{T} {IO}")),
-    Fault("shard-missing", "train.bin or val.bin deleted", f"{T} {IO}", 2,
-          rf"^error: data/val\.bin is missing \(manifest\.json lists it with sha256 {HASH}\); rebuild the folder "
+    Fault("shard-missing", "train.bin deleted (no network needed: training never builds data)", f"{T} {IO}", 2,
+          rf"^error: data/train\.bin is missing \(manifest\.json lists it with sha256 {HASH}\); rebuild the folder "
           r"with `python -m mapl\.data --profile micro --rebuild`$",
-          "error: <dir>/val.bin is missing (manifest.json lists it with sha256 <sha256>); rebuild the folder with "
+          "error: <dir>/train.bin is missing (manifest.json lists it with sha256 <sha256>); rebuild the folder with "
           "`python -m mapl.data --profile P --rebuild`", "refused; the manifest is kept",
           "manifest.json and the other files", "`python -m mapl.data --profile P --rebuild`",
-          own_data=True, setup=remove("data/val.bin")),
+          own_data=True, setup=remove("data/train.bin")),
     Fault("shard-truncated", "a shard shorter than the manifest says", f"{T} {IO}", 2,
           r"^error: data/train\.bin has \d+ bytes, manifest\.json says \d+ \(truncated or replaced\); rebuild it with "
           r"`python -m mapl\.data --profile micro --rebuild`$",
@@ -699,6 +710,20 @@ FAULTS = [
           "the per-rank checkpoints", "rerun the same command (it resumes)", stderr="ranks",
           during=signal_after(r"step 3/20 "), creates=("r.rank?.pt", "r.rank?.prev.pt"),
           recover=(f"{MP} {TOO_LONG}",), recovered=results_steps(20), slow=True),
+    Fault("pipeline-launcher-killed", "the command that started the ranks is killed (SIGKILL)",
+          f"{MP} --steps 40 {TOO_LONG}", -signal.SIGKILL,
+          (r"^interrupted: rank 0 \(stage 0\): stopped after step \d+: checkpoint written",
+           r"^interrupted: rank 1 \(stage 1\): stopped after step \d+: checkpoint written"),
+          "interrupted: rank R (stage S): stopped after step N: checkpoint written ... (one line per rank)",
+          "no orphans: each rank gets SIGTERM from the kernel (parent-death signal), finishes the step in flight, "
+          "writes its checkpoint and exits 130", "the per-rank checkpoints", "rerun the same command (it resumes)",
+          stderr="ranks", during=signal_after(r"step 3/40 ", signal.SIGKILL), creates=("r.rank?.pt", "r.rank?.prev.pt"),
+          recover=(f"{MP} --steps 40 {TOO_LONG}",), recovered=results_steps(40), exit_text="137 (killed)", slow=True),
+    Fault("pipeline-slow-data", "rank 0 takes longer than `--timeout` to open (verify) the data",
+          f"{MP} --steps 2 --timeout 2", 0, (), "(stdout) rank 1: waiting for the other ranks to open the data ...",
+          "the other ranks wait for it, saying so, without a timeout", "the run's results and checkpoints",
+          "nothing to do", stderr="ranks", env={"MAPL_FAULT_DATA_DELAY_S": "8"}, after=stdout_has(
+              r"rank 1: waiting for the other ranks to open the data"), creates=("r.json", "r.rank?.pt"), slow=True),
     Fault("pipeline-non-finite", "NaN/Inf in the multi-process pipeline",
           f"{MP} --method mapl --ratio 4 --set train.lr_muon=1e30", 4,
           (r"^error: rank 0 \(stage 0\): non-finite training loss nan at step \d+; first non-finite value: stage \d ",
@@ -768,7 +793,8 @@ def _nobody_argv(argv: list[str]) -> list[str]:
 def test_the_table_names_are_unique_and_every_row_is_documented():
     assert len({f.name for f in FAULTS}) == len(FAULTS)
     for f in FAULTS:
-        assert f.bug and f.reason or not f.bug and all((f.shows, f.happens, f.kept, f.fix, f.line)), f.name
+        assert f.bug and f.reason or not f.bug and all((f.shows, f.happens, f.kept, f.fix, f.line or f.code == 0)), \
+            f.name
 
 
 def test_the_checks_catch_what_they_must(tmp_path):
@@ -879,7 +905,7 @@ def failure_modes_md() -> str:
             continue
         command = f"`python -m {f.cmd.split()[0]}`"
         lines.append(f"| {cell(f.fault)} | {command} | {cell(f.happens)} | `` {cell(f.shows)} `` | "
-                     f"{f.code} | {cell(f.kept)} | {cell(f.fix)} |")
+                     f"{f.exit_text or f.code} | {cell(f.kept)} | {cell(f.fix)} |")
     lines += ["", "Exit codes (`mapl.cli`, every `python -m mapl.*` command):", "", "| code | meaning |", "|---|---|"]
     lines += [f"| {code} | {cell(text)} |" for code, text in sorted(EXIT_CODES.items())]
     return "\n".join(lines) + "\n"
