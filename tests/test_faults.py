@@ -107,7 +107,7 @@ class Ctx:
         return subprocess.Popen(self.argv(cmd), cwd=self.dir, env=self.env(env), text=True, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, **kw)
 
-    def run(self, cmd: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    def run(self, cmd: str, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
         return subprocess.run(self.argv(cmd), cwd=self.dir, env=self.env(env), text=True, capture_output=True,
                               timeout=timeout)
 
@@ -395,7 +395,7 @@ class Fault:
     file_size_limit: int = 0        # RLIMIT_FSIZE of the command (bytes), like `ulimit -f`
     as_nobody: bool = False         # the command drops root (folder permissions apply)
     own_data: bool = False          # a private copy of the prepared data in <folder>/data
-    timeout: float = 300
+    timeout: float = 600             # seconds per command (a loaded 2-core machine can starve the pipeline)
     exit_text: str = ""             # FAILURE_MODES.md's exit cell, when not just ``code``
     slow: bool = False
     bug: tuple = ()                 # properties known to fail: code, stderr, files, recover
