@@ -111,7 +111,7 @@ class Ctx:
         return subprocess.run(self.argv(cmd), cwd=self.dir, env=self.env(env), text=True, capture_output=True,
                               timeout=timeout)
 
-    def read_until(self, p: subprocess.Popen, pattern: str, timeout: float = 180, keep: bool = True) -> bool:
+    def read_until(self, p: subprocess.Popen, pattern: str, timeout: float = 600, keep: bool = True) -> bool:
         """Read a process's stdout until a line matches ``pattern`` (False if it ended first); ``keep``:
         the text read is the row's command's (checked with the rest of its stdout)."""
         timer = threading.Timer(timeout, p.kill)
