@@ -88,6 +88,12 @@ def error_line(exc: BaseException, label: str | None = None) -> str:
     return ": ".join(p for p in parts if p)
 
 
+def _line(text: str) -> None:
+    """One ``write`` for the text and its newline: the ranks of the multi-process pipeline share one
+    (unbuffered) stderr, and ``print``'s two writes let another rank's line land between them."""
+    sys.stderr.write(text + "\n")
+
+
 def report(exc: BaseException, *, prog: str = "mapl", label: str | None = None, debug: bool = False) -> int:
     """Print what ``exc`` means for the user to stderr and return its exit code.
 
@@ -97,12 +103,12 @@ def report(exc: BaseException, *, prog: str = "mapl", label: str | None = None, 
     sys.stdout.flush()
     if code == EXIT_BUG:
         traceback.print_exception(exc)
-        print(f"{prog}: unexpected {type(exc).__name__}{' on ' + label if label else ''}: this is a bug, "
-              f"please report it with the traceback above", file=sys.stderr)
+        _line(f"{prog}: unexpected {type(exc).__name__}{' on ' + label if label else ''}: this is a bug, "
+              f"please report it with the traceback above")
     else:
         if debug:
             traceback.print_exception(exc)
-        print(error_line(exc, label), file=sys.stderr)
+        _line(error_line(exc, label))
     sys.stderr.flush()
     return code
 

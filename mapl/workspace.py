@@ -15,6 +15,9 @@ not exclude, as they are in the working tree), gets a git repository of its own 
 ``profile:`` set to the profile, so DVC runs there exactly as it would here. Raw downloads are shared
 with this checkout (``MAPL_CACHE_DIR`` = data/raw here, unless set), so nothing is fetched twice;
 shards, checkpoints and everything DVC writes stay in the copy.
+
+Exit codes: 0 done; 1 a step in the copy failed or its outputs differ (``error: ...`` naming it);
+2 an invalid ``--profile``, a broken params.yaml or a bad flag (one line, before anything is copied).
 """
 from __future__ import annotations
 
@@ -29,6 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from .cli import EXIT_USER_ERROR
 from .config import PROJECT_ROOT
 
 __all__ = ["SMOKE_TARGETS", "checkout_files", "tool_env", "make_copy", "dvc", "repro", "smoke", "compare_outputs", "verify", "main"]
@@ -116,6 +120,7 @@ def repro(profile: str, root: Path = PROJECT_ROOT, copy_back: bool = False, keep
           capture: bool = False, extra: list[str] | None = None, into: Path | None = None) -> str:
     """``dvc repro`` on ``profile`` in a fresh copy (or in the workspace ``into``, which is kept); with
     ``copy_back`` replace reports/<profile>/ here by the copy's. Returns the captured output or ''."""
+    _check_profile(profile, root)
     if copy_back and profile == _default_profile(root):
         raise WorkspaceError(f"profile {profile!r} is this checkout's default: run `dvc repro` here instead")
     dest, env = _new_copy(profile, root, into)
@@ -135,6 +140,15 @@ def repro(profile: str, root: Path = PROJECT_ROOT, copy_back: bool = False, keep
 def _default_profile(root: Path) -> str:
     from .config import load_params
     return load_params(Path(root) / "params.yaml")["profile"]
+
+
+def _check_profile(profile: str, root: Path) -> str:
+    """``profile`` if params.yaml defines it; else a one-line ``ConfigError`` (before anything is copied)."""
+    from .config import ConfigError, load_params
+    profiles = load_params(Path(root) / "params.yaml")["profiles"]
+    if profile not in profiles:
+        raise ConfigError(f"--profile {profile!r} is invalid: allowed: {sorted(profiles)} (params.yaml)")
+    return profile
 
 
 def _git_status(root: Path) -> str:
@@ -197,7 +211,7 @@ def compare_outputs(expected: Path, actual: Path, profile: str) -> list[str]:
 def verify(profile: str = "", root: Path = PROJECT_ROOT, keep: bool = False, capture: bool = False) -> list[str]:
     """Re-execute the report stage of ``profile`` (default: params.yaml's) from the committed results in
     a copy and compare its tables, figures and metrics with the committed ones; raises on a difference."""
-    profile = profile or _default_profile(root)
+    profile = _check_profile(profile or _default_profile(root), root)
     if not _files(Path(root), profile):
         raise WorkspaceError(f"no committed report outputs under reports/{profile}/ to verify")
     dest, env = _new_copy(profile, root)
@@ -234,7 +248,10 @@ def main(argv=None) -> int:
             repro(args.profile, copy_back=args.copy_back, keep=args.keep, into=args.dir)
         else:
             verify(args.profile, keep=args.keep)
-    except (WorkspaceError, ValueError) as e:        # one clear message, no traceback; exit status 1
+    except ValueError as e:                          # a user error (profile, params.yaml): one line, exit 2
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except WorkspaceError as e:                      # a step in the copy failed or outputs differ: exit 1
         raise SystemExit(f"error: {e}") from None
     return 0
 

@@ -1,0 +1,921 @@
+"""Every fault of issue 15, through the real command line: ONE table (``FAULTS``), one test.
+
+Each row runs ``python -m mapl.<entry point>`` as a subprocess on the micro profile (a small local
+byte-level corpus: nothing is downloaded, ``../shared/data`` is not needed) in a folder of its own,
+and checks what a user sees and keeps:
+
+(a) the exit code ``mapl.cli`` documents: 0 done, 1 a bug (traceback), 2 user error, 3 a peer of the
+    multi-process pipeline failed or timed out, 4 non-finite values, 130 interrupted;
+(b) stderr holds no traceback, and the error is ONE line matching the row's pattern (argparse's own
+    usage lines may come before it; the multi-process pipeline prints one line per rank and the
+    launcher's summary, each matching ``error:``/``interrupted:``/``MAPL_FAULT:``);
+(c) nothing is lost or silently overwritten: every file of the folder before the run is
+    byte-identical after it (except what the row lists under ``changes``), no temp file and no
+    output lock is left, and no other new file appears (except the row's ``creates`` and the data
+    folder's own verification stamps and lock files);
+(d) where the row has one, its recovery command then succeeds (exit 0).
+
+The table is also the source of FAILURE_MODES.md (``python tests/test_faults.py > FAILURE_MODES.md``;
+a test keeps the two in step). Rows with ``bug`` are known bugs in training sources this change may
+not touch: a strict xfail whose failure is raised as ``KnownBug`` on exactly the listed properties
+(every other property still fails the test as usual). Rows marked ``slow`` start the multi-process
+pipeline, or repeat a fault class that a fast row already covers.
+
+Related unit tests (in process, finer grained): tests/test_validation.py (every config value),
+tests/test_io.py (atomic writes, locks, disk full), tests/test_train.py (resume, non-finite),
+tests/test_data.py (shards), tests/test_runtime_faults.py and tests/test_pipeline.py (multi-process).
+"""
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import hashlib
+import json
+import os
+import re
+import resource
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+PROJECT = Path(__file__).resolve().parents[1]
+NOBODY = 65534
+
+
+class KnownBug(AssertionError):
+    """A property a row lists under ``bug`` does not hold (the row is a strict xfail raising this)."""
+
+
+# ---- the harness --------------------------------------------------------------------------------------
+@dataclass
+class Ctx:
+    """One row's folder (the command's working directory) and what the checks found."""
+    dir: Path
+    data: Path                      # the prepared data folder the run reads
+    glob: str                       # the corpus files (for data.paths and `python -m mapl.data`)
+    bug: frozenset
+    seeds: Path                     # finished runs, trained once per session (``seed``)
+    pythonpath: Path = PROJECT
+    procs: list = field(default_factory=list)       # helper processes (a lock holder) to stop at the end
+    stdout: str = ""                # stdout read while the command ran (``during``)
+    failures: list = field(default_factory=list)    # (property, message)
+
+    def expect(self, prop: str, ok: bool, message: str) -> bool:
+        if not ok:
+            self.failures.append((prop, message))
+        return ok
+
+    def verdict(self) -> None:
+        real = [m for p, m in self.failures if p not in self.bug]
+        if real:
+            raise AssertionError("\n".join(real))
+        if self.failures:
+            raise KnownBug("\n".join(m for _, m in self.failures))
+
+    def argv(self, cmd: str) -> list[str]:
+        """``"mapl.train @run --steps 2"`` -> the subprocess argv; ``@run`` is the micro profile on the
+        local corpus; ``{dir}``, ``{data}``, ``{glob}`` are filled in."""
+        module, *args = shlex.split(cmd)
+        run = ["--profile", "micro", "--set", "data.source=text", "--set", f"data.paths={json.dumps([self.glob])}",
+               "--set", "data.tokenizer=byte", "--set", f"data_dir={self.data}", "--set", "train.threads=1",
+               "--no-progress"]
+        out = []
+        for a in args:
+            out += run if a == "@run" else [a.format(dir=self.dir, data=self.data, glob=self.glob)]
+        if module in ("mapl.train", "mapl.pipeline"):     # never the project's default output folders
+            assert "--out" in out and "--ckpt" in out, f"{cmd}: give --out and --ckpt"
+        return [sys.executable, "-m", module, *out]
+
+    def env(self, extra: dict | None = None) -> dict:
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+        env.update(PYTHONPATH=str(self.pythonpath), PYTHONUNBUFFERED="1", PYTHONDONTWRITEBYTECODE="1",
+                   OMP_NUM_THREADS="1", MAPL_DEBUG="0", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
+                   **(extra or {}))
+        return env
+
+    def start(self, cmd: str, env: dict | None = None, **kw) -> subprocess.Popen:
+        return subprocess.Popen(self.argv(cmd), cwd=self.dir, env=self.env(env), text=True, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, **kw)
+
+    def run(self, cmd: str, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+        return subprocess.run(self.argv(cmd), cwd=self.dir, env=self.env(env), text=True, capture_output=True,
+                              timeout=timeout)
+
+    def read_until(self, p: subprocess.Popen, pattern: str, timeout: float = 600, keep: bool = True) -> bool:
+        """Read a process's stdout until a line matches ``pattern`` (False if it ended first); ``keep``:
+        the text read is the row's command's (checked with the rest of its stdout)."""
+        timer = threading.Timer(timeout, p.kill)
+        timer.start()
+        seen = ""
+        try:
+            for line in p.stdout:
+                seen += line
+                if re.search(pattern, line):
+                    return True
+            return self.expect("during", False, f"the process ended before printing /{pattern}/:\n{seen[-3000:]}"
+                                                f"\n{p.stderr.read()[-3000:] if p.poll() is not None else ''}")
+        finally:
+            timer.cancel()
+            if keep:
+                self.stdout += seen
+
+
+def snapshot(root: Path) -> dict[str, str]:
+    """Relative path -> sha256 of every file under ``root`` (dotfiles included)."""
+    return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file() and not p.is_symlink()}
+
+
+def _matches(rel: str, patterns) -> bool:
+    return any(fnmatch.fnmatch(rel, pat) for pat in patterns)
+
+
+# the data folder's own bookkeeping (host verification stamps, persistent flock files): not outputs
+DATA_BOOKKEEPING = ("*.verified-*.json", "*.verified-*.json.lock", "*.prepare.lock")
+
+
+def check_files(ctx: Ctx, before: dict, changes=(), creates=(), when: str = "") -> None:
+    after = snapshot(ctx.dir)
+    for rel, digest in before.items():
+        if _matches(rel, changes):
+            continue
+        if rel not in after:
+            ctx.expect("files", False, f"{when}{rel} was lost")
+        else:
+            ctx.expect("files", after[rel] == digest, f"{when}{rel} was overwritten")
+    for rel in sorted(set(after) - set(before)):
+        if rel.endswith(".tmp"):
+            ctx.expect("files", False, f"{when}temp file left: {rel}")
+        elif not _matches(rel, (*creates, *DATA_BOOKKEEPING)):
+            ctx.expect("files", False, f"{when}unexpected new file: {rel}")
+
+
+def check_stderr(ctx: Ctx, err: str, mode: str, line) -> None:
+    ctx.expect("stderr", "Traceback" not in err, f"a traceback on stderr:\n{err[-3000:]}")
+    lines = [x for x in err.splitlines() if x.strip()]
+    patterns = [line] if isinstance(line, str) else list(line)
+    if mode == "one":
+        ctx.expect("stderr", len(lines) == 1, f"stderr is not one line:\n{err[-3000:]}")
+    elif mode == "usage":           # argparse: "usage: ..." (wrapped, indented), then "prog: error: ..."
+        ctx.expect("stderr", bool(lines) and lines[0].startswith("usage:") and
+                   all(x.startswith(" ") for x in lines[1:-1]), f"not argparse's usage + one error line:\n{err}")
+        lines = lines[-1:]
+    else:                           # "ranks": one line per rank and the launcher's summary
+        stray = [x for x in lines if not re.match(r"(error|interrupted|MAPL_FAULT): ", x)]
+        ctx.expect("stderr", not stray, f"stderr lines that are no rank's one-line report: {stray}")
+    for pat in patterns:
+        ctx.expect("stderr", any(re.search(pat, x) for x in lines), f"no stderr line matches /{pat}/:\n{err[-3000:]}")
+
+
+# ---- what rows set up ---------------------------------------------------------------------------------
+def seed(*flags: str) -> Callable[[Ctx], None]:
+    """Setup: r.json and r.pt of a finished run of ``mapl.train @run <flags>`` in the row's folder
+    (trained once per session, in this process, with the config the CLI builds from the same flags)."""
+    def setup(ctx: Ctx) -> None:
+        import torch
+        import mapl.train as mtrain
+        where = ctx.seeds / hashlib.sha256(json.dumps([str(ctx.data), *flags]).encode()).hexdigest()[:16]
+        if not (where / "r.json").exists():
+            where.mkdir(parents=True, exist_ok=True)
+            args = ctx.argv(f"mapl.train @run {' '.join(flags)} --out r.json --ckpt r.pt")[3:-4]
+            threads = torch.get_num_threads()
+            try:
+                mtrain.run(mtrain.config_from_args(mtrain.parse_args(args)), out=where / "r.json",
+                           ckpt=where / "r.pt", progress=False, log=lambda *a, **k: None)
+            finally:
+                torch.set_num_threads(threads)
+        for name in ("r.json", "r.pt"):
+            shutil.copy2(where / name, ctx.dir / name)
+    return setup
+
+
+def both(*setups) -> Callable[[Ctx], None]:
+    def setup(ctx: Ctx) -> None:
+        for s in setups:
+            s(ctx)
+    return setup
+
+
+def write(name: str, content: str | bytes) -> Callable[[Ctx], None]:
+    def setup(ctx: Ctx) -> None:
+        path = ctx.dir / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(content.encode() if isinstance(content, str) else content)
+    return setup
+
+
+def flip_byte(name: str, at: int = 100) -> Callable[[Ctx], None]:
+    def setup(ctx: Ctx) -> None:
+        with open(ctx.dir / name, "r+b") as f:
+            f.seek(at)
+            b = f.read(1)
+            f.seek(at)
+            f.write(bytes([b[0] ^ 0xFF]))
+    return setup
+
+
+def truncate(name: str, keep: int | None = None) -> Callable[[Ctx], None]:
+    def setup(ctx: Ctx) -> None:
+        path = ctx.dir / name
+        os.truncate(path, path.stat().st_size // 2 if keep is None else keep)
+    return setup
+
+
+def remove(name: str) -> Callable[[Ctx], None]:
+    return lambda ctx: (ctx.dir / name).unlink()
+
+
+def torch_save(name: str, make: Callable[[], object]) -> Callable[[Ctx], None]:
+    def setup(ctx: Ctx) -> None:
+        import torch
+        torch.save(make(), ctx.dir / name)
+    return setup
+
+
+def drop_keys(name: str, *keys: str) -> Callable[[Ctx], None]:
+    def setup(ctx: Ctx) -> None:
+        import torch
+        ck = torch.load(ctx.dir / name, weights_only=True)
+        for k in keys:
+            *path, last = k.split(".")
+            parent = ck[path[0]] if path else ck
+            del parent[last]
+        torch.save(ck, ctx.dir / name)
+    return setup
+
+
+def read_only_folder(name: str, keep: str = "old.json") -> Callable[[Ctx], None]:
+    """A folder the command may not write (the command runs as ``nobody`` when the tests run as root),
+    holding a file that must survive."""
+    def setup(ctx: Ctx) -> None:
+        folder = ctx.dir / name
+        folder.mkdir()
+        (folder / keep).write_text('{"earlier": "results"}\n')
+        folder.chmod(0o555)
+    return setup
+
+
+def params_yaml(edit: Callable[[dict], dict] | str | None) -> Callable[[Ctx], None]:
+    """A copy of the package whose params.yaml is edited (a dict edit), replaced (text) or missing (None);
+    the command imports that copy."""
+    def setup(ctx: Ctx) -> None:
+        import yaml
+        proj = ctx.dir / "proj"
+        shutil.copytree(PROJECT / "mapl", proj / "mapl", ignore=shutil.ignore_patterns("__pycache__"))
+        if isinstance(edit, str):
+            (proj / "params.yaml").write_text(edit)
+        elif edit is not None:
+            params = yaml.safe_load((PROJECT / "params.yaml").read_text())
+            (proj / "params.yaml").write_text(yaml.safe_dump(edit(params)))
+        ctx.pythonpath = proj
+    return setup
+
+
+def _set_in(path: str, value) -> Callable[[dict], dict]:
+    def edit(params: dict) -> dict:
+        node = params
+        *head, last = path.split(".")
+        for k in head:
+            node = node[k]
+        node[last] = value
+        return params
+    return edit
+
+
+# ---- what rows do while the command runs, and check after it ------------------------------------------
+def signal_after(pattern: str, sig=signal.SIGINT) -> Callable:
+    def during(p: subprocess.Popen, ctx: Ctx) -> None:
+        if ctx.read_until(p, pattern):
+            p.send_signal(sig)
+    return during
+
+
+def truncate_after(pattern: str, name: str, keep: int = 64) -> Callable:
+    def during(p: subprocess.Popen, ctx: Ctx) -> None:
+        if ctx.read_until(p, pattern):
+            os.truncate(ctx.dir / name, keep)
+    return during
+
+
+def holder(cmd: str, pattern: str) -> Callable[[Ctx], None]:
+    """Setup: another real run on the same output paths, training when the row's command starts."""
+    def setup(ctx: Ctx) -> None:
+        p = ctx.start(cmd)
+        ctx.procs.append(p)
+        ctx.read_until(p, pattern, keep=False)
+    return setup
+
+
+def stop_holder(ctx: Ctx, out: str, err: str) -> None:
+    """After: the refused run named the holder's PID; the holder then stops gracefully (130) and keeps its
+    checkpoint; its lock files are gone."""
+    import torch
+    p = ctx.procs[0]
+    ctx.expect("stderr", f"in use by PID {p.pid} (" in err, f"the holder's PID {p.pid} is not named: {err}")
+    p.send_signal(signal.SIGINT)
+    _, herr = p.communicate(timeout=120)
+    ctx.expect("holder", p.returncode == 130, f"the holder ended with {p.returncode}: {herr[-2000:]}")
+    ctx.expect("holder", torch.load(ctx.dir / "r.pt", weights_only=True)["state"]["step"] >= 2, "holder's checkpoint")
+    ctx.expect("files", not list(ctx.dir.glob("*.lock")), f"lock files left: {list(ctx.dir.glob('*.lock'))}")
+
+
+def checkpoint_step(name: str, low: int, high: int, finite: bool = False) -> Callable:
+    """After: ``name`` is a checkpoint of a step in [low, high) (and holds only finite values)."""
+    def after(ctx: Ctx, out: str, err: str) -> None:
+        import torch
+        ck = torch.load(ctx.dir / name, weights_only=True)
+        step = ck["state"]["step"]
+        ctx.expect("files", low <= step < high, f"{name} holds step {step}, not in [{low}, {high})")
+        if finite:
+            bad = [k for k, v in ck["model"].items() if isinstance(v, torch.Tensor) and v.is_floating_point()
+                   and not torch.isfinite(v).all()]
+            ctx.expect("files", not bad, f"{name} holds non-finite {bad}")
+    return after
+
+
+def stdout_has(pattern: str) -> Callable:
+    def after(ctx: Ctx, out: str, err: str) -> None:
+        ctx.expect("stdout", re.search(pattern, out) is not None, f"stdout has no /{pattern}/:\n{out[-3000:]}")
+    return after
+
+
+def results_steps(steps: int, resumed: bool = False) -> Callable:
+    def after(ctx: Ctx, out: str, err: str) -> None:
+        res = json.loads((ctx.dir / "r.json").read_text())
+        ctx.expect("recover", res["steps"] == steps, f"r.json has {res['steps']} steps, not {steps}")
+        if resumed:
+            ctx.expect("recover", bool(res["resumed_with_changes"]), "the resume with changes is not recorded")
+    return after
+
+
+REL = "fault-relative-outputs"          # a folder name the project never has
+
+
+def outputs_in_the_working_folder(ctx: Ctx, out: str, err: str) -> None:
+    """After (pipeline, relative paths): the outputs are in the user's working folder (and none in the project)."""
+    stray = PROJECT / REL
+    try:
+        ctx.expect("files", (ctx.dir / REL / "r.json").exists() and not stray.exists(),
+                   f"--out {REL}/r.json was not written to {ctx.dir}/{REL}/ but to {stray}: {out[-1000:]}")
+    finally:
+        shutil.rmtree(stray, ignore_errors=True)
+
+
+# ---- the table ------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Fault:
+    name: str
+    fault: str                      # what the user did or what went wrong
+    cmd: str                        # "<module> <args>" (see Ctx.argv)
+    code: int
+    line: str | tuple               # regex(es) the stderr line(s) must match
+    shows: str                      # the message as the user reads it (FAILURE_MODES.md)
+    happens: str                    # what the command does (FAILURE_MODES.md)
+    kept: str                       # what stays on disk (FAILURE_MODES.md)
+    fix: str                        # how to go on (FAILURE_MODES.md)
+    stderr: str = "one"             # one | usage | ranks
+    setup: Callable | None = None
+    during: Callable | None = None
+    after: Callable | None = None
+    changes: tuple = ()             # files the command may change (globs relative to the row's folder)
+    creates: tuple = ()             # new files the command may write
+    recover: tuple = ()             # commands that must then exit 0, in order
+    recovered: Callable | None = None
+    env: dict = field(default_factory=dict)
+    file_size_limit: int = 0        # RLIMIT_FSIZE of the command (bytes), like `ulimit -f`
+    as_nobody: bool = False         # the command drops root (folder permissions apply)
+    own_data: bool = False          # a private copy of the prepared data in <folder>/data
+    timeout: float = 600             # seconds per command (a loaded 2-core machine can starve the pipeline)
+    exit_text: str = ""             # FAILURE_MODES.md's exit cell, when not just ``code``
+    slow: bool = False
+    bug: tuple = ()                 # properties known to fail: code, stderr, files, recover
+    reason: str = ""                # the bug, for the xfail
+
+
+T = "mapl.train @run"
+IO = "--out r.json --ckpt r.pt"
+MP = "mapl.pipeline @run --out {dir}/r.json --ckpt {dir}/r.pt"
+TOO_LONG = "--set train.eval_every=1 --set train.eval_tokens=64 --set train.checkpoint_every=100000"
+REBUILD = "mapl.data --out data --source text --paths {glob} --tokenizer byte --rebuild"
+ERR = "error: "
+HASH = "[0-9a-f]{64}"
+
+FAULTS = [
+    # ---- configuration: flags, --set, params.yaml ---------------------------------------------------
+    Fault("set-wrong-type", "`--set` value of the wrong type (`train.steps=abc`)", f"{T} --set train.steps=abc {IO}", 2,
+          r"^error: train\.steps='abc' is invalid: must be an integer$",
+          "error: train.steps='abc' is invalid: must be an integer",
+          "refused before any data or model is touched", "nothing written", "fix the value"),
+    Fault("set-out-of-range", "a value out of its range (`--set train.grad_clip=-1`)",
+          f"{T} --set train.grad_clip=-1 {IO}", 2, r"^error: train\.grad_clip=-1\.0 is invalid: must be >= 0$",
+          "error: train.grad_clip=-1.0 is invalid: must be >= 0",
+          "refused before any work", "nothing written", "fix the value"),
+    Fault("seed-negative", "a flag out of its range (`--seed -1`)", f"{T} --seed -1 {IO}", 2,
+          r"^error: train\.seed=-1 is invalid: must be >= 0$", "error: train.seed=-1 is invalid: must be >= 0",
+          "refused before any work", "nothing written", "fix the value", slow=True),
+    Fault("ratio-nan", "a non-finite number (`--ratio nan`)", f"{T} --method mapl --ratio nan {IO}", 2,
+          r"^error: compressor\.ratio=nan is invalid: must be a finite number$",
+          "error: compressor.ratio=nan is invalid: must be a finite number",
+          "refused before any work", "nothing written", "fix the value"),
+    Fault("ratio-unreachable", "a ratio no integer rank gives (`--ratio 3` at d = 64)",
+          f"{T} --method mapl --ratio 3 {IO}", 2,
+          r"^error: compressor\.ratio=3\.0 is invalid: .*reachable ratios divide 64",
+          "error: compressor.ratio=3.0 is invalid: ... reachable ratios divide 64 ...",
+          "refused before any work", "nothing written", "pick an allowed ratio", slow=True),
+    Fault("set-section", "`--set` on a whole section (`--set train=5`)", f"{T} --set train=5 {IO}", 2,
+          r"^error: 'train' is a section: set one of its keys, e.g\. train\.steps=\.\.\.$",
+          "error: 'train' is a section: set one of its keys, e.g. train.steps=...",
+          "refused (no longer silently ignored)", "nothing written", "set a key of the section"),
+    Fault("lr-negative", "a negative learning rate", f"{T} --set train.lr_muon=-0.02 {IO}", 2,
+          r"^error: train\.lr_muon=-0\.02 is invalid: must be >= 0$",
+          "error: train.lr_muon=-0.02 is invalid: must be >= 0",
+          "refused before any work", "nothing written", "fix the value", slow=True),
+    Fault("set-unknown-key", "an unknown key (`--set train.lr_magic=1`)", f"{T} --set train.lr_magic=1 {IO}", 2,
+          r"^error: 'train\.lr_magic': train has no key 'lr_magic'; allowed: \[.*'lr_muon'.*\]$",
+          "error: 'train.lr_magic': train has no key 'lr_magic'; allowed: [...]",
+          "refused before any work", "nothing written", "use an allowed key"),
+    Fault("set-unknown-section", "an unknown section (`--set magic.key=1`)", f"{T} --set magic.key=1 {IO}", 2,
+          r"^error: 'magic\.key' is not a setting: allowed sections \[", "error: 'magic.key' is not a setting: "
+          "allowed sections [...]", "refused before any work", "nothing written", "use an allowed section", slow=True),
+    Fault("set-malformed", "`--set` without `=`", f"{T} --set train.steps {IO}", 2,
+          r"^error: --set 'train\.steps' is invalid: expected SECTION\.KEY=VALUE",
+          "error: --set 'train.steps' is invalid: expected SECTION.KEY=VALUE, e.g. ...",
+          "refused before any work", "nothing written", "write KEY=VALUE", slow=True),
+    Fault("checkpoint-every-zero", "`--set train.checkpoint_every=0` (was a ZeroDivisionError after a step)",
+          f"{T} --set train.checkpoint_every=0 {IO}", 2,
+          r"^error: train\.checkpoint_every=0 is invalid: must be >= 1$",
+          "error: train.checkpoint_every=0 is invalid: must be >= 1",
+          "refused before any work", "nothing written", "fix the value"),
+    Fault("eval-offset-beyond-data", "`eval_offset` past the validation split",
+          f"{T} --set train.eval_offset=100000000 {IO}",
+          2, r"^error: train\.eval_offset=100000000 is invalid: the validation split has \d+ tokens, so it must be "
+             r"<= \d+ \(validation windows of train\.seq_len=32\)$",
+          "error: train.eval_offset=100000000 is invalid: the validation split has N tokens, so it must be <= M ...",
+          "refused once the data is opened, before the model is built", "nothing written", "fix the value"),
+    Fault("bad-flag", "an unknown flag (`--bogus`)", f"{T} --bogus {IO}", 2,
+          r"^python -m mapl\.train: error: unrecognized arguments: --bogus$",
+          "usage: ... / python -m mapl.train: error: unrecognized arguments: --bogus",
+          "argparse refuses it", "nothing written", "`--help` lists the flags", stderr="usage"),
+    Fault("bad-choice", "a flag value outside its choices (`--method zip`)", f"{T} --method zip {IO}", 2,
+          r"^python -m mapl\.train: error: argument --method: invalid choice: 'zip' \(choose from .*mapl.*\)$",
+          "usage: ... / python -m mapl.train: error: argument --method: invalid choice: 'zip' (choose from ...)",
+          "argparse refuses it", "nothing written", "pick one of the listed values", stderr="usage", slow=True),
+    Fault("unknown-profile", "a profile params.yaml does not define (`--profile gpu`)",
+          f"{T.replace('@run', '@run --profile gpu')} {IO}",
+          2, r"^python -m mapl\.train: error: argument --profile: invalid choice: 'gpu' \(choose from .*micro.*\)$",
+          "usage: ... / python -m mapl.train: error: argument --profile: invalid choice: 'gpu' (choose from ...)",
+          "argparse refuses it", "nothing written", "use a profile of params.yaml", stderr="usage"),
+    Fault("params-missing", "params.yaml missing", f"{T} {IO}", 2,
+          r"^error: .*/proj/params\.yaml not found: the profiles live in the project's params\.yaml \(run from a "
+          r"full checkout\)$", "error: <project>/params.yaml not found: the profiles live in the project's "
+          "params.yaml (run from a full checkout)", "refused at start", "nothing written",
+          "run from a full checkout (`git checkout params.yaml`)", setup=params_yaml(None)),
+    Fault("params-yaml-error", "params.yaml is not valid YAML", f"{T} {IO}", 2,
+          r"^error: .*/proj/params\.yaml: invalid YAML at line \d+, column \d+: ",
+          "error: <project>/params.yaml: invalid YAML at line L, column C: <problem>",
+          "refused at start", "nothing written", "fix params.yaml at that line",
+          setup=params_yaml("profile: micro\nprofiles:\n  micro: {model: micro\n")),
+    Fault("params-wrong-type", "params.yaml holds a string where a number belongs", f"{T} {IO}", 2,
+          r"^error: profiles\.micro\.train\.steps='many' is invalid: must be an integer$",
+          "error: profiles.micro.train.steps='many' is invalid: must be an integer",
+          "refused at start", "nothing written", "fix params.yaml",
+          setup=params_yaml(_set_in("profiles.micro.train.steps", "many")), slow=True),
+    Fault("params-unknown-key", "params.yaml has an unknown section", f"{T} {IO}", 2,
+          r"^error: profiles\.micro: unknown key\(s\) \['trian'\]; allowed: \[",
+          "error: profiles.micro: unknown key(s) ['trian']; allowed: [...]",
+          "refused at start", "nothing written", "fix params.yaml",
+          setup=params_yaml(_set_in("profiles.micro.trian", {"steps": 3})), slow=True),
+    Fault("lr-overflow", "a learning rate so large that the optimizer's float32 update overflows",
+          f"{T} --set train.lr_adam=1e38 {IO}", 4, r"(overflow|learning rate)",
+          "", "", "", "", bug=("code", "stderr"), slow=True,
+          reason="RuntimeError 'value cannot be converted to type float without overflow' from torch's AdamW step "
+                 "escapes as a bug (exit 1, traceback); mapl/loop.py should report it as non-finite (exit 4)"),
+    # ---- data ------------------------------------------------------------------------------------------
+    Fault("data-not-prepared", "the profile's data folder was never prepared",
+          f"{T.replace('@run', '@run --set data_dir=nodata')} {IO}", 2,
+          r"^error: nodata: no prepared dataset \(the folder is missing\); prepare it with `python -m mapl\.data "
+          r"--profile micro` \(or `dvc repro prepare`\)$",
+          "error: <dir>: no prepared dataset (the folder is missing); prepare it with `python -m mapl.data "
+          "--profile P` (or `dvc repro prepare`)", "refused before the model is built; nothing is downloaded or "
+          "built by training", "nothing written", "`python -m mapl.data --profile P`"),
+    Fault("shard-corrupt", "a byte flipped in train.bin", f"{T} {IO}", 2,
+          rf"^error: data/train\.bin: sha256 mismatch: manifest\.json expects {HASH}, the file has {HASH} \(corrupt, "
+          r"or from another preparation\); rebuild it with `python -m mapl\.data --profile micro --rebuild`$",
+          "error: <dir>/train.bin: sha256 mismatch: manifest.json expects <sha256>, the file has <sha256> (corrupt, "
+          "or from another preparation); rebuild it with `python -m mapl.data --profile P --rebuild`",
+          "refused with both hashes; nothing is rebuilt or deleted", "the shard as it is, the manifest",
+          "`python -m mapl.data --profile P --rebuild`, then the same command", own_data=True,
+          setup=flip_byte("data/train.bin"), recover=(REBUILD, f"{T} {IO}")),
+    Fault("shard-missing", "train.bin deleted (no network needed: training never builds data)", f"{T} {IO}", 2,
+          rf"^error: data/train\.bin is missing \(manifest\.json lists it with sha256 {HASH}\); rebuild the folder "
+          r"with `python -m mapl\.data --profile micro --rebuild`$",
+          "error: <dir>/train.bin is missing (manifest.json lists it with sha256 <sha256>); rebuild the folder with "
+          "`python -m mapl.data --profile P --rebuild`", "refused; the manifest is kept",
+          "manifest.json and the other files", "`python -m mapl.data --profile P --rebuild`",
+          own_data=True, setup=remove("data/train.bin")),
+    Fault("shard-truncated", "a shard shorter than the manifest says", f"{T} {IO}", 2,
+          r"^error: data/train\.bin has \d+ bytes, manifest\.json says \d+ \(truncated or replaced\); rebuild it with "
+          r"`python -m mapl\.data --profile micro --rebuild`$",
+          "error: <dir>/train.bin has N bytes, manifest.json says M (truncated or replaced); rebuild it with "
+          "`python -m mapl.data --profile P --rebuild`", "refused", "the shard as it is, the manifest",
+          "`python -m mapl.data --profile P --rebuild`", own_data=True, setup=truncate("data/train.bin"), slow=True),
+    Fault("manifest-corrupt", "manifest.json is not JSON", f"{T} {IO}", 2,
+          r"^error: data/manifest\.json is not a valid manifest \(JSONDecodeError: .*\); rebuild the folder with "
+          r"`python -m mapl\.data --profile micro --rebuild`$",
+          "error: <dir>/manifest.json is not a valid manifest (...); rebuild the folder with `python -m mapl.data "
+          "--profile P --rebuild`", "refused", "every file as it is",
+          "`python -m mapl.data --profile P --rebuild`", own_data=True, setup=write("data/manifest.json", "{"),
+          slow=True),
+    Fault("shard-truncated-mid-run", "a shard truncated in place while a run reads it (was SIGBUS)",
+          f"{T} --steps 300 {TOO_LONG} {IO}", 2,
+          r"^error: data/train\.bin: \d+ bytes missing at byte \d+: the file has 64 bytes, its manifest says \d+ "
+          r"\(truncated or replaced while in use\); rebuild it with `python -m mapl\.data --profile micro --rebuild`$",
+          "error: <dir>/train.bin: N bytes missing at byte B: the file has 64 bytes, its manifest says M (truncated "
+          "or replaced while in use); rebuild it with `python -m mapl.data --profile P --rebuild`",
+          "the next read fails with one line", "the checkpoints written before", "`python -m mapl.data --profile P "
+          "--rebuild`, then the same command", own_data=True, during=truncate_after(r"step 3/300 ", "data/train.bin"),
+          changes=("data/train.bin",)),
+    Fault("data-cli-corrupt-shard", "`python -m mapl.data` on a folder with a corrupt shard",
+          "mapl.data --out data --source text --paths {glob} --tokenizer byte", 2,
+          rf"^python -m mapl\.data: error: data/train\.bin: sha256 mismatch: manifest\.json expects {HASH}",
+          "", "", "", "", own_data=True, setup=flip_byte("data/train.bin"), bug=("code",),
+          reason="mapl/data/cli.py exits 1 for a data problem; mapl/cli.py's policy (every python -m mapl.* "
+                 "entry point) says 2 = user error and 1 = a bug with a traceback"),
+    Fault("data-cli-unknown-profile", "`python -m mapl.data --profile` with an unknown profile",
+          "mapl.data --profile gpu", 2,
+          r"^python -m mapl\.data: error: profile='gpu' is invalid: allowed: \[.*'micro'.*\]$",
+          "usage: ... / python -m mapl.data: error: profile='gpu' is invalid: allowed: [...]",
+          "refused", "nothing written", "use a profile of params.yaml", stderr="usage", slow=True),
+    # ---- checkpoints and resume -----------------------------------------------------------------------
+    Fault("checkpoint-truncated", "a truncated checkpoint", f"{T} --steps 2 {IO}", 2,
+          r"^error: checkpoint r\.pt cannot be loaded safely \(truncated, foreign, or needs pickled objects\): "
+          r".*\. Delete it or use --fresh$",
+          "error: checkpoint <ckpt> cannot be loaded safely (truncated, foreign, or needs pickled objects): <why>. "
+          "Delete it or use --fresh", "refused before training", "the checkpoint as it is, the results",
+          "the same command with `--fresh` (starts over)", setup=both(seed("--steps 2"), truncate("r.pt")),
+          recover=(f"{T} --steps 2 {IO} --fresh",)),
+    Fault("checkpoint-pickled-object", "a checkpoint that needs unpickling code", f"{T} --steps 2 {IO}", 2,
+          r"^error: checkpoint r\.pt cannot be loaded safely \(truncated, foreign, or needs pickled objects\): "
+          r"UnpicklingError: .*\. Delete it or use --fresh$",
+          "error: checkpoint <ckpt> cannot be loaded safely (...): UnpicklingError: ... Delete it or use --fresh",
+          "refused (`weights_only=True`: no code runs)", "the file as it is", "`--fresh` or another `--ckpt`",
+          setup=torch_save("r.pt", lambda: {"format": "mapl-checkpoint-v2", "obj": Evil()}), slow=True),
+    Fault("checkpoint-foreign", "a checkpoint of another program", f"{T} --steps 2 {IO}", 2,
+          r"^error: checkpoint r\.pt is not a mapl checkpoint; delete it or use --fresh$",
+          "error: checkpoint <ckpt> is not a mapl checkpoint; delete it or use --fresh", "refused",
+          "the file as it is", "`--fresh` or another `--ckpt`", setup=torch_save("r.pt", lambda: {"model": {}}),
+          slow=True),
+    Fault("checkpoint-missing-keys", "a checkpoint with missing keys", f"{T} --steps 2 {IO}", 2,
+          r"^error: checkpoint r\.pt lacks \['meter', 'state\.train_curve'\]: it is damaged or was not written by "
+          r"mapl; delete it or use --fresh$",
+          "error: checkpoint <ckpt> lacks [...]: it is damaged or was not written by mapl; delete it or use --fresh",
+          "refused", "the file as it is", "`--fresh`",
+          setup=both(seed("--steps 2"), drop_keys("r.pt", "meter", "state.train_curve")), slow=True),
+    Fault("checkpoint-other-config", "resume a checkpoint of another model/compressor/data/seed",
+          f"{T} --method mapl --ratio 8 --steps 2 {IO}", 2,
+          r"^error: checkpoint r\.pt was written by another config \(compressor\.ratio 4\.0 -> 8\.0.*\); only .* may "
+          r"change on resume \(with --resume-with-changes\)\. Use another --ckpt path or --fresh$",
+          "error: checkpoint <ckpt> was written by another config (<field> <old> -> <new>, ...); only <resumable "
+          "fields> may change on resume (with --resume-with-changes). Use another --ckpt path or --fresh",
+          "refused, naming the fields", "the checkpoint and results", "another `--ckpt`/`--out`, or `--fresh`",
+          setup=seed("--method mapl --ratio 4 --steps 2")),
+    Fault("resume-with-changes", "resume with a new LR or step budget, without saying so",
+          f"{T} --steps 4 --set train.lr_muon=0.01 {IO}", 2,
+          r"^error: checkpoint r\.pt was written with other settings \(train\.lr_muon 0\.02 -> 0\.01, train\.steps "
+          r"2 -> 4\); to continue it with these, pass --resume-with-changes \(recorded in the results\), or use "
+          r"--fresh$",
+          "error: checkpoint <ckpt> was written with other settings (train.lr_muon 0.02 -> 0.01, ...); to continue it "
+          "with these, pass --resume-with-changes (recorded in the results), or use --fresh",
+          "refused", "the checkpoint and results", "the same command with `--resume-with-changes`",
+          setup=seed("--steps 2"), recover=(f"{T} --steps 4 --set train.lr_muon=0.01 {IO} --resume-with-changes",),
+          recovered=results_steps(4, resumed=True)),
+    Fault("non-finite", "NaN/Inf during training (a far too large LR)",
+          f"{T} --method mapl --ratio 4 --steps 6 --set train.lr_muon=1e30 --resume-with-changes {IO}", 4,
+          r"^error: non-finite training loss nan at step \d+; first non-finite value: stage \d .*\. The last good "
+          r"checkpoint is kept; lower the learning rate and resume from it with --resume-with-changes$",
+          "error: non-finite training loss nan at step S; first non-finite value: stage K output (boundary K, ...). "
+          "The last good checkpoint is kept; lower the learning rate and resume from it with --resume-with-changes",
+          "stops at the first non-finite step, naming the step and the stage; the checkpoint is not updated",
+          "the last checkpoint (byte for byte), the earlier results",
+          "the same command with a lower LR and `--resume-with-changes`",
+          setup=seed("--method mapl --ratio 4 --steps 2"),
+          recover=(f"{T} --method mapl --ratio 4 --steps 6 --resume-with-changes {IO}",),
+          recovered=results_steps(6, resumed=True)),
+    Fault("non-finite-checkpoint-every-step", "NaN/Inf with a checkpoint after every step (issue 15's case)",
+          f"{T} --method mapl --ratio 4 --steps 6 --set train.lr_muon=1e30 --set train.checkpoint_every=1 "
+          f"--resume-with-changes {IO}", 4,
+          r"^error: non-finite training loss nan at step \d+; first non-finite value: stage \d .*\. The last good "
+          r"checkpoint is kept; lower the learning rate and resume from it with --resume-with-changes$",
+          "", "", "", "", setup=seed("--method mapl --ratio 4 --steps 2"),
+          after=checkpoint_step("r.pt", 2, 6, finite=True), changes=("r.pt",),
+          recover=(f"{T} --method mapl --ratio 4 --steps 6 --set train.checkpoint_every=1 --resume-with-changes {IO}",),
+          recovered=results_steps(6, resumed=True), bug=("recover",), slow=True,
+          reason="the 'last good' checkpoint is only finite: it was written after the step whose x1e30 update "
+                 "diverged (the NaN shows one step later), so resuming it with a lower LR fails with NaN again "
+                 "(mapl/loop.py, mapl/checkpoint.py)"),
+    Fault("interrupt", "Ctrl-C (SIGINT) or SIGTERM mid-run", f"{T} --steps 12 {TOO_LONG} {IO}", 130,
+          r"^interrupted: stopped after step \d+: checkpoint written; rerun the same command to resume$",
+          "interrupted: stopped after step S: checkpoint written; rerun the same command to resume",
+          "the step in flight completes, the checkpoint is written atomically",
+          "the checkpoint of the last completed step", "rerun the same command (it resumes)",
+          during=signal_after(r"step 3/12 "), after=checkpoint_step("r.pt", 3, 12), creates=("r.pt",),
+          recover=(f"{T} --steps 12 {TOO_LONG} {IO}",), recovered=results_steps(12)),
+    # ---- outputs -----------------------------------------------------------------------------------------
+    Fault("out-equals-ckpt", "`--out x.pt --ckpt x.pt`", f"{T} --out r.pt --ckpt r.pt", 2,
+          r"^error: --out r\.pt is also the checkpoint path: the results would overwrite the checkpoint; give them "
+          r"different paths, e.g\. --out r\.json --ckpt r\.pt$",
+          "error: --out <path> is also the checkpoint path: the results would overwrite the checkpoint; give them "
+          "different paths, e.g. --out r.json --ckpt r.pt", "refused before any work", "the checkpoint",
+          "give different paths", setup=seed("--steps 2")),
+    Fault("out-unwritable", "`--out` in a folder the user may not write", f"{T} --out ro/r.json --ckpt r.pt", 2,
+          r"^error: cannot write ro/r\.json: Permission denied \(no permission to write there: choose a writable "
+          r"folder\)$",
+          "error: cannot write <path>: Permission denied (no permission to write there: choose a writable folder)",
+          "refused before any work (was: found after the whole run)", "everything", "choose a writable folder",
+          setup=read_only_folder("ro"), as_nobody=True),
+    Fault("ckpt-unwritable", "`--ckpt` in a folder the user may not write", f"{T} --out r.json --ckpt ro/r.pt", 2,
+          r"^error: cannot write ro/r\.pt: Permission denied \(no permission to write there: choose a writable "
+          r"folder\)$",
+          "error: cannot write <ckpt>: Permission denied (no permission to write there: choose a writable folder)",
+          "refused before any work", "everything", "choose a writable folder",
+          setup=read_only_folder("ro"), as_nobody=True, slow=True),
+    Fault("out-under-a-file", "an output path whose folder is a file", f"{T} --out afile/r.json --ckpt r.pt", 2,
+          r"^error: cannot create the folder of afile/r\.json: .*\(a (file is where its folder should be|parent of "
+          r"it is a file, not a folder)\)$",
+          "error: cannot create the folder of <path>: File exists (a file is where its folder should be)",
+          "refused before any work", "everything", "fix the path", setup=write("afile", "x"), slow=True),
+    Fault("outputs-locked", "a second run on the same `--out`/`--ckpt` while the first runs",
+          f"{T} --steps 2 {IO}", 2,
+          r"^error: r\.(json|pt) is in use by PID \d+ \(.*mapl\.train.*\): wait for that run to finish, stop it, or "
+          r"choose another output path$",
+          "error: <path> is in use by PID <pid> (<its command line>): wait for that run to finish, stop it, or "
+          "choose another output path", "the second run is refused at start", "the first run's files and locks",
+          "wait, stop the other run, or choose other paths",
+          setup=holder(f"{T} --steps 100000 {TOO_LONG} {IO}", r"step 2/100000 "), after=stop_holder),
+    Fault("disk-full", "a write fails (file-size limit `ulimit -f`; a full disk or quota names its own cause)",
+          f"{T} --steps 4 --resume-with-changes {IO}", 2,
+          r"^error: cannot write r\.pt: File too large \(the file-size limit is reached \(ulimit -f\) or the disk is "
+          r"full\)$",
+          "error: cannot write <path>: File too large (the file-size limit is reached (ulimit -f) or the disk is "
+          "full)", "the run stops at the failed write",
+          "the previous checkpoint and results, byte for byte; no temp file", "free space, rerun the same command",
+          setup=seed("--steps 2"), file_size_limit=1 << 20, recover=(f"{T} --steps 4 --resume-with-changes {IO}",),
+          recovered=results_steps(4, resumed=True)),
+    # ---- the multi-process pipeline -----------------------------------------------------------------------
+    Fault("pipeline-bad-config", "invalid setting for the multi-process pipeline", f"{MP} --set train.grad_clip=-1",
+          2, r"^error: train\.grad_clip=-1\.0 is invalid: must be >= 0$",
+          "error: train.grad_clip=-1.0 is invalid: must be >= 0", "refused before any rank starts",
+          "nothing written", "fix the value"),
+    Fault("pipeline-peer-dies", "a stage process dies mid-step",
+          f"{MP} --method mapl --ratio 4 --set train.checkpoint_every=2 --timeout 10", 3,
+          (r"^MAPL_FAULT: rank 1 exits", r"^error: rank 0 \(stage 0\): .* from stage 1 failed during step 3 .*: a "
+           r"peer stage died or did not answer within the 10 s process-group timeout",
+           r"^error: the pipeline failed \(exit codes per rank: \[3, 1\]\)$"),
+          "error: rank R (stage S): <operation> from stage K failed during step N (...): a peer stage died or did not "
+          "answer within the T s process-group timeout (...); error: the pipeline failed (exit codes per rank: [...])",
+          "the other ranks fail at their next wait on it (at most `--timeout` s, default 60)",
+          "the per-rank checkpoints of the last checkpointed step", "rerun the same command (it resumes)",
+          stderr="ranks", env={"MAPL_FAULT_KILL_RANK": "1", "MAPL_FAULT_KILL_STEP": "3"},
+          creates=("r.rank?.pt", "r.rank1.pt.lock", "r.rank1.prev.pt.lock"),
+          recover=(f"{MP} --method mapl --ratio 4 --set train.checkpoint_every=2",), recovered=results_steps(20),
+          slow=True),
+    Fault("pipeline-peer-hangs", "a stage process stops answering", f"{MP} --timeout 4", 3,
+          (r"^MAPL_FAULT: rank 1 hangs", r"^error: rank 0 \(stage 0\): .* from stage 1 failed during step 2 .*: a peer "
+           r"stage died or did not answer within the 4 s process-group timeout",
+           r"^error: the pipeline failed \(exit codes per rank: \[3, 1\]\)$"),
+          "error: rank R (stage S): ... did not answer within the T s process-group timeout (...)",
+          "the waiting ranks give up after `--timeout` seconds", "the per-rank checkpoints written before",
+          "rerun the same command (it resumes)", stderr="ranks",
+          env={"MAPL_FAULT_KILL_RANK": "1", "MAPL_FAULT_KILL_STEP": "2", "MAPL_FAULT_MODE": "hang",
+               "MAPL_FAULT_HANG_S": "8"},
+          creates=("r.rank1.pt.lock", "r.rank1.prev.pt.lock"), slow=True),
+    Fault("pipeline-interrupt", "Ctrl-C on the multi-process pipeline", f"{MP} {TOO_LONG}", 130,
+          (r"^interrupted: rank 0 \(stage 0\): stopped after step \d+: checkpoint written",
+           r"^interrupted: rank 1 \(stage 1\): stopped after step \d+: checkpoint written",
+           r"^interrupted: all 2 ranks stopped after the same step and wrote their checkpoints \(r\.rank\*\.pt\); "
+           r"rerun the same command to resume$"),
+          "interrupted: rank R (stage S): stopped after step N: checkpoint written ...; interrupted: all P ranks "
+          "stopped after the same step and wrote their checkpoints (<run>.rank*.pt); rerun the same command to resume",
+          "every rank finishes the same step and writes its checkpoint",
+          "the per-rank checkpoints", "rerun the same command (it resumes)", stderr="ranks",
+          during=signal_after(r"step 3/20 "), creates=("r.rank?.pt", "r.rank?.prev.pt"),
+          recover=(f"{MP} {TOO_LONG}",), recovered=results_steps(20), slow=True),
+    Fault("pipeline-launcher-killed", "the command that started the ranks is killed (SIGKILL)",
+          f"{MP} --steps 40 {TOO_LONG}", -signal.SIGKILL,
+          (r"^interrupted: rank 0 \(stage 0\): stopped after step \d+: checkpoint written",
+           r"^interrupted: rank 1 \(stage 1\): stopped after step \d+: checkpoint written"),
+          "interrupted: rank R (stage S): stopped after step N: checkpoint written ... (one line per rank)",
+          "no orphans: each rank gets SIGTERM from the kernel (parent-death signal), finishes the step in flight, "
+          "writes its checkpoint and exits 130", "the per-rank checkpoints", "rerun the same command (it resumes)",
+          stderr="ranks", during=signal_after(r"step 3/40 ", signal.SIGKILL), creates=("r.rank?.pt", "r.rank?.prev.pt"),
+          recover=(f"{MP} --steps 40 {TOO_LONG}",), recovered=results_steps(40), exit_text="137 (killed)", slow=True),
+    Fault("pipeline-slow-data", "rank 0 takes longer than `--timeout` to open (verify) the data",
+          f"{MP} --steps 2 --timeout 2", 0, (), "(stdout) rank 1: waiting for the other ranks to open the data ...",
+          "the other ranks wait for it, saying so, without a timeout", "the run's results and checkpoints",
+          "nothing to do", stderr="ranks", env={"MAPL_FAULT_DATA_DELAY_S": "8"}, after=stdout_has(
+              r"rank 1: waiting for the other ranks to open the data"), creates=("r.json", "r.rank?.pt"), slow=True),
+    Fault("pipeline-non-finite", "NaN/Inf in the multi-process pipeline",
+          f"{MP} --method mapl --ratio 4 --set train.lr_muon=1e30", 4,
+          (r"^error: rank 0 \(stage 0\): non-finite training loss nan at step \d+; first non-finite value: stage \d ",
+           r"^error: rank 1 \(stage 1\): non-finite training loss nan at step \d+; first non-finite value: stage \d ",
+           r"^error: the pipeline failed \(exit codes per rank: \[4, 4\]\)$"),
+          "error: rank R (stage S): non-finite training loss nan at step N; first non-finite value: stage K output "
+          "(boundary K, ...). The last good checkpoint is kept; ...", "every rank stops at the same step",
+          "the last good per-rank checkpoints", "lower the LR, rerun with `--resume-with-changes`", stderr="ranks",
+          slow=True),
+    Fault("pipeline-relative-paths", "relative `--out`/`--ckpt` for the self-launched pipeline",
+          f"mapl.pipeline @run --steps 2 --out {REL}/r.json --ckpt {REL}/r.pt", 0, (), "", "", "", "",
+          stderr="ranks", after=outputs_in_the_working_folder, creates=(f"{REL}/*",), bug=("files",), slow=True,
+          reason="mapl/pipeline.py starts the ranks with cwd=PROJECT_ROOT (runtime.launch's default), so relative "
+                 "--out/--ckpt/data_dir are written into the project, not the user's working folder"),
+    # ---- orchestration: sweep, workspace -----------------------------------------------------------------
+    Fault("sweep-unknown-group", "a group params.yaml does not define", "mapl.sweep --profile micro --group nope", 2,
+          r"^error: group='nope' is invalid for profile 'micro': allowed \[.*'main'.*\]$",
+          "error: group='nope' is invalid for profile 'micro': allowed [...]", "refused before any run starts",
+          "nothing written", "use a group of the profile"),
+    Fault("sweep-unknown-profile", "`mapl.sweep --estimate` on an unknown profile",
+          "mapl.sweep --profile nope --estimate", 2, r"^error: profile='nope' is invalid: allowed \[",
+          "", "", "", "", bug=("code", "stderr"), slow=True,
+          reason="mapl/sweep.py group_names() indexes params['profiles'][profile]: KeyError traceback, exit 1"),
+    Fault("workspace-unknown-profile", "`mapl.workspace repro/verify` on an unknown profile",
+          "mapl.workspace repro --profile nope", 2,
+          r"^error: --profile 'nope' is invalid: allowed: \[.*'micro'.*\] \(params\.yaml\)$",
+          "error: --profile 'nope' is invalid: allowed: [...] (params.yaml)", "refused before anything is copied",
+          "nothing written", "use a profile of params.yaml"),
+]
+
+
+class Evil:
+    """Anything that is not a tensor or a plain container needs unpickling code."""
+
+
+def _params(f: Fault):
+    marks = [pytest.mark.slow] if f.slow else []
+    if f.bug:
+        marks.append(pytest.mark.xfail(strict=True, raises=KnownBug, reason=f.reason))
+    return pytest.param(f, id=f.name, marks=marks)
+
+
+@contextlib.contextmanager
+def _row_folder(f: Fault, tmp_path: Path):
+    if not f.as_nobody:
+        yield tmp_path
+        return
+    # the command drops root: its folder must be reachable (pytest's tmp_path is private to root)
+    base = Path(tempfile.mkdtemp(prefix="mapl-fault-"))
+    try:
+        base.chmod(0o777)
+        yield base
+    finally:
+        for p in base.rglob("*"):
+            if p.is_dir():
+                p.chmod(0o755)
+        shutil.rmtree(base)
+
+
+def _nobody_argv(argv: list[str]) -> list[str]:
+    """``python -m mapl.train ...`` as the unprivileged user (imports first, as root, then seteuid)."""
+    code = ("import os, sys\nimport mapl.train as t\nif os.geteuid() == 0:\n    os.seteuid(%d)\n"
+            "sys.exit(t.main(sys.argv[1:]))" % NOBODY)
+    return [argv[0], "-c", code, *argv[3:]]
+
+
+def test_the_table_names_are_unique_and_every_row_is_documented():
+    assert len({f.name for f in FAULTS}) == len(FAULTS)
+    for f in FAULTS:
+        assert f.bug and f.reason or not f.bug and all((f.shows, f.happens, f.kept, f.fix, f.line or f.code == 0)), \
+            f.name
+
+
+def test_the_checks_catch_what_they_must(tmp_path):
+    """The harness itself: a lost, overwritten or new file, a temp file, a traceback, a second line."""
+    (tmp_path / "keep").write_text("a")
+    (tmp_path / "gone").write_text("b")
+    before = snapshot(tmp_path)
+    (tmp_path / "keep").write_text("changed")
+    (tmp_path / "gone").unlink()
+    (tmp_path / "r.json.123-ab.tmp").write_text("")
+    (tmp_path / "new").write_text("")
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / ".verified-host.json").write_text("{}")      # the data folder's bookkeeping: fine
+    ctx = Ctx(tmp_path, tmp_path, "", frozenset(), tmp_path)
+    check_files(ctx, before)
+    assert sorted(m for _, m in ctx.failures) == ["gone was lost", "keep was overwritten", "temp file left: "
+                                                  "r.json.123-ab.tmp", "unexpected new file: new"]
+    for err, mode in [("Traceback (most recent call last):\nerror: x\n", "one"), ("error: x\nerror: y\n", "one"),
+                      ("error: y\n", "one"), ("error: x\n", "usage"), ("error: x\nwarning: y\n", "ranks")]:
+        ctx = Ctx(tmp_path, tmp_path, "", frozenset(), tmp_path)
+        check_stderr(ctx, err, mode, r"^error: x$")
+        assert ctx.failures, (err, mode)
+    ctx = Ctx(tmp_path, tmp_path, "", frozenset({"code"}), tmp_path)
+    ctx.expect("code", False, "exit 1")
+    with pytest.raises(KnownBug):
+        ctx.verdict()
+    ctx.expect("files", False, "lost")
+    with pytest.raises(AssertionError) as e:
+        ctx.verdict()
+    assert not isinstance(e.value, KnownBug)
+
+
+@pytest.fixture(scope="module")
+def seeds(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("fault-seeds")
+
+
+@pytest.mark.parametrize("f", [_params(f) for f in FAULTS])
+def test_fault(f: Fault, tmp_path, tiny_corpus, seeds):
+    with _row_folder(f, tmp_path) as folder:
+        ctx = Ctx(folder, tiny_corpus, str(tiny_corpus.parent / "doc*.txt"), frozenset(f.bug), seeds)
+        try:
+            _run_row(f, ctx)
+        finally:
+            for p in ctx.procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+    ctx.verdict()
+
+
+def _run_row(f: Fault, ctx: Ctx) -> None:
+    if f.own_data:
+        shutil.copytree(ctx.data, ctx.dir / "data", ignore=shutil.ignore_patterns(".*"))
+        ctx.data = Path("data")                     # relative: messages name data/train.bin
+    if f.setup:
+        f.setup(ctx)
+    before = snapshot(ctx.dir)
+    argv = ctx.argv(f.cmd)
+    if f.as_nobody:
+        argv = _nobody_argv(argv)
+    limit = f.file_size_limit
+    p = subprocess.Popen(argv, cwd=ctx.dir, env=ctx.env(f.env), text=True, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE,
+                         preexec_fn=(lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY)))
+                         if limit else None)
+    try:
+        if f.during:
+            f.during(p, ctx)
+        out, err = p.communicate(timeout=f.timeout)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+    out = ctx.stdout + out
+    ctx.expect("code", p.returncode == f.code, f"exit code {p.returncode}, documented {f.code}:\n{err[-3000:]}")
+    check_stderr(ctx, err, f.stderr, f.line)
+    check_files(ctx, before, f.changes, f.creates)
+    if f.after:
+        f.after(ctx, out, err)
+    for cmd in f.recover:
+        r = ctx.run(cmd, timeout=f.timeout)
+        ctx.expect("recover", r.returncode == 0, f"recovery `{cmd}` exited {r.returncode}:\n{r.stderr[-3000:]}")
+    if f.recover:
+        left = [rel for rel in snapshot(ctx.dir) if rel.endswith((".tmp", ".lock"))
+                and not _matches(rel, DATA_BOOKKEEPING)]
+        ctx.expect("recover", not left, f"left after the recovery: {left}")
+        if f.recovered:
+            f.recovered(ctx, "", "")
+
+
+# ---- FAILURE_MODES.md ----------------------------------------------------------------------------------
+def failure_modes_md() -> str:
+    """The Markdown table of every row that is no known bug (what the tests prove)."""
+    from mapl.cli import EXIT_CODES
+
+    def cell(s: str) -> str:
+        return s.replace("|", "\\|")
+    lines = ["# Failure modes", "",
+             "Generated from `tests/test_faults.py` (`python tests/test_faults.py > FAILURE_MODES.md`): every row is "
+             "a test that runs the command on the micro profile and checks the exit code, the message (no "
+             "traceback), that no file was lost or overwritten and no temp file is left, and the recovery where "
+             "one is given.", "",
+             "| fault | command | what happens | what the user sees (stderr) | exit | kept on disk | how to go on |",
+             "|---|---|---|---|---|---|---|"]
+    for f in FAULTS:
+        if f.bug:
+            continue
+        command = f"`python -m {f.cmd.split()[0]}`"
+        lines.append(f"| {cell(f.fault)} | {command} | {cell(f.happens)} | `` {cell(f.shows)} `` | "
+                     f"{f.exit_text or f.code} | {cell(f.kept)} | {cell(f.fix)} |")
+    lines += ["", "Exit codes (`mapl.cli`, every `python -m mapl.*` command):", "", "| code | meaning |", "|---|---|"]
+    lines += [f"| {code} | {cell(text)} |" for code, text in sorted(EXIT_CODES.items())]
+    return "\n".join(lines) + "\n"
+
+
+def test_failure_modes_md_is_the_table():
+    path = PROJECT / "FAILURE_MODES.md"
+    assert path.read_text() == failure_modes_md(), "regenerate: python tests/test_faults.py > FAILURE_MODES.md"
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(PROJECT))
+    sys.stdout.write(failure_modes_md())
