@@ -151,7 +151,14 @@ def run_loop(engine: Engine, state: LoopState, *, log: Callable = print, progres
 def _one_step(engine: Engine, state: LoopState, stop_requested: Callable[[], bool]) -> StepOutcome:
     step = state.step
     t0 = time.time()
-    outcome = engine.train_step(step, lr_factor(step, engine.cfg), stop_requested)
+    try:
+        outcome = engine.train_step(step, lr_factor(step, engine.cfg), stop_requested)
+    except RuntimeError as e:           # torch: "value cannot be converted to type float without overflow"
+        if "overflow" not in str(e):
+            raise
+        raise NonFiniteError(f"the optimizer update of step {step} overflows float32 ({e}): a learning rate is far "
+                             "too large. The last good checkpoint is kept; lower the learning rate and resume from it "
+                             "with --resume-with-changes") from None
     if not math.isfinite(outcome.loss):
         raise NonFiniteError(f"non-finite training loss {outcome.loss} at step {step}; first non-finite value: "
                              f"{outcome.nonfinite_at or 'unknown'}. The last good checkpoint is kept; lower the "

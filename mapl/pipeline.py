@@ -104,7 +104,7 @@ def _paths(args, cfg) -> tuple[Path, Path]:
 def _leave(rank: int, code: int, message: str) -> int:
     """One line, the status file for the launcher, and out at once (teardown can block on a dead peer)."""
     if message:
-        print(message, file=sys.stderr)
+        sys.stderr.write(message + "\n")        # one write: the ranks share stderr
     _exit(rank, code, message)
 
 
@@ -132,7 +132,9 @@ def _self_launch(extra, args, argv) -> int:
     mtrain.check_output_paths(out, ckpt, _checkpoint_files(ckpt, cfg.stages))
     if extra.replicas < 1:
         raise ValueError(f"--replicas {extra.replicas} is invalid: must be >= 1")
-    res = launch(argv, cfg.stages * extra.replicas, launcher=extra.launcher, stream=True)
+    path = os.pathsep.join(p for p in (str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    res = launch(argv, cfg.stages * extra.replicas, launcher=extra.launcher, stream=True, cwd=Path.cwd(),
+                 env={"PYTHONPATH": path})
     if res.returncode == EXIT_INTERRUPTED:
         print(f"interrupted: all {cfg.stages * extra.replicas} ranks stopped after the same step and wrote their "
               f"checkpoints ({rank_ckpt_path(ckpt, 0).name.replace('rank0', 'rank*')}); rerun the same command to "

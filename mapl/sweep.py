@@ -79,6 +79,8 @@ def results_dir(profile: str, group: str, root: Path = PROJECT_ROOT) -> Path:
 
 def group_names(profile: str, params: dict | None = None) -> list[str]:
     params = params or load_params()
+    if profile not in params["profiles"]:
+        raise ConfigError(f"profile={profile!r} is invalid: allowed {sorted(params['profiles'])}")
     return list((params["profiles"][profile] or {}).get("groups") or {})
 
 

@@ -716,7 +716,7 @@ def test_cli_exit_codes_and_one_line_errors(tmp_path, capsys):
     assert D.main(args) == 0
     (tmp_path / "cli" / "train.bin").unlink()
     capsys.readouterr()
-    assert D.main(args) == 1
+    assert D.main(args) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "train.bin is missing" in err and "--rebuild" in err
     assert D.main(args + ["--rebuild"]) == 0 and (tmp_path / "cli" / "train.bin").exists()

@@ -497,9 +497,10 @@ FAULTS = [
           setup=params_yaml(_set_in("profiles.micro.trian", {"steps": 3})), slow=True),
     Fault("lr-overflow", "a learning rate so large that the optimizer's float32 update overflows",
           f"{T} --set train.lr_adam=1e38 {IO}", 4, r"(overflow|learning rate)",
-          "", "", "", "", bug=("code", "stderr"), slow=True,
-          reason="RuntimeError 'value cannot be converted to type float without overflow' from torch's AdamW step "
-                 "escapes as a bug (exit 1, traceback); mapl/loop.py should report it as non-finite (exit 4)"),
+          "error: the optimizer update of step S overflows float32 (...): a learning rate is far too large. The last "
+          "good checkpoint is kept; lower the learning rate and resume from it with --resume-with-changes",
+          "stops at the step whose update overflows", "the last checkpoint", "lower the LR, `--resume-with-changes`",
+          slow=True),
     # ---- data ------------------------------------------------------------------------------------------
     Fault("data-not-prepared", "the profile's data folder was never prepared",
           f"{T.replace('@run', '@run --set data_dir=nodata')} {IO}", 2,
@@ -548,9 +549,9 @@ FAULTS = [
     Fault("data-cli-corrupt-shard", "`python -m mapl.data` on a folder with a corrupt shard",
           "mapl.data --out data --source text --paths {glob} --tokenizer byte", 2,
           rf"^python -m mapl\.data: error: data/train\.bin: sha256 mismatch: manifest\.json expects {HASH}",
-          "", "", "", "", own_data=True, setup=flip_byte("data/train.bin"), bug=("code",),
-          reason="mapl/data/cli.py exits 1 for a data problem; mapl/cli.py's policy (every python -m mapl.* "
-                 "entry point) says 2 = user error and 1 = a bug with a traceback"),
+          "python -m mapl.data: error: data/train.bin: sha256 mismatch: manifest.json expects <sha256>, ...",
+          "refused; nothing is rebuilt without --rebuild", "the shard as it is, the manifest",
+          "the same command with `--rebuild`", own_data=True, setup=flip_byte("data/train.bin")),
     Fault("data-cli-unknown-profile", "`python -m mapl.data --profile` with an unknown profile",
           "mapl.data --profile gpu", 2,
           r"^python -m mapl\.data: error: profile='gpu' is invalid: allowed: \[.*'micro'.*\]$",
@@ -734,10 +735,9 @@ FAULTS = [
           "the last good per-rank checkpoints", "lower the LR, rerun with `--resume-with-changes`", stderr="ranks",
           slow=True),
     Fault("pipeline-relative-paths", "relative `--out`/`--ckpt` for the self-launched pipeline",
-          f"mapl.pipeline @run --steps 2 --out {REL}/r.json --ckpt {REL}/r.pt", 0, (), "", "", "", "",
-          stderr="ranks", after=outputs_in_the_working_folder, creates=(f"{REL}/*",), bug=("files",), slow=True,
-          reason="mapl/pipeline.py starts the ranks with cwd=PROJECT_ROOT (runtime.launch's default), so relative "
-                 "--out/--ckpt/data_dir are written into the project, not the user's working folder"),
+          f"mapl.pipeline @run --steps 2 --out {REL}/r.json --ckpt {REL}/r.pt", 0, (), "(progress lines)",
+          "the ranks run in the caller's working folder", "results and per-rank checkpoints where the paths say",
+          "—", stderr="ranks", after=outputs_in_the_working_folder, creates=(f"{REL}/*",), slow=True),
     # ---- orchestration: sweep, workspace -----------------------------------------------------------------
     Fault("sweep-unknown-group", "a group params.yaml does not define", "mapl.sweep --profile micro --group nope", 2,
           r"^error: group='nope' is invalid for profile 'micro': allowed \[.*'main'.*\]$",
@@ -745,8 +745,8 @@ FAULTS = [
           "nothing written", "use a group of the profile"),
     Fault("sweep-unknown-profile", "`mapl.sweep --estimate` on an unknown profile",
           "mapl.sweep --profile nope --estimate", 2, r"^error: profile='nope' is invalid: allowed \[",
-          "", "", "", "", bug=("code", "stderr"), slow=True,
-          reason="mapl/sweep.py group_names() indexes params['profiles'][profile]: KeyError traceback, exit 1"),
+          "error: profile='nope' is invalid: allowed [...]", "refused before any run starts", "nothing written",
+          "use a profile of params.yaml", slow=True),
     Fault("workspace-unknown-profile", "`mapl.workspace repro/verify` on an unknown profile",
           "mapl.workspace repro --profile nope", 2,
           r"^error: --profile 'nope' is invalid: allowed: \[.*'micro'.*\] \(params\.yaml\)$",

@@ -8,7 +8,7 @@
     python -m mapl.data --source parquet --paths 'data/raw/dclm/**/*.parquet' --tokenizer mistral \\
         --val-tokens 5000000                              # the paper's offline route
 
-Exit codes: 0 done, 1 a data problem (one line: the file and the fix), 2 an invalid setting,
+Exit codes: 0 done, 2 a data problem (one line: the file and the fix) or an invalid setting,
 130 interrupted (run the same command again: a streamed preparation resumes).
 """
 from __future__ import annotations
@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
                            profile=args.profile, full_verify=args.verify, progress_every_s=args.progress_every)
     except (DataError, OSError) as e:
         print(f"python -m mapl.data: error: {e}", file=sys.stderr)
-        return 1
+        return 2
     except KeyboardInterrupt:
         print("python -m mapl.data: interrupted; run the same command again to resume", file=sys.stderr)
         return 130
