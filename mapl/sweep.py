@@ -77,18 +77,20 @@ def results_dir(profile: str, group: str, root: Path = PROJECT_ROOT) -> Path:
     return Path(root) / "reports" / profile / "results" / group
 
 
-def group_names(profile: str, params: dict | None = None) -> list[str]:
+def _profile_section(profile: str, params: dict | None) -> dict:
+    """``params.yaml``'s section of ``profile``; an unknown profile is refused in one line."""
     params = params or load_params()
     if profile not in params["profiles"]:
         raise ConfigError(f"profile={profile!r} is invalid: allowed {sorted(params['profiles'])}")
-    return list((params["profiles"][profile] or {}).get("groups") or {})
+    return params["profiles"][profile] or {}
+
+
+def group_names(profile: str, params: dict | None = None) -> list[str]:
+    return list(_profile_section(profile, params).get("groups") or {})
 
 
 def group_specs(profile: str, group: str, params: dict | None = None) -> list[dict]:
-    params = params or load_params()
-    if profile not in params["profiles"]:
-        raise ConfigError(f"profile={profile!r} is invalid: allowed {sorted(params['profiles'])}")
-    groups = params["profiles"][profile].get("groups") or {}
+    groups = _profile_section(profile, params).get("groups") or {}
     if group not in groups:
         raise ConfigError(f"group={group!r} is invalid for profile {profile!r}: allowed {sorted(groups)}")
     return [dict(s) for s in (groups[group] or [])]
