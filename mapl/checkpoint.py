@@ -14,11 +14,19 @@ A non-finite parameter or optimizer state is never written: ``save`` raises and 
 checkpoint stays as it was (issue: a huge LR used to leave inf embeddings in "the last good
 checkpoint").
 
+Finite is not enough: an update can leave huge but finite weights whose next forward is NaN. So
+the loop (``mapl.loop.run_loop``) writes a checkpoint *unconfirmed* (``unconfirmed_path``: ``run.pt``
+-> ``run.unconfirmed.pt``) and promotes it over the last good one (``confirm``, one atomic rename)
+only once a forward on those weights gave a finite loss: the next step's training loss, or a
+validation loss at the same step. A non-finite step drops the unconfirmed file, so ``run.pt`` is
+always a checkpoint the run has gone on from.
+
     save(path, cfg=cfg, model=sm, optimizers=opts, meter=meter, state=state, stage_of=stage_fn)
     ck = read(path); state = restore(ck, path, cfg, sm, opts, meter, allow_changes=False)
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -28,7 +36,7 @@ from .config import EXECUTION_FIELDS, RESUMABLE_FIELDS, RunConfig, config_diff, 
 from .io import atomic_torch_save
 from .loop import LoopState, NonFiniteError
 
-__all__ = ["FORMAT", "CheckpointError", "first_nonfinite", "save", "read",
+__all__ = ["FORMAT", "CheckpointError", "first_nonfinite", "save", "read", "unconfirmed_path", "confirm",
            "resume_changes", "restore", "checkpoint_step"]
 
 FORMAT = "mapl-checkpoint-v2"
@@ -78,6 +86,22 @@ def save(path: Path, *, cfg: RunConfig, model: torch.nn.Module, optimizers: list
     atomic_torch_save({"format": FORMAT, "config": cfg.to_dict(), "config_hash": config_hash(cfg),
                        "model": model.state_dict(), "optimizers": [o.state_dict() for o in optimizers],
                        "meter": meter.state_dict(), "state": state.to_dict()}, path)
+
+
+def unconfirmed_path(path: Path) -> Path:
+    """``checkpoints/run.pt`` -> ``checkpoints/run.unconfirmed.pt``: written, not yet confirmed by a
+    finite forward on its weights (see the module docstring)."""
+    path = Path(path)
+    stem = path.with_suffix("") if path.suffix == ".pt" else path
+    return stem.with_name(f"{stem.name}.unconfirmed.pt")
+
+
+def confirm(path: Path, previous: Path | None = None) -> None:
+    """Promote ``unconfirmed_path(path)`` to ``path``; ``previous``: first move the current ``path``
+    there (the per-rank checkpoints keep one previous file). Renames only: atomic on one file system."""
+    if previous is not None and path.exists():
+        os.replace(path, previous)
+    os.replace(unconfirmed_path(path), path)
 
 
 def read(path: Path) -> dict:

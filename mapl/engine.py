@@ -166,7 +166,8 @@ class LocalEngine:
         self.meter = ByteMeter()
         self.ckpt = Path(ckpt) if ckpt else None
         self.checkpointing = self.ckpt is not None
-        self.saved_step: int | None = None
+        self.saved_step: int | None = None          # the last good (confirmed) checkpoint's step
+        self.unconfirmed_step: int | None = None    # a checkpoint written but not yet confirmed
 
     @classmethod
     def build(cls, cfg: RunConfig, ckpt: Path | None = None, device: torch.device | None = None) -> "LocalEngine":
@@ -179,8 +180,14 @@ class LocalEngine:
         device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
         return cls(cfg, data, device, ckpt)
 
-    def resume(self, allow_changes: bool = False) -> LoopState | None:
-        if self.ckpt is None or not self.ckpt.exists():
+    def resume(self, allow_changes: bool = False, log=print) -> LoopState | None:
+        if self.ckpt is None:
+            return None
+        stale = checkpoint.unconfirmed_path(self.ckpt)
+        if stale.exists():              # the run was killed before the next step confirmed it
+            stale.unlink()
+            log(f"dropped the unconfirmed checkpoint {stale} (the step after it never completed)")
+        if not self.ckpt.exists():
             return None
         state = checkpoint.restore(checkpoint.read(self.ckpt), self.ckpt, self.cfg, self.sm, self.opts, self.meter,
                                    allow_changes)
@@ -233,11 +240,26 @@ class LocalEngine:
         sm.train(was_training)
         return float(total) / max(1, len(self.data.val_batches))
 
-    def save(self, state: LoopState) -> None:
-        checkpoint.save(self.ckpt, cfg=self.cfg, model=self.sm, optimizers=self.opts, meter=self.meter, state=state,
-                        where=lambda n: f" (stage {stage_of_parameter(n.split(' of ')[-1], self.sm.split)})",
-                        last_good=self.saved_step)
-        self.saved_step = state.step
+    def save(self, state: LoopState, confirmed: bool = True) -> None:
+        unconfirmed = checkpoint.unconfirmed_path(self.ckpt)
+        checkpoint.save(self.ckpt if confirmed else unconfirmed, cfg=self.cfg, model=self.sm, optimizers=self.opts,
+                        meter=self.meter, state=state, last_good=self.saved_step,
+                        where=lambda n: f" (stage {stage_of_parameter(n.split(' of ')[-1], self.sm.split)})")
+        if confirmed:
+            unconfirmed.unlink(missing_ok=True)
+            self.saved_step, self.unconfirmed_step = state.step, None
+        else:
+            self.unconfirmed_step = state.step
+
+    def confirm(self) -> None:
+        if self.unconfirmed_step is not None:
+            checkpoint.confirm(self.ckpt)
+            self.saved_step, self.unconfirmed_step = self.unconfirmed_step, None
+
+    def drop_unconfirmed(self) -> None:
+        if self.unconfirmed_step is not None:
+            checkpoint.unconfirmed_path(self.ckpt).unlink(missing_ok=True)
+            self.unconfirmed_step = None
 
     def results(self, state: LoopState, wall_s: float) -> dict:
         sm = self.sm

@@ -10,8 +10,14 @@ peers inside ``train_step`` (so every rank leaves the loop after the same step).
     engine = LocalEngine.build(cfg, ckpt=Path("c.pt"))
     results = train(engine, out=Path("r.json"))          # resumes from c.pt when it exists
 
-A signal sets a flag; the step in flight completes, a checkpoint is written, and
-:class:`Interrupted` (a ``KeyboardInterrupt``) leaves the loop: the CLIs turn it into exit code 130.
+A checkpoint due after step s is written *unconfirmed* and becomes the last good one only once a
+forward on its weights is finite: step s+1's training loss, or a validation loss at step s
+(``mapl.checkpoint``). An update that diverges into huge-but-finite weights therefore never replaces
+the last good checkpoint; the NaN it causes one step later drops the unconfirmed file.
+
+A signal sets a flag; the step in flight completes, a checkpoint is written (committed at once: no
+step follows to confirm it), and :class:`Interrupted` (a ``KeyboardInterrupt``) leaves the loop: the
+CLIs turn it into exit code 130.
 """
 from __future__ import annotations
 
@@ -84,7 +90,12 @@ class Engine(Protocol):
 
     def evaluate(self, step: int) -> float: ...                        # the global validation loss
 
-    def save(self, state: LoopState) -> None: ...                      # refuses (raises) non-finite state
+    def save(self, state: LoopState, confirmed: bool = True) -> None: ...   # refuses (raises) non-finite state
+    # confirmed=False: written beside the last good checkpoint, which it replaces only on confirm()
+
+    def confirm(self) -> None: ...                                     # promote the unconfirmed one (if any)
+
+    def drop_unconfirmed(self) -> None: ...                            # delete the unconfirmed one (if any)
 
     def results(self, state: LoopState, wall_s: float) -> dict | None: ...   # the reporter returns the dict
 
@@ -131,18 +142,25 @@ def run_loop(engine: Engine, state: LoopState, *, log: Callable = print, progres
         with StopFlag() as flag:
             while state.step < t.steps:
                 outcome = _one_step(engine, state, lambda: flag.stop)
+                if engine.checkpointing:
+                    engine.confirm()        # this step's loss is finite: the weights saved before it are good
                 bar.update(1)
                 bar.set_postfix(loss=f"{outcome.loss:.3f}")
                 if on_step is not None and engine.reporter:
                     on_step(state.step, t.steps, outcome.loss)
-                if state.step % t.eval_every == 0 or state.step == t.steps:
+                evaluated = state.step % t.eval_every == 0 or state.step == t.steps
+                if evaluated:
                     _evaluate(engine, state, log, outcome.loss)
                 if engine.checkpointing and (state.step % t.checkpoint_every == 0 or outcome.stop):
-                    engine.save(state)
+                    engine.save(state, confirmed=evaluated or outcome.stop)
                 if outcome.stop:
                     raise Interrupted(f"stopped after step {state.step}: " + (
                         "checkpoint written; rerun the same command to resume" if engine.checkpointing
                         else "no checkpoint path was given, so nothing was kept"))
+    except BaseException as e:
+        if engine.checkpointing and not isinstance(e, Interrupted):
+            engine.drop_unconfirmed()       # never confirmed: the last good checkpoint stays the one to resume
+        raise
     finally:
         bar.close()
     return state

@@ -21,6 +21,7 @@ import sys
 import time
 from pathlib import Path
 
+from .checkpoint import unconfirmed_path
 from .cli import add_debug_flag, run_cli
 from .config import METHODS, PROJECT_ROOT, RunConfig, load_params, load_run_config, parse_set
 from .engine import LocalEngine, build_optimizers, resolve_data_dir
@@ -51,7 +52,7 @@ def run(cfg: RunConfig, out: Path | None = None, ckpt: Path | None = None, progr
     check_output_paths(out, ckpt)
     with OutputLock(results=out, checkpoint=ckpt):        # a second run on the same paths is refused
         engine = LocalEngine.build(cfg, ckpt=ckpt)
-        state = engine.resume(allow_changes=resume_with_changes)
+        state = engine.resume(allow_changes=resume_with_changes, log=log)
         if state is not None:
             log(f"resumed {ckpt} at step {state.step}" +
                 (f" with changed settings {sorted(state.resumed_with_changes[-1]['changes'])}"
@@ -109,6 +110,7 @@ def _main(argv: list[str]) -> int:
     check_output_paths(out, ckpt)
     if args.fresh:
         ckpt.unlink(missing_ok=True)
+        unconfirmed_path(ckpt).unlink(missing_ok=True)
     res = run(cfg, out=out, ckpt=ckpt, progress=not args.no_progress, resume_with_changes=args.resume_with_changes)
     print(json.dumps({k: res[k] for k in ("run", "val_loss", "tokens", "tokens_per_s", "ratio")}))
     return 0

@@ -199,6 +199,14 @@ def seed(*flags: str) -> Callable[[Ctx], None]:
     return setup
 
 
+def pipeline_run(cmd: str) -> Callable[[Ctx], None]:
+    """Setup: the outputs of a finished multi-process run (its per-rank checkpoints and results)."""
+    def setup(ctx: Ctx) -> None:
+        r = ctx.run(cmd)
+        assert r.returncode == 0, f"setup `{cmd}` exited {r.returncode}:\n{r.stderr[-3000:]}"
+    return setup
+
+
 def both(*setups) -> Callable[[Ctx], None]:
     def setup(ctx: Ctx) -> None:
         for s in setups:
@@ -612,18 +620,19 @@ FAULTS = [
           setup=seed("--method mapl --ratio 4 --steps 2"),
           recover=(f"{T} --method mapl --ratio 4 --steps 6 --resume-with-changes {IO}",),
           recovered=results_steps(6, resumed=True)),
-    Fault("non-finite-checkpoint-every-step", "NaN/Inf with a checkpoint after every step (issue 15's case)",
+    Fault("non-finite-checkpoint-every-step", "NaN/Inf with a checkpoint after every step (issue 15's case: the "
+          "diverging update leaves huge but finite weights; the NaN shows one step later)",
           f"{T} --method mapl --ratio 4 --steps 6 --set train.lr_muon=1e30 --set train.checkpoint_every=1 "
           f"--resume-with-changes {IO}", 4,
           r"^error: non-finite training loss nan at step \d+; first non-finite value: stage \d .*\. The last good "
           r"checkpoint is kept; lower the learning rate and resume from it with --resume-with-changes$",
-          "", "", "", "", setup=seed("--method mapl --ratio 4 --steps 2"),
-          after=checkpoint_step("r.pt", 2, 6, finite=True), changes=("r.pt",),
+          "error: non-finite training loss nan at step N; first non-finite value: ... The last good checkpoint is "
+          "kept; ...", "a checkpoint is confirmed only by a finite forward on its weights (the next step's loss); "
+          "the unconfirmed one is dropped", "the last confirmed checkpoint, byte for byte",
+          "lower the LR, rerun with `--resume-with-changes`", setup=seed("--method mapl --ratio 4 --steps 2"),
+          after=checkpoint_step("r.pt", 2, 3, finite=True),
           recover=(f"{T} --method mapl --ratio 4 --steps 6 --set train.checkpoint_every=1 --resume-with-changes {IO}",),
-          recovered=results_steps(6, resumed=True), bug=("recover",), slow=True,
-          reason="the 'last good' checkpoint is only finite: it was written after the step whose x1e30 update "
-                 "diverged (the NaN shows one step later), so resuming it with a lower LR fails with NaN again "
-                 "(mapl/loop.py, mapl/checkpoint.py)"),
+          recovered=results_steps(6, resumed=True), slow=True),
     Fault("interrupt", "Ctrl-C (SIGINT) or SIGTERM mid-run", f"{T} --steps 12 {TOO_LONG} {IO}", 130,
           r"^interrupted: stopped after step \d+: checkpoint written; rerun the same command to resume$",
           "interrupted: stopped after step S: checkpoint written; rerun the same command to resume",
@@ -687,7 +696,7 @@ FAULTS = [
           "the other ranks fail at their next wait on it (at most `--timeout` s, default 60)",
           "the per-rank checkpoints of the last checkpointed step", "rerun the same command (it resumes)",
           stderr="ranks", env={"MAPL_FAULT_KILL_RANK": "1", "MAPL_FAULT_KILL_STEP": "3"},
-          creates=("r.rank?.pt", "r.rank1.pt.lock", "r.rank1.prev.pt.lock"),
+          creates=("r.rank?.pt", "r.rank1.pt.lock", "r.rank1.prev.pt.lock", "r.rank1.unconfirmed.pt.lock"),
           recover=(f"{MP} --method mapl --ratio 4 --set train.checkpoint_every=2",), recovered=results_steps(20),
           slow=True),
     Fault("pipeline-peer-hangs", "a stage process stops answering", f"{MP} --timeout 4", 3,
@@ -699,7 +708,7 @@ FAULTS = [
           "rerun the same command (it resumes)", stderr="ranks",
           env={"MAPL_FAULT_KILL_RANK": "1", "MAPL_FAULT_KILL_STEP": "2", "MAPL_FAULT_MODE": "hang",
                "MAPL_FAULT_HANG_S": "8"},
-          creates=("r.rank1.pt.lock", "r.rank1.prev.pt.lock"), slow=True),
+          creates=("r.rank1.pt.lock", "r.rank1.prev.pt.lock", "r.rank1.unconfirmed.pt.lock"), slow=True),
     Fault("pipeline-interrupt", "Ctrl-C on the multi-process pipeline", f"{MP} {TOO_LONG}", 130,
           (r"^interrupted: rank 0 \(stage 0\): stopped after step \d+: checkpoint written",
            r"^interrupted: rank 1 \(stage 1\): stopped after step \d+: checkpoint written",
@@ -734,6 +743,19 @@ FAULTS = [
           "(boundary K, ...). The last good checkpoint is kept; ...", "every rank stops at the same step",
           "the last good per-rank checkpoints", "lower the LR, rerun with `--resume-with-changes`", stderr="ranks",
           slow=True),
+    Fault("pipeline-non-finite-checkpoint-every-step", "NaN/Inf in the multi-process pipeline with a checkpoint "
+          "after every step", f"{MP} --method mapl --ratio 4 --steps 6 --set train.lr_muon=1e30 --set "
+          "train.checkpoint_every=1 --resume-with-changes", 4,
+          (r"^error: rank 0 \(stage 0\): non-finite training loss nan at step 3; first non-finite value: stage \d ",
+           r"^error: rank 1 \(stage 1\): non-finite training loss nan at step 3; first non-finite value: stage \d ",
+           r"^error: the pipeline failed \(exit codes per rank: \[4, 4\]\)$"),
+          "error: rank R (stage S): non-finite training loss nan at step N; ... The last good checkpoint is kept; ...",
+          "every rank drops its unconfirmed checkpoint", "the last confirmed per-rank checkpoints, byte for byte",
+          "lower the LR, rerun with `--resume-with-changes`", stderr="ranks",
+          setup=pipeline_run(f"{MP} --method mapl --ratio 4 --steps 2"),
+          after=checkpoint_step("r.rank1.pt", 2, 3, finite=True),
+          recover=(f"{MP} --method mapl --ratio 4 --steps 6 --set train.checkpoint_every=1 --resume-with-changes",),
+          recovered=results_steps(6, resumed=True), slow=True),
     Fault("pipeline-relative-paths", "relative `--out`/`--ckpt` for the self-launched pipeline",
           f"mapl.pipeline @run --steps 2 --out {REL}/r.json --ckpt {REL}/r.pt", 0, (), "(progress lines)",
           "the ranks run in the caller's working folder", "results and per-rank checkpoints where the paths say",

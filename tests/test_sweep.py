@@ -28,7 +28,7 @@ def test_every_profile_lists_every_group():
 
 def test_cpu_groups_are_the_planned_grid():
     sizes = {g: len(cfgs(g)) for g in GROUPS}
-    assert sizes == {"main": 11, "seeds": 16, "ablations": 5, "long": 15, "longer": 0, "tokens": 6, "width": 6,
+    assert sizes == {"main": 11, "seeds": 16, "ablations": 5, "long": 15, "longer": 6, "tokens": 6, "width": 6,
                      "rvq_sync": 2, "tune": 12, "tune2": 9}
     main = {c.name() for c in cfgs("main")}
     assert {"tiny-P4-none-s0", "tiny-P4-int8-s0", "tiny-P4-ssn-8x-s0", "tiny-P4-mapl-16x-s0", "tiny-P4-mapl-rvq-4x-s0"} <= main
@@ -37,7 +37,7 @@ def test_cpu_groups_are_the_planned_grid():
     assert {c.train.seed for c in long} == {0, 1, 2} and {c.train.steps for c in long} == {3000}
     assert all(c.train.warmup_steps == 300 and c.train.eval_every == 250 for c in long)
     assert "tiny-P4-mapl-8x-proj-fixed-3000steps-s2" in {c.name() for c in long}
-    for group, steps, every in (("tokens", 1000, 100),):
+    for group, steps, every in (("tokens", 1000, 100), ("longer", 6000, 500)):
         assert all(c.train.steps == steps and c.train.warmup_steps == steps // 10 and c.train.eval_every == every
                    for c in cfgs(group)), group
     assert {c.model_overrides["d_model"] for c in cfgs("width")} == {64, 256}

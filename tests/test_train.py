@@ -1,5 +1,6 @@
 """Training runs end to end: determinism, resume, bytes as declared, clear errors."""
 import json
+import math
 import os
 import signal
 
@@ -174,6 +175,39 @@ def test_nonfinite_weights_never_overwrite_the_last_good_checkpoint_and_resume_w
     assert res["steps"] == 8 and any("resumed" in m and "step 5" in m for m in logs)
     assert res["resumed_with_changes"] == [{"step": 4, "changes": {"train.steps": [4, 8]}}]
     assert res["config"]["train"]["steps"] == 8
+
+
+def test_a_diverging_update_never_becomes_the_last_good_checkpoint(micro_cfg, tmp_path):
+    """Issue 15: a x1e30 update leaves huge but *finite* weights whose next forward is NaN. With a
+    checkpoint after every step, the checkpoint of those weights stays unconfirmed and is dropped, so
+    the file on disk is byte for byte the last good one, and resuming it with a sane LR works."""
+    from mapl.checkpoint import unconfirmed_path
+    from mapl.loop import NonFiniteError
+    ck = tmp_path / "c.pt"
+    run(micro_cfg("mapl", 4, **{"train.steps": 2}), ckpt=ck, progress=False, log=lambda *a: None)
+    good = ck.read_bytes()
+    every_step = {"train.steps": 6, "train.checkpoint_every": 1}
+    with pytest.raises(NonFiniteError, match=r"non-finite training loss nan at step 3.*last good checkpoint is kept"):
+        run(micro_cfg("mapl", 4, **every_step, **{"train.lr_muon": 1e30}), ckpt=ck, progress=False,
+            log=lambda *a: None, resume_with_changes=True)
+    assert ck.read_bytes() == good and not unconfirmed_path(ck).exists()
+    res = run(micro_cfg("mapl", 4, **every_step), ckpt=ck, progress=False, log=lambda *a: None,
+              resume_with_changes=True)
+    assert res["steps"] == 6 and math.isfinite(res["val_loss"])
+
+
+def test_an_unconfirmed_checkpoint_left_by_a_kill_is_dropped_on_resume(micro_cfg, tmp_path):
+    from mapl.checkpoint import unconfirmed_path
+    cfg = micro_cfg("none", **{"train.steps": 4})
+    ck = tmp_path / "c.pt"
+    run(micro_cfg("none", **{"train.steps": 4, "train.checkpoint_every": 2}), ckpt=ck, progress=False,
+        log=lambda *a: None)
+    stale = unconfirmed_path(ck)
+    stale.write_bytes(b"written by a run killed before its next step")
+    logs = []
+    res = run(cfg, ckpt=ck, progress=False, log=logs.append)
+    assert res["steps"] == 4 and not stale.exists()
+    assert any(f"dropped the unconfirmed checkpoint {stale}" in m for m in logs)
 
 
 def test_resume_refuses_changes_outside_the_resumable_fields(micro_cfg, tmp_path):

@@ -103,8 +103,14 @@ class PipelineEngine:
         self.tx.context = "checkpoint resume"
         return self.ckpts.resume(self.cfg, self.sm, self.opts, self.meter, allow_changes, self.agree)
 
-    def save(self, state: LoopState) -> None:
-        self.ckpts.save(self.cfg, self.sm, self.opts, self.meter, state)
+    def save(self, state: LoopState, confirmed: bool = True) -> None:
+        self.ckpts.save(self.cfg, self.sm, self.opts, self.meter, state, confirmed)
+
+    def confirm(self) -> None:
+        self.ckpts.confirm()
+
+    def drop_unconfirmed(self) -> None:
+        self.ckpts.drop_unconfirmed()
 
     # ---- one training step ---------------------------------------------------------------------
     def train_step(self, step: int, lr_scale: float, stop_requested=lambda: False) -> StepOutcome:
