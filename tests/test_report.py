@@ -210,6 +210,26 @@ def test_token_and_width_axes(rows):
     assert R.width_table([r for r in rows if r["group"] != "width"]).body == []   # one width: no axis
 
 
+def test_best_validation_view_takes_out_an_overfitting_reference(rows):
+    """Early stopping: each run is scored at its lowest validation loss; when the uncompressed run of
+    the longest budget was better mid-way, its Δ% reference drops and the takeaway says it overfits."""
+    longest = max(r["steps"] for r in rows if r["method"] == "none")
+    none = next(r for r in rows if r["method"] == "none" and r["steps"] == longest)
+    early = none["val_loss"] - 0.2
+    changed = [{**r, "val_loss_curve": [[longest // 2, early], [longest, r["val_loss"]]]} if r is none else r
+               for r in rows]
+    best = {r["run"]: r for r in R.at_best_validation(changed)}
+    assert best[none["run"]]["val_loss"] == early and best[none["run"]]["best_step"] == longest // 2
+    assert best[none["run"]]["final_val_loss"] == none["val_loss"]
+    final, early_stopped = R.token_table(changed, train_tokens=10_000), R.token_table(changed, best=True)
+    assert final.name == "tokens" and early_stopped.name == "tokens-best"
+    assert final.header[2] == "epochs" and final.body[0][2] == R.fmt(int(final.body[0][1].replace(",", "")) / 10_000, 1)
+    assert "epochs" not in early_stopped.header
+    assert early_stopped.body[-1][2] != final.body[-1][3]          # the reference (none val loss) moved
+    assert f"best at step {longest // 2:,}" in early_stopped.takeaway and "overfits" in early_stopped.takeaway
+    assert "overfits" not in R.token_table(rows, best=True).takeaway     # best = final: nothing to say
+
+
 def test_paper_numbers_file():
     with open(paper.PAPER_NUMBERS, newline="") as f:
         raw = list(csv.DictReader(f))

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Sequence
 
 from .files import atomic_write_text
-from .rows import budget_steps, main_model, run_key
+from .rows import at_best_validation, budget_steps, main_model, run_key
 from .stats import summarize
 from .studies import comparisons, headline_summaries, token_points, width_points
 from .tables import table1_summaries
@@ -96,9 +96,10 @@ def metrics(rows: Sequence[dict]) -> dict:
         out["long_paired"] = paired
     groups = {budget_steps(rows, g, model): g for g in ("longer", "long", "tokens", "main")}
     tokens = _axis(token_points(rows), lambda p: groups.get(p["steps"], f"steps{p['steps']}"))
+    tokens_best = _axis(token_points(at_best_validation(rows)), lambda p: groups.get(p["steps"], f"steps{p['steps']}"))
     points = width_points(rows)
     width = _axis(points, lambda p: f"d{p['d']}") if len(points) > 1 else {}
-    for key, sec in (("token_axis", tokens), ("width", width)):
+    for key, sec in (("token_axis", tokens), ("token_axis_best", tokens_best), ("width", width)):
         if sec:
             out[key] = sec
     return out

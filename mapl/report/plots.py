@@ -12,7 +12,7 @@ from typing import Sequence
 from matplotlib.figure import Figure
 
 from .figures import axis_figure, loss_curves_figure, pareto_figure, save_figure
-from .rows import budget_steps, main_model, run_key
+from .rows import at_best_validation, budget_steps, main_model, run_key
 from .studies import STUDY_VARIANTS, headline_ratio, token_points, width_points
 from .style import fmt_ratio, label
 from .table import fmt, fmt_int
@@ -87,16 +87,19 @@ def curves_plot(rows: Sequence[dict], group: str) -> Plot:
     return Plot(f"curves-{group}", caption, takeaway, fig)
 
 
-def tokens_plot(rows: Sequence[dict], takeaway: str) -> Plot:
-    """The token axis (``takeaway``: the token table's, the same numbers)."""
-    points = token_points(rows)
+def tokens_plot(rows: Sequence[dict], takeaway: str, best: bool = False) -> Plot:
+    """The token axis (``takeaway``: the token table's, the same numbers); ``best``: at each run's best
+    validation loss (:func:`mapl.report.rows.at_best_validation`)."""
+    points = token_points(at_best_validation(rows) if best else rows)
     ratio = headline_ratio(rows)
     fig = axis_figure(points, "steps", "optimizer steps (log; tokens ∝ steps)", STUDY_VARIANTS[1:],
-                      f"Token axis at projection ratio {fmt_ratio(ratio)}", "fewer than two budgets with runs")
+                      f"Token axis at projection ratio {fmt_ratio(ratio)}"
+                      + (", best validation loss per run" if best else ""), "fewer than two budgets with runs")
     caption = ("Left: each method's Δ% against the training budget (mean; bars: std over seeds). Right: the paired "
                "SSN − MAPL difference of Δ% (positive: MAPL ahead), its mean with the Student t 95% interval and "
-               "every seed as a dot.")
-    return Plot("tokens", caption, takeaway, fig, empty=len(points) < 2)
+               "every seed as a dot." + (" Every run is scored at its lowest validation loss (early stopping)."
+                                         if best else ""))
+    return Plot("tokens-best" if best else "tokens", caption, takeaway, fig, empty=len(points) < 2)
 
 
 def width_plot(rows: Sequence[dict], takeaway: str) -> Plot:

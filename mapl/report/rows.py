@@ -37,7 +37,7 @@ from ..config import METHODS
 
 __all__ = ["GROUP_ORDER", "METHOD_ORDER", "KEY", "results_dir", "row_from_result", "load_results", "select",
            "total_bytes_per_token", "variant_of", "is_default", "run_key", "group_runs", "sort_key",
-           "main_model", "budget_steps"]
+           "main_model", "budget_steps", "at_best_validation", "train_split_tokens"]
 
 # where a configuration appears in two groups, the first group here keeps it (the others are dropped)
 GROUP_ORDER = ("main", "seeds", "ablations", "long", "longer", "tokens", "width", "rvq_sync", "tune", "tune2")
@@ -229,3 +229,26 @@ def budget_steps(rows: Sequence[dict], group: str, model: str | None = None) -> 
     of ``model``'s runs when given; None when the group has no runs."""
     counts = Counter(r["steps"] for r in rows if r["group"] == group and (model is None or r["model"] == model))
     return min(counts, key=lambda s: (-counts[s], s)) if counts else None
+
+
+def at_best_validation(rows: Iterable[dict]) -> list[dict]:
+    """Each row with ``val_loss`` replaced by the lowest validation loss of its curve (early stopping
+    at one of its evaluation points), ``best_step`` the step it came at and ``final_val_loss`` the
+    last one. On a corpus the model sees for several epochs the uncompressed run overfits first, and
+    a final-step comparison then credits compression with a regulariser's effect; this view takes
+    that out (at the price of choosing the step on the validation tokens it is scored on)."""
+    out = []
+    for r in rows:
+        curve = r.get("val_loss_curve") or [[r["steps"], r["val_loss"]]]
+        step, best = min(curve, key=lambda point: point[1])
+        out.append({**r, "val_loss": best, "best_step": step, "final_val_loss": r["val_loss"]})
+    return out
+
+
+def train_split_tokens(root: str | Path, profile: str) -> int | None:
+    """Tokens in the profile's training split (``data/<profile>.manifest.json``; None if absent)."""
+    path = Path(root) / "data" / f"{profile}.manifest.json"
+    try:
+        return int(json.loads(path.read_text())["splits"]["train"]["tokens"])
+    except (OSError, KeyError, TypeError, ValueError):
+        return None

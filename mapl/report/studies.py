@@ -13,7 +13,7 @@ from collections import Counter
 from typing import Sequence
 
 from . import paper
-from .rows import budget_steps, main_model
+from .rows import at_best_validation, budget_steps, main_model
 from .stats import paired, summarize, t_interval
 from .style import fmt_ratio, label, variant_label
 from .table import DASH, Table, fmt, fmt_ci, fmt_int, fmt_pct, fmt_pm
@@ -184,19 +184,45 @@ def _study_row(key_cells: list, p: dict) -> list:
             fmt_pm(gap["mean"], gap["std"], 2) if gap else DASH, fmt_ci(gap["ci"]) if gap else DASH]
 
 
-def token_table(rows: Sequence[dict]) -> Table:
+def token_table(rows: Sequence[dict], best: bool = False, train_tokens: int | None = None) -> Table:
     """The token axis: each method's Δ% and the paired SSN - MAPL gap at every training budget of
-    the main model (groups main, tokens, long, longer)."""
-    points = token_points(rows)
+    the main model (groups main, tokens, long, longer). ``best``: at each run's best validation loss
+    (:func:`mapl.report.rows.at_best_validation`) instead of its final one; ``train_tokens``: the
+    training split's size, for an epochs column."""
+    scored = at_best_validation(rows) if best else list(rows)
+    points = token_points(scored)
     ratio = headline_ratio(rows)
-    header = _study_header("steps")[:1] + ["tokens"] + _study_header("steps")[1:]
-    body = [_study_row([fmt_int(p["steps"]), fmt_int(p["tokens"])], p) for p in points]
+    head = _study_header("steps")
+    header = head[:1] + ["tokens"] + (["epochs"] if train_tokens else []) + head[1:]
+    body = [_study_row([fmt_int(p["steps"]), fmt_int(p["tokens"]),
+                        *([fmt(p["tokens"] / train_tokens, 1)] if train_tokens else [])], p) for p in points]
+    which = ("each run's lowest validation loss over its evaluation points (early stopping; the reference is the "
+             "uncompressed run's own best)" if best else "the final validation loss")
     caption = (f"The main model at projection ratio {fmt_ratio(ratio)} (MAPL+VQ: twice that on the wire) and every "
-               f"training budget: Δ% mean ± std over seeds (n seeds), and the paired SSN − MAPL difference of Δ% "
-               f"(positive: MAPL ahead) with its Student t 95% interval.")
+               f"training budget, on {which}: Δ% mean ± std over seeds (n seeds), and the paired SSN − MAPL "
+               f"difference of Δ% (positive: MAPL ahead) with its Student t 95% interval."
+               + (" Epochs: training tokens over the training split's tokens." if train_tokens else ""))
     takeaway = (_gap_trend(points, lambda p: f"{fmt_int(p['steps'])} steps") if len(points) > 1
                 else "fewer than two budgets with runs: no token axis.")
+    if best and points:
+        takeaway += " " + _best_step_note(points[-1], scored)
+    if best:
+        return Table("tokens-best", "Token axis at each run's best validation loss (early stopping)", header, body,
+                     caption, takeaway)
     return Table("tokens", "Token axis: Δ% against training budget", header, body, caption, takeaway)
+
+
+def _best_step_note(point: dict, scored: Sequence[dict]) -> str:
+    """Where the uncompressed runs of ``point`` (the longest budget) had their best validation loss."""
+    names = set(point["sums"]["none"]["runs"])
+    steps = sorted(r["best_step"] for r in scored if r["run"] in names)
+    if not steps:
+        return ""
+    where = ", ".join(fmt_int(x) for x in steps)
+    early = sum(x < point["steps"] for x in steps)
+    return (f"At {fmt_int(point['steps'])} steps the uncompressed runs were best at step {where}"
+            + (f" ({early} of {len(steps)} before the end: the uncompressed model overfits, so the final-loss table "
+               "flatters compression there)." if early else "."))
 
 
 def width_points(rows: Sequence[dict]) -> list[dict]:
