@@ -230,6 +230,22 @@ def test_best_validation_view_takes_out_an_overfitting_reference(rows):
     assert "overfits" not in R.token_table(rows, best=True).takeaway     # best = final: nothing to say
 
 
+def test_runs_table_shows_a_run_that_blew_up(rows):
+    longest = max(r["steps"] for r in rows if r["method"] == "mapl")
+    mapl = next(r for r in rows if r["method"] == "mapl" and r["steps"] == longest)
+    calm = [{**r, "boundary_diagnostics": [{"activation_rms": 3.0}]} for r in rows]
+    t = R.runs_table(calm)
+    assert t.name == "runs-long" and t.body and all(b[1] in (0, 1, 2) for b in t.body)
+    assert t.takeaway == "median of the largest boundary RMS over runs 3.0."      # no run singled out
+    blown = [{**r, "boundary_diagnostics": [{"activation_rms": 9000.0}], "val_loss": r["val_loss"] + 1,
+              "val_loss_curve": [[longest // 2, r["val_loss"]], [longest, r["val_loss"] + 1]]} if r is mapl else r
+             for r in [{**r, "boundary_diagnostics": [{"activation_rms": 3.0}]} if r is not mapl else r for r in rows]]
+    t = R.runs_table(blown)
+    line = next(b for b in t.body if b[0] == "MAPL" and b[1] == mapl["seed"])
+    assert line[2] == R.fmt(mapl["val_loss"] + 1) and line[3] == R.fmt(mapl["val_loss"]) and line[5] == "9000.0"
+    assert f"MAPL seed {mapl['seed']}: RMS 9000" in t.takeaway and f"at step {longest // 2:,}" in t.takeaway
+
+
 def test_paper_numbers_file():
     with open(paper.PAPER_NUMBERS, newline="") as f:
         raw = list(csv.DictReader(f))

@@ -21,7 +21,8 @@ A row holds, from one results JSON:
   :func:`total_bytes_per_token`), with ``state_bytes_per_token`` (projector exchange: receiver-side
   gradients back, the updated basis forward) and ``sync_bytes_per_token`` (codebook sync) inside it
 * ``lr_muon``, ``lr_embed``, ``lr_head``, ``proj_lr_mult`` (the tuning table), ``ortho_max_err``,
-  ``boundary_diagnostics``
+  ``boundary_diagnostics``, ``codebook_batch_perplexity`` (MAPL+VQ: the lowest over boundaries of the
+  last step's codebook perplexity within a batch)
 
 Configs written before the nested ``compressor.rvq.*`` / ``compressor.projector.*`` keys are read too
 (``compressor.rvq_sync``, ``compressor.proj_lr_mult``).
@@ -138,7 +139,14 @@ def row_from_result(res: dict, group: str = "") -> dict:
         "lr_head": _get(cfg, "train.lr_head"),
         "proj_lr_mult": _get(cfg, "compressor.projector.lr_mult", "compressor.proj_lr_mult"),
         "ortho_max_err": res.get("ortho_max_err"), "boundary_diagnostics": res.get("boundary_diagnostics") or [],
+        "codebook_batch_perplexity": _min_over_boundaries(res.get("diagnostics"), "batch_perplexity_mean"),
     }
+
+
+def _min_over_boundaries(diagnostics, key: str) -> float | None:
+    """The smallest ``key`` over the per-boundary entries of the results' ``diagnostics`` (None if none)."""
+    values = [d[key] for d in (diagnostics or {}).values() if isinstance(d, dict) and d.get(key) is not None]
+    return min(values) if values else None
 
 
 def _group_rank(group: str) -> tuple:

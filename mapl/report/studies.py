@@ -20,7 +20,7 @@ from .table import DASH, Table, fmt, fmt_ci, fmt_int, fmt_pct, fmt_pm
 from .tables import NO_RUNS, main_budget
 
 __all__ = ["STUDY_VARIANTS", "COMPARISONS", "headline_ratio", "headline_summaries", "comparisons", "headline_table",
-           "paired_table", "token_points", "token_table", "width_points", "width_table", "gap_sentence"]
+           "paired_table", "runs_table", "token_points", "token_table", "width_points", "width_table", "gap_sentence"]
 
 STUDY_VARIANTS = ("none", "ssn", "mapl", "mapl-fixed", "mapl-rvq")
 # (A, B): the paired difference Δ%(A) - Δ%(B) at the same projection ratio d/r
@@ -140,6 +140,43 @@ def paired_table(rows: Sequence[dict], group: str = "long") -> Table:
                 else NO_RUNS.format(group))
     return Table("headline-paired", f"Paired comparisons at the long budget ({group} group)", header, body, caption,
                  takeaway)
+
+
+def runs_table(rows: Sequence[dict], group: str = "long") -> Table:
+    """Every run of the headline methods at the long budget, one line per seed: final and best
+    validation loss, and the scale of the residual stream at the boundaries (a run that blows up
+    shows there before its loss does)."""
+    steps = budget_steps(rows, group, main_model(rows))
+    pool = sorted((r for r in at_best_validation(rows) if r["steps"] == steps and r["model"] == main_model(rows)
+                   and r["variant"] in STUDY_VARIANTS), key=lambda r: (STUDY_VARIANTS.index(r["variant"]), r["seed"]))
+    header = ["method", "seed", "final val loss", "best val loss", "best at step", "max boundary RMS",
+              "codebook batch perplexity (min)"]
+    body, rms = [], {}
+    for r in pool:
+        scale = max((d.get("activation_rms") or 0 for d in r["boundary_diagnostics"]), default=None)
+        rms[r["run"]] = scale
+        body.append([variant_label(r["variant"]), r["seed"], fmt(r["final_val_loss"]), fmt(r["val_loss"]),
+                     fmt_int(r["best_step"]), fmt(scale, 1) if scale else DASH,
+                     fmt(r["codebook_batch_perplexity"], 0) if r["codebook_batch_perplexity"] else DASH])
+    caption = (f"Each run of the {fmt_int(steps)}-step budget: the final and the lowest validation loss (at which "
+               "evaluation step), the largest RMS of the residual stream entering a boundary (held-out tokens, after "
+               "training) and, for MAPL+VQ, the lowest batch perplexity of its codes over boundaries (of 256).")
+    return Table("runs-long", f"Every run at {fmt_int(steps)} steps: final and best loss, activation scale", header,
+                 body, caption, _runs_takeaway(pool, rms) if body else NO_RUNS.format(group))
+
+
+def _runs_takeaway(pool: Sequence[dict], rms: dict) -> str:
+    scales = sorted(v for v in rms.values() if v)
+    typical = scales[len(scales) // 2] if scales else None
+    blown = [r for r in pool if typical and rms[r["run"]] and rms[r["run"]] > 100 * typical]
+    late = [r for r in pool if r["final_val_loss"] > r["val_loss"] * 1.01]
+    parts = [f"median of the largest boundary RMS over runs {fmt(typical, 1)}"] if typical else []
+    parts += [f"{variant_label(r['variant'])} seed {r['seed']}: RMS {fmt(rms[r['run']], 0)}, final val loss "
+              f"{fmt(r['final_val_loss'])} against its best {fmt(r['val_loss'])} at step {fmt_int(r['best_step'])}"
+              for r in blown]
+    if late and not blown:
+        parts += [f"{len(late)} run(s) end more than 1% above their best validation loss"]
+    return "; ".join(parts) + "." if parts else "every run ends at its best validation loss."
 
 
 def token_points(rows: Sequence[dict]) -> list[dict]:
