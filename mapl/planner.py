@@ -5,7 +5,7 @@ from our own loss curves or, at paper scale, from the paper's final-loss penalti
 (:func:`ratio_from_penalty`).
 
 Our curves: :func:`steps_ratios` gives each method's (and, with ``load_runs(..., variants=True)``, each
-variant's) steps to reach uncompressed's final loss + 2 %, divided by uncompressed's, paired by seed at
+variant's) steps to reach uncompressed's best loss (lowest point of its curve) + 2 %, divided by uncompressed's, paired by seed at
 each training length, with its spread over seeds; :func:`steps_ratio_table` sets the lengths side by side
 and :func:`ratio_trend` follows the ratio along one run::
 
@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
 
-__all__ = ["LOSS_FITS", "load_runs", "main_model_runs", "steps_to_target", "steps_ratios", "ratio_trend",
+__all__ = ["LOSS_FITS", "load_runs", "main_model_runs", "steps_to_target", "best_loss", "steps_ratios", "ratio_trend",
            "steps_ratio_table", "steps_report", "ratio_from_penalty", "paper_steps_ratios", "common_target", "time_to_target_rows",
            "crossover_bandwidth", "crossover_interval", "speedup_grid", "validated_error", "ratio_key", "run_label", "main"]
 
@@ -95,8 +95,13 @@ def _spread(values: Sequence[float]) -> dict:
     return {"mean": mean, "sd": sd, "min": min(values), "max": max(values), "ci95": t_interval(values)}
 
 
+def best_loss(run: dict) -> float:
+    """A run's lowest validation loss (the best point of its curve; its final loss without a curve)."""
+    return float(min((v for _, v in run.get("curve") or []), default=run["final"]))
+
+
 def steps_ratios(runs: Sequence[dict], target_pct: float = 2.0) -> list[dict]:
-    """Per (model, variant, wire ratio, budget): the steps to reach uncompressed's final loss + ``target_pct``
+    """Per (model, variant, wire ratio, budget): the steps to reach uncompressed's best loss + ``target_pct``
     %, divided by uncompressed's steps to it, paired by seed (the same budget and seed: the same tokens),
     then its spread over seeds (:func:`_spread`; ``per_seed``: seed -> ratio). A run that never gets there
     within its budget gives a lower bound, budget / uncompressed's steps (counted in ``censored``)."""
@@ -106,7 +111,7 @@ def steps_ratios(runs: Sequence[dict], target_pct: float = 2.0) -> list[dict]:
         ref = dense.get((r["model"], r["steps"], r["seed"]))
         if r["method"] == "none" or ref is None:
             continue
-        target = ref["final"] * (1 + target_pct / 100)
+        target = best_loss(ref) * (1 + target_pct / 100)
         n_ref, n = steps_to_target(ref["curve"], target), steps_to_target(r["curve"], target)
         if n_ref:
             per[(r["model"], r["method"], _variant(r), _key(r)[1], r["steps"])][r["seed"]] = \
@@ -202,14 +207,14 @@ def _mean_curve(runs: Sequence[dict]) -> list:
 
 
 def common_target(runs: Sequence[dict], target_pct: float = 2.0) -> tuple[float, int, int] | None:
-    """The measured time-to-target table's target (mapl.report.ttt): uncompressed's final loss at its
-    longest budget, mean over seeds, + ``target_pct`` %. Returns (target, budget, seeds), None without one."""
+    """The measured time-to-target table's target (mapl.report.ttt): uncompressed's best loss (the lowest
+    point of its curve) at its longest budget, mean over seeds, + ``target_pct`` %. Returns (target, budget, seeds), None without one."""
     dense = [r for r in runs if r["method"] == "none"]
     if not dense:
         return None
     budget = max(r["steps"] for r in dense)
-    finals = [r["final"] for r in dense if r["steps"] == budget]
-    return sum(finals) / len(finals) * (1 + target_pct / 100), budget, len(finals)
+    bests = [best_loss(r) for r in dense if r["steps"] == budget]
+    return sum(bests) / len(bests) * (1 + target_pct / 100), budget, len(bests)
 
 
 def time_to_target_rows(runs: Sequence[dict], cases: dict, bandwidths: Sequence[float], latency_s: float = 0.0,
@@ -298,7 +303,7 @@ def steps_report(runs: Sequence[dict], target_pct: float = 2.0) -> str:
     ratios = steps_ratios(runs, target_pct)
     if not ratios:
         return "No run has an uncompressed run of the same budget and seed to compare with.\n"
-    text = (f"Steps to reach uncompressed's final loss + {target_pct:g} % (same budget and seed), relative to "
+    text = (f"Steps to reach uncompressed's best loss + {target_pct:g} % (same budget and seed), relative to "
             f"uncompressed's: mean ± sd over seeds [min, max]; '>': a lower bound (a seed never got there).\n\n"
             + steps_ratio_table(ratios))
     shortest = min(r["budget"] for r in ratios)
@@ -322,7 +327,7 @@ def main(argv=None) -> int:
     import sys
     ap = argparse.ArgumentParser(prog="python -m mapl.planner", description=main.__doc__)
     ap.add_argument("results", nargs="?", default="reports/cpu/results", type=Path)
-    ap.add_argument("--target-pct", type=float, default=2.0, help="target: uncompressed's final loss + this %%")
+    ap.add_argument("--target-pct", type=float, default=2.0, help="target: uncompressed's best loss + this %%")
     a = ap.parse_args(argv)
     if not a.results.is_dir():
         print(f"error: results folder {a.results} does not exist", file=sys.stderr)

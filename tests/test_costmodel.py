@@ -235,6 +235,8 @@ def test_time_to_target_rows_use_the_common_target_and_mean_curves():
     assert rows["int8"]["budget"] == 300 and rows["int8"]["steps_to_target"] is None and rows["int8"]["time_s"] is None
     assert rows["ssn"]["budget"] is None and rows["ssn"]["time_s"] is None
     assert common_target([_run("mapl", 0, [[100, 3.0]])]) is None
+    overfit = [_run("none", 0, [[300, 2.80], [600, 2.90]], steps=600)]      # best mid-way, then worse: overfits
+    assert common_target(overfit)[0] == pytest.approx(2.80 * 1.02)
 
 
 class _Lin:

@@ -302,6 +302,12 @@ def test_seed_rvq_and_tuning_tables(rows, rows_all):
     assert [b[-1] for b in tune.body] == ["★", "★", ""]
     assert "MAPL 8× μ 0.02, emb 0.03 (4.400, best of 2 cells)" in tune.takeaway
     assert "use each tuned method's best cell" in tune.takeaway
+    mapl_cells = sorted((r for r in rows_all if r["group"] in ("tune", "tune2") and r["variant"] == "mapl"),
+                        key=lambda r: r["val_loss"])
+    flipped = [{**r, "val_loss": r["val_loss"] - 1} if r is mapl_cells[1] else r for r in rows_all]
+    tune = R.tuning_table(flipped)                  # the main runs' cell is now second: said, with the margin
+    assert "The main runs of MAPL 8× (their cell μ 0.02, emb 0.03 scored 4.4000," in tune.takeaway
+    assert "behind the best) do not use their best cell." in tune.takeaway
     assert R.tuning_table(rows).body == []                           # the report slice has no tuning runs
 
 

@@ -283,8 +283,12 @@ def _tuning_takeaway(tune: Sequence[dict], rows: Sequence[dict]) -> str:
         main = [r for r in rows if r["group"] == "main" and r["variant"] == variant
                 and r["wire_ratio"] == best["wire_ratio"]]
         if main and any(_cell(m, fields) != _cell(best, fields) for m in main):
-            unmatched.append(label(variant, best["wire_ratio"]))
-    tail = (f" The main runs of {', '.join(unmatched)} do not use their best cell." if unmatched
+            used = next((r for r in runs if _cell(r, fields) == _cell(main[0], fields)), None)
+            unmatched.append(label(variant, best["wire_ratio"]) + (
+                f" (their cell μ {used['lr_muon']:g}, emb {used['lr_embed']:g} scored {used['val_loss']:.4f}, "
+                f"{used['val_loss'] - best['val_loss']:+.4f} = "
+                f"{100 * (used['val_loss'] / best['val_loss'] - 1):+.2f}% behind the best)" if used else ""))
+    tail = (f" The main runs of {'; '.join(unmatched)} do not use their best cell." if unmatched
             else " The main runs use each tuned method's best cell.")
     return "Best on the tuning slice: " + "; ".join(parts) + "." + tail
 
