@@ -1,6 +1,7 @@
 """The CLI error policy (mapl/cli.py): each way a run can end gives its documented exit code, a user
 error is exactly one line on stderr, a bug keeps its traceback, --debug / MAPL_DEBUG=1 show it."""
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -68,8 +69,10 @@ CASES = [
 
 @pytest.mark.parametrize("args,env,code,line,traceback", CASES, ids=[" ".join(c[0]) + str(c[1]) for c in CASES])
 def test_entry_point_exit_code_and_stderr(tmp_path, args, env, code, line, traceback):
+    # SIGINT back to its default in the child: a test run started in the background by a shell
+    # inherits SIGINT ignored, and Python then installs no KeyboardInterrupt handler
     p = subprocess.run([sys.executable, "-c", textwrap.dedent(ENTRY), *args], cwd=tmp_path, text=True,
-                       capture_output=True, timeout=120,
+                       capture_output=True, timeout=120, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
                        env={**os.environ, "PYTHONPATH": str(ROOT), "MAPL_DEBUG": "0", **env})
     assert p.returncode == code, p.stderr
     if line is None:
