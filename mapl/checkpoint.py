@@ -36,7 +36,8 @@ from .config import EXECUTION_FIELDS, RESUMABLE_FIELDS, RunConfig, config_diff, 
 from .io import atomic_torch_save
 from .loop import LoopState, NonFiniteError
 
-__all__ = ["FORMAT", "CheckpointError", "first_nonfinite", "save", "read", "unconfirmed_path", "confirm",
+__all__ = ["FORMAT", "CheckpointError", "CheckpointSlot", "first_nonfinite", "save", "read", "unconfirmed_path",
+           "confirm",
            "resume_changes", "restore", "checkpoint_step"]
 
 FORMAT = "mapl-checkpoint-v2"
@@ -102,6 +103,64 @@ def confirm(path: Path, previous: Path | None = None) -> None:
     if previous is not None and path.exists():
         os.replace(path, previous)
     os.replace(unconfirmed_path(path), path)
+
+
+class CheckpointSlot:
+    """One checkpoint file and the confirmation protocol above, for the single-process engine and for
+    each stage of the multi-process one: the last good file at ``path``, an unconfirmed one beside it,
+    ``previous`` (optional) where the last good one moves when a newer one replaces it. ``writer``
+    False: a data-parallel replica that only follows the steps (replica 0 writes the same state)."""
+
+    def __init__(self, path: Path, previous: Path | None = None, writer: bool = True):
+        self.path, self.previous, self.writer = Path(path), previous, writer
+        self.saved_step: int | None = None          # the last good (confirmed) checkpoint's step
+        self.unconfirmed_step: int | None = None    # written, not yet confirmed
+
+    @property
+    def unconfirmed(self) -> Path:
+        return unconfirmed_path(self.path)
+
+    def files(self) -> list[Path]:
+        return [self.path, *([self.previous] if self.previous else []), self.unconfirmed]
+
+    def commit(self, write: Callable[[Path], None], step: int, confirmed: bool) -> None:
+        """``write(path)`` the checkpoint of ``step``: over the last good one (``confirmed``) or beside it."""
+        if not confirmed:
+            if self.writer:
+                write(self.unconfirmed)
+            self.unconfirmed_step = step
+            return
+        if self.writer:
+            if self.previous is not None and self.path.exists():
+                os.replace(self.path, self.previous)
+            write(self.path)
+            self.unconfirmed.unlink(missing_ok=True)
+        self.saved_step, self.unconfirmed_step = step, None
+
+    def confirm(self) -> None:
+        if self.unconfirmed_step is None:
+            return
+        if self.writer:
+            confirm(self.path, self.previous)
+        self.saved_step, self.unconfirmed_step = self.unconfirmed_step, None
+
+    def drop_unconfirmed(self) -> None:
+        if self.unconfirmed_step is not None and self.writer:
+            self.unconfirmed.unlink(missing_ok=True)
+        self.unconfirmed_step = None
+
+    def drop_stale(self) -> Path | None:
+        """At resume: delete the unconfirmed file a killed run left (its next step never ran); its path."""
+        if self.writer and self.unconfirmed.exists():
+            self.unconfirmed.unlink()
+            return self.unconfirmed
+        return None
+
+    def remove(self) -> None:
+        """``--fresh``: delete every file of the slot."""
+        if self.writer:
+            for path in self.files():
+                path.unlink(missing_ok=True)
 
 
 def read(path: Path) -> dict:

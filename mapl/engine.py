@@ -165,9 +165,8 @@ class LocalEngine:
         self.opts = build_optimizers(self.sm, cfg)
         self.meter = ByteMeter()
         self.ckpt = Path(ckpt) if ckpt else None
-        self.checkpointing = self.ckpt is not None
-        self.saved_step: int | None = None          # the last good (confirmed) checkpoint's step
-        self.unconfirmed_step: int | None = None    # a checkpoint written but not yet confirmed
+        self.slot = checkpoint.CheckpointSlot(self.ckpt) if self.ckpt else None
+        self.checkpointing = self.slot is not None
 
     @classmethod
     def build(cls, cfg: RunConfig, ckpt: Path | None = None, device: torch.device | None = None) -> "LocalEngine":
@@ -181,17 +180,16 @@ class LocalEngine:
         return cls(cfg, data, device, ckpt)
 
     def resume(self, allow_changes: bool = False, log=print) -> LoopState | None:
-        if self.ckpt is None:
+        if self.slot is None:
             return None
-        stale = checkpoint.unconfirmed_path(self.ckpt)
-        if stale.exists():              # the run was killed before the next step confirmed it
-            stale.unlink()
+        stale = self.slot.drop_stale()          # the run was killed before the next step confirmed it
+        if stale:
             log(f"dropped the unconfirmed checkpoint {stale} (the step after it never completed)")
         if not self.ckpt.exists():
             return None
         state = checkpoint.restore(checkpoint.read(self.ckpt), self.ckpt, self.cfg, self.sm, self.opts, self.meter,
                                    allow_changes)
-        self.saved_step = state.step
+        self.slot.saved_step = state.step
         return state
 
     def train_step(self, step: int, lr_scale: float, stop_requested=lambda: False) -> StepOutcome:
@@ -241,25 +239,17 @@ class LocalEngine:
         return float(total) / max(1, len(self.data.val_batches))
 
     def save(self, state: LoopState, confirmed: bool = True) -> None:
-        unconfirmed = checkpoint.unconfirmed_path(self.ckpt)
-        checkpoint.save(self.ckpt if confirmed else unconfirmed, cfg=self.cfg, model=self.sm, optimizers=self.opts,
-                        meter=self.meter, state=state, last_good=self.saved_step,
-                        where=lambda n: f" (stage {stage_of_parameter(n.split(' of ')[-1], self.sm.split)})")
-        if confirmed:
-            unconfirmed.unlink(missing_ok=True)
-            self.saved_step, self.unconfirmed_step = state.step, None
-        else:
-            self.unconfirmed_step = state.step
+        def write(path: Path) -> None:
+            checkpoint.save(path, cfg=self.cfg, model=self.sm, optimizers=self.opts, meter=self.meter, state=state,
+                            last_good=self.slot.saved_step,
+                            where=lambda n: f" (stage {stage_of_parameter(n.split(' of ')[-1], self.sm.split)})")
+        self.slot.commit(write, state.step, confirmed)
 
     def confirm(self) -> None:
-        if self.unconfirmed_step is not None:
-            checkpoint.confirm(self.ckpt)
-            self.saved_step, self.unconfirmed_step = self.unconfirmed_step, None
+        self.slot.confirm()
 
     def drop_unconfirmed(self) -> None:
-        if self.unconfirmed_step is not None:
-            checkpoint.unconfirmed_path(self.ckpt).unlink(missing_ok=True)
-            self.unconfirmed_step = None
+        self.slot.drop_unconfirmed()
 
     def results(self, state: LoopState, wall_s: float) -> dict:
         sm = self.sm

@@ -45,13 +45,12 @@ import torch.distributed as dist
 from . import train as mtrain
 from .cli import EXIT_INTERRUPTED, EXIT_PEER_FAILED, EXIT_USER_ERROR, add_debug_flag, debug_requested, report
 from .config import PROJECT_ROOT
-from .checkpoint import unconfirmed_path
 from .io import OutputLock
 from .link import PROFILES, get_profile
 from .runtime.faults import FaultPlan, exit_with_parent
 from .runtime.launch import launch, write_status
 from .runtime.rank import run_rank
-from .runtime.rank_checkpoints import rank_ckpt_path
+from .runtime.rank_checkpoints import rank_ckpt_path, stage_slot
 from .runtime.topology import Topology, detect_launcher, init_distributed
 from .runtime.transport import CommError
 
@@ -116,19 +115,14 @@ def _exit(rank: int, code: int, message: str = "") -> int:
     os._exit(code)
 
 
-def _stage_checkpoint_files(ckpt: Path, stage: int) -> list[Path]:
-    current = rank_ckpt_path(ckpt, stage)
-    return [current, rank_ckpt_path(ckpt, stage, prev=True), unconfirmed_path(current)]
-
-
 def _checkpoint_files(ckpt: Path, stages: int) -> list[Path]:
-    return [p for s in range(stages) for p in _stage_checkpoint_files(ckpt, s)]
+    return [p for s in range(stages) for p in stage_slot(ckpt, s).files()]
 
 
 def _rank_files(out: Path, ckpt: Path, topo: Topology) -> list[Path]:
     """The outputs this rank writes: rank 0 the results; replica 0 of each stage its checkpoints."""
     mine = [out] if topo.rank == 0 else []
-    return mine + (_stage_checkpoint_files(ckpt, topo.stage) if topo.replica == 0 else [])
+    return mine + (stage_slot(ckpt, topo.stage).files() if topo.replica == 0 else [])
 
 
 def _self_launch(extra, args, argv) -> int:

@@ -96,7 +96,8 @@ def _spread(values: Sequence[float]) -> dict:
 
 
 def best_loss(run: dict) -> float:
-    """A run's lowest validation loss (the best point of its curve; its final loss without a curve)."""
+    """A run's lowest validation loss (the best point of its curve; its final loss without a curve): the
+    rule of :func:`mapl.report.rows.at_best_validation`, on the planner's own run dicts."""
     return float(min((v for _, v in run.get("curve") or []), default=run["final"]))
 
 

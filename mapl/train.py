@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from .checkpoint import unconfirmed_path
+from .checkpoint import CheckpointSlot
 from .cli import add_debug_flag, run_cli
 from .config import METHODS, PROJECT_ROOT, RunConfig, load_params, load_run_config, parse_set
 from .engine import LocalEngine, build_optimizers, resolve_data_dir
@@ -109,8 +109,7 @@ def _main(argv: list[str]) -> int:
     ckpt = args.ckpt or PROJECT_ROOT / "checkpoints" / f"{cfg.name()}.pt"
     check_output_paths(out, ckpt)
     if args.fresh:
-        ckpt.unlink(missing_ok=True)
-        unconfirmed_path(ckpt).unlink(missing_ok=True)
+        CheckpointSlot(ckpt).remove()
     res = run(cfg, out=out, ckpt=ckpt, progress=not args.no_progress, resume_with_changes=args.resume_with_changes)
     print(json.dumps({k: res[k] for k in ("run", "val_loss", "tokens", "tokens_per_s", "ratio")}))
     return 0

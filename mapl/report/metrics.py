@@ -95,8 +95,11 @@ def metrics(rows: Sequence[dict]) -> dict:
     if paired:
         out["long_paired"] = paired
     groups = {budget_steps(rows, g, model): g for g in ("longer", "long", "tokens", "main")}
-    tokens = _axis(token_points(rows), lambda p: groups.get(p["steps"], f"steps{p['steps']}"))
-    tokens_best = _axis(token_points(at_best_validation(rows)), lambda p: groups.get(p["steps"], f"steps{p['steps']}"))
+
+    def budget_name(point: dict) -> str:
+        return groups.get(point["steps"], f"steps{point['steps']}")
+    tokens = _axis(token_points(rows), budget_name)
+    tokens_best = _axis(token_points(at_best_validation(rows)), budget_name)
     points = width_points(rows)
     width = _axis(points, lambda p: f"d{p['d']}") if len(points) > 1 else {}
     for key, sec in (("token_axis", tokens), ("token_axis_best", tokens_best), ("width", width)):

@@ -25,7 +25,7 @@ from matplotlib.ticker import FuncFormatter
 from . import paper
 from .figures import empty_note, new_figure
 from .plots import Plot
-from .rows import METHOD_ORDER, main_model
+from .rows import METHOD_ORDER, at_best_validation, main_model
 from .style import label, style
 from .table import DASH, Table, fmt_int
 
@@ -83,7 +83,7 @@ def time_to_target_rows(rows: Sequence[dict], bench: Sequence[dict], bandwidths_
     if not dense or not bench:
         return []
     longest = max(r["steps"] for r in dense)
-    best = [min((v for _, v in r["val_loss_curve"]), default=r["val_loss"]) for r in dense if r["steps"] == longest]
+    best = [r["val_loss"] for r in at_best_validation(dense) if r["steps"] == longest]
     target = statistics.fmean(best) * (1 + target_pct / 100)
     out = []
     for b in bench:

@@ -11,14 +11,13 @@ and drops unconfirmed files left by a kill.
 """
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
 from .. import checkpoint
 from ..loop import LoopState, NonFiniteError
 
-__all__ = ["rank_ckpt_path", "RankCheckpoints"]
+__all__ = ["rank_ckpt_path", "stage_slot", "RankCheckpoints"]
 
 
 def rank_ckpt_path(ckpt: Path, stage: int, prev: bool = False) -> Path:
@@ -29,28 +28,24 @@ def rank_ckpt_path(ckpt: Path, stage: int, prev: bool = False) -> Path:
     return stem.with_name(f"{stem.name}.rank{stage}{'.prev' if prev else ''}.pt")
 
 
+def stage_slot(ckpt: Path, stage: int, writer: bool = True) -> checkpoint.CheckpointSlot:
+    """Stage ``stage``'s checkpoint files: current, previous and unconfirmed."""
+    return checkpoint.CheckpointSlot(rank_ckpt_path(ckpt, stage), rank_ckpt_path(ckpt, stage, prev=True), writer)
+
+
 class RankCheckpoints:
     def __init__(self, ckpt: Path, stage: int, stages: int, writer: bool, transport, log):
         self.ckpt, self.stage, self.stages, self.writer = Path(ckpt), stage, stages, writer
         self.transport, self.log = transport, log
-        self.saved_step: int | None = None          # the last good (confirmed) step on disk
-        self.unconfirmed_step: int | None = None
-
-    @property
-    def path(self) -> Path:
-        return rank_ckpt_path(self.ckpt, self.stage)
+        self.slot = stage_slot(ckpt, stage, writer)
 
     def remove(self) -> None:
         """``--fresh``: drop this stage's files (replica 0 owns them)."""
-        if self.writer:
-            for prev in (False, True):
-                rank_ckpt_path(self.ckpt, self.stage, prev).unlink(missing_ok=True)
-            checkpoint.unconfirmed_path(self.path).unlink(missing_ok=True)
+        self.slot.remove()
 
     def _readable(self, allow_changes: bool, cfg) -> dict[int, tuple[Path, dict]]:
         have = {}
-        for prev in (False, True):
-            path = rank_ckpt_path(self.ckpt, self.stage, prev)
+        for path in (self.slot.path, self.slot.previous):
             if not path.exists():
                 continue
             try:
@@ -63,9 +58,8 @@ class RankCheckpoints:
         return have
 
     def resume(self, cfg, model, optimizers, meter, allow_changes: bool, agree) -> LoopState | None:
-        stale = checkpoint.unconfirmed_path(self.path)
-        if self.writer and stale.exists():      # killed before the next step confirmed it
-            stale.unlink()
+        stale = self.slot.drop_stale()          # killed before the next step confirmed it
+        if stale:
             print(f"rank {self.stage}: dropped the unconfirmed checkpoint {stale} (the step after it never completed)",
                   file=sys.stderr)
         err, have = None, {}
@@ -83,7 +77,7 @@ class RankCheckpoints:
             return None
         path, ck = have[max(common)]
         state = checkpoint.restore(ck, path, cfg, model, optimizers, meter, allow_changes)
-        self.saved_step = state.step
+        self.slot.saved_step = state.step
         self.log(f"resumed {self.stages} per-rank checkpoints "
                  f"{rank_ckpt_path(self.ckpt, 0).name.replace('rank0', 'rank*')} at step {state.step}")
         return state
@@ -96,32 +90,15 @@ class RankCheckpoints:
         found = self.transport.gather_object(bad and f"{bad} (stage {self.stage})", "checkpoint check")
         culprits = sorted({name for name in found if name})
         if culprits:
-            kept = (f"the per-rank checkpoints keep step {self.saved_step}" if self.saved_step is not None
+            kept = (f"the per-rank checkpoints keep step {self.slot.saved_step}" if self.slot.saved_step is not None
                     else "no checkpoint was written")
             raise NonFiniteError(f"non-finite values in {', '.join(culprits)} after step {state.step}: {kept}; lower "
                                  "the learning rate and resume with --resume-with-changes")
-        path, prev = self.path, rank_ckpt_path(self.ckpt, self.stage, prev=True)
-        unconfirmed = checkpoint.unconfirmed_path(path)
-        if not confirmed:
-            if self.writer:
-                checkpoint.save(unconfirmed, cfg=cfg, model=model, optimizers=optimizers, meter=meter, state=state)
-            self.unconfirmed_step = state.step
-            return
-        if self.writer:
-            if path.exists():
-                os.replace(path, prev)
-            checkpoint.save(path, cfg=cfg, model=model, optimizers=optimizers, meter=meter, state=state)
-            unconfirmed.unlink(missing_ok=True)
-        self.saved_step, self.unconfirmed_step = state.step, None
+        self.slot.commit(lambda path: checkpoint.save(path, cfg=cfg, model=model, optimizers=optimizers, meter=meter,
+                                                      state=state), state.step, confirmed)
 
     def confirm(self) -> None:
-        if self.unconfirmed_step is None:
-            return
-        if self.writer:
-            checkpoint.confirm(self.path, previous=rank_ckpt_path(self.ckpt, self.stage, prev=True))
-        self.saved_step, self.unconfirmed_step = self.unconfirmed_step, None
+        self.slot.confirm()
 
     def drop_unconfirmed(self) -> None:
-        if self.unconfirmed_step is not None and self.writer:
-            checkpoint.unconfirmed_path(self.path).unlink(missing_ok=True)
-        self.unconfirmed_step = None
+        self.slot.drop_unconfirmed()
