@@ -38,7 +38,7 @@ from .loop import LoopState, NonFiniteError
 
 __all__ = ["FORMAT", "CheckpointError", "CheckpointSlot", "first_nonfinite", "save", "read", "unconfirmed_path",
            "confirm",
-           "resume_changes", "restore", "checkpoint_step"]
+           "with_added_fields", "resume_changes", "restore", "checkpoint_step"]
 
 FORMAT = "mapl-checkpoint-v2"
 _REQUIRED = ("format", "config", "config_hash", "model", "optimizers", "meter", "state")
@@ -187,12 +187,25 @@ def checkpoint_step(ck: dict) -> int:
     return int(ck["state"]["step"])
 
 
+def with_added_fields(old: dict, defaults: dict) -> dict:
+    """A checkpoint's config with every field added to the code since it was written at its default:
+    a field the checkpoint does not know was, in effect, at the behaviour its default keeps."""
+    out = dict(old)
+    for key, value in defaults.items():
+        if key not in out:
+            out[key] = value
+        elif isinstance(value, dict) and isinstance(out[key], dict) and key != "model_overrides":
+            out[key] = with_added_fields(out[key], value)
+    return out
+
+
 def resume_changes(ck: dict, path: Path, cfg: RunConfig, allow_changes: bool) -> dict[str, list]:
     """The settings that differ between the checkpoint and ``cfg`` (dotted field -> [old, new]), if
     resuming with them is allowed; else CheckpointError naming them."""
     if ck["config_hash"] == config_hash(cfg):
         return {}
-    diff = {k: [a, b] for k, (a, b) in config_diff(ck["config"], cfg.to_dict()).items() if k not in EXECUTION_FIELDS}
+    old = with_added_fields(ck["config"], RunConfig().to_dict())
+    diff = {k: [a, b] for k, (a, b) in config_diff(old, cfg.to_dict()).items() if k not in EXECUTION_FIELDS}
     fixed = sorted(k for k in diff if k not in RESUMABLE_FIELDS)
     shown = ", ".join(f"{k} {diff[k][0]!r} -> {diff[k][1]!r}" for k in (fixed or sorted(diff))[:6])
     if fixed:

@@ -31,7 +31,7 @@ from .model import PRESETS, ModelConfig
 from .settings import (ConfigError, build, check_fields, coerce, field_hints, field_type, parse_set, refuse,
                        set_nested, setting)
 
-__all__ = ["METHODS", "PROJECTORS", "ANCHORS", "SCHEDULES", "PRECISIONS", "RVQ_SYNC_MODES", "RVQ_SEARCH_KERNELS",
+__all__ = ["METHODS", "PROJECTORS", "ANCHORS", "SCHEDULES", "PRECISIONS", "RVQ_SYNC_MODES", "RVQ_SEARCH_KERNELS", "RVQ_SCALES",
            "POLAR_METHODS",
            "ConfigError", "setting", "AnchorConfig", "ProjectorConfig", "SPELConfig", "RVQConfig",
            "CompressorConfig", "TrainConfig", "RunConfig", "PROJECT_ROOT", "RESUMABLE_FIELDS", "EXECUTION_FIELDS",
@@ -55,6 +55,7 @@ SCHEDULES = ("gpipe", "1f1b")
 PRECISIONS = ("auto", "fp32", "bf16")
 RVQ_SYNC_MODES = ("stream", "full", "mirrored")
 RVQ_SEARCH_KERNELS = ("auto", "matmul", "fused")
+RVQ_SCALES = ("none", "token")                             # mapl/compress/rvq/compressor.py says what each does
 POLAR_METHODS = ("svd", "polar_express")
 # settings that change neither the model's shape nor its data: a checkpoint may be resumed with new
 # values when the user asks for it explicitly (the change is recorded in the results)
@@ -64,7 +65,8 @@ RESUMABLE_FIELDS = frozenset({
     "train.eval_tokens", "train.eval_batch_size", "train.schedule", "compressor.projector.lr_mult",
 })
 # how a run is executed, not what it computes: outside the config hash and every resume decision
-EXECUTION_FIELDS = ("run_name", "profile", "train.checkpoint_every", "train.threads", "train.activation_checkpointing")
+EXECUTION_FIELDS = ("run_name", "profile", "train.checkpoint_every", "train.threads", "train.activation_checkpointing",
+                    "train.health_every", "train.health_warn_factor")
 
 
 # ---- the configs --------------------------------------------------------------------------------
@@ -104,6 +106,7 @@ class RVQConfig:
     search_with: str = setting("receiver", choices=("sender", "receiver"))
     search_tile_bytes: int = setting(0, min=0)             # memory budget per search tile; 0 = 4 MiB on CPU, 256 MiB on GPU
     search_kernel: str = setting("auto", choices=RVQ_SEARCH_KERNELS)   # auto: matmul on CPU, fused (compiled) on GPU
+    scale: str = setting("none", choices=RVQ_SCALES)       # none: quantise z; token: z / RMS(z_t), scale on the wire (bf16)
 
 
 @dataclass(frozen=True)
@@ -173,6 +176,8 @@ class TrainConfig:
     eval_batch_size: int = setting(16, min=1)
     eval_offset: int = setting(0, min=0)                   # skip this many val tokens (tuning uses a disjoint slice)
     checkpoint_every: int = setting(100, min=1)
+    health_every: int = setting(50, min=0)                 # steps between boundary-health readings (0 = evaluations only)
+    health_warn_factor: float = setting(8.0, min=1)        # warn when a window's max |z| > this x its running median
     precision: str = setting("auto", choices=PRECISIONS)   # auto: bf16 autocast on CUDA, fp32 on CPU
     schedule: str = setting("gpipe", choices=SCHEDULES)    # multi-process schedule
     activation_checkpointing: bool = setting(False)        # recompute each block in backward (memory for time)

@@ -238,6 +238,9 @@ class LocalEngine:
         sm.train(was_training)
         return float(total) / max(1, len(self.data.val_batches))
 
+    def health(self) -> list[dict]:
+        return [comp.health_report() for comp in self.sm.compressors()]
+
     def save(self, state: LoopState, confirmed: bool = True) -> None:
         def write(path: Path) -> None:
             checkpoint.save(path, cfg=self.cfg, model=self.sm, optimizers=self.opts, meter=self.meter, state=state,

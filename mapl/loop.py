@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Protocol
 
+from .compress.health import OutlierAlarm
 from .config import RunConfig
 from .io import atomic_write_json
 
@@ -53,6 +54,8 @@ class LoopState:
     val_curve: list = field(default_factory=list)        # [step, val loss] per evaluation
     train_wall: float = 0.0                              # seconds inside train_step, summed
     resumed_with_changes: list = field(default_factory=list)   # {"step", "changes"} per resume with new settings
+    health: list = field(default_factory=list)           # {"step", "eval", "boundaries": [per-boundary dict]}
+    health_warnings: list = field(default_factory=list)  # {"step", "boundary", "max", "median"} per warning
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -60,7 +63,8 @@ class LoopState:
     @classmethod
     def from_dict(cls, d: dict) -> "LoopState":
         return cls(step=int(d["step"]), train_curve=list(d["train_curve"]), val_curve=list(d["val_curve"]),
-                   train_wall=float(d["train_wall"]), resumed_with_changes=list(d.get("resumed_with_changes", [])))
+                   train_wall=float(d["train_wall"]), resumed_with_changes=list(d.get("resumed_with_changes", [])),
+                   health=list(d.get("health", [])), health_warnings=list(d.get("health_warnings", [])))
 
 
 @dataclass(frozen=True)
@@ -89,6 +93,9 @@ class Engine(Protocol):
     # stop_requested() is read as late as possible in the step (a signal during the step still counts)
 
     def evaluate(self, step: int) -> float: ...                        # the global validation loss
+
+    def health(self) -> list[dict] | None: ...                         # per boundary, since the last call
+    # (Compressor.health_report of every boundary's sender; the reporter gets the list, others None)
 
     def save(self, state: LoopState, confirmed: bool = True) -> None: ...   # refuses (raises) non-finite state
     # confirmed=False: written beside the last good checkpoint, which it replaces only on confirm()
@@ -138,6 +145,7 @@ def run_loop(engine: Engine, state: LoopState, *, log: Callable = print, progres
     log = log if engine.reporter else _quiet
     bar = tqdm(total=t.steps, initial=state.step, disable=not (progress and engine.reporter), desc=cfg.name(),
                leave=False)
+    alarm = outlier_alarm(state, t.health_warn_factor, t.warmup_steps)
     try:
         with StopFlag() as flag:
             while state.step < t.steps:
@@ -151,6 +159,8 @@ def run_loop(engine: Engine, state: LoopState, *, log: Callable = print, progres
                 evaluated = state.step % t.eval_every == 0 or state.step == t.steps
                 if evaluated:
                     _evaluate(engine, state, log, outcome.loss)
+                if evaluated or (t.health_every and state.step % t.health_every == 0):
+                    _read_health(engine, state, alarm, log, evaluated)
                 if engine.checkpointing and (state.step % t.checkpoint_every == 0 or outcome.stop):
                     engine.save(state, confirmed=evaluated or outcome.stop)
                 if outcome.stop:
@@ -194,6 +204,36 @@ def _evaluate(engine: Engine, state: LoopState, log: Callable, train_loss: float
                              f"{train_loss:.4f}); the last good checkpoint is kept")
     state.val_curve.append([state.step, val])
     log(f"{engine.cfg.name()} step {state.step}/{engine.cfg.train.steps} train {train_loss:.4f} val {val:.4f}")
+
+
+def outlier_alarm(state: LoopState, factor: float, warmup_steps: int = 0) -> OutlierAlarm:
+    """The early warning, primed with the readings a resumed state already holds (same warnings as an
+    uninterrupted run). Readings during the learning-rate warmup are kept but not judged: activations
+    grow by an order of magnitude there."""
+    alarm = OutlierAlarm(factor, after_step=warmup_steps)
+    for rec in state.health:
+        if rec["step"] > warmup_steps:
+            for p, b in enumerate(rec["boundaries"]):
+                alarm.check(p, b.get("train_max"))
+    return alarm
+
+
+def _read_health(engine: Engine, state: LoopState, alarm: OutlierAlarm, log: Callable, evaluated: bool) -> None:
+    """Every boundary's health window (collective); a one-line warning when a boundary's max |z| leaves
+    its running median far behind (mapl/compress/health.py). Observes only: no number changes."""
+    boundaries = engine.health()
+    if boundaries is None:                      # not the reporter
+        return
+    state.health.append({"step": state.step, "eval": evaluated, "boundaries": boundaries})
+    if state.step <= alarm.after_step:
+        return
+    for p, b in enumerate(boundaries):
+        med = alarm.median(p)
+        if alarm.check(p, b.get("train_max")):
+            state.health_warnings.append({"step": state.step, "boundary": p, "max": b["train_max"], "median": med})
+            log(f"warning: {engine.cfg.name()} step {state.step}: boundary {p} max |z| {b['train_max']:.4g} is "
+                f"{b['train_max'] / med:.1f}x its running median {med:.4g} (train.health_warn_factor="
+                f"{alarm.factor:g}): an activation outlier is growing; see the README's 'Boundary health'")
 
 
 def train(engine: Engine, state: LoopState | None = None, *, out: Path | None = None, log: Callable = print,

@@ -105,6 +105,10 @@ def build_results(cfg: RunConfig, state, boundaries: list[dict], meter: ByteMete
         "n_params": n_params,
         "unigram_entropy": splits.get("val", {}).get("unigram_entropy"),
         "resumed_with_changes": state.resumed_with_changes,
+        # the early warning's trajectories: each boundary's max |z| / RMS (training and evaluation messages)
+        # and, for RVQ, its codebooks, every train.health_every steps and at every evaluation
+        "boundary_health": {"every": t.health_every, "warn_factor": t.health_warn_factor,
+                            "readings": state.health, "warnings": state.health_warnings},
         "config": cfg.to_dict(),
         "provenance": provenance(cfg, splits.get("train", {}).get("sha256", "")),
     }

@@ -105,7 +105,7 @@ def launcher_config(profile: str, params: dict | None = None) -> LauncherConfig:
 
 
 def run_name(cfg: RunConfig, profile_steps: int) -> str:
-    """model[-d<width>]-P<stages>-method[-<ratio>x][-proj-<kind>][-anchor-<kind>][-sync-<mode>][-<steps>steps]-s<seed>:
+    """model[-d<width>]-P<stages>-method[-<ratio>x][-proj-<kind>][-anchor-<kind>][-sync-<mode>][-scale-<mode>][-<steps>steps]-s<seed>:
     a variant or budget appears only where it differs from the method's default or the profile's steps."""
     c, default = cfg.compressor.resolved(), METHODS[cfg.compressor.method]
     parts = [cfg.model, *([f"d{cfg.model_overrides['d_model']}"] if "d_model" in cfg.model_overrides else []),
@@ -118,6 +118,8 @@ def run_name(cfg: RunConfig, profile_steps: int) -> str:
         parts.append(f"anchor-{c.anchor.kind}")
     if c.method == "mapl-rvq" and c.rvq.sync != RVQConfig().sync:
         parts.append(f"sync-{c.rvq.sync}")
+    if c.method == "mapl-rvq" and c.rvq.scale != RVQConfig().scale:
+        parts.append(f"scale-{c.rvq.scale}")
     if cfg.train.steps != profile_steps:
         parts.append(f"{cfg.train.steps}steps")
     return "-".join([*parts, f"s{cfg.train.seed}"])

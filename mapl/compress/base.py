@@ -32,6 +32,8 @@ from typing import ClassVar
 import torch
 import torch.nn as nn
 
+from .health import BoundaryHealth
+
 __all__ = ["Compressor", "StiefelParameter", "WireTransfer", "payload_bytes", "spec_bytes", "WIRE_DTYPE",
            "tensor_checksum"]
 
@@ -77,6 +79,7 @@ class Compressor(nn.Module):
         super().__init__()
         self.d_model = d_model
         self.wire_dtype = WIRE_DTYPE   # float payload dtype; tests use float64 for gradcheck
+        self.health = BoundaryHealth()  # what this boundary sends, read by the loop (observes only)
 
     # ---- in-graph -------------------------------------------------------------------------
     @property
@@ -160,6 +163,16 @@ class Compressor(nn.Module):
     def diagnostics(self) -> dict:
         return {}
 
+    def observe(self, z: torch.Tensor) -> None:
+        """Record a forward message's z in the running health window (called by whoever packs a
+        training or evaluation message: :class:`WireTransfer`, the runtime's sender)."""
+        self.health.observe(z, self.training)
+
+    def health_report(self) -> dict:
+        """The health window since the last call (max |z| and RMS, training and evaluation messages),
+        then a new window; quantisers add their own state (RVQ: codebook norms, sender-receiver gap)."""
+        return self.health.read()
+
     # ---- optional capabilities (defaults: nothing to do) -------------------------------------
     def basis(self) -> torch.Tensor | None:
         """The d x r projector basis (A_p or SSN's U), or None for methods without one."""
@@ -202,6 +215,7 @@ class WireTransfer(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, z, compressor: Compressor, meter, boundary: int):
+        compressor.observe(z)
         payload = compressor.pack(z)
         if meter is not None:
             meter.add_payload(boundary, "fwd", payload, compressor.payload_roles("fwd"), tokens=z.shape[0] * z.shape[1])

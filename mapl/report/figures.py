@@ -23,7 +23,7 @@ from .rows import group_runs, sort_key
 from .style import fmt_ratio, label, linestyle, style, variant_label
 
 __all__ = ["new_figure", "save_figure", "png_bytes", "empty_note", "pareto_figure", "loss_curves_figure",
-           "axis_figure"]
+           "axis_figure", "health_figure"]
 
 LINESTYLES = ("-", "--", ":", "-.")
 
@@ -203,4 +203,31 @@ def axis_figure(points: Sequence[dict], xkey: str, xlabel: str, variants: Sequen
         ax.grid(alpha=0.3)
     ax_d.legend(fontsize=8)
     fig.suptitle(title)
+    return fig
+
+
+def health_figure(runs: Sequence[dict], title: str = "") -> Figure:
+    """Boundary health: max |z| of training messages against step (log scale), one panel per boundary,
+    one line per run (colour and marker: method; line style: seed), warnings as crosses."""
+    n_b = max((len(r["health_readings"][0]["boundaries"]) for r in runs if r["health_readings"]), default=1)
+    fig, axes = new_figure(n_b, 4.0, 3.6)
+    for p, ax in enumerate(axes):
+        for r in runs:
+            pts = [(h["step"], h["boundaries"][p]["train_max"]) for h in r["health_readings"]
+                   if h["boundaries"][p].get("train_max") is not None]
+            if not pts:
+                continue
+            kw = {**style(r["variant"]), "ls": LINESTYLES[r["seed"] % len(LINESTYLES)], "lw": 1.0}
+            x, y = zip(*pts)
+            ax.plot(x, y, markevery=max(1, len(x) // 5), ms=4,
+                    label=f"{label(r['variant'], r['wire_ratio'], r['projection_ratio'])} s{r['seed']}", **kw)
+        ax.set_yscale("log")
+        ax.set(xlabel="optimizer step", title=f"boundary {p}", ylabel="max |z| (training messages)" if p == 0 else "")
+        ax.grid(alpha=0.3, which="both")
+        if not runs:
+            empty_note(ax, "no run recorded its boundary health")
+    if runs:
+        axes[-1].legend(fontsize=6)
+    if title:
+        fig.suptitle(title)
     return fig

@@ -11,14 +11,14 @@ from typing import Sequence
 
 from matplotlib.figure import Figure
 
-from .figures import axis_figure, loss_curves_figure, pareto_figure, save_figure
+from .figures import axis_figure, health_figure, loss_curves_figure, pareto_figure, save_figure
 from .rows import at_best_validation, budget_steps, main_model, run_key
 from .studies import STUDY_VARIANTS, headline_ratio, token_points, width_points
 from .style import fmt_ratio, label
 from .table import fmt, fmt_int
 from .tables import main_budget, table1_summaries
 
-__all__ = ["Plot", "pareto_plot", "curves_plot", "tokens_plot", "width_plot"]
+__all__ = ["Plot", "pareto_plot", "curves_plot", "tokens_plot", "width_plot", "health_plot"]
 
 
 @dataclass
@@ -112,3 +112,24 @@ def width_plot(rows: Sequence[dict], takeaway: str) -> Plot:
     caption = ("Left: each method's Δ% against the model width d at the main budget (bars: std over seeds where "
                "there are several). Right: the paired SSN − MAPL gap per width.")
     return Plot("width", caption, takeaway, fig, empty=len(points) < 2)
+
+
+def health_plot(rows: Sequence[dict], group: str = "long") -> Plot:
+    """The early warning's trajectories: every run at the budget of ``group`` that recorded its
+    boundary health (runs trained before the monitor existed have none)."""
+    model = main_model(rows)
+    steps = budget_steps(rows, group, model)
+    runs = [r for r in rows if r["steps"] == steps and r["model"] == model and r.get("health_recorded")]
+    title = f"Boundary health at {steps:,} steps" if steps else "Boundary health"
+    caption = ("Largest |z| of a training message per boundary, read every train.health_every steps (log scale); "
+               "one line per run at the long budget that recorded it; the outlier warning fires when a reading "
+               "exceeds train.health_warn_factor x the median of the 10 readings before it (after the warmup).")
+    if not runs:
+        return Plot("health", caption, "no run at this budget recorded its boundary health (trained before the "
+                    "monitor existed).", health_figure([], title), empty=True)
+    peak = max(runs, key=lambda r: r["max_abs_z_peak"] or 0)
+    warned = sorted({(r["variant"], r["seed"]) for r in runs if r["first_warning_step"] is not None})
+    takeaway = (f"Largest max |z|: {label(peak['variant'], peak['wire_ratio'], peak['projection_ratio'])} seed "
+                f"{peak['seed']}, {fmt(peak['max_abs_z_peak'], 1)} at boundary {peak['max_abs_z_boundary']}; "
+                f"{len(warned)} of {len(runs)} runs raised an outlier warning.")
+    return Plot("health", caption, takeaway, health_figure(sorted(runs, key=lambda r: (r["variant"], r["seed"])), title))

@@ -41,9 +41,10 @@ __all__ = ["GROUP_ORDER", "METHOD_ORDER", "KEY", "results_dir", "row_from_result
            "main_model", "budget_steps", "at_best_validation", "train_split_tokens"]
 
 # where a configuration appears in two groups, the first group here keeps it (the others are dropped)
-GROUP_ORDER = ("main", "seeds", "ablations", "long", "longer", "tokens", "width", "rvq_sync", "tune", "tune2")
+GROUP_ORDER = ("main", "seeds", "ablations", "long", "longer", "tokens", "width", "rvq_sync", "rvq_scaled", "tune",
+               "tune2")
 METHOD_ORDER = ("none", "int8", "ssn", "mapl", "mapl-rvq")
-KEY = ("model", "stages", "method", "wire_ratio", "projector", "anchor", "rvq_sync", "steps", "seed")
+KEY = ("model", "stages", "method", "wire_ratio", "projector", "anchor", "rvq_sync", "rvq_scale", "steps", "seed")
 
 
 def results_dir(profile: str, root: str | Path = "") -> Path:
@@ -92,9 +93,10 @@ def _per_token(res: dict, *kinds: str) -> float | None:
     return sum(declared.get(k, 0) for k in kinds) / (tokens * (stages - 1))
 
 
-def variant_of(method: str, projector: str | None, anchor: str | None, rvq_sync: str | None = None) -> str:
+def variant_of(method: str, projector: str | None, anchor: str | None, rvq_sync: str | None = None,
+               rvq_scale: str | None = None) -> str:
     """The method plus every setting that differs from the method's default (``mapl.config.METHODS``):
-    ``mapl``, ``mapl-fixed``, ``mapl-anchor-static``, ``mapl-rvq-sync-mirrored``."""
+    ``mapl``, ``mapl-fixed``, ``mapl-anchor-static``, ``mapl-rvq-sync-mirrored``, ``mapl-rvq-scaled``."""
     default = METHODS.get(method, {})
     name = method
     if projector is not None and projector != default.get("projector"):
@@ -103,6 +105,8 @@ def variant_of(method: str, projector: str | None, anchor: str | None, rvq_sync:
         name += f"-anchor-{anchor}"
     if rvq_sync not in (None, "stream"):
         name += f"-sync-{rvq_sync}"
+    if rvq_scale not in (None, "none"):
+        name += "-scaled"
     return name
 
 
@@ -117,6 +121,7 @@ def row_from_result(res: dict, group: str = "") -> dict:
     cfg, wire, prov = res.get("config") or {}, res.get("wire") or {}, res.get("provenance") or {}
     method, projector = res.get("method", "none"), res.get("projector")
     rvq_sync = _get(cfg, "compressor.rvq.sync", "compressor.rvq_sync") if method == "mapl-rvq" else None
+    rvq_scale = (_get(cfg, "compressor.rvq.scale") or "none") if method == "mapl-rvq" else None
     uncompressed = wire.get("uncompressed_bytes_per_token")
     return {
         "run": res.get("run", ""), "group": group, "profile": cfg.get("profile", ""),
@@ -124,7 +129,7 @@ def row_from_result(res: dict, group: str = "") -> dict:
         "model": _model_name(res, cfg), "base_model": res.get("model", ""),
         "d_model": int(uncompressed // 2) if uncompressed else None, "stages": res.get("stages"),
         "method": method, "projector": projector, "anchor": res.get("anchor"), "rvq_sync": rvq_sync,
-        "variant": variant_of(method, projector, res.get("anchor"), rvq_sync),
+        "rvq_scale": rvq_scale, "variant": variant_of(method, projector, res.get("anchor"), rvq_sync, rvq_scale),
         "wire_ratio": _round(res.get("ratio", 1.0)),
         "projection_ratio": _round(res.get("nominal_ratio")) if projector else None,
         "seed": prov.get("seed", _get(cfg, "train.seed") or 0), "steps": res.get("steps"),
@@ -140,7 +145,21 @@ def row_from_result(res: dict, group: str = "") -> dict:
         "proj_lr_mult": _get(cfg, "compressor.projector.lr_mult", "compressor.proj_lr_mult"),
         "ortho_max_err": res.get("ortho_max_err"), "boundary_diagnostics": res.get("boundary_diagnostics") or [],
         "codebook_batch_perplexity": _min_over_boundaries(res.get("diagnostics"), "batch_perplexity_mean"),
+        **_health(res.get("boundary_health")),
     }
+
+
+def _health(health: dict | None) -> dict:
+    """The early warning's record (results ``boundary_health``; runs from before it have none):
+    ``health_readings`` as stored, ``max_abs_z_peak`` the largest training-message max |z| over every
+    reading and boundary (and ``max_abs_z_boundary`` where), ``first_warning_step`` (None: never)."""
+    readings = (health or {}).get("readings") or []
+    peak = max(((b.get("train_max"), p) for r in readings for p, b in enumerate(r["boundaries"])
+                if b.get("train_max") is not None), default=(None, None))
+    warnings = (health or {}).get("warnings") or []
+    return {"health_readings": readings, "max_abs_z_peak": peak[0], "max_abs_z_boundary": peak[1],
+            "first_warning_step": min((w["step"] for w in warnings), default=None),
+            "health_recorded": bool(readings)}
 
 
 def _min_over_boundaries(diagnostics, key: str) -> float | None:

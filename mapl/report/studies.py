@@ -22,9 +22,9 @@ from .tables import NO_RUNS, main_budget
 __all__ = ["STUDY_VARIANTS", "COMPARISONS", "headline_ratio", "headline_summaries", "comparisons", "headline_table",
            "paired_table", "runs_table", "token_points", "token_table", "width_points", "width_table", "gap_sentence"]
 
-STUDY_VARIANTS = ("none", "ssn", "mapl", "mapl-fixed", "mapl-rvq")
+STUDY_VARIANTS = ("none", "ssn", "mapl", "mapl-fixed", "mapl-rvq", "mapl-rvq-scaled")
 # (A, B): the paired difference Δ%(A) - Δ%(B) at the same projection ratio d/r
-COMPARISONS = (("ssn", "mapl"), ("mapl-fixed", "mapl"), ("mapl-rvq", "mapl"))
+COMPARISONS = (("ssn", "mapl"), ("mapl-fixed", "mapl"), ("mapl-rvq", "mapl"), ("mapl-rvq-scaled", "mapl"))
 
 
 def headline_ratio(rows: Sequence[dict]) -> float | None:
@@ -150,19 +150,31 @@ def runs_table(rows: Sequence[dict], group: str = "long") -> Table:
     pool = sorted((r for r in at_best_validation(rows) if r["steps"] == steps and r["model"] == main_model(rows)
                    and r["variant"] in STUDY_VARIANTS), key=lambda r: (STUDY_VARIANTS.index(r["variant"]), r["seed"]))
     header = ["method", "seed", "final val loss", "best val loss", "best at step", "max boundary RMS",
-              "codebook batch perplexity (min)"]
+              "codebook batch perplexity (min)", "largest max |z| (boundary)", "first outlier warning"]
     body, rms = [], {}
     for r in pool:
         scale = max((d.get("activation_rms") or 0 for d in r["boundary_diagnostics"]), default=None)
         rms[r["run"]] = scale
         body.append([variant_label(r["variant"]), r["seed"], fmt(r["final_val_loss"]), fmt(r["val_loss"]),
                      fmt_int(r["best_step"]), fmt(scale, 1) if scale else DASH,
-                     fmt(r["codebook_batch_perplexity"], 0) if r["codebook_batch_perplexity"] else DASH])
+                     fmt(r["codebook_batch_perplexity"], 0) if r["codebook_batch_perplexity"] else DASH,
+                     *_health_cells(r)])
     caption = (f"Each run of the {fmt_int(steps)}-step budget: the final and the lowest validation loss (at which "
                "evaluation step), the largest RMS of the residual stream entering a boundary (held-out tokens, after "
-               "training) and, for MAPL+VQ, the lowest batch perplexity of its codes over boundaries (of 256).")
+               "training), for MAPL+VQ the lowest batch perplexity of its codes over boundaries (of 256) and, where "
+               "the run recorded its boundary health (runs trained since the early warning; 'not recorded' before), "
+               "the largest max |z| of a training message over the run and the step of the first outlier warning "
+               "(a window's max |z| above train.health_warn_factor x the median of the 10 readings before it, "
+               "after the warmup).")
     return Table("runs-long", f"Every run at {fmt_int(steps)} steps: final and best loss, activation scale", header,
                  body, caption, _runs_takeaway(pool, rms) if body else NO_RUNS.format(group))
+
+
+def _health_cells(r: dict) -> list[str]:
+    if not r.get("health_recorded"):
+        return ["not recorded", "not recorded"]
+    peak = f"{fmt(r['max_abs_z_peak'], 1)} (b{r['max_abs_z_boundary']})"
+    return [peak, fmt_int(r["first_warning_step"]) if r["first_warning_step"] is not None else "none"]
 
 
 def _runs_takeaway(pool: Sequence[dict], rms: dict) -> str:

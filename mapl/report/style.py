@@ -21,6 +21,7 @@ VARIANT_LABELS = {
     "mapl-anchor-full": "MAPL, full anchor",
     "mapl-rvq-sync-full": "MAPL+VQ, full codebook sync",
     "mapl-rvq-sync-mirrored": "MAPL+VQ, mirrored codebooks",
+    "mapl-rvq-scaled": "MAPL+VQ, per-token scale",
 }
 # variant -> (colour, marker): every colour and every marker appears once (tests check it)
 STYLE = {
@@ -36,6 +37,7 @@ STYLE = {
     "mapl-anchor-full": ("#17becf", "<"),
     "mapl-rvq-sync-full": ("#bcbd22", ">"),
     "mapl-rvq-sync-mirrored": ("#393b79", "p"),
+    "mapl-rvq-scaled": ("#006d2c", "d"),
 }
 # wire ratio -> line style, for the panels that show several ratios of one method
 RATIO_LINESTYLE = ((1.5, "-"), (6.0, "-"), (12.0, "--"), (24.0, ":"), (float("inf"), "-."))

@@ -31,6 +31,7 @@ class StageMessages:
     def fwd_message(self, out: torch.Tensor, ids: torch.Tensor, meter: ByteMeter | None) -> list[torch.Tensor]:
         """The forward message of this stage's output (metered when ``meter`` is given: training only)."""
         comp = self.comp_out
+        comp.observe(out)
         payload = comp.pack(out)
         if meter is not None:
             meter.add_payload(self.topo.stage, "fwd", payload, comp.payload_roles("fwd"),

@@ -318,6 +318,15 @@ class PipelineEngine:
         self.tx.all_reduce(vec, "validation loss")
         return float(vec[0]) / max(1.0, float(vec[1]))
 
+    def health(self) -> list[dict] | None:
+        """Each boundary's health window from its sender (every replica's), merged on the reporter:
+        maxima are the maxima over replicas, the other entries replica 0's (mapl.loop reads this)."""
+        mine = self.comp_out.health_report() if self.comp_out is not None else None
+        everyone = self.tx.gather_object(mine, "health")
+        if not self.reporter:
+            return None
+        return [merge_health([everyone[r * self.P + s] for r in range(self.R)]) for s in range(self.P - 1)]
+
     def check_sync(self, step: int) -> list[bool]:
         """Each boundary's shared-state checksum, sender vs receiver (per boundary, all replicas)."""
         self.tx.context = f"checksum after step {step}"
@@ -355,6 +364,17 @@ class PipelineEngine:
                                            info={**self.info, "state_checksum_match": self.sync_ok},
                                            link=self.tx.link)
         return res
+
+
+def merge_health(replicas: list[dict]) -> dict:
+    """One boundary's health from its senders in every replica: ``*_max`` entries are maxima (an outlier
+    on any replica counts), the rest are replica 0's."""
+    out = dict(replicas[0])
+    for key in out:
+        if key.endswith("_max"):
+            vals = [r[key] for r in replicas if r.get(key) is not None]
+            out[key] = max(vals) if vals else None
+    return out
 
 
 def _check_replicas(cfg: RunConfig, replicas: int) -> None:

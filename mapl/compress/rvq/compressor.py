@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from ...config import RVQ_SCALES
 from ..base import Compressor, _check_direction, spec_bytes, tensor_checksum
 from ..bitpack import pack_bits_rows, packed_nbytes, unpack_bits_rows
 from .codebook import OP_NONE, ResidualVQ, codebook_bits
@@ -16,6 +17,12 @@ from .sync import make_sync
 __all__ = ["RVQCompressor"]
 
 _HEADER = ((3,), torch.int64)        # [sender codebook version, op, T]
+# How z is scaled before the quantiser (config RVQ_SCALES; README "Choices where the paper is silent"):
+#   "none"  the codes quantise z itself (fixed resolution: a token with |z| far beyond the codebooks'
+#           reach is decoded with an error the size of itself; the blow-up of issue 21)
+#   "token" each token's z is divided by its RMS s_t, sent beside the codes in bf16 (2 B/token), and
+#           multiplied back on decode: the error is relative to |z|, like a bf16 wire's
+SCALE_DTYPE = torch.bfloat16
 
 
 class RVQCompressor(Compressor):
@@ -27,6 +34,7 @@ class RVQCompressor(Compressor):
 
         [data] codes   uint8 (B, ceil(T*G*R*log2K/8))  indices, bit-packed per sequence (padding only
                                                         to the last byte of each sequence)
+        [data] scales  bf16  (B, T)  per-token RMS of z (``scale="token"`` only; absent for "none")
         [sync] header  int64 (3,)   [sender codebook version, op, T]
         [sync] ...     the sync strategy's tensors (mapl/compress/rvq/sync.py), fixed shapes
                        independent of (B, T)
@@ -68,12 +76,15 @@ class RVQCompressor(Compressor):
                  max_staleness: int | None = None, seed: int = 0, grad_dtype: torch.dtype = torch.bfloat16,
                  eps: float = 1e-5, kmeans_init: bool = True, kmeans_iters: int = 10,
                  dead_code_threshold: float = 1.0, max_revive: int | None = None, search_with: str = "receiver",
-                 tile_bytes: int = 0, search_kernel: str = "auto"):
+                 tile_bytes: int = 0, search_kernel: str = "auto", scale: str = "none"):
         if not isinstance(inner, Compressor):
             raise TypeError(f"inner must be a Compressor, got {type(inner).__name__}")
         if search_with not in ("sender", "receiver"):
             raise ValueError(f"search_with={search_with!r} is invalid; allowed: 'sender', 'receiver'")
+        if scale not in RVQ_SCALES:
+            raise ValueError(f"scale={scale!r} is invalid; allowed: {', '.join(map(repr, RVQ_SCALES))}")
         super().__init__(inner.d_model)
+        self.scale = scale
         self.inner = inner
         K = codebook_size
         codebook_bits(K)
@@ -92,6 +103,7 @@ class RVQCompressor(Compressor):
         self._pending = None     # search_with="receiver": the last sync tensors, applied to the shadow at the next pack
         self._stats = {"microbatches": 0, "sync_bytes": 0, "data_bytes": 0, "tokens": 0,
                        "rel_mse": float("nan"), "batch_perplexity": float("nan")}
+        self._outlier = None     # health window: quantisation error of each message's largest-|z| token
 
     def get_extra_state(self):
         stats = {k: float(v) if isinstance(v, torch.Tensor) else v for k, v in self._stats.items()}
@@ -120,7 +132,8 @@ class RVQCompressor(Compressor):
         if direction == "bwd":
             return [((B, T, self.code_dim), self.grad_dtype)]
         codes = ((B, packed_nbytes(T * self.rvq.groups * self.rvq.rounds, self.rvq.bits)), torch.uint8)
-        return [codes, _HEADER, *self.sync.spec(with_init=self._init_is_next(pending))]
+        scales = [((B, T), SCALE_DTYPE)] if self.scale == "token" else []
+        return [codes, *scales, _HEADER, *self.sync.spec(with_init=self._init_is_next(pending))]
 
     def _init_is_next(self, pending: int = 0) -> bool:
         """Whether the next message carries the k-means init (the first training message, before any
@@ -131,7 +144,13 @@ class RVQCompressor(Compressor):
 
     def payload_roles(self, direction: str) -> list[str]:
         _check_direction(direction)
-        return ["data"] if direction == "bwd" else ["data"] + ["sync"] * (1 + len(self.sync.spec()))
+        if direction == "bwd":
+            return ["data"]
+        return ["data"] * (1 + self._n_scales) + ["sync"] * (1 + len(self.sync.spec()))
+
+    @property
+    def _n_scales(self) -> int:
+        return int(self.scale == "token")
 
     def wire_bytes_per_token(self, direction: str) -> float:
         """fwd: ``G*R*log2(K)/8`` -- exact when ``T*G*R*log2(K)`` is a multiple of 8, otherwise each
@@ -140,10 +159,11 @@ class RVQCompressor(Compressor):
         return self.wire_efficiency_floor(direction) / 8
 
     def wire_efficiency_floor(self, direction: str) -> float:
-        """fwd: the indices, ``G*R*log2(K)`` bits per token; bwd: r values in ``grad_dtype``."""
+        """fwd: the indices, ``G*R*log2(K)`` bits per token (+ the bf16 scale with ``scale="token"``);
+        bwd: r values in ``grad_dtype``."""
         _check_direction(direction)
         if direction == "fwd":
-            return float(self.rvq.bits_per_token)
+            return float(self.rvq.bits_per_token + self._n_scales * torch.finfo(SCALE_DTYPE).bits)
         return float(self.code_dim * torch.finfo(self.grad_dtype).bits)
 
     def sync_bytes_per_microbatch(self) -> int:
@@ -174,34 +194,57 @@ class RVQCompressor(Compressor):
             raise ValueError(f"pack expects z of shape (B, T, {self.code_dim}), got {tuple(z.shape)}")
         z = z.detach()
         B, T, _ = z.shape
+        scales, u = self._normalise(z)                                          # u: what the codes quantise
         search_cb = self._shadow_codebooks()
-        idx, resid = self.rvq.search(z, codebooks=search_cb, return_residual=True)     # (B, T, G, R)
+        idx, resid = self.rvq.search(u, codebooks=search_cb, return_residual=True)     # (B, T, G, R)
         codes = pack_bits_rows(idx.reshape(B, -1), self.rvq.bits, check=False)   # search output is in range
-        op = self.rvq.update(z, idx, codebooks=search_cb) if self.training else None
+        op = self.rvq.update(u, idx, codebooks=search_cb) if self.training else None
         op_code = OP_NONE if op is None else op["op"]
         header = torch.tensor([int(self.rvq.version), op_code, T], dtype=torch.int64, device=z.device)
         sync = self.sync.sender_tensors(self.rvq, op)
         if self.search_with == "receiver":
             self._pending = (int(header[0]), op_code, [t.clone() for t in sync], idx)
-        self._record(z, idx, resid, op, codes, [header, *sync])
-        return [codes, header, *sync]
+        data = [codes, *scales]
+        self._record(z, u, idx, resid, scales, op, data, [header, *sync])
+        return [*data, header, *sync]
 
-    def _record(self, z, idx, resid, op, codes, sync) -> None:
-        """Running statistics for :meth:`diagnostics` (kept as tensors: no host sync per message)."""
+    def _normalise(self, z: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """([scales on the wire], what the quantiser sees). ``scale="token"``: s_t = RMS of z_t, rounded
+        to bf16 *before* dividing, so sender and receiver scale by the same number."""
+        if self.scale == "none":
+            return [], z
+        s = z.float().pow(2).mean(-1).sqrt().clamp_min(1e-12).to(SCALE_DTYPE)   # (B, T); bf16 keeps fp32's range
+        return [s], z / s.to(z.dtype).unsqueeze(-1)
+
+    def _record(self, z, u, idx, resid, scales, op, data, sync) -> None:
+        """Running statistics for :meth:`diagnostics` and :meth:`health_report` (kept as tensors: no
+        host sync per message)."""
         st = self._stats
         n = z.shape[0] * z.shape[1]
         st["microbatches"] += 1
         st["tokens"] += n
-        st["data_bytes"] += codes.numel()
+        st["data_bytes"] += sum(t.numel() * t.element_size() for t in data)
         st["sync_bytes"] += sum(t.numel() * t.element_size() for t in sync)
-        st["rel_mse"] = resid.float().pow(2).sum() / z.float().pow(2).sum().clamp_min(1e-30)
+        st["rel_mse"] = resid.float().pow(2).sum() / u.float().pow(2).sum().clamp_min(1e-30)
+        self._record_outlier(z, resid if not scales else resid * scales[0].to(resid.dtype).unsqueeze(-1))
         counts = op["counts"] if op is not None and "counts" in op else self.rvq.code_counts(idx)
         p = counts.float() / n
         st["batch_perplexity"] = torch.exp(-(p * p.clamp_min(1e-30).log()).sum(-1)).mean()
 
+    def _record_outlier(self, z: torch.Tensor, err: torch.Tensor) -> None:
+        """The decoding error (in z's units) of the message's token with the largest |z|: absolute
+        (max over its r values) and relative (norm / norm). Window maxima, kept as tensors."""
+        zt = z.detach().float().reshape(-1, z.shape[-1])
+        t = zt.abs().amax(-1).argmax()
+        e = err.float().reshape(-1, z.shape[-1])[t]
+        absolute, relative = e.abs().amax(), e.norm() / zt[t].norm().clamp_min(1e-30)
+        w = self._outlier
+        self._outlier = [absolute, relative] if w is None else [torch.maximum(w[0], absolute),
+                                                                torch.maximum(w[1], relative)]
     @torch.no_grad()
     def unpack(self, payload: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
-        codes, header, sync = payload[0], payload[1], payload[2:]
+        n = 1 + self._n_scales
+        codes, scales, header, sync = payload[0], payload[1:n], payload[n], payload[n + 1:]
         G, R, bits = self.rvq.groups, self.rvq.rounds, self.rvq.bits
         B, nb = codes.shape
         T = int(header[2])
@@ -209,6 +252,8 @@ class RVQCompressor(Compressor):
             raise ValueError(f"RVQ message header says T={T}, but the codes hold {nb} bytes per sequence")
         idx = unpack_bits_rows(codes, bits, T * G * R).view(B, T, G, R)
         z_q = self.recv.lookup(idx).to(dtype)             # always the receiver's copy
+        if scales:
+            z_q = z_q * scales[0].to(dtype).unsqueeze(-1)
         self.sync.apply(self.recv, int(header[0]), int(header[1]), sync, idx)
         return z_q
 
@@ -269,6 +314,26 @@ class RVQCompressor(Compressor):
             raise RuntimeError(f"RVQ codebook sync ({self.sync.name}): {why}")
         return rep
 
+    @torch.no_grad()
+    def health_report(self) -> dict:
+        """The projection's window (max |z|, RMS) plus the quantiser's: the largest codeword norm of the
+        sender's codebooks and of the receiver copy this object holds (the sender's shadow of it when it
+        searches with the receiver's, the receiver's own on the receiving side), their distance relative
+        to the sender's norm, the last batch's code perplexity and the window's largest decoding error
+        of a message's largest-|z| token (absolute and relative)."""
+        rep = super().health_report()
+        cs, cr = self.rvq.codebooks.float(), self.recv.codebooks.float()
+        w, self._outlier = self._outlier, None
+        rep.update({
+            "codeword_max_sender": float(cs.norm(dim=-1).amax()),
+            "codeword_max_receiver": float(cr.norm(dim=-1).amax()),
+            "codebook_gap_rel": float((cs - cr).norm() / cs.norm().clamp_min(1e-30)),
+            "batch_perplexity": float(self._stats["batch_perplexity"]),
+            "outlier_err_max": None if w is None else float(w[0]),
+            "outlier_err_rel": None if w is None else float(w[1]),
+        })
+        return rep
+
     def diagnostics(self) -> dict:
         cs = self.rvq.cluster_size.float()
         p = cs / cs.sum(-1, keepdim=True).clamp_min(1e-30)
@@ -280,7 +345,7 @@ class RVQCompressor(Compressor):
         return {
             **self.inner.diagnostics(),
             "rvq_groups": self.rvq.groups, "rvq_rounds": self.rvq.rounds, "rvq_codebook_size": self.rvq.codebook_size,
-            "rvq_sync": self.sync.name,
+            "rvq_sync": self.sync.name, "rvq_scale": self.scale,
             "codebook_perplexity_mean": float(ppl.mean()), "codebook_perplexity_min": float(ppl.min()),
             "codebook_perplexity_per_round": ppl.mean(0).tolist(),
             "dead_code_pct": float(dead.mean()), "dead_code_pct_max": float(dead.max()),
