@@ -83,7 +83,8 @@ def train_until(cfg, ckpt: Path, until: int) -> dict:
         try:
             run_loop(_StopAt(engine, until), state, progress=False, log=lambda msg: print(msg, flush=True))
         except Interrupted:
-            pass
+            if state.step < until:          # a signal, not our stop: the checkpoint is written, rerun resumes
+                raise
     return state.to_dict()
 
 

@@ -79,7 +79,9 @@ def test_resumed_state_primes_the_alarm_like_an_uninterrupted_run():
     fired_live = [i for i, v in enumerate(values) if live.check(1, v)]
     state = LoopState(health=[{"step": i, "eval": False, "boundaries": [{"train_max": 1.0}, {"train_max": v}]}
                               for i, v in enumerate(values[:30])])
+    state.health_warnings = [{"step": 3, "boundary": 1, "max": 1.0, "median": 1.0}]   # an older rule's
     resumed = outlier_alarm(state, 8.0)
+    assert [w["step"] for w in state.health_warnings] == [i for i in fired_live if i < 30]
     fired_after = [30 + i for i, v in enumerate(values[30:]) if resumed.check(1, v)]
     assert [i for i in fired_live if i >= 30] == fired_after
 
