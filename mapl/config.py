@@ -177,7 +177,7 @@ class TrainConfig:
     eval_offset: int = setting(0, min=0)                   # skip this many val tokens (tuning uses a disjoint slice)
     checkpoint_every: int = setting(100, min=1)
     health_every: int = setting(50, min=0)                 # steps between boundary-health readings (0 = evaluations only)
-    health_warn_factor: float = setting(8.0, min=1)        # warn when a window's max |z| > this x its running median
+    health_warn_factor: float = setting(5.0, min=1)        # warn when a window's max |z| > this x the median of earlier ones
     precision: str = setting("auto", choices=PRECISIONS)   # auto: bf16 autocast on CUDA, fp32 on CPU
     schedule: str = setting("gpipe", choices=SCHEDULES)    # multi-process schedule
     activation_checkpointing: bool = setting(False)        # recompute each block in backward (memory for time)

@@ -123,7 +123,8 @@ def health_plot(rows: Sequence[dict], group: str = "long") -> Plot:
     title = f"Boundary health at {steps:,} steps" if steps else "Boundary health"
     caption = ("Largest |z| of a training message per boundary, read every train.health_every steps (log scale); "
                "one line per run at the long budget that recorded it; the outlier warning fires when a reading "
-               "exceeds train.health_warn_factor x the median of the 10 readings before it (after the warmup).")
+               "exceeds train.health_warn_factor x the median of every earlier reading (readings in the first 3 "
+               "learning-rate warmups not judged).")
     if not runs:
         return Plot("health", caption, "no run at this budget recorded its boundary health (trained before the "
                     "monitor existed).", health_figure([], title), empty=True)

@@ -164,8 +164,8 @@ def runs_table(rows: Sequence[dict], group: str = "long") -> Table:
                "training), for MAPL+VQ the lowest batch perplexity of its codes over boundaries (of 256) and, where "
                "the run recorded its boundary health (runs trained since the early warning; 'not recorded' before), "
                "the largest max |z| of a training message over the run and the step of the first outlier warning "
-               "(a window's max |z| above train.health_warn_factor x the median of the 10 readings before it, "
-               "after the warmup).")
+               "(a window's max |z| above train.health_warn_factor x the median of every earlier reading, readings "
+               "in the first 3 warmups not judged).")
     return Table("runs-long", f"Every run at {fmt_int(steps)} steps: final and best loss, activation scale", header,
                  body, caption, _runs_takeaway(pool, rms) if body else NO_RUNS.format(group))
 
