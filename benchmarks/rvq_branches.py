@@ -36,6 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 from mapl.checkpoint import CheckpointSlot, read as read_checkpoint  # noqa: E402
 from mapl.config import apply_overrides, config_hash, load_run_config  # noqa: E402
+from mapl import sweep  # noqa: E402
 from mapl.io import atomic_torch_save, atomic_write_json, atomic_write_text  # noqa: E402
 
 # The committed run: the long group's MAPL+VQ 8x seed 1 (params.yaml, profiles.cpu.groups.long).
@@ -119,8 +120,13 @@ def branch_checkpoint(src: Path, dst: Path, cfg, name: str) -> None:
     atomic_torch_save(ck, dst)
 
 
-def summarise(state: dict, start: int) -> dict:
-    """Per boundary: the max |z| trajectory after the branch step, its largest value, the losses."""
+def summarise(state: dict, start: int, cfg) -> dict:
+    """Per boundary: the max |z| trajectory after the branch step, its largest value, the losses, and
+    the outlier warnings derived from all its readings under this code's rule (mapl.loop)."""
+    from mapl.loop import ALARM_AFTER_WARMUPS, LoopState, outlier_alarm
+    st = LoopState.from_dict(state)
+    outlier_alarm(st, cfg.train.health_warn_factor, ALARM_AFTER_WARMUPS * cfg.train.warmup_steps)
+    state = {**state, "health_warnings": st.health_warnings}
     readings = [r for r in state["health"] if r["step"] > start]
     n_b = len(readings[0]["boundaries"]) if readings else 0
     traj = {str(p): [[r["step"], r["boundaries"][p]["train_max"]] for r in readings] for p in range(n_b)}
@@ -143,7 +149,7 @@ def _branch_job(args) -> tuple[str, dict]:
         branch_checkpoint(Path(base_ckpt), ckpt, cfg, name)
     t0 = time.time()
     state = train_until(cfg, ckpt, until)
-    return name, {"overrides": BRANCHES[name], "wall_s": time.time() - t0, **summarise(state, at)}
+    return name, {"overrides": BRANCHES[name], "wall_s": time.time() - t0, **summarise(state, at, cfg)}
 
 
 def _num(v: float) -> str:
@@ -169,7 +175,12 @@ def markdown(res: dict) -> str:
         warn = ", ".join(f"b{w['boundary']}@{w['step']}" for w in b["warnings"] if w["step"] > at) or "none"
         lines.append(f"| {name} | {ch} | " + " | ".join("—" if v is None else _num(v) for v in vals)
                      + f" | {rms} | {_num(cw)} | {val} | {warn} |")
-    lines += ["", f"Replay to step {at:,}: bit-identical to the committed curve: {res['replay_matches_committed']}.",
+    same = res["replay_matches_committed"]
+    lines += ["", f"Replay to step {at:,} on this machine: bit-identical to the committed curve: {same}"
+              + ("" if same in (True, None) else
+                 f" (the first step's loss is {res['replay_first_step_loss'][0]!r} here, "
+                 f"{res['replay_first_step_loss'][1]!r} in the committed run: another machine's float rounding, "
+                 "and the trajectories part from step 1 on)") + ".",
               f"Each branch continues the same checkpoint; only its changes differ. Written by `benchmarks/rvq_branches.py`."]
     return "\n".join(lines) + "\n"
 
@@ -203,13 +214,22 @@ def main(argv=None) -> dict:
     base = work / "replay.pt"
     t0 = time.time()
     replay = train_until(base_cfg, base, args.at)
-    committed = ROOT / f"reports/{args.profile}/results/long/{base_cfg.name()}.json"
-    if committed.exists():
+    committed = ROOT / f"reports/{args.profile}/results/long/{sweep.run_name(base_cfg, 300)}.json"
+    if committed.exists():                      # the same run of group long (its name carries the budget)
         ref = json.loads(committed.read_text())["train_loss_curve"][:args.at]
         res["replay_matches_committed"] = ref == replay["train_curve"][:args.at]
+        res["replay_first_step_loss"] = [replay["train_curve"][0][1], ref[0][1]]
+        res["replay_val_loss_at_branch"] = [replay["val_curve"][-1], json.loads(committed.read_text())[
+            "val_loss_curve"][(args.at // 250) - 1]]
     else:
         res["replay_matches_committed"] = None
     res["replay_wall_s"] = time.time() - t0
+    for name in [n for n in names if n in res["branches"]]:   # finished: warnings under this code's rule
+        ckpt = work / f"branch-{name}.pt"
+        if ckpt.exists():
+            done = read_checkpoint(ckpt)["state"]
+            res["branches"][name] = {**res["branches"][name],
+                                     **summarise(done, args.at, run_config(args.profile, BRANCHES[name]))}
     todo = [n for n in names if n not in res["branches"]]
     jobs = [(n, args.profile, str(base), str(work), args.at, args.until, args.health_every) for n in todo]
     with mp.get_context("spawn").Pool(max(1, args.jobs)) as pool:

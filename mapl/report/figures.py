@@ -208,7 +208,7 @@ def axis_figure(points: Sequence[dict], xkey: str, xlabel: str, variants: Sequen
 
 def health_figure(runs: Sequence[dict], title: str = "") -> Figure:
     """Boundary health: max |z| of training messages against step (log scale), one panel per boundary,
-    one line per run (colour and marker: method; line style: seed), warnings as crosses."""
+    one line per run (colour and marker: method; line style: seed)."""
     n_b = max((len(r["health_readings"][0]["boundaries"]) for r in runs if r["health_readings"]), default=1)
     fig, axes = new_figure(n_b, 4.0, 3.6)
     for p, ax in enumerate(axes):
