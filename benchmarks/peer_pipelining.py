@@ -8,7 +8,7 @@ step (which one goes first alternates), so they see the same machine load; every
 barrier. Per step: the loss, each stage's gradient norm (before clipping) and the step time (the
 slowest rank's, barrier to end of the optimizer step).
 
-    python benchmarks/peer_pipelining.py                  # 2 methods x 8 cells, ~4 min on 2 busy cores
+    python benchmarks/peer_pipelining.py                  # 2 methods x 8 cells, 24 steps: ~8 min on 2 busy cores
     python benchmarks/peer_pipelining.py --methods none --stages 2 --micro 4 --schedules gpipe --steps 4
 
 What the library side is made of. ``PipelineStage`` wraps our stage module; the boundary's wire is
@@ -420,7 +420,7 @@ def main(argv=None) -> int:
     ap.add_argument("--stages", default="2,4")
     ap.add_argument("--micro", default="4,8")
     ap.add_argument("--schedules", default="gpipe,1f1b")
-    ap.add_argument("--steps", type=int, default=16, help="steps per engine and cell (step 0 is not timed)")
+    ap.add_argument("--steps", type=int, default=24, help="steps per engine and cell (step 0 is not timed)")
     ap.add_argument("--json", default=str(ROOT / "reports/bench/peer-pipelining.json"))
     ap.add_argument("--md", default=str(ROOT / "reports/tables/peer-pipelining.md"))
     a = ap.parse_args(argv)
