@@ -224,8 +224,9 @@ class _NormTap:
 
 
 # ---- one rank ----------------------------------------------------------------------------------------
-def _state_checksum(module: nn.Module) -> float:
-    return float(sum(t.double().sum() * (i + 1) for i, t in enumerate(module.state_dict().values())))
+def _same_state(a: nn.Module, b: nn.Module) -> bool:
+    sa, sb = a.state_dict(), b.state_dict()
+    return list(sa) == list(sb) and all(torch.equal(sa[k], sb[k]) for k in sa)
 
 
 def run_cell(cfg, rank: int, world: int, steps: int, data) -> dict:
@@ -239,7 +240,7 @@ def run_cell(cfg, rank: int, world: int, steps: int, data) -> dict:
         tx = Transport(rank, topo.prev, topo.next, dev, TIMEOUT_S, world_group=world_group, stages=topo.stages)
         return PipelineEngine(cfg, topo, data, tx, None, None, lambda *a, **k: None, {})
     ours, holder = engine(), engine()
-    same_init = _state_checksum(ours.sm) == _state_checksum(holder.sm)
+    same_init = _same_state(ours.sm, holder.sm)
     lib = LibraryPipeline(holder, cfg, dist.new_group(timeout=tmo))
     taps = {"ours": _NormTap(ours.agreement), "library": _NormTap(holder.agreement)}
     ours.agreement, holder.agreement = taps["ours"], taps["library"]
@@ -354,6 +355,13 @@ def boundary_messages(profile: str) -> dict:
     return out
 
 
+def _ints(flag: str, text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x]
+    except ValueError:
+        raise ValueError(f"{flag}={text!r} is invalid: expected comma-separated integers, e.g. 2,4") from None
+
+
 def _fmt_ms(s: float) -> str:
     return f"{1000 * s:.0f}"
 
@@ -435,23 +443,29 @@ def main(argv=None) -> int:
     if a.steps < 2:
         print(f"error: --steps={a.steps} is invalid: must be >= 2 (step 0 is not timed)", file=sys.stderr)
         return 2
-    stages, micro = [int(x) for x in a.stages.split(",")], [int(x) for x in a.micro.split(",")]
     schedules = a.schedules.split(",")
+    try:
+        stages, micro = _ints("--stages", a.stages), _ints("--micro", a.micro)
+        groups = [cell_configs(a.profile, m, P, schedules, micro) for m in methods for P in stages]
+        for cfg in (c for cfgs in groups for c in cfgs):
+            cfg.validate()                   # what can be checked before the data: schedule x M x P, ...
+        open_run_data(groups[0][0])          # the prepared data, checked once here (else every rank fails)
+    except (ValueError, FileNotFoundError) as e:          # ConfigError, mapl.data's missing/corrupt data
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     bench = {"profile": a.profile, "steps": a.steps, "warmup": 1, "methods": methods,
              "env": {"torch": torch.__version__, "cpus": os.cpu_count(), "loadavg_start": list(os.getloadavg()),
                      "nice": os.nice(0)}, "cells": []}
     t0 = time.time()
-    for method in methods:
-        for P in stages:
-            cfgs = cell_configs(a.profile, method, P, schedules, micro)
-            bench["model"] = cfgs[0].model
-            for cfg, ranks in zip(cfgs, run_group(cfgs, a.steps)):
-                cell = summarize(cfg, ranks, bench["warmup"])
-                bench["cells"].append(cell)
-                print(f"{method} {cfg.train.schedule} P={P} M={cfg.train.micro_batches}: loss "
-                      f"{'bit-identical' if cell['loss_bit_identical'] else 'DIFFERS'} "
-                      f"(max {cell['loss_max_abs_diff']:.1e}), ours/library {cell['step_time_ratio']:.2f}, paired "
-                      f"{cell['paired_ratio']['median']:.2f}", flush=True)
+    bench["model"] = groups[0][0].model
+    for cfgs in groups:
+        for cfg, ranks in zip(cfgs, run_group(cfgs, a.steps)):
+            cell = summarize(cfg, ranks, bench["warmup"])
+            bench["cells"].append(cell)
+            print(f"{cfg.compressor.method} {cfg.train.schedule} P={cfg.stages} M={cfg.train.micro_batches}: loss "
+                  f"{'bit-identical' if cell['loss_bit_identical'] else 'DIFFERS'} "
+                  f"(max {cell['loss_max_abs_diff']:.1e}), ours/library {cell['step_time_ratio']:.2f}, paired "
+                  f"{cell['paired_ratio']['median']:.2f}", flush=True)
     bench["env"]["loadavg_end"] = list(os.getloadavg())
     bench["wall_s"] = time.time() - t0
     bench["messages"] = boundary_messages(a.profile)
