@@ -23,7 +23,10 @@ output tensors forward and exactly their gradients back. A compressed boundary i
 integer RVQ codes plus a streamed codebook slice forward, an r-wide float gradient back), and an
 integer output carries no gradient, so the library could only train upstream if the float
 activation also crossed the wire: it cannot put *only* the compressed bytes on the wire. Its shape
-inference also runs stages on uninitialised buffers, which would corrupt stateful compressors.
+inference also runs stages on uninitialised buffers, which would corrupt stateful compressors (torch
+2.13 skips it when every stage's input and output metadata is given). Where the library can carry the
+message (none; MAPL: bf16 Z with a gradient of Z's shape, the token ids as an integer output without
+gradient) it trains our stages to bit-identical losses: benchmarks/peer_pipelining.py.
 The runtime lives in ``mapl/runtime/`` (schedule, transport, worker, boundary_sync, faults, launch).
 
 Exit codes (every rank, and this command when it starts the ranks): 0 done, 2 invalid settings,

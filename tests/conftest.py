@@ -8,6 +8,7 @@ import torch
 from mapl.config import load_run_config
 from mapl.data import DataConfig, prepare
 
+ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 _TEXT = """First Citizen: Before we proceed any further, hear me speak.
@@ -36,6 +37,20 @@ def micro_cfg(tiny_corpus):
         return replace(cfg, data=DataConfig(source="text", paths=(str(tiny_corpus.parent / "doc*.txt"),),
                                             tokenizer="byte"), data_dir=str(tiny_corpus))
     return make
+
+
+@pytest.fixture(scope="session")
+def load_benchmark():
+    """``load_benchmark("compress")``: benchmarks/compress.py as a module (the benchmarks are scripts, not a
+    package)."""
+    import importlib.util
+
+    def load(name: str):
+        spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "benchmarks" / f"{name}.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return mod
+    return load
 
 
 @pytest.fixture

@@ -1,5 +1,4 @@
 """benchmarks/compress.py --quick on tiny shapes: the report has every section and the wire accounting holds."""
-import importlib.util
 import json
 from pathlib import Path
 
@@ -9,11 +8,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("bench_compress", ROOT / "benchmarks" / "compress.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+def bench(load_benchmark):
+    return load_benchmark("compress")
 
 
 @pytest.fixture(scope="module")

@@ -129,7 +129,7 @@ class PipelineEngine:
             else:
                 self._backward(action.mb, st)
         self.tx.context = f"step {step} (end)"
-        outcome = self._finish_step(step, st, stop_requested)
+        outcome = self.finish_step(step, st.loss_sum, st.bad_in, st.bad_out, stop_requested)
         fwd_s, bwd_s = self.timer.read()
         self.timing["fwd"].append(fwd_s)
         self.timing["bwd"].append(bwd_s)
@@ -214,12 +214,18 @@ class PipelineEngine:
             st.inbox[key] = self.msg.post_fwd(lead) if t.what == "fwd" else self.msg.post_bwd(lead)
 
     # -- step end
-    def _finish_step(self, step: int, st: "_StepState", stop_requested) -> StepOutcome:
+    def finish_step(self, step: int, loss_sum: torch.Tensor, bad_in: torch.Tensor, bad_out: torch.Tensor,
+                    stop_requested=lambda: False) -> StepOutcome:
+        """The end of a step once every backward of this stage has run: receiver-side gradients back, the
+        replicas' sum, the one all-reduce (``loss_sum``: this rank's share of the loss; ``bad_in``/``bad_out``:
+        its non-finite flags), clipping, the optimizer step, the learned state forward. Public so that
+        another engine driving this stage's model (benchmarks/peer_pipelining.py: torch's own schedules)
+        ends its steps exactly as this one does."""
         started = time.perf_counter()
         self._exchange_receiver_grads()
         self.tx.flush()
         self._sum_replica_grads()
-        vec = self.agreement.vector(st.loss_sum, st.bad_in, st.bad_out, stop_requested())
+        vec = self.agreement.vector(loss_sum, bad_in, bad_out, stop_requested())
         opt_s = time.perf_counter() - started
         self.tx.all_reduce(vec, "grad norms and loss")
         if self.tx.link is not None:        # the all-reduce crosses every boundary up and back
