@@ -27,7 +27,11 @@ Where the numbers come from:
   checkpointing a block keeps only its input, plus one block's activations while it is recomputed;
 * the last stage keeps log-softmax's fp32 output (V per token) for every micro-batch alive, and while
   one micro-batch runs the loss it briefly holds the logits and their gradients besides;
-* wire buffers: today's runtime keeps every send of a step until the step ends (``sends_held="step"``).
+* wire buffers: today's runtime keeps every send of a step until the step ends (``sends_held="step"``);
+* MAPL+RVQ's sender searches each micro-batch it packs: the search's temporaries
+  (:func:`mapl.compress.rvq.search.search_transient_bytes`: O(G·N) with the fused kernel, the tile's
+  distance block with the matmul one, and the k-means init's tile at the first step), plus the fp32 copy
+  of a bf16 Z, are a transient of the forward beside the other ``working`` candidates.
 
 The plan is an estimate of live tensor bytes; allocators add fragmentation, and a CUDA context takes
 about 0.5-1 GiB: :func:`check_plan` keeps a margin (``reserve_frac``, default 10 %).
@@ -250,12 +254,26 @@ def _stage_plan(cfg: RunConfig, vocab: int, s: int, precision: str, checkpointin
     st.activations = alive * (per_mb + edge + weights)
     head_saved, head_transient = head_activation_bytes_per_token(mc, precision)
     st.head = alive * (ids + (head_saved * tokens if s == P - 1 else 0))
-    act_working = max(one_block, head_transient * tokens if s == P - 1 else 0)
+    st.detail["rvq_search"] = _rvq_search_bytes(cfg, sm, s, tokens, precision, device)
+    act_working = max(one_block, head_transient * tokens if s == P - 1 else 0, st.detail["rvq_search"])
     # the optimizer step runs after the activations are freed: its temporaries count only beyond them
     st.working = max(act_working, st.detail["opt_transient"] - st.activations - st.head)
     st.buffers = _buffer_bytes(sm, s, P, (t.batch_size // t.micro_batches, t.seq_len), t.micro_batches, sends_held)
     st.detail.update(block_bytes_per_micro_batch=blk, micro_batch_tokens=tokens)
     return st
+
+
+def _rvq_search_bytes(cfg: RunConfig, sm, s: int, tokens: int, precision: str, device: str) -> int:
+    """Transient bytes of the RVQ search stage s runs as the sender of boundary s (0 for other methods)."""
+    if cfg.compressor.method != "mapl-rvq" or s == cfg.stages - 1:
+        return 0
+    from .compress.rvq.search import search_transient_bytes, tile_budget
+    q = sm.boundaries[str(s)].rvq
+    search = search_transient_bytes(tokens, q.groups, q.rounds, q.codebook_size, q.sub_dim, kernel=q.search_kernel,
+                                    tile_bytes=q.tile_bytes, device=device)
+    kmeans_tile = 4 * tile_budget(q.tile_bytes, torch.float32, torch.device(device))   # its assign is always tiled
+    fp32_copy = 4 * q.dim * tokens if precision == "bf16" else 0
+    return fp32_copy + max(search, kmeans_tile)
 
 
 def _buffer_bytes(sm, s: int, P: int, mb_shape, micro: int, sends_held: str) -> int:

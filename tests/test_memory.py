@@ -176,3 +176,20 @@ def test_paper_shapes_agree_with_the_issue_figures():
     got = [block_activation_bytes_per_token(ModelConfig.preset(m), "bf16") * 16 * 2048 / 1e9
            for m in ("150M", "500M", "1B")]
     assert got == pytest.approx([1.65, 2.49, 3.70], abs=0.01)
+
+
+def test_rvq_search_transient_is_a_working_term_of_the_sender_stages():
+    """MAPL+RVQ's search runs in the sender's forward: its temporaries (O(G·N) fused, the tile's
+    distances with matmul, the k-means init's tile) are counted; never the (G, N, K) distance block."""
+    from mapl.compress.rvq.search import search_transient_bytes
+    cfg = load_run_config("paper", {"model": "150M", "method": "mapl-rvq", "ratio": 4, "stages": 4})
+    plan = memory_plan(cfg, device="cuda")
+    t, mc = cfg.train, cfg.model_config()
+    N, G, K = (t.batch_size // t.micro_batches) * t.seq_len, mc.d_model // 4 // 2, cfg.compressor.rvq.codebook_size
+    fused = search_transient_bytes(N, G, cfg.compressor.rvq.rounds, K, 2, kernel="fused")
+    copy = 4 * 2 * G * N                                              # the fp32 copy of the bf16 Z
+    for st in plan.stages[:-1]:
+        assert st.detail["rvq_search"] == copy + max(fused, 256 << 20) < G * N * K * 4 // 4
+        assert st.working >= st.detail["rvq_search"]
+    assert plan.stages[-1].detail["rvq_search"] == 0
+    assert memory_plan(_cfg("mapl"), 256, device="cpu").stages[0].detail["rvq_search"] == 0
