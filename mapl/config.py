@@ -64,7 +64,8 @@ RESUMABLE_FIELDS = frozenset({
     "train.eval_tokens", "train.eval_batch_size", "train.schedule", "compressor.projector.lr_mult",
 })
 # how a run is executed, not what it computes: outside the config hash and every resume decision
-EXECUTION_FIELDS = ("run_name", "profile", "train.checkpoint_every", "train.threads", "train.activation_checkpointing")
+EXECUTION_FIELDS = ("run_name", "profile", "train.checkpoint_every", "train.threads", "train.activation_checkpointing",
+                    "train.comm_timeout_s")
 
 
 # ---- the configs --------------------------------------------------------------------------------
@@ -178,6 +179,9 @@ class TrainConfig:
     activation_checkpointing: bool = setting(False)        # recompute each block in backward (memory for time)
     seed: int = setting(0, min=0)
     threads: int = setting(0, min=0)                       # torch threads (0 = leave as is)
+    # multi-process pipeline: how long any wait on a peer may last before the run stops with exit 3
+    # (`--timeout` sets it too); on NCCL also the watchdog's timeout for every p2p and collective
+    comm_timeout_s: float = setting(60.0, min_exclusive=0)
 
     def validate(self, stages: int) -> "TrainConfig":
         check_fields(self, "train")

@@ -128,6 +128,7 @@ def search_transient_bytes(n_tokens: int, groups: int, rounds: int, K: int, ds: 
     return fixed + R * G * (ds + 1) * K * itemsize + per_round + block
 
 
+@torch.no_grad()                         # as ResidualVQ.search: grad mode is part of the compiled guard
 def warm_fused_search(groups: int, K: int, ds: int, dtype: torch.dtype, device: torch.device | str) -> None:
     """Compile the fused kernel for this shape now (tens of seconds cold), not inside the first step,
     where a neighbour stage would wait on us under the run's communication timeout."""

