@@ -53,7 +53,7 @@ from .runtime.faults import FaultPlan, exit_with_parent
 from .runtime.launch import launch, write_status
 from .runtime.rank import run_rank
 from .runtime.rank_checkpoints import rank_ckpt_path, stage_slot
-from .runtime.topology import Topology, detect_launcher, init_distributed
+from .runtime.topology import Topology, check_local_gpus, detect_launcher, init_distributed
 from .runtime.transport import CommError
 
 __all__ = ["main", "launch", "rank_ckpt_path", "CommError", "DEFAULT_TIMEOUT_S"]
@@ -137,6 +137,7 @@ def _self_launch(extra, args, argv) -> int:
     mtrain.check_output_paths(out, ckpt, _checkpoint_files(ckpt, cfg.stages))
     if extra.replicas < 1:
         raise ValueError(f"--replicas {extra.replicas} is invalid: must be >= 1")
+    check_local_gpus(cfg.stages * extra.replicas)       # before any rank starts
     path = os.pathsep.join(p for p in (str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")) if p)
     res = launch(argv, cfg.stages * extra.replicas, launcher=extra.launcher, stream=True, cwd=Path.cwd(),
                  env={"PYTHONPATH": path})
@@ -160,6 +161,7 @@ def _rank_main(extra, args, debug: bool) -> int:
         faults = FaultPlan.from_env()
         out, ckpt = _paths(args, cfg)
         cfg.validate()
+        check_local_gpus()                  # under a launcher: before NCCL would fail on a shared GPU
     except ValueError as e:
         return _leave(rank, EXIT_USER_ERROR, f"error: rank {rank}: {e}")
     try:

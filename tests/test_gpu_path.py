@@ -64,3 +64,42 @@ def test_the_fused_search_is_compiled_before_training_and_the_first_pack_reuses_
     assert not warm_compiled_kernels(mapl, Topology(0, 2, 2, cpu), said.append)
     auto = load_run_config("micro", {"method": "mapl-rvq", "ratio": 4, "stages": 2}).validate()
     assert not warm_compiled_kernels(auto, Topology(0, 2, 2, cpu), said.append)   # auto is matmul on a CPU
+
+
+# ---- one GPU per stage process ------------------------------------------------------------------------
+def _gpus(monkeypatch, n: int) -> None:
+    """This process sees ``n`` CUDA devices (the functions that decide read only these two)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: n)
+    monkeypatch.delenv("ACCELERATE_USE_CPU", raising=False)
+
+
+def test_more_stage_processes_than_local_gpus_is_refused_in_one_line(monkeypatch):
+    from mapl.runtime.topology import check_local_gpus
+    _gpus(monkeypatch, 4)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")             # what torchrun/accelerate tell each rank
+    with pytest.raises(ValueError) as e:
+        check_local_gpus()
+    assert "\n" not in str(e.value) and "8 stage processes on this machine but 4 GPU(s)" in str(e.value)
+    with pytest.raises(ValueError, match="must be <= 4"):
+        check_local_gpus(5)                                 # the count a self-launch is about to start
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    check_local_gpus()                                      # one GPU each: fine
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
+    check_local_gpus()                                      # per-machine count unknown: not refused
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "true")
+    check_local_gpus(8)                                     # a CPU run on a GPU machine: gloo, no GPUs used
+
+
+def test_the_pipeline_refuses_before_starting_ranks_on_too_few_gpus(monkeypatch, tmp_path, capsys):
+    from mapl import pipeline
+    _gpus(monkeypatch, 4)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    started = []
+    monkeypatch.setattr(pipeline, "launch", lambda *a, **k: started.append(a))
+    code = pipeline.main(["--profile", "micro", "--stages", "4", "--replicas", "2",
+                          "--out", str(tmp_path / "r.json"), "--ckpt", str(tmp_path / "r.pt")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and not started and "\n" not in err
+    assert err.startswith("error: 8 stage processes on this machine but 4 GPU(s)")
+    assert not list(tmp_path.iterdir())
