@@ -103,3 +103,64 @@ def test_the_pipeline_refuses_before_starting_ranks_on_too_few_gpus(monkeypatch,
     assert code == 2 and not started and "\n" not in err
     assert err.startswith("error: 8 stage processes on this machine but 4 GPU(s)")
     assert not list(tmp_path.iterdir())
+
+
+# ---- SPEL computes in full float32 whatever TF32 / matmul precision the caller set -------------------
+def _spel_once(p0: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    from mapl.optim import SPEL
+    p = torch.nn.Parameter(p0.clone())
+    p.grad = g.clone()
+    SPEL([p], lr=0.05, polar="polar_express").step()
+    return p.detach()
+
+
+@pytest.fixture
+def reduced_precision():
+    """The caller (e.g. accelerate with a dynamo backend) allowed TF32 / bf16 passes for float32 matmuls."""
+    before = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
+    torch.set_float32_matmul_precision("medium")
+    torch.backends.cudnn.allow_tf32 = True
+    yield
+    torch.set_float32_matmul_precision(before[0])
+    torch.backends.cudnn.allow_tf32 = before[1]
+
+
+def test_spel_orthogonalises_in_ieee_fp32_and_restores_the_callers_flags(monkeypatch, reduced_precision):
+    from mapl import optim
+    seen, retract = [], optim._retract
+    monkeypatch.setattr(optim, "_retract", lambda *a: seen.append(
+        (torch.get_float32_matmul_precision(), torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32))
+        or retract(*a))
+    gen = torch.Generator().manual_seed(0)
+    _spel_once(optim.stiefel_random(256, 64, 1), torch.randn(256, 64, generator=gen))
+    assert seen == [("highest", False, False)]
+    assert torch.get_float32_matmul_precision() == "medium" and torch.backends.cudnn.allow_tf32
+
+
+def test_spel_result_does_not_depend_on_the_callers_matmul_precision(reduced_precision):
+    """On a CPU with bf16 units (oneDNN), 'medium' moves a 1024 x 256 matmul by ~5e-5; SPEL's step
+    must come out bit-identical to the one under 'highest'."""
+    from mapl.optim import ortho_error, stiefel_random
+    gen = torch.Generator().manual_seed(0)
+    p0, g = stiefel_random(1024, 256, 1), torch.randn(1024, 256, generator=gen)
+    medium = _spel_once(p0, g)
+    torch.set_float32_matmul_precision("highest")
+    assert torch.equal(medium, _spel_once(p0, g)) and ortho_error(medium) < 1e-5
+
+
+def test_spel_pins_ieee_fp32_through_the_new_precision_api_too():
+    """A caller that set TF32 through the per-backend ``fp32_precision`` switches (reading the legacy
+    flags then raises): SPEL sets and restores those instead (a fresh process: the mix is global)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    code = ("import torch\nfrom mapl import optim\nseen = []\nr = optim._retract\n"
+            "optim._retract = lambda *a: seen.append((torch.backends.cuda.matmul.fp32_precision, "
+            "torch.backends.mkldnn.matmul.fp32_precision)) or r(*a)\n"
+            "torch.backends.cuda.matmul.fp32_precision = 'tf32'\ntorch.backends.mkldnn.matmul.fp32_precision = 'bf16'\n"
+            "p = torch.nn.Parameter(optim.stiefel_random(64, 16, 1)); p.grad = torch.ones(64, 16)\n"
+            "optim.SPEL([p], lr=0.1, polar='polar_express').step()\n"
+            "print(seen, torch.backends.cuda.matmul.fp32_precision, torch.backends.mkldnn.matmul.fp32_precision)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[1]).stdout
+    assert out.split() == ["[('ieee',", "'ieee')]", "tf32", "bf16"]
