@@ -9,6 +9,7 @@ import torch
 
 from mapl.config import ConfigError, config_hash, load_run_config
 from mapl.runtime.topology import Topology
+from test_memory import _saved_bytes
 
 
 # ---- the communication timeout --------------------------------------------------------------------
@@ -164,3 +165,148 @@ def test_spel_pins_ieee_fp32_through_the_new_precision_api_too():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=Path(__file__).resolve().parents[1]).stdout
     assert out.split() == ["[('ieee',", "'ieee')]", "tf32", "bf16"]
+
+
+# ---- the LM head's cross-entropy in chunks ---------------------------------------------------------
+def test_chunked_linear_cross_entropy_equals_the_one_block_loss_forward_and_backward():
+    import torch.nn.functional as F
+
+    from mapl.stages import chunked_linear_cross_entropy
+    gen = torch.Generator().manual_seed(0)
+    h0, w0 = torch.randn(300, 48, generator=gen), torch.randn(1000, 48, generator=gen) * 0.2
+    y = torch.randint(0, 1000, (300,), generator=gen)
+    grads = []
+    for chunk in (0, 64, 299):                               # 300 tokens: 5 chunks and a partial one; 2 chunks
+        h, w = h0.clone().requires_grad_(), w0.clone().requires_grad_()
+        loss = (F.cross_entropy(F.linear(h, w).float(), y) if chunk == 0
+                else chunked_linear_cross_entropy(h, w, y, chunk))
+        loss.backward()
+        grads.append((loss.detach(), h.grad, w.grad))
+    for loss, gh, gw in grads[1:]:
+        torch.testing.assert_close(loss, grads[0][0], rtol=0, atol=1e-6)
+        torch.testing.assert_close(gh, grads[0][1], rtol=0, atol=1e-6)
+        torch.testing.assert_close(gw, grads[0][2], rtol=0, atol=1e-6)
+
+
+def test_the_last_stage_loss_in_chunks_matches_the_plain_one_and_keeps_nothing_vocab_wide():
+    """A real last stage (micro model, P = 2, MAPL): loss and every parameter gradient within 1e-6 of
+    the one-block loss; what autograd keeps drops by the V-wide log-softmax output."""
+    from mapl.memory import memory_plan
+    from mapl.stages import build_staged_model
+    cfg = load_run_config("micro", {"method": "mapl", "ratio": 4, "stages": 2}).validate(256)
+    t = cfg.train
+    B, T = t.batch_size // t.micro_batches, t.seq_len
+    gen = torch.Generator().manual_seed(1)
+    ids, y = torch.randint(0, 256, (B, T), generator=gen), torch.randint(0, 256, (B, T), generator=gen)
+    sm = build_staged_model(cfg, 256).prune_to_stage(1)
+    z = torch.randn(B, T, sm.boundaries["0"].code_dim, generator=gen)
+    runs = []
+    for chunk in (0, 48):
+        sm.zero_grad(set_to_none=True)
+        saved, loss = _saved_bytes(lambda: sm.stage_loss(1, z, ids, y, chunk), [])
+        loss.backward()
+        runs.append((saved, loss.detach(), {n: p.grad.clone() for n, p in sm.named_parameters() if p.grad is not None}))
+    (plain_saved, plain, plain_g), (chunk_saved, chunked, chunk_g) = runs
+    torch.testing.assert_close(chunked, plain, rtol=0, atol=1e-6)
+    assert plain_g.keys() == chunk_g.keys()
+    for n in plain_g:
+        torch.testing.assert_close(chunk_g[n], plain_g[n], rtol=0, atol=1e-6, msg=n)
+    assert plain_saved - chunk_saved >= 4 * 256 * B * T            # log-softmax's fp32 output is gone
+    # the memory plan says the same: the head term drops by the V-wide part per micro-batch alive
+    plans = [memory_plan(load_run_config("micro", {"method": "mapl", "ratio": 4, "stages": 2,
+                                                   "train.loss_chunk_tokens": c}), 256, device="cpu")
+             for c in (0, 48)]
+    assert plans[0].stages[1].head - plans[1].stages[1].head == plans[0].stages[1].alive * 4 * 256 * B * T
+
+
+def test_loss_chunking_is_hashed_only_when_set_and_may_change_on_resume():
+    from mapl.config import RESUMABLE_FIELDS
+    plain = load_run_config("micro")
+    assert config_hash(load_run_config("micro", {"train.loss_chunk_tokens": 0})) == config_hash(plain)
+    assert config_hash(load_run_config("micro", {"train.loss_chunk_tokens": 4096})) != config_hash(plain)
+    assert "train.loss_chunk_tokens" in RESUMABLE_FIELDS
+    assert load_run_config("paper").train.loss_chunk_tokens > 0 == load_run_config("cpu").train.loss_chunk_tokens
+    with pytest.raises(ConfigError, match=r"train\.loss_chunk_tokens=-1 is invalid: must be >= 0"):
+        load_run_config("micro", {"train.loss_chunk_tokens": -1}).validate()
+
+
+# ---- timings where the work runs: CUDA events on a GPU, the host clock on a CPU -----------------------
+class _FakeEvent:
+    """Stands for torch.cuda.Event: time is a counter the test advances; ``query`` says whether the
+    device has reached it; ``synchronize`` is counted (a host sync timing must not add mid-run)."""
+    now_ms, done, syncs = 0.0, True, 0
+
+    def __init__(self, enable_timing=False):
+        assert enable_timing
+        self.at = None
+
+    def record(self):
+        self.at = _FakeEvent.now_ms
+
+    def query(self):
+        return _FakeEvent.done
+
+    def synchronize(self):
+        _FakeEvent.syncs += 1
+
+    def elapsed_time(self, end):
+        return end.at - self.at
+
+
+@pytest.fixture
+def fake_cuda_events(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
+    _FakeEvent.now_ms, _FakeEvent.done, _FakeEvent.syncs = 0.0, True, 0
+    return _FakeEvent
+
+
+class _SlowWork:
+    def wait(self):
+        import time
+        time.sleep(0.03)
+        _FakeEvent.now_ms += 250.0          # what the device spent waiting, in the fake's clock
+
+
+def _transport(monkeypatch, device: str):
+    import torch.distributed as dist
+
+    from mapl.runtime.transport import Transport
+    monkeypatch.setattr(dist, "new_group", lambda **kw: None)      # no process group needed to time a wait
+    tx = Transport(0, None, None, torch.device(device), 5.0)
+    tx.pending = [(_SlowWork(), None)]
+    return tx
+
+
+def test_waits_are_timed_by_the_host_clock_on_a_cpu(monkeypatch, fake_cuda_events):
+    tx = _transport(monkeypatch, "cpu")
+    tx.flush()                                              # outside a step: not counted
+    tx.clock.begin_step()
+    tx.pending = [(_SlowWork(), None)]
+    tx.flush()
+    tx.clock.end_step()
+    assert tx.clock.per_step["wait"][0] >= 0.03 and tx.clock.per_step["opt"] == [0.0]
+    assert not tx.clock.cuda and fake_cuda_events.syncs == 0
+
+
+def test_waits_and_the_step_end_are_timed_by_cuda_events_on_a_gpu_without_a_host_sync(monkeypatch, fake_cuda_events):
+    tx = _transport(monkeypatch, "cuda")
+    clock = tx.clock
+    clock.begin_step()
+    tx.flush()                                              # host: 30 ms; device: 250 ms of stream wait
+    started = clock.start()
+    fake_cuda_events.now_ms += 40.0                         # the optimizer's kernels
+    clock.stop("opt", started)
+    fake_cuda_events.done = False                           # the device has not got there yet
+    clock.end_step()
+    assert clock.per_step == {"wait": [0.0], "opt": [0.0]} and fake_cuda_events.syncs == 0
+    fake_cuda_events.done = True
+    clock.begin_step()
+    clock.end_step()                                        # read once complete, still no sync
+    assert clock.per_step == {"wait": [0.25, 0.0], "opt": [0.04, 0.0]} and fake_cuda_events.syncs == 0
+    clock.begin_step()
+    started = clock.start()
+    fake_cuda_events.now_ms += 10.0
+    clock.stop("opt", started)
+    fake_cuda_events.done = False
+    clock.end_step()
+    assert clock.collect(block=True)["opt"] == [0.04, 0.0, 0.01] and fake_cuda_events.syncs == 1   # end of run
