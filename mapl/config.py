@@ -63,10 +63,14 @@ RESUMABLE_FIELDS = frozenset({
     "train.steps", "train.lr_muon", "train.lr_adam", "train.lr_embed", "train.lr_head", "train.lr_anchor",
     "train.warmup_steps", "train.min_lr_frac", "train.grad_clip", "train.weight_decay", "train.eval_every",
     "train.eval_tokens", "train.eval_batch_size", "train.schedule", "compressor.projector.lr_mult",
+    "train.loss_chunk_tokens",
 })
+# fields added after runs were committed: hashed only when set away from this default, so a run that
+# does not use one keeps its hash (it computes exactly what it did before the field existed)
+HASHED_WHEN_SET = {"train.loss_chunk_tokens": 0}
 # how a run is executed, not what it computes: outside the config hash and every resume decision
 EXECUTION_FIELDS = ("run_name", "profile", "train.checkpoint_every", "train.threads", "train.activation_checkpointing",
-                    "train.health_every", "train.health_warn_factor")
+                    "train.health_every", "train.health_warn_factor", "train.comm_timeout_s")
 
 
 # ---- the configs --------------------------------------------------------------------------------
@@ -181,8 +185,14 @@ class TrainConfig:
     precision: str = setting("auto", choices=PRECISIONS)   # auto: bf16 autocast on CUDA, fp32 on CPU
     schedule: str = setting("gpipe", choices=SCHEDULES)    # multi-process schedule
     activation_checkpointing: bool = setting(False)        # recompute each block in backward (memory for time)
+    # cross-entropy of the LM head this many tokens at a time, each chunk's logits recomputed in backward
+    # (a 32k vocabulary's fp32 logits are GBs per micro-batch); 0 = one block (equal to 1e-6, not bitwise)
+    loss_chunk_tokens: int = setting(0, min=0)
     seed: int = setting(0, min=0)
     threads: int = setting(0, min=0)                       # torch threads (0 = leave as is)
+    # multi-process pipeline: how long any wait on a peer may last before the run stops with exit 3
+    # (`--timeout` sets it too); on NCCL also the watchdog's timeout for every p2p and collective
+    comm_timeout_s: float = setting(60.0, min_exclusive=0)
 
     def validate(self, stages: int) -> "TrainConfig":
         check_fields(self, "train")
@@ -245,12 +255,13 @@ class RunConfig:
 
 def _normalised(cfg: RunConfig) -> dict:
     d = cfg.to_dict()
-    for dotted in EXECUTION_FIELDS:
+    for dotted in (*EXECUTION_FIELDS, *HASHED_WHEN_SET):
         *path, last = dotted.split(".")
         node = d
         for part in path:
             node = node[part]
-        node.pop(last, None)
+        if dotted in EXECUTION_FIELDS or node.get(last) == HASHED_WHEN_SET[dotted]:
+            node.pop(last, None)
     return d
 
 

@@ -201,7 +201,8 @@ class LocalEngine:
         loss_sum = torch.zeros((), dtype=torch.float64, device=dev)     # on device: one host read per step
         for i in range(t.micro_batches):
             with autocast_ctx(self.cfg, dev):
-                loss = sm(x[i * mb:(i + 1) * mb], y[i * mb:(i + 1) * mb], self.meter) / t.micro_batches
+                loss = sm(x[i * mb:(i + 1) * mb], y[i * mb:(i + 1) * mb], self.meter,
+                          t.loss_chunk_tokens) / t.micro_batches
             loss.backward()
             loss_sum += loss.detach()
         loss = float(loss_sum)

@@ -20,14 +20,22 @@ Where the numbers come from:
   (3d + 1), SDPA's q, k, v, output and log-sum-exp (2q + 2kv + H), the output projection's reshaped
   input (q), SwiGLU's gate, silu(gate), up and their product (4f). fp32: 4 bytes each. bf16 autocast
   (the runtime's target: an fp32 residual stream, matmuls in bf16): residual-side norm tensors stay fp32,
-  the norm output is saved as its bf16 cast, everything after a matmul is bf16, log-sum-exp fp32; and
-  every micro-batch in flight holds its own bf16 copy of the stage's matmul weights (autocast's cast
-  cache lives for one forward);
+  the norm output is saved as a bf16 cast once per linear that reads it (autocast caches the casts of
+  weights only: wq, wk, wv make three copies of the attention norm's output, w1, w3 two of the FFN
+  norm's; calibrated against saved tensors at the 150M and 1B block shapes), everything after a matmul
+  is bf16, log-sum-exp fp32; and every micro-batch in flight holds its own bf16 copy of the stage's
+  matmul weights (autocast's cast cache lives for one forward);
 * micro-batches alive at the peak: GPipe keeps all M; 1F1B at most P - s on stage s. With activation
   checkpointing a block keeps only its input, plus one block's activations while it is recomputed;
 * the last stage keeps log-softmax's fp32 output (V per token) for every micro-batch alive, and while
-  one micro-batch runs the loss it briefly holds the logits and their gradients besides;
-* wire buffers: today's runtime keeps every send of a step until the step ends (``sends_held="step"``).
+  one micro-batch runs the loss it briefly holds the logits and their gradients besides; with
+  ``train.loss_chunk_tokens`` (chunked cross-entropy, logits recomputed in backward) nothing V-wide is
+  kept, and the V-wide tensors of one chunk are the transient;
+* wire buffers: today's runtime keeps every send of a step until the step ends (``sends_held="step"``);
+* MAPL+RVQ's sender searches each micro-batch it packs: the search's temporaries
+  (:func:`mapl.compress.rvq.search.search_transient_bytes`: O(G·N) with the fused kernel, the tile's
+  distance block with the matmul one, and the k-means init's tile at the first step), plus the fp32 copy
+  of a bf16 Z, are a transient of the forward beside the other ``working`` candidates.
 
 The plan is an estimate of live tensor bytes; allocators add fragmentation, and a CUDA context takes
 about 0.5-1 GiB: :func:`check_plan` keeps a margin (``reserve_frac``, default 10 %).
@@ -65,8 +73,9 @@ def block_activation_bytes_per_token(mc: ModelConfig, precision: str) -> int:
     d, q, kv, f, H = mc.d_model, mc.n_heads * mc.head_dim, mc.n_kv_heads * mc.head_dim, mc.ffn_hidden, mc.n_heads
     if precision == "fp32":
         return 4 * (2 * (3 * d + 1) + 3 * q + 2 * kv + H + 4 * f)
-    # bf16: per norm x and x/rms fp32 (8d) + rstd + bf16 output (2d); attention bf16 + lse fp32; SwiGLU bf16
-    return 2 * (10 * d + 4) + 2 * (3 * q + 2 * kv) + 4 * H + 2 * 4 * f
+    # bf16: per norm x and x/rms fp32 (8d) + rstd; its bf16 output once per linear reading it (3 + 2 copies
+    # of 2d); attention bf16 + lse fp32; SwiGLU bf16
+    return 2 * (8 * d + 4) + 5 * 2 * d + 2 * (3 * q + 2 * kv) + 4 * H + 2 * 4 * f
 
 
 def head_activation_bytes_per_token(mc: ModelConfig, precision: str) -> tuple[int, int]:
@@ -76,7 +85,18 @@ def head_activation_bytes_per_token(mc: ModelConfig, precision: str) -> tuple[in
     d, V = mc.d_model, mc.vocab_size
     if precision == "fp32":
         return 4 * (3 * d + 1) + 4 * V, 8 * V
-    return 2 * (10 * d + 4) + 4 * V, 10 * V
+    return 10 * d + 4 + 4 * V, 10 * V             # one norm: x, x/rms fp32, rstd, one bf16 output copy
+
+
+def _head_terms(mc: ModelConfig, precision: str, tokens: int, chunk: int) -> tuple[int, int]:
+    """(saved per micro-batch, transient) bytes of the head and loss over ``tokens`` tokens. A chunked
+    loss (``chunk`` < tokens) keeps nothing V-wide (each chunk's logits are recomputed in backward) and
+    holds one chunk's V-wide tensors, log-softmax's output included, while that chunk runs."""
+    saved, transient = head_activation_bytes_per_token(mc, precision)
+    if not chunk or chunk >= tokens:
+        return saved * tokens, transient * tokens
+    v_saved = 4 * mc.vocab_size
+    return (saved - v_saved) * tokens, (v_saved + transient) * chunk
 
 
 def _weight_bytes(module: torch.nn.Module) -> int:
@@ -248,14 +268,28 @@ def _stage_plan(cfg: RunConfig, vocab: int, s: int, precision: str, checkpointin
         per_mb, one_block = n_blocks * blk, blk
     edge, ids = _boundary_terms(sm, s, P, tokens, matmul_bytes)
     st.activations = alive * (per_mb + edge + weights)
-    head_saved, head_transient = head_activation_bytes_per_token(mc, precision)
-    st.head = alive * (ids + (head_saved * tokens if s == P - 1 else 0))
-    act_working = max(one_block, head_transient * tokens if s == P - 1 else 0)
+    head_saved, head_work = _head_terms(mc, precision, tokens, t.loss_chunk_tokens)
+    st.head = alive * (ids + (head_saved if s == P - 1 else 0))
+    st.detail["rvq_search"] = _rvq_search_bytes(cfg, sm, s, tokens, precision, device)
+    act_working = max(one_block, head_work if s == P - 1 else 0, st.detail["rvq_search"])
     # the optimizer step runs after the activations are freed: its temporaries count only beyond them
     st.working = max(act_working, st.detail["opt_transient"] - st.activations - st.head)
     st.buffers = _buffer_bytes(sm, s, P, (t.batch_size // t.micro_batches, t.seq_len), t.micro_batches, sends_held)
     st.detail.update(block_bytes_per_micro_batch=blk, micro_batch_tokens=tokens)
     return st
+
+
+def _rvq_search_bytes(cfg: RunConfig, sm, s: int, tokens: int, precision: str, device: str) -> int:
+    """Transient bytes of the RVQ search stage s runs as the sender of boundary s (0 for other methods)."""
+    if cfg.compressor.method != "mapl-rvq" or s == cfg.stages - 1:
+        return 0
+    from .compress.rvq.search import search_transient_bytes, tile_budget
+    q = sm.boundaries[str(s)].rvq
+    search = search_transient_bytes(tokens, q.groups, q.rounds, q.codebook_size, q.sub_dim, kernel=q.search_kernel,
+                                    tile_bytes=q.tile_bytes, device=device)
+    kmeans_tile = 4 * tile_budget(q.tile_bytes, torch.float32, torch.device(device))   # its assign is always tiled
+    fp32_copy = 4 * q.dim * tokens if precision == "bf16" else 0
+    return fp32_copy + max(search, kmeans_tile)
 
 
 def _buffer_bytes(sm, s: int, P: int, mb_shape, micro: int, sends_held: str) -> int:

@@ -22,7 +22,8 @@ tests share: ``stiefel_random`` (Haar init), ``ortho_error``, ``principal_angles
 """
 from __future__ import annotations
 
-from typing import Callable, Iterable
+from contextlib import contextmanager
+from typing import Callable, Iterable, Iterator
 
 import torch
 
@@ -40,6 +41,7 @@ __all__ = [
     "SPEL",
     "POLAR_METHODS",
     "POLAR_EXPRESS_COEFFS",
+    "ieee_fp32",
 ]
 
 # Polar Express degree-5 coefficients p(x) = a·x + b·x³ + c·x⁵, one triple per iteration
@@ -61,6 +63,47 @@ _PE_LAST = (1.875, -1.25, 0.375)
 POLAR_EXPRESS_COEFFS: tuple[tuple[float, float, float], ...] = tuple(
     (a / 1.01, b / 1.01**3, c / 1.01**5) for (a, b, c) in _PE_RAW
 ) + (_PE_LAST,)
+
+
+# the new (torch >= 2.9) per-backend switches, used when a caller set TF32 through them: reading the
+# legacy flags then raises (PyTorch refuses a mix of the two APIs)
+_FP32_SWITCHES = (("cuda", "matmul"), ("cudnn", "conv"), ("mkldnn", "matmul"))
+
+
+@contextmanager
+def ieee_fp32() -> Iterator[None]:
+    """Full float32 matmuls inside, whatever the caller set; its settings are restored after.
+
+    TF32 (cuBLAS, cuDNN) and oneDNN's bf16 passes for float32 (``set_float32_matmul_precision``
+    'high'/'medium': accelerate switches TF32 on when a dynamo backend is configured) round the
+    operands to ~1e-3; Polar Express then holds AᵀA = I only to that, not to the ~1e-6 the retraction
+    needs. Through whichever API the caller used: the legacy flags, or the per-backend
+    ``fp32_precision`` switches once those are in use.
+    """
+    try:
+        saved = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
+    except RuntimeError:                 # the caller set precision through the new API
+        yield from _ieee_fp32_new_api()
+        return
+    torch.set_float32_matmul_precision("highest")
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(saved[0])
+        torch.backends.cudnn.allow_tf32 = saved[1]
+
+
+def _ieee_fp32_new_api() -> Iterator[None]:
+    switches = [getattr(getattr(torch.backends, b), op) for b, op in _FP32_SWITCHES]
+    saved = [sw.fp32_precision for sw in switches]
+    for sw in switches:
+        sw.fp32_precision = "ieee"
+    try:
+        yield
+    finally:
+        for sw, value in zip(switches, saved):
+            sw.fp32_precision = value
 
 
 def _work_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -242,7 +285,8 @@ class SPEL(torch.optim.Optimizer):
         nesterov: use (1-β)·gR + β·m instead of m as the msign input (Muon's convention).
 
     Precision: the update is computed in float32 (float64 for float64 parameters) whatever the
-    parameter or gradient dtype, and the momentum buffer is kept in that dtype, so an fp32 parameter
+    parameter or gradient dtype, with TF32 and reduced-precision float32 matmuls off (:func:`ieee_fp32`,
+    whatever the caller or a launcher set), and the momentum buffer is kept in that dtype, so an fp32 parameter
     stays within ~1e-6 of orthonormal even with bf16-rounded gradients. A bf16 *parameter* is
     only orthonormal to bf16 rounding (~4e-3) after the final cast. Note that
     ``load_state_dict`` casts state to the parameter dtype (torch policy), so for a bf16 parameter
@@ -296,6 +340,11 @@ class SPEL(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        with ieee_fp32():
+            self._update()
+        return loss
+
+    def _update(self) -> None:
         for group in self.param_groups:
             lr, beta, wd = group["lr"], group["momentum"], group["weight_decay"]
             for p in group["params"]:
@@ -320,4 +369,3 @@ class SPEL(torch.optim.Optimizer):
                 Y = A * (1.0 - lr * wd) if wd != 0.0 else A
                 Y = Y - lr * D
                 p.copy_(_retract(Y, group["polar"], int(group["polar_steps"])))
-        return loss

@@ -31,8 +31,10 @@ The runtime lives in ``mapl/runtime/`` (schedule, transport, worker, boundary_sy
 
 Exit codes (every rank, and this command when it starts the ranks): 0 done, 2 invalid settings,
 files or non-finite values (one line per rank), 3 a peer died or timed out (the message names the
-operation, peer and step), 130 interrupted (checkpoints written). ``--timeout`` bounds every wait
-during training; the wait for rank 0 to prepare data has none.
+operation, peer and step), 130 interrupted (checkpoints written). ``train.comm_timeout_s`` (``--timeout``,
+env ``MAPL_PG_TIMEOUT``; 60 s by default, 10 minutes in the paper profile) bounds every wait during
+training; the wait for rank 0 to prepare data has none. On NCCL the same value is the process groups'
+timeout, so a wait past it is ended by NCCL's watchdog (see ``mapl/runtime/transport.py``).
 """
 from __future__ import annotations
 
@@ -47,19 +49,19 @@ import torch.distributed as dist
 
 from . import train as mtrain
 from .cli import EXIT_INTERRUPTED, EXIT_PEER_FAILED, EXIT_USER_ERROR, add_debug_flag, debug_requested, report
-from .config import PROJECT_ROOT
+from .config import PROJECT_ROOT, TrainConfig
 from .io import OutputLock
 from .link import PROFILES, get_profile
 from .runtime.faults import FaultPlan, exit_with_parent
 from .runtime.launch import launch, write_status
 from .runtime.rank import run_rank
 from .runtime.rank_checkpoints import rank_ckpt_path, stage_slot
-from .runtime.topology import Topology, detect_launcher, init_distributed
+from .runtime.topology import Topology, check_local_gpus, detect_launcher, init_distributed
 from .runtime.transport import CommError
 
 __all__ = ["main", "launch", "rank_ckpt_path", "CommError", "DEFAULT_TIMEOUT_S"]
 
-DEFAULT_TIMEOUT_S = 60.0
+DEFAULT_TIMEOUT_S = TrainConfig.comm_timeout_s        # train.comm_timeout_s unless a profile sets it
 
 
 def _extra_parser() -> argparse.ArgumentParser:
@@ -68,9 +70,10 @@ def _extra_parser() -> argparse.ArgumentParser:
     ap.add_argument("--schedule", choices=["gpipe", "1f1b"], help="pipeline schedule (= --set train.schedule=...)")
     ap.add_argument("--replicas", type=int, default=1,
                     help="data-parallel replicas when this command starts the ranks itself (P x R processes)")
-    ap.add_argument("--timeout", type=float, default=float(os.environ.get("MAPL_PG_TIMEOUT", DEFAULT_TIMEOUT_S)),
+    ap.add_argument("--timeout", default=os.environ.get("MAPL_PG_TIMEOUT"),
                     help="seconds any training-time wait may last: a dead stage makes the others fail after at "
-                         "most this long (default %(default)s, env MAPL_PG_TIMEOUT)")
+                         "most this long (= --set train.comm_timeout_s=...; default: the profile's, else "
+                         f"{DEFAULT_TIMEOUT_S:g}; env MAPL_PG_TIMEOUT)")
     ap.add_argument("--blocking-transport", action="store_true",
                     help="every send waits for its receive (as NCCL's do): tests deadlock-freedom on gloo")
     ap.add_argument("--link-delay", metavar="PROFILE",
@@ -95,6 +98,8 @@ def _parse(argv):
     args = mtrain.parse_args(rest)
     if extra.schedule:
         args.set = list(args.set) + [f"train.schedule={extra.schedule}"]
+    if extra.timeout is not None:        # checked as the config field (one line naming it)
+        args.set = list(args.set) + [f"train.comm_timeout_s={extra.timeout}"]
     return extra, args, argv
 
 
@@ -135,6 +140,7 @@ def _self_launch(extra, args, argv) -> int:
     mtrain.check_output_paths(out, ckpt, _checkpoint_files(ckpt, cfg.stages))
     if extra.replicas < 1:
         raise ValueError(f"--replicas {extra.replicas} is invalid: must be >= 1")
+    check_local_gpus(cfg.stages * extra.replicas)       # before any rank starts
     path = os.pathsep.join(p for p in (str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")) if p)
     res = launch(argv, cfg.stages * extra.replicas, launcher=extra.launcher, stream=True, cwd=Path.cwd(),
                  env={"PYTHONPATH": path})
@@ -158,6 +164,7 @@ def _rank_main(extra, args, debug: bool) -> int:
         faults = FaultPlan.from_env()
         out, ckpt = _paths(args, cfg)
         cfg.validate()
+        check_local_gpus()                  # under a launcher: before NCCL would fail on a shared GPU
     except ValueError as e:
         return _leave(rank, EXIT_USER_ERROR, f"error: rank {rank}: {e}")
     try:
@@ -176,7 +183,7 @@ def _rank_main(extra, args, debug: bool) -> int:
             if rank == 0:
                 mtrain.check_output_paths(out, ckpt, _checkpoint_files(ckpt, cfg.stages))
             res = run_rank(cfg, topo, out=out, ckpt=ckpt, fresh=args.fresh, progress=not args.no_progress,
-                           timeout_s=extra.timeout, link=link, blocking=extra.blocking_transport,
+                           timeout_s=cfg.train.comm_timeout_s, link=link, blocking=extra.blocking_transport,
                            resume_with_changes=args.resume_with_changes, faults=faults, started=started)
     except BaseException as e:          # noqa: BLE001 -- one line per rank (a bug: its traceback), then out
         _exit(rank, report(e, prog="python -m mapl.pipeline", label=f"rank {rank} (stage {topo.stage})",

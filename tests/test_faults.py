@@ -686,6 +686,10 @@ FAULTS = [
           2, r"^error: train\.grad_clip=-1\.0 is invalid: must be >= 0$",
           "error: train.grad_clip=-1.0 is invalid: must be >= 0", "refused before any rank starts",
           "nothing written", "fix the value"),
+    Fault("pipeline-bad-timeout", "a communication timeout that is not a positive number of seconds (`--timeout 0`)",
+          f"{MP} --timeout 0", 2, r"^error: train\.comm_timeout_s=0\.0 is invalid: must be > 0$",
+          "error: train.comm_timeout_s=0.0 is invalid: must be > 0", "refused before any rank starts",
+          "nothing written", "give seconds > 0 (`--timeout`, `train.comm_timeout_s`, env MAPL_PG_TIMEOUT)"),
     Fault("pipeline-peer-dies", "a stage process dies mid-step",
           f"{MP} --method mapl --ratio 4 --set train.checkpoint_every=2 --timeout 10", 3,
           (r"^MAPL_FAULT: rank 1 exits", r"^error: rank 0 \(stage 0\): .* from stage 1 failed during step 3 .*: a "
@@ -693,7 +697,8 @@ FAULTS = [
            r"^error: the pipeline failed \(exit codes per rank: \[3, 1\]\)$"),
           "error: rank R (stage S): <operation> from stage K failed during step N (...): a peer stage died or did not "
           "answer within the T s process-group timeout (...); error: the pipeline failed (exit codes per rank: [...])",
-          "the other ranks fail at their next wait on it (at most `--timeout` s, default 60)",
+          "the other ranks fail at their next wait on it (at most `train.comm_timeout_s` = `--timeout` s: 60 by "
+          "default, 600 in the paper profile; on NCCL the watchdog aborts them instead, see below)",
           "the per-rank checkpoints of the last checkpointed step", "rerun the same command (it resumes)",
           stderr="ranks", env={"MAPL_FAULT_KILL_RANK": "1", "MAPL_FAULT_KILL_STEP": "3"},
           creates=("r.rank?.pt", "r.rank1.pt.lock", "r.rank1.prev.pt.lock", "r.rank1.unconfirmed.pt.lock"),
@@ -704,7 +709,8 @@ FAULTS = [
            r"stage died or did not answer within the 4 s process-group timeout",
            r"^error: the pipeline failed \(exit codes per rank: \[3, 1\]\)$"),
           "error: rank R (stage S): ... did not answer within the T s process-group timeout (...)",
-          "the waiting ranks give up after `--timeout` seconds", "the per-rank checkpoints written before",
+          "the waiting ranks give up after `train.comm_timeout_s` (`--timeout`) seconds",
+          "the per-rank checkpoints written before",
           "rerun the same command (it resumes)", stderr="ranks",
           env={"MAPL_FAULT_KILL_RANK": "1", "MAPL_FAULT_KILL_STEP": "2", "MAPL_FAULT_MODE": "hang",
                "MAPL_FAULT_HANG_S": "8"},
@@ -930,7 +936,22 @@ def failure_modes_md() -> str:
                      f"{f.exit_text or f.code} | {cell(f.kept)} | {cell(f.fix)} |")
     lines += ["", "Exit codes (`mapl.cli`, every `python -m mapl.*` command):", "", "| code | meaning |", "|---|---|"]
     lines += [f"| {code} | {cell(text)} |" for code, text in sorted(EXIT_CODES.items())]
+    lines += ["", NCCL_TIMEOUTS]
     return "\n".join(lines) + "\n"
+
+
+# the rows above run on gloo (CPU); what differs on NCCL is not testable here, so it is said once
+NCCL_TIMEOUTS = (
+    "**Timeouts on GPUs (NCCL).** The rows for a dead or hung peer run on gloo, where a wait past "
+    "`train.comm_timeout_s` raises and the rank exits 3 with the line above. On NCCL a wait does not block the "
+    "host (it orders streams), so nothing raises in Python: PyTorch's NCCL watchdog finds the operation past the "
+    "same timeout (each process group is made with it) and, by default (`TORCH_NCCL_ASYNC_ERROR_HANDLING=3`), "
+    "takes the process down (SIGABRT, exit 134 / -6) after logging `Watchdog caught collective operation "
+    "timeout: WorkNCCL(SeqNum=..., OpType=..., Timeout(ms)=...)`; the launcher then reports that rank's code "
+    "instead of 3. The checkpoints are the same as with exit 3 (only confirmed ones replace the last good one): "
+    "rerun the same command to resume. `TORCH_NCCL_BLOCKING_WAIT=1` makes waits raise (exit 3 with the "
+    "message) at the cost of a host sync per wait. The paper profile sets 600 s (NCCL's own default), above a "
+    "1B stage's checkpoint write; the fused RVQ search is compiled before the first timed wait.")
 
 
 def test_failure_modes_md_is_the_table():

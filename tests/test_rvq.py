@@ -3,6 +3,10 @@ and its sync protocol, statelessness in eval / dry runs, EMA learning, dead-code
 straight-through gradient."""
 import copy
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -100,6 +104,47 @@ def test_fused_search_kernel_equals_bruteforce_and_matmul():
     matmul = ResidualVQ(dim=12, groups=3, rounds=3, codebook_size=16, kmeans_init=False, seed=3, search_kernel="matmul")
     z = torch.randn(300, 12, generator=g)
     assert torch.equal(fused.search(z), matmul.search(z))
+
+
+_FUSED_PEAK = """
+import re, sys, torch
+from pathlib import Path
+from mapl.compress.rvq.search import residual_search, search_transient_bytes
+torch.set_num_threads(1)
+G, N, K, ds, R = 32, 4096, 256, 2, 2
+status = lambda key: 1024 * int(re.search(key + r":\\s+(\\d+)", Path("/proc/self/status").read_text()).group(1))
+g = torch.Generator().manual_seed(0)
+x, C = torch.randn(N, G, ds, generator=g), torch.randn(G, R, K, ds, generator=g)
+residual_search(x[:100], C, kernel="fused", return_residual=True)      # compile at another token count
+Path("/proc/self/clear_refs").write_text("5")                          # reset the peak RSS to the current RSS
+base = status("VmRSS")
+idx, _ = residual_search(x, C, kernel="fused", return_residual=True)
+print(status("VmHWM") - base, search_transient_bytes(N, G, R, K, ds, kernel="fused"), G * N * K * 4)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.access("/proc/self/clear_refs", os.W_OK), reason="needs Linux's resettable peak RSS")
+def test_fused_search_transient_memory_is_o_of_tokens_times_groups():
+    """The compiled kernel must not write the (G, N, K) distance block (here 128 MiB) that a symbolic
+    codeword dimension made inductor materialise: one call's peak RSS growth, in a fresh process,
+    stays within the plan's O(G·N) transient (~10 MiB) plus allocator slack."""
+    out = subprocess.run([sys.executable, "-c", _FUSED_PEAK], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    grown, planned, block = map(int, out.stdout.split())
+    assert planned < block / 8
+    assert grown <= planned + (4 << 20), f"peak grew {grown / 2**20:.1f} MiB, planned {planned / 2**20:.1f} MiB"
+
+
+def test_search_transient_counts_the_matmul_tile_and_not_the_fused_block():
+    from mapl.compress.rvq.search import search_transient_bytes
+    G, N, K, ds, R = 128, 4096, 256, 2, 2
+    fused = search_transient_bytes(N, G, R, K, ds, kernel="fused", device="cuda")
+    assert fused == search_transient_bytes(N, G, R, K, ds, kernel="auto", device="cuda")
+    assert fused < G * N * 128                                           # O(G·N): ~80 bytes per (group, token)
+    assert search_transient_bytes(2 * N, G, R, K, ds, kernel="fused") < 2 * fused
+    tile = search_transient_bytes(N, G, R, K, ds, kernel="matmul", tile_bytes=64 << 20)
+    assert 64 << 20 < tile - fused < (64 << 20) + (8 << 20)              # plus the tile's distance block
 
 
 def test_search_kernel_and_sync_names_come_from_the_config():

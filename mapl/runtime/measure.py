@@ -4,7 +4,9 @@ section (with the link estimates, and measured vs modelled step time in real-del
 
 Compute times are taken per forward/backward of each micro-batch: with ``time.perf_counter`` on CPU,
 and with CUDA events on a GPU (read once per step, after the step's all-reduce has synchronised the
-host), so timing never adds a device synchronisation per operation.
+host), so timing never adds a device synchronisation per operation. Waiting on communication and the
+step's end (optimizer) are spans of a :class:`SpanClock`: CUDA events on a GPU as well, where the host
+clock reads ~0 for an NCCL wait (it only orders streams) and launch time for an optimizer.
 
 Peak memory per process: ``torch.cuda.max_memory_allocated`` on a GPU (tensors only, what the memory
 plan counts); on a CPU the process's peak resident set (``VmHWM``: tensors plus the Python/torch
@@ -21,7 +23,7 @@ import torch
 from ..link import PROFILES, StepMeasurement, estimate, step_time
 from ..wire import ByteMeter
 
-__all__ = ["OpTimer", "merge_meters", "step_measurement", "pipeline_section", "peak_memory"]
+__all__ = ["OpTimer", "SpanClock", "merge_meters", "step_measurement", "pipeline_section", "peak_memory"]
 
 
 def peak_memory(device: torch.device) -> tuple[int | None, str]:
@@ -34,6 +36,16 @@ def peak_memory(device: torch.device) -> tuple[int | None, str]:
         return None, "unavailable"
     found = re.search(r"VmHWM:\s+(\d+)\s+kB", status)
     return (1024 * int(found.group(1)), "process_peak_rss") if found else (None, "unavailable")
+
+
+def _mark(cuda: bool):
+    """Now: a CUDA event recorded on the current stream (it fires when the device gets there), or the
+    host clock."""
+    if cuda:
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()
+        return ev
+    return time.perf_counter()
 
 
 class OpTimer:
@@ -49,17 +61,11 @@ class OpTimer:
         self.seconds = {"F": [0.0] * self.M, "B": [0.0] * self.M}
 
     def start(self):
-        if self.cuda:
-            ev = torch.cuda.Event(enable_timing=True)
-            ev.record()
-            return ev
-        return time.perf_counter()
+        return _mark(self.cuda)
 
     def stop(self, kind: str, m: int, started) -> None:
         if self.cuda:
-            end = torch.cuda.Event(enable_timing=True)
-            end.record()
-            self.events.append((kind, m, started, end))
+            self.events.append((kind, m, started, _mark(True)))
         else:
             self.seconds[kind][m] += time.perf_counter() - started
 
@@ -71,6 +77,54 @@ class OpTimer:
         out = (self.seconds["F"], self.seconds["B"])
         self.reset()
         return out
+
+
+class SpanClock:
+    """Seconds per training step of named spans (``wait``: blocked on communication; ``opt``: the step's
+    end, optimizer included), measured where the work runs. On a GPU a span is two CUDA events on the
+    current stream, i.e. what the device spent between them: kernels, or a stream waiting for an NCCL
+    operation. They are read once complete (:meth:`collect`; ``block`` only at the end of the run), so
+    timing adds no host sync. On a CPU: ``time.perf_counter``. Spans outside a step (setup, evaluation)
+    are not counted."""
+
+    def __init__(self, device: torch.device, kinds: tuple[str, ...] = ("wait", "opt")):
+        self.cuda = device.type == "cuda"
+        self.per_step: dict[str, list[float]] = {k: [] for k in kinds}
+        self._pending: list = []         # (kind, step index, start event, end event)
+        self._open = False
+
+    def begin_step(self) -> None:
+        for seconds in self.per_step.values():
+            seconds.append(0.0)
+        self._open = True
+
+    def end_step(self) -> None:
+        self._open = False
+        self.collect()
+
+    def start(self):
+        return _mark(self.cuda) if self._open else None
+
+    def stop(self, kind: str, started) -> None:
+        if started is None:
+            return
+        if self.cuda:
+            self._pending.append((kind, len(self.per_step[kind]) - 1, started, _mark(True)))
+        else:
+            self.per_step[kind][-1] += time.perf_counter() - started
+
+    def collect(self, block: bool = False) -> dict[str, list[float]]:
+        """Add the spans whose end event has fired (all of them, waiting, with ``block``); per_step."""
+        left = []
+        for kind, i, a, b in self._pending:
+            if block:
+                b.synchronize()
+            elif not b.query():
+                left.append((kind, i, a, b))
+                continue
+            self.per_step[kind][i] += a.elapsed_time(b) / 1000.0
+        self._pending = left
+        return self.per_step
 
 
 def merge_meters(states: list[dict]) -> ByteMeter:

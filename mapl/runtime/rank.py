@@ -1,8 +1,9 @@
 """What one rank of ``python -m mapl.pipeline`` does, from an initialised process group to its results:
-open the (prepared) data, make the groups and the transport, print the memory plan, build the
-stage (``PipelineEngine``), resume, and run the one training loop.
+compile what the first step would (before any timed wait), open the (prepared) data, make the groups
+and the transport, print the memory plan, build the stage (``PipelineEngine``), resume, and run the
+one training loop.
 
-    run_rank(cfg, topo, out=..., ckpt=..., timeout_s=60)   # rank 0 returns the results dict
+    run_rank(cfg, topo, out=..., ckpt=..., timeout_s=cfg.train.comm_timeout_s)   # rank 0 returns the results
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from .topology import Topology
 from .transport import Transport
 from .worker import PipelineEngine
 
-__all__ = ["run_rank", "open_data", "print_memory_plan"]
+__all__ = ["run_rank", "open_data", "print_memory_plan", "warm_compiled_kernels"]
 
 
 def _gather_errors(err: str | None, group=None) -> None:
@@ -76,6 +77,25 @@ def print_memory_plan(cfg: RunConfig, vocab: int, topo: Topology, log) -> None:
         memory.check_plan(plan, torch.cuda.get_device_properties(topo.device).total_memory)
 
 
+def warm_compiled_kernels(cfg: RunConfig, topo: Topology, log) -> bool:
+    """Compile now what this stage's first step would compile: MAPL+RVQ's fused search (sender stages,
+    when the kernel resolves to 'fused' on this device; ~30 s cold on a CPU). In the first step its
+    neighbours would wait on it under the run's communication timeout; here, before the data is
+    opened, they wait in the setup group, which has none. Returns whether anything was compiled."""
+    from ..compress import build_boundary
+    from ..compress.rvq.search import uses_fused, warm_fused_search
+    q = cfg.compressor.rvq
+    if cfg.compressor.method != "mapl-rvq" or topo.last or not uses_fused(q.search_kernel, topo.device):
+        return False
+    d = cfg.model_config().d_model
+    with torch.device("meta"):           # shapes only: nothing allocated, no generator consumed
+        vq = build_boundary(cfg.compressor.validate(d), d, topo.stage).rvq
+    started = time.perf_counter()
+    warm_fused_search(vq.groups, vq.codebook_size, vq.sub_dim, torch.float32, topo.device)
+    log(f"rank {topo.rank}: compiled the RVQ search kernel in {time.perf_counter() - started:.1f} s")
+    return True
+
+
 def run_rank(cfg: RunConfig, topo: Topology, *, out: Path | None, ckpt: Path | None, fresh: bool = False,
              progress: bool = True, log=print, timeout_s: float = 60.0, link: LinkProfile | None = None,
              blocking: bool = False, resume_with_changes: bool = False, faults: FaultPlan | None = None,
@@ -85,6 +105,7 @@ def run_rank(cfg: RunConfig, topo: Topology, *, out: Path | None, ckpt: Path | N
     if cfg.train.threads or topo.device.type == "cpu":
         torch.set_num_threads(cfg.train.threads or 1)
     quiet = log if topo.rank == 0 else (lambda *a, **k: None)
+    warm_compiled_kernels(cfg, topo, quiet)
     data = open_data(cfg, topo, faults)
     world_group, dp_group = topo.make_groups(timeout_s)
     tx = Transport(topo.rank, topo.prev, topo.next, topo.device, timeout_s, link, blocking, world_group,

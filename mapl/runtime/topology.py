@@ -18,7 +18,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-__all__ = ["Topology", "init_distributed", "detect_launcher", "SETUP_TIMEOUT_S"]
+__all__ = ["Topology", "init_distributed", "detect_launcher", "check_local_gpus", "SETUP_TIMEOUT_S"]
 
 # waiting for rank 0 to prepare data (tokenising a paper-scale corpus takes hours): "no timeout"
 SETUP_TIMEOUT_S = 7 * 24 * 3600.0
@@ -32,13 +32,37 @@ def detect_launcher() -> str:
     return "env"
 
 
+def _wants_cuda() -> bool:
+    return torch.cuda.is_available() and os.environ.get("ACCELERATE_USE_CPU", "").lower() not in ("1", "true", "yes")
+
+
+def check_local_gpus(processes: int | None = None) -> None:
+    """Refuse (one-line ValueError) more stage processes on this machine than it has GPUs, on a CUDA
+    run: accelerate gives local rank i GPU ``i % device_count``, so ranks would share a GPU (memory
+    planned for one stage holding two) and NCCL fails inside its first operation. ``processes``: the
+    count this command is about to start; default the launcher's ``LOCAL_WORLD_SIZE`` (no check when
+    it is not set: the count per machine is then unknown)."""
+    if not _wants_cuda():
+        return
+    if processes is None:
+        local = os.environ.get("LOCAL_WORLD_SIZE", "")
+        if not local.isdigit():
+            return
+        processes = int(local)
+    gpus = torch.cuda.device_count()
+    if processes > gpus:
+        raise ValueError(f"{processes} stage processes on this machine but {gpus} GPU(s): every process needs a GPU "
+                         f"of its own (P x replicas per machine must be <= {gpus}); use fewer stages or replicas, or "
+                         f"more machines")
+
+
 def init_distributed() -> tuple[int, int, torch.device, str]:
     """Process-group setup through accelerate (a launcher/initialiser only; it never wraps the model):
     gloo on CPU, NCCL on GPU. Returns (rank, world, device, backend)."""
     from accelerate import Accelerator
     from accelerate.utils import InitProcessGroupKwargs
 
-    cuda = torch.cuda.is_available() and os.environ.get("ACCELERATE_USE_CPU", "").lower() not in ("1", "true", "yes")
+    cuda = _wants_cuda()
     acc = Accelerator(cpu=not cuda, kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(seconds=SETUP_TIMEOUT_S))])
     if not (dist.is_available() and dist.is_initialized()):
         return 0, 1, torch.device("cpu"), ""

@@ -36,6 +36,7 @@ import torch.distributed as dist
 
 from ..cli import PeerFailure
 from ..link import LinkProfile
+from .measure import SpanClock
 
 __all__ = ["CommError", "Transport", "PendingRecv", "TAGS", "message_bytes"]
 
@@ -81,7 +82,7 @@ class Transport:
         self.groups = {"fwd": dist.new_group(timeout=tmo), "bwd": dist.new_group(timeout=tmo)}
         self.world = world_group if world_group is not None else self.groups["fwd"]
         self.pending: list = []              # (work, buffer) of sends in flight
-        self.wait_s = 0.0                    # seconds blocked in communication (for the timing report)
+        self.clock = SpanClock(device)       # "wait": blocked in communication, on the device where it has clocks
         self.context = "setup"
         self._chan_free = defaultdict(float)     # sender -> when its channel to us is free (delay mode)
 
@@ -104,7 +105,7 @@ class Transport:
         if self.link is not None:
             parts.insert(0, _raw(torch.tensor([time.time()], dtype=torch.float64, device=self.device)))
         buf = parts[0] if len(parts) == 1 else torch.cat(parts)
-        t0 = time.perf_counter()
+        t0 = self.clock.start()
         try:
             if self.blocking:
                 dist.send(buf, peer, group=self._group(what), tag=TAGS[what])
@@ -112,7 +113,7 @@ class Transport:
                 self.pending.append((dist.isend(buf, peer, group=self._group(what), tag=TAGS[what]), buf))
         except Exception as e:          # noqa: BLE001 -- any backend error is a comm failure here
             self._fail(f"send of {_NAMES[what]} to {self._peer(peer)}", e)
-        self.wait_s += time.perf_counter() - t0
+        self.clock.stop("wait", t0)
 
     # -- receiving
     def post(self, specs: list, peer: int, what: str) -> PendingRecv:
@@ -126,7 +127,7 @@ class Transport:
         return PendingRecv(work, buf, list(specs), peer, what, stamped)
 
     def wait(self, rx: PendingRecv) -> list[torch.Tensor]:
-        t0 = time.perf_counter()
+        t0 = self.clock.start()
         try:
             rx.work.wait()
         except Exception as e:          # noqa: BLE001
@@ -135,7 +136,7 @@ class Transport:
         if rx.stamped:
             self._emulate_link(rx.peer, float(buf[:8].clone().view(torch.float64)[0]), buf.numel() - 8)
             buf = buf[8:]
-        self.wait_s += time.perf_counter() - t0
+        self.clock.stop("wait", t0)
         out, off = [], 0
         for shape, dt in rx.specs:
             n = message_bytes([(shape, dt)])
@@ -163,7 +164,7 @@ class Transport:
 
     def flush(self) -> None:
         """Complete every send in flight (their buffers are then free)."""
-        t0 = time.perf_counter()
+        t0 = self.clock.start()
         try:
             for work, _ in self.pending:
                 work.wait()
@@ -171,16 +172,16 @@ class Transport:
             self._fail("completing sends to the neighbour stages", e)
         finally:
             self.pending = []
-            self.wait_s += time.perf_counter() - t0
+            self.clock.stop("wait", t0)
 
     # -- collectives over every rank
     def all_reduce(self, t: torch.Tensor, what: str, group=None) -> torch.Tensor:
-        t0 = time.perf_counter()
+        t0 = self.clock.start()
         try:
             dist.all_reduce(t, group=group or self.world)
         except Exception as e:          # noqa: BLE001
             self._fail(f"all-reduce of {what}", e)
-        self.wait_s += time.perf_counter() - t0
+        self.clock.stop("wait", t0)
         return t
 
     def gather_object(self, obj, what: str) -> list:

@@ -65,7 +65,7 @@ class PipelineEngine:
         self.meter = ByteMeter()
         self.program = stage_program(t.schedule, self.P, self.M, self.stage)
         self.timer = OpTimer(topo.device, self.M)
-        self.timing = {"fwd": [], "bwd": [], "opt": [], "wait": [], "wall": []}
+        self.timing = {"fwd": [], "bwd": [], "wall": []}        # "wait", "opt": the transport's SpanClock
         self.sync_ok: list = []
         self.msg = StageMessages(transport, topo, self.sm, self.comp_in, self.comp_out)
         self.checkpointing = ckpt is not None
@@ -115,7 +115,7 @@ class PipelineEngine:
     # ---- one training step ---------------------------------------------------------------------
     def train_step(self, step: int, lr_scale: float, stop_requested=lambda: False) -> StepOutcome:
         t0 = time.time()
-        wait0 = self.tx.wait_s
+        self.tx.clock.begin_step()
         self.faults.at_step_start(self.topo.rank, step)
         set_lr(self.opts, lr_scale)
         st = _StepState(self._batch(step), self.topo.device)
@@ -133,7 +133,7 @@ class PipelineEngine:
         fwd_s, bwd_s = self.timer.read()
         self.timing["fwd"].append(fwd_s)
         self.timing["bwd"].append(bwd_s)
-        self.timing["wait"].append(self.tx.wait_s - wait0)
+        self.tx.clock.end_step()
         self.timing["wall"].append(time.time() - t0)
         return outcome
 
@@ -160,10 +160,11 @@ class PipelineEngine:
             z_in = self.comp_in.unpack(payload, self.msg.in_dtype).requires_grad_()
             st.bad_in |= ~torch.isfinite(z_in.detach()).all()
         with autocast_ctx(self.cfg, self.topo.device):
-            out = self.sm.stage_forward(self.stage, z_in, ids)
             if self.topo.last:
-                ys = self._mb(y, m)
-                out = F.cross_entropy(out.float().reshape(-1, out.shape[-1]), ys.reshape(-1)) / (self.M * self.R)
+                out = self.sm.stage_loss(self.stage, z_in, ids, self._mb(y, m),
+                                         self.cfg.train.loss_chunk_tokens) / (self.M * self.R)
+            else:
+                out = self.sm.stage_forward(self.stage, z_in, ids)
         st.bad_out |= ~torch.isfinite(out.detach()).all()
         if self.topo.last:
             st.loss_sum += out.detach()
@@ -221,19 +222,20 @@ class PipelineEngine:
         its non-finite flags), clipping, the optimizer step, the learned state forward. Public so that
         another engine driving this stage's model (benchmarks/peer_pipelining.py: torch's own schedules)
         ends its steps exactly as this one does."""
-        started = time.perf_counter()
+        clock = self.tx.clock
+        started = clock.start()
         self._exchange_receiver_grads()
         self.tx.flush()
         self._sum_replica_grads()
         vec = self.agreement.vector(loss_sum, bad_in, bad_out, stop_requested())
-        opt_s = time.perf_counter() - started
+        clock.stop("opt", started)
         self.tx.all_reduce(vec, "grad norms and loss")
         if self.tx.link is not None:        # the all-reduce crosses every boundary up and back
             time.sleep(2 * self.tx.link.latency_s * (self.P - 1))
         loss, stop, flags, mask = self.agreement.read(vec)
         if not math.isfinite(loss):
             return StepOutcome(loss, stop, nonfinite_place(flags))
-        started = time.perf_counter()
+        started = clock.start()
         if self.cfg.train.grad_clip and self.agreement.N:
             self.agreement.clip(vec, mask, self.cfg.train.grad_clip)
         for opt in self.opts:
@@ -241,7 +243,7 @@ class PipelineEngine:
             opt.zero_grad(set_to_none=True)
         if self.comp_out is not None:
             check_projectors({self.stage: self.comp_out}, step)
-        self.timing["opt"].append(opt_s + time.perf_counter() - started)
+        clock.stop("opt", started)
         self._exchange_state()
         self.tx.flush()
         return StepOutcome(loss, stop)
@@ -350,7 +352,8 @@ class PipelineEngine:
         if not self.sync_ok:
             self.sync_ok = self.check_sync(state.step)
         id_bytes = self.sm.id_bytes_per_token()
-        mine = {"meter": self.meter.state_dict(), "timing": self.timing,
+        timing = {**self.timing, **self.tx.clock.collect(block=True)}      # every step's spans, read
+        mine = {"meter": self.meter.state_dict(), "timing": timing,
                 "boundary": (describe_boundary(self.comp_out, self.stage, self.cfg, id_bytes, replicas=self.R)
                              if self.comp_out is not None and self.topo.replica == 0 else None),
                 "n_params": sum(p.numel() for _, p in self.owned) if self.topo.replica == 0 else 0,

@@ -13,6 +13,12 @@ Two kernels find the nearest codeword (``compressor.rvq.search_kernel``):
   read back from memory: 8 bytes per distance, ~17 GB per 32k-token message at r = 256, K = 256, which
   bounds it (large tiles, default 256 MiB, keep it from being launch-bound as well).
 * ``fused``: the same argmin compiled (torch.compile) into one kernel that never stores the distances.
+  Only the token dimension of the compiled kernel is symbolic: with a symbolic codeword dimension the
+  sum over it is a reduction of unknown length, inductor cannot inline it into the argmin and writes
+  the whole (G, N, K) fp32 distance block (measured on CPU at G = 128, N = 4,096, K = 256: +516 MiB
+  peak per call, against +4 MiB with static codeword, group and codebook dimensions; same indices).
+  Its transient memory is O(G·N) (:func:`search_transient_bytes`), one compile per (G, K, ds, dtype,
+  device) and per "one token or more", warmed before training (:func:`warm_fused_search`).
 * ``auto`` (default): matmul on a CPU (the cpu profile's numbers), fused on a GPU.
 
 Both are exact searches; they can differ only on exact distance ties computed with different rounding.
@@ -24,7 +30,7 @@ import torch
 from ...config import RVQ_SEARCH_KERNELS
 
 __all__ = ["SEARCH_KERNELS", "CPU_TILE_BYTES", "GPU_TILE_BYTES", "residual_search", "search_tiles", "tile_budget",
-           "first_argmin_"]
+           "first_argmin_", "uses_fused", "search_transient_bytes", "warm_fused_search"]
 
 SEARCH_KERNELS = RVQ_SEARCH_KERNELS
 CPU_TILE_BYTES = 4 << 20          # the "auto" tile budget (bytes of one tile's distance block) on a CPU
@@ -63,10 +69,21 @@ _COMPILED: dict[str, object] = {}
 
 
 def _fused_kernel():
-    """The compiled :func:`_nearest_fused` (compiled once per process, on first use)."""
+    """The compiled :func:`_nearest_fused` (compiled on first use; see :func:`_tokens_symbolic`).
+    ``dynamic=False``: every dimension is static unless marked, so the codeword dimension ds stays a
+    constant and the sum over it is unrolled into the argmin's loop (dynamic=True made it symbolic
+    and inductor then materialised the (G, N, K) distances)."""
     if "nearest" not in _COMPILED:
-        _COMPILED["nearest"] = torch.compile(_nearest_fused, dynamic=True, fullgraph=True)
+        _COMPILED["nearest"] = torch.compile(_nearest_fused, dynamic=False, fullgraph=True)
     return _COMPILED["nearest"]
+
+
+def _tokens_symbolic(res: torch.Tensor) -> torch.Tensor:
+    """Mark the token dimension of ``res`` (g, n, ds) dynamic, so that micro-batches, evaluation batches
+    and k-means samples of any size share one compiled kernel (n = 1 gets its own: dynamo specialises
+    sizes 0 and 1)."""
+    torch._dynamo.maybe_mark_dynamic(res, 1)
+    return res
 
 
 def search_tiles(n_groups: int, n_tokens: int, K: int, budget_elems: int) -> tuple[int, int]:
@@ -86,6 +103,41 @@ def tile_budget(tile_bytes: int, dtype: torch.dtype, device: torch.device) -> in
     return max(1, budget // dtype.itemsize)
 
 
+def uses_fused(kernel: str, device: torch.device | str) -> bool:
+    """Whether ``kernel`` ('auto' | 'matmul' | 'fused') runs the compiled kernel on ``device``."""
+    return kernel == "fused" or (kernel == "auto" and torch.device(device).type == "cuda")
+
+
+def search_transient_bytes(n_tokens: int, groups: int, rounds: int, K: int, ds: int, *, kernel: str = "auto",
+                           tile_bytes: int = 0, device: torch.device | str = "cpu", itemsize: int = 4) -> int:
+    """Peak bytes :func:`residual_search` allocates for one call with ``return_residual`` (as a pack does)
+    on ``n_tokens`` tokens, beyond its input: the per-round codebooks, the augmented residual
+    (G, N, ds+1), indices (N, G, R) int64 twice (the tile's and the output), the residual out, and per
+    round the nearest indices and their row offsets (G, N) int64 and the gathered codewords (G, N, ds).
+    The matmul kernel adds its tile's distance block (at most the tile budget) and two (g, n) row
+    reductions; the fused one nothing beyond O(G·N) (its distances never leave the kernel)."""
+    G, N, R = groups, n_tokens, rounds
+    fixed = R * G * K * ds * itemsize + G * N * (ds + 1) * itemsize + 2 * N * G * R * 8 + N * G * ds * itemsize
+    per_round = 2 * G * N * 8 + G * N * ds * itemsize
+    if uses_fused(kernel, device):
+        return fixed + per_round
+    budget = tile_budget(tile_bytes, torch.float32 if itemsize == 4 else torch.float64, torch.device(device))
+    gs, ts = search_tiles(G, N, K, budget)
+    gs, ts = min(gs, G), min(ts, N)
+    block = gs * ts * K * itemsize + 2 * gs * ts * itemsize
+    return fixed + R * G * (ds + 1) * K * itemsize + per_round + block
+
+
+@torch.no_grad()                         # as ResidualVQ.search: grad mode is part of the compiled guard
+def warm_fused_search(groups: int, K: int, ds: int, dtype: torch.dtype, device: torch.device | str) -> None:
+    """Compile the fused kernel for this shape now (tens of seconds cold), not inside the first step,
+    where a neighbour stage would wait on us under the run's communication timeout."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, groups, ds, generator=g).to(device=device, dtype=dtype)
+    C = torch.randn(groups, 1, K, ds, generator=g).to(device=device, dtype=dtype)
+    residual_search(x, C, kernel="fused")
+
+
 def residual_search(x: torch.Tensor, C: torch.Tensor, *, kernel: str = "auto", tile_bytes: int = 0,
                     return_residual: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """x (N, G, ds) and codebooks C (G, R, K, ds), one dtype -> indices (N, G, R) int64 and, with
@@ -94,7 +146,7 @@ def residual_search(x: torch.Tensor, C: torch.Tensor, *, kernel: str = "auto", t
     R, K, dev, dt = C.shape[1], C.shape[2], x.device, x.dtype
     xt = x.transpose(0, 1)                                              # (G, N, ds) view
     Cr = [C[:, r].contiguous() for r in range(R)]                       # (G, K, ds) per round
-    fused = kernel == "fused" or (kernel == "auto" and dev.type == "cuda")
+    fused = uses_fused(kernel, dev)
     nearest = _nearest(Cr, fused)
     idx = torch.empty(N, G, R, dtype=torch.int64, device=dev)
     resid = torch.empty(N, G, ds, dtype=dt, device=dev) if return_residual else None
@@ -119,7 +171,7 @@ def _nearest(Cr: list[torch.Tensor], fused: bool):
     c2 = [(c * c).sum(-1) for c in Cr]                                  # ||c||^2 (G, K) per round
     if fused:
         kernel = _fused_kernel()
-        return lambda res_aug, r, g0, g1: kernel(res_aug[..., :-1], Cr[r][g0:g1], c2[r][g0:g1])
+        return lambda res_aug, r, g0, g1: kernel(_tokens_symbolic(res_aug[..., :-1]), Cr[r][g0:g1], c2[r][g0:g1])
     # augmented codebooks [-2 c ; ||c||^2] (G, ds+1, K): with res_aug = [res, 1] one bmm gives
     # ||c||^2 - 2 res.c directly (no broadcast copy of ||c||^2 into the output, as baddbmm does)
     Ca = [torch.cat([-2.0 * c.transpose(1, 2), q.unsqueeze(1)], 1).contiguous() for c, q in zip(Cr, c2)]

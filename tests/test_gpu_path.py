@@ -1,0 +1,312 @@
+"""CPU proofs of what the GPU path needs from the runtime (issue 22): the communication timeout is a
+validated setting (minutes in the paper profile), the compiled RVQ search is warmed before the first
+timed wait, P x R beyond the local GPUs is refused, TF32 stays off inside SPEL, timings come from
+the device where it has clocks."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mapl.config import ConfigError, config_hash, load_run_config
+from mapl.runtime.topology import Topology
+from test_memory import _saved_bytes
+
+
+# ---- the communication timeout --------------------------------------------------------------------
+def test_comm_timeout_is_a_setting_outside_the_hash_with_minutes_in_the_paper_profile():
+    cfg = load_run_config("micro")
+    assert cfg.train.comm_timeout_s == 60.0
+    longer = load_run_config("micro", {"train.comm_timeout_s": "900"})
+    assert longer.train.comm_timeout_s == 900.0 and config_hash(longer) == config_hash(cfg)
+    assert load_run_config("paper").train.comm_timeout_s >= 300            # NCCL's default is 10 minutes
+    for bad, why in (("0", "must be > 0"), ("nan", "finite"), ("soon", "must be a number")):
+        with pytest.raises(ConfigError, match=rf"train\.comm_timeout_s=.*{why}"):
+            load_run_config("micro", {"train.comm_timeout_s": bad}).validate()
+
+
+def test_the_timeout_flag_and_its_env_variable_set_the_config_field(monkeypatch):
+    from mapl import pipeline, train
+    extra, args, _ = pipeline._parse(["--profile", "micro", "--timeout", "120"])
+    assert train.config_from_args(args).train.comm_timeout_s == 120.0
+    monkeypatch.setenv("MAPL_PG_TIMEOUT", "45")
+    extra, args, _ = pipeline._parse(["--profile", "micro"])
+    assert train.config_from_args(args).train.comm_timeout_s == 45.0
+    monkeypatch.delenv("MAPL_PG_TIMEOUT")
+    extra, args, _ = pipeline._parse(["--profile", "paper"])
+    assert train.config_from_args(args).train.comm_timeout_s == 600.0       # the profile's, not 60
+
+
+# ---- the compiled RVQ search is warmed before any timed wait ---------------------------------------
+@pytest.mark.slow
+def test_the_fused_search_is_compiled_before_training_and_the_first_pack_reuses_it():
+    from torch._dynamo.utils import counters
+
+    from mapl.compress import build_boundary
+    from mapl.runtime.rank import warm_compiled_kernels
+    cfg = load_run_config("micro", {"method": "mapl-rvq", "ratio": 4, "stages": 2,
+                                    "compressor.rvq.search_kernel": "fused"}).validate()
+    cpu = torch.device("cpu")
+    torch._dynamo.reset()
+    counters.clear()
+    said = []
+    assert warm_compiled_kernels(cfg, Topology(0, 2, 2, cpu), said.append)
+    compiled = counters["stats"]["unique_graphs"]
+    assert compiled >= 1 and "compiled the RVQ search kernel" in said[0]
+    d = cfg.model_config().d_model
+    comp = build_boundary(cfg.compressor.validate(d), d, 0).train()
+    t = cfg.train
+    z = torch.randn(t.batch_size // t.micro_batches, t.seq_len, comp.code_dim)
+    comp.pack(z)                                        # k-means init, then a search
+    comp.pack(z)
+    assert counters["stats"]["unique_graphs"] == compiled   # nothing compiled inside a step
+    # the receiving (last) stage does not search, and no other method compiles anything
+    assert not warm_compiled_kernels(cfg, Topology(1, 2, 2, cpu), said.append)
+    mapl = load_run_config("micro", {"method": "mapl", "ratio": 4, "stages": 2}).validate()
+    assert not warm_compiled_kernels(mapl, Topology(0, 2, 2, cpu), said.append)
+    auto = load_run_config("micro", {"method": "mapl-rvq", "ratio": 4, "stages": 2}).validate()
+    assert not warm_compiled_kernels(auto, Topology(0, 2, 2, cpu), said.append)   # auto is matmul on a CPU
+
+
+# ---- one GPU per stage process ------------------------------------------------------------------------
+def _gpus(monkeypatch, n: int) -> None:
+    """This process sees ``n`` CUDA devices (the functions that decide read only these two)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: n)
+    monkeypatch.delenv("ACCELERATE_USE_CPU", raising=False)
+
+
+def test_more_stage_processes_than_local_gpus_is_refused_in_one_line(monkeypatch):
+    from mapl.runtime.topology import check_local_gpus
+    _gpus(monkeypatch, 4)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")             # what torchrun/accelerate tell each rank
+    with pytest.raises(ValueError) as e:
+        check_local_gpus()
+    assert "\n" not in str(e.value) and "8 stage processes on this machine but 4 GPU(s)" in str(e.value)
+    with pytest.raises(ValueError, match="must be <= 4"):
+        check_local_gpus(5)                                 # the count a self-launch is about to start
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    check_local_gpus()                                      # one GPU each: fine
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
+    check_local_gpus()                                      # per-machine count unknown: not refused
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "true")
+    check_local_gpus(8)                                     # a CPU run on a GPU machine: gloo, no GPUs used
+
+
+def test_the_pipeline_refuses_before_starting_ranks_on_too_few_gpus(monkeypatch, tmp_path, capsys):
+    from mapl import pipeline
+    _gpus(monkeypatch, 4)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    started = []
+    monkeypatch.setattr(pipeline, "launch", lambda *a, **k: started.append(a))
+    code = pipeline.main(["--profile", "micro", "--stages", "4", "--replicas", "2",
+                          "--out", str(tmp_path / "r.json"), "--ckpt", str(tmp_path / "r.pt")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and not started and "\n" not in err
+    assert err.startswith("error: 8 stage processes on this machine but 4 GPU(s)")
+    assert not list(tmp_path.iterdir())
+
+
+# ---- SPEL computes in full float32 whatever TF32 / matmul precision the caller set -------------------
+def _spel_once(p0: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    from mapl.optim import SPEL
+    p = torch.nn.Parameter(p0.clone())
+    p.grad = g.clone()
+    SPEL([p], lr=0.05, polar="polar_express").step()
+    return p.detach()
+
+
+@pytest.fixture
+def reduced_precision():
+    """The caller (e.g. accelerate with a dynamo backend) allowed TF32 / bf16 passes for float32 matmuls."""
+    before = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
+    torch.set_float32_matmul_precision("medium")
+    torch.backends.cudnn.allow_tf32 = True
+    yield
+    torch.set_float32_matmul_precision(before[0])
+    torch.backends.cudnn.allow_tf32 = before[1]
+
+
+def test_spel_orthogonalises_in_ieee_fp32_and_restores_the_callers_flags(monkeypatch, reduced_precision):
+    from mapl import optim
+    seen, retract = [], optim._retract
+    monkeypatch.setattr(optim, "_retract", lambda *a: seen.append(
+        (torch.get_float32_matmul_precision(), torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32))
+        or retract(*a))
+    gen = torch.Generator().manual_seed(0)
+    _spel_once(optim.stiefel_random(256, 64, 1), torch.randn(256, 64, generator=gen))
+    assert seen == [("highest", False, False)]
+    assert torch.get_float32_matmul_precision() == "medium" and torch.backends.cudnn.allow_tf32
+
+
+def test_spel_result_does_not_depend_on_the_callers_matmul_precision(reduced_precision):
+    """On a CPU with bf16 units (oneDNN), 'medium' moves a 1024 x 256 matmul by ~5e-5; SPEL's step
+    must come out bit-identical to the one under 'highest'."""
+    from mapl.optim import ortho_error, stiefel_random
+    gen = torch.Generator().manual_seed(0)
+    p0, g = stiefel_random(1024, 256, 1), torch.randn(1024, 256, generator=gen)
+    medium = _spel_once(p0, g)
+    torch.set_float32_matmul_precision("highest")
+    assert torch.equal(medium, _spel_once(p0, g)) and ortho_error(medium) < 1e-5
+
+
+def test_spel_pins_ieee_fp32_through_the_new_precision_api_too():
+    """A caller that set TF32 through the per-backend ``fp32_precision`` switches (reading the legacy
+    flags then raises): SPEL sets and restores those instead (a fresh process: the mix is global)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    code = ("import torch\nfrom mapl import optim\nseen = []\nr = optim._retract\n"
+            "optim._retract = lambda *a: seen.append((torch.backends.cuda.matmul.fp32_precision, "
+            "torch.backends.mkldnn.matmul.fp32_precision)) or r(*a)\n"
+            "torch.backends.cuda.matmul.fp32_precision = 'tf32'\ntorch.backends.mkldnn.matmul.fp32_precision = 'bf16'\n"
+            "p = torch.nn.Parameter(optim.stiefel_random(64, 16, 1)); p.grad = torch.ones(64, 16)\n"
+            "optim.SPEL([p], lr=0.1, polar='polar_express').step()\n"
+            "print(seen, torch.backends.cuda.matmul.fp32_precision, torch.backends.mkldnn.matmul.fp32_precision)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[1]).stdout
+    assert out.split() == ["[('ieee',", "'ieee')]", "tf32", "bf16"]
+
+
+# ---- the LM head's cross-entropy in chunks ---------------------------------------------------------
+def test_chunked_linear_cross_entropy_equals_the_one_block_loss_forward_and_backward():
+    import torch.nn.functional as F
+
+    from mapl.stages import chunked_linear_cross_entropy
+    gen = torch.Generator().manual_seed(0)
+    h0, w0 = torch.randn(300, 48, generator=gen), torch.randn(1000, 48, generator=gen) * 0.2
+    y = torch.randint(0, 1000, (300,), generator=gen)
+    grads = []
+    for chunk in (0, 64, 299):                               # 300 tokens: 5 chunks and a partial one; 2 chunks
+        h, w = h0.clone().requires_grad_(), w0.clone().requires_grad_()
+        loss = (F.cross_entropy(F.linear(h, w).float(), y) if chunk == 0
+                else chunked_linear_cross_entropy(h, w, y, chunk))
+        loss.backward()
+        grads.append((loss.detach(), h.grad, w.grad))
+    for loss, gh, gw in grads[1:]:
+        torch.testing.assert_close(loss, grads[0][0], rtol=0, atol=1e-6)
+        torch.testing.assert_close(gh, grads[0][1], rtol=0, atol=1e-6)
+        torch.testing.assert_close(gw, grads[0][2], rtol=0, atol=1e-6)
+
+
+def test_the_last_stage_loss_in_chunks_matches_the_plain_one_and_keeps_nothing_vocab_wide():
+    """A real last stage (micro model, P = 2, MAPL): loss and every parameter gradient within 1e-6 of
+    the one-block loss; what autograd keeps drops by the V-wide log-softmax output."""
+    from mapl.memory import memory_plan
+    from mapl.stages import build_staged_model
+    cfg = load_run_config("micro", {"method": "mapl", "ratio": 4, "stages": 2}).validate(256)
+    t = cfg.train
+    B, T = t.batch_size // t.micro_batches, t.seq_len
+    gen = torch.Generator().manual_seed(1)
+    ids, y = torch.randint(0, 256, (B, T), generator=gen), torch.randint(0, 256, (B, T), generator=gen)
+    sm = build_staged_model(cfg, 256).prune_to_stage(1)
+    z = torch.randn(B, T, sm.boundaries["0"].code_dim, generator=gen)
+    runs = []
+    for chunk in (0, 48):
+        sm.zero_grad(set_to_none=True)
+        saved, loss = _saved_bytes(lambda: sm.stage_loss(1, z, ids, y, chunk), [])
+        loss.backward()
+        runs.append((saved, loss.detach(), {n: p.grad.clone() for n, p in sm.named_parameters() if p.grad is not None}))
+    (plain_saved, plain, plain_g), (chunk_saved, chunked, chunk_g) = runs
+    torch.testing.assert_close(chunked, plain, rtol=0, atol=1e-6)
+    assert plain_g.keys() == chunk_g.keys()
+    for n in plain_g:
+        torch.testing.assert_close(chunk_g[n], plain_g[n], rtol=0, atol=1e-6, msg=n)
+    assert plain_saved - chunk_saved >= 4 * 256 * B * T            # log-softmax's fp32 output is gone
+    # the memory plan says the same: the head term drops by the V-wide part per micro-batch alive
+    plans = [memory_plan(load_run_config("micro", {"method": "mapl", "ratio": 4, "stages": 2,
+                                                   "train.loss_chunk_tokens": c}), 256, device="cpu")
+             for c in (0, 48)]
+    assert plans[0].stages[1].head - plans[1].stages[1].head == plans[0].stages[1].alive * 4 * 256 * B * T
+
+
+def test_loss_chunking_is_hashed_only_when_set_and_may_change_on_resume():
+    from mapl.config import RESUMABLE_FIELDS
+    plain = load_run_config("micro")
+    assert config_hash(load_run_config("micro", {"train.loss_chunk_tokens": 0})) == config_hash(plain)
+    assert config_hash(load_run_config("micro", {"train.loss_chunk_tokens": 4096})) != config_hash(plain)
+    assert "train.loss_chunk_tokens" in RESUMABLE_FIELDS
+    assert load_run_config("paper").train.loss_chunk_tokens > 0 == load_run_config("cpu").train.loss_chunk_tokens
+    with pytest.raises(ConfigError, match=r"train\.loss_chunk_tokens=-1 is invalid: must be >= 0"):
+        load_run_config("micro", {"train.loss_chunk_tokens": -1}).validate()
+
+
+# ---- timings where the work runs: CUDA events on a GPU, the host clock on a CPU -----------------------
+class _FakeEvent:
+    """Stands for torch.cuda.Event: time is a counter the test advances; ``query`` says whether the
+    device has reached it; ``synchronize`` is counted (a host sync timing must not add mid-run)."""
+    now_ms, done, syncs = 0.0, True, 0
+
+    def __init__(self, enable_timing=False):
+        assert enable_timing
+        self.at = None
+
+    def record(self):
+        self.at = _FakeEvent.now_ms
+
+    def query(self):
+        return _FakeEvent.done
+
+    def synchronize(self):
+        _FakeEvent.syncs += 1
+
+    def elapsed_time(self, end):
+        return end.at - self.at
+
+
+@pytest.fixture
+def fake_cuda_events(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
+    _FakeEvent.now_ms, _FakeEvent.done, _FakeEvent.syncs = 0.0, True, 0
+    return _FakeEvent
+
+
+class _SlowWork:
+    def wait(self):
+        import time
+        time.sleep(0.03)
+        _FakeEvent.now_ms += 250.0          # what the device spent waiting, in the fake's clock
+
+
+def _transport(monkeypatch, device: str):
+    import torch.distributed as dist
+
+    from mapl.runtime.transport import Transport
+    monkeypatch.setattr(dist, "new_group", lambda **kw: None)      # no process group needed to time a wait
+    tx = Transport(0, None, None, torch.device(device), 5.0)
+    tx.pending = [(_SlowWork(), None)]
+    return tx
+
+
+def test_waits_are_timed_by_the_host_clock_on_a_cpu(monkeypatch, fake_cuda_events):
+    tx = _transport(monkeypatch, "cpu")
+    tx.flush()                                              # outside a step: not counted
+    tx.clock.begin_step()
+    tx.pending = [(_SlowWork(), None)]
+    tx.flush()
+    tx.clock.end_step()
+    assert tx.clock.per_step["wait"][0] >= 0.03 and tx.clock.per_step["opt"] == [0.0]
+    assert not tx.clock.cuda and fake_cuda_events.syncs == 0
+
+
+def test_waits_and_the_step_end_are_timed_by_cuda_events_on_a_gpu_without_a_host_sync(monkeypatch, fake_cuda_events):
+    tx = _transport(monkeypatch, "cuda")
+    clock = tx.clock
+    clock.begin_step()
+    tx.flush()                                              # host: 30 ms; device: 250 ms of stream wait
+    started = clock.start()
+    fake_cuda_events.now_ms += 40.0                         # the optimizer's kernels
+    clock.stop("opt", started)
+    fake_cuda_events.done = False                           # the device has not got there yet
+    clock.end_step()
+    assert clock.per_step == {"wait": [0.0], "opt": [0.0]} and fake_cuda_events.syncs == 0
+    fake_cuda_events.done = True
+    clock.begin_step()
+    clock.end_step()                                        # read once complete, still no sync
+    assert clock.per_step == {"wait": [0.25, 0.0], "opt": [0.04, 0.0]} and fake_cuda_events.syncs == 0
+    clock.begin_step()
+    started = clock.start()
+    fake_cuda_events.now_ms += 10.0
+    clock.stop("opt", started)
+    fake_cuda_events.done = False
+    clock.end_step()
+    assert clock.collect(block=True)["opt"] == [0.04, 0.0, 0.01] and fake_cuda_events.syncs == 1   # end of run
