@@ -29,7 +29,10 @@ The runtime lives in ``mapl/runtime/`` (schedule, transport, worker, boundary_sy
 Exit codes (every rank, and this command when it starts the ranks): 0 done, 2 invalid settings,
 files or non-finite values (one line per rank), 3 a peer died or timed out (the message names the
 operation, peer and step), 130 interrupted (checkpoints written). ``--timeout`` bounds every wait
-during training; the wait for rank 0 to prepare data has none.
+during training; the wait for rank 0 to prepare data has none. Right after the process group is up,
+the ranks compare their resolved config, shared options, data and training code
+(``mapl.runtime.same_run``): ranks started for different runs all exit 2, naming the fields, before
+anything is written.
 """
 from __future__ import annotations
 
@@ -51,6 +54,7 @@ from .runtime.faults import FaultPlan, exit_with_parent
 from .runtime.launch import launch, write_status
 from .runtime.rank import run_rank
 from .runtime.rank_checkpoints import rank_ckpt_path, stage_slot
+from .runtime.same_run import RunMismatch, check_same_run, run_fingerprint
 from .runtime.topology import Topology, detect_launcher, init_distributed
 from .runtime.transport import CommError
 
@@ -165,6 +169,10 @@ def _rank_main(extra, args, debug: bool) -> int:
     except Exception as e:              # noqa: BLE001 -- the rendezvous failed
         return _leave(rank, EXIT_PEER_FAILED, f"error: rank {rank}: process-group setup failed: "
                                               f"{type(e).__name__}: {e}")
+    try:                                # before anything is opened, locked or written: one run on every rank
+        check_same_run(run_fingerprint(cfg, _shared_options(extra, args)))
+    except RunMismatch as e:
+        return _leave(rank, EXIT_USER_ERROR, f"error: rank {rank}: {e}")
     if cfg.stages < 2:
         return _leave(rank, EXIT_USER_ERROR, f"error: rank {rank}: mapl.pipeline needs stages >= 2; for one "
                                              "stage use python -m mapl.train")
@@ -188,6 +196,14 @@ def _rank_main(extra, args, debug: bool) -> int:
     except Exception:                   # noqa: BLE001 -- results are written; teardown is best effort
         pass
     return 0
+
+
+def _shared_options(extra, args) -> dict:
+    """The command-line options every rank must share (mapl.runtime.same_run); not the output paths,
+    which may differ per machine, nor --timeout, which changes no number."""
+    return {"fresh": args.fresh, "resume_with_changes": args.resume_with_changes,
+            "blocking_transport": extra.blocking_transport, "link_delay": extra.link_delay,
+            "link_latency_ms": extra.link_latency_ms}
 
 
 def _launch_hint(stages: int) -> str:

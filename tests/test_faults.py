@@ -66,6 +66,7 @@ class Ctx:
     seeds: Path                     # finished runs, trained once per session (``seed``)
     pythonpath: Path = PROJECT
     procs: list = field(default_factory=list)       # helper processes (a lock holder) to stop at the end
+    env_extra: dict = field(default_factory=dict)   # set by a setup for the row's command (e.g. its rank)
     stdout: str = ""                # stdout read while the command ran (``during``)
     failures: list = field(default_factory=list)    # (property, message)
 
@@ -205,6 +206,43 @@ def pipeline_run(cmd: str) -> Callable[[Ctx], None]:
         r = ctx.run(cmd)
         assert r.returncode == 0, f"setup `{cmd}` exited {r.returncode}:\n{r.stderr[-3000:]}"
     return setup
+
+
+def other_rank(cmd: str, code_edit: str = "") -> Callable[[Ctx], None]:
+    """Setup: a pipeline of two processes started by hand, as on two machines: the row's command is rank
+    0, ``cmd`` (its own flags) is rank 1; they meet on a free loopback port. ``code_edit``: rank 1 runs a
+    copy of the package whose training source ``code_edit`` has one more comment line."""
+    def setup(ctx: Ctx) -> None:
+        from mapl.runtime.launch import free_port
+        world = {"WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
+                 "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}
+        ctx.env_extra.update(world, RANK="0")
+        env = ctx.env({**world, "RANK": "1"})
+        if code_edit:
+            other = ctx.dir.parent / f"{ctx.dir.name}-other-code"
+            shutil.copytree(PROJECT / "mapl", other / "mapl", ignore=shutil.ignore_patterns("__pycache__"))
+            for name in ("params.yaml", "pyproject.toml"):
+                shutil.copy2(PROJECT / name, other / name)
+            with open(other / code_edit, "a") as f:
+                f.write("# another version of the training code\n")
+            env["PYTHONPATH"] = str(other)
+        ctx.procs.append(subprocess.Popen(ctx.argv(cmd), cwd=ctx.dir, env=env, text=True, stdout=subprocess.PIPE,
+                                          stderr=subprocess.PIPE))
+    return setup
+
+
+def other_rank_refused(pattern: str, code: int = 2) -> Callable:
+    """After: the hand-started rank 1 (``other_rank``) ended with ``code`` and one stderr line matching ``pattern``."""
+    def after(ctx: Ctx, out: str, err: str) -> None:
+        p = ctx.procs[0]
+        try:
+            _, perr = p.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            _, perr = p.communicate()
+        ctx.expect("code", p.returncode == code, f"rank 1 exited {p.returncode}, not {code}:\n{perr[-3000:]}")
+        check_stderr(ctx, perr, "one", pattern)
+    return after
 
 
 def both(*setups) -> Callable[[Ctx], None]:
@@ -686,6 +724,47 @@ FAULTS = [
           2, r"^error: train\.grad_clip=-1\.0 is invalid: must be >= 0$",
           "error: train.grad_clip=-1.0 is invalid: must be >= 0", "refused before any rank starts",
           "nothing written", "fix the value"),
+    Fault("pipeline-ranks-differ-seed", "the ranks were started with different settings (`--seed 1` on rank 1 only: "
+          "another command or params.yaml on one machine; was: trained silently, the results claiming rank 0's config)",
+          f"{MP} --steps 2", 2,
+          r"^error: rank 0: the ranks were started for different runs \(settings differ\): rank 1 differs from rank 0 "
+          r"in train\.seed \(0 vs 1\)\. Start every rank with the same command, params\.yaml, prepared data and "
+          r"training code$",
+          "error: rank R: the ranks were started for different runs (settings differ): rank 1 differs from rank 0 in "
+          "train.seed (0 vs 1). Start every rank with the same command, params.yaml, prepared data and training code",
+          "right after the process group is up, every rank compares its resolved config, shared options, data and "
+          "code fingerprints with every other; all refuse, before any data is opened or file written",
+          "nothing written", "start every rank with the same command, params.yaml, data and code",
+          setup=other_rank(f"{MP} --steps 2 --seed 1"),
+          after=other_rank_refused(r"^error: rank 1: the ranks were started for different runs .*train\.seed \(0 vs 1\)"),
+          slow=True),
+    Fault("pipeline-ranks-differ-ratio", "a different `--ratio` on one rank (was: an IndexError traceback)",
+          f"{MP} --method mapl --ratio 4 --steps 2", 2,
+          r"^error: rank 0: the ranks were started for different runs \(settings differ\): rank 1 differs from rank 0 "
+          r"in compressor\.ratio \(4\.0 vs 2\.0\)\. Start every rank",
+          "error: rank R: the ranks were started for different runs (settings differ): rank 1 differs from rank 0 in "
+          "compressor.ratio (4.0 vs 2.0). Start every rank ...", "every rank refuses before any work",
+          "nothing written", "start every rank with the same settings",
+          setup=other_rank(f"{MP} --method mapl --ratio 2 --steps 2"),
+          after=other_rank_refused(r"^error: rank 1: .* compressor\.ratio \(4\.0 vs 2\.0\)"), slow=True),
+    Fault("pipeline-ranks-differ-method", "a different `--method` or `--steps` on one rank (was: a wait until "
+          "`--timeout`, reported as a dead peer)", f"{MP} --method mapl --ratio 4 --steps 2", 2,
+          r"^error: rank 0: the ranks were started for different runs \(settings differ\): rank 1 differs from rank 0 "
+          r"in .*compressor\.method \(\"mapl\" vs \"ssn\"\).*train\.steps \(2 vs 3\)",
+          "error: rank R: the ranks were started for different runs (settings differ): rank 1 differs from rank 0 in "
+          "compressor.method (\"mapl\" vs \"ssn\"), ..., train.steps (2 vs 3) ...", "every rank refuses before any work",
+          "nothing written", "start every rank with the same settings",
+          setup=other_rank(f"{MP} --method ssn --ratio 4 --steps 3"),
+          after=other_rank_refused(r"^error: rank 1: .* compressor\.method"), slow=True),
+    Fault("pipeline-ranks-differ-code", "one rank runs other training code (a changed file on one machine)",
+          f"{MP} --steps 2", 2,
+          r"^error: rank 0: the ranks were started for different runs \(training code differ\): rank 1 differs from "
+          r"rank 0 in code \([0-9a-f]{16} vs [0-9a-f]{16}\)\. Start every rank",
+          "error: rank R: the ranks were started for different runs (training code differ): rank 1 differs from rank 0 "
+          "in code (<fingerprint> vs <fingerprint>). Start every rank ...",
+          "every rank refuses before any work (the fingerprint of `mapl.reuse.TRAIN_SOURCES`)", "nothing written",
+          "install the same code on every machine", setup=other_rank(f"{MP} --steps 2", code_edit="mapl/loop.py"),
+          after=other_rank_refused(r"^error: rank 1: .*training code differ"), slow=True),
     Fault("pipeline-peer-dies", "a stage process dies mid-step",
           f"{MP} --method mapl --ratio 4 --set train.checkpoint_every=2 --timeout 10", 3,
           (r"^MAPL_FAULT: rank 1 exits", r"^error: rank 0 \(stage 0\): .* from stage 1 failed during step 3 .*: a "
@@ -879,7 +958,7 @@ def _run_row(f: Fault, ctx: Ctx) -> None:
     if f.as_nobody:
         argv = _nobody_argv(argv)
     limit = f.file_size_limit
-    p = subprocess.Popen(argv, cwd=ctx.dir, env=ctx.env(f.env), text=True, stdout=subprocess.PIPE,
+    p = subprocess.Popen(argv, cwd=ctx.dir, env=ctx.env({**f.env, **ctx.env_extra}), text=True, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE,
                          preexec_fn=(lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY)))
                          if limit else None)
