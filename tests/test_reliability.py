@@ -47,3 +47,73 @@ def test_many_differences_are_cut_short(micro_cfg):
     fps = [{f"config.k{i}": "0" for i in range(10)}, {f"config.k{i}": "1" for i in range(10)}]
     assert same_run.mismatch_message(fps, same_run.differences(fps)).count(" vs ") == 6
     assert " and 4 more" in same_run.mismatch_message(fps, same_run.differences(fps))
+
+
+# ---- validation loss: the mean over tokens, however it is batched ---------------------------------------
+def _evaluate_with(engine, cfg, eval_batch_size: int) -> float:
+    t = cfg.train
+    engine.data.val_batches = engine.data.dataset.eval_batches(eval_batch_size, t.seq_len, t.eval_tokens)
+    return engine.evaluate(0)
+
+
+def test_validation_loss_does_not_depend_on_the_eval_batch_size(micro_cfg):
+    """32 windows in batches of 4 (even), 5 and 7 (a smaller last batch): the same weights give the same
+    loss to float tolerance (was 5.0867 / 5.0777 / 5.0714 for the same weights: a mean of batch means)."""
+    import torch
+
+    from mapl.engine import LocalEngine
+    torch.manual_seed(0)
+    cfg = micro_cfg("mapl", 4)
+    engine = LocalEngine.build(cfg)
+    for step in range(3):
+        engine.train_step(step, 1.0)
+    assert cfg.train.eval_tokens // cfg.train.seq_len == 32
+    losses = {b: _evaluate_with(engine, cfg, b) for b in (4, 5, 7, 32)}
+    assert max(losses.values()) - min(losses.values()) < 1e-5 * losses[4], losses
+    # the old mean of batch means is measurably different with a small last batch: the test can fail
+    t = cfg.train
+    batches = engine.data.dataset.eval_batches(7, t.seq_len, t.eval_tokens)
+    with torch.no_grad():
+        engine.sm.eval()
+        plain = sum(float(engine.sm(x, y)) for x, y in batches) / len(batches)
+    assert abs(plain - losses[4]) > 1e-4
+
+
+def test_full_batches_keep_the_plain_mean_bit_for_bit(micro_cfg):
+    """Where the windows fill every batch (every committed profile), the weights are exactly 1.0: the
+    committed numbers stay those of the mean over batches."""
+    import torch
+
+    from mapl.engine import LocalEngine, batch_weight
+    cfg = micro_cfg()
+    engine = LocalEngine.build(cfg)
+    batches = engine.data.val_batches
+    assert [batch_weight(y, batches) for _, y in batches] == [1.0] * len(batches)
+    with torch.no_grad():
+        engine.sm.eval()
+        total = torch.zeros((), dtype=torch.float64)
+        for x, y in batches:
+            total += engine.sm(x, y)
+    assert engine.evaluate(0) == float(total) / len(batches)
+
+
+@pytest.mark.slow
+def test_pipeline_validation_loss_is_the_same_for_every_eval_batch_size_and_replica_count(tmp_path, tiny_corpus):
+    """The multi-process runtime weighs each replica's batches by their tokens too: R = 2 with batches of 5
+    (3 + 4 batches, one of 2 windows) gives R = 2 with batches of 4's losses to float tolerance."""
+    import json
+
+    from mapl.runtime.launch import launch
+    args = ["--profile", "micro", "--set", "data.source=text", "--set",
+            f"data.paths={json.dumps([str(tiny_corpus.parent / 'doc*.txt')])}", "--set", "data.tokenizer=byte",
+            "--set", f"data_dir={tiny_corpus}", "--set", "train.threads=1", "--no-progress", "--steps", "10",
+            "--replicas", "2"]
+    curves = {}
+    for b in (4, 5):
+        out = tmp_path / f"eb{b}.json"
+        r = launch([*args, "--set", f"train.eval_batch_size={b}", "--out", str(out), "--ckpt", str(tmp_path / f"eb{b}.pt")],
+                   4, launcher="direct", timeout=300)
+        assert r.returncode == 0, r.stderr[-3000:]
+        curves[b] = json.loads(out.read_text())["val_loss_curve"]
+    assert [s for s, _ in curves[4]] == [s for s, _ in curves[5]] == [10]
+    assert abs(curves[4][0][1] - curves[5][0][1]) < 1e-5 * curves[4][0][1], curves
