@@ -245,6 +245,22 @@ def other_rank_refused(pattern: str, code: int = 2) -> Callable:
     return after
 
 
+def results_folder(damage: Callable[[Path], None]) -> Callable[[Ctx], None]:
+    """Setup: ``res/main/`` holding two copies of a finished run's r.json (``seed``), ``b.json`` then damaged."""
+    def setup(ctx: Ctx) -> None:
+        folder = ctx.dir / "res" / "main"
+        folder.mkdir(parents=True)
+        for name in ("a.json", "b.json"):
+            shutil.copy2(ctx.dir / "r.json", folder / name)
+        damage(folder / "b.json")
+    return setup
+
+
+def _nan_val_loss(path: Path) -> None:
+    res = json.loads(path.read_text())
+    path.write_text(json.dumps({**res, "val_loss": float("nan")}))
+
+
 def both(*setups) -> Callable[[Ctx], None]:
     def setup(ctx: Ctx) -> None:
         for s in setups:
@@ -839,6 +855,29 @@ FAULTS = [
           f"mapl.pipeline @run --steps 2 --out {REL}/r.json --ckpt {REL}/r.pt", 0, (), "(progress lines)",
           "the ranks run in the caller's working folder", "results and per-rank checkpoints where the paths say",
           "—", stderr="ranks", after=outputs_in_the_working_folder, creates=(f"{REL}/*",), slow=True),
+    # ---- the report --------------------------------------------------------------------------------------
+    Fault("report-results-truncated", "a truncated results JSON among the runs the report reads (was: left out "
+          "without a word: Table 1's MAPL 8x row lost a seed)", "mapl.planner res", 2,
+          r"^error: .*/res/main/b\.json is not valid JSON \(truncated\? .*\): the report would leave this run out of "
+          r"every table; rerun that run \(e\.g\. `dvc repro train@<group>`\), or move the file out of the results "
+          r"folder$",
+          "error: <results>/<group>/<run>.json is not valid JSON (truncated? ...): the report would leave this run out of "
+          "every table; rerun that run (e.g. `dvc repro train@<group>`), or move the file out of the results folder",
+          "the report (`mapl.report.load_results`: the report notebook, the planner) refuses before any table",
+          "every file", "rerun the run, or move the file away",
+          setup=both(seed("--steps 2"), results_folder(lambda p: os.truncate(p, p.stat().st_size // 2)))),
+    Fault("report-results-empty", "an empty (0-byte) results JSON", "mapl.planner res", 2,
+          r"^error: .*/res/main/b\.json is empty: the report would leave this run out of every table; ",
+          "error: <results>/<group>/<run>.json is empty: the report would leave this run out of every table; ...",
+          "refused before any table", "every file", "rerun the run, or move the file away",
+          setup=both(seed("--steps 2"), results_folder(lambda p: os.truncate(p, 0))), slow=True),
+    Fault("report-results-nan", "a results JSON whose val_loss is NaN (was: an AttributeError traceback)",
+          "mapl.planner res", 2,
+          r"^error: .*/res/main/b\.json: val_loss is nan, not a finite number: the file is damaged or was not "
+          r"written by a finished run; ",
+          "error: <results>/<group>/<run>.json: val_loss is nan, not a finite number: the file is damaged or was not "
+          "written by a finished run; ...", "refused before any table", "every file",
+          "rerun the run, or move the file away", setup=both(seed("--steps 2"), results_folder(_nan_val_loss))),
     # ---- orchestration: sweep, workspace -----------------------------------------------------------------
     Fault("sweep-unknown-group", "a group params.yaml does not define", "mapl.sweep --profile micro --group nope", 2,
           r"^error: group='nope' is invalid for profile 'micro': allowed \[.*'main'.*\]$",
