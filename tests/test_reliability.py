@@ -117,3 +117,121 @@ def test_pipeline_validation_loss_is_the_same_for_every_eval_batch_size_and_repl
         curves[b] = json.loads(out.read_text())["val_loss_curve"]
     assert [s for s, _ in curves[4]] == [s for s, _ in curves[5]] == [10]
     assert abs(curves[4][0][1] - curves[5][0][1]) < 1e-5 * curves[4][0][1], curves
+
+
+# ---- the launcher never waits without limit (mapl.runtime.launch) ------------------------------------------
+def test_a_stopped_rank_is_stopped_by_the_launcher_once_another_ended():
+    """Rank 0 ends (exit 3, as after a peer timeout); rank 1 is SIGSTOPped (it can act on no signal but
+    SIGKILL): the launcher stops it ``grace_s`` later instead of waiting forever."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from mapl.runtime.launch import _wait_all
+    procs = [subprocess.Popen([sys.executable, "-c", "import time, sys; time.sleep(0.5); sys.exit(3)"]),
+             subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])]
+    os.kill(procs[1].pid, signal.SIGSTOP)
+    t0 = time.time()
+    try:
+        exit_s, stopped = _wait_all(procs, None, t0, grace_s=1.0)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert stopped == [1] and procs[0].returncode == 3 and procs[1].returncode == -signal.SIGKILL
+    assert time.time() - t0 < 1.0 + 5.0 + 3.0 and exit_s[0] < exit_s[1]
+
+
+def test_without_grace_every_rank_is_waited_for():
+    import subprocess
+    import sys
+    import time
+
+    from mapl.runtime.launch import _wait_all
+    procs = [subprocess.Popen([sys.executable, "-c", f"import time; time.sleep({t})"]) for t in (0.1, 1.5)]
+    exit_s, stopped = _wait_all(procs, None, time.time())
+    assert stopped == [] and [p.returncode for p in procs] == [0, 0] and exit_s[1] >= 1.4
+
+
+# ---- a finished run's results are never replaced by another config's (mapl.train.check_results_file) -----
+def _results_of(cfg) -> dict:
+    from mapl.config import config_hash
+    v = cfg.validate()
+    return {"config": v.to_dict(), "provenance": {"config_hash": config_hash(v)}, "val_loss": 4.0, "method": "none"}
+
+
+def test_results_guard(micro_cfg, tmp_path):
+    import json
+    from dataclasses import replace
+
+    from mapl.io import OutputError
+    from mapl.train import check_results_file
+    cfg = micro_cfg("mapl", 4)
+    out = tmp_path / "r.json"
+    check_results_file(out, cfg)                                    # nothing there
+    out.write_text(json.dumps(_results_of(cfg)))
+    check_results_file(out, cfg)                                    # the same config: the same numbers
+    check_results_file(out, replace(cfg, train=replace(cfg.train, threads=3, checkpoint_every=7)))   # execution only
+    seed = replace(cfg, train=replace(cfg.train, seed=1))
+    with pytest.raises(OutputError, match=r"holds the results of another config \(train\.seed 0 -> 1\)"):
+        check_results_file(out, seed)
+    check_results_file(out, seed, replace=True)
+    lr = replace(cfg, train=replace(cfg.train, lr_muon=0.5, steps=40))
+    with pytest.raises(OutputError, match=r"train\.lr_muon 0\.02 -> 0\.5, train\.steps 20 -> 40"):
+        check_results_file(out, lr)
+    check_results_file(out, lr, resume_with_changes=True)          # a continuation of resumable fields
+    with pytest.raises(OutputError, match=r"train\.seed"):
+        check_results_file(out, replace(seed, train=replace(seed.train, lr_muon=0.5)), resume_with_changes=True)
+    out.write_text("not json")
+    with pytest.raises(OutputError, match=r"exists and is not a mapl results JSON"):
+        check_results_file(out, cfg)
+
+
+# ---- workspaces: a --dir is never overwritten, a stopped workspace leaves nothing running ----------------
+def test_workspace_dir_must_be_new_empty_or_a_workspace(tmp_path):
+    from mapl.workspace import MARKER, PROJECT_ROOT, check_dir
+    check_dir(tmp_path / "new")                                             # created later
+    (tmp_path / "empty").mkdir()
+    check_dir(tmp_path / "empty")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "README.md").write_text("my notes")
+    with pytest.raises(ValueError, match=r"exists, is not empty and is no mapl workspace"):
+        check_dir(mine)
+    (mine / MARKER).parent.mkdir()
+    (mine / MARKER).write_text("/somewhere\n")                              # made by make_copy: refreshed
+    check_dir(mine)
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(ValueError, match=r"is a file, not a folder"):
+        check_dir(tmp_path / "afile")
+    for where in (PROJECT_ROOT, PROJECT_ROOT.parent, PROJECT_ROOT / "."):
+        with pytest.raises(ValueError, match=r"is this checkout or a folder above it"):
+            check_dir(where)
+    with pytest.raises(ValueError, match=r"is inside this checkout"):
+        check_dir(PROJECT_ROOT / "reports" / "ws")
+
+
+def test_stopping_a_command_stops_every_process_below_it(tmp_path):
+    """What SIGTERM to `mapl.workspace` does to DVC and its children: the whole tree goes, even a child
+    that ignores SIGTERM (SIGKILL after the grace)."""
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    from mapl.workspace import _stop_tree
+    code = ("import signal, subprocess, sys, time\n"
+            "subprocess.Popen([sys.executable, '-c', 'import signal, time; signal.signal(signal.SIGTERM, "
+            "signal.SIG_IGN); time.sleep(600)'])\n"
+            "time.sleep(600)")
+    proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+    deadline = time.time() + 30
+    while not psutil.Process(proc.pid).children() and time.time() < deadline:
+        time.sleep(0.1)
+    tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+    assert len(tree) == 2
+    _stop_tree(proc, grace_s=1.0)
+    assert not [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]

@@ -111,12 +111,16 @@ def mismatch_message(fingerprints: list[dict], diffs: dict[int, list[str]]) -> s
             + ". Start every rank with the same command, params.yaml, prepared data and training code")
 
 
-def check_same_run(fingerprint: dict, group=None) -> None:
+def check_same_run(fingerprint: dict, refusal: str | None = None, group=None) -> None:
     """Collective (every rank of ``group``, default: the world): gather every rank's fingerprint and
-    raise :class:`RunMismatch` on every rank when any differs."""
+    raise :class:`RunMismatch` on every rank when any differs; else, when some rank brought a
+    ``refusal`` (e.g. rank 0's results guard), raise it as a ``ValueError`` on every rank."""
     import torch.distributed as dist
     everyone = [None] * dist.get_world_size(group)
-    dist.all_gather_object(everyone, fingerprint, group=group)
-    diffs = differences(everyone)
+    dist.all_gather_object(everyone, (fingerprint, refusal), group=group)
+    diffs = differences([fp for fp, _ in everyone])
     if diffs:
-        raise RunMismatch(mismatch_message(everyone, diffs))
+        raise RunMismatch(mismatch_message([fp for fp, _ in everyone], diffs))
+    refused = [(r, why) for r, (_, why) in enumerate(everyone) if why]
+    if refused:
+        raise ValueError("; ".join(why if r == 0 else f"rank {r}: {why}" for r, why in refused))
