@@ -679,6 +679,20 @@ FAULTS = [
           r"^python -m mapl\.data: error: profile='gpu' is invalid: allowed: \[.*'micro'.*\]$",
           "usage: ... / python -m mapl.data: error: profile='gpu' is invalid: allowed: [...]",
           "refused", "nothing written", "use a profile of params.yaml", stderr="usage", slow=True),
+    Fault("data-parquet-empty", "a 0-byte parquet file given to `python -m mapl.data` (was: a pyarrow traceback)",
+          "mapl.data --out prepared --source parquet --paths empty.parquet --tokenizer byte", 2,
+          r"^python -m mapl\.data: error: empty\.parquet is not a readable parquet file \(Parquet file size is 0 "
+          r"bytes\): it is empty, truncated or damaged; replace it \(data\.paths\) and run the same command$",
+          "python -m mapl.data: error: <file> is not a readable parquet file (Parquet file size is 0 bytes): it is "
+          "empty, truncated or damaged; replace it (data.paths) and run the same command",
+          "refused when the file is opened; no work folder is left", "every file", "replace the file",
+          setup=write("empty.parquet", b"")),
+    Fault("data-parquet-corrupt", "a corrupt parquet file (not parquet, or truncated)",
+          "mapl.data --out prepared --source parquet --paths bad.parquet --tokenizer byte", 2,
+          r"^python -m mapl\.data: error: bad\.parquet is not a readable parquet file \(Parquet magic bytes not found ",
+          "python -m mapl.data: error: <file> is not a readable parquet file (Parquet magic bytes not found in "
+          "footer. ...): it is empty, truncated or damaged; ...", "refused when the file is opened",
+          "every file", "replace the file", setup=write("bad.parquet", b"PAR1" + bytes(range(200))), slow=True),
     # ---- checkpoints and resume -----------------------------------------------------------------------
     Fault("checkpoint-truncated", "a truncated checkpoint", f"{T} --steps 2 {IO}", 2,
           r"^error: checkpoint r\.pt cannot be loaded safely \(truncated, foreign, or needs pickled objects\): "
@@ -990,6 +1004,23 @@ FAULTS = [
           "error: <results>/<group>/<run>.json: val_loss is nan, not a finite number: the file is damaged or was not "
           "written by a finished run; ...", "refused before any table", "every file",
           "rerun the run, or move the file away", setup=both(seed("--steps 2"), results_folder(_nan_val_loss))),
+    # ---- the cost model ----------------------------------------------------------------------------------
+    Fault("costmodel-mfu-zero", "`python -m mapl.costmodel --mfu 0` (was: a ZeroDivisionError traceback)",
+          "mapl.costmodel --profile micro --mfu 0", 2,
+          r"^error: --mfu 0 is invalid: must be in \(0, 1\] \(the fraction of the peak sustained while computing\)$",
+          "error: --mfu 0 is invalid: must be in (0, 1] (the fraction of the peak sustained while computing)",
+          "refused before the estimate", "nothing written", "fix the value"),
+    Fault("costmodel-peak-zero", "`python -m mapl.costmodel --peak-tflops 0`", "mapl.costmodel --profile micro "
+          "--peak-tflops 0", 2, r"^error: --peak-tflops 0 is invalid: must be a finite number > 0$",
+          "error: --peak-tflops 0 is invalid: must be a finite number > 0", "refused before the estimate",
+          "nothing written", "fix the value", slow=True),
+    Fault("costmodel-out-unwritable", "`python -m mapl.costmodel --out` where it cannot be written (was: a traceback "
+          "after the estimate)", "mapl.costmodel --profile micro --out afile/gpu-hours.md", 2,
+          r"^error: cannot create the folder of afile/gpu-hours\.md: .*\(a (file is where its folder should be|parent "
+          r"of it is a file, not a folder)\)$",
+          "error: cannot create the folder of <path>: File exists (a file is where its folder should be)",
+          "refused before the estimate (the output is written atomically)", "everything", "fix the path",
+          setup=write("afile", "x"), slow=True),
     # ---- orchestration: sweep, workspace -----------------------------------------------------------------
     Fault("sweep-unknown-group", "a group params.yaml does not define", "mapl.sweep --profile micro --group nope", 2,
           r"^error: group='nope' is invalid for profile 'micro': allowed \[.*'main'.*\]$",
