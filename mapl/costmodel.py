@@ -394,18 +394,27 @@ def main(argv=None) -> int:
     ap.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak (H100/H200 SXM: 989)")
     ap.add_argument("--out", type=Path, help="also write the text here")
     a = ap.parse_args(argv)
-    gpu = GPUSpec(f"NVIDIA H100/H200 SXM, dense bf16 {a.peak_tflops:g} TFLOP/s", a.peak_tflops * 1e12, a.mfu)
+    from .io import atomic_write_text, check_writable
     try:
+        # a zero MFU or peak divided by zero deep in the clock (a traceback); a negative one gave negative hours
+        if not (math.isfinite(a.mfu) and 0 < a.mfu <= 1):
+            raise ValueError(f"--mfu {a.mfu:g} is invalid: must be in (0, 1] (the fraction of the peak sustained "
+                             "while computing)")
+        if not (math.isfinite(a.peak_tflops) and a.peak_tflops > 0):
+            raise ValueError(f"--peak-tflops {a.peak_tflops:g} is invalid: must be a finite number > 0")
+        if a.out:
+            check_writable(a.out)                   # before the estimate, not after it
+        gpu = GPUSpec(f"NVIDIA H100/H200 SXM, dense bf16 {a.peak_tflops:g} TFLOP/s", a.peak_tflops * 1e12, a.mfu)
         text = format_gpu_hours(gpu_hours(a.profile, gpu, a.groups.split(",") if a.groups else None))
+        print(text)
+        if a.out:
+            atomic_write_text(a.out, text)
     except (ValueError, KeyError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(text)
-    if a.out:
-        a.out.parent.mkdir(parents=True, exist_ok=True)
-        a.out.write_text(text)
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from .cli import run_cli
+    raise SystemExit(run_cli(main, prog="python -m mapl.costmodel"))

@@ -29,7 +29,7 @@ from .runtime.boundary_sync import meter_local_step
 from .stages import StagedModel, build_staged_model
 from .wire import ByteMeter
 
-__all__ = ["RunData", "resolve_data_dir", "open_run_data", "build_optimizers", "set_lr", "autocast_ctx",
+__all__ = ["RunData", "resolve_data_dir", "open_run_data", "batch_weight", "build_optimizers", "set_lr", "autocast_ctx",
            "stage_of_parameter", "check_projectors", "LocalEngine"]
 
 
@@ -67,6 +67,15 @@ def open_run_data(cfg: RunConfig) -> RunData:
         raise ConfigError(f"train.eval_offset={t.eval_offset} is invalid: the validation split has {len(ds.val)} "
                           f"tokens, so it must be <= {max(0, room)} (validation windows of train.seq_len={t.seq_len})")
     return RunData(ds, ds.eval_batches(t.eval_batch_size, t.seq_len, t.eval_tokens, offset=t.eval_offset))
+
+
+def batch_weight(y: torch.Tensor, batches: list) -> float:
+    """A validation batch's weight in the mean over batches: its tokens over a full batch's. The mean
+    of the batches' mean losses weighted so is the mean over tokens, whatever the batch size and
+    however the batches are shared among replicas (a smaller last batch counts for its tokens only);
+    full batches weigh exactly 1.0, so where the windows fill every batch the numbers are those of
+    the plain mean over batches, bit for bit."""
+    return y.numel() / batches[0][1].numel()
 
 
 # ---- the optimizer recipe ---------------------------------------------------------------------------
@@ -233,11 +242,12 @@ class LocalEngine:
         was_training = sm.training
         sm.eval()                        # eval: compressors must not update state (RVQ EMA, k-means)
         total = torch.zeros((), dtype=torch.float64, device=dev)
+        batches = self.data.val_batches
         with autocast_ctx(self.cfg, dev):
-            for x, y in self.data.val_batches:
-                total += sm(x.to(dev), y.to(dev))
+            for x, y in batches:
+                total += sm(x.to(dev), y.to(dev)).double() * batch_weight(y, batches)
         sm.train(was_training)
-        return float(total) / max(1, len(self.data.val_batches))
+        return float(total) / sum(batch_weight(y, batches) for _, y in batches)
 
     def health(self) -> list[dict]:
         return [comp.health_report() for comp in self.sm.compressors()]

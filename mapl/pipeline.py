@@ -34,14 +34,20 @@ files or non-finite values (one line per rank), 3 a peer died or timed out (the 
 operation, peer and step), 130 interrupted (checkpoints written). ``train.comm_timeout_s`` (``--timeout``,
 env ``MAPL_PG_TIMEOUT``; 60 s by default, 10 minutes in the paper profile) bounds every wait during
 training; the wait for rank 0 to prepare data has none. On NCCL the same value is the process groups'
-timeout, so a wait past it is ended by NCCL's watchdog (see ``mapl/runtime/transport.py``).
+timeout, so a wait past it is ended by NCCL's watchdog (see ``mapl/runtime/transport.py``). Right
+after the process group is up, the ranks compare their resolved config, shared options, data and
+training code (``mapl.runtime.same_run``): ranks started for different runs all exit 2, naming the
+fields, before anything is written.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import math
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -56,12 +62,15 @@ from .runtime.faults import FaultPlan, exit_with_parent
 from .runtime.launch import launch, write_status
 from .runtime.rank import run_rank
 from .runtime.rank_checkpoints import rank_ckpt_path, stage_slot
+from .runtime.same_run import check_same_run, run_fingerprint
 from .runtime.topology import Topology, check_local_gpus, detect_launcher, init_distributed
 from .runtime.transport import CommError
 
 __all__ = ["main", "launch", "rank_ckpt_path", "CommError", "DEFAULT_TIMEOUT_S"]
 
 DEFAULT_TIMEOUT_S = TrainConfig.comm_timeout_s        # train.comm_timeout_s unless a profile sets it
+DEFAULT_RENDEZVOUS_S = 300.0        # ranks of a several-machine launch are often started by hand, minutes apart
+LAUNCH_GRACE_S = 30.0               # beyond --timeout: how long the self-launcher waits for the others once a rank ended
 
 
 def _extra_parser() -> argparse.ArgumentParser:
@@ -74,6 +83,11 @@ def _extra_parser() -> argparse.ArgumentParser:
                     help="seconds any training-time wait may last: a dead stage makes the others fail after at "
                          "most this long (= --set train.comm_timeout_s=...; default: the profile's, else "
                          f"{DEFAULT_TIMEOUT_S:g}; env MAPL_PG_TIMEOUT)")
+    ap.add_argument("--rendezvous-timeout", type=float,
+                    default=float(os.environ.get("MAPL_RENDEZVOUS_TIMEOUT", DEFAULT_RENDEZVOUS_S)),
+                    help="seconds a rank waits for every rank to join the process group (a rank that was never "
+                         "started or failed first, or MASTER_PORT held by another program) (default %(default)s, "
+                         "env MAPL_RENDEZVOUS_TIMEOUT)")
     ap.add_argument("--blocking-transport", action="store_true",
                     help="every send waits for its receive (as NCCL's do): tests deadlock-freedom on gloo")
     ap.add_argument("--link-delay", metavar="PROFILE",
@@ -95,6 +109,9 @@ def _parse(argv):
               "checkpoints/<run>-mp.rank<s>.pt.\n")
         mtrain.parse_args(["--help"])
     extra, rest = ap.parse_known_args(argv)
+    value = extra.rendezvous_timeout         # --timeout is checked as the config field below
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"--rendezvous-timeout {value:g} is invalid: must be a finite number of seconds > 0")
     args = mtrain.parse_args(rest)
     if extra.schedule:
         args.set = list(args.set) + [f"train.schedule={extra.schedule}"]
@@ -138,12 +155,18 @@ def _self_launch(extra, args, argv) -> int:
     cfg = mtrain.config_from_args(args)
     out, ckpt = _paths(args, cfg)
     mtrain.check_output_paths(out, ckpt, _checkpoint_files(ckpt, cfg.stages))
+    mtrain.check_results_file(out, cfg, args.replace_results, args.resume_with_changes)
     if extra.replicas < 1:
         raise ValueError(f"--replicas {extra.replicas} is invalid: must be >= 1")
     check_local_gpus(cfg.stages * extra.replicas)       # before any rank starts
     path = os.pathsep.join(p for p in (str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    grace = cfg.train.comm_timeout_s + LAUNCH_GRACE_S
     res = launch(argv, cfg.stages * extra.replicas, launcher=extra.launcher, stream=True, cwd=Path.cwd(),
-                 env={"PYTHONPATH": path})
+                 env={"PYTHONPATH": path}, grace_s=grace)
+    for r in res.stopped:
+        first = min((t, k) for k, t in enumerate(res.rank_exit_s) if k not in res.stopped)[1]
+        print(f"error: rank {r} was still running {grace:g} s (--timeout + {LAUNCH_GRACE_S:g} s) after rank {first} "
+              f"ended (exit {res.rank_returncodes[first]}): stopped it (a stopped or hung process)", file=sys.stderr)
     if res.returncode == EXIT_INTERRUPTED:
         print(f"interrupted: all {cfg.stages * extra.replicas} ranks stopped after the same step and wrote their "
               f"checkpoints ({rank_ckpt_path(ckpt, 0).name.replace('rank0', 'rank*')}); rerun the same command to "
@@ -168,13 +191,18 @@ def _rank_main(extra, args, debug: bool) -> int:
     except ValueError as e:
         return _leave(rank, EXIT_USER_ERROR, f"error: rank {rank}: {e}")
     try:
-        rank, world, device, backend = init_distributed()
+        with _deadline(extra.rendezvous_timeout, rank):
+            rank, world, device, backend = init_distributed()
         topo = Topology(rank, world, cfg.stages, device, backend, detect_launcher())
     except ValueError as e:
         return _leave(rank, EXIT_USER_ERROR, f"error: rank {rank}: {e}" + _launch_hint(cfg.stages))
     except Exception as e:              # noqa: BLE001 -- the rendezvous failed
         return _leave(rank, EXIT_PEER_FAILED, f"error: rank {rank}: process-group setup failed: "
                                               f"{type(e).__name__}: {e}")
+    try:                                # before anything is opened, locked or written: one run on every rank
+        check_same_run(run_fingerprint(cfg, _shared_options(extra, args)), _results_refusal(rank, out, cfg, args))
+    except ValueError as e:
+        return _leave(rank, EXIT_USER_ERROR, f"error: rank {rank}: {e}")
     if cfg.stages < 2:
         return _leave(rank, EXIT_USER_ERROR, f"error: rank {rank}: mapl.pipeline needs stages >= 2; for one "
                                              "stage use python -m mapl.train")
@@ -198,6 +226,42 @@ def _rank_main(extra, args, debug: bool) -> int:
     except Exception:                   # noqa: BLE001 -- results are written; teardown is best effort
         pass
     return 0
+
+
+def _results_refusal(rank: int, out: Path, cfg, args) -> str | None:
+    """Rank 0's results guard (``mapl.train.check_results_file``), as a message all ranks act on."""
+    if rank != 0:
+        return None
+    try:
+        mtrain.check_results_file(out, cfg, args.replace_results, args.resume_with_changes)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+@contextlib.contextmanager
+def _deadline(seconds: float, rank: int):
+    """The process group must form within ``seconds``, else one line and exit 3 (the rendezvous itself
+    would wait for days: the default group's timeout also covers rank 0 preparing data)."""
+    where = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
+    timer = threading.Timer(seconds, lambda: _leave(rank, EXIT_PEER_FAILED, (
+        f"error: rank {rank}: the process group did not form within {seconds:g} s (--rendezvous-timeout; "
+        f"rendezvous at {where}, {os.environ.get('WORLD_SIZE', '?')} ranks): a rank was not started or failed "
+        "before joining, or another program holds that port; start every rank, or choose a free port")))
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+
+
+def _shared_options(extra, args) -> dict:
+    """The command-line options every rank must share (mapl.runtime.same_run); not the output paths,
+    which may differ per machine, nor --timeout, which changes no number."""
+    return {"fresh": args.fresh, "resume_with_changes": args.resume_with_changes,
+            "blocking_transport": extra.blocking_transport, "link_delay": extra.link_delay,
+            "link_latency_ms": extra.link_latency_ms}
 
 
 def _launch_hint(stages: int) -> str:

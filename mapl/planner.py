@@ -340,4 +340,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from .cli import run_cli
+    raise SystemExit(run_cli(main, prog="python -m mapl.planner"))

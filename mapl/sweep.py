@@ -23,6 +23,7 @@ the group's count and ETA.
 
     python -m mapl.sweep --profile cpu --group main          # train one group (reports/cpu/results/main)
     python -m mapl.sweep --profile cpu --estimate            # runs per group, estimated wall time
+    python -m mapl.sweep --check                             # every profile and run of params.yaml valid? (DVC's first stage)
     python -m mapl.sweep --profile cpu --group tune --jobs 1
 """
 from __future__ import annotations
@@ -41,7 +42,7 @@ from . import reuse
 from .progress import LAUNCH_OVERHEAD_S, GroupClock, StepProgress, emit, estimate_core_seconds, estimate_group, hms
 
 __all__ = ["LAUNCHERS", "LauncherConfig", "Job", "group_names", "group_specs", "launcher_config", "run_name",
-           "spec_config", "plan_group", "estimate_text", "results_dir",
+           "spec_config", "check_params", "plan_group", "estimate_text", "results_dir",
            "check_names", "launch_args", "prepare_data", "status_table", "stage_table",
            "run_many", "main"]
 
@@ -145,6 +146,32 @@ def check_names(profile: str, params: dict | None = None) -> None:
             if seen.setdefault(cfg.name(), (h, group))[0] != h:
                 raise ConfigError(f"run name {cfg.name()!r} is used for two different configs (groups "
                                   f"{seen[cfg.name()][1]!r} and {group!r}); give one of them a `name:`")
+
+
+def check_params(params: dict | None = None) -> str:
+    """Every profile of params.yaml as training reads it: the profile's own settings, its launcher and
+    every run of every group, validated (as far as can be without the data) and named uniquely; the
+    top-level ``profile:`` must name one. Raises ``ConfigError`` (one line naming the key); returns a
+    summary line. DVC's first stage (``validate``), so a bad value never reaches a stage that DVC
+    clears the outputs of before running it."""
+    params = params or load_params()
+    profiles = params["profiles"]
+    if params.get("profile") not in profiles:
+        raise ConfigError(f"profile={params.get('profile')!r} (the top-level `profile:` of params.yaml) is invalid: "
+                          f"allowed {sorted(profiles)}")
+    runs = 0
+    for profile in profiles:
+        load_run_config(profile, params=params).validate()
+        launcher_config(profile, params)
+        for group in group_names(profile, params):
+            for i, spec in enumerate(group_specs(profile, group, params)):
+                try:
+                    spec_config(profile, spec, params).validate()
+                except ConfigError as e:
+                    raise ConfigError(f"profiles.{profile}.groups.{group}[{i}] ({spec}): {e}") from None
+                runs += 1
+        check_names(profile, params)
+    return f"params.yaml: {len(profiles)} profiles, {runs} runs in their groups, every setting valid"
 
 
 def plan_group(profile: str, specs: list[dict], out_dir: Path, params: dict | None = None,
@@ -365,18 +392,36 @@ def run_many(profile: str, specs: list[dict], out_dir: Path, jobs: int = 0, log=
     return sorted(status, key=lambda s: s["k"])
 
 
+STAMP_TEXT = ("params.yaml passed `python -m mapl.sweep --check` (DVC's validate stage; the same text every time, so "
+              "that a params edit reruns only the stages whose params changed)\n")
+
+
+def _write_stamp(path: Path) -> None:
+    from .io import atomic_write_text
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, STAMP_TEXT)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m mapl.sweep", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--profile", help="params.yaml profile (default: its `profile:`)")
     ap.add_argument("--group", help="run group in profiles.<profile>.groups")
     ap.add_argument("--estimate", action="store_true", help="print runs and estimated wall time per group; train nothing")
+    ap.add_argument("--check", action="store_true", help="validate every profile and run of params.yaml; train nothing")
+    ap.add_argument("--stamp", type=Path, help="with --check: then write this file (DVC's validate stage output)")
     ap.add_argument("--jobs", type=int, default=0, help="runs side by side (default: the profile's launcher.jobs)")
     ap.add_argument("--out-dir", type=Path, help="default reports/<profile>/results/<group>")
     ap.add_argument("--quiet", action="store_true", help="no progress lines")
     args = ap.parse_args(argv)
     try:
         params = load_params()
+        if args.check:
+            summary = check_params(params)
+            if args.stamp:
+                _write_stamp(args.stamp)
+            print(summary, flush=True)
+            return 0
         profile = args.profile or params["profile"]
         if args.estimate:
             check_names(profile, params)

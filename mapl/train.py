@@ -3,7 +3,8 @@
     python -m mapl.train --profile cpu --method mapl --ratio 8 --out reports/results/mapl-8x.json
 
 Rerunning the same command resumes from the checkpoint (``--ckpt``, default checkpoints/<run>.pt);
-``--fresh`` starts over; ``--resume-with-changes`` continues a checkpoint with new learning rates,
+``--fresh`` starts over (the checkpoint; a results JSON of another config at ``--out`` is replaced only
+with ``--replace-results``); ``--resume-with-changes`` continues a checkpoint with new learning rates,
 step budget or evaluation settings (``mapl.config.RESUMABLE_FIELDS``; recorded in the results).
 Ctrl-C/SIGTERM: the step in flight completes, the checkpoint is written, exit code 130.
 Exit codes (``mapl.cli``): 0 done, 1 a bug (traceback), 2 invalid settings, files or output paths (one
@@ -23,13 +24,14 @@ from pathlib import Path
 
 from .checkpoint import CheckpointSlot
 from .cli import add_debug_flag, run_cli
-from .config import METHODS, PROJECT_ROOT, RunConfig, load_params, load_run_config, parse_set
+from .config import (EXECUTION_FIELDS, METHODS, PROJECT_ROOT, RESUMABLE_FIELDS, RunConfig, config_diff, config_hash,
+                     load_params, load_run_config, parse_set)
 from .engine import LocalEngine, build_optimizers, resolve_data_dir
 from .io import OutputError, OutputLock, atomic_torch_save, atomic_write_json, check_writable
 from .loop import lr_factor, train
 from .results import provenance
 
-__all__ = ["run", "main", "parse_args", "add_run_arguments", "config_from_args", "check_output_paths",
+__all__ = ["run", "main", "parse_args", "add_run_arguments", "config_from_args", "check_output_paths", "check_results_file",
            "build_optimizers", "lr_factor", "resolve_data_dir", "atomic_write_json", "atomic_torch_save", "provenance"]
 
 
@@ -44,15 +46,49 @@ def check_output_paths(out: Path | None, ckpt: Path | None, ckpt_files: list[Pat
             check_writable(path)
 
 
+def check_results_file(out: Path | None, cfg: RunConfig, replace: bool = False,
+                       resume_with_changes: bool = False) -> None:
+    """A results JSON already at ``out`` is a finished run's numbers: a run of another config may not
+    replace them unless ``replace`` (``--replace-results``). The same config may (the same numbers,
+    as runs are deterministic), and so may a continuation with ``--resume-with-changes`` whose changes
+    are all resumable (``mapl.config.RESUMABLE_FIELDS``). A file there that is no results JSON is
+    refused too: nothing is overwritten silently."""
+    if out is None or replace or not Path(out).is_file():
+        return
+    try:
+        res = json.loads(Path(out).read_text())
+        old = res["config"] if isinstance(res["config"], dict) else None
+        old_hash = res["provenance"]["config_hash"]
+    except (OSError, ValueError, KeyError, TypeError):
+        old = old_hash = None
+    fix = "choose another --out, or pass --replace-results to replace it"
+    if old is None:
+        raise OutputError(f"--out {out} exists and is not a mapl results JSON: this run would replace it; {fix}")
+    cfg = cfg.validate()
+    if old_hash == config_hash(cfg):
+        return
+    as_json = json.loads(json.dumps(cfg.to_dict(), default=str))      # tuples read back from JSON as lists
+    changes = {k: v for k, v in config_diff(old, as_json).items() if k not in EXECUTION_FIELDS}
+    if resume_with_changes and set(changes) <= RESUMABLE_FIELDS:
+        return
+    named = ", ".join(f"{k} {a} -> {b}" for k, (a, b) in list(changes.items())[:6]) + \
+        (f", and {len(changes) - 6} more" if len(changes) > 6 else "")
+    raise OutputError(f"--out {out} holds the results of another config ({named or 'another config hash'}): this run "
+                      f"would replace a finished run's numbers; {fix}")
+
+
 def run(cfg: RunConfig, out: Path | None = None, ckpt: Path | None = None, progress: bool = True, log=print,
-        resume_with_changes: bool = False, on_step=None) -> dict:
+        resume_with_changes: bool = False, on_step=None, replace_results: bool = False) -> dict:
     """Train ``cfg`` in this process and return the results dict (also written to ``out``). Resumes
-    from ``ckpt`` when it exists. ``on_step(step, steps, loss)`` is called after every optimizer step."""
+    from ``ckpt`` when it exists. ``on_step(step, steps, loss)`` is called after every optimizer step.
+    Results of another config at ``out`` are refused unless ``replace_results`` (:func:`check_results_file`:
+    after the checkpoint's own checks, whose messages say more about a resume)."""
     started = time.time()
     check_output_paths(out, ckpt)
     with OutputLock(results=out, checkpoint=ckpt):        # a second run on the same paths is refused
         engine = LocalEngine.build(cfg, ckpt=ckpt)
         state = engine.resume(allow_changes=resume_with_changes, log=log)
+        check_results_file(out, cfg, replace_results, resume_with_changes)
         if state is not None:
             log(f"resumed {ckpt} at step {state.step}" +
                 (f" with changed settings {sorted(state.resumed_with_changes[-1]['changes'])}"
@@ -82,6 +118,8 @@ def add_run_arguments(ap: argparse.ArgumentParser, params: dict) -> None:
                     help="resume a checkpoint whose learning rates, step budget, warmup, clipping, weight decay, "
                          "evaluation settings or schedule differ from this run's (recorded in the results); any "
                          "other change is refused")
+    ap.add_argument("--replace-results", action="store_true",
+                    help="let this run replace a results JSON of another config at --out (refused otherwise)")
     ap.add_argument("--no-progress", action="store_true", help="no tqdm bar")
     add_debug_flag(ap)
 
@@ -110,7 +148,8 @@ def _main(argv: list[str]) -> int:
     check_output_paths(out, ckpt)
     if args.fresh:
         CheckpointSlot(ckpt).remove()
-    res = run(cfg, out=out, ckpt=ckpt, progress=not args.no_progress, resume_with_changes=args.resume_with_changes)
+    res = run(cfg, out=out, ckpt=ckpt, progress=not args.no_progress, resume_with_changes=args.resume_with_changes,
+              replace_results=args.replace_results)
     print(json.dumps({k: res[k] for k in ("run", "val_loss", "tokens", "tokens_per_s", "ratio")}))
     return 0
 

@@ -16,30 +16,40 @@ not exclude, as they are in the working tree), gets a git repository of its own 
 with this checkout (``MAPL_CACHE_DIR`` = data/raw here, unless set), so nothing is fetched twice;
 shards, checkpoints and everything DVC writes stay in the copy.
 
+``--dir`` must be a new or empty folder outside this checkout, or a workspace made here before (a
+marker ``.git/mapl-workspace`` says so); anything else is refused before anything is copied.
+SIGINT or SIGTERM stops every process in the copy (SIGTERM first, so training runs write their
+checkpoints; SIGKILL after 30 s) and removes a temporary copy (not ``--keep``, not ``--dir``).
+
 Exit codes: 0 done; 1 a step in the copy failed or its outputs differ (``error: ...`` naming it);
-2 an invalid ``--profile``, a broken params.yaml or a bad flag (one line, before anything is copied).
+2 an invalid ``--profile`` or ``--dir``, a broken params.yaml or a bad flag (one line, before anything
+is copied); 130 interrupted (SIGINT/SIGTERM).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from .cli import EXIT_USER_ERROR
+from .cli import EXIT_INTERRUPTED, EXIT_USER_ERROR
 from .config import PROJECT_ROOT
 
-__all__ = ["SMOKE_TARGETS", "checkout_files", "tool_env", "make_copy", "dvc", "repro", "smoke", "compare_outputs", "verify", "main"]
+__all__ = ["SMOKE_TARGETS", "MARKER", "Stopped", "checkout_files", "tool_env", "make_copy", "check_dir", "dvc", "repro", "smoke", "compare_outputs", "verify", "main"]
 
 # what `make smoke` reproduces: the report and the planner on the profile, and everything they need
 # (prepare, train@*). plan-paper (profile-independent: no micro code path; a minute or two of crossover searches) is left out.
 SMOKE_TARGETS = ("report", "plan")
+STOP_GRACE_S = 30.0          # after SIGTERM, how long the processes in a copy may take to stop (then SIGKILL)
+MARKER = Path(".git") / "mapl-workspace"     # in a copy: says the folder is a workspace made by this module
 _GIT_ID = {"GIT_AUTHOR_NAME": "mapl workspace", "GIT_AUTHOR_EMAIL": "workspace@mapl.invalid",
            "GIT_COMMITTER_NAME": "mapl workspace", "GIT_COMMITTER_EMAIL": "workspace@mapl.invalid"}
 
@@ -48,12 +58,44 @@ class WorkspaceError(RuntimeError):
     """A step in the copy failed or its outputs differ; the message says which."""
 
 
+class Stopped(KeyboardInterrupt):
+    """SIGINT or SIGTERM: the commands in the copy were stopped (and the temporary copy removed)."""
+
+
+def _stop_tree(proc: subprocess.Popen, grace_s: float = STOP_GRACE_S) -> None:
+    """SIGTERM to ``proc`` and every process below it (DVC, papermill, the kernel, training runs: a
+    graceful stop, checkpoints written), SIGKILL to any still there ``grace_s`` later."""
+    import psutil
+    try:
+        root = psutil.Process(proc.pid)
+        tree = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return
+    for p in tree:
+        with contextlib.suppress(psutil.Error):
+            p.terminate()
+    _, alive = psutil.wait_procs(tree, timeout=grace_s)
+    for p in alive:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    psutil.wait_procs(alive, timeout=5)
+    proc.wait()
+
+
 def _run(cmd: list, cwd: Path, env: dict, capture: bool) -> str:
-    p = subprocess.run(cmd, cwd=cwd, env=env, text=True, capture_output=capture)
-    if p.returncode != 0:
-        tail = ((p.stdout or "") + (p.stderr or ""))[-4000:] if capture else ""
-        raise WorkspaceError(f"`{' '.join(map(str, cmd))}` failed in {cwd} (exit {p.returncode})\n{tail}".rstrip())
-    return (p.stdout or "") + (p.stderr or "")
+    """Run ``cmd`` in a session of its own (a terminal's Ctrl-C reaches only this process, which stops
+    the whole tree below it: nothing keeps running in a copy that is about to be removed)."""
+    pipe = subprocess.PIPE if capture else None
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, text=True, stdout=pipe, stderr=pipe, start_new_session=True)
+    try:
+        out, err = proc.communicate()
+    except BaseException:
+        _stop_tree(proc)
+        raise
+    if proc.returncode != 0:
+        tail = ((out or "") + (err or ""))[-4000:] if capture else ""
+        raise WorkspaceError(f"`{' '.join(map(str, cmd))}` failed in {cwd} (exit {proc.returncode})\n{tail}".rstrip())
+    return (out or "") + (err or "")
 
 
 def checkout_files(root: Path = PROJECT_ROOT) -> list[str]:
@@ -89,10 +131,29 @@ def make_copy(dest: Path, profile: str, root: Path = PROJECT_ROOT, env: dict | N
         raise WorkspaceError(f"{params}: no top-level `profile:` line to set to {profile!r}")
     params.write_text(text)
     env = env or tool_env(root)
-    for cmd in (["git", "init", "-q"], ["git", "add", "-A"],
-                ["git", "commit", "-q", "--allow-empty", "-m", f"workspace: {profile}"]):
+    _run(["git", "init", "-q"], dest, env, capture=True)
+    (dest / MARKER).write_text(f"{Path(root).resolve()}\n")     # inside .git: not part of the copy's tree
+    for cmd in (["git", "add", "-A"], ["git", "commit", "-q", "--allow-empty", "-m", f"workspace: {profile}"]):
         _run(cmd, dest, env, capture=True)
     return dest
+
+
+def check_dir(into: Path, root: Path = PROJECT_ROOT) -> None:
+    """A lasting workspace folder (``repro --dir``) must be new, empty, or a workspace this module made
+    before (it is refreshed: its checkpoints and DVC state stay). Anything else would have its files
+    overwritten, and then be ``git init``-ed and committed: refused in one line (``ValueError``)."""
+    into, root = Path(into).resolve(), Path(root).resolve()
+    if into == root or root.is_relative_to(into):
+        raise ValueError(f"--dir {into} is this checkout or a folder above it: the copy would overwrite the checkout; "
+                         "choose a new folder outside it, e.g. ../mapl-<profile>")
+    if into.is_relative_to(root):
+        raise ValueError(f"--dir {into} is inside this checkout: the next copy would copy the workspace into "
+                         "itself; choose a new folder outside it, e.g. ../mapl-<profile>")
+    if into.exists() and not into.is_dir():
+        raise ValueError(f"--dir {into} is a file, not a folder; choose a new or empty folder")
+    if into.is_dir() and any(into.iterdir()) and not (into / MARKER).is_file():
+        raise ValueError(f"--dir {into} exists, is not empty and is no mapl workspace (no {MARKER}): the copy would "
+                         "overwrite its files and commit them; choose a new or empty folder")
 
 
 def dvc(args: list[str], cwd: Path, env: dict, capture: bool = False) -> str:
@@ -105,7 +166,12 @@ def _new_copy(profile: str, root: Path, into: Path | None = None) -> tuple[Path,
     checkpoints left there stay, so an interrupted long run resumes)."""
     env = tool_env(root)
     dest = Path(into) if into else Path(tempfile.mkdtemp(prefix=f"mapl-{profile}-"))
-    make_copy(dest, profile, root, env)
+    try:
+        make_copy(dest, profile, root, env)
+    except BaseException:                # a failed or interrupted copy: a temporary one is not left behind
+        if not into:
+            shutil.rmtree(dest, ignore_errors=True)
+        raise
     return dest, env
 
 
@@ -123,6 +189,8 @@ def repro(profile: str, root: Path = PROJECT_ROOT, copy_back: bool = False, keep
     _check_profile(profile, root)
     if copy_back and profile == _default_profile(root):
         raise WorkspaceError(f"profile {profile!r} is this checkout's default: run `dvc repro` here instead")
+    if into is not None:
+        check_dir(into, root)
     dest, env = _new_copy(profile, root, into)
     keep = keep or into is not None
     try:
@@ -241,6 +309,7 @@ def main(argv=None) -> int:
     for p in (sm, rp, vf):
         p.add_argument("--keep", action="store_true", help="keep the temporary copy (its path is printed)")
     args = ap.parse_args(argv)
+    old = _stop_on_signals()
     try:
         if args.cmd == "smoke":
             smoke(keep=args.keep)
@@ -253,7 +322,23 @@ def main(argv=None) -> int:
         return EXIT_USER_ERROR
     except WorkspaceError as e:                      # a step in the copy failed or outputs differ: exit 1
         raise SystemExit(f"error: {e}") from None
+    except KeyboardInterrupt as e:                   # SIGINT/SIGTERM: the tree in the copy is stopped
+        kept = f"; the workspace {args.dir} is kept (rerun the same command to resume)" if getattr(args, "dir", None) \
+            else "; the temporary copy was removed" if not args.keep else ""
+        print(f"interrupted: {e or 'stopped'}: the commands in the copy were stopped{kept}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
     return 0
+
+
+def _stop_on_signals() -> dict:
+    """SIGTERM (and SIGINT) raise :class:`Stopped` in the main thread, so the finally blocks stop the
+    processes in the copy and remove a temporary copy. Returns the previous handlers."""
+    def stop(signum, frame):
+        raise Stopped(f"{signal.Signals(signum).name} received")
+    return {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
 
 
 if __name__ == "__main__":

@@ -66,6 +66,8 @@ class Ctx:
     seeds: Path                     # finished runs, trained once per session (``seed``)
     pythonpath: Path = PROJECT
     procs: list = field(default_factory=list)       # helper processes (a lock holder) to stop at the end
+    env_extra: dict = field(default_factory=dict)   # set by a setup for the row's command (e.g. its rank)
+    procs_stopped: list = field(default_factory=list)   # rank processes a row SIGSTOPped (psutil.Process)
     stdout: str = ""                # stdout read while the command ran (``during``)
     failures: list = field(default_factory=list)    # (property, message)
 
@@ -83,14 +85,14 @@ class Ctx:
 
     def argv(self, cmd: str) -> list[str]:
         """``"mapl.train @run --steps 2"`` -> the subprocess argv; ``@run`` is the micro profile on the
-        local corpus; ``{dir}``, ``{data}``, ``{glob}`` are filled in."""
+        local corpus; ``{dir}``, ``{data}``, ``{glob}``, ``{project}`` (this checkout) are filled in."""
         module, *args = shlex.split(cmd)
         run = ["--profile", "micro", "--set", "data.source=text", "--set", f"data.paths={json.dumps([self.glob])}",
                "--set", "data.tokenizer=byte", "--set", f"data_dir={self.data}", "--set", "train.threads=1",
                "--no-progress"]
         out = []
         for a in args:
-            out += run if a == "@run" else [a.format(dir=self.dir, data=self.data, glob=self.glob)]
+            out += run if a == "@run" else [a.format(dir=self.dir, data=self.data, glob=self.glob, project=PROJECT)]
         if module in ("mapl.train", "mapl.pipeline"):     # never the project's default output folders
             assert "--out" in out and "--ckpt" in out, f"{cmd}: give --out and --ckpt"
         return [sys.executable, "-m", module, *out]
@@ -207,6 +209,59 @@ def pipeline_run(cmd: str) -> Callable[[Ctx], None]:
     return setup
 
 
+def other_rank(cmd: str, code_edit: str = "") -> Callable[[Ctx], None]:
+    """Setup: a pipeline of two processes started by hand, as on two machines: the row's command is rank
+    0, ``cmd`` (its own flags) is rank 1; they meet on a free loopback port. ``code_edit``: rank 1 runs a
+    copy of the package whose training source ``code_edit`` has one more comment line."""
+    def setup(ctx: Ctx) -> None:
+        from mapl.runtime.launch import free_port
+        world = {"WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
+                 "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}
+        ctx.env_extra.update(world, RANK="0")
+        env = ctx.env({**world, "RANK": "1"})
+        if code_edit:
+            other = ctx.dir.parent / f"{ctx.dir.name}-other-code"
+            shutil.copytree(PROJECT / "mapl", other / "mapl", ignore=shutil.ignore_patterns("__pycache__"))
+            for name in ("params.yaml", "pyproject.toml"):
+                shutil.copy2(PROJECT / name, other / name)
+            with open(other / code_edit, "a") as f:
+                f.write("# another version of the training code\n")
+            env["PYTHONPATH"] = str(other)
+        ctx.procs.append(subprocess.Popen(ctx.argv(cmd), cwd=ctx.dir, env=env, text=True, stdout=subprocess.PIPE,
+                                          stderr=subprocess.PIPE))
+    return setup
+
+
+def other_rank_refused(pattern: str, code: int = 2) -> Callable:
+    """After: the hand-started rank 1 (``other_rank``) ended with ``code`` and one stderr line matching ``pattern``."""
+    def after(ctx: Ctx, out: str, err: str) -> None:
+        p = ctx.procs[0]
+        try:
+            _, perr = p.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            _, perr = p.communicate()
+        ctx.expect("code", p.returncode == code, f"rank 1 exited {p.returncode}, not {code}:\n{perr[-3000:]}")
+        check_stderr(ctx, perr, "one", pattern)
+    return after
+
+
+def results_folder(damage: Callable[[Path], None]) -> Callable[[Ctx], None]:
+    """Setup: ``res/main/`` holding two copies of a finished run's r.json (``seed``), ``b.json`` then damaged."""
+    def setup(ctx: Ctx) -> None:
+        folder = ctx.dir / "res" / "main"
+        folder.mkdir(parents=True)
+        for name in ("a.json", "b.json"):
+            shutil.copy2(ctx.dir / "r.json", folder / name)
+        damage(folder / "b.json")
+    return setup
+
+
+def _nan_val_loss(path: Path) -> None:
+    res = json.loads(path.read_text())
+    path.write_text(json.dumps({**res, "val_loss": float("nan")}))
+
+
 def both(*setups) -> Callable[[Ctx], None]:
     def setup(ctx: Ctx) -> None:
         for s in setups:
@@ -313,6 +368,65 @@ def truncate_after(pattern: str, name: str, keep: int = 64) -> Callable:
         if ctx.read_until(p, pattern):
             os.truncate(ctx.dir / name, keep)
     return during
+
+
+def _rank_process(p: subprocess.Popen, rank: int):
+    """The child process of the self-launched pipeline ``p`` that runs ``rank`` (psutil, by its RANK)."""
+    import psutil
+    for child in psutil.Process(p.pid).children():
+        with contextlib.suppress(psutil.Error):
+            if child.environ().get("RANK") == str(rank):
+                return child
+    return None
+
+
+def sigstop_rank_after(pattern: str, rank: int) -> Callable:
+    """During: once ``pattern`` is printed, ``rank``'s process is stopped (SIGSTOP: it answers nothing and
+    acts on no signal but SIGKILL); ``after`` checks that it is gone."""
+    def during(p: subprocess.Popen, ctx: Ctx) -> None:
+        if ctx.read_until(p, pattern):
+            child = _rank_process(p, rank)
+            if ctx.expect("during", child is not None, f"no process of rank {rank} under {p.pid}"):
+                child.send_signal(signal.SIGSTOP)
+                ctx.procs_stopped.append(child)
+    return during
+
+
+def stopped_ranks_are_gone(ctx: Ctx, out: str, err: str) -> None:
+    for child in ctx.procs_stopped:
+        ctx.expect("files", not child.is_running() or child.status() == "zombie",
+                   f"the stopped rank (PID {child.pid}) is still there")
+
+
+def port_held(rank: int = 1, world: int = 2) -> Callable[[Ctx], None]:
+    """Setup: another program listens on a free port; the row's command is ``rank`` of a pipeline of
+    ``world`` started by hand with MASTER_PORT set to that port."""
+    def setup(ctx: Ctx) -> None:
+        code = ("import socket, sys, time\ns = socket.socket()\ns.bind(('127.0.0.1', 0))\ns.listen(8)\n"
+                "print(s.getsockname()[1], flush=True)\ntime.sleep(600)")
+        p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+        ctx.procs.append(p)
+        ctx.env_extra.update(WORLD_SIZE=str(world), RANK=str(rank), LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
+                             MASTER_ADDR="127.0.0.1", MASTER_PORT=p.stdout.readline().strip())
+    return setup
+
+
+def signal_tree_after(pattern: str, sig=signal.SIGTERM) -> Callable:
+    """During: once ``pattern`` is printed, note every process below the command, then send it ``sig``;
+    ``after`` (``tree_gone``) checks they are all gone."""
+    def during(p: subprocess.Popen, ctx: Ctx) -> None:
+        import psutil
+        if ctx.read_until(p, pattern):
+            ctx.procs_stopped.extend(psutil.Process(p.pid).children(recursive=True))
+            p.send_signal(sig)
+    return during
+
+
+def tree_gone(ctx: Ctx, out: str, err: str) -> None:
+    ctx.expect("files", bool(ctx.procs_stopped), "no process was seen below the command")
+    stopped_ranks_are_gone(ctx, out, err)
+    left = list((ctx.dir / "tmp").iterdir())
+    ctx.expect("files", not left, f"the temporary copy was left: {left}")
 
 
 def holder(cmd: str, pattern: str) -> Callable[[Ctx], None]:
@@ -565,6 +679,20 @@ FAULTS = [
           r"^python -m mapl\.data: error: profile='gpu' is invalid: allowed: \[.*'micro'.*\]$",
           "usage: ... / python -m mapl.data: error: profile='gpu' is invalid: allowed: [...]",
           "refused", "nothing written", "use a profile of params.yaml", stderr="usage", slow=True),
+    Fault("data-parquet-empty", "a 0-byte parquet file given to `python -m mapl.data` (was: a pyarrow traceback)",
+          "mapl.data --out prepared --source parquet --paths empty.parquet --tokenizer byte", 2,
+          r"^python -m mapl\.data: error: empty\.parquet is not a readable parquet file \(Parquet file size is 0 "
+          r"bytes\): it is empty, truncated or damaged; replace it \(data\.paths\) and run the same command$",
+          "python -m mapl.data: error: <file> is not a readable parquet file (Parquet file size is 0 bytes): it is "
+          "empty, truncated or damaged; replace it (data.paths) and run the same command",
+          "refused when the file is opened; no work folder is left", "every file", "replace the file",
+          setup=write("empty.parquet", b"")),
+    Fault("data-parquet-corrupt", "a corrupt parquet file (not parquet, or truncated)",
+          "mapl.data --out prepared --source parquet --paths bad.parquet --tokenizer byte", 2,
+          r"^python -m mapl\.data: error: bad\.parquet is not a readable parquet file \(Parquet magic bytes not found ",
+          "python -m mapl.data: error: <file> is not a readable parquet file (Parquet magic bytes not found in "
+          "footer. ...): it is empty, truncated or damaged; ...", "refused when the file is opened",
+          "every file", "replace the file", setup=write("bad.parquet", b"PAR1" + bytes(range(200))), slow=True),
     # ---- checkpoints and resume -----------------------------------------------------------------------
     Fault("checkpoint-truncated", "a truncated checkpoint", f"{T} --steps 2 {IO}", 2,
           r"^error: checkpoint r\.pt cannot be loaded safely \(truncated, foreign, or needs pickled objects\): "
@@ -672,6 +800,30 @@ FAULTS = [
           "choose another output path", "the second run is refused at start", "the first run's files and locks",
           "wait, stop the other run, or choose other paths",
           setup=holder(f"{T} --steps 100000 {TOO_LONG} {IO}", r"step 2/100000 "), after=stop_holder),
+    Fault("results-other-config", "a run of another config on the `--out` of a finished run (was: replaced, exit 0)",
+          f"{T} --steps 2 --seed 1 --out r.json --ckpt other.pt", 2,
+          r"^error: --out r\.json holds the results of another config \(train\.seed 0 -> 1\): this run would replace "
+          r"a finished run's numbers; choose another --out, or pass --replace-results to replace it$",
+          "error: --out <path> holds the results of another config (train.seed 0 -> 1): this run would replace a "
+          "finished run's numbers; choose another --out, or pass --replace-results to replace it",
+          "refused before the first step (after the checkpoint's own checks); the same config, or a continuation "
+          "with `--resume-with-changes` of resumable fields, may write there", "the results and checkpoints",
+          "another `--out`, or the same command with `--replace-results`", setup=seed("--steps 2"),
+          recover=(f"{T} --steps 2 --seed 1 --out r.json --ckpt other.pt --replace-results",)),
+    Fault("results-not-results", "`--out` names a file that is no results JSON", f"{T} --steps 2 --out notes.json "
+          "--ckpt r.pt", 2,
+          r"^error: --out notes\.json exists and is not a mapl results JSON: this run would replace it; choose another "
+          r"--out, or pass --replace-results to replace it$",
+          "error: --out <path> exists and is not a mapl results JSON: this run would replace it; choose another --out, "
+          "or pass --replace-results to replace it", "refused before the first step", "everything",
+          "another `--out`", setup=write("notes.json", '{"my": "notes"}'), slow=True),
+    Fault("pipeline-results-other-config", "the multi-process pipeline on the `--out` of a finished run of another "
+          "config", "mapl.pipeline @run --steps 2 --seed 1 --out {dir}/r.json --ckpt {dir}/other.pt", 2,
+          r"^error: --out .*/r\.json holds the results of another config \(train\.seed 0 -> 1\): ",
+          "error: --out <path> holds the results of another config (train.seed 0 -> 1): ...",
+          "refused before any rank starts (ranks started by a launcher: rank 0 refuses and every rank exits 2 with "
+          "its line)", "the results and checkpoints", "another `--out`, or `--replace-results`",
+          setup=pipeline_run(f"{MP} --steps 2"), slow=True),
     Fault("disk-full", "a write fails (file-size limit `ulimit -f`; a full disk or quota names its own cause)",
           f"{T} --steps 4 --resume-with-changes {IO}", 2,
           r"^error: cannot write r\.pt: File too large \(the file-size limit is reached \(ulimit -f\) or the disk is "
@@ -690,6 +842,47 @@ FAULTS = [
           f"{MP} --timeout 0", 2, r"^error: train\.comm_timeout_s=0\.0 is invalid: must be > 0$",
           "error: train.comm_timeout_s=0.0 is invalid: must be > 0", "refused before any rank starts",
           "nothing written", "give seconds > 0 (`--timeout`, `train.comm_timeout_s`, env MAPL_PG_TIMEOUT)"),
+    Fault("pipeline-ranks-differ-seed", "the ranks were started with different settings (`--seed 1` on rank 1 only: "
+          "another command or params.yaml on one machine; was: trained silently, the results claiming rank 0's config)",
+          f"{MP} --steps 2", 2,
+          r"^error: rank 0: the ranks were started for different runs \(settings differ\): rank 1 differs from rank 0 "
+          r"in train\.seed \(0 vs 1\)\. Start every rank with the same command, params\.yaml, prepared data and "
+          r"training code$",
+          "error: rank R: the ranks were started for different runs (settings differ): rank 1 differs from rank 0 in "
+          "train.seed (0 vs 1). Start every rank with the same command, params.yaml, prepared data and training code",
+          "right after the process group is up, every rank compares its resolved config, shared options, data and "
+          "code fingerprints with every other; all refuse, before any data is opened or file written",
+          "nothing written", "start every rank with the same command, params.yaml, data and code",
+          setup=other_rank(f"{MP} --steps 2 --seed 1"),
+          after=other_rank_refused(r"^error: rank 1: the ranks were started for different runs .*train\.seed \(0 vs 1\)"),
+          slow=True),
+    Fault("pipeline-ranks-differ-ratio", "a different `--ratio` on one rank (was: an IndexError traceback)",
+          f"{MP} --method mapl --ratio 4 --steps 2", 2,
+          r"^error: rank 0: the ranks were started for different runs \(settings differ\): rank 1 differs from rank 0 "
+          r"in compressor\.ratio \(4\.0 vs 2\.0\)\. Start every rank",
+          "error: rank R: the ranks were started for different runs (settings differ): rank 1 differs from rank 0 in "
+          "compressor.ratio (4.0 vs 2.0). Start every rank ...", "every rank refuses before any work",
+          "nothing written", "start every rank with the same settings",
+          setup=other_rank(f"{MP} --method mapl --ratio 2 --steps 2"),
+          after=other_rank_refused(r"^error: rank 1: .* compressor\.ratio \(4\.0 vs 2\.0\)"), slow=True),
+    Fault("pipeline-ranks-differ-method", "a different `--method` or `--steps` on one rank (was: a wait until "
+          "`--timeout`, reported as a dead peer)", f"{MP} --method mapl --ratio 4 --steps 2", 2,
+          r"^error: rank 0: the ranks were started for different runs \(settings differ\): rank 1 differs from rank 0 "
+          r"in .*compressor\.method \(\"mapl\" vs \"ssn\"\).*train\.steps \(2 vs 3\)",
+          "error: rank R: the ranks were started for different runs (settings differ): rank 1 differs from rank 0 in "
+          "compressor.method (\"mapl\" vs \"ssn\"), ..., train.steps (2 vs 3) ...", "every rank refuses before any work",
+          "nothing written", "start every rank with the same settings",
+          setup=other_rank(f"{MP} --method ssn --ratio 4 --steps 3"),
+          after=other_rank_refused(r"^error: rank 1: .* compressor\.method"), slow=True),
+    Fault("pipeline-ranks-differ-code", "one rank runs other training code (a changed file on one machine)",
+          f"{MP} --steps 2", 2,
+          r"^error: rank 0: the ranks were started for different runs \(training code differ\): rank 1 differs from "
+          r"rank 0 in code \([0-9a-f]{16} vs [0-9a-f]{16}\)\. Start every rank",
+          "error: rank R: the ranks were started for different runs (training code differ): rank 1 differs from rank 0 "
+          "in code (<fingerprint> vs <fingerprint>). Start every rank ...",
+          "every rank refuses before any work (the fingerprint of `mapl.reuse.TRAIN_SOURCES`)", "nothing written",
+          "install the same code on every machine", setup=other_rank(f"{MP} --steps 2", code_edit="mapl/loop.py"),
+          after=other_rank_refused(r"^error: rank 1: .*training code differ"), slow=True),
     Fault("pipeline-peer-dies", "a stage process dies mid-step",
           f"{MP} --method mapl --ratio 4 --set train.checkpoint_every=2 --timeout 10", 3,
           (r"^MAPL_FAULT: rank 1 exits", r"^error: rank 0 \(stage 0\): .* from stage 1 failed during step 3 .*: a "
@@ -715,6 +908,30 @@ FAULTS = [
           env={"MAPL_FAULT_KILL_RANK": "1", "MAPL_FAULT_KILL_STEP": "2", "MAPL_FAULT_MODE": "hang",
                "MAPL_FAULT_HANG_S": "8"},
           creates=("r.rank1.pt.lock", "r.rank1.prev.pt.lock", "r.rank1.unconfirmed.pt.lock"), slow=True),
+    Fault("pipeline-rank-stopped", "a stage process is stopped (SIGSTOP) mid-run (was: the other ranks exited 3, "
+          "the launcher waited forever)", f"{MP} --timeout 4 {TOO_LONG}", 3,
+          (r"^error: rank 0 \(stage 0\): .* failed during .*: a peer stage died or did not answer within the 4 s "
+           r"process-group timeout",
+           r"^error: rank 1 was still running 34 s \(--timeout \+ 30 s\) after rank 0 ended \(exit 3\): stopped it",
+           r"^error: the pipeline failed \(exit codes per rank: \[3, -9\]\)$"),
+          "error: rank R (stage S): ... did not answer within the T s process-group timeout (...); error: rank K was "
+          "still running T+30 s (--timeout + 30 s) after rank R ended (exit 3): stopped it (a stopped or hung "
+          "process); error: the pipeline failed (...)",
+          "the waiting ranks give up after `--timeout`; the launcher stops every rank still running 30 s later "
+          "(SIGTERM, then SIGKILL) and returns", "the per-rank checkpoints written before",
+          "rerun the same command (it resumes)", stderr="ranks", during=sigstop_rank_after(r"step 3/20 ", 1),
+          after=stopped_ranks_are_gone,
+          creates=("r.rank1.pt.lock", "r.rank1.prev.pt.lock", "r.rank1.unconfirmed.pt.lock"), slow=True),
+    Fault("pipeline-port-held", "MASTER_PORT is held by another program (a rank started by hand or by a launcher; "
+          "was: a wait without limit)", f"{MP} --rendezvous-timeout 5", 3,
+          r"^error: rank 1: the process group did not form within 5 s \(--rendezvous-timeout; rendezvous at "
+          r"127\.0\.0\.1:\d+, 2 ranks\): a rank was not started or failed before joining, or another program holds "
+          r"that port; start every rank, or choose a free port$",
+          "error: rank R: the process group did not form within T s (--rendezvous-timeout; rendezvous at HOST:PORT, "
+          "N ranks): a rank was not started or failed before joining, or another program holds that port; start "
+          "every rank, or choose a free port", "the rank gives up after `--rendezvous-timeout` seconds (default "
+          "300; rank 0 itself fails at once: `process-group setup failed: ... EADDRINUSE`)", "nothing written",
+          "free the port or choose another", setup=port_held(), slow=True),
     Fault("pipeline-interrupt", "Ctrl-C on the multi-process pipeline", f"{MP} {TOO_LONG}", 130,
           (r"^interrupted: rank 0 \(stage 0\): stopped after step \d+: checkpoint written",
            r"^interrupted: rank 1 \(stage 1\): stopped after step \d+: checkpoint written",
@@ -766,6 +983,46 @@ FAULTS = [
           f"mapl.pipeline @run --steps 2 --out {REL}/r.json --ckpt {REL}/r.pt", 0, (), "(progress lines)",
           "the ranks run in the caller's working folder", "results and per-rank checkpoints where the paths say",
           "—", stderr="ranks", after=outputs_in_the_working_folder, creates=(f"{REL}/*",), slow=True),
+    # ---- the report --------------------------------------------------------------------------------------
+    Fault("report-results-truncated", "a truncated results JSON among the runs the report reads (was: left out "
+          "without a word: Table 1's MAPL 8x row lost a seed)", "mapl.planner res", 2,
+          r"^error: .*/res/main/b\.json is not valid JSON \(truncated\? .*\): the report would leave this run out of "
+          r"every table; rerun that run \(e\.g\. `dvc repro train@<group>`\), or move the file out of the results "
+          r"folder$",
+          "error: <results>/<group>/<run>.json is not valid JSON (truncated? ...): the report would leave this run out of "
+          "every table; rerun that run (e.g. `dvc repro train@<group>`), or move the file out of the results folder",
+          "the report (`mapl.report.load_results`: the report notebook, the planner) refuses before any table",
+          "every file", "rerun the run, or move the file away",
+          setup=both(seed("--steps 2"), results_folder(lambda p: os.truncate(p, p.stat().st_size // 2)))),
+    Fault("report-results-empty", "an empty (0-byte) results JSON", "mapl.planner res", 2,
+          r"^error: .*/res/main/b\.json is empty: the report would leave this run out of every table; ",
+          "error: <results>/<group>/<run>.json is empty: the report would leave this run out of every table; ...",
+          "refused before any table", "every file", "rerun the run, or move the file away",
+          setup=both(seed("--steps 2"), results_folder(lambda p: os.truncate(p, 0))), slow=True),
+    Fault("report-results-nan", "a results JSON whose val_loss is NaN (was: an AttributeError traceback)",
+          "mapl.planner res", 2,
+          r"^error: .*/res/main/b\.json: val_loss is nan, not a finite number: the file is damaged or was not "
+          r"written by a finished run; ",
+          "error: <results>/<group>/<run>.json: val_loss is nan, not a finite number: the file is damaged or was not "
+          "written by a finished run; ...", "refused before any table", "every file",
+          "rerun the run, or move the file away", setup=both(seed("--steps 2"), results_folder(_nan_val_loss))),
+    # ---- the cost model ----------------------------------------------------------------------------------
+    Fault("costmodel-mfu-zero", "`python -m mapl.costmodel --mfu 0` (was: a ZeroDivisionError traceback)",
+          "mapl.costmodel --profile micro --mfu 0", 2,
+          r"^error: --mfu 0 is invalid: must be in \(0, 1\] \(the fraction of the peak sustained while computing\)$",
+          "error: --mfu 0 is invalid: must be in (0, 1] (the fraction of the peak sustained while computing)",
+          "refused before the estimate", "nothing written", "fix the value"),
+    Fault("costmodel-peak-zero", "`python -m mapl.costmodel --peak-tflops 0`", "mapl.costmodel --profile micro "
+          "--peak-tflops 0", 2, r"^error: --peak-tflops 0 is invalid: must be a finite number > 0$",
+          "error: --peak-tflops 0 is invalid: must be a finite number > 0", "refused before the estimate",
+          "nothing written", "fix the value", slow=True),
+    Fault("costmodel-out-unwritable", "`python -m mapl.costmodel --out` where it cannot be written (was: a traceback "
+          "after the estimate)", "mapl.costmodel --profile micro --out afile/gpu-hours.md", 2,
+          r"^error: cannot create the folder of afile/gpu-hours\.md: .*\(a (file is where its folder should be|parent "
+          r"of it is a file, not a folder)\)$",
+          "error: cannot create the folder of <path>: File exists (a file is where its folder should be)",
+          "refused before the estimate (the output is written atomically)", "everything", "fix the path",
+          setup=write("afile", "x"), slow=True),
     # ---- orchestration: sweep, workspace -----------------------------------------------------------------
     Fault("sweep-unknown-group", "a group params.yaml does not define", "mapl.sweep --profile micro --group nope", 2,
           r"^error: group='nope' is invalid for profile 'micro': allowed \[.*'main'.*\]$",
@@ -775,6 +1032,48 @@ FAULTS = [
           "mapl.sweep --profile nope --estimate", 2, r"^error: profile='nope' is invalid: allowed \[",
           "error: profile='nope' is invalid: allowed [...]", "refused before any run starts", "nothing written",
           "use a profile of params.yaml", slow=True),
+    Fault("params-checked-before-dvc", "`dvc repro` with a bad value in params.yaml (`profiles.micro.train.steps: "
+          "many`; was: DVC deleted the group's committed results, then a papermill traceback)",
+          "mapl.sweep --check --stamp params-valid.txt", 2,
+          r"^error: profiles\.micro\.train\.steps='many' is invalid: must be an integer$",
+          "error: profiles.micro.train.steps='many' is invalid: must be an integer",
+          "DVC's first stage (`validate`: every profile and every run of every group) fails; every other stage "
+          "depends on its stamp, so DVC stops before it removes any output", "every output (only the stamp "
+          "`reports/params-valid.txt` is gone)", "fix params.yaml, rerun `dvc repro`",
+          setup=params_yaml(_set_in("profiles.micro.train.steps", "many"))),
+    Fault("params-bad-group-spec", "a bad value in one run of a group (`ratio: x`)",
+          "mapl.sweep --check --stamp params-valid.txt", 2,
+          r"^error: profiles\.micro\.groups\.main\[1\] \(\{'method': 'ssn', 'ratio': 'x'\}\): compressor\.ratio='x' "
+          r"is invalid: must be a (finite )?number",
+          "error: profiles.micro.groups.main[1] ({'method': 'ssn', 'ratio': 'x'}): compressor.ratio='x' is invalid: ...",
+          "the validate stage names the group, the run and the field", "every output",
+          "fix params.yaml, rerun `dvc repro`",
+          setup=params_yaml(_set_in("profiles.micro.groups.main", [{"method": "none"}, {"method": "ssn", "ratio": "x"}])),
+          slow=True),
+    Fault("workspace-dir-not-empty", "`mapl.workspace repro --dir` on a folder that holds other files (was: they "
+          "were overwritten, then `git init`, `git add -A`, `git commit` in it)",
+          "mapl.workspace repro --profile micro --dir mine", 2,
+          r"^error: --dir .*/mine exists, is not empty and is no mapl workspace \(no \.git/mapl-workspace\): the copy "
+          r"would overwrite its files and commit them; choose a new or empty folder$",
+          "error: --dir <path> exists, is not empty and is no mapl workspace (no .git/mapl-workspace): the copy would "
+          "overwrite its files and commit them; choose a new or empty folder",
+          "refused before anything is copied (a workspace made before, marked `.git/mapl-workspace`, is refreshed "
+          "and resumes)", "everything", "a new or empty folder", setup=write("mine/README.md", "my notes\n")),
+    Fault("workspace-dir-checkout", "`mapl.workspace repro --dir` naming the checkout (or a folder above it; was: "
+          "a SameFileError traceback)", "mapl.workspace repro --profile micro --dir {project}", 2,
+          r"^error: --dir .* is this checkout or a folder above it: the copy would overwrite the checkout; choose a new "
+          r"folder outside it, e.g\. \.\./mapl-<profile>$",
+          "error: --dir <path> is this checkout or a folder above it: the copy would overwrite the checkout; choose a "
+          "new folder outside it, e.g. ../mapl-<profile>", "refused before anything is copied (a folder inside the "
+          "checkout too)", "everything", "a new folder outside the checkout", slow=True),
+    Fault("workspace-sigterm", "SIGTERM to `mapl.workspace smoke` (or verify, repro) while DVC runs in the copy (was: "
+          "the temporary copy and `dvc repro` in it were left behind)", "mapl.workspace smoke", 130,
+          r"^interrupted: SIGTERM received: the commands in the copy were stopped; the temporary copy was removed$",
+          "interrupted: SIGTERM received: the commands in the copy were stopped; the temporary copy was removed",
+          "every process below it gets SIGTERM (training runs write their checkpoints), SIGKILL 30 s later; the "
+          "temporary copy is removed (kept with `--keep`; a `--dir` workspace is kept and resumes)",
+          "nothing new (no temporary copy)", "rerun the command", setup=lambda ctx: (ctx.dir / "tmp").mkdir(),
+          env={"TMPDIR": "tmp"}, during=signal_tree_after(r"Running stage"), after=tree_gone, slow=True),
     Fault("workspace-unknown-profile", "`mapl.workspace repro/verify` on an unknown profile",
           "mapl.workspace repro --profile nope", 2,
           r"^error: --profile 'nope' is invalid: allowed: \[.*'micro'.*\] \(params\.yaml\)$",
@@ -885,7 +1184,7 @@ def _run_row(f: Fault, ctx: Ctx) -> None:
     if f.as_nobody:
         argv = _nobody_argv(argv)
     limit = f.file_size_limit
-    p = subprocess.Popen(argv, cwd=ctx.dir, env=ctx.env(f.env), text=True, stdout=subprocess.PIPE,
+    p = subprocess.Popen(argv, cwd=ctx.dir, env=ctx.env({**f.env, **ctx.env_extra}), text=True, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE,
                          preexec_fn=(lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY)))
                          if limit else None)

@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ("data", "train", "report", "when_it_pays")
 GROUPS = ["main", "seeds", "ablations", "long", "longer", "tokens", "width", "rvq_sync", "rvq_scaled", "tune", "tune2"]
 DVC = yaml.safe_load((ROOT / "dvc.yaml").read_text())
+VALIDATED = "reports/params-valid.txt"      # the validate stage's stamp: every other stage depends on it
 # modules a training run imports that cannot change its numbers (so they are not training sources)
 ORCHESTRATION = {"mapl/reuse.py", "mapl/progress.py", "mapl/io.py", "mapl/cli.py"}
 
@@ -191,7 +192,7 @@ def _outs(st: dict) -> list[str]:
 
 def test_dvc_yaml_stages():
     stages = DVC["stages"]
-    assert list(stages) == ["prepare", "train", "report", "plan", "plan-paper"]
+    assert list(stages) == ["validate", "prepare", "train", "report", "plan", "plan-paper"]
     assert stages["train"]["foreach"] == GROUPS
     for name, st in stages.items():
         st = st.get("do", st)
@@ -199,10 +200,50 @@ def test_dvc_yaml_stages():
         for out in st.get("outs", []) + st.get("metrics", []) + st.get("plots", []):
             (path, opts), = out.items()
             assert opts == {"cache": False}, f"{name}: {path} must be committed (cache: false)"
-            # plan-paper is the one profile-independent stage: the paper's shapes, no training
-            allowed = ("reports/paper/",) if name == "plan-paper" else ("reports/${profile}/", "data/${profile}.")
+            # plan-paper (the paper's shapes, no training) and validate (every profile's params) are the
+            # profile-independent stages
+            allowed = {"plan-paper": ("reports/paper/",), "validate": (VALIDATED,)}.get(
+                name, ("reports/${profile}/", "data/${profile}."))
             assert path.startswith(allowed), f"{name}: {path} is not per profile"
     assert "python -m mapl.sweep --estimate --profile ${profile}" in stages["prepare"]["cmd"][0]
+
+
+def test_every_stage_waits_for_params_yaml_to_be_validated():
+    """DVC removes a stage's outputs before its command runs: every stage depends on the validate stage's
+    stamp, so DVC runs `python -m mapl.sweep --check` first and stops there on a bad value."""
+    from mapl.sweep import STAMP_TEXT
+    assert _outs(DVC["stages"]["validate"]) == [VALIDATED]
+    assert DVC["stages"]["validate"]["cmd"] == f"python -m mapl.sweep --check --stamp {VALIDATED}"
+    assert set(DVC["stages"]["validate"]["params"]) == {"profile", "profiles"}
+    for name, st in DVC["stages"].items():
+        if name != "validate":
+            assert VALIDATED in st.get("do", st)["deps"], f"stage {name} does not depend on {VALIDATED}"
+    assert (ROOT / VALIDATED).read_text() == STAMP_TEXT
+
+
+@pytest.mark.slow
+def test_dvc_repro_with_a_bad_params_value_touches_no_output(tmp_path):
+    """Was: `steps: many` deleted every results JSON of the group and overwrote its notebook, and the error was
+    a papermill traceback. Now the validate stage fails first, in one line, and every output stays."""
+    _needs_tools()
+    dest = workspace.make_copy(tmp_path / "copy", load_params(ROOT / "params.yaml")["profile"], ROOT)
+    params = dest / "params.yaml"
+    text = params.read_text()
+    assert "      steps: 300\n" in text
+    params.write_text(text.replace("      steps: 300\n", "      steps: many\n", 1))
+    # every output but the validate stage's own stamp (gone: params.yaml is not valid)
+    outputs = sorted(p for p in (dest / "reports").rglob("*") if p.is_file() and p != dest / VALIDATED) + \
+        sorted(dest.glob("data/*.json"))
+    before = {p: p.read_bytes() for p in outputs}
+    p = subprocess.run([str(Path(sys.executable).parent / "dvc"), "repro"], cwd=dest, env=workspace.tool_env(ROOT),
+                       capture_output=True, text=True, timeout=600)
+    log = p.stdout + p.stderr
+    assert p.returncode != 0
+    assert "error: profiles.cpu.train.steps='many' is invalid: must be an integer" in log, log[-3000:]
+    assert "Running stage 'validate'" in log and "Running stage 'prepare'" not in log, log[-3000:]
+    assert "Traceback" not in log and "papermill" not in log.lower(), log[-3000:]
+    assert {p: p.read_bytes() for p in outputs if p.exists()} == before      # nothing removed, nothing changed
+    assert len(before) > 100 and not (dest / VALIDATED).exists()
 
 
 def test_no_two_stages_share_an_output_in_any_profile():
@@ -224,7 +265,8 @@ def test_no_two_stages_share_an_output_in_any_profile():
 
 def test_train_deps_are_the_fingerprinted_sources():
     """dvc.yaml's train deps and mapl.reuse.TRAIN_SOURCES are one list (what 'the training code' is)."""
-    deps = [p for p in DVC["stages"]["train"]["do"]["deps"] if "$" not in p and not p.startswith("notebooks/")]
+    deps = [p for p in DVC["stages"]["train"]["do"]["deps"] if "$" not in p and not p.startswith("notebooks/")
+            and p != VALIDATED]
     assert deps == list(reuse.TRAIN_SOURCES)
     assert reuse.source_files(ROOT)                                     # every entry exists
     assert {"mapl/report.py", "mapl/report", "mapl/link.py"}.isdisjoint(deps)   # editing the report never retrains

@@ -2,6 +2,7 @@
 import csv
 import json
 import math
+import re
 import statistics
 
 import numpy as np
@@ -86,7 +87,7 @@ def _groups():
 
 @pytest.fixture
 def tree(tmp_path):
-    """A cpu profile in the per-profile layout, plus a duplicate, a broken file and another profile."""
+    """A cpu profile in the per-profile layout, plus a duplicate, a memory plan and another profile."""
     base = R.results_dir("cpu", tmp_path)
     groups = _groups()
     for g, rs in groups.items():
@@ -96,7 +97,7 @@ def tree(tmp_path):
     write(base, "", {**groups["main"][5], "run": "adhoc-lr", "val_loss": 9.9})      # ad hoc, same key: main wins
     write(base, "main", result("mapl", 8, loss=9.0, model="micro", profile="micro", name="micro-x"))
     (base / "main" / ".gitkeep").write_text("")
-    (base / "main" / "broken.json").write_text("{not json")
+    (base / "main" / "x.memory.json").write_text('{"stages": []}')          # no run's results: skipped
     return tmp_path
 
 
@@ -108,6 +109,21 @@ def rows_all(tree):
 @pytest.fixture
 def rows(rows_all):
     return R.select(rows_all)
+
+
+@pytest.mark.parametrize("content,says", [
+    ("{not json", r"is not valid JSON \(truncated\?"), ("", r"is empty"),
+    (json.dumps({"method": "none", "val_loss": float("nan")}), r"val_loss is nan, not a finite number"),
+    (json.dumps({"method": "none", "val_loss": "4.1"}), r"val_loss is '4\.1', not a finite number"),
+    (json.dumps({"method": "none", "val_loss": 4.0, "val_loss_curve": [[10, float("inf")]]}),
+     r"val_loss_curve holds \[10, inf\], not \[step, finite loss\]"),
+])
+def test_a_results_file_the_report_cannot_use_is_refused_naming_it(tree, content, says):
+    """Was: skipped without a word (a table lost a seed) or an AttributeError on a NaN."""
+    bad = R.results_dir("cpu", tree) / "main" / "bad.json"
+    bad.write_text(content)
+    with pytest.raises(R.ResultsError, match=rf"^{re.escape(str(bad))}:? .*{says}"):
+        R.load_results(tree, R.results_dir("cpu"))
 
 
 def test_delta_pct():

@@ -117,7 +117,11 @@ def _build(cfg: DataConfig, out: Path, cache_dir: Path | None, every_s: float, c
     else:
         shutil.rmtree(work, ignore_errors=True)
         work.mkdir(parents=True)
-        tok, splits, corpus_hash = _write_split(cfg, work, cache_dir, timer)
+        try:
+            tok, splits, corpus_hash = _write_split(cfg, work, cache_dir, timer)
+        except BaseException:           # nothing here resumes (unlike the streamed build): leave no work folder
+            shutil.rmtree(work, ignore_errors=True)
+            raise
     total = splits["train"]["tokens"] + splits["val"]["tokens"]
     log.info("encoded %d tokens in %.2f s of encode_batch (%.0f tokens/s); %.1f s in all",
              total, timer[0], total / max(timer[0], 1e-9), time.perf_counter() - t0)

@@ -7,6 +7,7 @@ files and row groups from their metadata).
 """
 from __future__ import annotations
 
+import contextlib
 import glob
 import hashlib
 import itertools
@@ -155,7 +156,8 @@ def _parquet_records(cfg: DataConfig, cache_dir: Path | None, start: int) -> Ite
     import pyarrow.parquet as pq        # comes with datasets; imported lazily (slow import)
     base = 0                            # global index of the current file's first row
     for path, label in _parquet_files(cfg, cache_dir):
-        pf = pq.ParquetFile(path)
+        with _readable_parquet(path):
+            pf = pq.ParquetFile(path)
         if cfg.hf_text_field not in pf.schema_arrow.names:
             raise DataError(f"{path}: no column {cfg.hf_text_field!r} (data.hf_text_field); "
                             f"columns: {pf.schema_arrow.names}")
@@ -163,12 +165,25 @@ def _parquet_records(cfg: DataConfig, cache_dir: Path | None, start: int) -> Ite
         first_group, row = _first_row_group(meta, start - base)
         if first_group < meta.num_row_groups:
             groups = list(range(first_group, meta.num_row_groups))
-            for batch in pf.iter_batches(columns=[cfg.hf_text_field], batch_size=_PARQUET_BATCH, row_groups=groups):
-                for text in batch.column(0).to_pylist():
-                    if base + row >= start and text:
-                        yield base + row + 1, Doc(f"{label}#{row}", text)
-                    row += 1
+            with _readable_parquet(path):
+                for batch in pf.iter_batches(columns=[cfg.hf_text_field], batch_size=_PARQUET_BATCH,
+                                             row_groups=groups):
+                    for text in batch.column(0).to_pylist():
+                        if base + row >= start and text:
+                            yield base + row + 1, Doc(f"{label}#{row}", text)
+                        row += 1
         base += meta.num_rows
+
+
+@contextlib.contextmanager
+def _readable_parquet(path: Path):
+    """pyarrow's errors on a damaged file (empty, truncated, not parquet) as one DataError naming it."""
+    import pyarrow as pa
+    try:
+        yield
+    except pa.ArrowException as e:
+        raise DataError(f"{path} is not a readable parquet file ({str(e).strip()}): it is empty, truncated or "
+                        "damaged; replace it (data.paths) and run the same command") from None
 
 
 def _hf_records(cfg: DataConfig, start: int) -> Iterator[tuple[int, Doc]]:

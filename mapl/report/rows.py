@@ -30,13 +30,14 @@ Configs written before the nested ``compressor.rvq.*`` / ``compressor.projector.
 from __future__ import annotations
 
 import json
+import math
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Iterable, Sequence
 
 from ..config import METHODS
 
-__all__ = ["GROUP_ORDER", "METHOD_ORDER", "KEY", "results_dir", "row_from_result", "load_results", "select",
+__all__ = ["GROUP_ORDER", "METHOD_ORDER", "KEY", "ResultsError", "results_dir", "row_from_result", "load_results", "select",
            "total_bytes_per_token", "variant_of", "is_default", "run_key", "group_runs", "sort_key",
            "main_model", "budget_steps", "at_best_validation", "train_split_tokens"]
 
@@ -172,17 +173,55 @@ def _group_rank(group: str) -> tuple:
     return (GROUP_ORDER.index(group) if group in GROUP_ORDER else len(GROUP_ORDER), group)
 
 
+class ResultsError(ValueError):
+    """A results JSON the report cannot use (unreadable, truncated, empty, non-finite); one line naming
+    the file. Leaving it out would silently change every table it belongs to."""
+
+
+_FIX = "rerun that run (e.g. `dvc repro train@<group>`), or move the file out of the results folder"
+
+
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _check_losses(path: Path, res: dict) -> None:
+    """val_loss and every point of both loss curves are finite numbers (a run that diverged stops
+    without writing results, so anything else is a damaged file)."""
+    if not _finite(res.get("val_loss")):
+        raise ResultsError(f"{path}: val_loss is {res.get('val_loss')!r}, not a finite number: the file is damaged "
+                           f"or was not written by a finished run; {_FIX}")
+    for key in ("val_loss_curve", "train_loss_curve"):
+        curve = res.get(key) or []
+        bad = next((p for p in curve if not (isinstance(p, (list, tuple)) and len(p) == 2 and _finite(p[1]))), None)
+        if bad is not None or not isinstance(curve, list):
+            raise ResultsError(f"{path}: {key} holds {bad if bad is not None else curve!r}, not [step, finite loss]: "
+                               f"the file is damaged; {_FIX}")
+
+
 def _read(path: Path) -> dict | None:
+    """The results dict in ``path``; None for a JSON file that is no run's results (e.g. a memory plan
+    written beside them); :class:`ResultsError` for a file that cannot be used."""
     try:
-        res = json.loads(path.read_text())
-    except (OSError, ValueError):
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ResultsError(f"{path} cannot be read ({getattr(e, 'strerror', None) or e}); {_FIX}") from None
+    try:
+        res = json.loads(text)
+    except ValueError as e:
+        what = "empty" if not text.strip() else f"not valid JSON (truncated? {e})"
+        raise ResultsError(f"{path} is {what}: the report would leave this run out of every table; {_FIX}") from None
+    if not (isinstance(res, dict) and "val_loss" in res and "method" in res):
         return None
-    return res if isinstance(res, dict) and "val_loss" in res and "method" in res else None
+    _check_losses(path, res)
+    return res
 
 
 def load_results(root: str | Path, results: str | Path = "reports/results", dedupe: bool = True) -> list[dict]:
     """Rows of every results dict under ``<root>/<results>`` (``results`` may be absolute), sorted by
-    :func:`sort_key`; files that are not results JSON are skipped. ``dedupe``: one row per
+    :func:`sort_key`; JSON files that are no run's results (a memory plan) are skipped, and a results
+    file that cannot be used (unreadable, truncated, empty, a non-finite loss) is refused with
+    :class:`ResultsError` naming it: leaving it out would silently change every table it is in. ``dedupe``: one row per
     :func:`run_key` and profile among the runs on the report's validation slice (eval_offset 0): where
     a configuration appears in two groups, or an ad-hoc run repeats one with other hyperparameters,
     the first of :data:`GROUP_ORDER` (then the others by name) keeps it. Runs on the tuning slice

@@ -10,6 +10,8 @@ Read in this order:
 * ``worker``     ``PipelineEngine``: one stage executing its program, driven by ``mapl.loop``;
 * ``agreement``  the step's one all-reduce (global clipping, loss, stop request, non-finite flags);
 * ``boundary_sync`` receiver-side gradients, learned state and checksums (shared with ``mapl.engine``);
+* ``same_run``   before any work: every rank's resolved config, shared options, data and code
+  fingerprints compared (ranks started for different runs all refuse, naming the fields);
 * ``rank_checkpoints``, ``measure``, ``faults``, ``topology``, ``rank`` (one rank from start to end),
   ``launch`` (starting the ranks directly, under accelerate or torchrun, or on several "machines").
 

@@ -50,6 +50,7 @@ class LaunchResult:
     wall_s: float
     rank_returncodes: list = field(default_factory=list)     # launcher="direct" only
     rank_exit_s: list = field(default_factory=list)          # seconds from start to each rank's exit
+    stopped: list = field(default_factory=list)              # ranks stopped by the launcher after ``grace_s``
     statuses: dict = field(default_factory=dict)             # rank -> {"status", "code", "message"}
     launcher_returncode: int | None = None                   # what accelerate/torchrun itself returned
 
@@ -120,9 +121,12 @@ def _outcome(rank_codes: list[int], statuses: dict, nprocs: int, launcher_code: 
 
 def launch(cfg_args: list[str], nprocs: int, port: int | None = None, *, launcher: str = "accelerate",
            env: dict | None = None, timeout: float | None = None, cwd: Path | None = None,
-           stream: bool = False) -> LaunchResult:
+           stream: bool = False, grace_s: float | None = None) -> LaunchResult:
     """Run ``python -m mapl.pipeline <cfg_args>`` as ``nprocs`` processes and wait for them.
-    ``stream``: the ranks write to this process's stdout/stderr (the CLI); else output is captured."""
+    ``stream``: the ranks write to this process's stdout/stderr (the CLI); else output is captured.
+    ``grace_s`` (direct launcher): once any rank has ended, the others have this long to end too, else
+    they are stopped (SIGTERM, SIGKILL 5 s later; listed in ``stopped``): a stopped or hung rank
+    cannot keep the launcher waiting."""
     if launcher not in LAUNCHERS:
         raise ValueError(f"launcher={launcher!r} is invalid: allowed {list(LAUNCHERS)}")
     port = port or free_port()
@@ -131,13 +135,16 @@ def launch(cfg_args: list[str], nprocs: int, port: int | None = None, *, launche
     module_args = ["-m", "mapl.pipeline", *map(str, cfg_args)]
     t0 = time.time()
     if launcher == "direct":
-        res = _run_direct([sys.executable, *module_args], nprocs, port, env, cwd or PROJECT_ROOT, timeout, stream)
+        res = _run_direct([sys.executable, *module_args], nprocs, port, env, cwd or PROJECT_ROOT, timeout, stream,
+                          grace_s)
     else:
         res = _run_launcher(launcher_command(launcher, nprocs, port, module_args), env, cwd or PROJECT_ROOT, timeout,
                             stream)
     res.wall_s = time.time() - t0
     res.statuses = read_statuses(Path(status_dir))
-    res.returncode = _outcome(res.rank_returncodes, res.statuses, nprocs, res.launcher_returncode)
+    # the exit codes of the ranks that ended by themselves say why the run ended, not a launcher's SIGKILL
+    own = [c for r, c in enumerate(res.rank_returncodes) if r not in res.stopped]
+    res.returncode = _outcome(own or res.rank_returncodes, res.statuses, nprocs, res.launcher_returncode)
     for f in Path(status_dir).glob("*"):
         f.unlink()
     os.rmdir(status_dir)
@@ -187,7 +194,7 @@ def _run_launcher(cmd, env, cwd, timeout, stream) -> LaunchResult:
     return LaunchResult(cmd, proc.returncode, out or "", err or "", 0.0, launcher_returncode=proc.returncode)
 
 
-def _run_direct(cmd, nprocs, port, env, cwd, timeout, stream) -> LaunchResult:
+def _run_direct(cmd, nprocs, port, env, cwd, timeout, stream, grace_s=None) -> LaunchResult:
     procs, files = [], []
     for r in range(nprocs):
         e = dict(env, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(nprocs), LOCAL_WORLD_SIZE=str(nprocs),
@@ -195,7 +202,7 @@ def _run_direct(cmd, nprocs, port, env, cwd, timeout, stream) -> LaunchResult:
         fo, fe = (None, None) if stream else (tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+"))
         files.append((fo, fe))
         procs.append(subprocess.Popen(cmd, cwd=cwd, env=e, stdout=fo, stderr=fe, text=True))
-    exit_s = _wait_all(procs, timeout, time.time())
+    exit_s, stopped = _wait_all(procs, timeout, time.time(), grace_s)
     outs, errs = [], []
     for r, (fo, fe) in enumerate(files):
         if fo is None:
@@ -204,13 +211,28 @@ def _run_direct(cmd, nprocs, port, env, cwd, timeout, stream) -> LaunchResult:
             f.seek(0)
             sink.append("".join(f"[rank {r}] {line}" for line in f.read().splitlines(True)))
             f.close()
-    return LaunchResult(cmd, 0, "".join(outs), "".join(errs), 0.0, [p.returncode for p in procs], exit_s)
+    return LaunchResult(cmd, 0, "".join(outs), "".join(errs), 0.0, [p.returncode for p in procs], exit_s,
+                        stopped=stopped)
 
 
-def _wait_all(procs, timeout, t0) -> list:
+def _stop(procs, ranks: list[int], wait_s: float = 5.0) -> None:
+    """SIGTERM (a graceful stop where the rank can still act on it), then SIGKILL (a stopped or blocked rank)."""
+    for r in ranks:
+        procs[r].terminate()
+    deadline = time.time() + wait_s
+    for r in ranks:
+        try:
+            procs[r].wait(timeout=max(0.0, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            procs[r].kill()
+            procs[r].wait()
+
+
+def _wait_all(procs, timeout, t0, grace_s=None) -> tuple[list, list]:
     """Wait for every rank; SIGTERM to this process is passed on; SIGINT (Ctrl-C reaches the ranks
-    directly from the terminal) only waits; a second Ctrl-C kills them."""
-    exit_s = [None] * len(procs)
+    directly from the terminal) only waits; a second Ctrl-C kills them. With ``grace_s``, the ranks
+    still running ``grace_s`` after the first one ended are stopped. Returns (exit times, stopped ranks)."""
+    exit_s, stopped = [None] * len(procs), []
     interrupts = []
 
     def forward(signum, frame):
@@ -233,11 +255,18 @@ def _wait_all(procs, timeout, t0) -> list:
                         p.wait()
                         exit_s[r] = time.time() - t0
                 break
+            ended = [x for x in exit_s if x is not None]
+            if grace_s is not None and ended and time.time() - t0 > min(ended) + grace_s:
+                stopped = [r for r, x in enumerate(exit_s) if x is None]
+                _stop(procs, stopped)
+                for r in stopped:
+                    exit_s[r] = time.time() - t0
+                break
             time.sleep(0.05)
     finally:
         for s, h in old.items():
             signal.signal(s, h)
-    return exit_s
+    return exit_s, stopped
 
 
 def _main_thread() -> bool:

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from ..config import RunConfig
-from ..engine import RunData, autocast_ctx, build_optimizers, check_projectors, set_lr
+from ..engine import RunData, autocast_ctx, batch_weight, build_optimizers, check_projectors, set_lr
 from ..loop import LoopState, StepOutcome
 from ..results import build_results, describe_boundary
 from ..stages import build_staged_model
@@ -307,7 +307,7 @@ class PipelineEngine:
         sm, dev = self.sm, self.topo.device
         was = sm.training
         sm.eval()
-        total, mine = 0.0, self.data.val_batches[self.topo.replica::self.R]
+        total, weight, mine = 0.0, 0.0, self.data.val_batches[self.topo.replica::self.R]
         for i, (x, y) in enumerate(mine):
             self.tx.context = f"evaluation after step {step} (batch {i})"
             ids, z_in = (x.to(dev) if self.topo.first else None), None
@@ -316,13 +316,15 @@ class PipelineEngine:
                 z_in = self.comp_in.unpack(payload, self.msg.in_dtype)
             with autocast_ctx(self.cfg, dev):
                 out = sm.stage_forward(self.stage, z_in, ids)
-            if self.topo.last:
-                total += float(F.cross_entropy(out.float().reshape(-1, out.shape[-1]), y.to(dev).reshape(-1)))
+            if self.topo.last:          # token-weighted, as LocalEngine.evaluate (mapl.engine.batch_weight)
+                w = batch_weight(y, self.data.val_batches)
+                total += float(F.cross_entropy(out.float().reshape(-1, out.shape[-1]), y.to(dev).reshape(-1))) * w
+                weight += w
             else:
                 self.msg.send(self.msg.fwd_message(out, ids, None), self.topo.next, "fwd")
         self.tx.flush()
         sm.train(was)
-        vec = torch.tensor([total, len(mine) if self.topo.last else 0], dtype=torch.float64, device=dev)
+        vec = torch.tensor([total, weight], dtype=torch.float64, device=dev)
         self.tx.all_reduce(vec, "validation loss")
         return float(vec[0]) / max(1.0, float(vec[1]))
 
