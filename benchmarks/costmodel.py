@@ -55,7 +55,9 @@ def _cli(over: dict) -> list[str]:
 
 def run_cell(args, width: int, method: str, ratio: float, bw: float, lat_ms: float, tmp: Path) -> dict:
     over = cell_overrides(args, width, method, ratio)
-    out, ckpt = tmp / "cell.json", tmp / "cell.pt"
+    # one results file per cell: a run never replaces another config's results (mapl.train's guard)
+    stem = f"cell-d{width}-{method}-{ratio:g}x-{bw:g}bps-{lat_ms:g}ms"
+    out, ckpt = tmp / f"{stem}.json", tmp / f"{stem}.pt"
     cli = ["--profile", args.profile, *_cli(over), "--no-progress", "--fresh", "--out", str(out), "--ckpt", str(ckpt),
            "--link-delay", f"{bw:g}bps", "--link-latency-ms", f"{lat_ms:g}"]
     t0 = time.time()

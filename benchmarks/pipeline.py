@@ -54,7 +54,8 @@ METHODS = {"none": 1, "int8": 1, "ssn": 8, "mapl": 8, "mapl-rvq": 4}     # mapl-
 
 
 def run_method(method: str, ratio: float, args, workdir: Path) -> dict:
-    out, ckpt = workdir / f"{method}.json", workdir / f"{method}.pt"
+    name = method if method in ("none", "int8") else f"{method}-{ratio:g}x"     # one results file per config
+    out, ckpt = workdir / f"{name}.json", workdir / f"{name}.pt"
     cli = ["--profile", args.profile, "--method", method, "--stages", str(args.stages), "--steps", str(args.steps),
            "--set", f"train.schedule={args.schedule}", "--set", f"train.eval_every={max(1, args.steps // 2)}",
            "--set", f"train.eval_tokens={args.eval_tokens}", "--set", "train.threads=1",
