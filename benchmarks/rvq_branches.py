@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import multiprocessing as mp
 import os
 import sys
@@ -34,8 +33,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from mapl.checkpoint import CheckpointSlot, read as read_checkpoint  # noqa: E402
-from mapl.config import apply_overrides, config_hash, load_run_config  # noqa: E402
+from mapl.checkpoint import read as read_checkpoint  # noqa: E402
+from mapl.config import config_hash, load_run_config  # noqa: E402
 from mapl import sweep  # noqa: E402
 from mapl.io import atomic_torch_save, atomic_write_json, atomic_write_text  # noqa: E402
 
@@ -75,11 +74,9 @@ class _StopAt:
 def train_until(cfg, ckpt: Path, until: int) -> dict:
     """Run (or resume) ``cfg`` with checkpoint ``ckpt`` until step ``until``; the loop state as a dict."""
     from mapl.engine import LocalEngine
-    from mapl.loop import Interrupted, run_loop
+    from mapl.loop import Interrupted, LoopState, run_loop
     engine = LocalEngine.build(cfg, ckpt=ckpt)
-    state = engine.resume() or None
-    from mapl.loop import LoopState
-    state = state or LoopState()
+    state = engine.resume() or LoopState()
     if state.step < until:
         try:
             run_loop(_StopAt(engine, until), state, progress=False, log=lambda msg: print(msg, flush=True))

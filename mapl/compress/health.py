@@ -38,14 +38,16 @@ class BoundaryHealth:
 
     @torch.no_grad()
     def observe(self, z: torch.Tensor, training: bool) -> None:
-        zf = z.detach().float()
-        absmax, sumsq = zf.abs().amax(), zf.pow(2).sum()
+        # reductions accumulate in fp32 without an fp32 copy of z (this runs on every message)
+        z = z.detach()
+        absmax = z.abs().amax().float()
+        sumsq = torch.linalg.vector_norm(z, dtype=torch.promote_types(z.dtype, torch.float32)).square().float()
         key = "train" if training else "eval"
         w = self._win[key]
         if w is None:
-            self._win[key] = [absmax, sumsq, zf.numel()]
+            self._win[key] = [absmax, sumsq, z.numel()]
         else:
-            w[0], w[1], w[2] = torch.maximum(w[0], absmax), w[1] + sumsq, w[2] + zf.numel()
+            w[0], w[1], w[2] = torch.maximum(w[0], absmax), w[1] + sumsq, w[2] + z.numel()
 
     def read(self) -> dict:
         out = {}

@@ -132,7 +132,7 @@ class RVQCompressor(Compressor):
         if direction == "bwd":
             return [((B, T, self.code_dim), self.grad_dtype)]
         codes = ((B, packed_nbytes(T * self.rvq.groups * self.rvq.rounds, self.rvq.bits)), torch.uint8)
-        scales = [((B, T), SCALE_DTYPE)] if self.scale == "token" else []
+        scales = [((B, T), SCALE_DTYPE)] * self._n_scales
         return [codes, *scales, _HEADER, *self.sync.spec(with_init=self._init_is_next(pending))]
 
     def _init_is_next(self, pending: int = 0) -> bool:
