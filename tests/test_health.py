@@ -186,3 +186,18 @@ def test_health_reaches_the_results_and_warns(micro_cfg, capsys):
     warned = [msg for msg in lines if msg.startswith("warning:")]
     assert len(warned) == len(h["warnings"])
     assert all("boundary 0 max |z|" in msg for msg in warned)
+
+
+def test_scale_token_and_health_under_bf16_messages():
+    """On GPUs z arrives in bf16 (autocast): the scaled codes and the health window must take it as is."""
+    c = _trained("token").eval()
+    z = (torch.randn(2, 16, 8) * 9.0).bfloat16()
+    z[0, 3] *= 512.0
+    c.observe(z)
+    z_hat = c.unpack(c.pack(z), z.dtype)
+    assert z_hat.dtype == torch.bfloat16 and torch.isfinite(z_hat).all()
+    rel = ((z_hat.float() - z.float()).norm(dim=-1) / z.float().norm(dim=-1))
+    assert float(rel[0, 3]) < 2 * max(float(rel.flatten().median()), 0.05)     # the outlier stays relative
+    rep = c.health_report()
+    assert rep["eval_max"] == float(z.float().abs().max())
+    assert rep["eval_rms"] == pytest.approx(float(z.float().pow(2).mean().sqrt()), rel=1e-5)
