@@ -28,6 +28,7 @@ import yaml
 from .data import DataConfig
 from .model import PRESETS, ModelConfig
 # re-exported: callers import these from mapl.config
+from .seeds import DRAWS, run_base
 from .settings import (ConfigError, build, check_fields, coerce, field_hints, field_type, parse_set, refuse,
                        set_nested, setting)
 
@@ -123,7 +124,10 @@ class CompressorConfig:
     spel: SPELConfig = setting(factory=SPELConfig)
     rvq: RVQConfig = setting(factory=RVQConfig)
     int8_block: int = setting(0, min=0)                    # 0 = one absmax scale per token, else per block
-    seed: int = setting(1234, min=0)                       # fixed projector/shift seeds (every rank derives them)
+    seed: int = setting(1234, min=0)                       # base of the fixed draws (every rank derives them)
+    # per-seed: the draws' base moves with train.seed (mapl.seeds.run_base), so seeds resample the
+    # subspace too; fixed: compressor.seed for every train.seed (one random subspace for all seeds)
+    draws: str = setting("per-seed", choices=DRAWS)
 
     def resolved(self) -> "CompressorConfig":
         """The method's default projector and anchor filled in."""
@@ -176,9 +180,13 @@ class TrainConfig:
     min_lr_frac: float = setting(0.1, min=0, max=1)        # linear decay to this fraction of the peak
     grad_clip: float = setting(1.0, min=0)                 # global-norm clipping; 0 = off
     eval_every: int = setting(50, min=1)
-    eval_tokens: int = setting(65536, min=1)
+    eval_tokens: int = setting(65536, min=0)               # validation tokens read per evaluation; 0 = the whole split
     eval_batch_size: int = setting(16, min=1)
-    eval_offset: int = setting(0, min=0)                   # skip this many val tokens (tuning uses a disjoint slice)
+    eval_offset: int = setting(0, min=0)                   # skip this many val tokens (a slice of the split)
+    # every n-th validation window (n-1, 2n-1, ...) forms the *selection* set, on which a "best step"
+    # or a tuning winner is chosen; the others the *report* set (val_loss). Interleaved, both sets
+    # span every work of the split. 0 = no selection set: every window reports.
+    select_every: int = setting(0, min=0)
     checkpoint_every: int = setting(100, min=1)
     health_every: int = setting(50, min=0)                 # steps between boundary-health readings (0 = evaluations only)
     health_warn_factor: float = setting(5.0, min=1)        # warn when a window's max |z| > this x the median of earlier ones
@@ -241,6 +249,12 @@ class RunConfig:
             refuse("train.seq_len", self.train.seq_len, f"must be <= model.max_seq_len={mc.max_seq_len}")
         self.data.validate()
         return replace(self, compressor=self.compressor.validate(mc.d_model))
+
+    def compressor_for(self, d_model: int) -> CompressorConfig:
+        """The validated compressor config whose ``seed`` is this run's draw base (mapl.seeds.run_base):
+        what builds the boundaries, anchors and SSN's subspace on every rank."""
+        comp = self.compressor.validate(d_model)
+        return replace(comp, seed=run_base(comp.seed, self.train.seed, comp.draws))
 
     def name(self) -> str:
         if self.run_name:

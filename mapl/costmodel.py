@@ -32,6 +32,7 @@ from typing import Sequence
 import torch
 
 from .config import RunConfig
+from .progress import eval_tokens
 
 __all__ = ["GPUSpec", "H100", "H200", "DEFAULT_MFU", "StageCompute", "BoundaryBytes", "Case", "Prediction",
            "stage_flops", "flop_compute", "measured_compute", "boundary_bytes", "wire_ratio", "build_case",
@@ -318,7 +319,7 @@ def _run_hours(cfg: RunConfig, gpu: GPUSpec, cache: dict) -> dict:
     mb_tokens = (t.batch_size // t.micro_batches) * t.seq_len
     # evaluation: forward only through the pipeline, every eval_every steps and at the end
     evals = t.steps // t.eval_every + (1 if t.steps % t.eval_every else 0)
-    eval_s = (t.eval_tokens / mb_tokens) * max(r[0] for r in case.compute.fwd_s)
+    eval_s = (eval_tokens(cfg) / mb_tokens) * max(r[0] for r in case.compute.fwd_s)
     run_s = t.steps * step_s + evals * eval_s
     return {"run": cfg.name(), "model": cfg.model, "stages": cfg.stages, "method": cfg.compressor.method,
             "steps": t.steps, "tokens": t.steps * t.batch_size * t.seq_len, "step_s": step_s, "eval_s": evals * eval_s,

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -23,7 +23,7 @@ from . import data as mdata
 from .compress.base import StiefelParameter
 from .config import ConfigError, RunConfig
 from .diagnostics import boundary_diagnostics
-from .loop import LoopState, NonFiniteError, StepOutcome
+from .loop import Evaluation, LoopState, NonFiniteError, StepOutcome
 from .results import build_results, describe_boundary
 from .runtime.boundary_sync import meter_local_step
 from .stages import StagedModel, build_staged_model
@@ -38,7 +38,8 @@ __all__ = ["RunData", "resolve_data_dir", "open_run_data", "batch_weight", "buil
 class RunData:
     """The run's prepared, verified dataset (``mapl.data.open_dataset``) and its evaluation batches."""
     dataset: mdata.Dataset
-    val_batches: list             # fixed evaluation batches [(x, y)]
+    val_batches: list             # fixed evaluation batches [(x, y)]: the report set
+    select_batches: list = field(default_factory=list)   # the selection set (train.select_every; may be empty)
 
     @property
     def manifest(self) -> dict:
@@ -66,7 +67,12 @@ def open_run_data(cfg: RunConfig) -> RunData:
     if t.eval_offset > room:
         raise ConfigError(f"train.eval_offset={t.eval_offset} is invalid: the validation split has {len(ds.val)} "
                           f"tokens, so it must be <= {max(0, room)} (validation windows of train.seq_len={t.seq_len})")
-    return RunData(ds, ds.eval_batches(t.eval_batch_size, t.seq_len, t.eval_tokens, offset=t.eval_offset))
+    sets = {part: ds.eval_batches(t.eval_batch_size, t.seq_len, t.eval_tokens, offset=t.eval_offset,
+                                  select_every=t.select_every, part=part) for part in ("report", "select")}
+    if not sets["report"]:
+        raise ConfigError(f"train.select_every={t.select_every} is invalid: it leaves no report window in "
+                          f"{t.eval_tokens or len(ds.val)} validation tokens; use 0 or >= 2")
+    return RunData(ds, sets["report"], sets["select"])
 
 
 def batch_weight(y: torch.Tensor, batches: list) -> float:
@@ -237,17 +243,22 @@ class LocalEngine:
         return "the loss only (activations finite)"
 
     @torch.no_grad()
-    def evaluate(self, step: int) -> float:
+    def evaluate(self, step: int) -> Evaluation:
         sm, dev = self.sm, self.device
         was_training = sm.training
-        sm.eval()                        # eval: compressors must not update state (RVQ EMA, k-means)
-        total = torch.zeros((), dtype=torch.float64, device=dev)
-        batches = self.data.val_batches
-        with autocast_ctx(self.cfg, dev):
-            for x, y in batches:
-                total += sm(x.to(dev), y.to(dev)).double() * batch_weight(y, batches)
+        sm.eval()                        # eval: compressors must not update state (RVQ EMA, k-means, sync)
+
+        def mean_loss(batches: list) -> float:
+            total = torch.zeros((), dtype=torch.float64, device=dev)
+            with autocast_ctx(self.cfg, dev):
+                for x, y in batches:
+                    total += sm(x.to(dev), y.to(dev)).double() * batch_weight(y, batches)
+            return float(total) / sum(batch_weight(y, batches) for _, y in batches)
+
+        out = Evaluation(mean_loss(self.data.val_batches),
+                         mean_loss(self.data.select_batches) if self.data.select_batches else None)
         sm.train(was_training)
-        return float(total) / sum(batch_weight(y, batches) for _, y in batches)
+        return out
 
     def health(self) -> list[dict]:
         return [comp.health_report() for comp in self.sm.compressors()]

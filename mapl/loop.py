@@ -26,13 +26,13 @@ import signal
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Callable, NamedTuple, Protocol
 
 from .compress.health import OutlierAlarm
 from .config import RunConfig
 from .io import atomic_write_json
 
-__all__ = ["LoopState", "StepOutcome", "Engine", "Interrupted", "NonFiniteError", "StopFlag", "lr_factor",
+__all__ = ["LoopState", "Evaluation", "StepOutcome", "Engine", "Interrupted", "NonFiniteError", "StopFlag", "lr_factor",
            "run_loop", "train"]
 
 
@@ -46,12 +46,19 @@ def lr_factor(step: int, cfg: RunConfig) -> float:
     return 1.0 - (1.0 - t.min_lr_frac) * frac
 
 
+class Evaluation(NamedTuple):
+    """One evaluation's token-weighted mean losses (``train.select_every``: the two window sets)."""
+    val: float                    # the report set: what results report
+    select: float | None          # the selection set, where a best step is chosen (None: the run has none)
+
+
 @dataclass
 class LoopState:
     """Everything the loop carries across steps (and across a resume: it is part of the checkpoint)."""
     step: int = 0
     train_curve: list = field(default_factory=list)      # [step, loss] per optimizer step
-    val_curve: list = field(default_factory=list)        # [step, val loss] per evaluation
+    val_curve: list = field(default_factory=list)        # [step, val loss] per evaluation (report set)
+    select_curve: list = field(default_factory=list)     # [step, loss] per evaluation on the selection set
     train_wall: float = 0.0                              # seconds inside train_step, summed
     resumed_with_changes: list = field(default_factory=list)   # {"step", "changes"} per resume with new settings
     health: list = field(default_factory=list)           # {"step", "eval", "boundaries": [per-boundary dict]}
@@ -64,7 +71,8 @@ class LoopState:
     def from_dict(cls, d: dict) -> "LoopState":
         return cls(step=int(d["step"]), train_curve=list(d["train_curve"]), val_curve=list(d["val_curve"]),
                    train_wall=float(d["train_wall"]), resumed_with_changes=list(d.get("resumed_with_changes", [])),
-                   health=list(d.get("health", [])), health_warnings=list(d.get("health_warnings", [])))
+                   health=list(d.get("health", [])), health_warnings=list(d.get("health_warnings", [])),
+                   select_curve=list(d.get("select_curve", [])))
 
 
 @dataclass(frozen=True)
@@ -92,7 +100,7 @@ class Engine(Protocol):
     def train_step(self, step: int, lr_scale: float, stop_requested: Callable[[], bool]) -> StepOutcome: ...
     # stop_requested() is read as late as possible in the step (a signal during the step still counts)
 
-    def evaluate(self, step: int) -> float: ...                        # the global validation loss
+    def evaluate(self, step: int) -> Evaluation: ...                   # the global validation losses
 
     def health(self) -> list[dict] | None: ...                         # per boundary, since the last call
     # (Compressor.health_report of every boundary's sender; the reporter gets the list, others None)
@@ -198,12 +206,16 @@ def _one_step(engine: Engine, state: LoopState, stop_requested: Callable[[], boo
 
 
 def _evaluate(engine: Engine, state: LoopState, log: Callable, train_loss: float) -> None:
-    val = engine.evaluate(state.step)
-    if not math.isfinite(val):
-        raise NonFiniteError(f"non-finite validation loss {val} after step {state.step} (the training loss was "
-                             f"{train_loss:.4f}); the last good checkpoint is kept")
-    state.val_curve.append([state.step, val])
-    log(f"{engine.cfg.name()} step {state.step}/{engine.cfg.train.steps} train {train_loss:.4f} val {val:.4f}")
+    ev = engine.evaluate(state.step)
+    for loss in (ev.val, ev.select):
+        if loss is not None and not math.isfinite(loss):
+            raise NonFiniteError(f"non-finite validation loss {loss} after step {state.step} (the training loss was "
+                                 f"{train_loss:.4f}); the last good checkpoint is kept")
+    state.val_curve.append([state.step, ev.val])
+    if ev.select is not None:
+        state.select_curve.append([state.step, ev.select])
+    select = "" if ev.select is None else f" select {ev.select:.4f}"
+    log(f"{engine.cfg.name()} step {state.step}/{engine.cfg.train.steps} train {train_loss:.4f} val {ev.val:.4f}{select}")
 
 
 # The outlier warning judges readings only after this many learning-rate warmups: activation scales

@@ -18,7 +18,7 @@ import time
 from .config import RunConfig
 from .model import count_params
 
-__all__ = ["CORE_S_PER_TOKEN_PARAM", "RVQ_SLOWDOWN", "RUN_OVERHEAD_S", "LAUNCH_OVERHEAD_S", "estimate_core_seconds", "estimate_group",
+__all__ = ["CORE_S_PER_TOKEN_PARAM", "RVQ_SLOWDOWN", "RUN_OVERHEAD_S", "LAUNCH_OVERHEAD_S", "estimate_core_seconds", "eval_tokens", "estimate_group",
            "hms", "emit", "StepProgress", "GroupClock"]
 
 # one 300-step run of `tiny` (1.37M parameters, 16 x 128 tokens per step, 6 evaluations of 65,536 tokens)
@@ -36,9 +36,21 @@ def estimate_core_seconds(cfg: RunConfig, from_step: int = 0) -> float:
     n_params = count_params(cfg.model_config(cfg.data.vocab_size or None))
     steps = max(0, t.steps - from_step)
     evals = steps // t.eval_every + 1
-    tokens = steps * t.batch_size * t.seq_len + evals * t.eval_tokens / 3
+    tokens = steps * t.batch_size * t.seq_len + evals * eval_tokens(cfg) / 3
     slow = RVQ_SLOWDOWN if cfg.compressor.method == "mapl-rvq" else 1.0
     return RUN_OVERHEAD_S + tokens * n_params * CORE_S_PER_TOKEN_PARAM * slow
+
+
+def eval_tokens(cfg: RunConfig) -> int:
+    """Validation tokens one evaluation reads: ``train.eval_tokens``, or for 0 (the whole split) the
+    prepared split's size from its manifest (before preparation: ``data.val_tokens``, else 65,536)."""
+    if cfg.train.eval_tokens:
+        return cfg.train.eval_tokens
+    from .data import default_data_dir, read_manifest      # the estimate runs before torch is needed
+    try:
+        return int(read_manifest(default_data_dir(cfg.data))["splits"]["val"]["tokens"]) - cfg.train.eval_offset
+    except (OSError, ValueError, KeyError):
+        return cfg.data.val_tokens or 65536
 
 
 def estimate_group(seconds: list[float], workers: int) -> float:

@@ -97,6 +97,9 @@ def build_results(cfg: RunConfig, state, boundaries: list[dict], meter: ByteMete
         "steps": state.step, "tokens": tokens,
         "val_loss": state.val_curve[-1][1] if state.val_curve else None,
         "val_loss_curve": state.val_curve, "train_loss_curve": state.train_curve,
+        # the selection set (train.select_every): where a best step or a tuning winner is chosen
+        "select_loss": state.select_curve[-1][1] if state.select_curve else None,
+        "select_loss_curve": state.select_curve,
         "wire": wire,
         "ortho_max_err": max(ortho) if (ortho and learned) else None,
         "diagnostics": {str(b["boundary"]): b["diagnostics"] for b in boundaries},

@@ -1,4 +1,4 @@
-"""Every seed the compressors derive from ``compressor.seed``, in one table.
+"""Every seed the compressors derive from ``compressor.seed`` and the run's seed, in one table.
 
 Fixed random state (projector starting points, SSN's shared basis, the anchors' fixed bases, RVQ
 codebooks) is never sent between processes: every rank derives it from the same base seed, so it
@@ -10,10 +10,23 @@ must be derived the same way everywhere. ``derive_seed(base, purpose, index)`` i
     1336
 
 The offsets are the values the results were produced with; changing one changes every number.
+
+The base follows the run's seed (``compressor.draws = "per-seed"``, the default), so seeds resample
+the compressor's draws too (SSN's subspace, every projector's start, the anchors, the codebooks), not
+only the model's initialisation and the batches:
+
+    base = compressor.seed + RUN_STRIDE * train.seed            (train.seed 0: compressor.seed itself)
+
+``draws = "fixed"`` keeps ``compressor.seed`` for every ``train.seed`` (rounds 1-3 of this artifact:
+every seed shared one random subspace). RUN_STRIDE exceeds every offset + span, so no two runs'
+draws share a seed.
+
+    >>> run_base(1234, 2, "per-seed")
+    21234
 """
 from __future__ import annotations
 
-__all__ = ["OFFSETS", "derive_seed"]
+__all__ = ["OFFSETS", "RUN_STRIDE", "DRAWS", "derive_seed", "run_base"]
 
 # purpose -> (offset, how many indices it may use). The index ranges do not overlap for one base.
 OFFSETS: dict[str, tuple[int, int]] = {
@@ -34,3 +47,15 @@ def derive_seed(base: int, purpose: str, index: int = 0) -> int:
     if not 0 <= index < span:
         raise ValueError(f"seed index {index} for {purpose!r} is invalid; allowed: 0..{span - 1}")
     return base + offset + index
+
+
+RUN_STRIDE = 10_000
+DRAWS = ("per-seed", "fixed")        # compressor.draws: whether the compressor's draws follow train.seed
+
+
+def run_base(compressor_seed: int, train_seed: int, draws: str = "per-seed") -> int:
+    """The base every compressor draw of a run derives from (see the module docstring)."""
+    if draws not in DRAWS:
+        raise ValueError(f"compressor.draws={draws!r} is invalid; allowed: {', '.join(DRAWS)}")
+    return compressor_seed + (RUN_STRIDE * train_seed if draws == "per-seed" else 0)
+

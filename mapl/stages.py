@@ -206,9 +206,9 @@ class StagedModel(nn.Module):
 
 
 def build_staged_model(cfg: RunConfig, vocab_size: int) -> StagedModel:
-    """Deterministic in (cfg.train.seed, cfg.compressor.seed): every rank builds the same model."""
+    """Deterministic in (cfg.train.seed, cfg.compressor.seed, cfg.compressor.draws): every rank builds the same model."""
     mc = cfg.model_config(vocab_size)
-    comp = cfg.compressor.validate(mc.d_model)
+    comp = cfg.compressor_for(mc.d_model)
     torch.manual_seed(cfg.train.seed)
     model = Transformer(mc)
     split = split_layers(mc, cfg.stages)

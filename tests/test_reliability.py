@@ -53,7 +53,7 @@ def test_many_differences_are_cut_short(micro_cfg):
 def _evaluate_with(engine, cfg, eval_batch_size: int) -> float:
     t = cfg.train
     engine.data.val_batches = engine.data.dataset.eval_batches(eval_batch_size, t.seq_len, t.eval_tokens)
-    return engine.evaluate(0)
+    return engine.evaluate(0).val
 
 
 def test_validation_loss_does_not_depend_on_the_eval_batch_size(micro_cfg):
@@ -94,7 +94,7 @@ def test_full_batches_keep_the_plain_mean_bit_for_bit(micro_cfg):
         total = torch.zeros((), dtype=torch.float64)
         for x, y in batches:
             total += engine.sm(x, y)
-    assert engine.evaluate(0) == float(total) / len(batches)
+    assert engine.evaluate(0).val == float(total) / len(batches)
 
 
 @pytest.mark.slow

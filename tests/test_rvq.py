@@ -34,6 +34,13 @@ def roundtrip(c, z):
     return c.unpack(c.pack(z), z.dtype)
 
 
+def frozen(c):
+    """Training mode (messages sync) with codebooks that do not learn: what the stream must converge on."""
+    c.train()
+    c.rvq.update = lambda *args, **kwargs: None
+    return c
+
+
 def state(c):
     return {k: v.clone() for k, v in c.state_dict().items() if isinstance(v, torch.Tensor)}
 
@@ -223,7 +230,7 @@ def test_receiver_decodes_with_its_own_copy(mode):
 
 @pytest.mark.parametrize("fraction,cycle", [(None, 16), (0.25, 4), (0.3, 4)])
 def test_stream_converges_exactly_with_frozen_codebooks(fraction, cycle):
-    c = make(sync="stream", stream_fraction=fraction).eval()
+    c = frozen(make(sync="stream", stream_fraction=fraction))
     assert c.sync.cycle == cycle
     c.rvq.set_codebooks(torch.randn_like(c.rvq.codebooks))
     z = torch.randn(2, 4, 8)
@@ -493,14 +500,41 @@ def test_constructor_validation():
 # ---- two objects = two processes ------------------------------------------------------------
 
 def test_separate_sender_and_receiver_objects_converge_when_frozen():
-    sender = make(sync="stream", stream_fraction=0.25).eval()
+    sender = make(sync="stream", stream_fraction=0.25).train()
     receiver = copy.deepcopy(sender)                     # same config and seed: identical at version 0
+    frozen(sender)
     sender.rvq.set_codebooks(torch.randn_like(sender.rvq.codebooks))
     z = torch.randn(2, 4, 8)
     for _ in range(sender.sync.cycle):
         receiver.unpack(sender.pack(z), z.dtype)
     assert torch.equal(receiver.recv.codebooks, sender.rvq.codebooks)
     assert receiver.staleness() == 0
+
+
+@pytest.mark.parametrize("mode", ["stream", "full", "mirrored"])
+def test_evaluation_messages_do_not_change_training(mode):
+    """An evaluation message decodes with the receiver copy and syncs nothing (its sync tensors keep
+    their static shapes), so whether and how often a run evaluates cannot change its training: the
+    stream's cursor, the receiver copy and every later training message are as without it."""
+    torch.manual_seed(0)
+    zs = [torch.randn(2, 4, 8) * (1 + i) for i in range(6)]
+    runs = []
+    for evaluate in (False, True):
+        sender = make(sync=mode).train()
+        receiver = copy.deepcopy(sender)
+        outs = []
+        for i, z in enumerate(zs):
+            if evaluate and i in (2, 4):
+                sender.eval(), receiver.eval()
+                payload = sender.pack(torch.randn(3, 5, 8) * 4)
+                assert shapes(payload) == [(tuple(s), dt) for s, dt in receiver.payload_spec((3, 5), "fwd")]
+                assert receiver.unpack(payload, z.dtype).shape == (3, 5, 8)
+                sender.train(), receiver.train()
+            outs.append(receiver.unpack(sender.pack(z), z.dtype))
+        runs.append((outs, state(sender), state(receiver)))
+    (plain, s0, r0), (evaluated, s1, r1) = runs
+    assert all(torch.equal(a, b) for a, b in zip(plain, evaluated))
+    assert same_state(s0, s1) and same_state(r0, r1)
 
 
 def shapes(tensors):

@@ -14,7 +14,7 @@ from mapl.progress import GroupClock, StepProgress, estimate_core_seconds, estim
 from mapl.train import config_from_args, parse_args
 
 PARAMS = load_params()
-GROUPS = ["main", "seeds", "ablations", "long", "longer", "tokens", "width", "rvq_sync", "rvq_scaled", "tune", "tune2"]
+GROUPS = ["main", "seeds", "ablations", "long", "longer", "tokens", "width", "rvq_sync", "rvq_scaled", "lr_check", "tune", "tune2"]
 
 
 def cfgs(group, profile="cpu"):
@@ -28,21 +28,27 @@ def test_every_profile_lists_every_group():
 
 def test_cpu_groups_are_the_planned_grid():
     sizes = {g: len(cfgs(g)) for g in GROUPS}
-    assert sizes == {"main": 11, "seeds": 16, "ablations": 5, "long": 15, "longer": 6, "tokens": 6, "width": 6,
-                     "rvq_sync": 2, "rvq_scaled": 3, "tune": 12, "tune2": 9}
+    assert sizes == {"main": 11, "seeds": 16, "ablations": 5, "long": 40, "longer": 0, "tokens": 6, "width": 6,
+                     "rvq_sync": 2, "rvq_scaled": 0, "lr_check": 6, "tune": 12, "tune2": 9}
     main = {c.name() for c in cfgs("main")}
     assert {"tiny-P4-none-s0", "tiny-P4-int8-s0", "tiny-P4-ssn-8x-s0", "tiny-P4-mapl-16x-s0", "tiny-P4-mapl-rvq-4x-s0"} <= main
     assert {c.name().replace("-s1", "-s0") for c in cfgs("seeds")} == main | {c.name() for c in cfgs("ablations")}
     long = cfgs("long")
-    assert {c.train.seed for c in long} == {0, 1, 2} and {c.train.steps for c in long} == {3000}
+    assert {c.train.seed for c in long} == set(range(8)) and {c.train.steps for c in long} == {3000}
     assert all(c.train.warmup_steps == 300 and c.train.eval_every == 250 for c in long)
-    assert "tiny-P4-mapl-8x-proj-fixed-3000steps-s2" in {c.name() for c in long}
-    for group, steps, every in (("tokens", 1000, 100), ("longer", 6000, 500)):
+    assert {"tiny-P4-mapl-8x-proj-fixed-3000steps-s7", "tiny-P4-mapl-rvq-8x-scale-token-3000steps-s7"} <= {c.name() for c in long}
+    assert {c.compressor.rvq.scale for c in long if c.compressor.method == "mapl-rvq"} == {"token"}
+    # the primary contrast's three methods fill seed by seed before the other two
+    assert [c.compressor.method for c in long[:3]] == ["none", "ssn", "mapl"] and long[3].train.seed == 1
+    for group, steps, every in (("tokens", 1000, 100), ("lr_check", 3000, 250)):
         assert all(c.train.steps == steps and c.train.warmup_steps == steps // 10 and c.train.eval_every == every
                    for c in cfgs(group)), group
     assert {c.model_overrides["d_model"] for c in cfgs("width")} == {64, 256}
     assert {c.compressor.rvq.sync for c in cfgs("rvq_sync")} == {"full", "mirrored"}
-    assert all(c.train.eval_offset == 65536 for g in ("tune", "tune2") for c in cfgs(g))
+    # one evaluation protocol for every group: the whole split, selection on the odd windows
+    assert all(c.train.eval_offset == 0 and c.train.eval_tokens == 0 and c.train.select_every == 2
+               for g in GROUPS for c in cfgs(g))
+    assert all(c.compressor.draws == "per-seed" for g in GROUPS for c in cfgs(g))
     # token-matched: every run of the report's groups sees the same batches for its seed
     shapes = {(c.train.batch_size, c.train.seq_len) for g in GROUPS for c in cfgs(g)}
     assert shapes == {(16, 128)}

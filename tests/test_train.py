@@ -303,7 +303,7 @@ def test_one_step_and_diagnostics_create_no_tensor_off_device(micro_cfg, method,
     torch.set_default_device("meta")
     try:
         out = engine.train_step(1, 1.0)
-        val = engine.evaluate(2)
+        val = engine.evaluate(2).val
         diag = boundary_diagnostics(engine.sm, engine.data.val_batches[:1])
         res = engine.results(LoopState(step=2, val_curve=[[2, val]]), 1.0)
     finally:

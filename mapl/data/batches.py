@@ -73,18 +73,31 @@ def get_batch(tokens, batch_size: int, seq_len: int, seed: int, step: int, sampl
     return _split_xy(take_windows(tokens, starts, seq_len + 1))
 
 
-def eval_batches(tokens, batch_size: int, seq_len: int, max_tokens: int) -> list:
+def eval_batches(tokens, batch_size: int, seq_len: int, max_tokens: int, select_every: int = 0,
+                 part: str = "report") -> list:
     """Fixed, non-overlapping windows from the start of ``tokens`` (at most ``max_tokens`` input
-    tokens; <= 0 = all), grouped in batches of ``batch_size`` (the last may be smaller)."""
+    tokens; <= 0 = all), grouped in batches of ``batch_size`` (the last may be smaller).
+
+    ``select_every = n > 0`` splits the windows in two interleaved sets: windows n-1, 2n-1, ... are
+    the ``part="select"`` set (where a best step or a tuning winner is chosen), the rest the
+    ``part="report"`` set (what a result reports), so neither is one stretch of text. 0: every window
+    reports (and the select set is empty)."""
+    if part not in ("report", "select"):
+        raise ValueError(f"part={part!r} is invalid; allowed: report, select")
     n_windows = (len(tokens) - 1) // seq_len
     if max_tokens > 0:
         n_windows = min(n_windows, max_tokens // seq_len)
     if n_windows < 1:
         raise ValueError(f"split has {len(tokens)} tokens; need at least seq_len + 1 = {seq_len + 1} "
                          f"(and max_tokens >= seq_len)")
-    return [_split_xy(take_windows(tokens, np.arange(start, min(start + batch_size, n_windows)) * seq_len,
-                                   seq_len + 1))
-            for start in range(0, n_windows, batch_size)]
+    windows = np.arange(n_windows)
+    if select_every > 0:
+        chosen = windows % select_every == select_every - 1
+        windows = windows[chosen if part == "select" else ~chosen]
+    elif part == "select":
+        return []
+    return [_split_xy(take_windows(tokens, windows[start:start + batch_size] * seq_len, seq_len + 1))
+            for start in range(0, len(windows), batch_size)]
 
 
 def unigram_entropy(tokens, vocab_size: int) -> float:

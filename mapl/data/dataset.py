@@ -52,9 +52,11 @@ class Dataset:
         """The training batch ``(x, y)`` of ``step`` (see :mod:`mapl.data.batches`)."""
         return get_batch(self.train, batch_size, seq_len, seed, step, self.sampling)
 
-    def eval_batches(self, batch_size: int, seq_len: int, max_tokens: int, offset: int = 0) -> list:
-        """Fixed validation batches from token ``offset`` of the val shard."""
-        return eval_batches(self.val[offset:], batch_size, seq_len, max_tokens)
+    def eval_batches(self, batch_size: int, seq_len: int, max_tokens: int, offset: int = 0, select_every: int = 0,
+                     part: str = "report") -> list:
+        """Fixed validation batches from token ``offset`` of the val shard (``select_every``/``part``:
+        :func:`mapl.data.batches.eval_batches`)."""
+        return eval_batches(self.val[offset:], batch_size, seq_len, max_tokens, select_every, part)
 
 
 def _shard(out: Path, m: dict, split: str, profile: str | None) -> TokenShard:

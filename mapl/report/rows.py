@@ -42,7 +42,7 @@ __all__ = ["GROUP_ORDER", "METHOD_ORDER", "KEY", "ResultsError", "results_dir", 
            "main_model", "budget_steps", "at_best_validation", "train_split_tokens"]
 
 # where a configuration appears in two groups, the first group here keeps it (the others are dropped)
-GROUP_ORDER = ("main", "seeds", "ablations", "long", "longer", "tokens", "width", "rvq_sync", "rvq_scaled", "tune",
+GROUP_ORDER = ("main", "seeds", "ablations", "long", "longer", "tokens", "width", "rvq_sync", "rvq_scaled", "lr_check", "tune",
                "tune2")
 METHOD_ORDER = ("none", "int8", "ssn", "mapl", "mapl-rvq")
 KEY = ("model", "stages", "method", "wire_ratio", "projector", "anchor", "rvq_sync", "rvq_scale", "steps", "seed")

@@ -89,7 +89,7 @@ def warm_compiled_kernels(cfg: RunConfig, topo: Topology, log) -> bool:
         return False
     d = cfg.model_config().d_model
     with torch.device("meta"):           # shapes only: nothing allocated, no generator consumed
-        vq = build_boundary(cfg.compressor.validate(d), d, topo.stage).rvq
+        vq = build_boundary(cfg.compressor_for(d), d, topo.stage).rvq
     started = time.perf_counter()
     warm_fused_search(vq.groups, vq.codebook_size, vq.sub_dim, torch.float32, topo.device)
     log(f"rank {topo.rank}: compiled the RVQ search kernel in {time.perf_counter() - started:.1f} s")

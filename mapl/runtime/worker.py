@@ -31,7 +31,7 @@ import torch.nn.functional as F
 
 from ..config import RunConfig
 from ..engine import RunData, autocast_ctx, batch_weight, build_optimizers, check_projectors, set_lr
-from ..loop import LoopState, StepOutcome
+from ..loop import Evaluation, LoopState, StepOutcome
 from ..results import build_results, describe_boundary
 from ..stages import build_staged_model
 from ..wire import ByteMeter
@@ -293,9 +293,12 @@ class PipelineEngine:
             bsync.apply_state(self.comp_in, keys_in, self.faults.on_sync_received(self.topo.rank, got[0]))
 
     # ---- evaluation (the same wire, forward only, eval mode) --------------------------------------
-    def evaluate(self, step: int) -> float:
-        """The global validation loss, then the sender/receiver state checksums (warning on mismatch)."""
-        val = self._validation_loss(step)
+    def evaluate(self, step: int) -> Evaluation:
+        """The global validation losses (report set, then selection set), then the sender/receiver
+        state checksums (warning on mismatch)."""
+        val = Evaluation(self._validation_loss(step, self.data.val_batches, "evaluation"),
+                         self._validation_loss(step, self.data.select_batches, "selection evaluation")
+                         if self.data.select_batches else None)
         self.sync_ok = self.check_sync(step)
         if not all(self.sync_ok):
             self.log(f"warning: shared state differs between sender and receiver at boundaries "
@@ -303,13 +306,13 @@ class PipelineEngine:
         return val
 
     @torch.no_grad()
-    def _validation_loss(self, step: int) -> float:
+    def _validation_loss(self, step: int, batches: list, what: str) -> float:
         sm, dev = self.sm, self.topo.device
         was = sm.training
         sm.eval()
-        total, weight, mine = 0.0, 0.0, self.data.val_batches[self.topo.replica::self.R]
+        total, weight, mine = 0.0, 0.0, batches[self.topo.replica::self.R]
         for i, (x, y) in enumerate(mine):
-            self.tx.context = f"evaluation after step {step} (batch {i})"
+            self.tx.context = f"{what} after step {step} (batch {i})"
             ids, z_in = (x.to(dev) if self.topo.first else None), None
             if not self.topo.first:
                 payload, ids = self.msg.take_fwd(self.msg.post_fwd(tuple(x.shape)))
@@ -317,7 +320,7 @@ class PipelineEngine:
             with autocast_ctx(self.cfg, dev):
                 out = sm.stage_forward(self.stage, z_in, ids)
             if self.topo.last:          # token-weighted, as LocalEngine.evaluate (mapl.engine.batch_weight)
-                w = batch_weight(y, self.data.val_batches)
+                w = batch_weight(y, batches)
                 total += float(F.cross_entropy(out.float().reshape(-1, out.shape[-1]), y.to(dev).reshape(-1))) * w
                 weight += w
             else:

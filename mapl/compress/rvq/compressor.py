@@ -65,8 +65,9 @@ class RVQCompressor(Compressor):
     ``sync_payload``/``apply_sync``/``checksum`` are the inner projector's (A is synced after each
     optimizer step by the caller); codebook state travels in the forward payload and is checked with
     :meth:`codebook_checksums` / :meth:`check_sync`. Codebooks learn only in ``pack`` in training
-    mode; in eval the sender's codebooks are frozen but the stream keeps flowing, so a lagging
-    receiver copy still converges.
+    mode. In eval nothing is synced: an evaluation message carries zero-valued sync tensors (the
+    shapes stay static) that the receiver does not apply, so when and on how much text a run
+    evaluates never changes its training.
     """
 
     method = "mapl-rvq"
@@ -201,6 +202,14 @@ class RVQCompressor(Compressor):
         op = self.rvq.update(u, idx, codebooks=search_cb) if self.training else None
         op_code = OP_NONE if op is None else op["op"]
         header = torch.tensor([int(self.rvq.version), op_code, T], dtype=torch.int64, device=z.device)
+        if not self.training:
+            # evaluation sends the sync tensors' shapes (static messages) but no codebook change: a
+            # slice sent here would move the stream's cursor and refresh the receiver early, so how
+            # often and on how many batches a run evaluates would change its training
+            sync = [torch.zeros(shape, dtype=dtype, device=z.device) for shape, dtype in self.sync.spec()]
+            data = [codes, *scales]
+            self._record(z, u, idx, resid, scales, op, data, [header, *sync])
+            return [*data, header, *sync]
         sync = self.sync.sender_tensors(self.rvq, op)
         if self.search_with == "receiver":
             self._pending = (int(header[0]), op_code, [t.clone() for t in sync], idx)
@@ -254,7 +263,8 @@ class RVQCompressor(Compressor):
         z_q = self.recv.lookup(idx).to(dtype)             # always the receiver's copy
         if scales:
             z_q = z_q * scales[0].to(dtype).unsqueeze(-1)
-        self.sync.apply(self.recv, int(header[0]), int(header[1]), sync, idx)
+        if self.training:                                 # evaluation messages carry no sync (see pack)
+            self.sync.apply(self.recv, int(header[0]), int(header[1]), sync, idx)
         return z_q
 
     # ---- wire: backward (the gradient on z, not quantised) -----------------------------------

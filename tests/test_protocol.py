@@ -1,0 +1,98 @@
+"""The measurement protocol behind the verdict (issue 25): seeds resample every random draw of a run,
+the validation split is evaluated whole in two interleaved sets (report and selection), and when a
+run evaluates never changes how it trains."""
+import numpy as np
+import pytest
+import torch
+
+from mapl.data.batches import eval_batches
+from mapl.seeds import OFFSETS, RUN_STRIDE, run_base
+from mapl.stages import build_staged_model
+from mapl.train import run
+
+
+def quiet(*args, **kwargs):
+    pass
+
+
+# ---- seeds ----------------------------------------------------------------------------------------------
+def test_run_base_moves_with_the_seed_and_never_collides():
+    assert run_base(1234, 0) == 1234                      # seed 0 keeps the draws of every earlier round
+    assert run_base(1234, 3, "fixed") == 1234
+    assert run_base(1234, 3) == 1234 + 3 * RUN_STRIDE
+    assert RUN_STRIDE > max(offset + span for offset, span in OFFSETS.values())
+    with pytest.raises(ValueError, match="compressor.draws='all' is invalid; allowed: per-seed, fixed"):
+        run_base(1234, 1, "all")
+
+
+@pytest.mark.parametrize("method,part", [("ssn", "shared"), ("mapl", "boundaries.0.A")])
+def test_seeds_resample_the_compressor_draws(micro_cfg, method, part):
+    """Per-seed draws: SSN's U and every projector's start differ between seeds; ``fixed`` keeps them."""
+    def draw(seed, draws="per-seed"):
+        cfg = micro_cfg(method, 4, **{"train.seed": seed, "compressor.draws": draws})
+        sm = build_staged_model(cfg, 256)
+        if part == "shared":        # SSN's U: the basis every residual writer is constrained to
+            return sm.boundaries["0"].A.detach().clone()
+        return dict(sm.named_parameters())[part].detach().clone()
+    assert torch.equal(draw(0), draw(0))
+    assert not torch.allclose(draw(0), draw(1))
+    assert torch.equal(draw(0, "fixed"), draw(1, "fixed"))
+    assert torch.equal(draw(0), draw(0, "fixed"))          # seed 0: the same draws as before the option
+
+
+def test_seeds_resample_the_anchors(micro_cfg):
+    tables = [dict(build_staged_model(micro_cfg("mapl", 4, **{"train.seed": s}), 256).named_buffers())
+              for s in (0, 1)]
+    fixed = [k for k in tables[0] if k.startswith("anchors.")]
+    assert fixed and any(not torch.equal(tables[0][k], tables[1][k]) for k in fixed)
+
+
+# ---- evaluation sets ------------------------------------------------------------------------------------
+def _windows(batches):
+    return [tuple(row.tolist()) for x, _ in batches for row in x]
+
+
+@pytest.mark.parametrize("every", [2, 3])
+def test_report_and_selection_sets_interleave_and_cover_the_split(every):
+    tokens = np.arange(1000) % 251
+    both = eval_batches(tokens, 4, 10, 0)
+    report = eval_batches(tokens, 4, 10, 0, select_every=every)
+    select = eval_batches(tokens, 4, 10, 0, select_every=every, part="select")
+    whole, rep, sel = _windows(both), _windows(report), _windows(select)
+    assert len(rep) + len(sel) == len(whole) == 99
+    assert set(rep).isdisjoint(sel) and sorted(rep + sel) == sorted(whole)
+    assert sel == whole[every - 1::every]                  # interleaved: both sets span the whole split
+    assert eval_batches(tokens, 4, 10, 0, part="select") == []
+    with pytest.raises(ValueError, match="part='both' is invalid"):
+        eval_batches(tokens, 4, 10, 0, part="both")
+
+
+def test_a_run_records_both_curves_and_reports_the_report_set(micro_cfg):
+    res = run(micro_cfg("mapl", 4, **{"train.select_every": 2, "train.eval_tokens": 0}), progress=False, log=quiet)
+    assert [s for s, _ in res["select_loss_curve"]] == [s for s, _ in res["val_loss_curve"]] == [10, 20]
+    assert res["select_loss"] == res["select_loss_curve"][-1][1] != res["val_loss"]
+    plain = run(micro_cfg("mapl", 4, **{"train.eval_tokens": 0}), progress=False, log=quiet)
+    assert plain["select_loss"] is None and plain["select_loss_curve"] == []
+    assert plain["train_loss_curve"] == res["train_loss_curve"]        # evaluation does not train
+    # the whole split is the token-weighted mean of its two sets
+    n_rep, n_sel = 0, 0
+    from mapl.engine import LocalEngine
+    data = LocalEngine.build(micro_cfg("mapl", 4, **{"train.select_every": 2, "train.eval_tokens": 0})).data
+    n_rep, n_sel = (sum(y.numel() for _, y in b) for b in (data.val_batches, data.select_batches))
+    whole = (res["val_loss"] * n_rep + res["select_loss"] * n_sel) / (n_rep + n_sel)
+    assert whole == pytest.approx(plain["val_loss"], rel=1e-5)
+
+
+def test_a_selection_set_that_leaves_no_report_window_is_refused(micro_cfg):
+    with pytest.raises(ValueError, match=r"train\.select_every=1 is invalid: it leaves no report window"):
+        run(micro_cfg("none", **{"train.select_every": 1}), progress=False, log=quiet)
+
+
+# ---- evaluation never trains ----------------------------------------------------------------------------
+@pytest.mark.parametrize("method", ["mapl-rvq", "mapl"])
+def test_how_often_a_run_evaluates_does_not_change_its_training(micro_cfg, method):
+    """MAPL+VQ's streamed codebook used to keep flowing in evaluation, so the evaluation cadence and
+    batch size changed the training curve; now they cannot (every loss identical, bit for bit)."""
+    curves = [run(micro_cfg(method, 4, **over), progress=False, log=quiet)["train_loss_curve"]
+              for over in ({"train.eval_every": 10}, {"train.eval_every": 3, "train.eval_batch_size": 3})]
+    assert curves[0] == curves[1]
