@@ -96,3 +96,41 @@ def test_how_often_a_run_evaluates_does_not_change_its_training(micro_cfg, metho
     curves = [run(micro_cfg(method, 4, **over), progress=False, log=quiet)["train_loss_curve"]
               for over in ({"train.eval_every": 10}, {"train.eval_every": 3, "train.eval_batch_size": 3})]
     assert curves[0] == curves[1]
+
+
+# ---- the verdict's statistics and the claims ledger's rule -----------------------------------------------
+def test_exact_tests_match_their_textbook_values():
+    from mapl.report.stats import holm, sign_test_p, t_test_p, wilcoxon_p
+    assert t_test_p([1, 2, 3]) == pytest.approx(0.074180, abs=1e-6)       # t = 3.464, df = 2
+    assert wilcoxon_p([1, 2, 3, 4, 5, 6, 7, 8]) == 2 / 256                  # every sign positive
+    assert wilcoxon_p([1, -2, 3, 4, 5, 6, 7, 8]) == 6 / 256                 # W- = 2: 3 of 256 patterns, two-sided
+    assert sign_test_p([1, -2, 3, 4, 5, 6, 7, 8]) == 18 / 256
+    assert wilcoxon_p([0.5, 0.5, 0.5]) == 0.25 and wilcoxon_p([0, 0]) is None    # 3 seeds cannot reach 0.05
+    adj = holm([0.01, 0.04, 0.03, None])
+    assert [a["p_adj"] for a in adj[:3]] == pytest.approx([0.03, 0.06, 0.06]) and adj[3]["p_adj"] is None
+    assert [a["level"] for a in adj[:3]] == pytest.approx([1 - 0.05 / 3, 0.95, 1 - 0.05 / 2])
+
+
+@pytest.mark.parametrize("ci,verdict", [((0.3, 2.5), "reproduced"), ((-0.5, 0.8), "not reproduced"),
+                                        ((-2.0, -0.1), "not reproduced"), (None, "not testable here")])
+def test_an_ordering_claim_needs_the_interval_on_its_side(ci, verdict):
+    from mapl.report.claims import _order_verdict
+    c = None if ci is None else {"n": 8, "ci": ci, "level": 0.95}
+    assert _order_verdict(c)[0] == verdict
+
+
+@pytest.mark.parametrize("ci,verdict", [((2.6, 3.6), "not reproduced"), ((1.0, 9.0), "reproduced"),
+                                        (None, "not testable here")])
+def test_a_range_claim_needs_the_interval_to_meet_the_range(ci, verdict):
+    from mapl.report.claims import _range_verdict
+    assert _range_verdict(ci, 8.37, 15.05)[0] == verdict
+
+
+def test_the_best_step_is_chosen_on_the_selection_set():
+    from mapl.report.rows import at_best_validation
+    row = {"steps": 30, "val_loss": 3.0, "val_loss_curve": [[10, 3.5], [20, 2.9], [30, 3.0]],
+           "select_loss_curve": [[10, 3.4], [20, 3.2], [30, 3.1]]}
+    best = at_best_validation([row])[0]
+    assert (best["best_step"], best["val_loss"], best["best_chosen_on"]) == (30, 3.0, "selection set")
+    old = at_best_validation([{**row, "select_loss_curve": []}])[0]
+    assert (old["best_step"], old["val_loss"], old["best_chosen_on"]) == (20, 2.9, "report set")

@@ -103,7 +103,7 @@ def tree(tmp_path):
 
 @pytest.fixture
 def rows_all(tree):
-    return R.select(R.load_results(tree, R.results_dir("cpu")), profile="cpu", eval_offset=None)
+    return R.select(R.load_results(tree, R.results_dir("cpu")), profile="cpu", eval_offset=None, tuning=True)
 
 
 @pytest.fixture
@@ -204,9 +204,11 @@ def test_headline_and_paired_tables(rows):
     assert [b[0] for b in t.body] == ["SSN 8× − MAPL 8×", "MAPL, fixed projector 8× − MAPL 8×",
                                       "MAPL+VQ 16× (proj. 8×) − MAPL 8×"]
     first = t.body[0]
-    assert first[2] == "0,1,2" and first[3] == ", ".join(f"{d:+.2f}" for d in diffs)
-    assert first[4] == f"{mean:.2f} ± {sd:.2f}" and first[5] == f"[{mean - half:+.2f}, {mean + half:+.2f}]"
-    assert first[6] == "MAPL 8× ahead"                                      # the interval excludes 0
+    assert first[1] == "primary" and t.body[1][1].startswith("exploratory (Holm p ")
+    assert first[3] == "0,1,2" and first[4] == ", ".join(f"{d:+.2f}" for d in diffs)
+    assert first[5] == f"{mean:.2f} ± {sd:.2f}" and first[6] == f"[{mean - half:+.2f}, {mean + half:+.2f}] (95.0%)"
+    assert first[-1] == "MAPL 8× ahead"                                     # the interval excludes 0
+    assert first[8] == "0.250" and first[9] == "0.250"      # exact Wilcoxon and sign tests: 3 seeds reach 0.25 at best
     assert f"MAPL 8× is {mean:.2f} ± {sd:.2f} points ahead of SSN 8× at 3,000 steps (3 seeds, 95% CI" in t.takeaway
     h = R.headline_table(rows)
     assert [b[0] for b in h.body] == ["Uncompressed", "SSN", "MAPL", "MAPL, fixed projector", "MAPL+VQ"]

@@ -26,6 +26,7 @@ projection 8x is 16x on the wire. Every table says which it shows.
 """
 import sys
 
+from .claims import *  # noqa: F401,F403
 from .data_stats import *  # noqa: F401,F403
 from .figures import *  # noqa: F401,F403
 from .metrics import *  # noqa: F401,F403

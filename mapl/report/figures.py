@@ -23,7 +23,7 @@ from .rows import group_runs, sort_key
 from .style import fmt_ratio, label, linestyle, style, variant_label
 
 __all__ = ["new_figure", "save_figure", "png_bytes", "empty_note", "pareto_figure", "loss_curves_figure",
-           "axis_figure", "health_figure"]
+           "axis_figure", "health_figure", "gap_curves_figure"]
 
 LINESTYLES = ("-", "--", ":", "-.")
 
@@ -228,6 +228,33 @@ def health_figure(runs: Sequence[dict], title: str = "") -> Figure:
             empty_note(ax, "no run recorded its boundary health")
     if runs:
         axes[-1].legend(fontsize=6)
+    if title:
+        fig.suptitle(title)
+    return fig
+
+
+def gap_curves_figure(gap: dict, generalisation: dict, title: str = "") -> Figure:
+    """Left: the paired in-run gap (``gap``: {"steps", "mean", "lo", "hi"}, points) against step.
+    Right: validation − training loss per method (``generalisation``: variant -> (steps, mean))."""
+    fig, (ax_g, ax_o) = new_figure(2, 5.2, 4.0)
+    if len(gap.get("steps", [])):
+        ax_g.plot(gap["steps"], gap["mean"], color="black", marker="o", ms=4, lw=1.2, label="mean over seeds")
+        ax_g.fill_between(gap["steps"], gap["lo"], gap["hi"], color="grey", alpha=0.25, lw=0, label="95% t interval")
+        ax_g.axhline(0, color="grey", lw=0.8)
+        ax_g.set(xlabel="optimizer step", ylabel="Δ%(SSN) − Δ%(MAPL), points", title="paired gap during training")
+        ax_g.legend(fontsize=7)
+        ax_g.grid(alpha=0.3)
+    else:
+        empty_note(ax_g, "fewer than 2 paired seeds")
+    for variant, (steps, mean) in generalisation.items():
+        ax_o.plot(steps, mean, ms=4, lw=1.2, label=variant_label(variant), **style(variant))
+    if generalisation:
+        ax_o.set(xlabel="optimizer step", ylabel="val − train loss", title="generalisation gap")
+        ax_o.axhline(0, color="grey", lw=0.8)
+        ax_o.legend(fontsize=7)
+        ax_o.grid(alpha=0.3)
+    else:
+        empty_note(ax_o)
     if title:
         fig.suptitle(title)
     return fig

@@ -11,14 +11,15 @@ from typing import Sequence
 
 from matplotlib.figure import Figure
 
-from .figures import axis_figure, health_figure, loss_curves_figure, pareto_figure, save_figure
+from .figures import axis_figure, gap_curves_figure, health_figure, loss_curves_figure, pareto_figure, save_figure
 from .rows import at_best_validation, budget_steps, main_model, run_key
 from .studies import STUDY_VARIANTS, headline_ratio, token_points, width_points
 from .style import fmt_ratio, label
+from .stats import t_interval
 from .table import fmt, fmt_int
 from .tables import main_budget, table1_summaries
 
-__all__ = ["Plot", "pareto_plot", "curves_plot", "tokens_plot", "width_plot", "health_plot"]
+__all__ = ["Plot", "pareto_plot", "curves_plot", "tokens_plot", "width_plot", "health_plot", "gap_curves_plot"]
 
 
 @dataclass
@@ -134,3 +135,72 @@ def health_plot(rows: Sequence[dict], group: str = "long") -> Plot:
                 f"{peak['seed']}, {fmt(peak['max_abs_z_peak'], 1)} at boundary {peak['max_abs_z_boundary']}; "
                 f"{len(warned)} of {len(runs)} runs raised an outlier warning.")
     return Plot("health", caption, takeaway, health_figure(sorted(runs, key=lambda r: (r["variant"], r["seed"])), title))
+
+
+def _in_run_gap(sums: dict) -> dict:
+    """Per evaluation step, the paired SSN − MAPL difference of Δ% over the seeds all three methods
+    (none, ssn, mapl) have, each seed against its own uncompressed run at the same step."""
+    curves = {v: {r["seed"]: dict(r["val_loss_curve"]) for r in sums[v]} for v in ("none", "ssn", "mapl") if v in sums}
+    if len(curves) < 3:
+        return {}
+    seeds = sorted(set.intersection(*(set(c) for c in curves.values())))
+    steps = sorted(set.intersection(*(set(curves[v][s]) for v in curves for s in seeds))) if seeds else []
+    out = {"steps": [], "mean": [], "lo": [], "hi": []}
+    for step in steps:
+        diffs = [100 * (curves["ssn"][s][step] - curves["mapl"][s][step]) / curves["none"][s][step] for s in seeds]
+        ci = t_interval(diffs)
+        if ci is None:
+            return {}
+        out["steps"].append(step)
+        out["mean"].append(sum(diffs) / len(diffs))
+        out["lo"].append(ci[0])
+        out["hi"].append(ci[1])
+    return out
+
+
+def _generalisation(runs_by_variant: dict) -> dict:
+    """variant -> (eval steps, mean over seeds of val loss − the mean train loss of the steps since the
+    previous evaluation)."""
+    out = {}
+    for variant, runs in runs_by_variant.items():
+        per_seed = []
+        for r in runs:
+            train = dict(r["train_loss_curve"])
+            points, prev = {}, 0
+            for step, val in r["val_loss_curve"]:
+                window = [train[s] for s in range(prev + 1, step + 1) if s in train]
+                if window:
+                    points[step] = val - sum(window) / len(window)
+                prev = step
+            per_seed.append(points)
+        steps = sorted(set.intersection(*(set(p) for p in per_seed))) if per_seed else []
+        if steps:
+            out[variant] = (steps, [sum(p[s] for p in per_seed) / len(per_seed) for s in steps])
+    return out
+
+
+def gap_curves_plot(rows: Sequence[dict], group: str = "long") -> Plot:
+    """The in-run paired SSN − MAPL gap against step (free, from the loss curves of the headline runs)
+    and each method's validation − training loss."""
+    model = main_model(rows)
+    steps = budget_steps(rows, group, model)
+    ratio = headline_ratio(rows)
+    pool = [r for r in rows if r["group"] == group and r["model"] == model and r["steps"] == steps
+            and (r["method"] == "none" or r["projection_ratio"] == ratio) and r["variant"] in STUDY_VARIANTS]
+    by_variant = {}
+    for r in pool:
+        by_variant.setdefault(r["variant"], []).append(r)
+    gap = _in_run_gap(by_variant)
+    caption = (f"Group {group}, the main model at projection ratio {fmt_ratio(ratio)}. Left: per evaluation, "
+               "Δ%(SSN) − Δ%(MAPL) on the same seed (each against that seed's uncompressed run at that step), "
+               "mean and Student t 95% interval over seeds (positive: MAPL ahead). Right: validation loss minus "
+               "the mean training loss since the previous evaluation, mean over seeds.")
+    if gap:
+        last = len(gap["steps"]) - 1
+        takeaway = (f"At step {fmt_int(gap['steps'][last])} MAPL leads SSN by {gap['mean'][last]:+.2f} points "
+                    f"[{gap['lo'][last]:+.2f}, {gap['hi'][last]:+.2f}]; the interval excludes 0 at "
+                    f"{sum(lo > 0 or hi < 0 for lo, hi in zip(gap['lo'], gap['hi']))} of {len(gap['steps'])} "
+                    f"evaluations.")
+    else:
+        takeaway = f"fewer than two seeds with none, SSN and MAPL in group {group}: no paired gap."
+    return Plot("gap-curves", caption, takeaway, gap_curves_figure(gap, _generalisation(by_variant)), empty=not gap)

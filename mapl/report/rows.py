@@ -37,11 +37,13 @@ from typing import Iterable, Sequence
 
 from ..config import METHODS
 
-__all__ = ["GROUP_ORDER", "METHOD_ORDER", "KEY", "ResultsError", "results_dir", "row_from_result", "load_results", "select",
+__all__ = ["GROUP_ORDER", "TUNING_GROUPS", "METHOD_ORDER", "KEY", "ResultsError", "results_dir", "row_from_result", "load_results", "select",
            "total_bytes_per_token", "variant_of", "is_default", "run_key", "group_runs", "sort_key",
            "main_model", "budget_steps", "at_best_validation", "train_split_tokens"]
 
 # where a configuration appears in two groups, the first group here keeps it (the others are dropped)
+# groups whose runs exist to choose settings (scored on the selection set), never pooled into a result
+TUNING_GROUPS = ("tune", "tune2", "lr_check")
 GROUP_ORDER = ("main", "seeds", "ablations", "long", "longer", "tokens", "width", "rvq_sync", "rvq_scaled", "lr_check", "tune",
                "tune2")
 METHOD_ORDER = ("none", "int8", "ssn", "mapl", "mapl-rvq")
@@ -137,6 +139,8 @@ def row_from_result(res: dict, group: str = "") -> dict:
         "tokens": res.get("tokens"), "eval_offset": _get(cfg, "train.eval_offset") or 0,
         "val_loss": res.get("val_loss"),
         "val_loss_curve": res.get("val_loss_curve") or [], "train_loss_curve": res.get("train_loss_curve") or [],
+        "select_loss": res.get("select_loss"), "select_loss_curve": res.get("select_loss_curve") or [],
+        "n_params": res.get("n_params"),
         "fwd_bytes_per_token": wire.get("fwd_bytes_per_token"), "bwd_bytes_per_token": wire.get("bwd_bytes_per_token"),
         "id_bytes_per_token": wire.get("id_bytes_per_token", 0), "uncompressed_bytes_per_token": uncompressed,
         "total_bytes_per_token": total_bytes_per_token(res),
@@ -236,7 +240,8 @@ def load_results(root: str | Path, results: str | Path = "reports/results", dedu
     found.sort(key=lambda r: (_group_rank(r["group"]), r["run"]))
     rows, seen = [], set()
     for r in found:
-        key = (r["profile"], *run_key(r)) if dedupe and not r["eval_offset"] else (r["group"], r["run"])
+        reported = not r["eval_offset"] and r["group"] not in TUNING_GROUPS
+        key = (r["profile"], *run_key(r)) if dedupe and reported else (r["group"], r["run"])
         if key not in seen:
             seen.add(key)
             rows.append(r)
@@ -250,12 +255,16 @@ def sort_key(r: dict) -> tuple:
             r.get("variant", m), r.get("wire_ratio") or 0, r.get("steps") or 0, r.get("seed") or 0, r.get("run", ""))
 
 
-def select(rows: Iterable[dict], profile: str | None = None, eval_offset: int | None = 0, **eq) -> list[dict]:
+def select(rows: Iterable[dict], profile: str | None = None, eval_offset: int | None = 0, tuning: bool = False,
+           **eq) -> list[dict]:
     """Rows of ``profile`` (None: any) evaluated at ``eval_offset`` (None: any; the default 0 leaves
-    the tuning protocol out) with ``row[k] == v`` for every keyword; rows without a val loss are dropped."""
+    the old tuning slice out), without the groups of :data:`TUNING_GROUPS` unless ``tuning``, with
+    ``row[k] == v`` for every keyword; rows without a val loss are dropped."""
     out = []
     for r in rows:
         if r.get("val_loss") is None or (profile and r["profile"] != profile):
+            continue
+        if not tuning and r.get("group") in TUNING_GROUPS:
             continue
         if eval_offset is not None and (r.get("eval_offset") or 0) != eval_offset:
             continue
@@ -298,16 +307,21 @@ def budget_steps(rows: Sequence[dict], group: str, model: str | None = None) -> 
 
 
 def at_best_validation(rows: Iterable[dict]) -> list[dict]:
-    """Each row with ``val_loss`` replaced by the lowest validation loss of its curve (early stopping
-    at one of its evaluation points), ``best_step`` the step it came at and ``final_val_loss`` the
-    last one. On a corpus the model sees for several epochs the uncompressed run overfits first, and
-    a final-step comparison then credits compression with a regulariser's effect; this view takes
-    that out (at the price of choosing the step on the validation tokens it is scored on)."""
+    """Each row with ``val_loss`` replaced by its validation loss at its *best step* (early stopping
+    at one of its evaluation points), ``best_step`` that step, ``final_val_loss`` the last one and
+    ``best_chosen_on`` where the step was chosen. On a corpus the model sees for several epochs the
+    uncompressed run overfits first, and a final-step comparison then credits compression with a
+    regulariser's effect; this view takes that out. The step is chosen on the selection set
+    (``select_loss_curve``, train.select_every) and scored on the report set, so the choice does not
+    flatter the score; runs without a selection set (older results) choose on the report curve."""
     out = []
     for r in rows:
         curve = r.get("val_loss_curve") or [[r["steps"], r["val_loss"]]]
-        step, best = min(curve, key=lambda point: point[1])
-        out.append({**r, "val_loss": best, "best_step": step, "final_val_loss": r["val_loss"]})
+        chooser = r.get("select_loss_curve") or curve
+        step = min(chooser, key=lambda point: point[1])[0]
+        best = dict((s, v) for s, v in curve).get(step, r["val_loss"])
+        out.append({**r, "val_loss": best, "best_step": step, "final_val_loss": r["val_loss"],
+                    "best_chosen_on": "selection set" if r.get("select_loss_curve") else "report set"})
     return out
 
 

@@ -18,7 +18,8 @@ from typing import Sequence
 
 from .rows import KEY, group_runs
 
-__all__ = ["delta_pct", "reference_loss", "seed_deltas", "summarize", "t_quantile", "t_interval", "paired"]
+__all__ = ["delta_pct", "reference_loss", "seed_deltas", "summarize", "t_quantile", "t_interval", "paired", "t_test_p",
+           "wilcoxon_p", "sign_test_p", "holm"]
 
 
 def delta_pct(loss: float | None, ref: float | None) -> float | None:
@@ -130,3 +131,70 @@ def paired(a: dict[int, float], b: dict[int, float], level: float = 0.95) -> dic
     diffs = [a[s] - b[s] for s in seeds]
     return {"seeds": seeds, "diffs": diffs, "n": len(diffs), "mean": statistics.fmean(diffs),
             "std": _spread(diffs), "ci": t_interval(diffs, level), "level": level}
+
+
+# ---- tests of a paired difference (exact, no scipy: the report runs on the project's own stack) ----------
+def t_test_p(values: Sequence[float]) -> float | None:
+    """Two-sided p of the one-sample t test of mean 0 (None for fewer than two values; 0.0 when every
+    value is the same nonzero number)."""
+    n = len(values)
+    if n < 2:
+        return None
+    sd = statistics.stdev(values)
+    mean = statistics.fmean(values)
+    if sd == 0:
+        return 1.0 if mean == 0 else 0.0
+    t = abs(mean) / (sd / math.sqrt(n))
+    return 2.0 * (1.0 - _t_cdf(t, n - 1))
+
+
+def wilcoxon_p(values: Sequence[float]) -> float | None:
+    """Two-sided p of the exact Wilcoxon signed-rank test (zeros dropped, tied |values| get mid-ranks;
+    the null distribution enumerated over all 2^n sign patterns, n <= 20). None without a nonzero value."""
+    nonzero = [v for v in values if v != 0]
+    n = len(nonzero)
+    if n == 0 or n > 20:
+        return None
+    order = sorted(range(n), key=lambda i: abs(nonzero[i]))
+    ranks = [0.0] * n
+    i = 0
+    while i < n:                                   # mid-ranks for ties
+        j = i
+        while j + 1 < n and abs(nonzero[order[j + 1]]) == abs(nonzero[order[i]]):
+            j += 1
+        for k in range(i, j + 1):
+            ranks[order[k]] = (i + j) / 2 + 1
+        i = j + 1
+    w_plus = sum(r for r, v in zip(ranks, nonzero) if v > 0)
+    centre = sum(ranks) / 2
+    extreme = abs(w_plus - centre)
+    hits = 0
+    for mask in range(1 << n):
+        w = sum(ranks[k] for k in range(n) if mask >> k & 1)
+        hits += abs(w - centre) >= extreme - 1e-12
+    return hits / (1 << n)
+
+
+def sign_test_p(values: Sequence[float]) -> float | None:
+    """Two-sided p of the exact sign test (zeros dropped). None without a nonzero value."""
+    nonzero = [v for v in values if v != 0]
+    n = len(nonzero)
+    if n == 0:
+        return None
+    k = min(sum(v > 0 for v in nonzero), sum(v < 0 for v in nonzero))
+    tail = sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n
+    return min(1.0, 2 * tail)
+
+
+def holm(pvalues: Sequence[float | None], alpha: float = 0.05) -> list[dict]:
+    """Holm's step-down adjustment for a family of tests: per test (in input order) the adjusted p
+    (monotone, capped at 1) and the level of its simultaneous interval, 1 - alpha / (m - k) for the
+    k-th smallest p (k from 0). A None p (too few seeds) stays None and is not counted in m."""
+    ranked = sorted((p, i) for i, p in enumerate(pvalues) if p is not None)
+    m = len(ranked)
+    out: list[dict] = [{"p_adj": None, "level": None} for _ in pvalues]
+    running = 0.0
+    for k, (p, i) in enumerate(ranked):
+        running = max(running, min(1.0, (m - k) * p))
+        out[i] = {"p_adj": running, "level": 1 - alpha / (m - k)}
+    return out

@@ -14,17 +14,21 @@ from typing import Sequence
 
 from . import paper
 from .rows import at_best_validation, budget_steps, main_model
-from .stats import paired, summarize, t_interval
+from .stats import holm, paired, sign_test_p, summarize, t_interval, t_test_p, wilcoxon_p
 from .style import fmt_ratio, label, variant_label
 from .table import DASH, Table, fmt, fmt_ci, fmt_int, fmt_pct, fmt_pm
 from .tables import NO_RUNS, main_budget
 
 __all__ = ["STUDY_VARIANTS", "COMPARISONS", "headline_ratio", "headline_summaries", "comparisons", "headline_table",
-           "paired_table", "runs_table", "token_points", "token_table", "width_points", "width_table", "gap_sentence"]
+           "paired_table", "tested_comparisons", "PRIMARY", "runs_table", "token_points", "token_table", "width_points", "width_table", "gap_sentence"]
 
 STUDY_VARIANTS = ("none", "ssn", "mapl", "mapl-fixed", "mapl-rvq", "mapl-rvq-scaled")
 # (A, B): the paired difference Δ%(A) - Δ%(B) at the same projection ratio d/r
 COMPARISONS = (("ssn", "mapl"), ("mapl-fixed", "mapl"), ("mapl-rvq", "mapl"), ("mapl-rvq-scaled", "mapl"))
+# The one contrast named before the 8-seed retrain (issue 25): SSN - MAPL at 8x and 3,000 steps, read
+# with its plain 95% interval; every other comparison is exploratory, its interval and p Holm-adjusted
+# over the exploratory family.
+PRIMARY = ("ssn", "mapl")
 
 
 def headline_ratio(rows: Sequence[dict]) -> float | None:
@@ -76,7 +80,8 @@ def gap_sentence(c: dict) -> str:
     a, b = c["a"], c["b"]
     lead, lag = (b, a) if c["mean"] >= 0 else (a, b)
     spread = f" ± {c['std']:.2f}" if c["std"] is not None else ""
-    ci = f", 95% CI {fmt_ci(c['ci'])}" if c["ci"] else ""
+    level = c.get("level") or 0.95
+    ci = f", {100 * level:.3g}% CI {fmt_ci(c['ci'])}" if c["ci"] else ""
     verdict = "" if c["ci"] is None else (" (the interval excludes 0)" if c["ci"][0] > 0 or c["ci"][1] < 0
                                           else " (the interval includes 0: not resolved)")
     return (f"{_name(lead)} is {abs(c['mean']):.2f}{spread} points ahead of {_name(lag)} at {fmt_int(a['steps'])} "
@@ -120,21 +125,48 @@ def headline_table(rows: Sequence[dict], group: str = "long") -> Table:
     return Table("headline", f"Headline at the long budget ({group} group)", header, body, caption, takeaway)
 
 
+def tested_comparisons(comps: Sequence[dict]) -> list[dict]:
+    """Each comparison with its tests: ``primary`` (the pre-named contrast), ``t_p``, ``wilcoxon_p``,
+    ``sign_p`` (exact, two-sided) and the interval it is read with: the plain 95% t interval for the
+    primary contrast, a Holm-adjusted one (``level``, ``p_adj``) for the exploratory ones."""
+    out = [{**c, "primary": (c["a"]["variant"], c["b"]["variant"]) == PRIMARY, "t_p": t_test_p(c["diffs"]),
+            "wilcoxon_p": wilcoxon_p(c["diffs"]), "sign_p": sign_test_p(c["diffs"])} for c in comps]
+    explore = [c for c in out if not c["primary"]]
+    for c, h in zip(explore, holm([c["t_p"] for c in explore])):
+        c["p_adj"], c["level"] = h["p_adj"], h["level"]
+        c["ci"] = t_interval(c["diffs"], h["level"]) if h["level"] else c["ci"]
+    for c in out:
+        if c["primary"]:
+            c["p_adj"], c["level"] = c["t_p"], 0.95
+    return out
+
+
+def _p(p: float | None) -> str:
+    return DASH if p is None else f"{p:.3f}" if p >= 0.001 else "<0.001"
+
+
 def paired_table(rows: Sequence[dict], group: str = "long") -> Table:
     """The paired comparisons at the budget of ``group``: per seed Δ%(A) - Δ%(B), mean ± std, the
-    95% t interval and what it says."""
-    comps = comparisons(headline_summaries(rows, group))
-    header = ["comparison (A − B)", "steps", "seeds", "per-seed A − B (points)", "mean ± std", "95% CI", "reading"]
+    interval it is read with (95% for the primary contrast, Holm-adjusted for the rest), the t,
+    Wilcoxon signed-rank and sign tests, and what the interval says."""
+    comps = tested_comparisons(comparisons(headline_summaries(rows, group)))
+    header = ["comparison (A − B)", "role", "steps", "seeds", "per-seed A − B (points)", "mean ± std", "CI (level)",
+              "t p", "Wilcoxon p", "sign p", "reading"]
     body = []
     for c in comps:
         excl = c["ci"] is not None and (c["ci"][0] > 0 or c["ci"][1] < 0)
         ahead = _name(c["b"]) if c["mean"] > 0 else _name(c["a"])
         reading = (DASH if c["ci"] is None else f"{ahead} ahead" if excl else "not resolved")
-        body.append([f"{_name(c['a'])} − {_name(c['b'])}", fmt_int(c["a"]["steps"]), ",".join(map(str, c["seeds"])),
-                     ", ".join(f"{d:+.2f}" for d in c["diffs"]), fmt_pm(c["mean"], c["std"], 2), fmt_ci(c["ci"]),
-                     reading])
+        level = f" ({100 * c['level']:.1f}%)" if c["ci"] is not None else ""
+        role = "primary" if c["primary"] else f"exploratory (Holm p {_p(c['p_adj'])})"
+        body.append([f"{_name(c['a'])} − {_name(c['b'])}", role, fmt_int(c["a"]["steps"]),
+                     ",".join(map(str, c["seeds"])), ", ".join(f"{d:+.2f}" for d in c["diffs"]),
+                     fmt_pm(c["mean"], c["std"], 2), fmt_ci(c["ci"]) + level, _p(c["t_p"]), _p(c["wilcoxon_p"]),
+                     _p(c["sign_p"]), reading])
     caption = ("Differences of Δ% between two methods on the same seed (positive: B is ahead), their mean ± sample "
-               "std and the Student t 95% interval of the mean (n − 1 degrees of freedom).")
+               "std and a Student t interval of the mean. The primary contrast (SSN − MAPL, named before the "
+               "8-seed retrain) is read at 95%; the exploratory ones at Holm-adjusted levels over their family. "
+               "p values: two-sided one-sample t, exact Wilcoxon signed-rank, exact sign test.")
     takeaway = ("; ".join(gap_sentence(c) for c in comps) + "." if comps else
                 f"no pair of methods with a common seed in group {group}." if headline_summaries(rows, group)
                 else NO_RUNS.format(group))

@@ -12,13 +12,13 @@ import statistics
 from typing import Sequence
 
 from . import paper
-from .rows import budget_steps, is_default, sort_key
-from .stats import delta_pct, reference_loss, summarize
+from .rows import TUNING_GROUPS, budget_steps, is_default, sort_key
+from .stats import delta_pct, reference_loss, summarize, t_interval
 from .style import fmt_ratio, label, variant_label
-from .table import DASH, Table, fmt, fmt_int, fmt_pct, fmt_pm
+from .table import DASH, Table, fmt, fmt_ci, fmt_int, fmt_pct, fmt_pm
 
 __all__ = ["main_budget", "table1_summaries", "table1", "paper_table1_table", "ablation_table", "seed_table",
-           "diagnostics_table", "rvq_sync_table", "tuning_table", "val_loss_table", "order_sentence"]
+           "diagnostics_table", "rvq_sync_table", "tuning_table", "tuning_score", "lr_check_table", "val_loss_table", "order_sentence"]
 
 NO_RUNS = "no runs in group {}: nothing to show."
 
@@ -272,48 +272,95 @@ def _cell(r: dict, fields: Sequence[str]) -> tuple:
 _TUNED = ("lr_muon", "lr_embed", "lr_head")
 
 
+def tuning_score(r: dict) -> float:
+    """What a tuning cell is judged on: its selection-set loss (train.select_every), or, for results
+    of the old protocol, its validation loss on the tuning slice (train.eval_offset)."""
+    return r["select_loss"] if r.get("select_loss") is not None else r["val_loss"]
+
+
 def _tuning_takeaway(tune: Sequence[dict], rows: Sequence[dict]) -> str:
     parts, unmatched = [], []
     for variant in dict.fromkeys(r["variant"] for r in tune):
         runs = [r for r in tune if r["variant"] == variant]
-        best = min(runs, key=lambda r: r["val_loss"])
+        best = min(runs, key=tuning_score)
         fields = _TUNED + (("proj_lr_mult",) if best["projector"] else ())
         parts.append(f"{label(variant, best['wire_ratio'])} μ {best['lr_muon']:g}, emb {best['lr_embed']:g} "
-                     f"({best['val_loss']:.3f}, best of {len(runs)} cells)")
+                     f"({tuning_score(best):.3f}, best of {len(runs)} cells)")
         main = [r for r in rows if r["group"] == "main" and r["variant"] == variant
                 and r["wire_ratio"] == best["wire_ratio"]]
         if main and any(_cell(m, fields) != _cell(best, fields) for m in main):
             used = next((r for r in runs if _cell(r, fields) == _cell(main[0], fields)), None)
+            gap = tuning_score(used) - tuning_score(best) if used else 0.0
             unmatched.append(label(variant, best["wire_ratio"]) + (
-                f" (their cell μ {used['lr_muon']:g}, emb {used['lr_embed']:g} scored {used['val_loss']:.4f}, "
-                f"{used['val_loss'] - best['val_loss']:+.4f} = "
-                f"{100 * (used['val_loss'] / best['val_loss'] - 1):+.2f}% behind the best)" if used else ""))
+                f" (their cell μ {used['lr_muon']:g}, emb {used['lr_embed']:g} scored {tuning_score(used):.4f}, "
+                f"{gap:+.4f} = {100 * gap / tuning_score(best):+.2f}% behind the best)" if used else ""))
     tail = (f" The main runs of {'; '.join(unmatched)} do not use their best cell." if unmatched
             else " The main runs use each tuned method's best cell.")
-    return "Best on the tuning slice: " + "; ".join(parts) + "." + tail
+    return "Best on the selection tokens: " + "; ".join(parts) + "." + tail
+
+
+def _scored_on(tune: Sequence[dict]) -> str:
+    if tune and all(r.get("select_loss") is not None for r in tune):
+        return "the selection set (every second 128-token window of the whole validation split)"
+    offset = next((r["eval_offset"] for r in tune if r["eval_offset"]), None)
+    return f"validation tokens from {fmt_int(offset)} on (the old tuning slice)" if offset else "the validation split"
 
 
 def tuning_table(rows_all: Sequence[dict]) -> Table:
-    """The tuning protocol (groups ``tune``, ``tune2``; evaluated on another slice of the validation
-    tokens than every other table): each cell's learning rates and val loss, the best per method
-    marked. ``rows_all``: rows of every evaluation slice (``select(..., eval_offset=None)``)."""
-    tune = sorted([r for r in rows_all if r["group"] in ("tune", "tune2") and r["eval_offset"]],
-                  key=lambda r: (sort_key(r)[:5], r["val_loss"]))
-    best = {v: min((r for r in tune if r["variant"] == v), key=lambda r: r["val_loss"])["run"]
+    """The tuning protocol (groups ``tune``, ``tune2``; judged on the selection set, which no reported
+    number uses): each cell's learning rates and score, the best per method marked. ``rows_all``: rows
+    with the tuning groups (``select(..., eval_offset=None, tuning=True)``)."""
+    tune = sorted([r for r in rows_all if r["group"] in ("tune", "tune2")],
+                  key=lambda r: (sort_key(r)[:5], tuning_score(r)))
+    best = {v: min((r for r in tune if r["variant"] == v), key=tuning_score)["run"]
             for v in {r["variant"] for r in tune}}
-    header = ["method", "stage", "lr muon", "lr embed", "lr head", "proj. lr mult", "steps", "val loss (tuning slice)",
+    header = ["method", "stage", "lr muon", "lr embed", "lr head", "proj. lr mult", "steps", "loss (selection)",
               "best"]
     body = [[label(r["variant"], r["wire_ratio"]), r["group"], r["lr_muon"], r["lr_embed"], r["lr_head"],
-             r["proj_lr_mult"] if r["projector"] else DASH, r["steps"], fmt(r["val_loss"]),
+             r["proj_lr_mult"] if r["projector"] else DASH, r["steps"], fmt(tuning_score(r)),
              "★" if best[r["variant"]] == r["run"] else ""] for r in tune]
-    offset = fmt_int(tune[0]["eval_offset"]) if tune else DASH
     caption = (f"Stage 1 (``tune``): the same 2 × 2 grid over the Muon and embedding learning rates for every "
                f"method family; stage 2 (``tune2``): one step past the best cell along each knob where it sat on "
-               f"the grid's edge, plus one run on a third knob. Evaluated on validation tokens from {offset} on, "
-               f"which no other table uses.")
-    rows_eval0 = [r for r in rows_all if not r["eval_offset"]]
+               f"the grid's edge, plus one run on a third knob. Judged on {_scored_on(tune)}, which no reported "
+               f"number uses.")
+    reported = [r for r in rows_all if not r["eval_offset"] and r["group"] not in TUNING_GROUPS]
     return Table("tuning", "Tuning protocol", header, body, caption,
-                 _tuning_takeaway(tune, rows_eval0) if tune else NO_RUNS.format("tune"))
+                 _tuning_takeaway(tune, reported) if tune else NO_RUNS.format("tune"))
+
+
+def lr_check_table(rows_all: Sequence[dict]) -> Table:
+    """The budget-matched check of the tuned learning rates (group ``lr_check``): each check run beside
+    the headline run (group ``long``) of the same method, ratio and seed, both judged on the
+    selection set at the last step; the paired difference check − tuned (negative: the check cell
+    is better, and the tuning protocol must rerun at the headline budget)."""
+    checks = [r for r in rows_all if r["group"] == "lr_check"]
+    header = ["method", "check cell (μ, emb)", "tuned cell (μ, emb)", "steps", "seeds", "check − tuned (selection)",
+              "95% CI", "reading"]
+    body, sentences = [], []
+    for variant in dict.fromkeys(r["variant"] for r in checks):
+        mine = [r for r in checks if r["variant"] == variant]
+        tuned = {r["seed"]: r for r in rows_all if r["group"] == "long" and r["variant"] == variant
+                 and r["wire_ratio"] == mine[0]["wire_ratio"] and r["steps"] == mine[0]["steps"]}
+        pairs = [(r, tuned[r["seed"]]) for r in mine if r["seed"] in tuned]
+        diffs = [tuning_score(a) - tuning_score(b) for a, b in pairs]
+        ci = t_interval(diffs)
+        worse = ci is not None and ci[0] > 0
+        better = ci is not None and ci[1] < 0
+        reading = ("tuned cell better" if worse else "check cell better: retune at this budget" if better
+                   else "not resolved" if ci else DASH)
+        name = label(variant, mine[0]["wire_ratio"])
+        t0 = pairs[0][1] if pairs else None
+        body.append([name, f"{mine[0]['lr_muon']:g}, {mine[0]['lr_embed']:g}",
+                     f"{t0['lr_muon']:g}, {t0['lr_embed']:g}" if t0 else DASH, fmt_int(mine[0]["steps"]),
+                     ",".join(str(a["seed"]) for a, _ in pairs),
+                     fmt_pm(statistics.fmean(diffs), statistics.stdev(diffs) if len(diffs) > 1 else None, 4)
+                     if diffs else DASH, fmt_ci(ci, 4) if ci else DASH, reading])
+        if diffs:
+            sentences.append(f"{name}: {reading} ({len(diffs)} seeds)")
+    caption = ("Each method at the other method's winning knob, at the headline budget, against its tuned "
+               "headline run of the same seed; losses on the selection set at the last step.")
+    return Table("lr-check", "Budget-matched learning-rate check", header, body, caption,
+                 "; ".join(sentences) + "." if sentences else NO_RUNS.format("lr_check"))
 
 
 def val_loss_table(rows: Sequence[dict]) -> tuple[list, list]:
