@@ -212,8 +212,8 @@ def test_headline_and_paired_tables(rows):
     assert f"MAPL 8× is {mean:.2f} ± {sd:.2f} points ahead of SSN 8× at 3,000 steps (3 seeds, 95% CI" in t.takeaway
     h = R.headline_table(rows)
     assert [b[0] for b in h.body] == ["Uncompressed", "SSN", "MAPL", "MAPL, fixed projector", "MAPL+VQ"]
-    assert h.body[1][5] == "0,1,2" and "+13.93% (Table 1, 1B, P=4, 8×)" == h.body[1][9]
-    assert "+1.19% (App. C" in h.body[3][9]
+    assert h.body[1][6] == "0,1,2" and "+13.93% (Table 1, 1B, P=4, 8×)" == h.body[1][10]
+    assert "+1.19% (App. C" in h.body[3][10]
     assert h.takeaway.startswith(f"MAPL 8× is {mean:.2f}")
 
 

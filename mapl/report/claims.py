@@ -116,14 +116,21 @@ def claims(rows: Sequence[dict]) -> list[dict]:
     s, m = _summary(sums, "mapl-rvq-scaled") or _summary(sums, "mapl-rvq"), _summary(sums, "mapl")
     cell, ci = _delta_cell(s)
     verdict, reason = _range_verdict(ci, None, rvq_max["value"] if rvq_max else None)
-    if s is not None and m is not None:
-        reason += (f"; the forward payload shrinks {m['fwd_bytes_per_token'] / s['fwd_bytes_per_token']:.2f}× against "
-                   f"MAPL's, all bytes {m['total_bytes_per_token'] / s['total_bytes_per_token']:.2f}× (gradients "
-                   f"and token ids are not quantised)")
-    out.append({"claim": "RVQ doubles the compression at ~3 % loss",
+    out.append({"claim": "MAPL+VQ (twice MAPL's forward compression) costs at most ~3 %",
                 "paper": f"16× at ≤ {rvq_max['value']:g} % (abstract)" if rvq_max else DASH,
                 "ours": f"{variant_label(s['variant']) if s else 'MAPL+VQ'}: {cell}", "verdict": verdict,
                 "reason": reason, "table": "headline.md"})
+    if s is not None and m is not None:
+        fwd = m["fwd_bytes_per_token"] / s["fwd_bytes_per_token"]
+        total = m["total_bytes_per_token"] / s["total_bytes_per_token"]
+        out.append({"claim": "RVQ halves the bytes again", "paper": "2× (MAPL+VQ at twice MAPL's ratio, Table 1)",
+                    "ours": (f"MAPL / {variant_label(s['variant'])} bytes per token: forward {fwd:.2f}×, all "
+                             f"{total:.2f}×"),
+                    "verdict": VERDICTS[0] if total >= 1.8 else VERDICTS[1],
+                    "reason": (f"all bytes (both directions, token ids, projector and codebook exchange) fall "
+                               f"{total:.2f}×: the gradient and the token ids are not quantised; the forward "
+                               f"payload alone falls {fwd:.2f}×. Verdict on all bytes, reproduced from 1.8×"),
+                    "table": "headline.md"})
 
     anchor = _anchor_comparison(rows)
     none_row = paper.paper_value("anchor_ablation", "delta_pct", variant="none")

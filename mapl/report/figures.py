@@ -23,7 +23,7 @@ from .rows import group_runs, sort_key
 from .style import fmt_ratio, label, linestyle, style, variant_label
 
 __all__ = ["new_figure", "save_figure", "png_bytes", "empty_note", "pareto_figure", "loss_curves_figure",
-           "axis_figure", "health_figure", "gap_curves_figure"]
+           "axis_figure", "health_figure", "gap_curves_figure", "paper_scatter_figure"]
 
 LINESTYLES = ("-", "--", ":", "-.")
 
@@ -162,25 +162,48 @@ def _zoom_to_tail(ax, ys) -> None:
         ax.set_ylim(lo - 0.02 * (hi - lo), hi + 0.05 * (hi - lo))
 
 
+def _delta_series(ax, points: Sequence[dict], xkey: str, v: str, jitter: float) -> None:
+    """One variant's Δ% against ``xkey``; a budget where it has no run leaves a gap in its line (NaN),
+    so no line is drawn across a missing point."""
+    have = [p for p in points if v in p["sums"] and p["sums"][v]["delta_pct"] is not None]
+    if not have:
+        return
+    first, last = points.index(have[0]), points.index(have[-1])
+    span = points[first:last + 1]
+    ys = [p["sums"][v]["delta_pct"] if p in have else np.nan for p in span]
+    err = [(p["sums"][v]["delta_std"] or 0.0) if p in have else np.nan for p in span]
+    s0 = have[0]["sums"][v]
+    ax.errorbar([p[xkey] * jitter for p in span], ys, yerr=err, capsize=3, ms=6,
+                label=label(v, s0["wire_ratio"], s0["projection_ratio"]), **style(v))
+
+
 def axis_figure(points: Sequence[dict], xkey: str, xlabel: str, variants: Sequence[str], title: str,
-                empty: str) -> Figure:
-    """Two panels against ``xkey`` (log2): each variant's Δ% (mean, error bars = std over seeds),
-    and the paired SSN - MAPL gap (mean; error bars = 95% t interval where there are 2+ seeds; dots
-    = the per-seed differences)."""
-    fig, (ax_d, ax_g) = new_figure(2, 5.2, 3.9)
+                empty: str, separate: Sequence[str] = ()) -> Figure:
+    """Panels against ``xkey`` (log2): each variant's Δ% (mean, error bars = std over seeds; the
+    variants in ``separate`` in a panel of their own, so one unstable method does not set the scale
+    of the others), and the paired SSN - MAPL gap (mean; error bars = 95% t interval where there are
+    2+ seeds; dots = the per-seed differences)."""
+    fig, axes = new_figure(3 if separate else 2, 5.2, 3.9)
+    ax_d, ax_g = axes[0], axes[-1]
+    ax_s = axes[1] if separate else None
     if not points:
-        for ax in (ax_d, ax_g):
+        for ax in axes:
             empty_note(ax, empty)
         return fig
     xs = [p[xkey] for p in points]
     for i, v in enumerate(variants):
-        pts = [(p[xkey], p["sums"][v]) for p in points if v in p["sums"] and p["sums"][v]["delta_pct"] is not None]
-        if pts:
-            s0 = pts[0][1]
-            jitter = 1 + 0.025 * (i - (len(variants) - 1) / 2)       # side by side, so error bars do not hide
-            ax_d.errorbar([x * jitter for x, _ in pts], [s["delta_pct"] for _, s in pts], capsize=3, ms=6,
-                          yerr=[s["delta_std"] or 0.0 for _, s in pts],
-                          label=label(v, s0["wire_ratio"], s0["projection_ratio"]), **style(v))
+        jitter = 1 + 0.025 * (i - (len(variants) - 1) / 2)       # side by side, so error bars do not hide
+        _delta_series(ax_s if v in separate else ax_d, points, xkey, v, jitter)
+    if ax_s is not None:
+        if ax_s.get_lines():
+            _log2_axis(ax_s)
+            ax_s.set_xticks(xs)
+            ax_s.set(xlabel=xlabel, ylabel="Δ% val loss vs uncompressed", title="MAPL+VQ (own scale)")
+            ax_s.axhline(0.0, color="0.6", lw=0.8)
+            ax_s.grid(alpha=0.3)
+            ax_s.legend(fontsize=8)
+        else:
+            empty_note(ax_s, "no MAPL+VQ runs")
     gaps = [(p[xkey], p["gap"]) for p in points if p["gap"]]
     for x, g in gaps:
         ax_g.scatter([x] * g["n"], g["diffs"], s=14, color=style("ssn")["color"], alpha=0.45, lw=0)
@@ -257,4 +280,27 @@ def gap_curves_figure(gap: dict, generalisation: dict, title: str = "") -> Figur
         empty_note(ax_o)
     if title:
         fig.suptitle(title)
+    return fig
+
+
+def paper_scatter_figure(cells: Sequence[dict]) -> Figure:
+    """Our Δ% (y, error bars: std over seeds) against the paper's Δ% (x) for the same method and
+    projection ratio; one marker per method, filled at the headline budget, hollow at the main one;
+    the diagonal is where they would agree."""
+    fig, (ax,) = new_figure(1, 5.6, 4.4)
+    if not cells:
+        empty_note(ax, "no cell with a paper entry")
+        return fig
+    for c in cells:
+        kw = style(c["variant"])
+        hollow = {"mfc": "none"} if c["budget"] == "main" else {}
+        ax.errorbar([c["paper"]], [c["ours"]], yerr=[c["std"] or 0.0], capsize=3, ms=7, ls="none",
+                    **{k: v for k, v in kw.items() if k not in ("ls",)}, **hollow)
+        ax.annotate(c["label"], (c["paper"], c["ours"]), fontsize=6, xytext=(4, 3), textcoords="offset points")
+    hi = max(max(c["paper"] for c in cells), max(c["ours"] for c in cells)) * 1.1
+    ax.plot([0, hi], [0, hi], color="0.6", lw=0.8, ls="--", label="ours = paper")
+    ax.set(xlabel="paper Δ% (Table 1 / App. C, its scale)", ylabel="our Δ% (tiny, cpu)",
+           title="our Δ% against the paper's, per cell")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
     return fig

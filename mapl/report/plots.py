@@ -11,15 +11,18 @@ from typing import Sequence
 
 from matplotlib.figure import Figure
 
-from .figures import axis_figure, gap_curves_figure, health_figure, loss_curves_figure, pareto_figure, save_figure
+from . import paper
+from .figures import (axis_figure, gap_curves_figure, health_figure, loss_curves_figure, paper_scatter_figure,
+                      pareto_figure, save_figure)
 from .rows import at_best_validation, budget_steps, main_model, run_key
-from .studies import STUDY_VARIANTS, headline_ratio, token_points, width_points
+from .studies import STUDY_VARIANTS, headline_ratio, headline_summaries, token_points, width_points
 from .style import fmt_ratio, label
 from .stats import t_interval
 from .table import fmt, fmt_int
 from .tables import main_budget, table1_summaries
 
-__all__ = ["Plot", "pareto_plot", "curves_plot", "tokens_plot", "width_plot", "health_plot", "gap_curves_plot"]
+__all__ = ["Plot", "pareto_plot", "curves_plot", "tokens_plot", "width_plot", "health_plot", "gap_curves_plot",
+           "paper_scatter_plot"]
 
 
 @dataclass
@@ -49,17 +52,24 @@ def _bytes_takeaway(sums: Sequence[dict], ratio: float | None) -> str:
             + ". The total counts the backward gradients, token ids, the projector exchange and codebook sync.")
 
 
-def pareto_plot(rows: Sequence[dict]) -> Plot:
-    """Δ% against forward and total bytes per token at the main budget (Table 1's runs)."""
-    sums = table1_summaries(rows)
-    model = main_model(rows)
-    steps = main_budget(rows, model) if model else None
-    caption = ("Δ% of validation loss against bytes per token and boundary at the main budget, token-matched; error "
+def pareto_plot(rows: Sequence[dict], group: str | None = None) -> Plot:
+    """Δ% against forward and total bytes per token: at the main budget (Table 1's runs), or with
+    ``group`` at that group's budget (``"long"``: the headline, every seed; file ``pareto-<group>``)."""
+    if group is None:
+        sums = table1_summaries(rows)
+        model = main_model(rows)
+        steps = main_budget(rows, model) if model else None
+    else:
+        sums = headline_summaries(rows, group)
+        steps = sums[0]["steps"] if sums else None
+    budget = "the main budget" if group is None else f"the budget of group {group} ({fmt_int(steps or 0)} steps)"
+    caption = (f"Δ% of validation loss against bytes per token and boundary at {budget}, token-matched; error "
                "bars: std over seeds; point labels: wire ratio (2d / forward bytes). Left: the forward payload, as "
                "the paper counts it. Right: total = (forward + backward + token ids + projector exchange + codebook "
                "sync) bytes of the run / (training tokens × boundaries).")
-    takeaway = _bytes_takeaway(sums, headline_ratio(rows)) if sums else "no runs in group main."
-    return Plot("pareto", caption, takeaway, pareto_figure(sums, steps), empty=not sums)
+    takeaway = _bytes_takeaway(sums, headline_ratio(rows)) if sums else f"no runs in group {group or 'main'}."
+    return Plot("pareto" if group is None else f"pareto-{group}", caption, takeaway, pareto_figure(sums, steps),
+                empty=not sums)
 
 
 def curves_plot(rows: Sequence[dict], group: str) -> Plot:
@@ -95,11 +105,13 @@ def tokens_plot(rows: Sequence[dict], takeaway: str, best: bool = False) -> Plot
     ratio = headline_ratio(rows)
     fig = axis_figure(points, "steps", "optimizer steps (log; tokens ∝ steps)", STUDY_VARIANTS[1:],
                       f"Token axis at projection ratio {fmt_ratio(ratio)}"
-                      + (", best validation loss per run" if best else ""), "fewer than two budgets with runs")
-    caption = ("Left: each method's Δ% against the training budget (mean; bars: std over seeds). Right: the paired "
-               "SSN − MAPL difference of Δ% (positive: MAPL ahead), its mean with the Student t 95% interval and "
-               "every seed as a dot." + (" Every run is scored at its lowest validation loss (early stopping)."
-                                         if best else ""))
+                      + (", best validation loss per run" if best else ""), "fewer than two budgets with runs",
+                      separate=("mapl-rvq", "mapl-rvq-scaled"))
+    caption = ("Left: each method's Δ% against the training budget (mean; bars: std over seeds; no line across a "
+               "budget a method did not run). Middle: MAPL+VQ on its own scale. Right: the paired SSN − MAPL "
+               "difference of Δ% (positive: MAPL ahead), its mean with the Student t 95% interval and every seed "
+               "as a dot." + (" Every run is scored at its best step, chosen on the selection set (early "
+                              "stopping)." if best else ""))
     return Plot("tokens-best" if best else "tokens", caption, takeaway, fig, empty=len(points) < 2)
 
 
@@ -204,3 +216,33 @@ def gap_curves_plot(rows: Sequence[dict], group: str = "long") -> Plot:
     else:
         takeaway = f"fewer than two seeds with none, SSN and MAPL in group {group}: no paired gap."
     return Plot("gap-curves", caption, takeaway, gap_curves_figure(gap, _generalisation(by_variant)), empty=not gap)
+
+
+def paper_scatter_plot(rows: Sequence[dict]) -> Plot:
+    """Our Δ% against the paper's for every method and projection ratio both have: the main budget
+    (Table 1 analog, hollow) and the headline budget (group long, filled)."""
+    cells = []
+    for budget, sums in (("main", table1_summaries(rows)), ("long", headline_summaries(rows))):
+        for s in sums:
+            if s["method"] == "none" or s["delta_pct"] is None:
+                continue
+            if s["variant"] == "mapl-fixed":
+                p = next((e for e in paper.paper_ablation("projector") if e["variant"] == "fixed"), None)
+            elif s["variant"] in (s["method"], "mapl-rvq-scaled"):
+                p = paper.paper_match(s["method"], s["projection_ratio"], s["stages"], s["model"])
+            else:
+                p = None
+            if p is None:
+                continue
+            cells.append({"variant": s["variant"], "budget": budget, "paper": p["delta_pct"], "ours": s["delta_pct"],
+                          "std": s["delta_std"], "label": f"{label(s['variant'], s['wire_ratio'], s['projection_ratio'])}"
+                                                           f", {fmt_int(s['steps'])}"})
+    caption = ("Each of our cells (the main budget hollow, the headline budget filled; bars: std over seeds) at the "
+               "paper's Δ% for the same method and projection ratio (Table 1 at its matching scale; the fixed "
+               "projector: Appendix C at 4×). On the dashed line the two agree.")
+    ssn = [c for c in cells if c["variant"] == "ssn"]
+    ours = ", ".join(f"{c['ours']:+.2f}" for c in ssn)
+    theirs = ", ".join(f"{c['paper']:+.2f}" for c in ssn)
+    takeaway = (f"SSN: ours {ours} % against the paper's {theirs} % for the same cells."
+                if ssn else "no SSN cell with a paper entry.")
+    return Plot("paper-scatter", caption, takeaway, paper_scatter_figure(cells), empty=not cells)

@@ -102,10 +102,11 @@ def headline_table(rows: Sequence[dict], group: str = "long") -> Table:
     """The headline at the budget of ``group``: per method mean ± std over seeds of the val loss and
     Δ%, the 95% t interval of Δ% (each seed against its own uncompressed run), the paper beside."""
     sums = headline_summaries(rows, group)
-    header = ["method", "proj. d/r", "wire ratio", "total B/tok", "steps", "seeds", "val loss", "Δ%", "Δ% 95% CI",
-              "paper Δ%"]
+    header = ["method", "proj. d/r", "wire ratio", "total B/tok", "params", "steps", "seeds", "val loss", "Δ%",
+              "Δ% 95% CI", "paper Δ%"]
     body = [[variant_label(s["variant"]), fmt_ratio(s["projection_ratio"]), fmt_ratio(s["wire_ratio"]),
-             fmt(s["total_bytes_per_token"], 1), fmt_int(s["steps"]), ",".join(map(str, s["seeds"])),
+             fmt(s["total_bytes_per_token"], 1), f"{s['n_params'] / 1e6:.3f}M" if s.get("n_params") else DASH,
+             fmt_int(s["steps"]), ",".join(map(str, s["seeds"])),
              fmt_pm(s["val_loss"], s["val_loss_std"]),
              fmt_pm(s["delta_pct"], s["delta_std"], 2, pct=True) if s["method"] != "none" else DASH,
              fmt_ci(t_interval(list(s["deltas"].values()))) if s["method"] != "none" else DASH,
