@@ -13,9 +13,10 @@ import math
 from pathlib import Path
 from typing import Sequence
 
-from .planner import crossover_interval, paper_steps_ratios, ratio_key, speedup_grid
+from .planner import (crossover_interval, load_runs, main_model_runs, paper_steps_ratios, ratio_key, speedup_grid,
+                      steps_ratios)
 
-__all__ = ["bench_profile", "bench_cases", "flop_cases", "run_ratios", "profile_steps", "target_text", "reproduce_table",
+__all__ = ["measured_steps", "bench_profile", "bench_cases", "flop_cases", "run_ratios", "profile_steps", "target_text", "reproduce_table",
            "paper_cases", "paper_steps", "bandwidth_grid", "plan", "bandwidth_text", "crossover_table", "crossover_summary",
            "label", "heatmap_figure", "curve_figure"]
 
@@ -173,6 +174,29 @@ def paper_steps(model: str, stages: int, keys: Sequence[tuple], steps: int | Non
         steps = next(s["train.steps"] for s in group_specs("paper", "main") if s.get("model") == model)
     ratios = paper_steps_ratios(model, stages)
     return {k: (steps * ratios[k[0]]["low"], steps * ratios[k[0]]["high"]) for k in keys}
+
+
+def measured_steps(model: str, keys: Sequence[tuple], results_dir: str | Path, target_pct: float = 2.0,
+                   steps: int | None = None) -> dict:
+    """(method, ratio) -> (low, high) steps at a paper scale, from *our* measured steps-to-target ratios
+    instead of the paper's penalties: per method, the ratio of its default configuration at the
+    longest budget the profile trained it (paired by seed, min and max over seeds: mapl.planner.steps_ratios)
+    times the paper profile's budget for ``model``. A method without a measured ratio is left out.
+    The ratios were measured at the profile's projection ratio, whatever the paper case's ratio is."""
+    from .sweep import group_specs
+    if steps is None:
+        steps = next(s["train.steps"] for s in group_specs("paper", "main") if s.get("model") == model)
+    runs = main_model_runs(load_runs(results_dir)) if Path(results_dir).is_dir() else []
+    ratios = steps_ratios(runs, target_pct)
+    out = {}
+    for key in keys:
+        mine = [r for r in ratios if r["method"] == key[0]]
+        if key[0] == "none":
+            out[key] = (steps, steps)
+        elif mine:
+            longest = max(mine, key=lambda r: (r["budget"], r["seeds"]))
+            out[key] = (steps * longest["min"], steps * longest["max"])
+    return out
 
 
 def paper_cases(model: str, methods: Sequence[str], stages: int, micro_batches: int, micro_batch_size: int,
