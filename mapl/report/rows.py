@@ -43,7 +43,7 @@ __all__ = ["GROUP_ORDER", "METHOD_ORDER", "KEY", "ResultsError", "results_dir", 
 
 # where a configuration appears in two groups, the first group here keeps it (the others are dropped)
 GROUP_ORDER = ("main", "seeds", "ablations", "long", "longer", "tokens", "width", "rvq_sync", "rvq_scaled", "lr_check", "tune",
-               "tune2")
+               "tune2", "decompose", "learned_fixed_4x", "corpus", "blocks")
 METHOD_ORDER = ("none", "int8", "ssn", "mapl", "mapl-rvq")
 KEY = ("model", "stages", "method", "wire_ratio", "projector", "anchor", "rvq_sync", "rvq_scale", "steps", "seed")
 
