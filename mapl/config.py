@@ -157,6 +157,12 @@ class CompressorConfig:
                    f"must be 0 (one scale per token) or divide d_model={d_model}")
         if c.anchor.rank > d_model:
             refuse("compressor.anchor.rank", c.anchor.rank, f"must be in [0, d_model={d_model}]")
+        if c.projector.kind is None and c.anchor.kind == "factorized" and not c.anchor.rank:
+            # "uncompressed + anchors" (issue 26): without a projector there is no r to default to, and
+            # a rank-d factorized anchor would be a full one; MAPL's anchors at 8x have r = d / 8
+            refuse("compressor.anchor.rank", c.anchor.rank,
+                   f"method {c.method!r} has no projector rank for the factorized anchor to default to: set it "
+                   f"in [1, d_model={d_model}] (MAPL's anchors have r = d_model / ratio, e.g. {d_model // 8} at 8x)")
         return c
 
     def rank(self, d_model: int) -> int:

@@ -106,7 +106,7 @@ def launcher_config(profile: str, params: dict | None = None) -> LauncherConfig:
 
 
 def run_name(cfg: RunConfig, profile_steps: int) -> str:
-    """model[-d<width>]-P<stages>-method[-<ratio>x][-proj-<kind>][-anchor-<kind>][-sync-<mode>][-scale-<mode>][-<steps>steps]-s<seed>:
+    """model[-d<width>]-P<stages>-method[-<ratio>x][-proj-<kind>][-anchor-<kind>][-ar<anchor rank>][-sync-<mode>][-scale-<mode>][-<steps>steps]-s<seed>:
     a variant or budget appears only where it differs from the method's default or the profile's steps."""
     c, default = cfg.compressor.resolved(), METHODS[cfg.compressor.method]
     parts = [cfg.model, *([f"d{cfg.model_overrides['d_model']}"] if "d_model" in cfg.model_overrides else []),
@@ -117,6 +117,8 @@ def run_name(cfg: RunConfig, profile_steps: int) -> str:
             parts.append(f"proj-{c.projector.kind}")
     if c.anchor.kind != default["anchor"]:
         parts.append(f"anchor-{c.anchor.kind}")
+    if c.anchor.rank:                          # an explicit anchor rank (e.g. "uncompressed + anchors")
+        parts.append(f"ar{c.anchor.rank}")
     if c.method == "mapl-rvq" and c.rvq.sync != RVQConfig().sync:
         parts.append(f"sync-{c.rvq.sync}")
     if c.method == "mapl-rvq" and c.rvq.scale != RVQConfig().scale:

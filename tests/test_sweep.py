@@ -14,7 +14,8 @@ from mapl.progress import GroupClock, StepProgress, estimate_core_seconds, estim
 from mapl.train import config_from_args, parse_args
 
 PARAMS = load_params()
-GROUPS = ["main", "seeds", "ablations", "long", "longer", "tokens", "width", "rvq_sync", "rvq_scaled", "lr_check", "tune", "tune2"]
+GROUPS = ["main", "seeds", "ablations", "long", "longer", "tokens", "width", "rvq_sync", "rvq_scaled", "lr_check", "tune", "tune2",
+          "decompose", "learned_fixed_4x", "corpus", "blocks"]
 
 
 def cfgs(group, profile="cpu"):
@@ -29,7 +30,8 @@ def test_every_profile_lists_every_group():
 def test_cpu_groups_are_the_planned_grid():
     sizes = {g: len(cfgs(g)) for g in GROUPS}
     assert sizes == {"main": 11, "seeds": 16, "ablations": 5, "long": 40, "longer": 0, "tokens": 6, "width": 6,
-                     "rvq_sync": 2, "rvq_scaled": 0, "lr_check": 6, "tune": 12, "tune2": 9}
+                     "rvq_sync": 2, "rvq_scaled": 0, "lr_check": 6, "tune": 12, "tune2": 9,
+                     "decompose": 21, "learned_fixed_4x": 16, "corpus": 9, "blocks": 10}
     main = {c.name() for c in cfgs("main")}
     assert {"tiny-P4-none-s0", "tiny-P4-int8-s0", "tiny-P4-ssn-8x-s0", "tiny-P4-mapl-16x-s0", "tiny-P4-mapl-rvq-4x-s0"} <= main
     assert {c.name().replace("-s1", "-s0") for c in cfgs("seeds")} == main | {c.name() for c in cfgs("ablations")}
@@ -45,6 +47,19 @@ def test_cpu_groups_are_the_planned_grid():
                    for c in cfgs(group)), group
     assert {c.model_overrides["d_model"] for c in cfgs("width")} == {64, 256}
     assert {c.compressor.rvq.sync for c in cfgs("rvq_sync")} == {"full", "mirrored"}
+    # issue 26: the decomposition reuses long's none/SSN/MAPL runs of seeds 0-2 (same names, same configs)
+    dec = {c.name() for c in cfgs("decompose")}
+    assert {c.name() for c in cfgs("long") if c.train.seed < 3 and c.compressor.resolved().projector.kind != "fixed"
+            and c.compressor.method != "mapl-rvq"} <= dec
+    assert {"tiny-P4-ssn-8x-anchor-factorized-3000steps-s2", "tiny-P4-mapl-8x-proj-fixed-shared-3000steps-s2",
+            "tiny-P4-none-anchor-factorized-ar16-3000steps-s2", "tiny-P4-ssn-8x-anchor-factorized-f724-3000steps-s2"} <= dec
+    lf = cfgs("learned_fixed_4x")
+    assert {(c.compressor.ratio, c.compressor.resolved().projector.kind) for c in lf} == {(4, "spel"), (4, "fixed")}
+    assert {c.train.seed for c in lf} == set(range(8)) and {c.train.steps for c in lf} == {3000}
+    assert {c.data.source for c in cfgs("corpus")} == {"sympy-code"} and len({c.train.seed for c in cfgs("corpus")}) == 3
+    blocks = cfgs("blocks")
+    assert {(c.model, c.stages) for c in blocks} == {("mini", 4), ("mini", 8)} and {c.train.seed for c in blocks} == {0, 1}
+    assert {c.compressor.method for c in blocks if c.stages == 8} == {"ssn", "mapl"}
     # one evaluation protocol for every group: the whole split, selection on the odd windows
     assert all(c.train.eval_offset == 0 and c.train.eval_tokens == 0 and c.train.select_every == 2
                for g in GROUPS for c in cfgs(g))

