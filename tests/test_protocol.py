@@ -71,7 +71,7 @@ def test_a_run_records_both_curves_and_reports_the_report_set(micro_cfg):
     res = run(micro_cfg("mapl", 4, **{"train.select_every": 2, "train.eval_tokens": 0}), progress=False, log=quiet)
     assert [s for s, _ in res["select_loss_curve"]] == [s for s, _ in res["val_loss_curve"]] == [10, 20]
     assert res["select_loss"] == res["select_loss_curve"][-1][1] != res["val_loss"]
-    plain = run(micro_cfg("mapl", 4, **{"train.eval_tokens": 0}), progress=False, log=quiet)
+    plain = run(micro_cfg("mapl", 4, **{"train.eval_tokens": 0, "train.select_every": 0}), progress=False, log=quiet)
     assert plain["select_loss"] is None and plain["select_loss_curve"] == []
     assert plain["train_loss_curve"] == res["train_loss_curve"]        # evaluation does not train
     # the whole split is the token-weighted mean of its two sets

@@ -37,7 +37,7 @@ from typing import Iterable, Sequence
 
 from ..config import METHODS
 
-__all__ = ["GROUP_ORDER", "TUNING_GROUPS", "METHOD_ORDER", "KEY", "ResultsError", "results_dir", "row_from_result", "load_results", "select",
+__all__ = ["GROUP_ORDER", "TUNING_GROUPS", "OTHER_CORPUS_GROUPS", "METHOD_ORDER", "KEY", "ResultsError", "results_dir", "row_from_result", "load_results", "select",
            "total_bytes_per_token", "variant_of", "is_default", "run_key", "group_runs", "sort_key",
            "main_model", "budget_steps", "at_best_validation", "train_split_tokens"]
 
@@ -47,7 +47,10 @@ TUNING_GROUPS = ("tune", "tune2", "lr_check")
 GROUP_ORDER = ("main", "seeds", "ablations", "long", "longer", "tokens", "width", "rvq_sync", "rvq_scaled", "lr_check", "tune",
                "tune2", "decompose", "learned_fixed_4x", "corpus", "blocks")
 METHOD_ORDER = ("none", "int8", "ssn", "mapl", "mapl-rvq")
-KEY = ("model", "stages", "method", "wire_ratio", "projector", "anchor", "rvq_sync", "rvq_scale", "steps", "seed")
+KEY = ("model", "stages", "method", "wire_ratio", "projector", "anchor", "anchor_rank", "rvq_sync", "rvq_scale",
+       "data_source", "steps", "seed")
+# groups on another corpus (issue 26): their own tables read them; every other table leaves them out
+OTHER_CORPUS_GROUPS = ("corpus",)
 
 
 def results_dir(profile: str, root: str | Path = "") -> Path:
@@ -139,6 +142,7 @@ def row_from_result(res: dict, group: str = "") -> dict:
         "tokens": res.get("tokens"), "eval_offset": _get(cfg, "train.eval_offset") or 0,
         "val_loss": res.get("val_loss"),
         "val_loss_curve": res.get("val_loss_curve") or [], "train_loss_curve": res.get("train_loss_curve") or [],
+        "data_source": _get(cfg, "data.source") or "", "anchor_rank": _get(cfg, "compressor.anchor.rank") or 0,
         "select_loss": res.get("select_loss"), "select_loss_curve": res.get("select_loss_curve") or [],
         "n_params": res.get("n_params"),
         "fwd_bytes_per_token": wire.get("fwd_bytes_per_token"), "bwd_bytes_per_token": wire.get("bwd_bytes_per_token"),
@@ -256,15 +260,18 @@ def sort_key(r: dict) -> tuple:
 
 
 def select(rows: Iterable[dict], profile: str | None = None, eval_offset: int | None = 0, tuning: bool = False,
-           **eq) -> list[dict]:
+           other_corpus: bool = False, **eq) -> list[dict]:
     """Rows of ``profile`` (None: any) evaluated at ``eval_offset`` (None: any; the default 0 leaves
-    the old tuning slice out), without the groups of :data:`TUNING_GROUPS` unless ``tuning``, with
+    the old tuning slice out), without the groups of :data:`TUNING_GROUPS` unless ``tuning`` and of
+    :data:`OTHER_CORPUS_GROUPS` unless ``other_corpus``, with
     ``row[k] == v`` for every keyword; rows without a val loss are dropped."""
     out = []
     for r in rows:
         if r.get("val_loss") is None or (profile and r["profile"] != profile):
             continue
         if not tuning and r.get("group") in TUNING_GROUPS:
+            continue
+        if not other_corpus and r.get("group") in OTHER_CORPUS_GROUPS:
             continue
         if eval_offset is not None and (r.get("eval_offset") or 0) != eval_offset:
             continue

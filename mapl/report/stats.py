@@ -72,7 +72,7 @@ def summarize(rows: Sequence[dict], within: Sequence[dict] | None = None) -> lis
         keep = ("variant", "projection_ratio", "d_model", "base_model", "profile", "fwd_bytes_per_token",
                 "bwd_bytes_per_token", "total_bytes_per_token", "state_bytes_per_token", "sync_bytes_per_token",
                 "tokens", "n_params")
-        out.append({**{k: first[k] for k in KEY[:-1]}, **{k: first.get(k) for k in keep},
+        out.append({**{k: first.get(k) for k in KEY[:-1]}, **{k: first.get(k) for k in keep},
                     "n": len(runs), "seeds": sorted(x["seed"] for x in runs),
                     "val_loss": statistics.fmean(losses), "val_loss_std": _spread(losses),
                     "val_loss_min": min(losses), "val_loss_max": max(losses),
