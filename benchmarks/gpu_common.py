@@ -22,12 +22,12 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from mapl import data as mdata  # noqa: E402
-from mapl import link as mlink  # noqa: E402
-from mapl import engine as mengine  # noqa: E402
-from mapl.loop import lr_factor  # noqa: E402
-from mapl.config import load_run_config  # noqa: E402
-from mapl.stages import StagedModel, build_staged_model  # noqa: E402
+from mapl import data as mdata
+from mapl import link as mlink
+from mapl import engine as mengine
+from mapl.loop import lr_factor
+from mapl.config import load_run_config
+from mapl.stages import StagedModel, build_staged_model
 
 __all__ = ["run_config", "build_model", "stage_of_parameter", "stage_optimizers", "autocast", "lr_scale", "set_lr",
            "open_corpus", "epoch_batch", "train_step", "link_estimate", "Recorder", "Budget", "sync", "timed",

@@ -224,7 +224,7 @@ def _pool_worker(args) -> dict:
     try:
         res = run(job.cfg, out=job.out, ckpt=job.ckpt, progress=False, log=lambda *a, **k: None,
                   on_step=StepProgress(job.k, job.n, job.name, every_s) if every_s else None)
-    except Exception as e:           # one failed run must not take the group down; it is reported
+    except Exception as e:           # noqa: BLE001 -- one failed run must not take the group down; it is reported
         return {"k": job.k, "run": job.name, "error": f"{type(e).__name__}: {e}"}
     reuse.stamp_results(job.out, fingerprint)
     return {"k": job.k, "run": job.name, "action": job.action, "from_step": job.start_step,

@@ -1,4 +1,5 @@
-"""Shared fixtures: a tiny local corpus (never downloads) and micro run configs."""
+"""Shared fixtures: tiny local corpora (never downloads) and micro run configs."""
+import random
 from dataclasses import replace
 from pathlib import Path
 
@@ -28,6 +29,25 @@ def tiny_corpus(tmp_path_factory) -> Path:
     out = root / "prepared"
     prepare(DataConfig(source="text", paths=(str(root / "doc*.txt"),), tokenizer="byte"), out)
     return out
+
+
+# the multi-process tests' corpus (test_pipeline, test_runtime_*): one document per file, word salad
+WORDS = ("the king queen lord my good sir what shall we do now love heart death night day sword crown fair "
+         "speak hear thou art not to be or and with this that").split()
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """A byte-tokenized corpus from 12 small text files (one document each), prepared once."""
+    root = tmp_path_factory.mktemp("pipeline-corpus")
+    rng = random.Random(0)
+    for i in range(12):
+        lines = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 12))) + "." for _ in range(120)]
+        (root / f"doc{i:02d}.txt").write_text(f"Document {i}.\n" + "\n".join(lines) + "\n")
+    glob = str(root / "doc*.txt")
+    data_dir = root / "data"
+    prepare(DataConfig(source="text", paths=(glob,), tokenizer="byte"), data_dir)
+    return {"glob": glob, "data_dir": str(data_dir)}
 
 
 @pytest.fixture

@@ -152,7 +152,8 @@ def test_none_wire_is_bf16_rounding_only():
 
 
 @pytest.mark.parametrize("bad,field", [(dict(method="mapl", ratio=3), "ratio"), (dict(method="mapl", ratio=1), "ratio"),
-                                       (dict(method="zip"), "method"), (dict(method="mapl", ratio=4, anchor=AnchorConfig(kind="big")), "anchor"),
+                                       (dict(method="zip"), "method"),
+                                       (dict(method="mapl", ratio=4, anchor=AnchorConfig(kind="big")), "anchor"),
                                        (dict(method="mapl-rvq", ratio=4, rvq=RVQConfig(codebook_size=100)), "rvq.codebook_size"),
                                        (dict(method="mapl-rvq", ratio=4, rvq=RVQConfig(groups=5)), "rvq.groups")])
 def test_bad_compressor_config_names_the_field(bad, field):

@@ -212,7 +212,7 @@ def test_flipped_byte_is_refused_with_both_hashes_and_nothing_is_rebuilt(tmp_pat
 
 def test_missing_shard_is_refused_and_the_manifest_kept(tmp_path, monkeypatch):
     cfg = text_cfg(tmp_path, tokenizer="byte")
-    m = D.prepare(cfg, tmp_path / "out")
+    D.prepare(cfg, tmp_path / "out")
     (tmp_path / "out" / "train.bin").unlink()
     before = snapshot(tmp_path / "out")
     no_source(monkeypatch)                              # as with no network: the source cannot be read

@@ -21,10 +21,10 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "gpu.py"
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-import gpu  # noqa: E402
-import gpu_common  # noqa: E402
-import gpu_corpus  # noqa: E402
-import gpu_summary  # noqa: E402
+import gpu
+import gpu_common
+import gpu_corpus
+import gpu_summary
 
 DONE = re.compile(r"^\[\s*[\d.]+s\] done (\S+)")
 

@@ -17,7 +17,8 @@ from mapl.config import load_params
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ("data", "train", "report", "when_it_pays")
-GROUPS = ["main", "seeds", "ablations", "long", "longer", "tokens", "width", "rvq_sync", "rvq_scaled", "lr_check", "tune", "tune2"]
+GROUPS = ["main", "seeds", "ablations", "long", "longer", "tokens", "width", "rvq_sync", "rvq_scaled", "lr_check", "tune",
+          "tune2"]
 DVC = yaml.safe_load((ROOT / "dvc.yaml").read_text())
 VALIDATED = "reports/params-valid.txt"      # the validate stage's stamp: every other stage depends on it
 # modules a training run imports that cannot change its numbers (so they are not training sources)

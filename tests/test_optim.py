@@ -372,7 +372,7 @@ def test_spel_bf16_gradients_keep_fp32_param_on_manifold(seed):
     W = torch.randn(d, d, generator=g)
     X = torch.randn(64, d, generator=g)
     opt = SPEL([A], lr=0.02)
-    for i in range(300):
+    for _ in range(300):
         opt.zero_grad()
         with torch.autocast("cpu", dtype=torch.bfloat16):
             loss = ((X @ A @ A.T - X @ W) ** 2).mean()      # bf16 matmuls inside autocast

@@ -20,32 +20,15 @@ from pathlib import Path
 import pytest
 import torch
 
-import mapl.data as mdata
 import mapl.train as mtrain
 from mapl.link import (IDEAL, PROFILES, LinkProfile, StepMeasurement, estimate, floor_time, get_profile, simulate,
                        step_time, steps_to_target, time_to_target)
 from mapl.pipeline import launch, rank_ckpt_path
 
 PROJECT = Path(__file__).resolve().parents[1]
-WORDS = ("the king queen lord my good sir what shall we do now love heart death night day sword crown fair "
-         "speak hear thou art not to be or and with this that").split()
 
 
-# ---- fixtures ---------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    """A byte-tokenized corpus from 12 small text files (one document each), prepared once."""
-    root = tmp_path_factory.mktemp("pipeline-corpus")
-    rng = random.Random(0)
-    for i in range(12):
-        lines = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 12))) + "." for _ in range(120)]
-        (root / f"doc{i:02d}.txt").write_text(f"Document {i}.\n" + "\n".join(lines) + "\n")
-    glob = str(root / "doc*.txt")
-    data_dir = root / "data"
-    mdata.prepare(mdata.DataConfig(source="text", paths=(glob,), tokenizer="byte"), data_dir)
-    return {"glob": glob, "data_dir": str(data_dir)}
-
-
+# ---- helpers (the `corpus` fixture is in conftest.py: test_runtime_* share it) --------------------
 def base_args(corpus, method, stages, schedule="gpipe", micro_batches=None, ratio=4):
     args = ["--profile", "micro", "--method", method, "--stages", str(stages), "--set", f"train.schedule={schedule}",
             "--set", "data.source=text", "--set", f"data.paths={json.dumps([corpus['glob']])}",
@@ -295,7 +278,7 @@ def test_virtual_clock_channel_is_fifo():
 
 def test_faster_link_is_never_slower_and_floor_is_a_bound():
     rng = random.Random(1)
-    for trial in range(40):
+    for _ in range(40):
         P, M = rng.randint(2, 5), rng.randint(1, 6)
         sched = rng.choice(["gpipe", "1f1b"]) if M >= P else "gpipe"
         meas = StepMeasurement(sched, [[rng.uniform(0.01, 0.2) for _ in range(M)] for _ in range(P)],

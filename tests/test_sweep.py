@@ -14,7 +14,8 @@ from mapl.progress import GroupClock, StepProgress, estimate_core_seconds, estim
 from mapl.train import config_from_args, parse_args
 
 PARAMS = load_params()
-GROUPS = ["main", "seeds", "ablations", "long", "longer", "tokens", "width", "rvq_sync", "rvq_scaled", "lr_check", "tune", "tune2"]
+GROUPS = ["main", "seeds", "ablations", "long", "longer", "tokens", "width", "rvq_sync", "rvq_scaled", "lr_check", "tune",
+          "tune2"]
 
 
 def cfgs(group, profile="cpu"):
