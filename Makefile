@@ -55,8 +55,10 @@ lint: install
 test: install lint
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest -q -rs tests
 
+# in-process unit tests only (markers in pyproject.toml); MAPL_TEST_IN_PROCESS=1 fails an unmarked test that
+# starts a child process, so a new subprocess test cannot slip into the fast set unmarked
 test-fast: install
-	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest -q -m "not slow" tests
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 MAPL_TEST_IN_PROCESS=1 $(PY) -m pytest -q -m "not slow and not process" tests
 
 clean-venv:
 	rm -rf $(VENV)

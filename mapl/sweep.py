@@ -251,7 +251,7 @@ def launch_args(job: Job, profile: str) -> list[str]:
 def _memory_refusal(job: Job, launcher: LauncherConfig) -> str | None:
     """The memory plan, written beside the results; the reason a run is not launched, or None."""
     from .memory import GiB, format_plan, memory_plan
-    from .train import atomic_write_json
+    from .io import atomic_write_json
     plan = memory_plan(job.cfg, device="cuda" if launcher.gpus else "cpu")
     need = plan.peak.total if launcher.gpus else sum(s.total for s in plan.stages)
     limit = launcher.memory_gib * GiB * 0.9            # the same 10 % reserve as mapl.memory.check_plan
@@ -319,7 +319,7 @@ def prepare_data(cfgs: list[RunConfig]) -> None:
     """Each dataset the runs read, prepared once here (idempotent), never by two runs side by side
     or by a pipeline's stage processes."""
     from . import data as mdata
-    from .train import resolve_data_dir
+    from .engine import resolve_data_dir
     for data_dir, cfg in {resolve_data_dir(c): c for c in cfgs}.items():
         mdata.prepare(cfg.data, data_dir)
 

@@ -10,7 +10,7 @@ from mapl.compress.ssn import SubspaceLinear
 from mapl.optim import stiefel_random
 from mapl.config import AnchorConfig, CompressorConfig, RVQConfig, RunConfig, TrainConfig
 from mapl.stages import build_staged_model
-from mapl.train import build_optimizers
+from mapl.engine import build_optimizers
 from mapl.wire import ByteMeter
 
 D, V = 64, 256

@@ -329,6 +329,7 @@ print("read past the end without an error")
 """
 
 
+@pytest.mark.process
 def test_shard_truncated_mid_run_is_a_clear_error_not_sigbus(tmp_path):
     D.prepare(text_cfg(tmp_path, tokenizer="byte"), tmp_path / "out")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -691,6 +692,7 @@ def test_offline_parquet_and_mistral_route(tmp_path, monkeypatch):
     assert (tmp_path / "out" / "tokenizer.json").read_text() == tok.to_str()
 
 
+@pytest.mark.process
 def test_no_data_module_imports_mapl_config(tmp_path):
     """mapl.config imports mapl.data, so mapl.data must not import mapl.config when imported."""
     names = sorted(p.stem for p in (ROOT / "mapl" / "data").glob("*.py") if p.stem != "__main__")

@@ -10,7 +10,7 @@ from mapl.memory import (GiB, block_activation_bytes_per_token, check_plan, form
                          memory_plan)
 from mapl.model import Block, ModelConfig, rope_tables
 from mapl.stages import build_staged_model
-from mapl.train import build_optimizers
+from mapl.engine import build_optimizers
 
 
 def _nbytes(tensors) -> int:

@@ -18,6 +18,8 @@ from mapl.runtime.launch import free_port
 
 from test_pipeline import base_args
 
+pytestmark = pytest.mark.process          # every test here launches pipeline ranks
+
 PROJECT = Path(__file__).resolve().parents[1]
 MAPL_FRAMES = f'File "{PROJECT / "mapl"}'          # a traceback line inside our code
 

@@ -11,6 +11,8 @@ from mapl.runtime.launch import launch_machines
 
 from test_pipeline import base_args, reference
 
+pytestmark = pytest.mark.process          # every test here launches pipeline ranks
+
 
 def _losses(res):
     return [loss for _, loss in res["train_loss_curve"]]

@@ -150,7 +150,7 @@ def test_reuse_decisions(tmp_path):
 
 
 def test_stamp_keeps_the_results_layout(tmp_path):
-    from mapl.train import atomic_write_json
+    from mapl.io import atomic_write_json
     out = tmp_path / "r.json"
     atomic_write_json(out, {"run": "r", "val_loss": 1.25, "provenance": {"config_hash": "abc"}, "z": [1, 2]})
     reuse.stamp_results(out, "f00d")
