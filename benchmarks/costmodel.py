@@ -32,7 +32,7 @@ from mapl.config import load_run_config
 from mapl.costmodel import build_case, measured_compute
 from mapl.link import LinkProfile
 from mapl.runtime.launch import launch
-from mapl.train import atomic_write_json
+from mapl.io import atomic_write_json
 
 
 def cell_overrides(args, width: int, method: str, ratio: float) -> dict:

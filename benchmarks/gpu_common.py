@@ -52,7 +52,7 @@ stage_of_parameter = mengine.stage_of_parameter    # the stage that holds a Stag
 
 
 def stage_optimizers(sm: StagedModel, cfg) -> list[list[torch.optim.Optimizer]]:
-    """One optimizer set per stage, as each pipeline process builds it (mapl.train.build_optimizers)."""
+    """One optimizer set per stage, as each pipeline process builds it (mapl.engine.build_optimizers)."""
     names = [(n, p) for n, p in sm.named_parameters() if p.requires_grad]
     out = []
     for s in range(sm.n_stages):

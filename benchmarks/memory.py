@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 from mapl.config import load_run_config
 from mapl.memory import GiB, memory_plan
-from mapl.train import atomic_write_json
+from mapl.io import atomic_write_json
 
 # schedule:method[:heap]; ":heap" runs with glibc's default malloc (freed heap memory stays in RSS)
 CASES = ("gpipe:none", "1f1b:none", "gpipe:mapl", "1f1b:mapl-rvq", "1f1b:none:heap")
