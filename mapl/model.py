@@ -18,7 +18,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .model_config import PRESETS, ModelConfig
+from .model_config import PRESETS, ModelConfig, count_params
 
 __all__ = ["ModelConfig", "PRESETS", "RMSNorm", "Attention", "FeedForward", "Block", "Transformer",
            "rope_tables", "count_params"]
@@ -137,14 +137,3 @@ class Transformer(nn.Module):
         h = self.embed(tokens) if self.tok_embeddings is not None else tokens
         h = self.run_layers(h)
         return self.head(h) if self.output is not None else h
-
-
-def count_params(cfg: ModelConfig, include_embeddings: bool = True) -> int:
-    """Parameter count without building the model (the paper sizes do not fit comfortably on CPU)."""
-    d, f, hd = cfg.d_model, cfg.ffn_hidden, cfg.head_dim
-    attn = d * cfg.n_heads * hd + 2 * d * cfg.n_kv_heads * hd + cfg.n_heads * hd * d
-    block = attn + 3 * d * f + 2 * d
-    total = cfg.n_layers * block + d
-    if include_embeddings:
-        total += 2 * cfg.vocab_size * d
-    return total

@@ -2,13 +2,13 @@
 
 Apart from mapl/model.py because it needs no torch: the config layer (mapl/config.py) validates a run's
 model before anything imports torch, so a bad ``--model`` or ``--set model.*`` costs a CLI start-up, not
-a torch import. mapl.model re-exports both names.
+a torch import. mapl.model re-exports these names.
 """
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
-__all__ = ["ModelConfig", "PRESETS"]
+__all__ = ["ModelConfig", "PRESETS", "count_params"]
 
 
 @dataclass(frozen=True)
@@ -65,3 +65,14 @@ PRESETS: dict[str, ModelConfig] = {
     "500M": ModelConfig(vocab_size=32000, d_model=1536, n_layers=16, n_heads=16, n_kv_heads=8, ffn_hidden=4096, max_seq_len=2048),
     "1B": ModelConfig(vocab_size=32000, d_model=2048, n_layers=16, n_heads=32, n_kv_heads=8, ffn_hidden=7168, max_seq_len=2048),
 }
+
+
+def count_params(cfg: ModelConfig, include_embeddings: bool = True) -> int:
+    """Parameter count without building the model (the paper sizes do not fit comfortably on CPU)."""
+    d, f, hd = cfg.d_model, cfg.ffn_hidden, cfg.head_dim
+    attn = d * cfg.n_heads * hd + 2 * d * cfg.n_kv_heads * hd + cfg.n_heads * hd * d
+    block = attn + 3 * d * f + 2 * d
+    total = cfg.n_layers * block + d
+    if include_embeddings:
+        total += 2 * cfg.vocab_size * d
+    return total

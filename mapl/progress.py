@@ -16,7 +16,7 @@ import os
 import time
 
 from .config import RunConfig
-from .model import count_params
+from .model_config import count_params
 
 __all__ = ["CORE_S_PER_TOKEN_PARAM", "RVQ_SLOWDOWN", "RUN_OVERHEAD_S", "LAUNCH_OVERHEAD_S", "estimate_core_seconds",
            "eval_tokens", "estimate_group", "hms", "emit", "StepProgress", "GroupClock"]

@@ -129,3 +129,16 @@ def test_train_cli_refuses_a_bad_config_before_importing_torch(tmp_path, args, m
     assert p.returncode == EXIT_USER_ERROR and p.stderr.startswith(message), p.stderr
     assert p.stdout.strip() == "no torch"
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.process
+def test_sweep_check_and_estimate_need_no_torch(tmp_path):
+    """DVC's first stage (`python -m mapl.sweep --check`) and `--estimate` read params.yaml and the configs
+    only: no torch import (count_params is arithmetic on the config, mapl/model_config.py)."""
+    code = ("import sys, mapl.sweep as s\ncode = s.main(sys.argv[1:])\n"
+            "print('torch imported' if 'torch' in sys.modules else 'no torch')\nsys.exit(code)")
+    for args, rc in [(["--check", "--stamp", str(tmp_path / "valid.txt")], 0), (["--profile", "nope", "--estimate"], 2)]:
+        p = subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT, text=True, capture_output=True, timeout=120,
+                           env={**os.environ, "PYTHONPATH": str(ROOT), "MAPL_DEBUG": "0"})
+        assert p.returncode == rc, p.stderr
+        assert p.stdout.strip().splitlines()[-1] == "no torch", p.stdout
