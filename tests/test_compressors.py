@@ -35,6 +35,7 @@ def _train_a_few_steps(sm, cfg, steps=5, seed=0):
     return sm
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stages", [2, 4])
 def test_ssn_is_lossless_at_every_boundary_during_training(stages):
     cfg = micro_cfg("ssn", ratio=4, stages=stages)
@@ -104,6 +105,7 @@ def test_int8_zero_rows_survive():
     assert torch.equal(comp.unpack(comp.pack(z), torch.float32), z)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("receiver_grad", ["exact", "drop"])
 def test_wire_transfer_and_projection_gradcheck_float64(receiver_grad):
     A = torch.linalg.qr(torch.randn(D, 16, dtype=torch.float64))[0]

@@ -161,6 +161,7 @@ def test_steps_ratios_pair_seeds_and_mark_censored():
     assert r["min"] == pytest.approx(1.5) and r["max"] == pytest.approx(1.5)     # seed 1: lower bound 300/200
 
 
+@pytest.mark.slow
 def test_bench_cases_reproduce_the_runtime_clock():
     """Compressor-declared bytes equal the benchmark's metered bytes, so the step times are the runtime's."""
     import json
@@ -178,6 +179,7 @@ def test_bench_cases_reproduce_the_runtime_clock():
         assert case.step_time(link) == pytest.approx(step_time(meas, link), rel=1e-12)
 
 
+@pytest.mark.slow
 def test_peer_inbound_clock_reproduces_published_step_times():
     from mapl.peer import PEER, peer_comparison
     res = peer_comparison()

@@ -452,6 +452,7 @@ def test_spel_closure_returns_loss():
     assert loss is not None and A.grad is not None and ortho_error(A) < 1e-6
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16-autocast"])
 def test_orthogonality_holds_over_10k_spel_steps(autocast):
     """Long-run stability (reliability issue): 10,000 SPEL steps on a real objective, fp32 parameter,

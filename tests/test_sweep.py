@@ -27,6 +27,7 @@ def test_every_profile_lists_every_group():
         assert sorted(sweep.group_names(profile, PARAMS)) == sorted(GROUPS), profile
 
 
+@pytest.mark.slow
 def test_cpu_groups_are_the_planned_grid():
     sizes = {g: len(cfgs(g)) for g in GROUPS}
     assert sizes == {"main": 11, "seeds": 16, "ablations": 5, "long": 40, "longer": 0, "tokens": 6, "width": 6,
