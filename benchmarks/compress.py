@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import platform
 import resource
@@ -401,8 +400,10 @@ def bench_ab(torch, before_root: str, cfg: dict, methods, log) -> list[dict]:
                     ub, ua = _ab(torch, lambda: comps["before"].unpack(pay["before"], z.dtype),
                                  lambda: comps["after"].unpack(pay["after"], z.dtype), 1, reps)
                 rows.append({"op": "pack", "method": method, "d": d, "r": r, "before_s": tb, "after_s": ta, "speedup": tb / ta})
-                rows.append({"op": "unpack", "method": method, "d": d, "r": r, "before_s": ub, "after_s": ua, "speedup": ub / ua})
-                log(f"A/B {method} d={d} r={r}: pack {tb * 1e3:.2f} -> {ta * 1e3:.2f} ms, unpack {ub * 1e3:.2f} -> {ua * 1e3:.2f} ms")
+                rows.append({"op": "unpack", "method": method, "d": d, "r": r, "before_s": ub, "after_s": ua,
+                             "speedup": ub / ua})
+                log(f"A/B {method} d={d} r={r}: pack {tb * 1e3:.2f} -> {ta * 1e3:.2f} ms, "
+                    f"unpack {ub * 1e3:.2f} -> {ua * 1e3:.2f} ms")
     return rows
 
 
@@ -528,7 +529,8 @@ def paper_markdown(res: dict) -> str:
     rv, env = res["rvq"], res["environment"]
     p = rv["shape"]
     L = [f"# Paper shapes: RVQ pack (d={p['d']}, r={p['r']}, {p['batch']} x {p['seq']} tokens) and SPEL at r = 256", "",
-         f"Measured on {env.get('gpu', 'CPU')}: {env['cpu_model']}, {env['threads']} thread(s), torch {env['torch']}; load average "
+         f"Measured on {env.get('gpu', 'CPU')}: {env['cpu_model']}, {env['threads']} thread(s), torch {env['torch']}; "
+         "load average "
          f"{env['loadavg_start']:.2f} -> {env['loadavg_end']:.2f} (2 cores shared: times are upper bounds).", "",
          "| kernel | k-means init s | search s | pack s | unpack s | ns/distance |", "|---|---|---|---|---|---|"]
     L += [f"| {r['kernel']} | {r['init_s']:.1f} | {r['search_s']:.2f} | {r['pack_s']:.2f} | {r['unpack_s']:.3f} | "
@@ -730,11 +732,13 @@ def markdown(res: dict) -> str:
               + f" of the stage's fwd+bwd (target < {hd['target_pct']:.0f}%).", ""]
     if res["overhead"]:
         L += ["## Overhead per micro-batch vs the stage's forward+backward", "",
-              "| method | d | r | encode f+b ms | decode f+b ms | wire 4 legs ms | SPEL/μb ms | total ms | stage f+b ms | overhead % | from min times % | w/ Polar Express % |",
+              "| method | d | r | encode f+b ms | decode f+b ms | wire 4 legs ms | SPEL/μb ms | total ms | stage f+b ms "
+              "| overhead % | from min times % | w/ Polar Express % |",
               "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for o in res["overhead"]:
             L.append(f"| {o['method']} | {o['d']} | {o['r'] or '-'} | {_f(o['encode_s'])} | {_f(o['decode_s'])} | "
-                     f"{_f(o['wire_s'])} | {_f(o['spel_amortized_s'])} | {_f(o['total_s'])} | {_f(o['stage_fwd_bwd_s'], 1e3, 0)} | "
+                     f"{_f(o['wire_s'])} | {_f(o['spel_amortized_s'])} | {_f(o['total_s'])} | "
+                     f"{_f(o['stage_fwd_bwd_s'], 1e3, 0)} | "
                      f"{o['overhead_pct']:.2f} | {o.get('overhead_pct_from_min', float('nan')):.2f} | "
                      f"{o['overhead_pct_polar_express']:.2f} |")
         L.append("")
@@ -757,11 +761,13 @@ def markdown(res: dict) -> str:
         L += ["", "## Stage (2 blocks) forward+backward", "", "| d | preset | s |", "|---|---|---|"]
         L += [f"| {s['d']} | {s['preset']} | {s['fwd_bwd_s']:.3f} |" for s in res["stage"]]
     L += ["", "## Wire efficiency (bytes/token; floor / measured)", "",
-          "| method | d | r | fwd measured | fwd floor | bwd measured | bwd floor | efficiency | w/ per-step state sync | explained by |",
+          "| method | d | r | fwd measured | fwd floor | bwd measured | bwd floor | efficiency | w/ per-step state sync "
+          "| explained by |",
           "|---|---|---|---|---|---|---|---|---|---|"]
     for w in res["wire"]:
         L.append(f"| {w['method']} | {w['d']} | {w['r'] or '-'} | {w['fwd_bytes_per_token']:.3f} | "
-                 f"{w['fwd_floor_bytes_per_token']:.3f} | {w['bwd_bytes_per_token']:.3f} | {w['bwd_floor_bytes_per_token']:.3f} | "
+                 f"{w['fwd_floor_bytes_per_token']:.3f} | {w['bwd_bytes_per_token']:.3f} | "
+                 f"{w['bwd_floor_bytes_per_token']:.3f} | "
                  f"{100 * w['efficiency']:.2f}% | {100 * w['efficiency_with_state_sync']:.2f}% | {w['explained_by'] or '-'} |")
     if res["memory"]:
         L += ["", "## Peak memory of a stage process (one fwd+bwd of 2 blocks + the boundary)", "",
@@ -782,7 +788,8 @@ def markdown(res: dict) -> str:
                   for o in rows]
     if "baseline" in res:
         b = res["baseline"]
-        L += ["", f"## Before / after (before: {b.get('file')}, load {b['environment'].get('loadavg_start', float('nan')):.2f})", ""]
+        load = b["environment"].get("loadavg_start", float("nan"))
+        L += ["", f"## Before / after (before: {b.get('file')}, load {load:.2f})", ""]
         if b["search"]:
             L += ["| search K | μs/token before | after | speedup |", "|---|---|---|---|"]
             L += [f"| {s['K']} | {s['us_per_token_before']:.2f} | {s['us_per_token_after']:.2f} | {s['speedup']:.2f}x |"
@@ -799,8 +806,8 @@ def markdown(res: dict) -> str:
             L.append("")
         if b["overhead"]:
             L += ["| method | d | r | overhead % before | after |", "|---|---|---|---|---|"]
-            L += [f"| {o['method']} | {o['d']} | {o['r'] or '-'} | {o['overhead_pct_before']:.2f} | {o['overhead_pct_after']:.2f} |"
-                  for o in b["overhead"]]
+            L += [f"| {o['method']} | {o['d']} | {o['r'] or '-'} | {o['overhead_pct_before']:.2f} | "
+                  f"{o['overhead_pct_after']:.2f} |" for o in b["overhead"]]
     return "\n".join(L) + "\n"
 
 

@@ -28,11 +28,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from mapl.config import load_run_config  # noqa: E402
-from mapl.costmodel import build_case, measured_compute  # noqa: E402
-from mapl.link import LinkProfile  # noqa: E402
-from mapl.runtime.launch import launch  # noqa: E402
-from mapl.train import atomic_write_json  # noqa: E402
+from mapl.config import load_run_config
+from mapl.costmodel import build_case, measured_compute
+from mapl.link import LinkProfile
+from mapl.runtime.launch import launch
+from mapl.io import atomic_write_json
 
 
 def cell_overrides(args, width: int, method: str, ratio: float) -> dict:

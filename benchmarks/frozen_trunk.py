@@ -33,12 +33,12 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from mapl.checkpoint import checkpoint_step, read as read_checkpoint  # noqa: E402
-from mapl.config import PROJECTORS, ConfigError, RunConfig, config_hash, load_run_config  # noqa: E402
-from mapl.engine import LocalEngine, build_optimizers  # noqa: E402
-from mapl.io import atomic_write_json  # noqa: E402
-from mapl.loop import lr_factor  # noqa: E402
-from mapl.sweep import run_name  # noqa: E402
+from mapl.checkpoint import checkpoint_step, read as read_checkpoint
+from mapl.config import PROJECTORS, ConfigError, RunConfig, config_hash, load_run_config
+from mapl.engine import LocalEngine, build_optimizers
+from mapl.io import atomic_write_json
+from mapl.loop import lr_factor
+from mapl.sweep import run_name
 
 STUDIED = ("spel", "fixed", "unconstrained")
 TRAINABLE = ("boundaries.", "anchors.")          # what trains on the frozen trunk

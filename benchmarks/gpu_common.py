@@ -22,12 +22,12 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from mapl import data as mdata  # noqa: E402
-from mapl import link as mlink  # noqa: E402
-from mapl import engine as mengine  # noqa: E402
-from mapl.loop import lr_factor  # noqa: E402
-from mapl.config import load_run_config  # noqa: E402
-from mapl.stages import StagedModel, build_staged_model  # noqa: E402
+from mapl import data as mdata
+from mapl import link as mlink
+from mapl import engine as mengine
+from mapl.loop import lr_factor
+from mapl.config import load_run_config
+from mapl.stages import StagedModel, build_staged_model
 
 __all__ = ["run_config", "build_model", "stage_of_parameter", "stage_optimizers", "autocast", "lr_scale", "set_lr",
            "open_corpus", "epoch_batch", "train_step", "link_estimate", "Recorder", "Budget", "sync", "timed",
@@ -52,7 +52,7 @@ stage_of_parameter = mengine.stage_of_parameter    # the stage that holds a Stag
 
 
 def stage_optimizers(sm: StagedModel, cfg) -> list[list[torch.optim.Optimizer]]:
-    """One optimizer set per stage, as each pipeline process builds it (mapl.train.build_optimizers)."""
+    """One optimizer set per stage, as each pipeline process builds it (mapl.engine.build_optimizers)."""
     names = [(n, p) for n, p in sm.named_parameters() if p.requires_grad]
     out = []
     for s in range(sm.n_stages):

@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from mapl import data as mdata  # noqa: E402
+from mapl import data as mdata
 
 __all__ = ["CORPUS_DIR", "RAW_TEXT_DIR", "corpus_data_config", "prepare_corpus", "SOURCES"]
 

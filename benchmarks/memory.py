@@ -34,9 +34,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from mapl.config import load_run_config  # noqa: E402
-from mapl.memory import GiB, memory_plan  # noqa: E402
-from mapl.train import atomic_write_json  # noqa: E402
+from mapl.config import load_run_config
+from mapl.memory import GiB, memory_plan
+from mapl.io import atomic_write_json
 
 # schedule:method[:heap]; ":heap" runs with glibc's default malloc (freed heap memory stays in RSS)
 CASES = ("gpipe:none", "1f1b:none", "gpipe:mapl", "1f1b:mapl-rvq", "1f1b:none:heap")
@@ -78,8 +78,9 @@ def _warm_up(cfg) -> None:
     import dataclasses
 
     import torch
-    from tqdm.auto import tqdm  # noqa: F401 -- imported by the training loop's progress
-    from mapl import data as mdata  # noqa: F401
+    # imported for their side effect only: loaded here, their memory is part of the baseline, not of the model
+    from tqdm.auto import tqdm  # noqa: F401 -- the training loop's progress bar
+    from mapl import data as mdata  # noqa: F401 -- the corpus readers
     from mapl.engine import build_optimizers
     from mapl.stages import build_staged_model
     tiny = dataclasses.replace(cfg, model="micro", model_overrides={}, stages=2,

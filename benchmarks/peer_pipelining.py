@@ -34,7 +34,6 @@ Writes ``reports/bench/peer-pipelining.json`` and ``reports/tables/peer-pipelini
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import pickle
@@ -49,20 +48,20 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-import torch.nn as nn  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
 
-from mapl.compress import build_boundary  # noqa: E402
-from mapl.config import load_run_config  # noqa: E402
-from mapl.engine import autocast_ctx, open_run_data, set_lr  # noqa: E402
-from mapl.io import atomic_write_json, atomic_write_text  # noqa: E402
-from mapl.loop import lr_factor  # noqa: E402
-from mapl.runtime.launch import child_env, free_port  # noqa: E402
-from mapl.runtime.topology import Topology  # noqa: E402
-from mapl.runtime.transport import Transport  # noqa: E402
-from mapl.runtime.worker import PipelineEngine  # noqa: E402
+from mapl.compress import build_boundary
+from mapl.config import load_run_config
+from mapl.engine import autocast_ctx, open_run_data, set_lr
+from mapl.io import atomic_write_json, atomic_write_text
+from mapl.loop import lr_factor
+from mapl.runtime.launch import child_env, free_port
+from mapl.runtime.topology import Topology
+from mapl.runtime.transport import Transport
+from mapl.runtime.worker import PipelineEngine
 
 METHODS = {"none": 1.0, "mapl": 8.0}
 REFUSED = {"int8": 1.0, "mapl-rvq": 4.0}         # checked for the note, never trained here

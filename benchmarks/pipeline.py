@@ -45,10 +45,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from mapl.config import load_run_config  # noqa: E402
-from mapl.io import atomic_write_json, atomic_write_text  # noqa: E402
-from mapl.link import IDEAL, LinkProfile, StepMeasurement, estimate, get_profile, step_time, steps_to_target  # noqa: E402
-from mapl.runtime.launch import launch  # noqa: E402
+from mapl.config import load_run_config
+from mapl.io import atomic_write_json, atomic_write_text
+from mapl.link import IDEAL, LinkProfile, StepMeasurement, estimate, get_profile, step_time, steps_to_target
+from mapl.runtime.launch import launch
 
 METHODS = {"none": 1, "int8": 1, "ssn": 8, "mapl": 8, "mapl-rvq": 4}     # mapl-rvq: 4x projection x 2x RVQ = 8x
 

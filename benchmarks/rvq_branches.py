@@ -33,10 +33,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from mapl.checkpoint import read as read_checkpoint  # noqa: E402
-from mapl.config import config_hash, load_run_config  # noqa: E402
-from mapl import sweep  # noqa: E402
-from mapl.io import atomic_torch_save, atomic_write_json, atomic_write_text  # noqa: E402
+from mapl.checkpoint import read as read_checkpoint
+from mapl.config import config_hash, load_run_config
+from mapl import sweep
+from mapl.io import atomic_torch_save, atomic_write_json, atomic_write_text
 
 # The committed run: the long group's MAPL+VQ 8x seed 1 (params.yaml, profiles.cpu.groups.long).
 RUN = {"method": "mapl-rvq", "ratio": 8, "train.steps": 3000, "train.warmup_steps": 300, "train.eval_every": 250,
@@ -178,7 +178,7 @@ def markdown(res: dict) -> str:
                  f" (the first step's loss is {res['replay_first_step_loss'][0]!r} here, "
                  f"{res['replay_first_step_loss'][1]!r} in the committed run: another machine's float rounding, "
                  "and the trajectories part from step 1 on)") + ".",
-              f"Each branch continues the same checkpoint; only its changes differ. Written by `benchmarks/rvq_branches.py`."]
+              "Each branch continues the same checkpoint; only its changes differ. Written by `benchmarks/rvq_branches.py`."]
     return "\n".join(lines) + "\n"
 
 

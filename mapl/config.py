@@ -26,7 +26,7 @@ from pathlib import Path
 import yaml
 
 from .data import DataConfig
-from .model import PRESETS, ModelConfig
+from .model_config import PRESETS, ModelConfig
 # re-exported: callers import these from mapl.config
 from .seeds import DRAWS, run_base
 from .settings import (ConfigError, build, check_fields, coerce, field_hints, field_type, parse_set, refuse,

@@ -108,10 +108,10 @@ def _matmul_weights(module: torch.nn.Module) -> int:
 
 def _meta_model(cfg: RunConfig, vocab: int):
     """The whole StagedModel of ``cfg`` on the meta device (exact shapes, no memory) and the ids of the
-    parameters Muon owns (mapl.train.build_optimizers decides), cached per configuration."""
+    parameters Muon owns (mapl.engine.build_optimizers decides), cached per configuration."""
     from .config import config_hash
     from .stages import build_staged_model
-    from .train import build_optimizers
+    from .engine import build_optimizers
     key = (config_hash(cfg), vocab)
     if key not in _META:
         with torch.device("meta"):

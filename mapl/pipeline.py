@@ -29,10 +29,11 @@ message (none; MAPL: bf16 Z with a gradient of Z's shape, the token ids as an in
 gradient) it trains our stages to bit-identical losses: benchmarks/peer_pipelining.py.
 The runtime lives in ``mapl/runtime/`` (schedule, transport, worker, boundary_sync, faults, launch).
 
-Exit codes (every rank, and this command when it starts the ranks): 0 done, 2 invalid settings,
-files or non-finite values (one line per rank), 3 a peer died or timed out (the message names the
-operation, peer and step), 130 interrupted (checkpoints written). ``train.comm_timeout_s`` (``--timeout``,
-env ``MAPL_PG_TIMEOUT``; 60 s by default, 10 minutes in the paper profile) bounds every wait during
+Exit codes (``mapl.cli``; every rank, and this command when it starts the ranks): 0 done, 2 invalid
+settings or files (one line per rank), 3 a peer died or timed out (the message names the operation, peer
+and step), 4 non-finite values (the last good checkpoints are kept), 130 interrupted (checkpoints written).
+``train.comm_timeout_s`` (``--timeout``, env ``MAPL_PG_TIMEOUT``; 60 s by default, 10 minutes in the paper
+profile) bounds every wait during
 training; the wait for rank 0 to prepare data has none. On NCCL the same value is the process groups'
 timeout, so a wait past it is ended by NCCL's watchdog (see ``mapl/runtime/transport.py``). Right
 after the process group is up, the ranks compare their resolved config, shared options, data and

@@ -29,8 +29,9 @@ from typing import Callable, Iterable, Sequence
 
 
 __all__ = ["LOSS_FITS", "load_runs", "main_model_runs", "steps_to_target", "best_loss", "steps_ratios", "ratio_trend",
-           "steps_ratio_table", "steps_report", "ratio_from_penalty", "paper_steps_ratios", "common_target", "time_to_target_rows",
-           "crossover_bandwidth", "crossover_interval", "speedup_grid", "validated_error", "ratio_key", "run_label", "main"]
+           "steps_ratio_table", "steps_report", "ratio_from_penalty", "paper_steps_ratios", "common_target",
+           "time_to_target_rows", "crossover_bandwidth", "crossover_interval", "speedup_grid", "validated_error", "ratio_key",
+           "run_label", "main"]
 
 LOSS_FITS = {
     "chinchilla": {"B": 410.7, "beta": 0.28, "source": "Hoffmann et al. 2022, approach 3"},
@@ -168,7 +169,7 @@ def ratio_trend(runs: Sequence[dict]) -> list[dict]:
         for s, vals in sorted(points.items()):
             got = [v for _, v in vals if v is not None]
             out.append({"method": method, "variant": variant, "ratio": ratio, "budget": budget, "step": s,
-                        "dense_loss": sum(l for l, _ in vals) / len(vals), "seeds": len(vals), "reached": len(got),
+                        "dense_loss": sum(loss for loss, _ in vals) / len(vals), "seeds": len(vals), "reached": len(got),
                         "mean": sum(got) / len(got) if got else None, "min": min(got, default=None),
                         "max": max(got, default=None)})
     return out
@@ -209,7 +210,8 @@ def _mean_curve(runs: Sequence[dict]) -> list:
 
 def common_target(runs: Sequence[dict], target_pct: float = 2.0) -> tuple[float, int, int] | None:
     """The measured time-to-target table's target (mapl.report.ttt): uncompressed's best loss (the lowest
-    point of its curve) at its longest budget, mean over seeds, + ``target_pct`` %. Returns (target, budget, seeds), None without one."""
+    point of its curve) at its longest budget, mean over seeds, + ``target_pct`` %. Returns (target, budget, seeds), None
+    without one."""
     dense = [r for r in runs if r["method"] == "none"]
     if not dense:
         return None
@@ -247,7 +249,9 @@ def crossover_bandwidth(time_a: Callable[[float], float], time_b: Callable[[floa
     """Bandwidth (bit/s) below which ``a`` is faster (``time_a < time_b``), by bisection in log bandwidth:
     ``math.inf`` if a is faster at both ends of [lo, hi], 0.0 if it is slower at both; if a is faster only
     at the high end, the bandwidth *above* which it is faster (``crossover_side`` tells which)."""
-    f = lambda bw: time_a(bw) - time_b(bw)           # noqa: E731
+    def f(bw: float) -> float:
+        return time_a(bw) - time_b(bw)
+
     flo, fhi = f(lo), f(hi)
     if (flo < 0) == (fhi < 0):
         return math.inf if flo < 0 else 0.0

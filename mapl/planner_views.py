@@ -16,7 +16,8 @@ from typing import Sequence
 from .planner import (crossover_interval, load_runs, main_model_runs, paper_steps_ratios, ratio_key, speedup_grid,
                       steps_ratios)
 
-__all__ = ["measured_steps", "bench_profile", "bench_cases", "flop_cases", "run_ratios", "profile_steps", "target_text", "reproduce_table",
+__all__ = ["measured_steps", "bench_profile", "bench_cases", "flop_cases", "run_ratios", "profile_steps", "target_text",
+           "reproduce_table",
            "paper_cases", "paper_steps", "bandwidth_grid", "plan", "bandwidth_text", "crossover_table", "crossover_summary",
            "label", "heatmap_figure", "curve_figure"]
 

@@ -16,10 +16,10 @@ import os
 import time
 
 from .config import RunConfig
-from .model import count_params
+from .model_config import count_params
 
-__all__ = ["CORE_S_PER_TOKEN_PARAM", "RVQ_SLOWDOWN", "RUN_OVERHEAD_S", "LAUNCH_OVERHEAD_S", "estimate_core_seconds", "eval_tokens", "estimate_group",
-           "hms", "emit", "StepProgress", "GroupClock"]
+__all__ = ["CORE_S_PER_TOKEN_PARAM", "RVQ_SLOWDOWN", "RUN_OVERHEAD_S", "LAUNCH_OVERHEAD_S", "estimate_core_seconds",
+           "eval_tokens", "estimate_group", "hms", "emit", "StepProgress", "GroupClock"]
 
 # one 300-step run of `tiny` (1.37M parameters, 16 x 128 tokens per step, 6 evaluations of 65,536 tokens)
 # takes about 70 s on one quiet core: seconds per (token x parameter) of training, an eval token a third

@@ -34,7 +34,8 @@ __all__ = ["TRAIN_SOURCES", "ACTIONS", "source_files", "code_fingerprint", "resu
 # deps in dvc.yaml besides the notebook and the data stamp (a test compares the two). A folder counts
 # every file below it except __pycache__/ and *.pyc, which .dvcignore hides from DVC too.
 TRAIN_SOURCES = (
-    "mapl/__init__.py", "mapl/config.py", "mapl/settings.py", "mapl/data", "mapl/model.py", "mapl/stages.py",
+    "mapl/__init__.py", "mapl/config.py", "mapl/settings.py", "mapl/data", "mapl/model.py", "mapl/model_config.py",
+    "mapl/stages.py",
     "mapl/optim.py", "mapl/wire.py", "mapl/diagnostics.py", "mapl/train.py", "mapl/sweep.py", "mapl/compress",
     "pyproject.toml", "mapl/loop.py", "mapl/engine.py", "mapl/checkpoint.py", "mapl/results.py", "mapl/pipeline.py",
     "mapl/runtime", "mapl/seeds.py",
@@ -151,7 +152,7 @@ def mark_code(ckpt: Path, fingerprint: str) -> None:
 
 def stamp_results(out: Path, fingerprint: str) -> None:
     """Add ``provenance.code_fingerprint`` to a finished run's results JSON (same layout, atomic)."""
-    from .train import atomic_write_json
+    from .io import atomic_write_json
     res = _read_json(out)
     if res is None:
         raise FileNotFoundError(f"{out}: no results JSON to stamp (the run did not write one)")

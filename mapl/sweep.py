@@ -106,7 +106,8 @@ def launcher_config(profile: str, params: dict | None = None) -> LauncherConfig:
 
 
 def run_name(cfg: RunConfig, profile_steps: int) -> str:
-    """model[-d<width>]-P<stages>-method[-<ratio>x][-proj-<kind>][-anchor-<kind>][-ar<anchor rank>][-sync-<mode>][-scale-<mode>][-<steps>steps]-s<seed>:
+    """model[-d<width>]-P<stages>-method[-<ratio>x][-proj-<kind>][-anchor-<kind>][-ar<anchor rank>][-sync-<mode>]
+    [-scale-<mode>][-<steps>steps]-s<seed>:
     a variant or budget appears only where it differs from the method's default or the profile's steps."""
     c, default = cfg.compressor.resolved(), METHODS[cfg.compressor.method]
     parts = [cfg.model, *([f"d{cfg.model_overrides['d_model']}"] if "d_model" in cfg.model_overrides else []),
@@ -226,7 +227,7 @@ def _pool_worker(args) -> dict:
     try:
         res = run(job.cfg, out=job.out, ckpt=job.ckpt, progress=False, log=lambda *a, **k: None,
                   on_step=StepProgress(job.k, job.n, job.name, every_s) if every_s else None)
-    except Exception as e:           # one failed run must not take the group down; it is reported
+    except Exception as e:           # noqa: BLE001 -- one failed run must not take the group down; it is reported
         return {"k": job.k, "run": job.name, "error": f"{type(e).__name__}: {e}"}
     reuse.stamp_results(job.out, fingerprint)
     return {"k": job.k, "run": job.name, "action": job.action, "from_step": job.start_step,
@@ -253,7 +254,7 @@ def launch_args(job: Job, profile: str) -> list[str]:
 def _memory_refusal(job: Job, launcher: LauncherConfig) -> str | None:
     """The memory plan, written beside the results; the reason a run is not launched, or None."""
     from .memory import GiB, format_plan, memory_plan
-    from .train import atomic_write_json
+    from .io import atomic_write_json
     plan = memory_plan(job.cfg, device="cuda" if launcher.gpus else "cpu")
     need = plan.peak.total if launcher.gpus else sum(s.total for s in plan.stages)
     limit = launcher.memory_gib * GiB * 0.9            # the same 10 % reserve as mapl.memory.check_plan
@@ -321,7 +322,7 @@ def prepare_data(cfgs: list[RunConfig]) -> None:
     """Each dataset the runs read, prepared once here (idempotent), never by two runs side by side
     or by a pipeline's stage processes."""
     from . import data as mdata
-    from .train import resolve_data_dir
+    from .engine import resolve_data_dir
     for data_dir, cfg in {resolve_data_dir(c): c for c in cfgs}.items():
         mdata.prepare(cfg.data, data_dir)
 

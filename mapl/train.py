@@ -22,17 +22,26 @@ import sys
 import time
 from pathlib import Path
 
-from .checkpoint import CheckpointSlot
+# No torch at import: the CLI parses and validates its flags and config (mapl.config needs no torch) before
+# run() imports the engine, so a bad flag costs a start-up, not a torch import.
 from .cli import add_debug_flag, run_cli
 from .config import (EXECUTION_FIELDS, METHODS, PROJECT_ROOT, RESUMABLE_FIELDS, RunConfig, config_diff, config_hash,
                      load_params, load_run_config, parse_set)
-from .engine import LocalEngine, build_optimizers, resolve_data_dir
-from .io import OutputError, OutputLock, atomic_torch_save, atomic_write_json, check_writable
-from .loop import lr_factor, train
-from .results import provenance
+from .io import OutputError, OutputLock, check_writable
 
-__all__ = ["run", "main", "parse_args", "add_run_arguments", "config_from_args", "check_output_paths", "check_results_file",
-           "build_optimizers", "lr_factor", "resolve_data_dir", "atomic_write_json", "atomic_torch_save", "provenance"]
+__all__ = ["run", "main", "parse_args", "add_run_arguments", "config_from_args", "check_output_paths", "check_results_file"]
+
+# Names this module used to re-export, kept importable (notebooks/data.ipynb imports resolve_data_dir from here)
+# without importing torch with the CLI; code in the package imports them from the module named here.
+_MOVED = {"build_optimizers": "engine", "resolve_data_dir": "engine", "lr_factor": "loop", "provenance": "results",
+          "atomic_write_json": "io", "atomic_torch_save": "io"}
+
+
+def __getattr__(name: str):
+    if name in _MOVED:
+        import importlib
+        return getattr(importlib.import_module(f".{_MOVED[name]}", __package__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def check_output_paths(out: Path | None, ckpt: Path | None, ckpt_files: list[Path] | None = None) -> None:
@@ -83,6 +92,8 @@ def run(cfg: RunConfig, out: Path | None = None, ckpt: Path | None = None, progr
     from ``ckpt`` when it exists. ``on_step(step, steps, loss)`` is called after every optimizer step.
     Results of another config at ``out`` are refused unless ``replace_results`` (:func:`check_results_file`:
     after the checkpoint's own checks, whose messages say more about a resume)."""
+    from .engine import LocalEngine          # torch: only once a run starts (see the imports above)
+    from .loop import train
     started = time.time()
     check_output_paths(out, ckpt)
     with OutputLock(results=out, checkpoint=ckpt):        # a second run on the same paths is refused
@@ -143,10 +154,14 @@ def config_from_args(args) -> RunConfig:
 def _main(argv: list[str]) -> int:
     args = parse_args(argv)
     cfg = config_from_args(args)
+    # every check that needs no data, before torch loads; the result is discarded, as run() validates
+    # (and hashes) the config as given
+    cfg.validate()
     out = args.out or PROJECT_ROOT / "reports" / "results" / f"{cfg.name()}.json"
     ckpt = args.ckpt or PROJECT_ROOT / "checkpoints" / f"{cfg.name()}.pt"
     check_output_paths(out, ckpt)
     if args.fresh:
+        from .checkpoint import CheckpointSlot   # torch: after the config and paths are validated
         CheckpointSlot(ckpt).remove()
     res = run(cfg, out=out, ckpt=ckpt, progress=not args.no_progress, resume_with_changes=args.resume_with_changes,
               replace_results=args.replace_results)

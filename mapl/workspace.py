@@ -43,7 +43,8 @@ from pathlib import Path
 from .cli import EXIT_INTERRUPTED, EXIT_USER_ERROR
 from .config import PROJECT_ROOT
 
-__all__ = ["SMOKE_TARGETS", "MARKER", "Stopped", "checkout_files", "tool_env", "make_copy", "check_dir", "dvc", "repro", "smoke", "compare_outputs", "verify", "main"]
+__all__ = ["SMOKE_TARGETS", "MARKER", "Stopped", "checkout_files", "tool_env", "make_copy", "check_dir", "dvc", "repro", "smoke",
+           "compare_outputs", "verify", "main"]
 
 # what `make smoke` reproduces: the report and the planner on the profile, and everything they need
 # (prepare, train@*). plan-paper (profile-independent: no micro code path; a minute or two of crossover searches) is left out.
@@ -242,8 +243,8 @@ def smoke(root: Path = PROJECT_ROOT, keep: bool = False, capture: bool = False) 
     except BaseException:
         _done(dest, keep)
         raise
-    print(f"smoke: prepare, train@*, report and plan on micro, second repro a no-op, checkout untouched ({time.monotonic() - t0:.0f} s)",
-          flush=True)
+    print("smoke: prepare, train@*, report and plan on micro, second repro a no-op, checkout untouched "
+          f"({time.monotonic() - t0:.0f} s)", flush=True)
     _done(dest, keep)
     return (dest if keep else None), log
 

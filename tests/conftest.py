@@ -1,4 +1,9 @@
-"""Shared fixtures: a tiny local corpus (never downloads) and micro run configs."""
+"""Shared fixtures: tiny local corpora (never downloads) and micro run configs; the guard that keeps
+`make test-fast` in-process (see ``_no_child_processes``)."""
+import multiprocessing.process
+import os
+import random
+import subprocess
 from dataclasses import replace
 from pathlib import Path
 
@@ -28,6 +33,25 @@ def tiny_corpus(tmp_path_factory) -> Path:
     out = root / "prepared"
     prepare(DataConfig(source="text", paths=(str(root / "doc*.txt"),), tokenizer="byte"), out)
     return out
+
+
+# the multi-process tests' corpus (test_pipeline, test_runtime_*): one document per file, word salad
+WORDS = ("the king queen lord my good sir what shall we do now love heart death night day sword crown fair "
+         "speak hear thou art not to be or and with this that").split()
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """A byte-tokenized corpus from 12 small text files (one document each), prepared once."""
+    root = tmp_path_factory.mktemp("pipeline-corpus")
+    rng = random.Random(0)
+    for i in range(12):
+        lines = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 12))) + "." for _ in range(120)]
+        (root / f"doc{i:02d}.txt").write_text(f"Document {i}.\n" + "\n".join(lines) + "\n")
+    glob = str(root / "doc*.txt")
+    data_dir = root / "data"
+    prepare(DataConfig(source="text", paths=(glob,), tokenizer="byte"), data_dir)
+    return {"glob": glob, "data_dir": str(data_dir)}
 
 
 @pytest.fixture
@@ -62,3 +86,33 @@ def on_meta():
         yield
     finally:
         torch.set_default_device(None)
+
+
+# ---- `make test-fast`: in-process tests only ------------------------------------------------------
+# The markers (pyproject.toml) split the suite by cost: `process` tests start child processes (a CLI, the
+# launcher, pipeline ranks, dvc, papermill), each paying interpreter start-up and usually a torch import;
+# `slow` tests are long whatever they run. `make test-fast` deselects both and sets MAPL_TEST_IN_PROCESS=1,
+# under which an unmarked test that starts a child process fails and names the marker it lacks, so the fast
+# set stays fast as tests are added. `make test` runs everything and sets nothing.
+IN_PROCESS_ONLY = os.environ.get("MAPL_TEST_IN_PROCESS") == "1"
+
+
+class ChildProcessInFastTest(AssertionError):
+    pass
+
+
+@pytest.fixture(autouse=IN_PROCESS_ONLY)
+def _no_child_processes(request, monkeypatch):
+    if request.node.get_closest_marker("process") or request.node.get_closest_marker("slow"):
+        yield
+        return
+    name = request.node.nodeid
+
+    def refuse(what):
+        raise ChildProcessInFastTest(f"{name} starts a child process ({what}) but is not marked: add "
+                                     "@pytest.mark.process (or pytestmark = pytest.mark.process for the module)")
+
+    monkeypatch.setattr(subprocess.Popen, "_execute_child",
+                        lambda self, args, *a, **k: refuse(args if isinstance(args, str) else " ".join(map(str, args))))
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", lambda self: refuse(f"multiprocessing {self.name}"))
+    yield

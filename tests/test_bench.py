@@ -87,6 +87,7 @@ def _script(args: list[str], tmp: Path) -> dict:
     return json.loads((tmp / "b.json").read_text())
 
 
+@pytest.mark.process
 @pytest.mark.slow
 def test_costmodel_benchmark_runs_micro_cells_on_the_runtime(tmp_path):
     """benchmarks/costmodel.py reads the runtime's results (pipeline section of mapl.runtime.measure)."""
@@ -100,6 +101,7 @@ def test_costmodel_benchmark_runs_micro_cells_on_the_runtime(tmp_path):
         assert c["wire_bytes_match_meter"] and c["measured_step_s"] > 0 and c["runtime_clock_step_s"] > 0
 
 
+@pytest.mark.process
 @pytest.mark.slow
 def test_memory_benchmark_hooks_the_runtime_stage_build(tmp_path):
     """benchmarks/memory.py measures each rank around PipelineEngine._build_model (mapl.runtime.worker)."""

@@ -67,6 +67,7 @@ CASES = [
 ]
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("args,env,code,line,traceback", CASES, ids=[" ".join(c[0]) + str(c[1]) for c in CASES])
 def test_entry_point_exit_code_and_stderr(tmp_path, args, env, code, line, traceback):
     # SIGINT back to its default in the child: a test run started in the background by a shell
@@ -86,6 +87,7 @@ def test_entry_point_exit_code_and_stderr(tmp_path, args, env, code, line, trace
         assert len(lines) == 1, p.stderr
 
 
+@pytest.mark.process
 def test_usage_errors_keep_argparse_behaviour(tmp_path):
     p = subprocess.run([sys.executable, "-c", textwrap.dedent(ENTRY), "ok", "--bogus"], cwd=tmp_path, text=True,
                        capture_output=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
@@ -109,3 +111,34 @@ def test_label_names_the_rank(capsys):
     assert capsys.readouterr().err == "error: rank 2 (stage 2): non-finite boundary activation at step 7\n"
     assert error_line(KeyboardInterrupt(), label="rank 1") == "interrupted: rank 1"
     assert run_cli(lambda argv: None, ["--debug"], prog="p") == 0
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("args,message", [
+    (["--set", "train.steps=abc"], "error: train.steps='abc' is invalid: must be an integer"),
+    (["--method", "mapl", "--ratio", "3"], "error: compressor.ratio=3.0 is invalid: d_model=64 / ratio must be"),
+    (["--stages", "9"], "error: stages=9 is invalid: must be in [1, n_layers=4]"),
+])
+def test_train_cli_refuses_a_bad_config_before_importing_torch(tmp_path, args, message):
+    """A bad flag or setting costs the CLI's start-up, not a torch import (the fault table's config rows)."""
+    code = ("import sys, mapl.train as t\ncode = t.main(sys.argv[1:])\n"
+            "print('torch imported' if 'torch' in sys.modules else 'no torch')\nsys.exit(code)")
+    p = subprocess.run([sys.executable, "-c", code, "--profile", "micro", *args, "--out", str(tmp_path / "r.json"),
+                        "--ckpt", str(tmp_path / "r.pt")], cwd=ROOT, text=True, capture_output=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": str(ROOT), "MAPL_DEBUG": "0"})
+    assert p.returncode == EXIT_USER_ERROR and p.stderr.startswith(message), p.stderr
+    assert p.stdout.strip() == "no torch"
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.process
+def test_sweep_check_and_estimate_need_no_torch(tmp_path):
+    """DVC's first stage (`python -m mapl.sweep --check`) and `--estimate` read params.yaml and the configs
+    only: no torch import (count_params is arithmetic on the config, mapl/model_config.py)."""
+    code = ("import sys, mapl.sweep as s\ncode = s.main(sys.argv[1:])\n"
+            "print('torch imported' if 'torch' in sys.modules else 'no torch')\nsys.exit(code)")
+    for args, rc in [(["--check", "--stamp", str(tmp_path / "valid.txt")], 0), (["--profile", "nope", "--estimate"], 2)]:
+        p = subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT, text=True, capture_output=True, timeout=120,
+                           env={**os.environ, "PYTHONPATH": str(ROOT), "MAPL_DEBUG": "0"})
+        assert p.returncode == rc, p.stderr
+        assert p.stdout.strip().splitlines()[-1] == "no torch", p.stdout

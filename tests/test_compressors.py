@@ -10,7 +10,7 @@ from mapl.compress.ssn import SubspaceLinear
 from mapl.optim import stiefel_random
 from mapl.config import AnchorConfig, CompressorConfig, RVQConfig, RunConfig, TrainConfig
 from mapl.stages import build_staged_model
-from mapl.train import build_optimizers
+from mapl.engine import build_optimizers
 from mapl.wire import ByteMeter
 
 D, V = 64, 256
@@ -35,6 +35,7 @@ def _train_a_few_steps(sm, cfg, steps=5, seed=0):
     return sm
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stages", [2, 4])
 def test_ssn_is_lossless_at_every_boundary_during_training(stages):
     cfg = micro_cfg("ssn", ratio=4, stages=stages)
@@ -104,6 +105,7 @@ def test_int8_zero_rows_survive():
     assert torch.equal(comp.unpack(comp.pack(z), torch.float32), z)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("receiver_grad", ["exact", "drop"])
 def test_wire_transfer_and_projection_gradcheck_float64(receiver_grad):
     A = torch.linalg.qr(torch.randn(D, 16, dtype=torch.float64))[0]
@@ -152,7 +154,8 @@ def test_none_wire_is_bf16_rounding_only():
 
 
 @pytest.mark.parametrize("bad,field", [(dict(method="mapl", ratio=3), "ratio"), (dict(method="mapl", ratio=1), "ratio"),
-                                       (dict(method="zip"), "method"), (dict(method="mapl", ratio=4, anchor=AnchorConfig(kind="big")), "anchor"),
+                                       (dict(method="zip"), "method"),
+                                       (dict(method="mapl", ratio=4, anchor=AnchorConfig(kind="big")), "anchor"),
                                        (dict(method="mapl-rvq", ratio=4, rvq=RVQConfig(codebook_size=100)), "rvq.codebook_size"),
                                        (dict(method="mapl-rvq", ratio=4, rvq=RVQConfig(groups=5)), "rvq.groups")])
 def test_bad_compressor_config_names_the_field(bad, field):

@@ -61,7 +61,7 @@ CONTROLS = [
 def test_control_trains_with_its_bytes_and_parameters(micro_cfg, method, ratio, over):
     cfg = micro_cfg(method, ratio, **{"train.steps": 4, "train.eval_every": 4, **over})
     res = run(cfg, progress=False, log=lambda *a: None)
-    losses = [l for _, l in res["train_loss_curve"]]
+    losses = [loss for _, loss in res["train_loss_curve"]]
     assert len(losses) == 4 and all(torch.isfinite(torch.tensor(losses)))
     assert res["wire"]["measured"] == res["wire"]["declared"]
     vocab = 257                                   # the byte tokenizer's 256 bytes and its end-of-document id

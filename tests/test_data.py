@@ -212,7 +212,7 @@ def test_flipped_byte_is_refused_with_both_hashes_and_nothing_is_rebuilt(tmp_pat
 
 def test_missing_shard_is_refused_and_the_manifest_kept(tmp_path, monkeypatch):
     cfg = text_cfg(tmp_path, tokenizer="byte")
-    m = D.prepare(cfg, tmp_path / "out")
+    D.prepare(cfg, tmp_path / "out")
     (tmp_path / "out" / "train.bin").unlink()
     before = snapshot(tmp_path / "out")
     no_source(monkeypatch)                              # as with no network: the source cannot be read
@@ -329,6 +329,7 @@ print("read past the end without an error")
 """
 
 
+@pytest.mark.process
 def test_shard_truncated_mid_run_is_a_clear_error_not_sigbus(tmp_path):
     D.prepare(text_cfg(tmp_path, tokenizer="byte"), tmp_path / "out")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -738,6 +739,7 @@ def test_offline_parquet_and_mistral_route(tmp_path, monkeypatch):
     assert (tmp_path / "out" / "tokenizer.json").read_text() == tok.to_str()
 
 
+@pytest.mark.process
 def test_no_data_module_imports_mapl_config(tmp_path):
     """mapl.config imports mapl.data, so mapl.data must not import mapl.config when imported."""
     names = sorted(p.stem for p in (ROOT / "mapl" / "data").glob("*.py") if p.stem != "__main__")

@@ -1159,6 +1159,7 @@ def seeds(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("fault-seeds")
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("f", [_params(f) for f in FAULTS])
 def test_fault(f: Fault, tmp_path, tiny_corpus, seeds):
     with _row_folder(f, tmp_path) as folder:

@@ -27,7 +27,7 @@ def test_frozen_trunk_trains_only_the_boundaries_and_anchors(bench, tiny_corpus,
     anchors, a_p = 2 * 257 * 16, 64 * 16
     counts = {p: r["trainable_params"] for p, r in row["projectors"].items()}
     assert counts == {"spel": anchors + a_p, "fixed": anchors, "unconstrained": anchors + a_p}
-    for proj, r in row["projectors"].items():
+    for r in row["projectors"].values():
         assert len(r["train_loss_curve"]) == 4 and r["val_loss_curve"][-1][0] == 4
         assert r["delta_pct"] == pytest.approx(100 * (r["val_loss"] - ref) / ref)
         assert torch.isfinite(torch.tensor([r["val_before"], r["val_loss"]])).all()

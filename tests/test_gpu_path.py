@@ -149,6 +149,7 @@ def test_spel_result_does_not_depend_on_the_callers_matmul_precision(reduced_pre
     assert torch.equal(medium, _spel_once(p0, g)) and ortho_error(medium) < 1e-5
 
 
+@pytest.mark.process
 def test_spel_pins_ieee_fp32_through_the_new_precision_api_too():
     """A caller that set TF32 through the per-backend ``fp32_precision`` switches (reading the legacy
     flags then raises): SPEL sets and restores those instead (a fresh process: the mix is global)."""

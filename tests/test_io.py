@@ -48,6 +48,7 @@ else:
 """
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("kind,n", [("json", 150), ("torch", 40)])
 def test_two_processes_writing_one_path_never_collide(tmp_path, kind, n):
     # the old fixed name 'r.pt.tmp' made one writer die with [Errno 2] 'r.pt.tmp' -> 'r.pt'
@@ -136,6 +137,7 @@ sys.exit(run_cli(lambda argv: save(), [], prog="disk-full"))
 """
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("kind", ["json", "torch"])
 def test_disk_full_is_one_line_and_keeps_the_old_file(tmp_path, kind):
     path = tmp_path / "out.bin"
@@ -162,6 +164,7 @@ sys.exit(run_cli(act, [], prog="read-only"))
 """
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("what", ["check", "write"])
 def test_read_only_folder_is_one_line(what):
     # a folder every user can traverse (pytest's tmp_path is private to root)
@@ -217,6 +220,7 @@ with OutputLock(results=sys.argv[1], checkpoint=sys.argv[2]):
 """
 
 
+@pytest.mark.process
 def test_a_second_run_is_refused_with_the_holder_and_may_go_on_once_it_died(tmp_path):
     out, ckpt = tmp_path / "r.json", tmp_path / "r.pt"
     holder = _python(HOLDER, out, ckpt, "--marker-of-the-holder")

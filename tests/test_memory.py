@@ -10,7 +10,7 @@ from mapl.memory import (GiB, block_activation_bytes_per_token, check_plan, form
                          memory_plan)
 from mapl.model import Block, ModelConfig, rope_tables
 from mapl.stages import build_staged_model
-from mapl.train import build_optimizers
+from mapl.engine import build_optimizers
 
 
 def _nbytes(tensors) -> int:
@@ -229,6 +229,7 @@ def test_paper_shapes_agree_with_the_issue_figures():
     assert got == pytest.approx([1.72, 2.60, 3.82], abs=0.01)
 
 
+@pytest.mark.slow
 def test_rvq_search_transient_is_a_working_term_of_the_sender_stages():
     """MAPL+RVQ's search runs in the sender's forward: its temporaries (O(G·N) fused, the tile's
     distances with matmul, the k-means init's tile) are counted; never the (G, N, K) distance block."""

@@ -89,6 +89,7 @@ def _loss_and_grads(sm, ids, autocast):
     return loss.detach(), {n: p.grad.clone() for n, p in sm.named_parameters() if p.grad is not None}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["mapl", "mapl-rvq"])
 @pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16-autocast"])
 def test_activation_checkpointing_changes_nothing_but_memory(method, autocast):

@@ -17,8 +17,8 @@ from mapl.config import load_params
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ("data", "train", "report", "when_it_pays")
-GROUPS = ["main", "seeds", "ablations", "long", "longer", "tokens", "width", "rvq_sync", "rvq_scaled", "lr_check", "tune", "tune2",
-          "decompose", "learned_fixed_4x", "corpus", "blocks"]
+GROUPS = ["main", "seeds", "ablations", "long", "longer", "tokens", "width", "rvq_sync", "rvq_scaled", "lr_check", "tune",
+          "tune2", "decompose", "learned_fixed_4x", "corpus", "blocks"]
 DVC = yaml.safe_load((ROOT / "dvc.yaml").read_text())
 VALIDATED = "reports/params-valid.txt"      # the validate stage's stamp: every other stage depends on it
 # modules a training run imports that cannot change its numbers (so they are not training sources)
@@ -273,11 +273,13 @@ def test_train_deps_are_the_fingerprinted_sources():
     assert {"mapl/report.py", "mapl/report", "mapl/link.py"}.isdisjoint(deps)   # editing the report never retrains
 
 
+@pytest.mark.process
 def test_training_imports_only_fingerprinted_modules():
     """Every mapl module a training run imports is a training source (or orchestration that cannot
     change numbers): a new module must be added to TRAIN_SOURCES and dvc.yaml, or the reuse of
     checkpoints would survive a change to it."""
-    code = ("import sys, pkgutil, importlib, mapl.train, mapl.sweep, mapl.compress\n"
+    # mapl.train imports the engine only when a run starts: import what run() imports too
+    code = ("import sys, pkgutil, importlib, mapl.train, mapl.engine, mapl.loop, mapl.sweep, mapl.compress\n"
             "for m in pkgutil.walk_packages(mapl.compress.__path__, 'mapl.compress.'): importlib.import_module(m.name)\n"
             "print('\\n'.join(sorted(m.__file__ for n, m in sys.modules.items() if n.startswith('mapl') and m.__file__)))")
     files = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()

@@ -372,7 +372,7 @@ def test_spel_bf16_gradients_keep_fp32_param_on_manifold(seed):
     W = torch.randn(d, d, generator=g)
     X = torch.randn(64, d, generator=g)
     opt = SPEL([A], lr=0.02)
-    for i in range(300):
+    for _ in range(300):
         opt.zero_grad()
         with torch.autocast("cpu", dtype=torch.bfloat16):
             loss = ((X @ A @ A.T - X @ W) ** 2).mean()      # bf16 matmuls inside autocast
@@ -452,6 +452,7 @@ def test_spel_closure_returns_loss():
     assert loss is not None and A.grad is not None and ortho_error(A) < 1e-6
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16-autocast"])
 def test_orthogonality_holds_over_10k_spel_steps(autocast):
     """Long-run stability (reliability issue): 10,000 SPEL steps on a real objective, fp32 parameter,

@@ -20,32 +20,15 @@ from pathlib import Path
 import pytest
 import torch
 
-import mapl.data as mdata
 import mapl.train as mtrain
 from mapl.link import (IDEAL, PROFILES, LinkProfile, StepMeasurement, estimate, floor_time, get_profile, simulate,
                        step_time, steps_to_target, time_to_target)
 from mapl.pipeline import launch, rank_ckpt_path
 
 PROJECT = Path(__file__).resolve().parents[1]
-WORDS = ("the king queen lord my good sir what shall we do now love heart death night day sword crown fair "
-         "speak hear thou art not to be or and with this that").split()
 
 
-# ---- fixtures ---------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    """A byte-tokenized corpus from 12 small text files (one document each), prepared once."""
-    root = tmp_path_factory.mktemp("pipeline-corpus")
-    rng = random.Random(0)
-    for i in range(12):
-        lines = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 12))) + "." for _ in range(120)]
-        (root / f"doc{i:02d}.txt").write_text(f"Document {i}.\n" + "\n".join(lines) + "\n")
-    glob = str(root / "doc*.txt")
-    data_dir = root / "data"
-    mdata.prepare(mdata.DataConfig(source="text", paths=(glob,), tokenizer="byte"), data_dir)
-    return {"glob": glob, "data_dir": str(data_dir)}
-
-
+# ---- helpers (the `corpus` fixture is in conftest.py: test_runtime_* share it) --------------------
 def base_args(corpus, method, stages, schedule="gpipe", micro_batches=None, ratio=4):
     args = ["--profile", "micro", "--method", method, "--stages", str(stages), "--set", f"train.schedule={schedule}",
             "--set", "data.source=text", "--set", f"data.paths={json.dumps([corpus['glob']])}",
@@ -110,6 +93,7 @@ def assert_parity(res, ref, nprocs, launcher, tol=0.0):
 
 
 # ---- parity (multi-process vs single-process) -------------------------------------------------
+@pytest.mark.process
 def test_parity_none_p2_gpipe_accelerate_with_real_link_delay(corpus, tmp_path):
     """accelerate launch form; real-delay mode on (it changes timing, never numbers): the wall
     clock per step must agree with the virtual clock fed with the run's own measurements."""
@@ -124,6 +108,7 @@ def test_parity_none_p2_gpipe_accelerate_with_real_link_delay(corpus, tmp_path):
     assert ld["model_step_s"] > 4 * 0.03           # critical path: 1 fwd + 1 bwd latency + 2 for the all-reduce
 
 
+@pytest.mark.process
 def test_parity_none_p4_1f1b_torchrun(corpus, tmp_path):
     args = base_args(corpus, "none", 4, "1f1b", micro_batches=4)
     ref = reference(args)
@@ -131,6 +116,7 @@ def test_parity_none_p4_1f1b_torchrun(corpus, tmp_path):
     assert assert_parity(res, ref, 4, "torchrun") == 0.0
 
 
+@pytest.mark.process
 def test_parity_mapl_p2_1f1b_accelerate_blocking_transport(corpus, tmp_path):
     args = base_args(corpus, "mapl", 2, "1f1b")
     ref = reference(args)
@@ -142,6 +128,7 @@ def test_parity_mapl_p2_1f1b_accelerate_blocking_transport(corpus, tmp_path):
     assert res["ortho_max_err"] is not None and res["ortho_max_err"] < 1e-4
 
 
+@pytest.mark.process
 def test_parity_mapl_p4_gpipe_survives_a_killed_rank_and_resumes(corpus, tmp_path):
     """Kill stage 1 of 4 in the middle of step 3: every process exits non-zero within 60 s (the dead
     one with 1, the others with a message naming the failed operation, peer and step). The rerun
@@ -170,6 +157,7 @@ def test_parity_mapl_p4_gpipe_survives_a_killed_rank_and_resumes(corpus, tmp_pat
     assert_parity(res, ref, 4, "env")
 
 
+@pytest.mark.process
 def test_diverged_projector_copy_is_detected_by_its_checksum(corpus, tmp_path):
     """The receiver's copy of A_0 is corrupted on arrival (fault injection): the checksum exchange
     after each evaluation reports the boundary, and the results JSON records the mismatch."""
@@ -181,6 +169,7 @@ def test_diverged_projector_copy_is_detected_by_its_checksum(corpus, tmp_path):
     assert res["pipeline"]["state_checksum_match"] == [False]
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("method", ["none", "mapl"])
 def test_sigterm_on_one_rank_stops_all_after_the_same_step_and_resume_is_exact(corpus, tmp_path, method):
     """A real SIGTERM on rank 1 in the middle of step 3: the stop request rides on that step's
@@ -205,6 +194,7 @@ def test_sigterm_on_one_rank_stops_all_after_the_same_step_and_resume_is_exact(c
     assert assert_parity(json.loads(out.read_text()), ref, 2, "env") == 0.0
 
 
+@pytest.mark.process
 def test_killed_rank_under_accelerate_fails_the_launch_fast(corpus, tmp_path):
     args = base_args(corpus, "none", 2) + ["--out", str(tmp_path / "x.json"), "--ckpt", str(tmp_path / "x.pt")]
     r = launch(args, 2, launcher="accelerate", timeout=120,
@@ -214,6 +204,7 @@ def test_killed_rank_under_accelerate_fails_the_launch_fast(corpus, tmp_path):
     assert "MAPL_FAULT: rank 1" in r.stderr
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("nprocs,schedule,launcher,blocking", [(2, "gpipe", "accelerate", False),
                                                                  (4, "1f1b", "torchrun", True)])
 def test_mapl_rvq_parity(corpus, tmp_path, nprocs, schedule, launcher, blocking):
@@ -225,6 +216,7 @@ def test_mapl_rvq_parity(corpus, tmp_path, nprocs, schedule, launcher, blocking)
     assert_parity(res, ref, nprocs, launcher)
 
 
+@pytest.mark.process
 @pytest.mark.slow
 @pytest.mark.parametrize("method", ["none", "int8", "ssn", "mapl", "mapl-rvq"])
 @pytest.mark.parametrize("nprocs,schedule", [(2, "gpipe"), (4, "1f1b")])
@@ -238,6 +230,7 @@ def test_blocking_transport_parity_every_method(corpus, tmp_path, method, nprocs
     assert_parity(res, ref, nprocs, "env")
 
 
+@pytest.mark.process
 def test_a_process_count_that_is_no_multiple_of_the_stages_is_refused(corpus, tmp_path):
     r = launch([*base_args(corpus, "none", 2), "--out", str(tmp_path / "x.json"), "--ckpt", str(tmp_path / "x.pt")],
                3, launcher="direct", timeout=120)
@@ -295,7 +288,7 @@ def test_virtual_clock_channel_is_fifo():
 
 def test_faster_link_is_never_slower_and_floor_is_a_bound():
     rng = random.Random(1)
-    for trial in range(40):
+    for _ in range(40):
         P, M = rng.randint(2, 5), rng.randint(1, 6)
         sched = rng.choice(["gpipe", "1f1b"]) if M >= P else "gpipe"
         meas = StepMeasurement(sched, [[rng.uniform(0.01, 0.2) for _ in range(M)] for _ in range(P)],

@@ -97,6 +97,7 @@ def test_full_batches_keep_the_plain_mean_bit_for_bit(micro_cfg):
     assert engine.evaluate(0).val == float(total) / len(batches)
 
 
+@pytest.mark.process
 @pytest.mark.slow
 def test_pipeline_validation_loss_is_the_same_for_every_eval_batch_size_and_replica_count(tmp_path, tiny_corpus):
     """The multi-process runtime weighs each replica's batches by their tokens too: R = 2 with batches of 5
@@ -120,6 +121,7 @@ def test_pipeline_validation_loss_is_the_same_for_every_eval_batch_size_and_repl
 
 
 # ---- the launcher never waits without limit (mapl.runtime.launch) ------------------------------------------
+@pytest.mark.process
 def test_a_stopped_rank_is_stopped_by_the_launcher_once_another_ended():
     """Rank 0 ends (exit 3, as after a peer timeout); rank 1 is SIGSTOPped (it can act on no signal but
     SIGKILL): the launcher stops it ``grace_s`` later instead of waiting forever."""
@@ -144,6 +146,7 @@ def test_a_stopped_rank_is_stopped_by_the_launcher_once_another_ended():
     assert time.time() - t0 < 1.0 + 5.0 + 3.0 and exit_s[0] < exit_s[1]
 
 
+@pytest.mark.process
 def test_without_grace_every_rank_is_waited_for():
     import subprocess
     import sys
@@ -213,6 +216,7 @@ def test_workspace_dir_must_be_new_empty_or_a_workspace(tmp_path):
         check_dir(PROJECT_ROOT / "reports" / "ws")
 
 
+@pytest.mark.process
 def test_stopping_a_command_stops_every_process_below_it(tmp_path):
     """What SIGTERM to `mapl.workspace` does to DVC and its children: the whole tree goes, even a child
     that ignores SIGTERM (SIGKILL after the grace)."""

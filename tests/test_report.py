@@ -24,7 +24,8 @@ def result(method="none", ratio=1, seed=0, steps=300, loss=4.0, projector=None, 
     fwd = {"none": 2 * d, "int8": d + 2}.get(method, 2 * d / ratio / (2 if method == "mapl-rvq" else 1))
     bwd = fwd if method != "mapl-rvq" else 2 * d / ratio
     tokens, b = steps * 2048, stages - 1
-    per_token = {"fwd": fwd, "bwd": bwd, "ids": 2 if projector else 0, "state": 8 if projector in ("spel", "unconstrained") else 0,
+    per_token = {"fwd": fwd, "bwd": bwd, "ids": 2 if projector else 0,
+                 "state": 8 if projector in ("spel", "unconstrained") else 0,
                  "piggyback": (0.5 if sync == "stream" else 64) if method == "mapl-rvq" else 0}
     run = name or f"{model}-P{stages}-{method}-{ratio}x-{projector}-{anchor}-n{steps}-s{seed}"
     return {

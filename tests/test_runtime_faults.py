@@ -16,7 +16,9 @@ import torch
 from mapl.pipeline import launch, rank_ckpt_path
 from mapl.runtime.launch import free_port
 
-from test_pipeline import base_args, corpus  # noqa: F401 -- the shared corpus fixture
+from test_pipeline import base_args
+
+pytestmark = pytest.mark.process          # every test here launches pipeline ranks
 
 PROJECT = Path(__file__).resolve().parents[1]
 MAPL_FRAMES = f'File "{PROJECT / "mapl"}'          # a traceback line inside our code
@@ -29,7 +31,7 @@ def _env(**extra) -> dict:
     return env
 
 
-def test_ctrl_c_on_the_self_launched_pipeline_stops_every_rank_and_the_launcher_with_130(corpus, tmp_path):  # noqa: F811
+def test_ctrl_c_on_the_self_launched_pipeline_stops_every_rank_and_the_launcher_with_130(corpus, tmp_path):
     """`python -m mapl.pipeline` without a launcher starts its ranks itself. SIGINT to that command (as
     Ctrl-C) stops both ranks after the same step: one line per rank, exit 130 from the ranks and the
     command, no traceback, per-rank checkpoints of the same step; the same command then resumes."""
@@ -53,7 +55,7 @@ def test_ctrl_c_on_the_self_launched_pipeline_stops_every_rank_and_the_launcher_
     assert f"at step {steps[0]}" in p.stdout and json.loads((tmp_path / "r.json").read_text())["steps"] == 20
 
 
-def test_graceful_stop_under_accelerate_is_130_with_one_line_per_rank(corpus, tmp_path):     # noqa: F811
+def test_graceful_stop_under_accelerate_is_130_with_one_line_per_rank(corpus, tmp_path):
     """Under accelerate each rank exits 130 with one line and no traceback from mapl; accelerate itself
     reports a failed child (its own exit 1), which ``launch`` reads through the ranks' status files."""
     io = ["--out", str(tmp_path / "r.json"), "--ckpt", str(tmp_path / "r.pt")]
@@ -74,7 +76,7 @@ def _state(pid: int) -> str:
 
 
 @pytest.mark.skipif(not Path("/proc").exists(), reason="needs /proc to follow the orphaned processes")
-def test_stage_processes_stop_when_their_launcher_is_killed(corpus, tmp_path):     # noqa: F811
+def test_stage_processes_stop_when_their_launcher_is_killed(corpus, tmp_path):
     """SIGKILL the launcher mid-run: its stage processes get SIGTERM from the kernel (parent-death
     signal), stop gracefully after the step in flight, write their checkpoints and exit."""
     ckpt = tmp_path / "o.pt"
@@ -103,7 +105,7 @@ def test_stage_processes_stop_when_their_launcher_is_killed(corpus, tmp_path):  
     assert steps[0] == steps[1] and 0 < steps[0] < 2000
 
 
-def test_ranks_wait_for_a_slow_data_verification_without_timing_out(corpus, tmp_path):     # noqa: F811
+def test_ranks_wait_for_a_slow_data_verification_without_timing_out(corpus, tmp_path):
     """Rank 0 opens (verifies) the data for longer than the training timeout: rank 1 waits (saying so)
     instead of reporting a dead peer, and the run completes."""
     io = ["--out", str(tmp_path / "w.json"), "--ckpt", str(tmp_path / "w.pt"), "--steps", "2", "--timeout", "2"]

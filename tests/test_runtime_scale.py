@@ -9,7 +9,9 @@ import pytest
 from mapl.pipeline import launch
 from mapl.runtime.launch import launch_machines
 
-from test_pipeline import base_args, corpus, reference  # noqa: F401 -- the shared corpus fixture
+from test_pipeline import base_args, reference
+
+pytestmark = pytest.mark.process          # every test here launches pipeline ranks
 
 
 def _losses(res):
@@ -17,7 +19,7 @@ def _losses(res):
 
 
 @pytest.mark.parametrize("method", [pytest.param("none", marks=pytest.mark.slow), "mapl"])
-def test_two_replicas_of_a_two_stage_pipeline_train_like_one(corpus, tmp_path, method):     # noqa: F811
+def test_two_replicas_of_a_two_stage_pipeline_train_like_one(corpus, tmp_path, method):
     """P = 2 stages x R = 2 replicas on 4 processes, the global batch split between the replicas and the
     gradients summed per stage: the losses are those of one pipeline with the same global batch and
     micro-batches of the same size, up to the order of the floating-point sums. The first step is the
@@ -42,7 +44,7 @@ def test_two_replicas_of_a_two_stage_pipeline_train_like_one(corpus, tmp_path, m
     assert all(pipe["state_checksum_match"])
 
 
-def test_data_parallel_mapl_rvq_is_refused_in_one_line(corpus, tmp_path):     # noqa: F811
+def test_data_parallel_mapl_rvq_is_refused_in_one_line(corpus, tmp_path):
     r = launch([*base_args(corpus, "mapl-rvq", 2, "gpipe"), "--out", str(tmp_path / "x.json"), "--ckpt",
                 str(tmp_path / "x.pt")], 4, launcher="direct", timeout=240)
     assert set(r.rank_returncodes) == {2}, r.stderr[-2000:]
@@ -50,7 +52,7 @@ def test_data_parallel_mapl_rvq_is_refused_in_one_line(corpus, tmp_path):     # 
 
 
 @pytest.mark.slow
-def test_two_machine_launch_on_loopback(corpus, tmp_path):     # noqa: F811
+def test_two_machine_launch_on_loopback(corpus, tmp_path):
     """Two `accelerate launch --multi_gpu --num_machines 2 --machine_rank 0/1 --num_processes 2` on
     127.0.0.1 (one process per "machine"): one 2-stage pipeline across both, bit-identical to one process."""
     args = base_args(corpus, "mapl", 2, "1f1b")

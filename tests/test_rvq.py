@@ -130,6 +130,7 @@ print(status("VmHWM") - base, search_transient_bytes(N, G, R, K, ds, kernel="fus
 """
 
 
+@pytest.mark.process
 @pytest.mark.slow
 @pytest.mark.skipif(not os.access("/proc/self/clear_refs", os.W_OK), reason="needs Linux's resettable peak RSS")
 def test_fused_search_transient_memory_is_o_of_tokens_times_groups():

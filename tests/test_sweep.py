@@ -14,8 +14,8 @@ from mapl.progress import GroupClock, StepProgress, estimate_core_seconds, estim
 from mapl.train import config_from_args, parse_args
 
 PARAMS = load_params()
-GROUPS = ["main", "seeds", "ablations", "long", "longer", "tokens", "width", "rvq_sync", "rvq_scaled", "lr_check", "tune", "tune2",
-          "decompose", "learned_fixed_4x", "corpus", "blocks"]
+GROUPS = ["main", "seeds", "ablations", "long", "longer", "tokens", "width", "rvq_sync", "rvq_scaled", "lr_check", "tune",
+          "tune2", "decompose", "learned_fixed_4x", "corpus", "blocks"]
 
 
 def cfgs(group, profile="cpu"):
@@ -27,6 +27,7 @@ def test_every_profile_lists_every_group():
         assert sorted(sweep.group_names(profile, PARAMS)) == sorted(GROUPS), profile
 
 
+@pytest.mark.slow
 def test_cpu_groups_are_the_planned_grid():
     sizes = {g: len(cfgs(g)) for g in GROUPS}
     assert sizes == {"main": 11, "seeds": 16, "ablations": 5, "long": 40, "longer": 0, "tokens": 6, "width": 6,
@@ -164,7 +165,7 @@ def test_reuse_decisions(tmp_path):
 
 
 def test_stamp_keeps_the_results_layout(tmp_path):
-    from mapl.train import atomic_write_json
+    from mapl.io import atomic_write_json
     out = tmp_path / "r.json"
     atomic_write_json(out, {"run": "r", "val_loss": 1.25, "provenance": {"config_hash": "abc"}, "z": [1, 2]})
     reuse.stamp_results(out, "f00d")

@@ -11,7 +11,7 @@ from mapl.train import main, run
 
 
 def _losses(res):
-    return [l for _, l in res["train_loss_curve"]]
+    return [loss for _, loss in res["train_loss_curve"]]
 
 
 @pytest.mark.parametrize("method,ratio", [("none", 1), ("int8", 1), ("ssn", 4), ("mapl", 4), ("mapl-rvq", 4)])

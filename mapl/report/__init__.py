@@ -26,20 +26,20 @@ projection 8x is 16x on the wire. Every table says which it shows.
 """
 import sys
 
-from .claims import *  # noqa: F401,F403
-from .data_stats import *  # noqa: F401,F403
-from .figures import *  # noqa: F401,F403
-from .metrics import *  # noqa: F401,F403
-from .paper import *  # noqa: F401,F403
-from .plots import *  # noqa: F401,F403
-from .render import *  # noqa: F401,F403
-from .rows import *  # noqa: F401,F403
-from .stats import *  # noqa: F401,F403
-from .studies import *  # noqa: F401,F403
-from .style import *  # noqa: F401,F403
-from .table import *  # noqa: F401,F403
-from .tables import *  # noqa: F401,F403
-from .ttt import *  # noqa: F401,F403
+from .claims import *
+from .data_stats import *
+from .figures import *
+from .metrics import *
+from .paper import *
+from .plots import *
+from .render import *
+from .rows import *
+from .stats import *
+from .studies import *
+from .style import *
+from .table import *
+from .tables import *
+from .ttt import *
 
 # (the functions ``metrics`` and ``style`` shadow their modules here: read the modules from sys.modules)
 _MODULES = ("rows", "stats", "paper", "style", "table", "tables", "studies", "figures", "plots", "ttt", "metrics",

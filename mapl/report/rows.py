@@ -37,7 +37,8 @@ from typing import Iterable, Sequence
 
 from ..config import METHODS
 
-__all__ = ["GROUP_ORDER", "TUNING_GROUPS", "OTHER_CORPUS_GROUPS", "METHOD_ORDER", "KEY", "ResultsError", "results_dir", "row_from_result", "load_results", "select",
+__all__ = ["GROUP_ORDER", "TUNING_GROUPS", "OTHER_CORPUS_GROUPS", "METHOD_ORDER", "KEY", "ResultsError", "results_dir",
+           "row_from_result", "load_results", "select",
            "total_bytes_per_token", "variant_of", "is_default", "run_key", "group_runs", "sort_key",
            "main_model", "budget_steps", "at_best_validation", "train_split_tokens"]
 

@@ -20,7 +20,8 @@ from .table import DASH, Table, fmt, fmt_ci, fmt_int, fmt_pct, fmt_pm
 from .tables import NO_RUNS, main_budget
 
 __all__ = ["STUDY_VARIANTS", "COMPARISONS", "headline_ratio", "headline_summaries", "comparisons", "headline_table",
-           "paired_table", "tested_comparisons", "PRIMARY", "runs_table", "token_points", "token_table", "width_points", "width_table", "gap_sentence"]
+           "paired_table", "tested_comparisons", "PRIMARY", "runs_table", "token_points", "token_table", "width_points",
+           "width_table", "gap_sentence"]
 
 STUDY_VARIANTS = ("none", "ssn", "mapl", "mapl-fixed", "mapl-rvq", "mapl-rvq-scaled")
 # (A, B): the paired difference Δ%(A) - Δ%(B) at the same projection ratio d/r

@@ -77,7 +77,8 @@ class Table:
 
 def to_markdown(header, body) -> str:
     """A GitHub Markdown table (cells converted with ``str``; ``|`` escaped)."""
-    cell = lambda c: str(c).replace("|", "\\|")          # noqa: E731
+    def cell(c) -> str:
+        return str(c).replace("|", "\\|")
     lines = ["| " + " | ".join(map(cell, header)) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(map(cell, row)) + " |" for row in body]
     return "\n".join(lines) + "\n"

@@ -18,7 +18,8 @@ from .style import fmt_ratio, label, variant_label
 from .table import DASH, Table, fmt, fmt_ci, fmt_int, fmt_pct, fmt_pm
 
 __all__ = ["main_budget", "table1_summaries", "table1", "paper_table1_table", "ablation_table", "seed_table",
-           "diagnostics_table", "rvq_sync_table", "tuning_table", "tuning_score", "lr_check_table", "val_loss_table", "order_sentence"]
+           "diagnostics_table", "rvq_sync_table", "tuning_table", "tuning_score", "lr_check_table", "val_loss_table",
+           "order_sentence"]
 
 NO_RUNS = "no runs in group {}: nothing to show."
 
@@ -112,7 +113,8 @@ def order_sentence(ours: dict[str, float], theirs: dict[str, float], names: dict
     common = [k for k in ours if k in theirs]
     mine = sorted(common, key=ours.get)
     paper_order = sorted(common, key=theirs.get)
-    show = lambda order, d: " < ".join(f"{names[k]} {fmt_pct(d[k])}" for k in order)   # noqa: E731
+    def show(order, d) -> str:
+        return " < ".join(f"{names[k]} {fmt_pct(d[k])}" for k in order)
     if mine == paper_order:
         return f"{show(mine, ours)}: the same order as the paper's."
     return f"ours {show(mine, ours)}; the paper's {show(paper_order, theirs)}: the orders differ."
@@ -211,7 +213,7 @@ def _geometry_takeaway(geo: dict) -> str:
             + (f" (fixed projector {fixed['captured']:.2f})" if fixed else "")
             + f", the best rank-{g['rank']} basis {g['pca']:.2f}"
             + (f"; adjacent boundaries {g['adjacent']:.0f}° apart. " if g["adjacent"] is not None else ". ")
-            + 
+            +
             f"Paper ({learned_p['scale']}, r = 128, {learned_p['certainty']}): {learned_p['value']:.2f} learned vs "
             f"{fixed_p['value']:.2f} fixed; {adj_p['value']:g}° between adjacent stages.")
     return text

@@ -130,8 +130,9 @@ def time_to_target_table(ttt: Sequence[dict]) -> Table:
 
 def _by_line(ttt: Sequence[dict]) -> dict[tuple, list[dict]]:
     lines: dict[tuple, list[dict]] = {}
-    order = lambda t: (METHOD_ORDER.index(t["method"]) if t["method"] in METHOD_ORDER else 99,   # noqa: E731
-                       t["wire_ratio"] or 0, t["latency_s"], t["bandwidth_bps"])
+    def order(t: dict) -> tuple:
+        return (METHOD_ORDER.index(t["method"]) if t["method"] in METHOD_ORDER else 99, t["wire_ratio"] or 0,
+                t["latency_s"], t["bandwidth_bps"])
     for t in sorted(ttt, key=order):
         lines.setdefault((t["method"], t["wire_ratio"], t["latency_s"]), []).append(t)
     return lines

@@ -122,7 +122,7 @@ class Transport:
         buf = torch.empty(message_bytes(specs) + (8 if stamped else 0), dtype=torch.uint8, device=self.device)
         try:
             work = dist.irecv(buf, peer, group=self._group(what), tag=TAGS[what])
-        except Exception as e:          # noqa: BLE001
+        except Exception as e:          # noqa: BLE001 -- any backend error is a comm failure (_fail names it)
             self._fail(f"receive of {_NAMES[what]} from {self._peer(peer)}", e)
         return PendingRecv(work, buf, list(specs), peer, what, stamped)
 
@@ -130,7 +130,7 @@ class Transport:
         t0 = self.clock.start()
         try:
             rx.work.wait()
-        except Exception as e:          # noqa: BLE001
+        except Exception as e:          # noqa: BLE001 -- any backend error is a comm failure (_fail names it)
             self._fail(f"receive of {_NAMES[rx.what]} from {self._peer(rx.peer)}", e)
         buf = rx.buf
         if rx.stamped:
@@ -168,7 +168,7 @@ class Transport:
         try:
             for work, _ in self.pending:
                 work.wait()
-        except Exception as e:          # noqa: BLE001
+        except Exception as e:          # noqa: BLE001 -- any backend error is a comm failure (_fail names it)
             self._fail("completing sends to the neighbour stages", e)
         finally:
             self.pending = []
@@ -179,7 +179,7 @@ class Transport:
         t0 = self.clock.start()
         try:
             dist.all_reduce(t, group=group or self.world)
-        except Exception as e:          # noqa: BLE001
+        except Exception as e:          # noqa: BLE001 -- any backend error is a comm failure (_fail names it)
             self._fail(f"all-reduce of {what}", e)
         self.clock.stop("wait", t0)
         return t
@@ -188,6 +188,6 @@ class Transport:
         out = [None] * dist.get_world_size()
         try:
             dist.all_gather_object(out, obj, group=self.world)
-        except Exception as e:          # noqa: BLE001
+        except Exception as e:          # noqa: BLE001 -- any backend error is a comm failure (_fail names it)
             self._fail(f"all-gather of {what}", e)
         return out

@@ -45,9 +45,9 @@ class RVQCompressor(Compressor):
 
     Order of operations. ``pack(z)``: (1) search -> indices; (2) if training: EMA update (version
     v+1), or the k-means init on the first training message; (3) sync tensors read from the
-    *updated* codebooks (the message carrying the init carries the whole codebook, in every mode). ``unpack(payload)``: (1) unpack indices;
-    (2) decode with the receiver copy; (3) apply the sync tensors to the receiver copy. So message i
-    is decoded with what messages < i delivered. The very first training message, whose indices come
+    *updated* codebooks (the message carrying the init carries the whole codebook, in every mode).
+    ``unpack(payload)``: (1) unpack indices; (2) decode with the receiver copy; (3) apply the sync tensors to the
+    receiver copy. So message i is decoded with what messages < i delivered. The very first training message, whose indices come
     from the pre-k-means codebooks, is decoded with the equally pre-k-means receiver copy.
 
     ``search_with`` (config default ``"receiver"``): searches the sender's *shadow* of the receiver
