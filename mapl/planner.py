@@ -56,7 +56,8 @@ def load_runs(results_dir: str | Path, groups: Iterable[str] | None = None, vari
     keep = set(groups) if groups is not None else None
     return [{"run": r["run"], "group": r["group"], "model": r["model"], "method": r["method"], "variant": r["variant"],
              "ratio": ratio_key(r["method"], r["wire_ratio"])[1], "projection_ratio": r["projection_ratio"],
-             "steps": int(r["steps"]), "seed": int(r["seed"]), "final": float(r["val_loss"]), "curve": r["val_loss_curve"]}
+             "steps": int(r["steps"]), "seed": int(r["seed"]), "final": float(r["val_loss"]), "curve": r["val_loss_curve"],
+             "select_curve": r["select_loss_curve"]}
             for r in rows if r["val_loss_curve"] and (variants or r["variant"] == r["method"])
             and (keep is None or r["group"] in keep)]
 
@@ -97,9 +98,12 @@ def _spread(values: Sequence[float]) -> dict:
 
 
 def best_loss(run: dict) -> float:
-    """A run's lowest validation loss (the best point of its curve; its final loss without a curve): the
-    rule of :func:`mapl.report.rows.at_best_validation`, on the planner's own run dicts."""
-    return float(min((v for _, v in run.get("curve") or []), default=run["final"]))
+    """A run's validation loss at its best step: :func:`mapl.report.rows.at_best_validation` itself (the
+    step chosen on the selection set where the run has one), on the planner's own run dicts."""
+    from .report.rows import at_best_validation
+    row = {"steps": run["steps"], "val_loss": run["final"], "val_loss_curve": run.get("curve") or [],
+           "select_loss_curve": run.get("select_curve") or []}
+    return float(at_best_validation([row])[0]["val_loss"])
 
 
 def steps_ratios(runs: Sequence[dict], target_pct: float = 2.0) -> list[dict]:
