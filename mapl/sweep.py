@@ -224,9 +224,12 @@ def _pool_worker(args) -> dict:
     from .train import run
     reuse.mark_code(job.ckpt, fingerprint)
     t0 = time.time()
+    from .loop import Interrupted
     try:
         res = run(job.cfg, out=job.out, ckpt=job.ckpt, progress=False, log=lambda *a, **k: None,
                   on_step=StepProgress(job.k, job.n, job.name, every_s) if every_s else None)
+    except Interrupted as e:         # a stop signal: the checkpoint is written; the group stops (_run_pool)
+        return {"k": job.k, "run": job.name, "interrupted": str(e)}
     except Exception as e:           # noqa: BLE001 -- one failed run must not take the group down; it is reported
         return {"k": job.k, "run": job.name, "error": f"{type(e).__name__}: {e}"}
     reuse.stamp_results(job.out, fingerprint)
@@ -239,6 +242,12 @@ def _run_pool(jobs: list[Job], workers: int, every_s: float, fingerprint: str, c
     by_k = {j.k: j for j in jobs}
     with ctx.Pool(min(workers, len(jobs)), maxtasksperchild=1) as pool:
         for st in pool.imap_unordered(_pool_worker, [(j, every_s, fingerprint) for j in jobs]):
+            if "interrupted" in st:
+                # Was: the worker's KeyboardInterrupt escaped the pool, which lost the task and started the
+                # next runs. Now nothing new starts; leaving the block terminates the pool (SIGTERM), and a
+                # run still in flight stops after its step with its checkpoint written, as on Ctrl-C.
+                yield st
+                return
             if clock:
                 clock.finished(by_k[st["k"]], "failed" if "error" in st else f"val {st['val_loss']:.4f}")
             yield st
@@ -389,6 +398,11 @@ def run_many(profile: str, specs: list[dict], out_dir: Path, jobs: int = 0, log=
         status += list(_run_pool(todo, launcher.jobs, progress_every, fingerprint, clock))
     elif todo:
         status += _run_launched(todo, profile, launcher, fingerprint, clock)
+    stopped = [s for s in status if "interrupted" in s]
+    if stopped:
+        from .loop import Interrupted
+        raise Interrupted(f"group {group or Path(out_dir).name} stopped by a signal during {stopped[0]['run']} "
+                          f"({stopped[0]['interrupted']}); rerun the same command to resume")
     failed = [s for s in status if "error" in s]
     if failed:
         raise RuntimeError(f"{len(failed)} run(s) failed: " + "; ".join(f"{s['run']}: {s['error']}" for s in failed))

@@ -247,3 +247,24 @@ def test_progress_lines(capfd):
     clock = GroupClock("main", [job, replace(job, k=2)])
     clock.finished(job, "val 4.0351")
     assert capfd.readouterr().err.startswith("group main: run 1 of 2 tiny-P4-none-s0 val 4.0351; 1 of 2 done in 0:00, ETA")
+
+
+def test_a_stop_signal_stops_the_group_instead_of_starting_the_next_run(monkeypatch, tmp_path):
+    """Was: a run's Interrupted (a KeyboardInterrupt) escaped the pool worker; the pool lost the task and
+    went on with the next runs. Now the worker reports it, nothing new starts, and the group raises
+    Interrupted naming the run, so the CLI exits 130 with one line."""
+    import mapl.train
+    from mapl.loop import Interrupted
+
+    def stopped(*args, **kwargs):
+        raise Interrupted("stopped after step 7: checkpoint written; rerun the same command to resume")
+    monkeypatch.setattr(mapl.train, "run", stopped)
+    cfg = sweep.spec_config("micro", {"method": "none"}, PARAMS)
+    job = sweep.Job(1, 1, cfg, {"method": "none"}, tmp_path / "r.json", tmp_path / "r.pt", "train")
+    st = sweep._pool_worker((job, 0, "fp"))
+    assert st == {"k": 1, "run": job.name, "interrupted": "stopped after step 7: checkpoint written; rerun the same "
+                                                             "command to resume"}
+    monkeypatch.setattr(sweep, "_run_pool", lambda todo, *a: iter([{"k": 1, "run": "r1", "interrupted": "stopped"}]))
+    monkeypatch.setattr(sweep, "prepare_data", lambda cfgs: None)
+    with pytest.raises(Interrupted, match=r"group g stopped by a signal during r1 \(stopped\); rerun the same command"):
+        sweep.run_many("micro", [{"method": "none"}], tmp_path, log=lambda *a: None, group="g", progress_every=0)
