@@ -714,6 +714,7 @@ def mistral_cache(tmp_path: Path) -> Path:
     return cache
 
 
+@pytest.mark.process       # on a fresh clone the Mistral tokenizer wheel is fetched with `pip download`
 def test_offline_parquet_and_mistral_route(tmp_path, monkeypatch):
     """The paper's offline route: local parquet + the wheel in the cache, no network at all."""
     cache = mistral_cache(tmp_path)
