@@ -43,7 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 METHODS = ("none", "int8", "ssn", "mapl", "mapl-rvq")
 PRESET_FOR_D = {64: "micro", 128: "tiny", 256: "mini", 1024: "150M", 1536: "500M", 2048: "1B"}
-ID_BITS = 16            # token ids on the wire (int16 for vocabularies <= 65536, mapl/wire.py)
+ID_BITS = 16            # token ids on the wire (int16 for vocabularies <= 65536, mapl/core/wire.py)
 
 FULL = dict(batch=8, seq=512, dims=(256, 1024, 2048), ranks=(64, 128, 256), search_K=(256, 4096, 65536),
             search_dim=256, search_elems=1 << 31, warmup=2, reps=5, stage_reps=3, micro_batches=4,
@@ -101,8 +101,8 @@ class Timer:
 # ---- building blocks ---------------------------------------------------------------------------
 
 def _compressor(mapl, torch, method: str, d: int, r: int, *, search_with: str | None = None):
-    from mapl.compress import build_boundary
-    from mapl.config import CompressorConfig, RVQConfig
+    from mapl.core.compress import build_boundary
+    from mapl.core.config import CompressorConfig, RVQConfig
     ratio = 1.0 if method in ("none", "int8") else d / r
     rvq = RVQConfig(search_with=search_with) if search_with is not None else RVQConfig()
     comp = CompressorConfig(method=method, ratio=ratio, rvq=rvq).validate(d)
@@ -110,7 +110,7 @@ def _compressor(mapl, torch, method: str, d: int, r: int, *, search_with: str | 
 
 
 def _needs_ids(method: str) -> bool:
-    from mapl.config import METHODS as CFG_METHODS
+    from mapl.core.config import METHODS as CFG_METHODS
     return CFG_METHODS[method]["anchor"] != "none"
 
 
@@ -160,7 +160,7 @@ def bench_ops(torch, timer: Timer, method: str, d: int, r: int, B: int, T: int, 
 def wire_row(torch, method: str, d: int, r: int, B: int, T: int, micro_batches: int) -> dict:
     """Measured bytes/token of real payloads vs the information floor."""
     import mapl
-    from mapl.compress.base import payload_bytes
+    from mapl.core.compress.base import payload_bytes
     comp, cfg = _compressor(mapl, torch, method, d, r)
     comp.train()
     gen = torch.Generator().manual_seed(1)
@@ -212,7 +212,7 @@ def wire_row(torch, method: str, d: int, r: int, B: int, T: int, micro_batches: 
 
 
 def bench_spel(torch, timer: Timer, d: int, r: int, device: str) -> dict:
-    from mapl.optim import SPEL, stiefel_random
+    from mapl.core.optim import SPEL, stiefel_random
     out = {}
     for polar in ("svd", "polar_express"):
         A = torch.nn.Parameter(stiefel_random(d, r, 0, device=device))
@@ -227,7 +227,7 @@ def bench_spel(torch, timer: Timer, d: int, r: int, device: str) -> dict:
 
 
 def bench_search(torch, timer: Timer, dim: int, K: int, n_tokens: int, device: str) -> dict:
-    from mapl.compress.rvq import ResidualVQ
+    from mapl.core.compress.rvq import ResidualVQ
     q = ResidualVQ(dim=dim, codebook_size=K, kmeans_init=False, seed=0).to(device)
     z = torch.randn(n_tokens, dim, generator=torch.Generator().manual_seed(3)).to(device)
     t = timer(lambda: q.search(z), reps=max(3, timer.reps // 2), warmup=1)
@@ -239,7 +239,7 @@ def bench_search(torch, timer: Timer, dim: int, K: int, n_tokens: int, device: s
 
 
 def _stage_blocks(torch, d: int):
-    from mapl.model import Block, ModelConfig, rope_tables
+    from mapl.core.model import Block, ModelConfig, rope_tables
     cfg = ModelConfig.preset(PRESET_FOR_D[d])
     torch.manual_seed(0)
     blocks = torch.nn.ModuleList([Block(cfg) for _ in range(2)])
@@ -284,7 +284,7 @@ def _memory_child(spec: dict) -> dict:
     """One stage step in this process: decode(in) -> 2 blocks -> encode(out), wire both legs; peak RSS."""
     import torch
     torch.set_num_threads(spec["threads"])
-    from mapl.compress.base import WireTransfer
+    from mapl.core.compress.base import WireTransfer
     d, r, method, B, T = spec["d"], spec["r"], spec["method"], spec["B"], spec["T"]
     cfg, blocks, rope_tables = _stage_blocks(torch, d)
     cos, sin = rope_tables(cfg.head_dim, T, cfg.rope_theta)
@@ -424,8 +424,8 @@ def _gpu_time(gpu: dict, nbytes: float, flops: float, launches: int) -> float:
 def _stage_step_flops(p: dict) -> float:
     """fwd+bwd FLOPs of one 150M stage (``blocks`` LLaMA blocks) over a step's micro-batches: 6 x
     matmul parameters per token, plus causal attention 6 * T * d per token per block."""
-    from mapl.model import ModelConfig
-    from mapl.stages import _block_cost
+    from mapl.core.model import ModelConfig
+    from mapl.core.stages import _block_cost
     cfg = ModelConfig.preset("150M")
     tokens = p["batch"] * p["seq"] * p["micro_batches"]
     return p["blocks"] * tokens * (6 * _block_cost(cfg) + 6 * p["seq"] * cfg.d_model)
@@ -466,9 +466,9 @@ def spel_gpu_estimate(d: int, r: int, steps: int = 10) -> dict:
 def bench_rvq_paper(torch, p: dict, reps: int, kernels=("matmul", "fused"), device: str = "cpu") -> dict:
     """Pack (search + EMA update + bit-packing + sync tensors), unpack and search alone at the paper's
     shape, one row per search kernel (on a CPU "fused" is compiled by inductor's CPU backend)."""
-    from mapl.compress import ProjectionCompressor
-    from mapl.compress.rvq import RVQCompressor
-    from mapl.optim import stiefel_random
+    from mapl.core.compress import ProjectionCompressor
+    from mapl.core.compress.rvq import RVQCompressor
+    from mapl.core.optim import stiefel_random
     z = torch.randn(p["batch"], p["seq"], p["r"], generator=torch.Generator().manual_seed(0)).to(device)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
 
@@ -501,7 +501,7 @@ def bench_spel_paper(torch, dims=(1024, 2048), r: int = 256, reps: int = 3, drif
                      device: str = "cpu") -> list[dict]:
     """SPEL step time (SVD vs Polar Express, 10 iterations) at r = 256, and how far each keeps A from
     the manifold over ``drift_steps`` steps with random gradients (max |AᵀA - I|)."""
-    from mapl.optim import SPEL, ortho_error, stiefel_random
+    from mapl.core.optim import SPEL, ortho_error, stiefel_random
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     rows = []
     for d in dims:

@@ -1,4 +1,4 @@
-"""Validate the step-time model (mapl.costmodel) against the multi-process runtime in real-delay mode.
+"""Validate the step-time model (mapl.planning.costmodel) against the multi-process runtime in real-delay mode.
 
 For every cell of widths x bandwidths x latencies (method none, plus MAPL at one width) a short real
 pipeline run (P processes on gloo, ``--link-delay``: each message arrives when it would over that link)
@@ -28,11 +28,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from mapl.config import load_run_config
-from mapl.costmodel import build_case, measured_compute
-from mapl.link import LinkProfile
-from mapl.runtime.launch import launch
-from mapl.io import atomic_write_json
+from mapl.core.config import load_run_config
+from mapl.planning.costmodel import build_case, measured_compute
+from mapl.core.link import LinkProfile
+from mapl.orchestration.launch import launch
+from mapl.base.io import atomic_write_json
 
 
 def cell_overrides(args, width: int, method: str, ratio: float) -> dict:
@@ -65,7 +65,7 @@ def run_cell(args, width: int, method: str, ratio: float, bw: float, lat_ms: flo
     if r.returncode != 0:
         raise RuntimeError(f"cell d={width} {method} {bw:g} bps {lat_ms:g} ms failed ({r.returncode}):\n{r.stderr[-2000:]}")
     res = json.loads(out.read_text())
-    pipe = res["pipeline"]      # mapl.runtime.measure.pipeline_section: timing (a StepMeasurement), step_wall_s, ...
+    pipe = res["pipeline"]      # mapl.core.runtime.measure.pipeline_section: timing (a StepMeasurement), step_wall_s, ...
     cfg = load_run_config(args.profile, over)
     case = build_case(cfg, measured_compute(pipe["timing"], "this run"), vocab_size=cfg.data.vocab_size)
     link = LinkProfile(f"{bw:g}bps@{lat_ms:g}ms", bw, lat_ms / 1000)
@@ -99,7 +99,7 @@ def _pct(x) -> str:
 def markdown(bench: dict) -> str:
     lines = [f"# Cost model vs real-delay runtime (P = {bench['stages']}, {bench['schedule']}, {bench['micro_batches']} "
              f"micro-batches of {bench['micro_batch_size']} x {bench['seq_len']} tokens, {bench['layers']} layers)", "",
-             "Measured: mean step time of the real-delay run (first step dropped). Predicted: mapl.costmodel from the "
+             "Measured: mean step time of the real-delay run (first step dropped). Predicted: mapl.planning.costmodel from the "
              "run's measured compute, compressor-declared bytes and the link. Comm: the share of the predicted step "
              f"that the link adds. Largest |error|: {_pct(bench['max_abs_error'])} over all cells; "
              f"{_pct(bench['max_abs_error_comm25'])} where comm >= 25% (goal 15%). Load average (1, 5, 15 min) before: "

@@ -33,12 +33,12 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from mapl.checkpoint import checkpoint_step, read as read_checkpoint
-from mapl.config import PROJECTORS, ConfigError, RunConfig, config_hash, load_run_config
-from mapl.engine import LocalEngine, build_optimizers
-from mapl.io import atomic_write_json
-from mapl.loop import lr_factor
-from mapl.sweep import run_name
+from mapl.core.checkpoint import checkpoint_step, read as read_checkpoint
+from mapl.core.config import PROJECTORS, ConfigError, RunConfig, config_hash, load_run_config
+from mapl.core.engine import LocalEngine, build_optimizers
+from mapl.base.io import atomic_write_json
+from mapl.core.loop import lr_factor
+from mapl.orchestration.sweep import run_name
 
 STUDIED = ("spel", "fixed", "unconstrained")
 TRAINABLE = ("boundaries.", "anchors.")          # what trains on the frozen trunk
@@ -49,7 +49,7 @@ def _budget(steps: int, eval_every: int) -> dict:
 
 
 def trunk_config(profile: str, seed: int, steps: int, base: dict) -> RunConfig:
-    """The uncompressed run the boundaries are inserted into (named as mapl.sweep names it)."""
+    """The uncompressed run the boundaries are inserted into (named as mapl.orchestration.sweep names it)."""
     every = max(1, steps // 4)
     if profile == "cpu" and steps == 3000:
         every = 250                                  # group long's cadence: the same config, so its checkpoint
@@ -60,7 +60,7 @@ def trunk_config(profile: str, seed: int, steps: int, base: dict) -> RunConfig:
 def trunk_state(cfg: RunConfig, ckpt_dir: Path, log=print) -> tuple[dict, str]:
     """The trained trunk's weights (``model.*``) and where they came from (``ckpt_dir``: the sweep's
     ``checkpoints/<profile>``, read only; a trunk trained here goes to its ``frozen-trunk/``)."""
-    from mapl.train import run
+    from mapl.core.run import run
     shared = ckpt_dir / f"{cfg.name()}.pt"
     private = ckpt_dir / "frozen-trunk" / f"{cfg.name()}.pt"
     for path in (shared, private):

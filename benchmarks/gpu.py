@@ -2,7 +2,7 @@
 
 Part A (benchmarks/gpu_speed.py): per-stage forward/backward, pack/unpack per boundary, optimizer step
 and memory, for none, int8, ssn, mapl, mapl-rvq at 150M (P = 4, r = 256) and none, mapl at 1B, at
-16 x 2048-token micro-batches, V = 32000, bf16 autocast; fed to the link model (mapl/link.py) for the
+16 x 2048-token micro-batches, V = 32000, bf16 autocast; fed to the link model (mapl/core/link.py) for the
 step time at 80 Mb/s, 200 Mb/s and 1 Gb/s; MFU against 989 TFLOP/s.
 Part B (benchmarks/gpu_quality.py): none, ssn, mapl (r = 256) at d = 1024, trained round-robin on the
 same batches of a corpus that no window of the run repeats (benchmarks/gpu_corpus.py), with the curve.

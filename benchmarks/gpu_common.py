@@ -1,8 +1,8 @@
 """Shared pieces of benchmarks/gpu.py: adapters to the project's APIs, the JSONL recorder, the time budget.
 
 The adapters at the top are the only places that know today's module layout; when the runtime
-(``mapl.loop``/``mapl.engine``), data (``mapl.data`` package with ``sampling="epochs"``) and planner
-(``mapl.costmodel``) rewrites land, only these functions change.
+(``mapl.core.loop``/``mapl.core.engine``), data (``mapl.data`` package with ``sampling="epochs"``) and planner
+(``mapl.planning.costmodel``) rewrites land, only these functions change.
 """
 from __future__ import annotations
 
@@ -23,23 +23,23 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from mapl import data as mdata
-from mapl import link as mlink
-from mapl import engine as mengine
-from mapl.loop import lr_factor
-from mapl.config import load_run_config
-from mapl.stages import StagedModel, build_staged_model
+from mapl.core import engine as mengine
+from mapl.core import link as mlink
+from mapl.core.loop import lr_factor
+from mapl.core.config import load_run_config
+from mapl.core.stages import StagedModel, build_staged_model
 
 __all__ = ["run_config", "build_model", "stage_of_parameter", "stage_optimizers", "autocast", "lr_scale", "set_lr",
            "open_corpus", "epoch_batch", "train_step", "link_estimate", "Recorder", "Budget", "sync", "timed",
            "free_device", "digest", "LINKS", "H200_PEAK_BF16"]
 
-LINKS = ("80Mbps", "200Mbps", "1Gbps")           # mapl.link.PROFILES: 50 ms, 50 ms, 10 ms one-way latency
+LINKS = ("80Mbps", "200Mbps", "1Gbps")           # mapl.core.link.PROFILES: 50 ms, 50 ms, 10 ms one-way latency
 H200_PEAK_BF16 = 989e12                          # dense bf16 FLOP/s, vendor datasheet (H100/H200 SXM)
 
 
 # ==== adapters (today's main APIs) ======================================================================
 def run_config(profile: str, overrides: dict):
-    """A validated RunConfig from a params.yaml profile plus dotted overrides (mapl.config)."""
+    """A validated RunConfig from a params.yaml profile plus dotted overrides (mapl.core.config)."""
     return load_run_config(profile, overrides)
 
 
@@ -52,7 +52,7 @@ stage_of_parameter = mengine.stage_of_parameter    # the stage that holds a Stag
 
 
 def stage_optimizers(sm: StagedModel, cfg) -> list[list[torch.optim.Optimizer]]:
-    """One optimizer set per stage, as each pipeline process builds it (mapl.engine.build_optimizers)."""
+    """One optimizer set per stage, as each pipeline process builds it (mapl.core.engine.build_optimizers)."""
     names = [(n, p) for n, p in sm.named_parameters() if p.requires_grad]
     out = []
     for s in range(sm.n_stages):
@@ -94,7 +94,7 @@ def epoch_batch(tokens: np.ndarray, batch_size: int, seq_len: int, seed: int, st
 
 
 def train_step(sm: StagedModel, opts: list, cfg, x: torch.Tensor, y: torch.Tensor, device) -> float:
-    """One optimizer step on the batch (x, y): what mapl.train.run does per step (micro-batches through
+    """One optimizer step on the batch (x, y): what mapl.core.run.run does per step (micro-batches through
     every wire, receiver-side projector gradients, global clipping, optimizers, projector sync).
     Later: ``LocalEngine.train_step`` once it can be handed its batch."""
     t = cfg.train
@@ -122,7 +122,7 @@ def train_step(sm: StagedModel, opts: list, cfg, x: torch.Tensor, y: torch.Tenso
 
 def link_estimate(timing: dict, schedule: str, micro_batches: int) -> dict:
     """Step time on each link of LINKS (and the compute-only makespan) from per-stage times and bytes,
-    through the virtual clock of mapl.link (later: mapl.costmodel)."""
+    through the virtual clock of mapl.core.link (later: mapl.planning.costmodel)."""
     P = len(timing["fwd_s"])
     meas = mlink.StepMeasurement(schedule, [[timing["fwd_s"][s]] * micro_batches for s in range(P)],
                                  [[timing["bwd_s"][s]] * micro_batches for s in range(P)],

@@ -21,7 +21,7 @@ import torch
 
 from gpu_common import (autocast, build_model, digest, epoch_batch, free_device, lr_scale, run_config, set_lr,
                         sync, train_step)
-from mapl import engine as mengine
+from mapl.core import engine as mengine
 
 __all__ = ["QUALITY_METHODS", "quality_config", "quality_shape", "run_quality"]
 

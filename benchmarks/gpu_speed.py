@@ -26,8 +26,8 @@ import torch.nn.functional as F
 
 from gpu_common import (H200_PEAK_BF16, autocast, build_model, epoch_batch, free_device, link_estimate, run_config,
                         stage_of_parameter, stage_optimizers, sync, timed)
-from mapl.compress.base import payload_bytes
-from mapl.model import ModelConfig
+from mapl.core.compress.base import payload_bytes
+from mapl.core.model import ModelConfig
 
 __all__ = ["speed_items", "measure_speed", "model_flops_per_token"]
 

@@ -66,7 +66,7 @@ def _speed_tables(recs: list[dict]) -> list[str]:
            "One GPU holds every stage, so stages are measured one after another in one process "
            "(`StagedModel.stage_forward` under bf16 autocast plus the compressor's `pack`/`unpack`, each bracketed "
            "by `torch.cuda.synchronize`; medians over the timed passes after an untimed warm-up that includes RVQ's "
-           "k-means init). Step times on a link come from the virtual clock of `mapl/link.py` fed with these "
+           "k-means init). Step times on a link come from the virtual clock of `mapl/core/link.py` fed with these "
            "per-stage times and the real message bytes (80/200 Mb/s: 50 ms latency, 1 Gb/s: 10 ms). "
            "MFU: PaLM-convention model FLOPs (attention included) over 989 TFLOP/s; `one GPU` = all stages' "
            "compute back to back; per link = P GPUs over the simulated step.", "",

@@ -1,4 +1,4 @@
-"""The memory plan (mapl.memory) against measured peak memory per process, at the real 150M shape.
+"""The memory plan (mapl.core.memory) against measured peak memory per process, at the real 150M shape.
 
 Runs the multi-process pipeline on CPU (P = 4 processes, gloo) at d = 1024, 8 layers, V = 32000 with
 short sequences, for a few steps, per (schedule, method) case. In each process: RSS before the model is
@@ -34,9 +34,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from mapl.config import load_run_config
-from mapl.memory import GiB, memory_plan
-from mapl.io import atomic_write_json
+from mapl.core.config import load_run_config
+from mapl.core.memory import GiB, memory_plan
+from mapl.base.io import atomic_write_json
 
 # schedule:method[:heap]; ":heap" runs with glibc's default malloc (freed heap memory stays in RSS)
 CASES = ("gpipe:none", "1f1b:none", "gpipe:mapl", "1f1b:mapl-rvq", "1f1b:none:heap")
@@ -81,8 +81,8 @@ def _warm_up(cfg) -> None:
     # imported for their side effect only: loaded here, their memory is part of the baseline, not of the model
     from tqdm.auto import tqdm  # noqa: F401 -- the training loop's progress bar
     from mapl import data as mdata  # noqa: F401 -- the corpus readers
-    from mapl.engine import build_optimizers
-    from mapl.stages import build_staged_model
+    from mapl.core.engine import build_optimizers
+    from mapl.core.stages import build_staged_model
     tiny = dataclasses.replace(cfg, model="micro", model_overrides={}, stages=2,
                                train=dataclasses.replace(cfg.train, seq_len=16, schedule="gpipe"))
     sm = build_staged_model(tiny.validate(256), 256)
@@ -98,12 +98,12 @@ def _warm_up(cfg) -> None:
 
 def worker(spec: dict) -> None:
     """One rank: baseline, setup, reset the peak, train, report (called in a fresh process). Runs the
-    stage as ``python -m mapl.pipeline`` does (mapl.runtime.rank.run_rank); "setup" is
+    stage as ``python -m mapl.pipeline`` does (mapl.core.runtime.rank.run_rank); "setup" is
     ``PipelineEngine._build_model`` (full-model build, pruning to the stage, its optimizers)."""
     import torch.distributed as dist
-    from mapl.runtime import worker as rw
-    from mapl.runtime.rank import run_rank
-    from mapl.runtime.topology import Topology, detect_launcher, init_distributed
+    from mapl.core.runtime import worker as rw
+    from mapl.core.runtime.rank import run_rank
+    from mapl.core.runtime.topology import Topology, detect_launcher, init_distributed
     rank, world, device, backend = init_distributed()
     cfg = load_run_config("cpu", spec["overrides"])
     topo = Topology(rank, world, cfg.stages, device, backend, detect_launcher())
@@ -204,7 +204,7 @@ def markdown(bench: dict) -> str:
 def paper_table() -> str:
     """The plan at the paper's shapes (bf16, 32 micro-batches of 16 x 2048 tokens, P = 4): the peak stage per
     model, schedule and activation checkpointing, against one H200 (139.8 GiB) and one H100 (79.6 GiB)."""
-    from mapl.memory import check_plan
+    from mapl.core.memory import check_plan
     lines = ["# Memory plan at the paper's shapes (bf16 autocast, fp32 residual; P = 4; 32 micro-batches of "
              "16 x 2048 tokens; MAPL at the paper's ratio)", "",
              "Peak stage per configuration (`python -m mapl.memory --profile paper --model M --schedule S "

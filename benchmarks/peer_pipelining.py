@@ -1,7 +1,7 @@
 """Side by side with PyTorch's own pipeline engine: our runtime against ``torch.distributed.pipelining``.
 
 The same model split into the same stages (our ``StagedModel`` stage modules), the same initial weights
-and the same micro-batches, trained by (a) our runtime (``mapl.runtime.worker.PipelineEngine``) and
+and the same micro-batches, trained by (a) our runtime (``mapl.core.runtime.worker.PipelineEngine``) and
 (b) ``torch.distributed.pipelining`` (``PipelineStage`` with ``ScheduleGPipe`` / ``Schedule1F1B``), on
 gloo, CPU, P = 2 and 4, M = 4 and 8. Both engines live in the same P processes and take turns step by
 step (which one goes first alternates), so they see the same machine load; every step starts at a
@@ -53,15 +53,15 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from mapl.compress import build_boundary
-from mapl.config import load_run_config
-from mapl.engine import autocast_ctx, open_run_data, set_lr
-from mapl.io import atomic_write_json, atomic_write_text
-from mapl.loop import lr_factor
-from mapl.runtime.launch import child_env, free_port
-from mapl.runtime.topology import Topology
-from mapl.runtime.transport import Transport
-from mapl.runtime.worker import PipelineEngine
+from mapl.core.compress import build_boundary
+from mapl.core.config import load_run_config
+from mapl.core.engine import autocast_ctx, open_run_data, set_lr
+from mapl.base.io import atomic_write_json, atomic_write_text
+from mapl.core.loop import lr_factor
+from mapl.orchestration.launch import child_env, free_port
+from mapl.core.runtime.topology import Topology
+from mapl.core.runtime.transport import Transport
+from mapl.core.runtime.worker import PipelineEngine
 
 METHODS = {"none": 1.0, "mapl": 8.0}
 REFUSED = {"int8": 1.0, "mapl-rvq": 4.0}         # checked for the note, never trained here
@@ -144,7 +144,7 @@ class LibraryStageModule(nn.Module):
 
 
 def _widen_ids(wire_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """16-bit ids carry the uint16 bit pattern in an int16 tensor (as mapl.runtime.messages reads them)."""
+    """16-bit ids carry the uint16 bit pattern in an int16 tensor (as mapl.core.runtime.messages reads them)."""
     ids = wire_ids.to(torch.int64)
     return ids & 0xFFFF if dtype == torch.int16 else ids
 

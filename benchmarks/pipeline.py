@@ -3,7 +3,7 @@
 For each method (none, int8, ssn, mapl at 8x, mapl-rvq at 8x overall if it runs) a short real
 multi-process run (cpu profile, P = 4 processes, gloo) measures each stage's forward/backward compute
 per micro-batch and the bytes of every message (measured and declared). The link emulator
-(``mapl.link``) then replays the step on 80 Mb/s, 200 Mb/s and 1 Gb/s links (latency per profile)
+(``mapl.core.link``) then replays the step on 80 Mb/s, 200 Mb/s and 1 Gb/s links (latency per profile)
 and gives the step time beside the physical floor (bytes / bandwidth of the busiest channel), and
 time to a target validation loss = steps to target x step time.
 
@@ -45,10 +45,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from mapl.config import load_run_config
-from mapl.io import atomic_write_json, atomic_write_text
-from mapl.link import IDEAL, LinkProfile, StepMeasurement, estimate, get_profile, step_time, steps_to_target
-from mapl.runtime.launch import launch
+from mapl.core.config import load_run_config
+from mapl.base.io import atomic_write_json, atomic_write_text
+from mapl.core.link import IDEAL, LinkProfile, StepMeasurement, estimate, get_profile, step_time, steps_to_target
+from mapl.orchestration.launch import launch
 
 METHODS = {"none": 1, "int8": 1, "ssn": 8, "mapl": 8, "mapl-rvq": 4}     # mapl-rvq: 4x projection x 2x RVQ = 8x
 
@@ -197,7 +197,7 @@ def overlap_markdown(b: dict) -> str:
              f"method {b['method']}, {b['steps']} steps per link)", "",
              f"Real-delay mode: every message sleeps until it would have arrived over the link. A forward takes "
              f"{1000 * b['forward_s_per_micro_batch']:.1f} ms per micro-batch and a message is "
-             f"{b['message_bytes'] / 1024:.1f} KiB. Predicted = the virtual clock (mapl.link) fed with the run's own "
+             f"{b['message_bytes'] / 1024:.1f} KiB. Predicted = the virtual clock (mapl.core.link) fed with the run's own "
              f"measured compute and bytes; no overlap = compute-only makespan + every message's link time in "
              f"sequence. Load average during the runs: {', '.join(f'{x:.1f}' for x in b['load'])} (2 cores).", "",
              "| link | message / forward | measured step | predicted step | error | compute only | no overlap |",

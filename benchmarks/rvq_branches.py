@@ -12,7 +12,7 @@ that checkpoint with one intervention, to ``--until``:
                      the codebooks are re-initialised by k-means at the branch (they were learned on z)
     weight-decay     train.weight_decay=0.1 (Muon's decoupled decay; H3)
 
-Each branch records the boundary-health trajectories (mapl/compress/health.py: max |z| per boundary
+Each branch records the boundary-health trajectories (mapl/core/compress/health.py: max |z| per boundary
 every 50 steps, codebook norms, decoding error of the largest token) and the losses. Writes
 ``reports/bench/rvq-branches.json`` (after every branch: an interrupted study keeps what it has and
 skips finished branches when rerun) and ``reports/tables/rvq-branches.md``.
@@ -33,10 +33,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from mapl.checkpoint import read as read_checkpoint
-from mapl.config import config_hash, load_run_config
-from mapl import sweep
-from mapl.io import atomic_torch_save, atomic_write_json, atomic_write_text
+from mapl.core.checkpoint import read as read_checkpoint
+from mapl.core.config import config_hash, load_run_config
+from mapl.orchestration import sweep
+from mapl.base.io import atomic_torch_save, atomic_write_json, atomic_write_text
 
 # The committed run: the long group's MAPL+VQ 8x seed 1 (params.yaml, profiles.cpu.groups.long).
 RUN = {"method": "mapl-rvq", "ratio": 8, "train.steps": 3000, "train.warmup_steps": 300, "train.eval_every": 250,
@@ -73,8 +73,8 @@ class _StopAt:
 
 def train_until(cfg, ckpt: Path, until: int) -> dict:
     """Run (or resume) ``cfg`` with checkpoint ``ckpt`` until step ``until``; the loop state as a dict."""
-    from mapl.engine import LocalEngine
-    from mapl.loop import Interrupted, LoopState, run_loop
+    from mapl.core.engine import LocalEngine
+    from mapl.core.loop import Interrupted, LoopState, run_loop
     engine = LocalEngine.build(cfg, ckpt=ckpt)
     state = engine.resume() or LoopState()
     if state.step < until:
@@ -91,7 +91,7 @@ def branch_checkpoint(src: Path, dst: Path, cfg, name: str) -> None:
     state's ``resumed_with_changes``); with REINIT_CODEBOOKS the RVQ codebooks start again by k-means."""
     import torch
 
-    from mapl.engine import LocalEngine
+    from mapl.core.engine import LocalEngine
     ck = read_checkpoint(src)
     changes = {k: v for k, v in BRANCHES[name].items()}
     engine = LocalEngine.build(cfg)
@@ -119,8 +119,8 @@ def branch_checkpoint(src: Path, dst: Path, cfg, name: str) -> None:
 
 def summarise(state: dict, start: int, cfg) -> dict:
     """Per boundary: the max |z| trajectory after the branch step, its largest value, the losses, and
-    the outlier warnings derived from all its readings under this code's rule (mapl.loop)."""
-    from mapl.loop import ALARM_AFTER_WARMUPS, LoopState, outlier_alarm
+    the outlier warnings derived from all its readings under this code's rule (mapl.core.loop)."""
+    from mapl.core.loop import ALARM_AFTER_WARMUPS, LoopState, outlier_alarm
     st = LoopState.from_dict(state)
     outlier_alarm(st, cfg.train.health_warn_factor, ALARM_AFTER_WARMUPS * cfg.train.warmup_steps)
     state = {**state, "health_warnings": st.health_warnings}

@@ -27,17 +27,17 @@ inference also runs stages on uninitialised buffers, which would corrupt statefu
 2.13 skips it when every stage's input and output metadata is given). Where the library can carry the
 message (none; MAPL: bf16 Z with a gradient of Z's shape, the token ids as an integer output without
 gradient) it trains our stages to bit-identical losses: benchmarks/peer_pipelining.py.
-The runtime lives in ``mapl/runtime/`` (schedule, transport, worker, boundary_sync, faults, launch).
+The runtime lives in ``mapl/core/runtime/`` (schedule, transport, worker, boundary_sync, faults, launch).
 
-Exit codes (``mapl.cli``; every rank, and this command when it starts the ranks): 0 done, 2 invalid
+Exit codes (``mapl.base.cli``; every rank, and this command when it starts the ranks): 0 done, 2 invalid
 settings or files (one line per rank), 3 a peer died or timed out (the message names the operation, peer
 and step), 4 non-finite values (the last good checkpoints are kept), 130 interrupted (checkpoints written).
 ``train.comm_timeout_s`` (``--timeout``, env ``MAPL_PG_TIMEOUT``; 60 s by default, 10 minutes in the paper
 profile) bounds every wait during
 training; the wait for rank 0 to prepare data has none. On NCCL the same value is the process groups'
-timeout, so a wait past it is ended by NCCL's watchdog (see ``mapl/runtime/transport.py``). Right
+timeout, so a wait past it is ended by NCCL's watchdog (see ``mapl/core/runtime/transport.py``). Right
 after the process group is up, the ranks compare their resolved config, shared options, data and
-training code (``mapl.runtime.same_run``): ranks started for different runs all exit 2, naming the
+training code (``mapl.core.runtime.same_run``): ranks started for different runs all exit 2, naming the
 fields, before anything is written.
 """
 from __future__ import annotations
@@ -55,17 +55,18 @@ from pathlib import Path
 import torch.distributed as dist
 
 from . import train as mtrain
-from .cli import EXIT_INTERRUPTED, EXIT_PEER_FAILED, EXIT_USER_ERROR, add_debug_flag, debug_requested, report
-from .config import PROJECT_ROOT, TrainConfig
-from .io import OutputLock
-from .link import PROFILES, get_profile
-from .runtime.faults import FaultPlan, exit_with_parent
-from .runtime.launch import launch, write_status
-from .runtime.rank import run_rank
-from .runtime.rank_checkpoints import rank_ckpt_path, stage_slot
-from .runtime.same_run import check_same_run, run_fingerprint
-from .runtime.topology import Topology, check_local_gpus, detect_launcher, init_distributed
-from .runtime.transport import CommError
+from .base.cli import EXIT_INTERRUPTED, EXIT_PEER_FAILED, EXIT_USER_ERROR, add_debug_flag, debug_requested, report
+from .core.config import PROJECT_ROOT, TrainConfig
+from .base.io import OutputLock
+from .core.link import PROFILES, get_profile
+from .core.runtime.faults import FaultPlan, exit_with_parent
+from .orchestration.launch import launch, write_status
+from .core.runtime.rank import run_rank
+from .core.runtime.rank_checkpoints import rank_ckpt_path, stage_slot
+from .core.run import check_output_paths, check_results_file
+from .core.runtime.same_run import check_same_run, run_fingerprint
+from .core.runtime.topology import Topology, check_local_gpus, detect_launcher, init_distributed
+from .core.runtime.transport import CommError
 
 __all__ = ["main", "launch", "rank_ckpt_path", "CommError", "DEFAULT_TIMEOUT_S"]
 
@@ -155,8 +156,8 @@ def _self_launch(extra, args, argv) -> int:
     """No launcher around us: start the P x R ranks here (direct), or under the launcher asked for."""
     cfg = mtrain.config_from_args(args)
     out, ckpt = _paths(args, cfg)
-    mtrain.check_output_paths(out, ckpt, _checkpoint_files(ckpt, cfg.stages))
-    mtrain.check_results_file(out, cfg, args.replace_results, args.resume_with_changes)
+    check_output_paths(out, ckpt, _checkpoint_files(ckpt, cfg.stages))
+    check_results_file(out, cfg, args.replace_results, args.resume_with_changes)
     if extra.replicas < 1:
         raise ValueError(f"--replicas {extra.replicas} is invalid: must be >= 1")
     check_local_gpus(cfg.stages * extra.replicas)       # before any rank starts
@@ -210,7 +211,7 @@ def _rank_main(extra, args, debug: bool) -> int:
     try:
         with OutputLock(*_rank_files(out, ckpt, topo)):     # a second run on the same files is refused
             if rank == 0:
-                mtrain.check_output_paths(out, ckpt, _checkpoint_files(ckpt, cfg.stages))
+                check_output_paths(out, ckpt, _checkpoint_files(ckpt, cfg.stages))
             res = run_rank(cfg, topo, out=out, ckpt=ckpt, fresh=args.fresh, progress=not args.no_progress,
                            timeout_s=cfg.train.comm_timeout_s, link=link, blocking=extra.blocking_transport,
                            resume_with_changes=args.resume_with_changes, faults=faults, started=started)
@@ -230,11 +231,11 @@ def _rank_main(extra, args, debug: bool) -> int:
 
 
 def _results_refusal(rank: int, out: Path, cfg, args) -> str | None:
-    """Rank 0's results guard (``mapl.train.check_results_file``), as a message all ranks act on."""
+    """Rank 0's results guard (``mapl.core.run.check_results_file``), as a message all ranks act on."""
     if rank != 0:
         return None
     try:
-        mtrain.check_results_file(out, cfg, args.replace_results, args.resume_with_changes)
+        check_results_file(out, cfg, args.replace_results, args.resume_with_changes)
     except ValueError as e:
         return str(e)
     return None
@@ -258,7 +259,7 @@ def _deadline(seconds: float, rank: int):
 
 
 def _shared_options(extra, args) -> dict:
-    """The command-line options every rank must share (mapl.runtime.same_run); not the output paths,
+    """The command-line options every rank must share (mapl.core.runtime.same_run); not the output paths,
     which may differ per machine, nor --timeout, which changes no number."""
     return {"fresh": args.fresh, "resume_with_changes": args.resume_with_changes,
             "blocking_transport": extra.blocking_transport, "link_delay": extra.link_delay,

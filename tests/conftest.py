@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mapl.config import load_run_config
+from mapl.core.config import load_run_config
 from mapl.data import DataConfig, prepare
 
 ROOT = Path(__file__).resolve().parents[1]

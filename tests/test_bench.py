@@ -73,8 +73,8 @@ def test_baseline_comparison(bench, report, tmp_path):
 
 
 def _prepared(profile: str) -> bool:
-    from mapl.config import load_run_config
-    from mapl.engine import resolve_data_dir
+    from mapl.core.config import load_run_config
+    from mapl.core.engine import resolve_data_dir
     return (resolve_data_dir(load_run_config(profile)) / "manifest.json").exists()
 
 
@@ -90,7 +90,7 @@ def _script(args: list[str], tmp: Path) -> dict:
 @pytest.mark.process
 @pytest.mark.slow
 def test_costmodel_benchmark_runs_micro_cells_on_the_runtime(tmp_path):
-    """benchmarks/costmodel.py reads the runtime's results (pipeline section of mapl.runtime.measure)."""
+    """benchmarks/costmodel.py reads the runtime's results (pipeline section of mapl.core.runtime.measure)."""
     if not _prepared("micro"):
         pytest.skip("micro data not prepared (python -m mapl.data --profile micro)")
     bench = _script(["benchmarks/costmodel.py", "--profile", "micro", "--widths", "64", "--bandwidths", "10e6",
@@ -104,7 +104,7 @@ def test_costmodel_benchmark_runs_micro_cells_on_the_runtime(tmp_path):
 @pytest.mark.process
 @pytest.mark.slow
 def test_memory_benchmark_hooks_the_runtime_stage_build(tmp_path):
-    """benchmarks/memory.py measures each rank around PipelineEngine._build_model (mapl.runtime.worker)."""
+    """benchmarks/memory.py measures each rank around PipelineEngine._build_model (mapl.core.runtime.worker)."""
     if not (ROOT / "data" / "shakespeare-bpe2048" / "manifest.json").exists():
         pytest.skip("cpu data not prepared (python -m mapl.data --profile cpu)")
     bench = _script(["benchmarks/memory.py", "--model", "micro", "--stages", "2", "--cases", "1f1b:mapl", "--steps", "2",

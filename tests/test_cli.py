@@ -1,4 +1,4 @@
-"""The CLI error policy (mapl/cli.py): each way a run can end gives its documented exit code, a user
+"""The CLI error policy (mapl/base/cli.py): each way a run can end gives its documented exit code, a user
 error is exactly one line on stderr, a bug keeps its traceback, --debug / MAPL_DEBUG=1 show it."""
 import os
 import signal
@@ -9,15 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from mapl.cli import (EXIT_BUG, EXIT_CODES, EXIT_INTERRUPTED, EXIT_NON_FINITE, EXIT_PEER_FAILED, EXIT_USER_ERROR,
+from mapl.base.cli import (EXIT_BUG, EXIT_CODES, EXIT_INTERRUPTED, EXIT_NON_FINITE, EXIT_PEER_FAILED, EXIT_USER_ERROR,
                       PeerFailure, error_line, exit_code, run_cli)
 
 ROOT = Path(__file__).resolve().parents[1]
 
 ENTRY = """
 import argparse, os, signal, sys, time
-from mapl.cli import PeerFailure, add_debug_flag, run_cli
-from mapl.io import OutputError
+from mapl.base.cli import PeerFailure, add_debug_flag, run_cli
+from mapl.base.io import OutputError
 
 def main(argv):
     ap = add_debug_flag(argparse.ArgumentParser(prog="tiny"))
@@ -95,8 +95,8 @@ def test_usage_errors_keep_argparse_behaviour(tmp_path):
 
 
 def test_project_errors_map_to_their_codes():
-    from mapl.config import ConfigError
-    from mapl.io import OutputError
+    from mapl.core.config import ConfigError
+    from mapl.base.io import OutputError
     assert exit_code(ConfigError("x")) == exit_code(OutputError("x")) == EXIT_USER_ERROR
     assert exit_code(PermissionError(13, "Permission denied", "c.pt")) == EXIT_USER_ERROR
     assert exit_code(PeerFailure("x")) == EXIT_PEER_FAILED
@@ -134,7 +134,7 @@ def test_train_cli_refuses_a_bad_config_before_importing_torch(tmp_path, args, m
 @pytest.mark.process
 def test_sweep_check_and_estimate_need_no_torch(tmp_path):
     """DVC's first stage (`python -m mapl.sweep --check`) and `--estimate` read params.yaml and the configs
-    only: no torch import (count_params is arithmetic on the config, mapl/model_config.py)."""
+    only: no torch import (count_params is arithmetic on the config, mapl/core/model_config.py)."""
     code = ("import sys, mapl.sweep as s\ncode = s.main(sys.argv[1:])\n"
             "print('torch imported' if 'torch' in sys.modules else 'no torch')\nsys.exit(code)")
     for args, rc in [(["--check", "--stamp", str(tmp_path / "valid.txt")], 0), (["--profile", "nope", "--estimate"], 2)]:

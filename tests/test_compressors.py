@@ -4,14 +4,14 @@ gradients as autograd says."""
 import pytest
 import torch
 
-from mapl.compress import Compressor, Int8Compressor, ProjectionCompressor, WireTransfer, build_boundary, payload_bytes
-from mapl.compress.anchors import Anchor
-from mapl.compress.ssn import SubspaceLinear
-from mapl.optim import stiefel_random
-from mapl.config import AnchorConfig, CompressorConfig, RVQConfig, RunConfig, TrainConfig
-from mapl.stages import build_staged_model
-from mapl.engine import build_optimizers
-from mapl.wire import ByteMeter
+from mapl.core.compress import Compressor, Int8Compressor, ProjectionCompressor, WireTransfer, build_boundary, payload_bytes
+from mapl.core.compress.anchors import Anchor
+from mapl.core.compress.ssn import SubspaceLinear
+from mapl.core.optim import stiefel_random
+from mapl.core.config import AnchorConfig, CompressorConfig, RVQConfig, RunConfig, TrainConfig
+from mapl.core.stages import build_staged_model
+from mapl.core.engine import build_optimizers
+from mapl.core.wire import ByteMeter
 
 D, V = 64, 256
 
@@ -189,7 +189,7 @@ def test_compressors_follow_their_inputs_device(method, sync, on_meta):
 
 
 def test_seed_table_reproduces_the_offsets_the_results_were_made_with():
-    from mapl.seeds import derive_seed
+    from mapl.core.seeds import derive_seed
     assert [derive_seed(1234, p, i) for p, i in [("shared_basis", 0), ("static_shift", 0), ("projector", 2),
                                                   ("rvq", 1), ("anchor", 3), ("rvq_stream", 0)]] == \
         [1234, 1241, 1336, 1435, 2237, 9153]

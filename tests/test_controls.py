@@ -9,10 +9,10 @@ the trainable parameter count that params.yaml's comments and the report state.
 import pytest
 import torch
 
-from mapl.config import ConfigError, load_run_config
-from mapl.stages import build_staged_model
-from mapl.sweep import run_name, spec_config
-from mapl.train import run
+from mapl.core.config import ConfigError, load_run_config
+from mapl.core.stages import build_staged_model
+from mapl.orchestration.sweep import run_name, spec_config
+from mapl.core.run import run
 
 
 def _n_params(profile, over, vocab):

@@ -1,16 +1,16 @@
-"""The step-time model (mapl.costmodel) and the planner (mapl.planner) on hand-checkable cases."""
+"""The step-time model (mapl.planning.costmodel) and the planner (mapl.planning.planner) on hand-checkable cases."""
 from __future__ import annotations
 
 import math
 
 import pytest
 
-from mapl.config import load_run_config
-from mapl.costmodel import (BoundaryBytes, Case, GPUSpec, StageCompute, _wall_clock, boundary_bytes, build_case,
+from mapl.core.config import load_run_config
+from mapl.planning.costmodel import (BoundaryBytes, Case, GPUSpec, StageCompute, _wall_clock, boundary_bytes, build_case,
                             gpu_hours, simulate_inbound, stage_flops)
-from mapl.link import IDEAL, LinkProfile, StepMeasurement
-from mapl.planner import crossover_bandwidth, crossover_interval, ratio_from_penalty, ratio_key, steps_ratios
-from mapl.stages import split_layers
+from mapl.core.link import IDEAL, LinkProfile, StepMeasurement
+from mapl.planning.planner import crossover_bandwidth, crossover_interval, ratio_from_penalty, ratio_key, steps_ratios
+from mapl.core.stages import split_layers
 
 MICRO = dict(d=64, q=64, kv=64, f=192, V=256)
 
@@ -96,8 +96,8 @@ def test_duplex_and_runtime_clock_agree():
     cfg = _micro("mapl")
     case = build_case(cfg, gpu=GPUSpec("test", 1e12, 0.5), vocab_size=256)
     link = LinkProfile("z", 50e6, 0.02)
-    from mapl.link import simulate
-    from mapl.costmodel import _link_measurement
+    from mapl.core.link import simulate
+    from mapl.planning.costmodel import _link_measurement
     assert case.step_time(link) == simulate(_link_measurement(case), link).step_time
 
 
@@ -166,8 +166,8 @@ def test_bench_cases_reproduce_the_runtime_clock():
     """Compressor-declared bytes equal the benchmark's metered bytes, so the step times are the runtime's."""
     import json
     from pathlib import Path
-    from mapl.link import step_time
-    from mapl.planner_views import bench_cases
+    from mapl.core.link import step_time
+    from mapl.planning.planner_views import bench_cases
     path = Path(__file__).resolve().parents[1] / "reports" / "bench" / "pipeline.json"
     if not path.exists():
         pytest.skip("no committed pipeline benchmark")
@@ -181,7 +181,7 @@ def test_bench_cases_reproduce_the_runtime_clock():
 
 @pytest.mark.slow
 def test_peer_inbound_clock_reproduces_published_step_times():
-    from mapl.peer import PEER, peer_comparison
+    from mapl.planning.peer import PEER, peer_comparison
     res = peer_comparison()
     for m, spec in PEER["runs"].items():
         assert res["methods"][m]["theirs_step_s"] == pytest.approx(spec["step_s"], rel=0.03)
@@ -189,7 +189,7 @@ def test_peer_inbound_clock_reproduces_published_step_times():
     assert res["speedup_theirs"] == pytest.approx(PEER["speedup"], rel=0.03)
 
 
-# ---- the planner's summaries and views (mapl.planner, mapl.planner_views) ---------------------------------
+# ---- the planner's summaries and views (mapl.planning.planner, mapl.planning.planner_views) ---------------------------------
 def _run(method, seed, curve, steps=300, variant=None, ratio=None):
     return {"run": f"{variant or method}-{steps}-s{seed}", "method": method, "variant": variant or method,
             "ratio": ratio or (1.0 if method == "none" else 8.0), "steps": steps, "seed": seed, "model": "tiny",
@@ -206,7 +206,7 @@ def _runs():
 
 
 def test_steps_ratio_table_lengths_variants_and_trend():
-    from mapl.planner import ratio_trend, steps_ratio_table, steps_ratios, steps_report
+    from mapl.planning.planner import ratio_trend, steps_ratio_table, steps_ratios, steps_report
     ratios = steps_ratios(_runs())
     by = {(r["variant"], r["budget"]): r for r in ratios}
     assert by[("mapl", 300)]["seeds"] == 2 and by[("mapl", 300)]["mean"] == pytest.approx(1.5)
@@ -225,7 +225,7 @@ def test_steps_ratio_table_lengths_variants_and_trend():
 
 
 def test_time_to_target_rows_use_the_common_target_and_mean_curves():
-    from mapl.planner import common_target, time_to_target_rows
+    from mapl.planning.planner import common_target, time_to_target_rows
     runs = _runs()
     target, budget, seeds = common_target(runs)
     assert (budget, seeds) == (600, 1) and target == pytest.approx(2.85 * 1.02)
@@ -257,7 +257,7 @@ class _Lin:
 
 
 def test_plan_crossovers_grid_and_empty_views():
-    from mapl.planner_views import bandwidth_text, crossover_table, plan
+    from mapl.planning.planner_views import bandwidth_text, crossover_table, plan
     cases = {"none": _Lin(1.0, 8e9), "mapl 8x": _Lin(1.2, 1e9), "ssn 8x": _Lin(1.0, 1e9)}
     steps = {"none": (100, 100), "mapl 8x": (100, 100), "ssn 8x": None}
     res = plan(cases, steps, [1e6, 1e7], [0.0, 0.05], 0.0, 0.0, rival="ssn 8x")
@@ -283,7 +283,7 @@ def test_plan_crossovers_grid_and_empty_views():
 
 def test_figures_never_blank():
     pytest.importorskip("matplotlib")
-    from mapl.planner_views import curve_figure, heatmap_figure
+    from mapl.planning.planner_views import curve_figure, heatmap_figure
     assert heatmap_figure({"none": [[1.0]]}, [1e6], [0.0]) is None
     assert curve_figure({}, [1e6], 0.1) is None
     fig = heatmap_figure({"none": [[1.0, 1.0]], "mapl": [[1.1, 0.9]]}, [1e6, 1e7], [0.0])
@@ -294,8 +294,8 @@ def test_planner_reproduces_the_measured_time_to_target_table():
     """The profile case recomputes reports/cpu/tables/time-to-target.csv (mapl.report.ttt) from the cost
     model's cases: same steps rule, step times equal to the runtime's clock."""
     from pathlib import Path
-    from mapl.planner import load_runs, main_model_runs
-    from mapl.planner_views import bench_cases, bench_profile, reproduce_table
+    from mapl.planning.planner import load_runs, main_model_runs
+    from mapl.planning.planner_views import bench_cases, bench_profile, reproduce_table
     root = Path(__file__).resolve().parents[1]
     csv_path, bench, results = (root / "reports/cpu/tables/time-to-target.csv", root / "reports/bench/pipeline.json",
                                 root / "reports/cpu/results")

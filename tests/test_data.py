@@ -29,6 +29,7 @@ import mapl.data.build
 import mapl.data.downloads
 import mapl.data.stream
 import mapl.data.verify
+import mapl.data.cli as data_cli
 from mapl.data import DataConfig, DataError, MissingDataError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -578,13 +579,13 @@ def test_tinyshakespeare_from_shared_data(tmp_path):
 
 def test_cli(tmp_path, capsys):
     corpus_files(tmp_path)
-    rc = D.main(["--out", str(tmp_path / "cli"), "--source", "text", "--paths", str(tmp_path / "corpus" / "*.txt"),
+    rc = data_cli.main(["--out", str(tmp_path / "cli"), "--source", "text", "--paths", str(tmp_path / "corpus" / "*.txt"),
                  "--tokenizer", "byte"])
     out = capsys.readouterr().out
     assert rc == 0 and "train:" in out and "unigram entropy" in out
     assert (tmp_path / "cli" / "manifest.json").exists()
     with pytest.raises(SystemExit) as e:
-        D.main(["--source", "text", "--out", str(tmp_path / "x")])          # no paths
+        data_cli.main(["--source", "text", "--out", str(tmp_path / "x")])          # no paths
     assert e.value.code == 2 and "data.paths" in capsys.readouterr().err
 
 
@@ -742,7 +743,7 @@ def test_offline_parquet_and_mistral_route(tmp_path, monkeypatch):
 
 @pytest.mark.process
 def test_no_data_module_imports_mapl_config(tmp_path):
-    """mapl.config imports mapl.data, so mapl.data must not import mapl.config when imported."""
+    """mapl.core.config imports mapl.data, so mapl.data must not import mapl.core.config when imported."""
     names = sorted(p.stem for p in (ROOT / "mapl" / "data").glob("*.py") if p.stem != "__main__")
     code = ("import importlib, sys\n"
             f"for n in {names!r}: importlib.import_module('mapl.data.' + n if n != '__init__' else 'mapl.data')\n"
@@ -750,27 +751,27 @@ def test_no_data_module_imports_mapl_config(tmp_path):
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120,
                        env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert r.returncode == 0, r.stderr
-    assert "mapl.config" not in r.stdout and "mapl.data.cli" in r.stdout
+    assert "mapl.core.config" not in r.stdout and "mapl.data.cli" in r.stdout
     for path in (ROOT / "mapl" / "data").glob("*.py"):                  # and no module-level import of it
         for node in ast.parse(path.read_text()).body:
             if isinstance(node, ast.ImportFrom):
-                assert not (node.module == "mapl.config" or (node.level == 2 and node.module == "config")), path
+                assert not (node.module == "mapl.core.config" or (node.level == 2 and node.module == "config")), path
             if isinstance(node, ast.Import):
-                assert "mapl.config" not in [a.name for a in node.names], path
+                assert "mapl.core.config" not in [a.name for a in node.names], path
 
 
 def test_cli_exit_codes_and_one_line_errors(tmp_path, capsys):
     corpus_files(tmp_path)
     args = ["--out", str(tmp_path / "cli"), "--source", "text", "--paths", str(tmp_path / "corpus" / "*.txt"),
             "--tokenizer", "byte"]
-    assert D.main(args) == 0
+    assert data_cli.main(args) == 0
     (tmp_path / "cli" / "train.bin").unlink()
     capsys.readouterr()
-    assert D.main(args) == 2
+    assert data_cli.main(args) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "train.bin is missing" in err and "--rebuild" in err
-    assert D.main(args + ["--rebuild"]) == 0 and (tmp_path / "cli" / "train.bin").exists()
-    assert D.main(args + ["--verify"]) == 0
+    assert data_cli.main(args + ["--rebuild"]) == 0 and (tmp_path / "cli" / "train.bin").exists()
+    assert data_cli.main(args + ["--verify"]) == 0
 
 
 # ------------------------------------------------------------------------- registry (slow) tests

@@ -4,7 +4,7 @@ Each row runs ``python -m mapl.<entry point>`` as a subprocess on the micro prof
 byte-level corpus: nothing is downloaded, ``../shared/data`` is not needed) in a folder of its own,
 and checks what a user sees and keeps:
 
-(a) the exit code ``mapl.cli`` documents: 0 done, 1 a bug (traceback), 2 user error, 3 a peer of the
+(a) the exit code ``mapl.base.cli`` documents: 0 done, 1 a bug (traceback), 2 user error, 3 a peer of the
     multi-process pipeline failed or timed out, 4 non-finite values, 130 interrupted;
 (b) stderr holds no traceback, and the error is ONE line matching the row's pattern (argparse's own
     usage lines may come before it; the multi-process pipeline prints one line per rank and the
@@ -186,13 +186,14 @@ def seed(*flags: str) -> Callable[[Ctx], None]:
     def setup(ctx: Ctx) -> None:
         import torch
         import mapl.train as mtrain
+        from mapl.core.run import run
         where = ctx.seeds / hashlib.sha256(json.dumps([str(ctx.data), *flags]).encode()).hexdigest()[:16]
         if not (where / "r.json").exists():
             where.mkdir(parents=True, exist_ok=True)
             args = ctx.argv(f"mapl.train @run {' '.join(flags)} --out r.json --ckpt r.pt")[3:-4]
             threads = torch.get_num_threads()
             try:
-                mtrain.run(mtrain.config_from_args(mtrain.parse_args(args)), out=where / "r.json",
+                run(mtrain.config_from_args(mtrain.parse_args(args)), out=where / "r.json",
                            ckpt=where / "r.pt", progress=False, log=lambda *a, **k: None)
             finally:
                 torch.set_num_threads(threads)
@@ -214,7 +215,7 @@ def other_rank(cmd: str, code_edit: str = "") -> Callable[[Ctx], None]:
     0, ``cmd`` (its own flags) is rank 1; they meet on a free loopback port. ``code_edit``: rank 1 runs a
     copy of the package whose training source ``code_edit`` has one more comment line."""
     def setup(ctx: Ctx) -> None:
-        from mapl.runtime.launch import free_port
+        from mapl.orchestration.launch import free_port
         world = {"WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
                  "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}
         ctx.env_extra.update(world, RANK="0")
@@ -880,8 +881,8 @@ FAULTS = [
           r"rank 0 in code \([0-9a-f]{16} vs [0-9a-f]{16}\)\. Start every rank",
           "error: rank R: the ranks were started for different runs (training code differ): rank 1 differs from rank 0 "
           "in code (<fingerprint> vs <fingerprint>). Start every rank ...",
-          "every rank refuses before any work (the fingerprint of `mapl.reuse.TRAIN_SOURCES`)", "nothing written",
-          "install the same code on every machine", setup=other_rank(f"{MP} --steps 2", code_edit="mapl/loop.py"),
+          "every rank refuses before any work (the fingerprint of `mapl.core.fingerprint.TRAIN_SOURCES`)", "nothing written",
+          "install the same code on every machine", setup=other_rank(f"{MP} --steps 2", code_edit="mapl/core/loop.py"),
           after=other_rank_refused(r"^error: rank 1: .*training code differ"), slow=True),
     Fault("pipeline-peer-dies", "a stage process dies mid-step",
           f"{MP} --method mapl --ratio 4 --set train.checkpoint_every=2 --timeout 10", 3,
@@ -1217,7 +1218,7 @@ def _run_row(f: Fault, ctx: Ctx) -> None:
 # ---- FAILURE_MODES.md ----------------------------------------------------------------------------------
 def failure_modes_md() -> str:
     """The Markdown table of every row that is no known bug (what the tests prove)."""
-    from mapl.cli import EXIT_CODES
+    from mapl.base.cli import EXIT_CODES
 
     def cell(s: str) -> str:
         return s.replace("|", "\\|")
@@ -1234,7 +1235,7 @@ def failure_modes_md() -> str:
         command = f"`python -m {f.cmd.split()[0]}`"
         lines.append(f"| {cell(f.fault)} | {command} | {cell(f.happens)} | `` {cell(f.shows)} `` | "
                      f"{f.exit_text or f.code} | {cell(f.kept)} | {cell(f.fix)} |")
-    lines += ["", "Exit codes (`mapl.cli`, every `python -m mapl.*` command):", "", "| code | meaning |", "|---|---|"]
+    lines += ["", "Exit codes (`mapl.base.cli`, every `python -m mapl.*` command):", "", "| code | meaning |", "|---|---|"]
     lines += [f"| {code} | {cell(text)} |" for code, text in sorted(EXIT_CODES.items())]
     lines += ["", NCCL_TIMEOUTS]
     return "\n".join(lines) + "\n"

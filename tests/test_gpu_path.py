@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mapl.config import ConfigError, config_hash, load_run_config
-from mapl.runtime.topology import Topology
+from mapl.core.config import ConfigError, config_hash, load_run_config
+from mapl.core.runtime.topology import Topology
 from test_memory import _saved_bytes
 
 
@@ -41,8 +41,8 @@ def test_the_timeout_flag_and_its_env_variable_set_the_config_field(monkeypatch)
 def test_the_fused_search_is_compiled_before_training_and_the_first_pack_reuses_it():
     from torch._dynamo.utils import counters
 
-    from mapl.compress import build_boundary
-    from mapl.runtime.rank import warm_compiled_kernels
+    from mapl.core.compress import build_boundary
+    from mapl.core.runtime.rank import warm_compiled_kernels
     cfg = load_run_config("micro", {"method": "mapl-rvq", "ratio": 4, "stages": 2,
                                     "compressor.rvq.search_kernel": "fused"}).validate()
     cpu = torch.device("cpu")
@@ -76,7 +76,7 @@ def _gpus(monkeypatch, n: int) -> None:
 
 
 def test_more_stage_processes_than_local_gpus_is_refused_in_one_line(monkeypatch):
-    from mapl.runtime.topology import check_local_gpus
+    from mapl.core.runtime.topology import check_local_gpus
     _gpus(monkeypatch, 4)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")             # what torchrun/accelerate tell each rank
     with pytest.raises(ValueError) as e:
@@ -108,7 +108,7 @@ def test_the_pipeline_refuses_before_starting_ranks_on_too_few_gpus(monkeypatch,
 
 # ---- SPEL computes in full float32 whatever TF32 / matmul precision the caller set -------------------
 def _spel_once(p0: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
-    from mapl.optim import SPEL
+    from mapl.core.optim import SPEL
     p = torch.nn.Parameter(p0.clone())
     p.grad = g.clone()
     SPEL([p], lr=0.05, polar="polar_express").step()
@@ -127,7 +127,7 @@ def reduced_precision():
 
 
 def test_spel_orthogonalises_in_ieee_fp32_and_restores_the_callers_flags(monkeypatch, reduced_precision):
-    from mapl import optim
+    from mapl.core import optim
     seen, retract = [], optim._retract
     monkeypatch.setattr(optim, "_retract", lambda *a: seen.append(
         (torch.get_float32_matmul_precision(), torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32))
@@ -141,7 +141,7 @@ def test_spel_orthogonalises_in_ieee_fp32_and_restores_the_callers_flags(monkeyp
 def test_spel_result_does_not_depend_on_the_callers_matmul_precision(reduced_precision):
     """On a CPU with bf16 units (oneDNN), 'medium' moves a 1024 x 256 matmul by ~5e-5; SPEL's step
     must come out bit-identical to the one under 'highest'."""
-    from mapl.optim import ortho_error, stiefel_random
+    from mapl.core.optim import ortho_error, stiefel_random
     gen = torch.Generator().manual_seed(0)
     p0, g = stiefel_random(1024, 256, 1), torch.randn(1024, 256, generator=gen)
     medium = _spel_once(p0, g)
@@ -156,7 +156,7 @@ def test_spel_pins_ieee_fp32_through_the_new_precision_api_too():
     import subprocess
     import sys
     from pathlib import Path
-    code = ("import torch\nfrom mapl import optim\nseen = []\nr = optim._retract\n"
+    code = ("import torch\nfrom mapl.core import optim\nseen = []\nr = optim._retract\n"
             "optim._retract = lambda *a: seen.append((torch.backends.cuda.matmul.fp32_precision, "
             "torch.backends.mkldnn.matmul.fp32_precision)) or r(*a)\n"
             "torch.backends.cuda.matmul.fp32_precision = 'tf32'\ntorch.backends.mkldnn.matmul.fp32_precision = 'bf16'\n"
@@ -172,7 +172,7 @@ def test_spel_pins_ieee_fp32_through_the_new_precision_api_too():
 def test_chunked_linear_cross_entropy_equals_the_one_block_loss_forward_and_backward():
     import torch.nn.functional as F
 
-    from mapl.stages import chunked_linear_cross_entropy
+    from mapl.core.stages import chunked_linear_cross_entropy
     gen = torch.Generator().manual_seed(0)
     h0, w0 = torch.randn(300, 48, generator=gen), torch.randn(1000, 48, generator=gen) * 0.2
     y = torch.randint(0, 1000, (300,), generator=gen)
@@ -192,8 +192,8 @@ def test_chunked_linear_cross_entropy_equals_the_one_block_loss_forward_and_back
 def test_the_last_stage_loss_in_chunks_matches_the_plain_one_and_keeps_nothing_vocab_wide():
     """A real last stage (micro model, P = 2, MAPL): loss and every parameter gradient within 1e-6 of
     the one-block loss; what autograd keeps drops by the V-wide log-softmax output."""
-    from mapl.memory import memory_plan
-    from mapl.stages import build_staged_model
+    from mapl.core.memory import memory_plan
+    from mapl.core.stages import build_staged_model
     cfg = load_run_config("micro", {"method": "mapl", "ratio": 4, "stages": 2}).validate(256)
     t = cfg.train
     B, T = t.batch_size // t.micro_batches, t.seq_len
@@ -221,7 +221,7 @@ def test_the_last_stage_loss_in_chunks_matches_the_plain_one_and_keeps_nothing_v
 
 
 def test_loss_chunking_is_hashed_only_when_set_and_may_change_on_resume():
-    from mapl.config import RESUMABLE_FIELDS
+    from mapl.core.config import RESUMABLE_FIELDS
     plain = load_run_config("micro")
     assert config_hash(load_run_config("micro", {"train.loss_chunk_tokens": 0})) == config_hash(plain)
     assert config_hash(load_run_config("micro", {"train.loss_chunk_tokens": 4096})) != config_hash(plain)
@@ -271,7 +271,7 @@ class _SlowWork:
 def _transport(monkeypatch, device: str):
     import torch.distributed as dist
 
-    from mapl.runtime.transport import Transport
+    from mapl.core.runtime.transport import Transport
     monkeypatch.setattr(dist, "new_group", lambda **kw: None)      # no process group needed to time a wait
     tx = Transport(0, None, None, torch.device(device), 5.0)
     tx.pending = [(_SlowWork(), None)]

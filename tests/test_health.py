@@ -7,12 +7,12 @@ import math
 import pytest
 import torch
 
-from mapl.compress import ProjectionCompressor
-from mapl.compress.base import WireTransfer, payload_bytes, spec_bytes
-from mapl.compress.health import BoundaryHealth, OutlierAlarm
-from mapl.compress.rvq import RVQCompressor
-from mapl.loop import LoopState, outlier_alarm
-from mapl.optim import stiefel_random
+from mapl.core.compress import ProjectionCompressor
+from mapl.core.compress.base import WireTransfer, payload_bytes, spec_bytes
+from mapl.core.compress.health import BoundaryHealth, OutlierAlarm
+from mapl.core.compress.rvq import RVQCompressor
+from mapl.core.loop import LoopState, outlier_alarm
+from mapl.core.optim import stiefel_random
 
 
 def _stream(seed: int, steps: int, outlier_from: int | None = None, growth: float = 1.6):
@@ -170,8 +170,8 @@ def test_scale_is_validated():
 
 # ---- the loop and the results JSON ------------------------------------------------------------------
 def test_health_reaches_the_results_and_warns(micro_cfg, capsys):
-    from mapl.engine import LocalEngine
-    from mapl.loop import train
+    from mapl.core.engine import LocalEngine
+    from mapl.core.loop import train
     cfg = micro_cfg("mapl-rvq", 4, **{"train.health_every": 2, "train.health_warn_factor": 1.0,
                                       "train.warmup_steps": 2, "compressor.rvq.scale": "token"})
     lines = []

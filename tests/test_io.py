@@ -1,4 +1,4 @@
-"""Safe outputs (mapl/io.py): unique temp files under concurrency, cleanup on failure, one-line
+"""Safe outputs (mapl/base/io.py): unique temp files under concurrency, cleanup on failure, one-line
 write errors (disk full, read-only folder), writable checks before work, exclusive output locks."""
 import errno
 import json
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mapl.io import (OutputError, OutputLock, atomic_torch_save, atomic_write_json, atomic_write_text,
+from mapl.base.io import (OutputError, OutputLock, atomic_torch_save, atomic_write_json, atomic_write_text,
                      check_writable)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,7 +34,7 @@ def _leftovers(folder: Path) -> list[str]:
 # ---- atomic writes --------------------------------------------------------------------------
 WRITER = """
 import sys
-from mapl.io import atomic_torch_save, atomic_write_json
+from mapl.base.io import atomic_torch_save, atomic_write_json
 path, tag, n, kind = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 if kind == "torch":
     import torch
@@ -122,8 +122,8 @@ def _umask() -> int:
 
 DISK_FULL = """
 import resource, sys
-from mapl.cli import run_cli
-from mapl.io import atomic_torch_save, atomic_write_json
+from mapl.base.cli import run_cli
+from mapl.base.io import atomic_torch_save, atomic_write_json
 path, kind = sys.argv[1], sys.argv[2]
 if kind == "torch":
     import torch
@@ -154,8 +154,8 @@ def test_disk_full_is_one_line_and_keeps_the_old_file(tmp_path, kind):
 
 READ_ONLY = """
 import os, sys
-from mapl.cli import run_cli
-from mapl.io import atomic_write_json, check_writable
+from mapl.base.cli import run_cli
+from mapl.base.io import atomic_write_json, check_writable
 if os.geteuid() == 0:       # root ignores folder permissions: act as nobody from here on
     os.seteuid(65534)
 path, what = sys.argv[1], sys.argv[2]
@@ -213,7 +213,7 @@ def test_check_writable_refuses_an_impossible_path(tmp_path, case, message):
 # ---- output locks ---------------------------------------------------------------------------
 HOLDER = """
 import sys, time
-from mapl.io import OutputLock
+from mapl.base.io import OutputLock
 with OutputLock(results=sys.argv[1], checkpoint=sys.argv[2]):
     print("locked", flush=True)
     time.sleep(600)

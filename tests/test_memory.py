@@ -1,16 +1,16 @@
-"""The memory plan (mapl.memory) against exact tensor byte counts of built micro models."""
+"""The memory plan (mapl.core.memory) against exact tensor byte counts of built micro models."""
 from __future__ import annotations
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from mapl.config import load_run_config
-from mapl.memory import (GiB, block_activation_bytes_per_token, check_plan, format_plan, head_activation_bytes_per_token,
+from mapl.core.config import load_run_config
+from mapl.core.memory import (GiB, block_activation_bytes_per_token, check_plan, format_plan, head_activation_bytes_per_token,
                          memory_plan)
-from mapl.model import Block, ModelConfig, rope_tables
-from mapl.stages import build_staged_model
-from mapl.engine import build_optimizers
+from mapl.core.model import Block, ModelConfig, rope_tables
+from mapl.core.stages import build_staged_model
+from mapl.core.engine import build_optimizers
 
 
 def _nbytes(tensors) -> int:
@@ -86,7 +86,7 @@ def test_block_term_matches_saved_tensors_at_paper_shapes_fp32_and_bf16(preset):
 def test_head_term_matches_saved_tensors(precision):
     """The final norm, LM head and fp32 cross-entropy: saved bytes per token as the plan counts them
     (plus the int64 targets, which it leaves out). bf16 used to count two norms' tensors here."""
-    from mapl.model import RMSNorm
+    from mapl.core.model import RMSNorm
     mc = ModelConfig(vocab_size=1000, d_model=64, n_layers=1, n_heads=4, n_kv_heads=1, ffn_hidden=192, max_seq_len=32)
     norm, out = RMSNorm(mc.d_model, mc.norm_eps), torch.nn.Linear(mc.d_model, mc.vocab_size, bias=False)
 
@@ -233,7 +233,7 @@ def test_paper_shapes_agree_with_the_issue_figures():
 def test_rvq_search_transient_is_a_working_term_of_the_sender_stages():
     """MAPL+RVQ's search runs in the sender's forward: its temporaries (O(G·N) fused, the tile's
     distances with matmul, the k-means init's tile) are counted; never the (G, N, K) distance block."""
-    from mapl.compress.rvq.search import search_transient_bytes
+    from mapl.core.compress.rvq.search import search_transient_bytes
     cfg = load_run_config("paper", {"model": "150M", "method": "mapl-rvq", "ratio": 4, "stages": 4})
     plan = memory_plan(cfg, device="cuda")
     t, mc = cfg.train, cfg.model_config()

@@ -4,8 +4,8 @@ import contextlib
 import pytest
 import torch
 
-from mapl.model import ModelConfig, Transformer, count_params
-from mapl.stages import split_layers
+from mapl.core.model import ModelConfig, Transformer, count_params
+from mapl.core.stages import split_layers
 
 
 def test_causal_future_tokens_do_not_change_the_past():
@@ -71,8 +71,8 @@ def test_split_layers_rejects_more_stages_than_layers():
 # ---- the staged model: activation checkpointing, fp32 residual stream, device-correctness ------------
 
 def _staged(method="mapl", ratio=4.0, stages=2, **train):
-    from mapl.config import CompressorConfig, RunConfig, TrainConfig
-    from mapl.stages import build_staged_model
+    from mapl.core.config import CompressorConfig, RunConfig, TrainConfig
+    from mapl.core.stages import build_staged_model
     cfg = RunConfig(profile="micro", model="micro", stages=stages,
                     compressor=CompressorConfig(method=method, ratio=ratio),
                     train=TrainConfig(steps=2, batch_size=4, seq_len=32, micro_batches=2, **train))
@@ -159,7 +159,7 @@ def test_ssn_boundary_error_under_bf16_autocast_is_within_2x_of_fp32():
 
 @pytest.mark.parametrize("method", ["none", "int8", "ssn", "mapl", "mapl-rvq"])
 def test_staged_model_and_diagnostics_follow_their_inputs_device(method, on_meta):
-    from mapl.diagnostics import boundary_diagnostics
+    from mapl.core.diagnostics import boundary_diagnostics
     torch.set_default_device(None)
     sm = _staged(method, ratio=1.0 if method in ("none", "int8") else 4.0, stages=3, activation_checkpointing=True)
     ids = torch.randint(0, 256, (2, 17))

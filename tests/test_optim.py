@@ -1,4 +1,4 @@
-"""Tests for mapl/optim.py: Stiefel toolkit (tangent projection, polar factors, msign, Haar init,
+"""Tests for mapl/core/optim.py: Stiefel toolkit (tangent projection, polar factors, msign, Haar init,
 principal angles) and the SPEL optimizer (manifold invariant, first-order behaviour, PCA recovery,
 bf16 gradients, state_dict round trip). Small shapes throughout: the whole file runs in seconds."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from mapl.optim import (
+from mapl.core.optim import (
     POLAR_EXPRESS_COEFFS,
     SPEL,
     msign,

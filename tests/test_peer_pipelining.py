@@ -2,8 +2,8 @@
 same losses, and the library's refusals are the ones the README states."""
 import pytest
 
-from mapl.compress import build_boundary
-from mapl.config import load_run_config
+from mapl.core.compress import build_boundary
+from mapl.core.config import load_run_config
 
 
 @pytest.fixture(scope="module")

@@ -1,8 +1,8 @@
-"""The multi-process pipeline (mapl.pipeline, mapl/runtime) and the link emulator (mapl.link).
+"""The multi-process pipeline (mapl.pipeline, mapl/core/runtime) and the link emulator (mapl.core.link).
 
 Multi-process tests launch real processes on CPU/gloo (micro profile, a small text corpus written
 here, so nothing is downloaded) and compare per-step losses with the single-process loop
-(``mapl.train.run``) run in this process with the same seed: they must be bit-identical, for every
+(``mapl.core.run.run``) run in this process with the same seed: they must be bit-identical, for every
 method, schedule and transport mode (the blocking transport makes every send wait for its receive,
 as NCCL's do, so a schedule that would deadlock on GPUs deadlocks here).
 
@@ -21,7 +21,8 @@ import pytest
 import torch
 
 import mapl.train as mtrain
-from mapl.link import (IDEAL, PROFILES, LinkProfile, StepMeasurement, estimate, floor_time, get_profile, simulate,
+from mapl.core.run import run
+from mapl.core.link import (IDEAL, PROFILES, LinkProfile, StepMeasurement, estimate, floor_time, get_profile, simulate,
                        step_time, steps_to_target, time_to_target)
 from mapl.pipeline import launch, rank_ckpt_path
 
@@ -45,7 +46,7 @@ def reference(args) -> dict:
     threads = torch.get_num_threads()
     try:
         cfg = mtrain.config_from_args(mtrain.parse_args(args))
-        return mtrain.run(cfg, progress=False, log=lambda *a, **k: None)
+        return run(cfg, progress=False, log=lambda *a, **k: None)
     finally:
         torch.set_num_threads(threads)
 

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from mapl.data.batches import eval_batches
-from mapl.seeds import OFFSETS, RUN_STRIDE, run_base
-from mapl.stages import build_staged_model
-from mapl.train import run
+from mapl.core.seeds import OFFSETS, RUN_STRIDE, run_base
+from mapl.core.stages import build_staged_model
+from mapl.core.run import run
 
 
 def quiet(*args, **kwargs):
@@ -76,7 +76,7 @@ def test_a_run_records_both_curves_and_reports_the_report_set(micro_cfg):
     assert plain["train_loss_curve"] == res["train_loss_curve"]        # evaluation does not train
     # the whole split is the token-weighted mean of its two sets
     n_rep, n_sel = 0, 0
-    from mapl.engine import LocalEngine
+    from mapl.core.engine import LocalEngine
     data = LocalEngine.build(micro_cfg("mapl", 4, **{"train.select_every": 2, "train.eval_tokens": 0})).data
     n_rep, n_sel = (sum(y.numel() for _, y in b) for b in (data.val_batches, data.select_batches))
     whole = (res["val_loss"] * n_rep + res["select_loss"] * n_sel) / (n_rep + n_sel)

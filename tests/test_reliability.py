@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from mapl.runtime import same_run
+from mapl.core.runtime import same_run
 
 
-# ---- ranks started for the same run (mapl.runtime.same_run) -----------------------------------------------
+# ---- ranks started for the same run (mapl.core.runtime.same_run) -----------------------------------------------
 def _fp(cfg, **options):
     return same_run.run_fingerprint(cfg, {"fresh": False, **options})
 
@@ -61,7 +61,7 @@ def test_validation_loss_does_not_depend_on_the_eval_batch_size(micro_cfg):
     loss to float tolerance (was 5.0867 / 5.0777 / 5.0714 for the same weights: a mean of batch means)."""
     import torch
 
-    from mapl.engine import LocalEngine
+    from mapl.core.engine import LocalEngine
     torch.manual_seed(0)
     cfg = micro_cfg("mapl", 4)
     engine = LocalEngine.build(cfg)
@@ -84,7 +84,7 @@ def test_full_batches_keep_the_plain_mean_bit_for_bit(micro_cfg):
     committed numbers stay those of the mean over batches."""
     import torch
 
-    from mapl.engine import LocalEngine, batch_weight
+    from mapl.core.engine import LocalEngine, batch_weight
     cfg = micro_cfg()
     engine = LocalEngine.build(cfg)
     batches = engine.data.val_batches
@@ -104,7 +104,7 @@ def test_pipeline_validation_loss_is_the_same_for_every_eval_batch_size_and_repl
     (3 + 4 batches, one of 2 windows) gives R = 2 with batches of 4's losses to float tolerance."""
     import json
 
-    from mapl.runtime.launch import launch
+    from mapl.orchestration.launch import launch
     args = ["--profile", "micro", "--set", "data.source=text", "--set",
             f"data.paths={json.dumps([str(tiny_corpus.parent / 'doc*.txt')])}", "--set", "data.tokenizer=byte",
             "--set", f"data_dir={tiny_corpus}", "--set", "train.threads=1", "--no-progress", "--steps", "10",
@@ -120,7 +120,7 @@ def test_pipeline_validation_loss_is_the_same_for_every_eval_batch_size_and_repl
     assert abs(curves[4][0][1] - curves[5][0][1]) < 1e-5 * curves[4][0][1], curves
 
 
-# ---- the launcher never waits without limit (mapl.runtime.launch) ------------------------------------------
+# ---- the launcher never waits without limit (mapl.orchestration.launch) ------------------------------------------
 @pytest.mark.process
 def test_a_stopped_rank_is_stopped_by_the_launcher_once_another_ended():
     """Rank 0 ends (exit 3, as after a peer timeout); rank 1 is SIGSTOPped (it can act on no signal but
@@ -131,7 +131,7 @@ def test_a_stopped_rank_is_stopped_by_the_launcher_once_another_ended():
     import sys
     import time
 
-    from mapl.runtime.launch import _wait_all
+    from mapl.orchestration.launch import _wait_all
     procs = [subprocess.Popen([sys.executable, "-c", "import time, sys; time.sleep(0.5); sys.exit(3)"]),
              subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])]
     os.kill(procs[1].pid, signal.SIGSTOP)
@@ -152,15 +152,15 @@ def test_without_grace_every_rank_is_waited_for():
     import sys
     import time
 
-    from mapl.runtime.launch import _wait_all
+    from mapl.orchestration.launch import _wait_all
     procs = [subprocess.Popen([sys.executable, "-c", f"import time; time.sleep({t})"]) for t in (0.1, 1.5)]
     exit_s, stopped = _wait_all(procs, None, time.time())
     assert stopped == [] and [p.returncode for p in procs] == [0, 0] and exit_s[1] >= 1.4
 
 
-# ---- a finished run's results are never replaced by another config's (mapl.train.check_results_file) -----
+# ---- a finished run's results are never replaced by another config's (mapl.core.run.check_results_file) -----
 def _results_of(cfg) -> dict:
-    from mapl.config import config_hash
+    from mapl.core.config import config_hash
     v = cfg.validate()
     return {"config": v.to_dict(), "provenance": {"config_hash": config_hash(v)}, "val_loss": 4.0, "method": "none"}
 
@@ -169,8 +169,8 @@ def test_results_guard(micro_cfg, tmp_path):
     import json
     from dataclasses import replace
 
-    from mapl.io import OutputError
-    from mapl.train import check_results_file
+    from mapl.base.io import OutputError
+    from mapl.core.run import check_results_file
     cfg = micro_cfg("mapl", 4)
     out = tmp_path / "r.json"
     check_results_file(out, cfg)                                    # nothing there
@@ -194,7 +194,7 @@ def test_results_guard(micro_cfg, tmp_path):
 
 # ---- workspaces: a --dir is never overwritten, a stopped workspace leaves nothing running ----------------
 def test_workspace_dir_must_be_new_empty_or_a_workspace(tmp_path):
-    from mapl.workspace import MARKER, PROJECT_ROOT, check_dir
+    from mapl.orchestration.workspace import MARKER, PROJECT_ROOT, check_dir
     check_dir(tmp_path / "new")                                             # created later
     (tmp_path / "empty").mkdir()
     check_dir(tmp_path / "empty")
@@ -218,7 +218,7 @@ def test_workspace_dir_must_be_new_empty_or_a_workspace(tmp_path):
 
 @pytest.mark.process
 def test_stopping_a_command_stops_every_process_below_it(tmp_path):
-    """What SIGTERM to `mapl.workspace` does to DVC and its children: the whole tree goes, even a child
+    """What SIGTERM to `mapl.orchestration.workspace` does to DVC and its children: the whole tree goes, even a child
     that ignores SIGTERM (SIGKILL after the grace)."""
     import subprocess
     import sys
@@ -226,7 +226,7 @@ def test_stopping_a_command_stops_every_process_below_it(tmp_path):
 
     import psutil
 
-    from mapl.workspace import _stop_tree
+    from mapl.orchestration.workspace import _stop_tree
     code = ("import signal, subprocess, sys, time\n"
             "subprocess.Popen([sys.executable, '-c', 'import signal, time; signal.signal(signal.SIGTERM, "
             "signal.SIG_IGN); time.sleep(600)'])\n"

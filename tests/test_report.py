@@ -406,7 +406,7 @@ def test_plots_write_pngs(rows, tmp_path):
 
 
 def test_time_to_target(rows, tmp_path):
-    from mapl.link import StepMeasurement
+    from mapl.core.link import StepMeasurement
     assert R.load_bench(tmp_path / "missing.json") == []
 
     def meas(nbytes):

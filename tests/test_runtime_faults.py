@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from mapl.pipeline import launch, rank_ckpt_path
-from mapl.runtime.launch import free_port
+from mapl.orchestration.launch import free_port
 
 from test_pipeline import base_args
 

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from mapl.compress import ProjectionCompressor
-from mapl.compress.base import WireTransfer
-from mapl.compress.bitpack import pack_bits, pack_bits_rows, unpack_bits, unpack_bits_rows
-from mapl.compress.rvq import OP_EMA, OP_INIT, RVQCompressor, ResidualVQ
-from mapl.optim import stiefel_random
+from mapl.core.compress import ProjectionCompressor
+from mapl.core.compress.base import WireTransfer
+from mapl.core.compress.bitpack import pack_bits, pack_bits_rows, unpack_bits, unpack_bits_rows
+from mapl.core.compress.rvq import OP_EMA, OP_INIT, RVQCompressor, ResidualVQ
+from mapl.core.optim import stiefel_random
 
 
 def FixedProjection(d: int, r: int, seed: int = 0, dtype=torch.float32) -> ProjectionCompressor:
@@ -116,7 +116,7 @@ def test_fused_search_kernel_equals_bruteforce_and_matmul():
 _FUSED_PEAK = """
 import re, sys, torch
 from pathlib import Path
-from mapl.compress.rvq.search import residual_search, search_transient_bytes
+from mapl.core.compress.rvq.search import residual_search, search_transient_bytes
 torch.set_num_threads(1)
 G, N, K, ds, R = 32, 4096, 256, 2, 2
 status = lambda key: 1024 * int(re.search(key + r":\\s+(\\d+)", Path("/proc/self/status").read_text()).group(1))
@@ -145,7 +145,7 @@ def test_fused_search_transient_memory_is_o_of_tokens_times_groups():
 
 
 def test_search_transient_counts_the_matmul_tile_and_not_the_fused_block():
-    from mapl.compress.rvq.search import search_transient_bytes
+    from mapl.core.compress.rvq.search import search_transient_bytes
     G, N, K, ds, R = 128, 4096, 256, 2, 2
     fused = search_transient_bytes(N, G, R, K, ds, kernel="fused", device="cuda")
     assert fused == search_transient_bytes(N, G, R, K, ds, kernel="auto", device="cuda")
@@ -156,9 +156,9 @@ def test_search_transient_counts_the_matmul_tile_and_not_the_fused_block():
 
 
 def test_search_kernel_and_sync_names_come_from_the_config():
-    from mapl.compress.rvq import SYNC_STRATEGIES
-    from mapl.compress.rvq.search import SEARCH_KERNELS
-    from mapl.config import RVQ_SEARCH_KERNELS, RVQ_SYNC_MODES
+    from mapl.core.compress.rvq import SYNC_STRATEGIES
+    from mapl.core.compress.rvq.search import SEARCH_KERNELS
+    from mapl.core.config import RVQ_SEARCH_KERNELS, RVQ_SYNC_MODES
     assert tuple(SYNC_STRATEGIES) == RVQ_SYNC_MODES and SEARCH_KERNELS is RVQ_SEARCH_KERNELS
     with pytest.raises(ValueError, match="search_kernel"):
         ResidualVQ(dim=4, search_kernel="gpu")

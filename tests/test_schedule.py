@@ -1,7 +1,7 @@
 """Pipeline schedules as stage programs, proved deadlock-free under rendezvous (NCCL-like) semantics."""
 import pytest
 
-from mapl.runtime.schedule import (SCHEDULES, Barrier, Comm, Compute, ScheduleError, Transfer, check_programs,
+from mapl.core.runtime.schedule import (SCHEDULES, Barrier, Comm, Compute, ScheduleError, Transfer, check_programs,
                                    naive_program, schedule_ops, stage_program, step_tail)
 
 GRID = [(P, M) for P in (2, 4, 8) for M in (P, 2 * P, 4 * P)]
@@ -83,5 +83,5 @@ def test_schedule_ops_rejects_unknown():
 
 
 def test_the_config_knows_exactly_the_registered_schedules():
-    from mapl.config import SCHEDULES as CONFIG_SCHEDULES
+    from mapl.core.config import SCHEDULES as CONFIG_SCHEDULES
     assert set(CONFIG_SCHEDULES) == set(SCHEDULES)

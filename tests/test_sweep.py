@@ -1,5 +1,5 @@
-"""Run groups, run names, reuse decisions, launch arguments, scheduling and progress (mapl.sweep,
-mapl.reuse, mapl.progress); fast: nothing here trains."""
+"""Run groups, run names, reuse decisions, launch arguments, scheduling and progress (mapl.orchestration.sweep,
+mapl.orchestration.reuse, mapl.orchestration.progress); fast: nothing here trains."""
 import threading
 import time
 from dataclasses import replace
@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from mapl import reuse, sweep
-from mapl.config import ConfigError, config_hash, load_params
-from mapl.progress import GroupClock, StepProgress, estimate_core_seconds, estimate_group
+from mapl.core import fingerprint
+from mapl.orchestration import reuse, sweep
+from mapl.core.config import ConfigError, config_hash, load_params
+from mapl.orchestration.progress import GroupClock, StepProgress, estimate_core_seconds, estimate_group
 from mapl.train import config_from_args, parse_args
 
 PARAMS = load_params()
@@ -128,7 +129,7 @@ def test_launch_args_rebuild_the_same_config(tmp_path):
 
 # ---- reuse -------------------------------------------------------------------------------------------
 def _ckpt(path: Path, cfg, step: int):
-    from mapl.checkpoint import FORMAT
+    from mapl.core.checkpoint import FORMAT
     torch.save({"format": FORMAT, "config_hash": config_hash(cfg), "state": {"step": step}}, path)
 
 
@@ -165,7 +166,7 @@ def test_reuse_decisions(tmp_path):
 
 
 def test_stamp_keeps_the_results_layout(tmp_path):
-    from mapl.io import atomic_write_json
+    from mapl.base.io import atomic_write_json
     out = tmp_path / "r.json"
     atomic_write_json(out, {"run": "r", "val_loss": 1.25, "provenance": {"config_hash": "abc"}, "z": [1, 2]})
     reuse.stamp_results(out, "f00d")
@@ -178,15 +179,15 @@ def test_fingerprint_follows_the_training_sources(tmp_path):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text("x = 1\n")
     sources = ("mapl/a.py", "mapl/pkg")
-    fp = reuse.code_fingerprint(tmp_path, sources)
-    assert [p.name for p in reuse.source_files(tmp_path, sources)] == ["a.py", "b.py"]
+    fp = fingerprint.code_fingerprint(tmp_path, sources)
+    assert [p.name for p in fingerprint.source_files(tmp_path, sources)] == ["a.py", "b.py"]
     (tmp_path / "mapl/report.py").write_text("x = 2\n")
     (tmp_path / "mapl/pkg/__pycache__/b.cpython-311.pyc").write_text("other bytes")
-    assert reuse.code_fingerprint(tmp_path, sources) == fp
+    assert fingerprint.code_fingerprint(tmp_path, sources) == fp
     (tmp_path / "mapl/pkg/b.py").write_text("x = 2\n")
-    assert reuse.code_fingerprint(tmp_path, sources) != fp
+    assert fingerprint.code_fingerprint(tmp_path, sources) != fp
     with pytest.raises(FileNotFoundError, match="mapl/gone.py is missing"):
-        reuse.code_fingerprint(tmp_path, ("mapl/gone.py",))
+        fingerprint.code_fingerprint(tmp_path, ("mapl/gone.py",))
 
 
 # ---- estimates, scheduling and progress ----------------------------------------------------------------
@@ -253,12 +254,12 @@ def test_a_stop_signal_stops_the_group_instead_of_starting_the_next_run(monkeypa
     """Was: a run's Interrupted (a KeyboardInterrupt) escaped the pool worker; the pool lost the task and
     went on with the next runs. Now the worker reports it, nothing new starts, and the group raises
     Interrupted naming the run, so the CLI exits 130 with one line."""
-    import mapl.train
-    from mapl.loop import Interrupted
+    import mapl.core.run
+    from mapl.core.loop import Interrupted
 
     def stopped(*args, **kwargs):
         raise Interrupted("stopped after step 7: checkpoint written; rerun the same command to resume")
-    monkeypatch.setattr(mapl.train, "run", stopped)
+    monkeypatch.setattr(mapl.core.run, "run", stopped)
     cfg = sweep.spec_config("micro", {"method": "none"}, PARAMS)
     job = sweep.Job(1, 1, cfg, {"method": "none"}, tmp_path / "r.json", tmp_path / "r.pt", "train")
     st = sweep._pool_worker((job, 0, "fp"))

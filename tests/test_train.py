@@ -7,7 +7,8 @@ import signal
 import pytest
 import torch
 
-from mapl.train import main, run
+from mapl.core.run import run
+from mapl.train import main
 
 
 def _losses(res):
@@ -100,7 +101,7 @@ def test_default_recipe_learns_far_below_the_unigram_entropy(micro_cfg, tiny_cor
 
 def test_nan_in_a_boundary_names_the_step_and_stage(micro_cfg, monkeypatch, tmp_path):
     cfg = micro_cfg("mapl", 4, **{"stages": 4})
-    import mapl.compress.projection as P
+    import mapl.core.compress.projection as P
     real = P.ProjectionCompressor.encode
     calls = []
 
@@ -111,7 +112,7 @@ def test_nan_in_a_boundary_names_the_step_and_stage(micro_cfg, monkeypatch, tmp_
             z = z * float("nan")
         return z
     stage1 = []
-    import mapl.stages as S
+    import mapl.core.stages as S
     real_build = S.build_staged_model
 
     def build(cfg_, vocab):
@@ -119,14 +120,14 @@ def test_nan_in_a_boundary_names_the_step_and_stage(micro_cfg, monkeypatch, tmp_
         stage1.append(sm.boundaries["1"])
         return sm
     monkeypatch.setattr(P.ProjectionCompressor, "encode", encode)
-    import mapl.engine as E
+    import mapl.core.engine as E
     monkeypatch.setattr(E, "build_staged_model", build)
     with pytest.raises(FloatingPointError, match=r"step \d+.*stage 1 output \(boundary 1"):
         run(cfg, ckpt=tmp_path / "c.pt", progress=False, log=lambda *a: None)
 
 
 def test_nan_in_the_projector_names_the_boundary(micro_cfg, monkeypatch):
-    import mapl.optim as O
+    import mapl.core.optim as O
     real_step = O.SPEL.step
     n = []
 
@@ -148,8 +149,8 @@ def test_nonfinite_weights_never_overwrite_the_last_good_checkpoint_and_resume_w
     """An optimizer step that leaves inf in the embeddings (as a huge LR does): the checkpoint keeps the
     last finite step, the message names the tensor, stage and step, and changed settings resume only
     with the flag, recorded in the results."""
-    from mapl.checkpoint import CheckpointError
-    from mapl.loop import NonFiniteError
+    from mapl.core.checkpoint import CheckpointError
+    from mapl.core.loop import NonFiniteError
     ck = tmp_path / "c.pt"
     run(micro_cfg("mapl", 4, **{"train.steps": 4}), ckpt=ck, progress=False, log=lambda *a: None)
     longer = micro_cfg("mapl", 4, **{"train.steps": 8, "train.checkpoint_every": 1})
@@ -181,8 +182,8 @@ def test_a_diverging_update_never_becomes_the_last_good_checkpoint(micro_cfg, tm
     """Issue 15: a x1e30 update leaves huge but *finite* weights whose next forward is NaN. With a
     checkpoint after every step, the checkpoint of those weights stays unconfirmed and is dropped, so
     the file on disk is byte for byte the last good one, and resuming it with a sane LR works."""
-    from mapl.checkpoint import unconfirmed_path
-    from mapl.loop import NonFiniteError
+    from mapl.core.checkpoint import unconfirmed_path
+    from mapl.core.loop import NonFiniteError
     ck = tmp_path / "c.pt"
     run(micro_cfg("mapl", 4, **{"train.steps": 2}), ckpt=ck, progress=False, log=lambda *a: None)
     good = ck.read_bytes()
@@ -197,7 +198,7 @@ def test_a_diverging_update_never_becomes_the_last_good_checkpoint(micro_cfg, tm
 
 
 def test_an_unconfirmed_checkpoint_left_by_a_kill_is_dropped_on_resume(micro_cfg, tmp_path):
-    from mapl.checkpoint import unconfirmed_path
+    from mapl.core.checkpoint import unconfirmed_path
     cfg = micro_cfg("none", **{"train.steps": 4})
     ck = tmp_path / "c.pt"
     run(micro_cfg("none", **{"train.steps": 4, "train.checkpoint_every": 2}), ckpt=ck, progress=False,
@@ -211,7 +212,7 @@ def test_an_unconfirmed_checkpoint_left_by_a_kill_is_dropped_on_resume(micro_cfg
 
 
 def test_resume_refuses_changes_outside_the_resumable_fields(micro_cfg, tmp_path):
-    from mapl.checkpoint import CheckpointError
+    from mapl.core.checkpoint import CheckpointError
     ck = tmp_path / "c.pt"
     run(micro_cfg("mapl", 4, **{"train.steps": 2}), ckpt=ck, progress=False, log=lambda *a: None)
     with pytest.raises(CheckpointError, match=r"another config \(compressor\.ratio 4\.0 -> 8\.0"):
@@ -220,7 +221,7 @@ def test_resume_refuses_changes_outside_the_resumable_fields(micro_cfg, tmp_path
 
 
 def test_checkpoint_with_missing_keys_is_one_line(micro_cfg, tmp_path):
-    from mapl.checkpoint import CheckpointError
+    from mapl.core.checkpoint import CheckpointError
     ck = tmp_path / "c.pt"
     run(micro_cfg("none", **{"train.steps": 2}), ckpt=ck, progress=False, log=lambda *a: None)
     saved = torch.load(ck, weights_only=True)
@@ -233,7 +234,7 @@ def test_checkpoint_with_missing_keys_is_one_line(micro_cfg, tmp_path):
 
 def test_output_paths_are_checked_before_any_work(micro_cfg, tmp_path, monkeypatch):
     import mapl.data as D
-    from mapl.io import OutputError
+    from mapl.base.io import OutputError
     monkeypatch.setattr(D, "prepare", lambda *a, **k: pytest.fail("data touched before the output paths were checked"))
     with pytest.raises(OutputError, match="--out .* is also the checkpoint path"):
         run(micro_cfg("none"), out=tmp_path / "x.pt", ckpt=tmp_path / "x.pt", progress=False, log=lambda *a: None)
@@ -245,7 +246,7 @@ def test_output_paths_are_checked_before_any_work(micro_cfg, tmp_path, monkeypat
 
 
 def test_a_second_run_on_the_same_outputs_is_refused_with_the_holders_pid(micro_cfg, tmp_path):
-    from mapl.io import OutputError, OutputLock
+    from mapl.base.io import OutputError, OutputLock
     with OutputLock(results=tmp_path / "r.json"):
         with pytest.raises(OutputError, match=r"in use by PID \d+"):
             run(micro_cfg("none"), out=tmp_path / "r.json", ckpt=tmp_path / "r.pt", progress=False,
@@ -271,7 +272,7 @@ def test_results_report_total_bytes_per_token_per_boundary(micro_cfg):
 def test_host_syncs_per_step_do_not_grow_with_micro_batches(micro_cfg, monkeypatch, method, ratio):
     """Reads of a tensor's value on the host (item, float, bool, tolist) in one training step are
     the same for 2 and 4 micro-batches: the loss is accumulated on the device."""
-    from mapl.engine import LocalEngine
+    from mapl.core.engine import LocalEngine
     counts = {}
     for M in (2, 4):
         engine = LocalEngine.build(micro_cfg(method, ratio, **{"train.micro_batches": M, "train.batch_size": 8}))
@@ -295,9 +296,9 @@ def test_one_step_and_diagnostics_create_no_tensor_off_device(micro_cfg, method,
     """Under torch.set_default_device("meta"), any tensor made without an explicit device lands on
     meta and mixing it with the real CPU tensors fails: the step, evaluation and diagnostics must
     make every tensor on its input's device."""
-    from mapl.diagnostics import boundary_diagnostics
-    from mapl.engine import LocalEngine
-    from mapl.loop import LoopState
+    from mapl.core.diagnostics import boundary_diagnostics
+    from mapl.core.engine import LocalEngine
+    from mapl.core.loop import LoopState
     engine = LocalEngine.build(micro_cfg(method, ratio))
     engine.train_step(0, 1.0)           # lazy initialisation (e.g. RVQ k-means) happens outside meta
     torch.set_default_device("meta")

@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 import torch
 
-from mapl.config import load_run_config
+from mapl.core.config import load_run_config
 from mapl.data import load_split
-from mapl.train import run
+from mapl.core.run import run
 
 BAD_CONFIGS = [
     # (overrides on the micro profile, text the message must contain)
@@ -127,14 +127,14 @@ BAD_STRINGS = [
 
 @pytest.mark.parametrize("overrides,message", BAD_STRINGS, ids=[str(i) for i in range(len(BAD_STRINGS))])
 def test_command_line_values_are_parsed_by_the_field_type(overrides, message):
-    from mapl.config import ConfigError
+    from mapl.core.config import ConfigError
     with pytest.raises(ConfigError) as e:
         load_run_config("micro", overrides, from_string=True).validate()
     assert message in str(e.value), str(e.value)
 
 
 def test_int_and_float_spellings_give_one_config_hash():
-    from mapl.config import config_hash
+    from mapl.core.config import config_hash
     a = load_run_config("micro", {"method": "mapl", "ratio": 4})
     b = load_run_config("micro", {"method": "mapl", "ratio": "4.0"}, from_string=True)
     assert a.compressor.ratio == 4.0 and isinstance(a.compressor.ratio, float)
@@ -142,7 +142,7 @@ def test_int_and_float_spellings_give_one_config_hash():
 
 
 def test_params_yaml_errors_are_one_line(tmp_path):
-    from mapl.config import ConfigError, load_params
+    from mapl.core.config import ConfigError, load_params
     with pytest.raises(ConfigError, match="not found"):
         load_params(tmp_path / "params.yaml")
     bad = tmp_path / "bad.yaml"

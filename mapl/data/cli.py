@@ -61,7 +61,7 @@ def config_from_args(args: argparse.Namespace) -> DataConfig:
 
 
 def _profile_data(profile: str) -> DataConfig:
-    from ..config import load_run_config          # late import: mapl.config imports mapl.data
+    from ..core.config import load_run_config          # late import: mapl.core.config imports mapl.data
     return load_run_config(profile).data
 
 
@@ -71,7 +71,7 @@ def same_tokens(a: DataConfig, b: DataConfig) -> bool:
 
 def grid_need(profile: str) -> tuple[int, str]:
     """The most train tokens one run of the profile reads (steps x batch x context), and which run."""
-    from ..config import load_params, load_run_config
+    from ..core.config import load_params, load_run_config
     params = load_params()
     base = load_run_config(profile, params=params)
     t = base.train

@@ -1,7 +1,7 @@
 """``DataConfig``: what to tokenize and how, with the allowed values in the field metadata.
 
-``mapl.config`` embeds this dataclass in a run's config (``profiles.<p>.data`` in ``params.yaml``);
-this module never imports ``mapl.config`` (that would be an import cycle).
+``mapl.core.config`` embeds this dataclass in a run's config (``profiles.<p>.data`` in ``params.yaml``);
+this module never imports ``mapl.core.config`` (that would be an import cycle).
 """
 from __future__ import annotations
 

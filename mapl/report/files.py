@@ -1,6 +1,6 @@
 """Atomic writes of the report's outputs (a reader never sees half a table or figure).
 
-Kept here until ``mapl.io`` (atomic writes with unique temp names) lands; then these two functions
+Kept here until ``mapl.base.io`` (atomic writes with unique temp names) lands; then these two functions
 become imports from there.
 """
 from __future__ import annotations

@@ -35,7 +35,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from ..config import METHODS
+from ..core.config import METHODS
 
 __all__ = ["GROUP_ORDER", "TUNING_GROUPS", "OTHER_CORPUS_GROUPS", "METHOD_ORDER", "KEY", "ResultsError", "results_dir",
            "row_from_result", "load_results", "select",
@@ -102,7 +102,7 @@ def _per_token(res: dict, *kinds: str) -> float | None:
 
 def variant_of(method: str, projector: str | None, anchor: str | None, rvq_sync: str | None = None,
                rvq_scale: str | None = None) -> str:
-    """The method plus every setting that differs from the method's default (``mapl.config.METHODS``):
+    """The method plus every setting that differs from the method's default (``mapl.core.config.METHODS``):
     ``mapl``, ``mapl-fixed``, ``mapl-anchor-static``, ``mapl-rvq-sync-mirrored``, ``mapl-rvq-scaled``."""
     default = METHODS.get(method, {})
     name = method

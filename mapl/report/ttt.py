@@ -1,5 +1,5 @@
 """Time to a target loss on a simulated link: measured step times (``benchmarks/pipeline.py``) replayed
-on links of several bandwidths and latencies by the virtual clock of :mod:`mapl.link`, times the steps
+on links of several bandwidths and latencies by the virtual clock of :mod:`mapl.core.link`, times the steps
 each method needs to reach one common target on its validation curve.
 
 The target is the uncompressed run's best val loss at its longest budget (mean over seeds; the lowest
@@ -36,10 +36,10 @@ def load_bench(path: str | Path, profile: str | None = None) -> list[dict]:
     """Step measurements from a pipeline benchmark JSON (missing file, or one measured on a profile
     other than ``profile``: ``[]``): ``{"methods": [...]}``,
     ``{"measurements": [...]}`` or a plain list; an entry holds ``method``, ``ratio`` (wire ratio;
-    optional for ``none``) and ``timing`` (a ``mapl.link.StepMeasurement.to_dict()``) or
+    optional for ``none``) and ``timing`` (a ``mapl.core.link.StepMeasurement.to_dict()``) or
     ``pipeline.timing`` (a ``mapl.pipeline`` results dict). Returns ``{"method", "wire_ratio",
     "measurement"}`` dicts; entries of another shape are skipped."""
-    from ..link import StepMeasurement
+    from ..core.link import StepMeasurement
     path = Path(path)
     if not path.exists():
         return []
@@ -76,7 +76,7 @@ def time_to_target_rows(rows: Sequence[dict], bench: Sequence[dict], bandwidths_
     """One dict per (measured method, latency, bandwidth): ``method``, ``variant``, ``wire_ratio``,
     ``budget`` (steps of the curve used; None: no run), ``seeds``, ``target``, ``steps_to_target``
     (None: never), ``latency_s``, ``bandwidth_bps``, ``step_s`` and ``time_s`` (None: never)."""
-    from ..link import LinkProfile, step_time, steps_to_target
+    from ..core.link import LinkProfile, step_time, steps_to_target
     model = main_model(rows)
     pool = [r for r in rows if r["model"] == model]
     dense = [r for r in pool if r["method"] == "none"]
@@ -120,7 +120,7 @@ def time_to_target_table(ttt: Sequence[dict]) -> Table:
                      _never(t0) if t0["steps_to_target"] is None else f"{t0['steps_to_target']:,.0f}",
                      *("never" if t["time_s"] is None else f"{t['time_s']:,.1f}" for t in ts)])
     target = ttt[0] if ttt else None
-    caption = ("Simulated link (mapl.link virtual clock on the pipeline benchmark's measured step times, full duplex, "
+    caption = ("Simulated link (mapl.core.link virtual clock on the pipeline benchmark's measured step times, full duplex, "
                "one-way latency as listed): seconds to reach the target val loss = steps to target × simulated "
                "step time" + (f"; target {target['target']:.4f} = uncompressed best (lowest point of its curve) + "
                               f"{target['target_pct']:g}%."
@@ -221,6 +221,6 @@ def time_to_target_plot(ttt: Sequence[dict]) -> Plot:
                      f"virtual clock on measured step times")
     caption = ("Simulated, not measured on a real network: the pipeline benchmark's per-operation compute times and "
                "exact message sizes replayed on full-duplex links of each bandwidth and one-way latency "
-               "(mapl.link), times each method's steps to the target. Hollow markers in the band at the top: "
+               "(mapl.core.link), times each method's steps to the target. Hollow markers in the band at the top: "
                "methods whose runs never reach the target.")
     return Plot("time-to-target", caption, _takeaway(ttt), fig, empty=not ttt)

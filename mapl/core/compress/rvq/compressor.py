@@ -1,0 +1,368 @@
+"""The boundary compressor of method ``mapl-rvq``: the projection, then residual VQ of z on the wire.
+
+    >>> comp = RVQCompressor(ProjectionCompressor(d, A, "spel"), sync="stream")
+    >>> payload = comp.pack(comp.encode(x))        # sender: search, learn, sync tensors
+    >>> x_hat = comp.decode(comp.unpack(payload, torch.float32))   # receiver: its own codebook copy
+"""
+from __future__ import annotations
+
+import torch
+
+from ...config import RVQ_SCALES
+from ..base import Compressor, _check_direction, spec_bytes, tensor_checksum
+from ..bitpack import pack_bits_rows, packed_nbytes, unpack_bits_rows
+from .codebook import OP_NONE, ResidualVQ, codebook_bits
+from .sync import make_sync
+
+__all__ = ["RVQCompressor"]
+
+_HEADER = ((3,), torch.int64)        # [sender codebook version, op, T]
+# How z is scaled before the quantiser (config RVQ_SCALES; README "Choices where the paper is silent"):
+#   "none"  the codes quantise z itself (fixed resolution: a token with |z| far beyond the codebooks'
+#           reach is decoded with an error the size of itself; the blow-up of issue 21)
+#   "token" each token's z is divided by its RMS s_t, sent beside the codes in bf16 (2 B/token), and
+#           multiplied back on decode: the error is relative to |z|, like a bf16 wire's
+SCALE_DTYPE = torch.bfloat16
+
+
+class RVQCompressor(Compressor):
+    """Projection (``inner``) + residual VQ of z on the wire. Method ``mapl-rvq``.
+
+    In-graph ``encode``/``decode``/``code_dim`` are the inner projection's. On the wire:
+
+    forward payload (``payload_roles("fwd")`` in brackets)::
+
+        [data] codes   uint8 (B, ceil(T*G*R*log2K/8))  indices, bit-packed per sequence (padding only
+                                                        to the last byte of each sequence)
+        [data] scales  bf16  (B, T)  per-token RMS of z (``scale="token"`` only; absent for "none")
+        [sync] header  int64 (3,)   [sender codebook version, op, T]
+        [sync] ...     the sync strategy's tensors (mapl/core/compress/rvq/sync.py), fixed shapes
+                       independent of (B, T)
+
+    Codebook values travel in the codebooks' dtype (float32), so the receiver copy can become
+    bit-identical to the sender's (checksums). Backward payload: the r-wide gradient in ``grad_dtype``
+    (bf16 by default; not quantised).
+
+    Order of operations. ``pack(z)``: (1) search -> indices; (2) if training: EMA update (version
+    v+1), or the k-means init on the first training message; (3) sync tensors read from the
+    *updated* codebooks (the message carrying the init carries the whole codebook, in every mode).
+    ``unpack(payload)``: (1) unpack indices; (2) decode with the receiver copy; (3) apply the sync tensors to the
+    receiver copy. So message i is decoded with what messages < i delivered. The very first training message, whose indices come
+    from the pre-k-means codebooks, is decoded with the equally pre-k-means receiver copy.
+
+    ``search_with`` (config default ``"receiver"``): searches the sender's *shadow* of the receiver
+    copy (the sender applies its own sync tensors of message i to the shadow at pack i+1, so the
+    shadow equals what the receiver decodes message i+1 with): encoder and decoder codebooks always
+    match and stream staleness only delays learning, at no extra bytes or compute; the EMA then learns
+    the centroids of the shadow's cells (k-means with delayed assignments). ``"sender"`` searches the
+    sender's learned codebooks, so a stream-synced receiver decodes some indices with stale codewords
+    until they are streamed again. For ``full`` the two are equivalent; ``mirrored`` keeps the copies
+    identical at search time, so it always searches the sender's.
+
+    ``max_staleness`` (config default None = the sync mode's own bound: ``2*ceil(K/n)`` for stream, 0
+    for full and mirrored): :meth:`check_sync` raises beyond it, or on a mirrored version gap.
+
+    ``sync_payload``/``apply_sync``/``checksum`` are the inner projector's (A is synced after each
+    optimizer step by the caller); codebook state travels in the forward payload and is checked with
+    :meth:`codebook_checksums` / :meth:`check_sync`. Codebooks learn only in ``pack`` in training
+    mode. In eval nothing is synced: an evaluation message carries zero-valued sync tensors (the
+    shapes stay static) that the receiver does not apply, so when and on how much text a run
+    evaluates never changes its training.
+    """
+
+    method = "mapl-rvq"
+
+    def __init__(self, inner: Compressor, *, groups: int | None = None, rounds: int = 2, codebook_size: int = 256,
+                 decay: float = 0.99, sync: str = "stream", stream_fraction: float | None = None,
+                 max_staleness: int | None = None, seed: int = 0, grad_dtype: torch.dtype = torch.bfloat16,
+                 eps: float = 1e-5, kmeans_init: bool = True, kmeans_iters: int = 10,
+                 dead_code_threshold: float = 1.0, max_revive: int | None = None, search_with: str = "receiver",
+                 tile_bytes: int = 0, search_kernel: str = "auto", scale: str = "none"):
+        if not isinstance(inner, Compressor):
+            raise TypeError(f"inner must be a Compressor, got {type(inner).__name__}")
+        if search_with not in ("sender", "receiver"):
+            raise ValueError(f"search_with={search_with!r} is invalid; allowed: 'sender', 'receiver'")
+        if scale not in RVQ_SCALES:
+            raise ValueError(f"scale={scale!r} is invalid; allowed: {', '.join(map(repr, RVQ_SCALES))}")
+        super().__init__(inner.d_model)
+        self.scale = scale
+        self.inner = inner
+        K = codebook_size
+        codebook_bits(K)
+        if max_revive is None and sync == "mirrored":
+            max_revive = max(1, K // 16)
+        kw = dict(dim=inner.code_dim, groups=groups, rounds=rounds, codebook_size=K, decay=decay, eps=eps,
+                  kmeans_init=kmeans_init, kmeans_iters=kmeans_iters, dead_code_threshold=dead_code_threshold,
+                  seed=seed, max_revive=max_revive, tile_bytes=tile_bytes, search_kernel=search_kernel)
+        self.rvq = ResidualVQ(**kw)          # the sender's codebooks (learned)
+        self.recv = ResidualVQ(**kw)         # the receiver's copy: same seed -> identical at version 0
+        self.sync = make_sync(sync, self.rvq, stream_fraction)
+        # mirrored EMA keeps the receiver copy equal to the sender's at search time: the same thing
+        self.search_with = "sender" if sync == "mirrored" else search_with
+        self.max_staleness = self.sync.default_max_staleness() if max_staleness is None else int(max_staleness)
+        self.grad_dtype = grad_dtype
+        self._pending = None     # search_with="receiver": the last sync tensors, applied to the shadow at the next pack
+        self._stats = {"microbatches": 0, "sync_bytes": 0, "data_bytes": 0, "tokens": 0,
+                       "rel_mse": float("nan"), "batch_perplexity": float("nan")}
+        self._outlier = None     # health window: quantisation error of each message's largest-|z| token
+
+    def get_extra_state(self):
+        stats = {k: float(v) if isinstance(v, torch.Tensor) else v for k, v in self._stats.items()}
+        return {"stats": stats, "pending": self._pending}
+
+    def set_extra_state(self, state) -> None:
+        self._stats = dict(state["stats"])
+        self._pending = state["pending"]
+
+    # ---- in-graph: the projection ----------------------------------------------------------
+    @property
+    def code_dim(self) -> int:
+        return self.inner.code_dim
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner.encode(x)
+
+    def decode(self, z: torch.Tensor) -> torch.Tensor:
+        return self.inner.decode(z)
+
+    # ---- wire layout -----------------------------------------------------------------------
+    def payload_spec(self, lead_shape: tuple[int, ...], direction: str,
+                     pending: int = 0) -> list[tuple[tuple[int, ...], torch.dtype]]:
+        _check_direction(direction)
+        B, T = lead_shape
+        if direction == "bwd":
+            return [((B, T, self.code_dim), self.grad_dtype)]
+        codes = ((B, packed_nbytes(T * self.rvq.groups * self.rvq.rounds, self.rvq.bits)), torch.uint8)
+        scales = [((B, T), SCALE_DTYPE)] * self._n_scales
+        return [codes, *scales, _HEADER, *self.sync.spec(with_init=self._init_is_next(pending))]
+
+    def _init_is_next(self, pending: int = 0) -> bool:
+        """Whether the next message carries the k-means init (the first training message, before any
+        init was made or received). Sender and receiver objects agree on it from their own state: the
+        sender has not initialised ``rvq``, the receiver has not received the init into ``recv`` and has
+        no earlier message still pending (a look-ahead receive is posted before the init arrives)."""
+        return self.training and pending == 0 and not (bool(self.rvq.initted) or bool(self.recv.initted))
+
+    def payload_roles(self, direction: str) -> list[str]:
+        _check_direction(direction)
+        if direction == "bwd":
+            return ["data"]
+        return ["data"] * (1 + self._n_scales) + ["sync"] * (1 + len(self.sync.spec()))
+
+    @property
+    def _n_scales(self) -> int:
+        return int(self.scale == "token")
+
+    def wire_bytes_per_token(self, direction: str) -> float:
+        """fwd: ``G*R*log2(K)/8`` -- exact when ``T*G*R*log2(K)`` is a multiple of 8, otherwise each
+        sequence carries < 1 byte of padding; sync bytes are apart (:meth:`sync_bytes_per_microbatch`).
+        bwd: ``r * sizeof(grad_dtype)`` (2r for bf16)."""
+        return self.wire_efficiency_floor(direction) / 8
+
+    def wire_efficiency_floor(self, direction: str) -> float:
+        """fwd: the indices, ``G*R*log2(K)`` bits per token (+ the bf16 scale with ``scale="token"``);
+        bwd: r values in ``grad_dtype``."""
+        _check_direction(direction)
+        if direction == "fwd":
+            return float(self.rvq.bits_per_token + self._n_scales * torch.finfo(SCALE_DTYPE).bits)
+        return float(self.code_dim * torch.finfo(self.grad_dtype).bits)
+
+    def sync_bytes_per_microbatch(self) -> int:
+        """Declared codebook-sync bytes piggybacked on every forward message (independent of B, T)."""
+        return spec_bytes([_HEADER, *self.sync.spec()])
+
+    def one_off_sync_bytes(self) -> int:
+        """Extra bytes of the message that carries the k-means init (stream: the whole codebook, so
+        the receiver does not decode with pre-init codewords for a whole stream cycle)."""
+        if not self.rvq.kmeans_init:
+            return 0
+        return spec_bytes(self.sync.spec(with_init=True)) - spec_bytes(self.sync.spec())
+
+    # ---- wire: forward -----------------------------------------------------------------------
+    def _shadow_codebooks(self) -> torch.Tensor | None:
+        """The codebooks to search with: the sender's (None) or its shadow of the receiver copy,
+        brought up to date with the sync tensors of the previous message."""
+        if self.search_with != "receiver":
+            return None
+        if self._pending is not None:
+            self.sync.apply(self.recv, *self._pending)   # idempotent if this object's unpack already did
+            self._pending = None
+        return self.recv.codebooks
+
+    @torch.no_grad()
+    def pack(self, z: torch.Tensor) -> list[torch.Tensor]:
+        if z.dim() != 3 or z.shape[-1] != self.code_dim:
+            raise ValueError(f"pack expects z of shape (B, T, {self.code_dim}), got {tuple(z.shape)}")
+        z = z.detach()
+        B, T, _ = z.shape
+        scales, u = self._normalise(z)                                          # u: what the codes quantise
+        search_cb = self._shadow_codebooks()
+        idx, resid = self.rvq.search(u, codebooks=search_cb, return_residual=True)     # (B, T, G, R)
+        codes = pack_bits_rows(idx.reshape(B, -1), self.rvq.bits, check=False)   # search output is in range
+        op = self.rvq.update(u, idx, codebooks=search_cb) if self.training else None
+        op_code = OP_NONE if op is None else op["op"]
+        header = torch.tensor([int(self.rvq.version), op_code, T], dtype=torch.int64, device=z.device)
+        if not self.training:
+            # evaluation sends the sync tensors' shapes (static messages) but no codebook change: a
+            # slice sent here would move the stream's cursor and refresh the receiver early, so how
+            # often and on how many batches a run evaluates would change its training
+            sync = [torch.zeros(shape, dtype=dtype, device=z.device) for shape, dtype in self.sync.spec()]
+            data = [codes, *scales]
+            self._record(z, u, idx, resid, scales, op, data, [header, *sync])
+            return [*data, header, *sync]
+        sync = self.sync.sender_tensors(self.rvq, op)
+        if self.search_with == "receiver":
+            self._pending = (int(header[0]), op_code, [t.clone() for t in sync], idx)
+        data = [codes, *scales]
+        self._record(z, u, idx, resid, scales, op, data, [header, *sync])
+        return [*data, header, *sync]
+
+    def _normalise(self, z: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """([scales on the wire], what the quantiser sees). ``scale="token"``: s_t = RMS of z_t, rounded
+        to bf16 *before* dividing, so sender and receiver scale by the same number."""
+        if self.scale == "none":
+            return [], z
+        s = z.float().pow(2).mean(-1).sqrt().clamp_min(1e-12).to(SCALE_DTYPE)   # (B, T); bf16 keeps fp32's range
+        return [s], z / s.to(z.dtype).unsqueeze(-1)
+
+    def _record(self, z, u, idx, resid, scales, op, data, sync) -> None:
+        """Running statistics for :meth:`diagnostics` and :meth:`health_report` (kept as tensors: no
+        host sync per message)."""
+        st = self._stats
+        n = z.shape[0] * z.shape[1]
+        st["microbatches"] += 1
+        st["tokens"] += n
+        st["data_bytes"] += sum(t.numel() * t.element_size() for t in data)
+        st["sync_bytes"] += sum(t.numel() * t.element_size() for t in sync)
+        st["rel_mse"] = resid.float().pow(2).sum() / u.float().pow(2).sum().clamp_min(1e-30)
+        self._record_outlier(z, resid if not scales else resid * scales[0].to(resid.dtype).unsqueeze(-1))
+        counts = op["counts"] if op is not None and "counts" in op else self.rvq.code_counts(idx)
+        p = counts.float() / n
+        st["batch_perplexity"] = torch.exp(-(p * p.clamp_min(1e-30).log()).sum(-1)).mean()
+
+    def _record_outlier(self, z: torch.Tensor, err: torch.Tensor) -> None:
+        """The decoding error (in z's units) of the message's token with the largest |z|: absolute
+        (max over its r values) and relative (norm / norm). Window maxima, kept as tensors."""
+        zt = z.detach().float().reshape(-1, z.shape[-1])
+        t = zt.abs().amax(-1).argmax()
+        e = err.float().reshape(-1, z.shape[-1])[t]
+        absolute, relative = e.abs().amax(), e.norm() / zt[t].norm().clamp_min(1e-30)
+        w = self._outlier
+        self._outlier = [absolute, relative] if w is None else [torch.maximum(w[0], absolute),
+                                                                torch.maximum(w[1], relative)]
+    @torch.no_grad()
+    def unpack(self, payload: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+        n = 1 + self._n_scales
+        codes, scales, header, sync = payload[0], payload[1:n], payload[n], payload[n + 1:]
+        G, R, bits = self.rvq.groups, self.rvq.rounds, self.rvq.bits
+        B, nb = codes.shape
+        T = int(header[2])
+        if packed_nbytes(T * G * R, bits) != nb:
+            raise ValueError(f"RVQ message header says T={T}, but the codes hold {nb} bytes per sequence")
+        idx = unpack_bits_rows(codes, bits, T * G * R).view(B, T, G, R)
+        z_q = self.recv.lookup(idx).to(dtype)             # always the receiver's copy
+        if scales:
+            z_q = z_q * scales[0].to(dtype).unsqueeze(-1)
+        if self.training:                                 # evaluation messages carry no sync (see pack)
+            self.sync.apply(self.recv, int(header[0]), int(header[1]), sync, idx)
+        return z_q
+
+    # ---- wire: backward (the gradient on z, not quantised) -----------------------------------
+    def pack_grad(self, g: torch.Tensor) -> list[torch.Tensor]:
+        return [g.detach().to(self.grad_dtype).contiguous()]
+
+    def unpack_grad(self, payload: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+        return payload[0].to(dtype)
+
+    # ---- shared state: the projector's (A after each optimizer step) ---------------------------
+    @property
+    def learned(self) -> bool:
+        return self.inner.learned
+
+    def sync_payload(self) -> dict[str, torch.Tensor]:
+        return self.inner.sync_payload()
+
+    def apply_sync(self, payload: dict[str, torch.Tensor]) -> None:
+        self.inner.apply_sync(payload)
+
+    def sync_bytes_per_step(self) -> int:
+        return self.inner.sync_bytes_per_step()
+
+    def receiver_grad_bytes_per_step(self) -> int:
+        return self.inner.receiver_grad_bytes_per_step()
+
+    def fold_receiver_grad(self) -> None:
+        self.inner.fold_receiver_grad()
+
+    def basis(self) -> torch.Tensor | None:
+        return self.inner.basis()
+
+    def checksum(self) -> int:
+        return self.inner.checksum()
+
+    # ---- codebook consistency ----------------------------------------------------------------
+    def codebook_checksums(self) -> tuple[int, int]:
+        """(CRC32 of the sender's codebooks, CRC32 of the receiver's copy): equal iff bit-identical."""
+        return tensor_checksum(self.rvq.codebooks), tensor_checksum(self.recv.codebooks)
+
+    def staleness(self) -> int:
+        """Versions the receiver copy is behind the newest sender version it has heard of."""
+        return self.sync.staleness(self.recv)
+
+    def check_sync(self, *, raise_on_error: bool = True) -> dict:
+        """Staleness vs ``max_staleness`` and (mirrored) version gaps; raises RuntimeError on either
+        unless ``raise_on_error=False``. ``identical`` compares the two copies held by this object
+        (meaningful where one object plays both sides, as in the single-process pipeline)."""
+        s = self.staleness()
+        crc_s, crc_r = self.codebook_checksums()
+        desync = self.sync.desync
+        rep = {"staleness": s, "max_staleness": self.max_staleness, "desync": desync,
+               "sender_crc": crc_s, "receiver_crc": crc_r, "identical": crc_s == crc_r}
+        rep["ok"] = s <= self.max_staleness and not desync
+        if raise_on_error and not rep["ok"]:
+            why = "mirrored version gap" if desync else f"staleness {s} > max_staleness {self.max_staleness}"
+            raise RuntimeError(f"RVQ codebook sync ({self.sync.name}): {why}")
+        return rep
+
+    @torch.no_grad()
+    def health_report(self) -> dict:
+        """The projection's window (max |z|, RMS) plus the quantiser's: the largest codeword norm of the
+        sender's codebooks and of the receiver copy this object holds (the sender's shadow of it when it
+        searches with the receiver's, the receiver's own on the receiving side), their distance relative
+        to the sender's norm, the last batch's code perplexity and the window's largest decoding error
+        of a message's largest-|z| token (absolute and relative)."""
+        rep = super().health_report()
+        cs, cr = self.rvq.codebooks.float(), self.recv.codebooks.float()
+        w, self._outlier = self._outlier, None
+        rep.update({
+            "codeword_max_sender": float(cs.norm(dim=-1).amax()),
+            "codeword_max_receiver": float(cr.norm(dim=-1).amax()),
+            "codebook_gap_rel": float((cs - cr).norm() / cs.norm().clamp_min(1e-30)),
+            "batch_perplexity": float(self._stats["batch_perplexity"]),
+            "outlier_err_max": None if w is None else float(w[0]),
+            "outlier_err_rel": None if w is None else float(w[1]),
+        })
+        return rep
+
+    def diagnostics(self) -> dict:
+        cs = self.rvq.cluster_size.float()
+        p = cs / cs.sum(-1, keepdim=True).clamp_min(1e-30)
+        ppl = torch.exp(-(p * p.clamp_min(1e-30).log()).sum(-1))            # (G, R)
+        thr = self.rvq.dead_code_threshold if self.rvq.dead_code_threshold > 0 else 1e-3
+        dead = (cs < thr).float().mean(-1) * 100.0                          # (G, R)
+        st = self._stats
+        crc_s, crc_r = self.codebook_checksums()
+        return {
+            **self.inner.diagnostics(),
+            "rvq_groups": self.rvq.groups, "rvq_rounds": self.rvq.rounds, "rvq_codebook_size": self.rvq.codebook_size,
+            "rvq_sync": self.sync.name, "rvq_scale": self.scale,
+            "codebook_perplexity_mean": float(ppl.mean()), "codebook_perplexity_min": float(ppl.min()),
+            "codebook_perplexity_per_round": ppl.mean(0).tolist(),
+            "dead_code_pct": float(dead.mean()), "dead_code_pct_max": float(dead.max()),
+            "dead_code_pct_per_round": dead.mean(0).tolist(),
+            "batch_perplexity_mean": float(st["batch_perplexity"]), "rel_mse": float(st["rel_mse"]),
+            "codebook_version": int(self.rvq.version), "staleness": self.staleness(),
+            "max_staleness": self.max_staleness, "codebooks_identical": crc_s == crc_r,
+            "sync_bytes_total": st["sync_bytes"], "data_bytes_total": st["data_bytes"],
+            "microbatches": st["microbatches"],
+        }

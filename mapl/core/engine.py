@@ -1,0 +1,289 @@
+"""The single-process pipeline (``LocalEngine``) and what every engine shares: the run's data, the
+optimizer recipe, the learning-rate scaling and mixed precision.
+
+``LocalEngine`` runs all P stages in this process, in order; every boundary goes through its wire
+(``WireTransfer``: pack/unpack both ways), so it computes bit for bit what the multi-process runtime
+(``mapl.core.runtime``) computes with one process per stage. The loop (``mapl.core.loop``) drives it:
+
+    engine = LocalEngine.build(cfg, ckpt=Path("checkpoints/run.pt"))
+    state = engine.resume(allow_changes=False)          # None when there is no checkpoint
+    results = mapl.core.loop.train(engine, state, out=Path("reports/results/run.json"))
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from . import checkpoint
+from .. import data as mdata
+from .compress.base import StiefelParameter
+from .config import ConfigError, RunConfig
+from .diagnostics import boundary_diagnostics
+from .loop import Evaluation, LoopState, NonFiniteError, StepOutcome
+from .results import build_results, describe_boundary
+from .runtime.boundary_sync import meter_local_step
+from .stages import StagedModel, build_staged_model
+from .wire import ByteMeter
+
+__all__ = ["RunData", "resolve_data_dir", "open_run_data", "batch_weight", "build_optimizers", "set_lr", "autocast_ctx",
+           "stage_of_parameter", "check_projectors", "LocalEngine"]
+
+
+# ---- data ----------------------------------------------------------------------------------------------
+@dataclass
+class RunData:
+    """The run's prepared, verified dataset (``mapl.data.open_dataset``) and its evaluation batches."""
+    dataset: mdata.Dataset
+    val_batches: list             # fixed evaluation batches [(x, y)]: the report set
+    select_batches: list = field(default_factory=list)   # the selection set (train.select_every; may be empty)
+
+    @property
+    def manifest(self) -> dict:
+        return self.dataset.manifest
+
+    @property
+    def vocab_size(self) -> int:
+        return self.dataset.vocab_size
+
+    def batch(self, step: int, t) -> tuple[torch.Tensor, torch.Tensor]:
+        """The training batch of ``step`` (``t``: the TrainConfig): the same on every process and resume."""
+        return self.dataset.batch(step, t.batch_size, t.seq_len, t.seed)
+
+
+def resolve_data_dir(cfg: RunConfig) -> Path:
+    return Path(cfg.data_dir) if cfg.data_dir else mdata.default_data_dir(cfg.data)
+
+
+def open_run_data(cfg: RunConfig) -> RunData:
+    """The run's token shards, verified against the manifest and the config (training never builds
+    data: ``python -m mapl.data`` does), and its evaluation batches."""
+    ds = mdata.open_dataset(cfg.data, resolve_data_dir(cfg), profile=cfg.profile)
+    t = cfg.train
+    room = len(ds.val) - t.seq_len - 1
+    if t.eval_offset > room:
+        raise ConfigError(f"train.eval_offset={t.eval_offset} is invalid: the validation split has {len(ds.val)} "
+                          f"tokens, so it must be <= {max(0, room)} (validation windows of train.seq_len={t.seq_len})")
+    sets = {part: ds.eval_batches(t.eval_batch_size, t.seq_len, t.eval_tokens, offset=t.eval_offset,
+                                  select_every=t.select_every, part=part) for part in ("report", "select")}
+    if not sets["report"]:
+        raise ConfigError(f"train.select_every={t.select_every} is invalid: it leaves no report window in "
+                          f"{t.eval_tokens or len(ds.val)} validation tokens; use 0 or >= 2")
+    return RunData(ds, sets["report"], sets["select"])
+
+
+def batch_weight(y: torch.Tensor, batches: list) -> float:
+    """A validation batch's weight in the mean over batches: its tokens over a full batch's. The mean
+    of the batches' mean losses weighted so is the mean over tokens, whatever the batch size and
+    however the batches are shared among replicas (a smaller last batch counts for its tokens only);
+    full batches weigh exactly 1.0, so where the windows fill every batch the numbers are those of
+    the plain mean over batches, bit for bit."""
+    return y.numel() / batches[0][1].numel()
+
+
+# ---- the optimizer recipe ---------------------------------------------------------------------------
+def _param_groups(sm: StagedModel) -> dict[str, list]:
+    groups = {k: [] for k in ("muon", "stiefel", "unconstrained", "embed", "head", "anchor", "other")}
+    for name, p in sm.named_parameters():
+        if not p.requires_grad:
+            continue
+        if isinstance(p, StiefelParameter):
+            groups["stiefel"].append(p)
+        elif name.startswith("boundaries."):         # a learned projector without the constraint (ablation)
+            groups["unconstrained"].append(p)
+        elif name.startswith("model.layers.") and p.ndim == 2:
+            groups["muon"].append(p)
+        elif name.startswith("model.tok_embeddings"):
+            groups["embed"].append(p)
+        elif name.startswith("model.output"):
+            groups["head"].append(p)
+        elif name.startswith("anchors."):
+            groups["anchor"].append(p)
+        else:
+            groups["other"].append(p)
+    return groups
+
+
+def build_optimizers(sm: StagedModel, cfg: RunConfig, exclude: set[int] | None = None) -> list[torch.optim.Optimizer]:
+    """The paper's recipe: Muon for 2-D hidden weights; AdamW for embeddings, head, norms, anchors;
+    SPEL for Stiefel projectors. ``exclude``: ids of parameters some other process owns."""
+    t, pc, spel = cfg.train, cfg.compressor.projector, cfg.compressor.spel
+    groups = {k: [p for p in v if id(p) not in (exclude or set())] for k, v in _param_groups(sm).items()}
+    opts = []
+    muon_params = groups["muon"] + (groups["unconstrained"] if pc.unconstrained_optimizer == "muon" else [])
+    if muon_params:
+        opts.append(torch.optim.Muon(muon_params, lr=t.lr_muon, weight_decay=t.weight_decay, momentum=t.muon_momentum))
+    adam = [{"params": groups["embed"], "lr": t.lr_embed}, {"params": groups["head"], "lr": t.lr_head},
+            {"params": groups["anchor"], "lr": t.lr_anchor or t.lr_embed}, {"params": groups["other"], "lr": t.lr_adam}]
+    if pc.unconstrained_optimizer == "adamw":
+        adam.append({"params": groups["unconstrained"], "lr": pc.lr_mult * t.lr_muon})
+    adam = [g for g in adam if g["params"]]
+    if adam:
+        opts.append(torch.optim.AdamW(adam, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0))
+    if groups["stiefel"]:
+        from .optim import SPEL
+        opts.append(SPEL(groups["stiefel"], lr=pc.lr_mult * t.lr_muon, momentum=spel.momentum,
+                         polar=spel.polar, polar_steps=spel.polar_steps))
+    for opt in opts:
+        for g in opt.param_groups:
+            g["peak_lr"] = g["lr"]
+    return opts
+
+
+def set_lr(opts, factor: float) -> None:
+    for opt in opts:
+        for g in opt.param_groups:
+            g["lr"] = g["peak_lr"] * factor
+
+
+def autocast_ctx(cfg: RunConfig, device: torch.device):
+    p = cfg.train.precision
+    use_bf16 = p == "bf16" or (p == "auto" and device.type == "cuda")
+    return torch.autocast(device.type, dtype=torch.bfloat16) if use_bf16 else contextlib.nullcontext()
+
+
+def stage_of_parameter(name: str, split: list[list[int]]) -> int:
+    """Which stage holds the parameter (or buffer, or its optimizer state) ``name`` of a StagedModel."""
+    parts = name.split(".")
+    if parts[0] == "anchors":
+        return int(parts[1])
+    if parts[0] == "boundaries":                      # owned by the sender
+        return int(parts[1])
+    if parts[:2] == ["model", "layers"]:
+        return next(s for s, layers in enumerate(split) if int(parts[2]) in layers)
+    if parts[:2] == ["model", "tok_embeddings"]:
+        return 0
+    return len(split) - 1                            # final norm, head, rope tables
+
+
+def check_projectors(comps: dict[int, object], step: int) -> None:
+    """After the optimizer step: a learned projector must stay finite (the receiver would decode garbage)."""
+    for p, comp in comps.items():
+        for name, prm in comp.named_parameters():
+            if not torch.isfinite(prm).all():
+                raise NonFiniteError(
+                    f"non-finite projector {name} of boundary {p} (sender: stage {p}) after the optimizer step of "
+                    f"step {step}; the last good checkpoint is kept")
+
+
+# ---- the single-process engine ----------------------------------------------------------------------
+class LocalEngine:
+    """Every stage in this process (``mapl.core.loop.Engine``)."""
+    reporter = True
+
+    def __init__(self, cfg: RunConfig, data: RunData, device: torch.device, ckpt: Path | None = None):
+        self.cfg, self.data, self.device = cfg, data, device
+        self.sm = build_staged_model(cfg, data.vocab_size).to(device)
+        self.opts = build_optimizers(self.sm, cfg)
+        self.meter = ByteMeter()
+        self.ckpt = Path(ckpt) if ckpt else None
+        self.slot = checkpoint.CheckpointSlot(self.ckpt) if self.ckpt else None
+        self.checkpointing = self.slot is not None
+
+    @classmethod
+    def build(cls, cfg: RunConfig, ckpt: Path | None = None, device: torch.device | None = None) -> "LocalEngine":
+        """Validate (everything that needs no data first), open the data, build model and optimizers."""
+        if cfg.train.threads:
+            torch.set_num_threads(cfg.train.threads)
+        cfg.validate()
+        data = open_run_data(cfg)
+        cfg = cfg.validate(data.vocab_size)
+        device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return cls(cfg, data, device, ckpt)
+
+    def resume(self, allow_changes: bool = False, log=print) -> LoopState | None:
+        if self.slot is None:
+            return None
+        stale = self.slot.drop_stale()          # the run was killed before the next step confirmed it
+        if stale:
+            log(f"dropped the unconfirmed checkpoint {stale} (the step after it never completed)")
+        if not self.ckpt.exists():
+            return None
+        state = checkpoint.restore(checkpoint.read(self.ckpt), self.ckpt, self.cfg, self.sm, self.opts, self.meter,
+                                   allow_changes)
+        self.slot.saved_step = state.step
+        return state
+
+    def train_step(self, step: int, lr_scale: float, stop_requested=lambda: False) -> StepOutcome:
+        t, sm, dev = self.cfg.train, self.sm, self.device
+        set_lr(self.opts, lr_scale)
+        x, y = self.data.batch(step, t)
+        x, y = x.to(dev), y.to(dev)
+        mb = t.batch_size // t.micro_batches
+        loss_sum = torch.zeros((), dtype=torch.float64, device=dev)     # on device: one host read per step
+        for i in range(t.micro_batches):
+            with autocast_ctx(self.cfg, dev):
+                loss = sm(x[i * mb:(i + 1) * mb], y[i * mb:(i + 1) * mb], self.meter,
+                          t.loss_chunk_tokens) / t.micro_batches
+            loss.backward()
+            loss_sum += loss.detach()
+        loss = float(loss_sum)
+        if not math.isfinite(loss):
+            return StepOutcome(loss, stop_requested(), self._locate_nonfinite(x, mb))
+        for comp in sm.compressors():
+            comp.fold_receiver_grad()
+        if t.grad_clip:
+            torch.nn.utils.clip_grad_norm_([p for p in sm.parameters() if p.grad is not None], t.grad_clip)
+        for opt in self.opts:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        check_projectors(dict(enumerate(sm.compressors())), step)
+        meter_local_step(sm.compressors(), self.meter)
+        return StepOutcome(loss, stop_requested())
+
+    def _locate_nonfinite(self, x: torch.Tensor, mb: int) -> str:
+        """Off the hot path, after a non-finite step loss: replay the micro-batches' forwards."""
+        for i in range(self.cfg.train.micro_batches):
+            where = self.sm.find_nonfinite(x[i * mb:(i + 1) * mb])
+            if where:
+                return f"{where} in micro-batch {i}"
+        return "the loss only (activations finite)"
+
+    @torch.no_grad()
+    def evaluate(self, step: int) -> Evaluation:
+        sm, dev = self.sm, self.device
+        was_training = sm.training
+        sm.eval()                        # eval: compressors must not update state (RVQ EMA, k-means, sync)
+
+        def mean_loss(batches: list) -> float:
+            total = torch.zeros((), dtype=torch.float64, device=dev)
+            with autocast_ctx(self.cfg, dev):
+                for x, y in batches:
+                    total += sm(x.to(dev), y.to(dev)).double() * batch_weight(y, batches)
+            return float(total) / sum(batch_weight(y, batches) for _, y in batches)
+
+        out = Evaluation(mean_loss(self.data.val_batches),
+                         mean_loss(self.data.select_batches) if self.data.select_batches else None)
+        sm.train(was_training)
+        return out
+
+    def health(self) -> list[dict]:
+        return [comp.health_report() for comp in self.sm.compressors()]
+
+    def save(self, state: LoopState, confirmed: bool = True) -> None:
+        def write(path: Path) -> None:
+            checkpoint.save(path, cfg=self.cfg, model=self.sm, optimizers=self.opts, meter=self.meter, state=state,
+                            last_good=self.slot.saved_step,
+                            where=lambda n: f" (stage {stage_of_parameter(n.split(' of ')[-1], self.sm.split)})")
+        self.slot.commit(write, state.step, confirmed)
+
+    def confirm(self) -> None:
+        self.slot.confirm()
+
+    def drop_unconfirmed(self) -> None:
+        self.slot.drop_unconfirmed()
+
+    def results(self, state: LoopState, wall_s: float) -> dict:
+        sm = self.sm
+        boundaries = [describe_boundary(c, p, self.cfg, sm.id_bytes_per_token()) for p, c in enumerate(sm.compressors())]
+        res = build_results(self.cfg, state, boundaries, self.meter, d_model=sm.model.cfg.d_model,
+                            id_bytes_per_token=sm.id_bytes_per_token(), n_params=sum(p.numel() for p in sm.parameters()),
+                            manifest=self.data.manifest, wall_s=wall_s)
+        # subspace diagnostics on <= 8192 held-out tokens (cheap; the same tokens for every method)
+        n_seq = max(1, 8192 // self.cfg.train.seq_len)
+        res["boundary_diagnostics"] = boundary_diagnostics(
+            sm, [(x[:n_seq].to(self.device), y[:n_seq]) for x, y in self.data.val_batches[:1]])
+        return res

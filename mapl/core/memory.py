@@ -1,0 +1,383 @@
+"""The memory plan of a pipeline run: bytes per stage, before anything is allocated.
+
+For a :class:`~mapl.core.config.RunConfig` (model shape, P, schedule, micro-batches and their size, sequence
+length, precision, activation checkpointing, method) the plan gives, per stage: parameters, gradients,
+optimizer state, activations alive at the peak, the embedding/head/logits working set, compressor
+state and wire buffers. The runtime prints it before a run starts and refuses a plan that does not fit
+(:func:`check_plan`)::
+
+    python -m mapl.memory --profile paper --model 1B --stages 4 --schedule 1f1b --device-gib 139.8
+
+Where the numbers come from:
+
+* parameters, buffers and who optimises what are *counted*, not tabulated: every stage is built on the
+  ``meta`` device (no memory, exact shapes), pruned as the pipeline prunes it, and handed to
+  :func:`mapl.core.engine.build_optimizers` (the receiver's copy of a learned projector is excluded, as in the
+  runtime). State per optimizer: Muon and SPEL one momentum buffer, AdamW two moments (+ a step scalar);
+* activations are analytic per token and exact for this code base (``tests/test_memory.py`` checks them
+  against the tensors autograd saves). A block saves, in elements per token (d width, q = heads x
+  head_dim, kv = kv_heads x head_dim, f SwiGLU width, H heads): per RMSNorm its input, x/rms and output
+  (3d + 1), SDPA's q, k, v, output and log-sum-exp (2q + 2kv + H), the output projection's reshaped
+  input (q), SwiGLU's gate, silu(gate), up and their product (4f). fp32: 4 bytes each. bf16 autocast
+  (the runtime's target: an fp32 residual stream, matmuls in bf16): residual-side norm tensors stay fp32,
+  the norm output is saved as a bf16 cast once per linear that reads it (autocast caches the casts of
+  weights only: wq, wk, wv make three copies of the attention norm's output, w1, w3 two of the FFN
+  norm's; calibrated against saved tensors at the 150M and 1B block shapes), everything after a matmul
+  is bf16, log-sum-exp fp32; and every micro-batch in flight holds its own bf16 copy of the stage's
+  matmul weights (autocast's cast cache lives for one forward);
+* micro-batches alive at the peak: GPipe keeps all M; 1F1B at most P - s on stage s. With activation
+  checkpointing a block keeps only its input, plus one block's activations while it is recomputed;
+* the last stage keeps log-softmax's fp32 output (V per token) for every micro-batch alive, and while
+  one micro-batch runs the loss it briefly holds the logits and their gradients besides; with
+  ``train.loss_chunk_tokens`` (chunked cross-entropy, logits recomputed in backward) nothing V-wide is
+  kept, and the V-wide tensors of one chunk are the transient;
+* wire buffers: today's runtime keeps every send of a step until the step ends (``sends_held="step"``);
+* MAPL+RVQ's sender searches each micro-batch it packs: the search's temporaries
+  (:func:`mapl.core.compress.rvq.search.search_transient_bytes`: O(G·N) with the fused kernel, the tile's
+  distance block with the matmul one, and the k-means init's tile at the first step), plus the fp32 copy
+  of a bf16 Z, are a transient of the forward beside the other ``working`` candidates.
+
+The plan is an estimate of live tensor bytes; allocators add fragmentation, and a CUDA context takes
+about 0.5-1 GiB: :func:`check_plan` keeps a margin (``reserve_frac``, default 10 %).
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from dataclasses import dataclass, field, fields
+
+import torch
+
+from .config import RunConfig, load_run_config
+from .model import ModelConfig
+
+__all__ = ["GiB", "StageMemory", "MemoryPlan", "memory_plan", "format_plan", "check_plan", "build_meta_stage",
+           "block_activation_bytes_per_token", "head_activation_bytes_per_token", "resolve_precision", "main"]
+
+GiB = 1024 ** 3
+# optimizer state in multiples of the parameter bytes (+ scalars per parameter tensor)
+_STATE_MULT = {"Muon": 1, "SPEL": 1, "AdamW": 2, "Adam": 2}
+_STATE_SCALARS = {"AdamW": 4, "Adam": 4}          # AdamW keeps a float32 'step' tensor per parameter
+
+
+def resolve_precision(precision: str, device: str) -> str:
+    """``train.precision`` -> 'fp32' | 'bf16' ('auto': bf16 autocast on CUDA, fp32 elsewhere)."""
+    if precision not in ("auto", "fp32", "bf16"):
+        raise ValueError(f"train.precision={precision!r} is invalid: allowed 'auto', 'fp32', 'bf16'")
+    return precision if precision != "auto" else ("bf16" if device.startswith("cuda") else "fp32")
+
+
+def block_activation_bytes_per_token(mc: ModelConfig, precision: str) -> int:
+    """Bytes one LLaMA block (RMSNorm, RoPE attention through SDPA, SwiGLU) saves for backward, per token."""
+    d, q, kv, f, H = mc.d_model, mc.n_heads * mc.head_dim, mc.n_kv_heads * mc.head_dim, mc.ffn_hidden, mc.n_heads
+    if precision == "fp32":
+        return 4 * (2 * (3 * d + 1) + 3 * q + 2 * kv + H + 4 * f)
+    # bf16: per norm x and x/rms fp32 (8d) + rstd; its bf16 output once per linear reading it (3 + 2 copies
+    # of 2d); attention bf16 + lse fp32; SwiGLU bf16
+    return 2 * (8 * d + 4) + 5 * 2 * d + 2 * (3 * q + 2 * kv) + 4 * H + 2 * 4 * f
+
+
+def head_activation_bytes_per_token(mc: ModelConfig, precision: str) -> tuple[int, int]:
+    """(saved, transient) bytes per token of the final norm, LM head and cross-entropy of one micro-batch.
+    Saved: the norm's tensors and log-softmax's fp32 output. Transient: fp32 the logits (forward) and
+    two V-wide gradients (backward); bf16 also the bf16 logits and their gradient."""
+    d, V = mc.d_model, mc.vocab_size
+    if precision == "fp32":
+        return 4 * (3 * d + 1) + 4 * V, 8 * V
+    return 10 * d + 4 + 4 * V, 10 * V             # one norm: x, x/rms fp32, rstd, one bf16 output copy
+
+
+def _head_terms(mc: ModelConfig, precision: str, tokens: int, chunk: int) -> tuple[int, int]:
+    """(saved per micro-batch, transient) bytes of the head and loss over ``tokens`` tokens. A chunked
+    loss (``chunk`` < tokens) keeps nothing V-wide (each chunk's logits are recomputed in backward) and
+    holds one chunk's V-wide tensors, log-softmax's output included, while that chunk runs."""
+    saved, transient = head_activation_bytes_per_token(mc, precision)
+    if not chunk or chunk >= tokens:
+        return saved * tokens, transient * tokens
+    v_saved = 4 * mc.vocab_size
+    return (saved - v_saved) * tokens, (v_saved + transient) * chunk
+
+
+def _weight_bytes(module: torch.nn.Module) -> int:
+    """Bytes of the matmul weights autocast copies to bf16 (2-D parameters and buffers)."""
+    tensors = list(module.parameters()) + list(module.buffers())
+    return sum(2 * t.numel() for t in tensors if t.dim() == 2)
+
+
+@dataclass
+class StageMemory:
+    """Bytes of one stage at its peak. ``total`` is what :func:`check_plan` compares with the device."""
+    stage: int
+    layers: list[int]
+    alive: int                    # micro-batches whose activations are held at the peak
+    params: int = 0               # model parameters and buffers (fp32)
+    grads: int = 0
+    optimizer: int = 0
+    activations: int = 0          # blocks (and stage input/output) of the micro-batches alive
+    head: int = 0                 # embedding ids / final norm + log-softmax of the micro-batches alive
+    working: int = 0              # transient: one micro-batch's backward/loss, or the optimizer step beyond them
+    compressor: int = 0           # anchors, projector copies, RVQ codebooks (+ grads, optimizer state)
+    buffers: int = 0              # wire send/receive buffers
+    detail: dict = field(default_factory=dict)
+
+    @property
+    def total(self) -> int:
+        return (self.params + self.grads + self.optimizer + self.activations + self.head + self.working
+                + self.compressor + self.buffers)
+
+    def terms(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if f.name not in ("stage", "layers", "alive", "detail")}
+
+
+@dataclass
+class MemoryPlan:
+    run: str
+    precision: str
+    schedule: str
+    micro_batches: int
+    tokens_per_micro_batch: int
+    checkpointing: bool
+    stages: list[StageMemory]
+
+    @property
+    def peak(self) -> StageMemory:
+        return max(self.stages, key=lambda s: s.total)
+
+    def to_dict(self) -> dict:
+        return {"run": self.run, "precision": self.precision, "schedule": self.schedule,
+                "micro_batches": self.micro_batches, "tokens_per_micro_batch": self.tokens_per_micro_batch,
+                "checkpointing": self.checkpointing,
+                "stages": [{"stage": s.stage, "layers": s.layers, "alive": s.alive, **s.terms(), "total": s.total,
+                            "detail": s.detail} for s in self.stages]}
+
+
+def _alive(schedule: str, stages: int, micro: int, s: int) -> int:
+    """Micro-batches whose graphs a stage holds at once: GPipe all M; 1F1B (PipeDream-flush) P - s."""
+    return micro if schedule == "gpipe" else min(micro, stages - s)
+
+
+def _module_bytes(module: torch.nn.Module) -> tuple[int, int]:
+    """(parameter + buffer bytes, trainable parameter bytes) of a module."""
+    every = sum(t.numel() * t.element_size() for t in list(module.parameters()) + list(module.buffers()))
+    train = sum(p.numel() * p.element_size() for p in module.parameters() if p.requires_grad)
+    return every, train
+
+
+def _optimizer_bytes(opts, params: set[int] | None = None) -> int:
+    """State bytes the optimizers will hold after their first step (for ``params`` ids, or all)."""
+    total = 0
+    for opt in opts:
+        name = type(opt).__name__
+        if name not in _STATE_MULT:
+            raise ValueError(f"memory plan: optimizer {name} has no state size here; add it to mapl.core.memory._STATE_MULT")
+        for g in opt.param_groups:
+            for p in g["params"]:
+                if params is None or id(p) in params:
+                    total += _STATE_MULT[name] * p.numel() * p.element_size() + _STATE_SCALARS.get(name, 0)
+    return total
+
+
+def build_meta_stage(cfg: RunConfig, vocab: int, s: int):
+    """Stage s as the runtime holds it, built on the meta device (exact shapes, no memory): the pruned
+    StagedModel, its optimizers and the receiver-side compressor (None on stage 0)."""
+    from .stages import build_staged_model
+    from .engine import build_optimizers
+    with torch.device("meta"):
+        sm = build_staged_model(cfg, vocab).prune_to_stage(s)
+    comp_in = sm.boundaries[str(s - 1)] if s > 0 else None
+    recv = {id(p) for p in comp_in.parameters()} if comp_in is not None else set()
+    return sm, build_optimizers(sm, cfg, exclude=recv), comp_in
+
+
+def _opt_transient(opts, device: str) -> int:
+    """Temporaries of one optimizer step. AdamW, per tensor on CPU: sqrt and divide of the largest
+    parameter's second moment (2x it); on CUDA its foreach path: one temporary the size of its group.
+    Muon/SPEL: a few copies of one matrix (the largest)."""
+    per_tensor, adam_group = 0, 0
+    for opt in opts:
+        for g in opt.param_groups:
+            sizes = [p.numel() * p.element_size() for p in g["params"]]
+            per_tensor = max([per_tensor, *sizes])
+            if type(opt).__name__ in ("AdamW", "Adam"):
+                adam_group = max(adam_group, sum(sizes))
+    return max(2 * per_tensor, adam_group if device.startswith("cuda") else 0)
+
+
+def _static_terms(cfg: RunConfig, vocab: int, s: int, device: str) -> tuple[StageMemory, object]:
+    """Parameters, gradients, optimizer and compressor state of stage s (exact, from a meta build)."""
+    sm, opts, comp_in = build_meta_stage(cfg, vocab, s)
+    st = StageMemory(stage=s, layers=list(sm.split[s]), alive=0)
+    side = [sm.anchors[k] for k in sm.anchors] + [sm.boundaries[k] for k in sm.boundaries]
+    side_ids = {id(p) for m in side for p in m.parameters()}
+    side_bytes = sum(_module_bytes(m)[0] for m in side)
+    side_train = sum(_module_bytes(m)[1] for m in side)
+    every, train = _module_bytes(sm)
+    st.params, st.grads = every - side_bytes, train - side_train
+    st.optimizer = _optimizer_bytes(opts) - _optimizer_bytes(opts, side_ids)
+    st.compressor = side_bytes + side_train + _optimizer_bytes(opts, side_ids)
+    st.detail = {"opt_transient": _opt_transient(opts, device), "stage_weight_bf16": _weight_bytes(sm.model.layers),
+                 "ids_on_wire": sm.ids_on_wire, "id_bytes": sm.id_bytes_per_token()}
+    return st, sm
+
+
+def _wire_bytes(comp, mb_shape: tuple[int, int], direction: str) -> int:
+    return sum(math.prod(shape) * torch.tensor([], dtype=dt).element_size()
+               for shape, dt in comp.payload_spec(mb_shape, direction))
+
+
+def _boundary_terms(sm, s: int, P: int, tokens: int, matmul_bytes: int) -> tuple[int, int]:
+    """Per micro-batch alive: (stage input + output tensors, ids) bytes.
+    Input (s > 0): the received z, kept for its gradient, unless decode is the identity (then it is the
+    first block's input, counted there). Output (s < P-1): z (an fp32 residual when encode is the
+    identity, else a matmul output), plus encode's d-wide fp32 input when the projector is learned (its
+    gradient needs it)."""
+    d = sm.model.cfg.d_model
+    extra = 0
+    if s > 0:
+        comp = sm.boundaries[str(s - 1)]
+        if comp.code_dim != d:
+            extra += comp.code_dim * matmul_bytes * tokens
+    if s < P - 1:
+        comp = sm.boundaries[str(s)]
+        extra += comp.code_dim * (4 if comp.code_dim == d else matmul_bytes) * tokens
+        if any(p.requires_grad for p in comp.parameters()):
+            extra += d * 4 * tokens
+    uses_ids = s == 0 or any(p.requires_grad for p in sm.anchors[str(s)].parameters())
+    return extra, (8 * tokens if uses_ids else 0)
+
+
+def _stage_plan(cfg: RunConfig, vocab: int, s: int, precision: str, checkpointing: bool,
+                sends_held: str, device: str) -> StageMemory:
+    st, sm = _static_terms(cfg, vocab, s, device)
+    t, P, mc = cfg.train, cfg.stages, sm.model.cfg
+    tokens = (t.batch_size // t.micro_batches) * t.seq_len
+    st.alive = alive = _alive(t.schedule, P, t.micro_batches, s)
+    matmul_bytes = 4 if precision == "fp32" else 2
+    blk = block_activation_bytes_per_token(mc, precision) * tokens
+    n_blocks = len(st.layers)
+    weights = 0
+    if precision == "bf16":          # autocast's bf16 weight copies, one set per micro-batch in flight
+        weights = st.detail["stage_weight_bf16"] + (2 * mc.d_model * mc.vocab_size if s == P - 1 else 0)
+    if checkpointing:                # a checkpointed block keeps its fp32 input; one block is recomputed at a time
+        per_mb = n_blocks * mc.d_model * 4 * tokens
+        one_block = blk + (weights // max(1, n_blocks) if weights else 0)
+        weights = 2 * mc.d_model * mc.vocab_size if (precision == "bf16" and s == P - 1) else 0
+    else:
+        per_mb, one_block = n_blocks * blk, blk
+    edge, ids = _boundary_terms(sm, s, P, tokens, matmul_bytes)
+    st.activations = alive * (per_mb + edge + weights)
+    head_saved, head_work = _head_terms(mc, precision, tokens, t.loss_chunk_tokens)
+    st.head = alive * (ids + (head_saved if s == P - 1 else 0))
+    st.detail["rvq_search"] = _rvq_search_bytes(cfg, sm, s, tokens, precision, device)
+    act_working = max(one_block, head_work if s == P - 1 else 0, st.detail["rvq_search"])
+    # the optimizer step runs after the activations are freed: its temporaries count only beyond them
+    st.working = max(act_working, st.detail["opt_transient"] - st.activations - st.head)
+    st.buffers = _buffer_bytes(sm, s, P, (t.batch_size // t.micro_batches, t.seq_len), t.micro_batches, sends_held)
+    st.detail.update(block_bytes_per_micro_batch=blk, micro_batch_tokens=tokens)
+    return st
+
+
+def _rvq_search_bytes(cfg: RunConfig, sm, s: int, tokens: int, precision: str, device: str) -> int:
+    """Transient bytes of the RVQ search stage s runs as the sender of boundary s (0 for other methods)."""
+    if cfg.compressor.method != "mapl-rvq" or s == cfg.stages - 1:
+        return 0
+    from .compress.rvq.search import search_transient_bytes, tile_budget
+    q = sm.boundaries[str(s)].rvq
+    search = search_transient_bytes(tokens, q.groups, q.rounds, q.codebook_size, q.sub_dim, kernel=q.search_kernel,
+                                    tile_bytes=q.tile_bytes, device=device)
+    kmeans_tile = 4 * tile_budget(q.tile_bytes, torch.float32, torch.device(device))   # its assign is always tiled
+    fp32_copy = 4 * q.dim * tokens if precision == "bf16" else 0
+    return fp32_copy + max(search, kmeans_tile)
+
+
+def _buffer_bytes(sm, s: int, P: int, mb_shape, micro: int, sends_held: str) -> int:
+    """Send buffers held (all M of the step in today's runtime, else one) plus one receive per direction."""
+    if sends_held not in ("step", "one"):
+        raise ValueError(f"sends_held={sends_held!r} is invalid: allowed 'step', 'one'")
+    held = micro if sends_held == "step" else 1
+    ids = sm.id_bytes_per_token() * mb_shape[0] * mb_shape[1]
+    total = 0
+    if s < P - 1:                    # forward sends (+ token ids), gradient receives
+        comp = sm.boundaries[str(s)]
+        total += held * (_wire_bytes(comp, mb_shape, "fwd") + ids) + _wire_bytes(comp, mb_shape, "bwd")
+    if s > 0:                        # gradient sends, forward receives
+        comp = sm.boundaries[str(s - 1)]
+        total += held * _wire_bytes(comp, mb_shape, "bwd") + _wire_bytes(comp, mb_shape, "fwd") + ids
+    return total
+
+
+def memory_plan(cfg: RunConfig, vocab_size: int | None = None, *, device: str = "cuda",
+                precision: str | None = None, checkpointing: bool | None = None,
+                sends_held: str = "step") -> MemoryPlan:
+    """Bytes per stage of ``cfg`` on ``device`` ('cuda' or 'cpu': picks the precision of 'auto').
+    ``vocab_size``: the tokenizer's (default: the model preset's). ``checkpointing``: default the config's
+    ``train.activation_checkpointing``."""
+    mc = cfg.model_config(vocab_size)
+    cfg = cfg.validate(mc.vocab_size)
+    prec = resolve_precision(precision or cfg.train.precision, device)
+    if checkpointing is None:
+        checkpointing = cfg.train.activation_checkpointing
+    stages = [_stage_plan(cfg, mc.vocab_size, s, prec, checkpointing, sends_held, device) for s in range(cfg.stages)]
+    t = cfg.train
+    return MemoryPlan(run=cfg.name(), precision=prec, schedule=t.schedule, micro_batches=t.micro_batches,
+                      tokens_per_micro_batch=(t.batch_size // t.micro_batches) * t.seq_len,
+                      checkpointing=checkpointing, stages=stages)
+
+
+def _gib(x: float) -> str:
+    return f"{x / GiB:.2f}"
+
+
+def format_plan(plan: MemoryPlan) -> str:
+    """The plan as a markdown table in GiB, one row per stage."""
+    names = list(plan.stages[0].terms())
+    head = (f"memory plan {plan.run}: {plan.precision}, {plan.schedule}, {plan.micro_batches} micro-batches of "
+            f"{plan.tokens_per_micro_batch} tokens, activation checkpointing {'on' if plan.checkpointing else 'off'}")
+    lines = [head, "", "| stage | layers | alive | " + " | ".join(names) + " | total (GiB) |",
+             "|" + "---|" * (len(names) + 4)]
+    for s in plan.stages:
+        lay = f"{s.layers[0]}-{s.layers[-1]}" if len(s.layers) > 1 else str(s.layers[0])
+        lines.append(f"| {s.stage} | {lay} | {s.alive} | " + " | ".join(_gib(v) for v in s.terms().values())
+                     + f" | {_gib(s.total)} |")
+    return "\n".join(lines) + "\n"
+
+
+def check_plan(plan: MemoryPlan, device_bytes: float, reserve_frac: float = 0.10) -> None:
+    """Refuse (one-line ValueError) a plan whose largest stage exceeds the device memory less a margin."""
+    if not device_bytes > 0:
+        raise ValueError(f"device memory {device_bytes!r} is invalid: must be > 0 bytes")
+    limit = device_bytes * (1.0 - reserve_frac)
+    worst = plan.peak
+    if worst.total > limit:
+        big = max(worst.terms().items(), key=lambda kv: kv[1])
+        raise ValueError(
+            f"memory plan of {plan.run} does not fit: stage {worst.stage} needs {_gib(worst.total)} GiB "
+            f"(largest term {big[0]} {_gib(big[1])} GiB) but the device allows {_gib(limit)} GiB "
+            f"({_gib(device_bytes)} GiB less {reserve_frac:.0%} reserve); try train.schedule=1f1b, "
+            f"activation checkpointing, smaller micro-batches (more of them) or more stages")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m mapl.memory", description="Print the memory plan per stage.")
+    ap.add_argument("--profile", default="paper")
+    ap.add_argument("--model"), ap.add_argument("--method"), ap.add_argument("--ratio", type=float)
+    ap.add_argument("--stages", type=int), ap.add_argument("--schedule", choices=["gpipe", "1f1b"])
+    ap.add_argument("--micro-batches", type=int), ap.add_argument("--seq-len", type=int)
+    ap.add_argument("--device", default="cuda", help="cuda | cpu: the precision 'auto' resolves to")
+    ap.add_argument("--checkpointing", action="store_true", help="activation checkpointing per block")
+    ap.add_argument("--device-gib", type=float, help="refuse if a stage exceeds this (GiB)")
+    a = ap.parse_args(argv)
+    over = {"model": a.model, "method": a.method, "ratio": a.ratio, "stages": a.stages,
+            "train.schedule": a.schedule, "train.micro_batches": a.micro_batches, "train.seq_len": a.seq_len}
+    try:
+        plan = memory_plan(load_run_config(a.profile, over), device=a.device,
+                           checkpointing=True if a.checkpointing else None)
+        print(format_plan(plan))
+        if a.device_gib:
+            check_plan(plan, a.device_gib * GiB)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0

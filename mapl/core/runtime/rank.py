@@ -1,0 +1,131 @@
+"""What one rank of ``python -m mapl.pipeline`` does, from an initialised process group to its results:
+compile what the first step would (before any timed wait), open the (prepared) data, make the groups
+and the transport, print the memory plan, build the stage (``PipelineEngine``), resume, and run the
+one training loop.
+
+    run_rank(cfg, topo, out=..., ckpt=..., timeout_s=cfg.train.comm_timeout_s)   # rank 0 returns the results
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from ..config import RunConfig
+from ..engine import RunData, open_run_data, resolve_data_dir
+from ..link import LinkProfile
+from ..loop import train
+from .faults import FaultPlan
+from .topology import Topology
+from .transport import Transport
+from .worker import PipelineEngine
+
+__all__ = ["run_rank", "open_data", "print_memory_plan", "warm_compiled_kernels"]
+
+
+def _gather_errors(err: str | None, group=None) -> None:
+    out = [None] * dist.get_world_size()
+    dist.all_gather_object(out, err, group=group)
+    bad = [f"rank {i}: {e}" for i, e in enumerate(out) if e]
+    if bad:
+        raise ValueError("; ".join(bad))
+
+
+def open_data(cfg: RunConfig, topo: Topology, faults: FaultPlan | None = None) -> RunData:
+    """The first process of every host opens the data first (verifying the shards against the manifest:
+    a full hash the first time on that host), then the others (a quick stamp check). Ranks wait for
+    each other for as long as that takes (the default group has no practical timeout) and say so after
+    5 s: a slow verification is never mistaken for a dead peer. An error on any rank ends every rank
+    with the same one-line message."""
+    local0 = int(os.environ.get("LOCAL_RANK", topo.rank)) == 0
+    data, err = None, None
+    for turn in (True, False):
+        note = threading.Timer(5.0, lambda: print(f"rank {topo.rank}: waiting for the other ranks to open the data in "
+                                                  f"{resolve_data_dir(cfg)} (no timeout)", flush=True))
+        if local0 == turn:
+            try:
+                if topo.rank == 0 and faults is not None and faults.data_delay_s:
+                    time.sleep(faults.data_delay_s)              # fault injection: a slow verification
+                data = open_run_data(cfg)
+            except (ValueError, FileNotFoundError) as e:         # mapl.data's DataError, MissingDataError
+                err = str(e)
+        else:
+            note.start()
+        try:
+            _gather_errors(err)
+        finally:
+            note.cancel()
+    return data
+
+
+def print_memory_plan(cfg: RunConfig, vocab: int, topo: Topology, log) -> None:
+    """Rank 0 prints the memory plan per stage (``mapl.core.memory``, the planner's module); on a GPU every
+    rank refuses a plan whose stage does not fit its device. Nothing is printed until that module
+    exists in the tree."""
+    try:
+        from .. import memory
+    except ImportError:
+        return
+    plan = memory.memory_plan(cfg, vocab, device=topo.device.type)
+    if topo.rank == 0:
+        log(memory.format_plan(plan))
+    if topo.device.type == "cuda":
+        memory.check_plan(plan, torch.cuda.get_device_properties(topo.device).total_memory)
+
+
+def warm_compiled_kernels(cfg: RunConfig, topo: Topology, log) -> bool:
+    """Compile now what this stage's first step would compile: MAPL+RVQ's fused search (sender stages,
+    when the kernel resolves to 'fused' on this device; ~30 s cold on a CPU). In the first step its
+    neighbours would wait on it under the run's communication timeout; here, before the data is
+    opened, they wait in the setup group, which has none. Returns whether anything was compiled."""
+    from ..compress import build_boundary
+    from ..compress.rvq.search import uses_fused, warm_fused_search
+    q = cfg.compressor.rvq
+    if cfg.compressor.method != "mapl-rvq" or topo.last or not uses_fused(q.search_kernel, topo.device):
+        return False
+    d = cfg.model_config().d_model
+    with torch.device("meta"):           # shapes only: nothing allocated, no generator consumed
+        vq = build_boundary(cfg.compressor_for(d), d, topo.stage).rvq
+    started = time.perf_counter()
+    warm_fused_search(vq.groups, vq.codebook_size, vq.sub_dim, torch.float32, topo.device)
+    log(f"rank {topo.rank}: compiled the RVQ search kernel in {time.perf_counter() - started:.1f} s")
+    return True
+
+
+def run_rank(cfg: RunConfig, topo: Topology, *, out: Path | None, ckpt: Path | None, fresh: bool = False,
+             progress: bool = True, log=print, timeout_s: float = 60.0, link: LinkProfile | None = None,
+             blocking: bool = False, resume_with_changes: bool = False, faults: FaultPlan | None = None,
+             started: float | None = None) -> dict | None:
+    """Train ``cfg`` as rank ``topo.rank`` (process group initialised). Rank 0 returns the results dict
+    (and writes ``out``); the others return None."""
+    if cfg.train.threads or topo.device.type == "cpu":
+        torch.set_num_threads(cfg.train.threads or 1)
+    quiet = log if topo.rank == 0 else (lambda *a, **k: None)
+    warm_compiled_kernels(cfg, topo, quiet)
+    data = open_data(cfg, topo, faults)
+    world_group, dp_group = topo.make_groups(timeout_s)
+    tx = Transport(topo.rank, topo.prev, topo.next, topo.device, timeout_s, link, blocking, world_group,
+                   stages=topo.stages)
+    err = None
+    try:
+        cfg = cfg.validate(data.vocab_size)
+        print_memory_plan(cfg, data.vocab_size, topo, quiet)
+    except ValueError as e:
+        err = str(e)
+    _gather_errors(err, world_group)
+    info = {"backend": topo.backend, "launcher": topo.launcher, "timeout_s": timeout_s,
+            "transport": "blocking" if blocking else "non-blocking"}
+    engine = PipelineEngine(cfg, topo, data, tx, dp_group, ckpt, quiet, info, faults)
+    if fresh and engine.ckpts is not None:
+        engine.ckpts.remove()
+        engine.agree(None)                # every file is gone before any rank looks for one
+    state = engine.resume(resume_with_changes)
+    t = cfg.train
+    quiet(f"{cfg.name()}: {topo.world} processes ({topo.stages} stages x {topo.replicas} replicas), backend "
+          f"{topo.backend}, schedule {t.schedule}, {t.micro_batches} micro-batches, {info['transport']} transport"
+          + (f", link delay {link.name}" if link else ""))
+    return train(engine, state, out=out if topo.rank == 0 else None, log=quiet, progress=progress, started=started)

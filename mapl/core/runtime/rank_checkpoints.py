@@ -1,0 +1,104 @@
+"""Per-stage checkpoints of the multi-process pipeline, written and resumed in agreement.
+
+Each stage's state goes to ``<ckpt stem>.rank<s>.pt`` (s = stage; with data parallelism replica 0
+writes, every replica reads, since replicas hold identical state); the previous one is kept as
+``.rank<s>.prev.pt``. A save is all-or-nothing: every rank first checks its values finite, and if any
+is not, no rank writes (the files on disk stay at one common step). As in the single process
+(``mapl.core.checkpoint``), a checkpoint the loop has not yet confirmed goes to ``.rank<s>.unconfirmed.pt``
+and is promoted (current -> previous, unconfirmed -> current: renames) when the next step's loss is
+finite on every rank. A resume takes the newest step that every stage has, current or previous file,
+and drops unconfirmed files left by a kill.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from .. import checkpoint
+from ..loop import LoopState, NonFiniteError
+
+__all__ = ["rank_ckpt_path", "stage_slot", "RankCheckpoints"]
+
+
+def rank_ckpt_path(ckpt: Path, stage: int, prev: bool = False) -> Path:
+    """``checkpoints/run.pt`` -> ``checkpoints/run.rank1.pt`` (``.rank1.prev.pt`` for the previous one;
+    ``checkpoint.unconfirmed_path`` of the current one is ``.rank1.unconfirmed.pt``)."""
+    ckpt = Path(ckpt)
+    stem = ckpt.with_suffix("") if ckpt.suffix == ".pt" else ckpt
+    return stem.with_name(f"{stem.name}.rank{stage}{'.prev' if prev else ''}.pt")
+
+
+def stage_slot(ckpt: Path, stage: int, writer: bool = True) -> checkpoint.CheckpointSlot:
+    """Stage ``stage``'s checkpoint files: current, previous and unconfirmed."""
+    return checkpoint.CheckpointSlot(rank_ckpt_path(ckpt, stage), rank_ckpt_path(ckpt, stage, prev=True), writer)
+
+
+class RankCheckpoints:
+    def __init__(self, ckpt: Path, stage: int, stages: int, writer: bool, transport, log):
+        self.ckpt, self.stage, self.stages, self.writer = Path(ckpt), stage, stages, writer
+        self.transport, self.log = transport, log
+        self.slot = stage_slot(ckpt, stage, writer)
+
+    def remove(self) -> None:
+        """``--fresh``: drop this stage's files (replica 0 owns them)."""
+        self.slot.remove()
+
+    def _readable(self, allow_changes: bool, cfg) -> dict[int, tuple[Path, dict]]:
+        have = {}
+        for path in (self.slot.path, self.slot.previous):
+            if not path.exists():
+                continue
+            try:
+                ck = checkpoint.read(path)
+            except checkpoint.CheckpointError as e:      # a torn or foreign file: the other one may be fine
+                print(f"rank {self.stage}: ignoring checkpoint {path}: {e}", file=sys.stderr)
+                continue
+            checkpoint.resume_changes(ck, path, cfg, allow_changes)      # refuses another config here
+            have.setdefault(checkpoint.checkpoint_step(ck), (path, ck))
+        return have
+
+    def resume(self, cfg, model, optimizers, meter, allow_changes: bool, agree) -> LoopState | None:
+        stale = self.slot.drop_stale()          # killed before the next step confirmed it
+        if stale:
+            print(f"rank {self.stage}: dropped the unconfirmed checkpoint {stale} (the step after it never completed)",
+                  file=sys.stderr)
+        err, have = None, {}
+        try:
+            have = self._readable(allow_changes, cfg)
+        except ValueError as e:
+            err = str(e)
+        agree(err)
+        steps = self.transport.gather_object(sorted(have), "checkpoint steps")
+        common = set(steps[0]).intersection(*map(set, steps[1:]))
+        if not common:
+            if any(steps):
+                agree(f"per-rank checkpoints {self.ckpt} have no step in common (steps per rank: {steps}); delete "
+                      "them or rerun with --fresh")
+            return None
+        path, ck = have[max(common)]
+        state = checkpoint.restore(ck, path, cfg, model, optimizers, meter, allow_changes)
+        self.slot.saved_step = state.step
+        self.log(f"resumed {self.stages} per-rank checkpoints "
+                 f"{rank_ckpt_path(self.ckpt, 0).name.replace('rank0', 'rank*')} at step {state.step}")
+        return state
+
+    def save(self, cfg, model, optimizers, meter, state: LoopState, confirmed: bool = True) -> None:
+        """Every rank checks its values finite first; all write, or none does. ``confirmed=False``: to
+        the unconfirmed file, promoted by :meth:`confirm` (the loop calls it on every rank alike)."""
+        self.transport.context = f"checkpoint after step {state.step}"
+        bad = checkpoint.first_nonfinite(model, optimizers)
+        found = self.transport.gather_object(bad and f"{bad} (stage {self.stage})", "checkpoint check")
+        culprits = sorted({name for name in found if name})
+        if culprits:
+            kept = (f"the per-rank checkpoints keep step {self.slot.saved_step}" if self.slot.saved_step is not None
+                    else "no checkpoint was written")
+            raise NonFiniteError(f"non-finite values in {', '.join(culprits)} after step {state.step}: {kept}; lower "
+                                 "the learning rate and resume with --resume-with-changes")
+        self.slot.commit(lambda path: checkpoint.save(path, cfg=cfg, model=model, optimizers=optimizers, meter=meter,
+                                                      state=state), state.step, confirmed)
+
+    def confirm(self) -> None:
+        self.slot.confirm()
+
+    def drop_unconfirmed(self) -> None:
+        self.slot.drop_unconfirmed()

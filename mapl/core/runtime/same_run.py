@@ -1,0 +1,126 @@
+"""Before any work, the ranks of one pipeline prove they were started for the same run.
+
+Every rank of ``python -m mapl.pipeline`` builds its config from its own command line and its own
+params.yaml, opens its own prepared data and runs its own copy of the code. On several machines any
+of these can differ, and nothing later notices: a different seed on one rank trains silently (the
+results claim rank 0's config), a different ratio or method breaks at the first message (a shape
+error, or a wait until the timeout that looks like a dead peer). So right after the process group
+is up, before data is opened or any file is locked or written, every rank sends every other its
+*fingerprint* and all compare:
+
+* ``config.*``: every field of the resolved run config (profile + the method's tuned settings +
+  flags + ``--set``), except those that may differ per machine without changing what is computed:
+  :data:`LOCAL_FIELDS` (the thread count, the data folder's path: its *content* is compared below,
+  activation checkpointing);
+* ``run.*``: the command-line options every rank must share (``--fresh``, ``--resume-with-changes``,
+  the transport mode and the emulated link), not the output paths or ``--timeout``;
+* ``data``: a hash of the prepared data's manifest (shard and tokenizer sha256s; ``None`` when the
+  rank has no readable manifest: opening the data then names the problem);
+* ``code``: :func:`mapl.core.fingerprint.code_fingerprint` of the training sources.
+
+Any difference is a :class:`RunMismatch` (a ``ValueError``: exit code 2) on every rank, one line
+naming each differing rank and field against rank 0; nothing is written.
+
+    fp = run_fingerprint(cfg, {"fresh": False, ...})
+    check_same_run(fp)          # collective on the default group; raises RunMismatch
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+
+from ..config import RunConfig
+
+__all__ = ["LOCAL_FIELDS", "RunMismatch", "run_fingerprint", "data_fingerprint", "differences", "mismatch_message",
+           "check_same_run"]
+
+# per-machine settings that do not change what a rank computes with its peers
+LOCAL_FIELDS = frozenset({"train.threads", "data_dir", "train.activation_checkpointing"})
+_SHOWN = 6          # differing fields named per rank before "... and N more"
+
+
+class RunMismatch(ValueError):
+    """The ranks were started for different runs (config, options, data or code)."""
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in d.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and key != "model_overrides":
+            out.update(_flatten(value, name + "."))
+        else:
+            out[name] = value
+    return out
+
+
+def data_fingerprint(cfg: RunConfig) -> str | None:
+    """A hash of the prepared data's identity (tokenizer and shard sha256s, from its manifest; no shard
+    is read), or None when this rank has no readable manifest."""
+    from ...data import read_manifest
+    from ..engine import resolve_data_dir
+    try:
+        m = read_manifest(resolve_data_dir(cfg))
+    except (ValueError, FileNotFoundError, OSError):
+        return None
+    ident = [m["tokenizer"]["sha256"], m["dtype"], *(m["splits"][s]["sha256"] for s in ("train", "val"))]
+    return hashlib.sha256(json.dumps(ident).encode()).hexdigest()[:16]
+
+
+def run_fingerprint(cfg: RunConfig, options: dict) -> dict:
+    """What this rank runs: ``config.<field>``, ``run.<option>``, ``data`` and ``code`` (see the module)."""
+    from ..fingerprint import code_fingerprint
+    config = {f"config.{k}": json.dumps(v, sort_keys=True, default=str)
+              for k, v in _flatten(cfg.to_dict()).items() if k not in LOCAL_FIELDS}
+    return {**config, **{f"run.{k}": json.dumps(v, default=str) for k, v in sorted(options.items())},
+            "data": data_fingerprint(cfg), "code": code_fingerprint()}
+
+
+def _describe(key: str, value) -> str:
+    if value is None:
+        return "unreadable" if key == "data" else "unset"
+    return value if key in ("data", "code") else str(value)
+
+
+def differences(fingerprints: list[dict]) -> dict[int, list[str]]:
+    """Rank -> the keys where its fingerprint differs from rank 0's (only ranks that differ). A rank
+    without a readable data manifest is not compared on ``data``."""
+    ref, out = fingerprints[0], {}
+    for r, fp in enumerate(fingerprints[1:], 1):
+        keys = [k for k in sorted(set(ref) | set(fp)) if ref.get(k) != fp.get(k)
+                and not (k == "data" and None in (ref.get(k), fp.get(k)))]
+        if keys:
+            out[r] = keys
+    return out
+
+
+_KINDS = (("config.", "settings"), ("run.", "options"), ("data", "prepared data"), ("code", "training code"))
+
+
+def mismatch_message(fingerprints: list[dict], diffs: dict[int, list[str]]) -> str:
+    """One line: what kind of thing differs, then per rank the fields with rank 0's and its value."""
+    ref = fingerprints[0]
+    kinds = [name for prefix, name in _KINDS if any(k.startswith(prefix) for keys in diffs.values() for k in keys)]
+    per_rank = []
+    for r, keys in diffs.items():
+        named = ", ".join(f"{k.removeprefix('config.')} ({_describe(k, ref.get(k))} vs {_describe(k, fingerprints[r].get(k))})"
+                          for k in keys[:_SHOWN])
+        per_rank.append(f"rank {r} differs from rank 0 in {named}"
+                        + (f" and {len(keys) - _SHOWN} more" if len(keys) > _SHOWN else ""))
+    return (f"the ranks were started for different runs ({', '.join(kinds)} differ): " + "; ".join(per_rank)
+            + ". Start every rank with the same command, params.yaml, prepared data and training code")
+
+
+def check_same_run(fingerprint: dict, refusal: str | None = None, group=None) -> None:
+    """Collective (every rank of ``group``, default: the world): gather every rank's fingerprint and
+    raise :class:`RunMismatch` on every rank when any differs; else, when some rank brought a
+    ``refusal`` (e.g. rank 0's results guard), raise it as a ``ValueError`` on every rank."""
+    import torch.distributed as dist
+    everyone = [None] * dist.get_world_size(group)
+    dist.all_gather_object(everyone, (fingerprint, refusal), group=group)
+    diffs = differences([fp for fp, _ in everyone])
+    if diffs:
+        raise RunMismatch(mismatch_message([fp for fp, _ in everyone], diffs))
+    refused = [(r, why) for r, (_, why) in enumerate(everyone) if why]
+    if refused:
+        raise ValueError("; ".join(why if r == 0 else f"rank {r}: {why}" for r, why in refused))

@@ -1,0 +1,247 @@
+"""Pipeline schedules as per-stage programs, and a checker that proves them deadlock-free.
+
+A schedule (GPipe, 1F1B; one registry, ``SCHEDULES``) gives each stage its compute order: ("F", m)
+forward and ("B", m) backward of micro-batch m. ``stage_program`` turns it into what a stage worker
+executes: compute actions and communication *batches*. A forward on stage s > 0 needs the activation
+of stage s-1; a backward on s < P-1 needs the gradient of stage s+1; each compute produces the
+message its neighbour needs. The sends produced by one compute and the receives needed by the next
+are posted together in one batch (``Comm``), as ``torch.distributed.pipelining`` does: with
+rendezvous semantics (an NCCL send completes only once the peer has posted the matching receive;
+gloo's ``send`` behaves the same way) a lone send followed by a lone receive deadlocks 1F1B at any P
+(stage s waits to send F(m+1) while s+1 waits to send B(m) back).
+
+``check_programs`` replays the programs of all stages under exactly those semantics (every op of a
+batch is posted at once; a batch ends when each of its ops has met its counterpart; per pair of
+stages, messages meet in order) and raises ``ScheduleError`` on a deadlock or a mismatched pairing.
+The worker's blocking transport (``mapl.core.runtime.transport``) has the same semantics, so a schedule
+that passes here runs on it, and on NCCL.
+
+    >>> prog = stage_program("1f1b", n_stages=4, n_micro=8, stage=1)
+    >>> check_programs([stage_program("1f1b", 4, 8, s) for s in range(4)])     # raises on deadlock
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+__all__ = ["SCHEDULES", "schedule_ops", "Compute", "Transfer", "Comm", "Barrier", "Action", "stage_program",
+           "step_tail", "check_programs", "ScheduleError", "naive_program"]
+
+
+# ---- compute orders ---------------------------------------------------------------------------------
+def _gpipe(n_stages: int, n_micro: int, stage: int) -> list[tuple[str, int]]:
+    """All forwards, then all backwards (micro-batch order)."""
+    return [("F", m) for m in range(n_micro)] + [("B", m) for m in range(n_micro)]
+
+
+def _one_f_one_b(n_stages: int, n_micro: int, stage: int) -> list[tuple[str, int]]:
+    """Non-interleaved 1F1B (PipeDream-flush): ``P - 1 - s`` warm-up forwards, then one forward / one
+    backward alternately, then the remaining backwards: at most ``P - s`` micro-batches alive."""
+    warm = min(n_stages - 1 - stage, n_micro)
+    ops = [("F", m) for m in range(warm)]
+    for i in range(n_micro - warm):
+        ops += [("F", warm + i), ("B", i)]
+    return ops + [("B", m) for m in range(n_micro - warm, n_micro)]
+
+
+# the one registry of schedules (config.SCHEDULES lists the same names for validation)
+SCHEDULES: dict[str, Callable[[int, int, int], list[tuple[str, int]]]] = {"gpipe": _gpipe, "1f1b": _one_f_one_b}
+
+
+def schedule_ops(schedule: str, n_stages: int, n_micro: int, stage: int) -> list[tuple[str, int]]:
+    """The compute operations of ``stage`` in one step, in order. Backwards run in micro-batch order in
+    every schedule, so each parameter accumulates its gradient in the order of the single-process loop
+    (bit-identical sums)."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule={schedule!r} is invalid: allowed {list(SCHEDULES)}")
+    if not 0 <= stage < n_stages:
+        raise ValueError(f"stage={stage} is invalid: must be in [0, {n_stages})")
+    return SCHEDULES[schedule](n_stages, n_micro, stage)
+
+
+# ---- programs -------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Compute:
+    kind: str                    # "F" or "B"
+    mb: int
+
+
+@dataclass(frozen=True)
+class Transfer:
+    op: str                      # "send" or "recv"
+    what: str                    # "fwd" (activations), "bwd" (gradients), or a step-end kind ("rgrad", "sync")
+    mb: int                      # micro-batch (-1 for step-end messages)
+    peer: int                    # the other stage
+
+
+@dataclass(frozen=True)
+class Comm:
+    """Transfers posted together; the batch ends when every one has met its counterpart."""
+    transfers: tuple[Transfer, ...]
+
+    def recvs(self) -> list[Transfer]:
+        return [t for t in self.transfers if t.op == "recv"]
+
+    def sends(self) -> list[Transfer]:
+        return [t for t in self.transfers if t.op == "send"]
+
+
+@dataclass(frozen=True)
+class Barrier:
+    """A collective every stage joins (the step's all-reduce)."""
+    name: str
+
+
+Action = Compute | Comm | Barrier
+
+
+def _needs(kind: str, m: int, s: int, P: int) -> list[Transfer]:
+    if kind == "F":
+        return [Transfer("recv", "fwd", m, s - 1)] if s > 0 else []
+    return [Transfer("recv", "bwd", m, s + 1)] if s < P - 1 else []
+
+
+def _makes(kind: str, m: int, s: int, P: int) -> list[Transfer]:
+    if kind == "F":
+        return [Transfer("send", "fwd", m, s + 1)] if s < P - 1 else []
+    return [Transfer("send", "bwd", m, s - 1)] if s > 0 else []
+
+
+def stage_program(schedule: str, n_stages: int, n_micro: int, stage: int) -> list[Action]:
+    """Compute actions of ``schedule`` with the sends of each compute and the receives of the next one
+    fused into one ``Comm`` batch (deadlock-free under rendezvous semantics; ``check_programs``)."""
+    program: list[Action] = []
+    pending: list[Transfer] = []                 # sends produced by the previous compute
+    for kind, m in schedule_ops(schedule, n_stages, n_micro, stage):
+        batch = pending + _needs(kind, m, stage, n_stages)
+        if batch:
+            program.append(Comm(tuple(batch)))
+        program.append(Compute(kind, m))
+        pending = _makes(kind, m, stage, n_stages)
+    if pending:
+        program.append(Comm(tuple(pending)))
+    return program
+
+
+def naive_program(schedule: str, n_stages: int, n_micro: int, stage: int) -> list[Action]:
+    """Each transfer alone, right where it is needed or made (the order of the first runtime): the
+    checker shows that it deadlocks 1F1B under rendezvous semantics."""
+    program: list[Action] = []
+    for kind, m in schedule_ops(schedule, n_stages, n_micro, stage):
+        program += [Comm((t,)) for t in _needs(kind, m, stage, n_stages)]
+        program.append(Compute(kind, m))
+        program += [Comm((t,)) for t in _makes(kind, m, stage, n_stages)]
+    return program
+
+
+def step_tail(n_stages: int, stage: int, receiver_grads: bool, synced_state: bool) -> list[Action]:
+    """After the last backward: receiver-side gradients back to the sender, the all-reduce, then the
+    learned state forward to the receiver; each exchange is one batch per stage (no chain of waits)."""
+    s, P = stage, n_stages
+    tail: list[Action] = []
+    if receiver_grads:
+        tail.append(Comm(tuple([Transfer("send", "rgrad", -1, s - 1)] * (s > 0) +
+                               [Transfer("recv", "rgrad", -1, s + 1)] * (s < P - 1))))
+    tail.append(Barrier("step all-reduce"))
+    if synced_state:
+        tail.append(Comm(tuple([Transfer("send", "sync", -1, s + 1)] * (s < P - 1) +
+                               [Transfer("recv", "sync", -1, s - 1)] * (s > 0))))
+    return [a for a in tail if not isinstance(a, Comm) or a.transfers]
+
+
+# ---- the checker ------------------------------------------------------------------------------------------
+class ScheduleError(RuntimeError):
+    """A set of stage programs that deadlocks or pairs messages wrongly."""
+
+
+def _pairing(programs: list[list[Action]]) -> None:
+    """Per ordered pair of stages, the k-th send meets the k-th receive: they must carry the same message."""
+    sent: dict[tuple[int, int], list] = {}
+    got: dict[tuple[int, int], list] = {}
+    for s, prog in enumerate(programs):
+        for a in prog:
+            for t in a.transfers if isinstance(a, Comm) else ():
+                if not 0 <= t.peer < len(programs) or t.peer == s:
+                    raise ScheduleError(f"stage {s}: {t} names no neighbouring stage")
+                book, key = (sent, (s, t.peer)) if t.op == "send" else (got, (t.peer, s))
+                book.setdefault(key, []).append((t.what, t.mb))
+    for key in sorted(set(sent) | set(got)):
+        if sent.get(key, []) != got.get(key, []):
+            raise ScheduleError(f"stage {key[0]} sends {sent.get(key, [])} to stage {key[1]}, which receives "
+                                f"{got.get(key, [])}: messages would meet the wrong receive")
+
+
+def check_programs(programs: list[list[Action]]) -> int:
+    """Replay the stages' programs under rendezvous semantics; raise ``ScheduleError`` on a deadlock
+    (naming where each stage waits). Returns the number of rounds (a measure of serialisation)."""
+    _pairing(programs)
+    P = len(programs)
+    pc = [0] * P
+    matched = [set() for _ in range(P)]         # indices of the current batch's transfers already met
+    count = {}                                   # (src, dst) -> messages already met (FIFO position)
+    rounds = 0
+    while any(pc[s] < len(programs[s]) for s in range(P)):
+        rounds += 1
+        progressed = _advance_local(programs, pc)
+        progressed |= _match_transfers(programs, pc, matched, count)
+        progressed |= _finish(programs, pc, matched)
+        if not progressed:
+            where = {s: programs[s][pc[s]] if pc[s] < len(programs[s]) else "done" for s in range(P)}
+            raise ScheduleError(f"deadlock: every stage waits ({where})")
+    return rounds
+
+
+def _advance_local(programs, pc) -> bool:
+    """Computes always complete; a barrier completes when every stage stands at it."""
+    moved = False
+    for s, prog in enumerate(programs):
+        while pc[s] < len(prog) and isinstance(prog[pc[s]], Compute):
+            pc[s] += 1
+            moved = True
+    at_barrier = [pc[s] < len(p) and isinstance(p[pc[s]], Barrier) for s, p in enumerate(programs)]
+    if all(at_barrier):
+        for s in range(len(programs)):
+            pc[s] += 1
+        moved = True
+    return moved
+
+
+def _match_transfers(programs, pc, matched, count) -> bool:
+    """A posted send meets the posted receive that is next in line for that pair of stages."""
+    moved = False
+    for s, prog in enumerate(programs):
+        if pc[s] >= len(prog) or not isinstance(prog[pc[s]], Comm):
+            continue
+        for i, t in enumerate(prog[pc[s]].transfers):
+            if t.op != "send" or i in matched[s]:
+                continue
+            d = t.peer
+            if pc[d] >= len(programs[d]) or not isinstance(programs[d][pc[d]], Comm):
+                continue
+            for j, u in enumerate(programs[d][pc[d]].transfers):
+                if u.op == "recv" and u.peer == s and j not in matched[d] and (u.what, u.mb) == (t.what, t.mb):
+                    if _is_next(programs, s, d, t, count):
+                        matched[s].add(i)
+                        matched[d].add(j)
+                        count[(s, d)] = count.get((s, d), 0) + 1
+                        moved = True
+                    break
+    return moved
+
+
+def _is_next(programs, s, d, t, count) -> bool:
+    """Messages between one pair meet in the order they were sent (NCCL has no tags)."""
+    k = count.get((s, d), 0)
+    seq = [(u.what, u.mb) for a in programs[s] if isinstance(a, Comm) for u in a.transfers
+           if u.op == "send" and u.peer == d]
+    return seq[k] == (t.what, t.mb)
+
+
+def _finish(programs, pc, matched) -> bool:
+    moved = False
+    for s, prog in enumerate(programs):
+        if pc[s] < len(prog) and isinstance(prog[pc[s]], Comm) and len(matched[s]) == len(prog[pc[s]].transfers):
+            pc[s] += 1
+            matched[s] = set()
+            moved = True
+    return moved

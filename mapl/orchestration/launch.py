@@ -1,0 +1,274 @@
+"""Starting the P x R stage processes of ``python -m mapl.pipeline``: directly, or under accelerate or
+torchrun. Tests, benchmarks, the sweep and the pipeline CLI itself (run without a launcher) use it.
+
+    launch(["--profile", "micro", "--stages", "2"], nprocs=2, launcher="accelerate")
+    python -m mapl.pipeline --profile micro --stages 2          # no launcher: starts its 2 ranks itself
+
+launcher:
+
+* ``direct``: this process starts the ranks with RANK/WORLD_SIZE/MASTER_* set and waits for them,
+  reporting each one's exit code and time. A Ctrl-C reaches every rank (same terminal process group);
+  a SIGTERM to this process is forwarded to them; if this process is killed, the ranks get SIGTERM
+  from the kernel (``faults.exit_with_parent``) and stop gracefully.
+* ``accelerate``: ``accelerate launch --multi_gpu`` (the CPU form needs ``ACCELERATE_USE_CPU=true``;
+  ``--cpu`` silently starts ONE process); several machines: ``--num_machines``/``--machine_rank``,
+  ``--num_processes`` is the total over all machines.
+* ``torchrun``: ``torchrun --standalone`` (one machine) or ``--nnodes/--node_rank/--rdzv-endpoint``.
+
+Every rank writes its exit status to ``$MAPL_STATUS_DIR/rank<r>.json``; when every rank stopped
+gracefully (a signal: checkpoints written) the result's ``returncode`` is 130 even where the
+launcher itself reports a failure (torchrun/accelerate exit 1 with a ChildFailedError then).
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..core.config import PROJECT_ROOT
+
+__all__ = ["LaunchResult", "launch", "launch_machines", "free_port", "child_env", "write_status", "read_statuses",
+           "launcher_command", "INTERRUPTED"]
+
+INTERRUPTED = 130          # exit code of a graceful stop (a signal: the step finished, checkpoints written)
+LAUNCHERS = ("direct", "accelerate", "torchrun")
+
+
+@dataclass
+class LaunchResult:
+    cmd: list
+    returncode: int
+    stdout: str
+    stderr: str
+    wall_s: float
+    rank_returncodes: list = field(default_factory=list)     # launcher="direct" only
+    rank_exit_s: list = field(default_factory=list)          # seconds from start to each rank's exit
+    stopped: list = field(default_factory=list)              # ranks stopped by the launcher after ``grace_s``
+    statuses: dict = field(default_factory=dict)             # rank -> {"status", "code", "message"}
+    launcher_returncode: int | None = None                   # what accelerate/torchrun itself returned
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def child_env(env: dict | None = None) -> dict:
+    import torch
+    e = dict(os.environ)
+    e.setdefault("OMP_NUM_THREADS", "1")
+    e.setdefault("HF_HUB_OFFLINE", "1")
+    e.setdefault("HF_DATASETS_OFFLINE", "1")
+    e.setdefault("PYTHONUNBUFFERED", "1")
+    if not torch.cuda.is_available():
+        e["ACCELERATE_USE_CPU"] = "true"
+    e.update(env or {})
+    return e
+
+
+def write_status(rank: int, status: str, code: int, message: str = "") -> None:
+    """Called by each rank as it exits (no-op without ``MAPL_STATUS_DIR``)."""
+    folder = os.environ.get("MAPL_STATUS_DIR")
+    if folder:
+        path = Path(folder) / f"rank{rank}.json"
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"status": status, "code": code, "message": message}))
+        os.replace(tmp, path)
+
+
+def read_statuses(folder: Path) -> dict[int, dict]:
+    out = {}
+    for f in Path(folder).glob("rank*.json"):
+        try:
+            out[int(f.stem[4:])] = json.loads(f.read_text())
+        except (ValueError, OSError):
+            continue
+    return out
+
+
+def launcher_command(launcher: str, nprocs: int, port: int, module_args: list[str], *, machines: int = 1,
+                     machine_rank: int = 0, host: str = "127.0.0.1") -> list[str]:
+    """The command line of ``launcher`` for ``nprocs`` processes in all (over ``machines`` machines)."""
+    if launcher == "accelerate":
+        return [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(nprocs),
+                "--num_machines", str(machines), "--machine_rank", str(machine_rank), "--main_process_ip", host,
+                "--main_process_port", str(port), "--mixed_precision", "no", "--dynamo_backend", "no", *module_args]
+    if launcher == "torchrun":
+        if machines == 1:
+            return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nprocs),
+                    *module_args]
+        return [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(machines), "--node_rank",
+                str(machine_rank), "--nproc_per_node", str(nprocs // machines), "--rdzv-backend", "c10d",
+                "--rdzv-endpoint", f"{host}:{port}", *module_args]
+    raise ValueError(f"launcher={launcher!r} is invalid: allowed {list(LAUNCHERS)}")
+
+
+def _outcome(rank_codes: list[int], statuses: dict, nprocs: int, launcher_code: int | None) -> int:
+    if len(statuses) == nprocs and all(s["status"] == "interrupted" for s in statuses.values()):
+        return INTERRUPTED
+    if rank_codes:
+        return 0 if all(c == 0 for c in rank_codes) else next(c for c in rank_codes if c != 0)
+    return launcher_code if launcher_code is not None else 1
+
+
+def launch(cfg_args: list[str], nprocs: int, port: int | None = None, *, launcher: str = "accelerate",
+           env: dict | None = None, timeout: float | None = None, cwd: Path | None = None,
+           stream: bool = False, grace_s: float | None = None) -> LaunchResult:
+    """Run ``python -m mapl.pipeline <cfg_args>`` as ``nprocs`` processes and wait for them.
+    ``stream``: the ranks write to this process's stdout/stderr (the CLI); else output is captured.
+    ``grace_s`` (direct launcher): once any rank has ended, the others have this long to end too, else
+    they are stopped (SIGTERM, SIGKILL 5 s later; listed in ``stopped``): a stopped or hung rank
+    cannot keep the launcher waiting."""
+    if launcher not in LAUNCHERS:
+        raise ValueError(f"launcher={launcher!r} is invalid: allowed {list(LAUNCHERS)}")
+    port = port or free_port()
+    status_dir = tempfile.mkdtemp(prefix="mapl-status-")
+    env = child_env({**(env or {}), "MAPL_STATUS_DIR": status_dir})
+    module_args = ["-m", "mapl.pipeline", *map(str, cfg_args)]
+    t0 = time.time()
+    if launcher == "direct":
+        res = _run_direct([sys.executable, *module_args], nprocs, port, env, cwd or PROJECT_ROOT, timeout, stream,
+                          grace_s)
+    else:
+        res = _run_launcher(launcher_command(launcher, nprocs, port, module_args), env, cwd or PROJECT_ROOT, timeout,
+                            stream)
+    res.wall_s = time.time() - t0
+    res.statuses = read_statuses(Path(status_dir))
+    # the exit codes of the ranks that ended by themselves say why the run ended, not a launcher's SIGKILL
+    own = [c for r, c in enumerate(res.rank_returncodes) if r not in res.stopped]
+    res.returncode = _outcome(own or res.rank_returncodes, res.statuses, nprocs, res.launcher_returncode)
+    for f in Path(status_dir).glob("*"):
+        f.unlink()
+    os.rmdir(status_dir)
+    return res
+
+
+def launch_machines(cfg_args: list[str], nprocs: int, machines: int, *, launcher: str = "accelerate",
+                    env: dict | None = None, timeout: float | None = None, cwd: Path | None = None) -> LaunchResult:
+    """Rehearse a multi-machine launch on this host: one launcher per "machine" (``--machine_rank`` /
+    ``--node_rank`` k), all on loopback, ``nprocs`` processes in all. Output of all machines is joined."""
+    port = free_port()
+    status_dir = tempfile.mkdtemp(prefix="mapl-status-")
+    env = child_env({**(env or {}), "MAPL_STATUS_DIR": status_dir})
+    module_args = ["-m", "mapl.pipeline", *map(str, cfg_args)]
+    t0 = time.time()
+    cmds = [launcher_command(launcher, nprocs, port, module_args, machines=machines, machine_rank=k)
+            for k in range(machines)]
+    procs = [subprocess.Popen(c, cwd=cwd or PROJECT_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for c in cmds]
+    outs = []
+    for p in procs:
+        try:
+            outs.append(p.communicate(timeout=None if timeout is None else max(1.0, timeout - (time.time() - t0))))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            outs.append(p.communicate())
+    res = LaunchResult(cmds, 0, "".join(o for o, _ in outs), "".join(e for _, e in outs), time.time() - t0,
+                       launcher_returncode=next((p.returncode for p in procs if p.returncode), 0))
+    res.statuses = read_statuses(Path(status_dir))
+    res.returncode = _outcome([], res.statuses, nprocs, res.launcher_returncode)
+    for f in Path(status_dir).glob("*"):
+        f.unlink()
+    os.rmdir(status_dir)
+    return res
+
+
+def _run_launcher(cmd, env, cwd, timeout, stream) -> LaunchResult:
+    pipe = None if stream else subprocess.PIPE
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=pipe, stderr=pipe, text=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+    except KeyboardInterrupt:          # Ctrl-C: the launcher shuts its ranks down; wait for it
+        out, err = proc.communicate()
+    return LaunchResult(cmd, proc.returncode, out or "", err or "", 0.0, launcher_returncode=proc.returncode)
+
+
+def _run_direct(cmd, nprocs, port, env, cwd, timeout, stream, grace_s=None) -> LaunchResult:
+    procs, files = [], []
+    for r in range(nprocs):
+        e = dict(env, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(nprocs), LOCAL_WORLD_SIZE=str(nprocs),
+                 MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        fo, fe = (None, None) if stream else (tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+"))
+        files.append((fo, fe))
+        procs.append(subprocess.Popen(cmd, cwd=cwd, env=e, stdout=fo, stderr=fe, text=True))
+    exit_s, stopped = _wait_all(procs, timeout, time.time(), grace_s)
+    outs, errs = [], []
+    for r, (fo, fe) in enumerate(files):
+        if fo is None:
+            continue
+        for f, sink in ((fo, outs), (fe, errs)):
+            f.seek(0)
+            sink.append("".join(f"[rank {r}] {line}" for line in f.read().splitlines(True)))
+            f.close()
+    return LaunchResult(cmd, 0, "".join(outs), "".join(errs), 0.0, [p.returncode for p in procs], exit_s,
+                        stopped=stopped)
+
+
+def _stop(procs, ranks: list[int], wait_s: float = 5.0) -> None:
+    """SIGTERM (a graceful stop where the rank can still act on it), then SIGKILL (a stopped or blocked rank)."""
+    for r in ranks:
+        procs[r].terminate()
+    deadline = time.time() + wait_s
+    for r in ranks:
+        try:
+            procs[r].wait(timeout=max(0.0, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            procs[r].kill()
+            procs[r].wait()
+
+
+def _wait_all(procs, timeout, t0, grace_s=None) -> tuple[list, list]:
+    """Wait for every rank; SIGTERM to this process is passed on; SIGINT (Ctrl-C reaches the ranks
+    directly from the terminal) only waits; a second Ctrl-C kills them. With ``grace_s``, the ranks
+    still running ``grace_s`` after the first one ended are stopped. Returns (exit times, stopped ranks)."""
+    exit_s, stopped = [None] * len(procs), []
+    interrupts = []
+
+    def forward(signum, frame):
+        if signum == signal.SIGINT:
+            interrupts.append(time.time())
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGKILL if len(interrupts) > 1 else signal.SIGTERM)
+    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)} \
+        if _main_thread() else {}
+    try:
+        while any(x is None for x in exit_s):
+            for r, p in enumerate(procs):
+                if exit_s[r] is None and p.poll() is not None:
+                    exit_s[r] = time.time() - t0
+            if timeout is not None and time.time() - t0 > timeout:
+                for r, p in enumerate(procs):
+                    if p.poll() is None:
+                        p.kill()
+                        p.wait()
+                        exit_s[r] = time.time() - t0
+                break
+            ended = [x for x in exit_s if x is not None]
+            if grace_s is not None and ended and time.time() - t0 > min(ended) + grace_s:
+                stopped = [r for r, x in enumerate(exit_s) if x is None]
+                _stop(procs, stopped)
+                for r in stopped:
+                    exit_s[r] = time.time() - t0
+                break
+            time.sleep(0.05)
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    return exit_s, stopped
+
+
+def _main_thread() -> bool:
+    import threading
+    return threading.current_thread() is threading.main_thread()

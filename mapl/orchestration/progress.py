@@ -1,0 +1,111 @@
+"""Progress lines of run groups, and how long a group will take.
+
+Lines go to fd 2 in one ``write`` each, so lines of runs side by side never interleave and they reach
+the terminal even from the worker processes of a notebook's kernel (ipykernel echoes fd 2 output)::
+
+    group main: 11 run(s): 0 current, 0 to restore, 0 to resume, 11 to train
+    run 3 of 11 tiny-P4-ssn-8x-s0 step 120/300 loss 4.512 ETA 0:42
+    group main: run 3 of 11 tiny-P4-ssn-8x-s0 val 4.1386; 4 of 11 done in 4:10, ETA 7:12
+
+The estimate is calibrated on one quiet core (see ``CORE_S_PER_TOKEN_PARAM``); ``python -m mapl.sweep
+--estimate`` prints it per group.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+from ..core.config import RunConfig
+from ..core.model_config import count_params
+
+__all__ = ["CORE_S_PER_TOKEN_PARAM", "RVQ_SLOWDOWN", "RUN_OVERHEAD_S", "LAUNCH_OVERHEAD_S", "estimate_core_seconds",
+           "eval_tokens", "estimate_group", "hms", "emit", "StepProgress", "GroupClock"]
+
+# one 300-step run of `tiny` (1.37M parameters, 16 x 128 tokens per step, 6 evaluations of 65,536 tokens)
+# takes about 70 s on one quiet core: seconds per (token x parameter) of training, an eval token a third
+CORE_S_PER_TOKEN_PARAM = 70.0 / (1.37e6 * (300 * 2048 + 6 * 65536 / 3))
+RVQ_SLOWDOWN = 1.25                 # codebook search and EMA updates
+RUN_OVERHEAD_S = 5.0                # process start, data load, diagnostics
+LAUNCH_OVERHEAD_S = 40.0            # a multi-process launch on CPU: P interpreters, each building the model
+
+
+# ---- wall-time estimates -------------------------------------------------------------------------
+def estimate_core_seconds(cfg: RunConfig, from_step: int = 0) -> float:
+    """Seconds of one quiet core to train ``cfg`` from ``from_step`` (calibrated on `tiny`, see above)."""
+    t = cfg.train
+    n_params = count_params(cfg.model_config(cfg.data.vocab_size or None))
+    steps = max(0, t.steps - from_step)
+    evals = steps // t.eval_every + 1
+    tokens = steps * t.batch_size * t.seq_len + evals * eval_tokens(cfg) / 3
+    slow = RVQ_SLOWDOWN if cfg.compressor.method == "mapl-rvq" else 1.0
+    return RUN_OVERHEAD_S + tokens * n_params * CORE_S_PER_TOKEN_PARAM * slow
+
+
+def eval_tokens(cfg: RunConfig) -> int:
+    """Validation tokens one evaluation reads: ``train.eval_tokens``, or for 0 (the whole split) the
+    prepared split's size from its manifest (before preparation: ``data.val_tokens``, else 65,536)."""
+    if cfg.train.eval_tokens:
+        return cfg.train.eval_tokens
+    from ..data import default_data_dir, read_manifest      # the estimate runs before torch is needed
+    try:
+        return int(read_manifest(default_data_dir(cfg.data))["splits"]["val"]["tokens"]) - cfg.train.eval_offset
+    except (OSError, ValueError, KeyError):
+        return cfg.data.val_tokens or 65536
+
+
+def estimate_group(seconds: list[float], workers: int) -> float:
+    """Wall seconds of runs taking ``seconds`` each on ``workers`` side by side, each starting in
+    list order on the first free worker (as the pool hands them out)."""
+    loads = [0.0] * max(1, workers)
+    for s in seconds:
+        loads[loads.index(min(loads))] += s
+    return max(loads)
+
+
+def hms(s: float) -> str:
+    """m:ss, or h:mm:ss from an hour on."""
+    s = int(round(s))
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
+
+
+# ---- progress lines -------------------------------------------------------------------------------
+def emit(line: str) -> None:
+    """One progress line on fd 2, written at once (lines of runs side by side do not interleave)."""
+    os.write(2, (line.rstrip("\n") + "\n").encode())
+
+
+class StepProgress:
+    """``on_step`` callback of one run: a line every ``every_s`` seconds of work, and at the end."""
+
+    def __init__(self, k: int, n: int, name: str, every_s: float):
+        self.k, self.n, self.name, self.every_s = k, n, name, every_s
+        self.t0 = self.step0 = self.last = None
+
+    def __call__(self, step: int, steps: int, loss: float) -> None:
+        now = time.monotonic()
+        if self.t0 is None:
+            self.t0, self.step0, self.last = now, step, now
+        if now - self.last < self.every_s and step < steps:
+            return
+        self.last = now
+        rate = (step - self.step0) / (now - self.t0) if now > self.t0 and step > self.step0 else 0.0
+        eta = hms((steps - step) / rate) if rate else "?"
+        emit(f"run {self.k} of {self.n} {self.name} step {step}/{steps} loss {loss:.3f} ETA {eta}")
+
+
+class GroupClock:
+    """The group's ETA after each finished run, from estimated work done so far vs the time it took."""
+
+    def __init__(self, group: str, jobs: list):
+        self.group, self.t0 = group, time.monotonic()
+        self.work = {j.k: estimate_core_seconds(j.cfg, j.start_step) for j in jobs}
+        self.done: list[int] = []
+
+    def finished(self, job, status: str) -> None:
+        self.done.append(job.k)
+        spent = time.monotonic() - self.t0
+        done_w = sum(self.work[k] for k in self.done)
+        left_w = sum(self.work.values()) - done_w
+        eta = hms(spent * left_w / done_w) if done_w and left_w else "0:00"
+        emit(f"group {self.group}: run {job.k} of {job.n} {job.name} {status}; {len(self.done)} of "
+             f"{len(self.work)} done in {hms(spent)}, ETA {eta}")

@@ -1,0 +1,415 @@
+"""Run groups from params.yaml: every run trained once, reused when it can be, with live progress.
+
+A profile lists run groups (``profiles.<p>.groups.<name>``: a list of run specs) and how runs start
+(``profiles.<p>.launcher``):
+
+* ``{kind: pool, jobs: 2}`` (micro, cpu): each run is one process of the single-process pipeline,
+  ``jobs`` side by side with one thread each (two 1-thread runs use 2 cores better than one 2-thread run);
+* ``{kind: accelerate, gpus: 8, memory_gib: 80}`` (paper; ``gpus: 0`` for paper-smoke on CPU, gloo):
+  each run is one ``accelerate launch`` of the multi-process pipeline with P processes, one GPU per
+  stage; runs queue one after another, side by side only when enough GPUs are free for both. With
+  ``memory_gib`` a run whose memory plan (mapl.core.memory) does not fit is not launched; its plan is
+  written beside the results instead. ``torchrun`` works the same way.
+
+A spec is a dict of overrides for :func:`mapl.core.config.load_run_config` (``method``, ``ratio``,
+``projector``, ``anchor``, ``train.seed``, ``model.d_model``, ...) plus an optional ``name`` (default:
+:func:`run_name`, e.g. ``tiny-P4-mapl-8x-3000steps-s1``). Results go to ``<out_dir>/<run>.json``,
+checkpoints to ``checkpoints/<profile>/<run>.pt``; :func:`mapl.orchestration.reuse.decide` says which runs are
+current, which restore or resume from a checkpoint, and which train.
+
+Progress goes to stderr (fd 2, so it reaches the terminal through papermill's kernel too): every few
+seconds of work ``run 3 of 11 tiny-P4-ssn-8x-s0 step 120/300 loss 4.512 ETA 0:42``, and after each run
+the group's count and ETA.
+
+    python -m mapl.sweep --profile cpu --group main          # train one group (reports/cpu/results/main)
+    python -m mapl.sweep --profile cpu --estimate            # runs per group, estimated wall time
+    python -m mapl.sweep --check                             # every profile and run of params.yaml valid? (DVC's first stage)
+    python -m mapl.sweep --profile cpu --group tune --jobs 1
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import threading
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from ..core.config import (METHODS, PROJECT_ROOT, ConfigError, RunConfig, RVQConfig, build, check_fields, config_hash,
+                           load_params, load_run_config, setting)
+from ..core.fingerprint import code_fingerprint
+from . import reuse
+from .progress import LAUNCH_OVERHEAD_S, GroupClock, StepProgress, emit, estimate_core_seconds, estimate_group, hms
+
+__all__ = ["LAUNCHERS", "LauncherConfig", "Job", "group_names", "group_specs", "launcher_config", "run_name",
+           "spec_config", "check_params", "plan_group", "estimate_text", "results_dir",
+           "check_names", "launch_args", "prepare_data", "status_table", "stage_table",
+           "run_many", "write_stamp"]
+
+LAUNCHERS = ("pool", "accelerate", "torchrun")
+@dataclass(frozen=True)
+class LauncherConfig:
+    """How the runs of a profile start (``profiles.<p>.launcher``)."""
+    kind: str = setting("pool", choices=LAUNCHERS)
+    jobs: int = setting(2, min=1)                   # pool: runs side by side
+    gpus: int = setting(0, min=0)                   # accelerate/torchrun: GPUs of this machine (0: CPU, gloo)
+    memory_gib: float = setting(0.0, min=0)         # per GPU (whole host when gpus = 0); 0 = no check
+
+
+@dataclass
+class Job:
+    """One run of a group: where it writes and what :func:`mapl.orchestration.reuse.decide` said about it."""
+    k: int
+    n: int
+    cfg: RunConfig
+    spec: dict
+    out: Path
+    ckpt: Path
+    action: str
+    start_step: int = 0
+
+    @property
+    def name(self) -> str:
+        return self.cfg.name()
+
+
+def results_dir(profile: str, group: str, root: Path = PROJECT_ROOT) -> Path:
+    """``reports/<profile>/results/<group>``: profiles never write into each other's folders."""
+    return Path(root) / "reports" / profile / "results" / group
+
+
+def _profile_section(profile: str, params: dict | None) -> dict:
+    """``params.yaml``'s section of ``profile``; an unknown profile is refused in one line."""
+    params = params or load_params()
+    if profile not in params["profiles"]:
+        raise ConfigError(f"profile={profile!r} is invalid: allowed {sorted(params['profiles'])}")
+    return params["profiles"][profile] or {}
+
+
+def group_names(profile: str, params: dict | None = None) -> list[str]:
+    return list(_profile_section(profile, params).get("groups") or {})
+
+
+def group_specs(profile: str, group: str, params: dict | None = None) -> list[dict]:
+    groups = _profile_section(profile, params).get("groups") or {}
+    if group not in groups:
+        raise ConfigError(f"group={group!r} is invalid for profile {profile!r}: allowed {sorted(groups)}")
+    return [dict(s) for s in (groups[group] or [])]
+
+
+def launcher_config(profile: str, params: dict | None = None) -> LauncherConfig:
+    params = params or load_params()
+    where = f"profiles.{profile}.launcher"
+    launcher = build(LauncherConfig, (params["profiles"][profile] or {}).get("launcher") or {}, where)
+    check_fields(launcher, where)
+    return launcher
+
+
+def run_name(cfg: RunConfig, profile_steps: int) -> str:
+    """model[-d<width>]-P<stages>-method[-<ratio>x][-proj-<kind>][-anchor-<kind>][-ar<anchor rank>][-sync-<mode>]
+    [-scale-<mode>][-<steps>steps]-s<seed>:
+    a variant or budget appears only where it differs from the method's default or the profile's steps."""
+    c, default = cfg.compressor.resolved(), METHODS[cfg.compressor.method]
+    parts = [cfg.model, *([f"d{cfg.model_overrides['d_model']}"] if "d_model" in cfg.model_overrides else []),
+             f"P{cfg.stages}", c.method]
+    if default["projector"]:
+        parts.append(f"{c.ratio:g}x")
+        if c.projector.kind != default["projector"]:
+            parts.append(f"proj-{c.projector.kind}")
+    if c.anchor.kind != default["anchor"]:
+        parts.append(f"anchor-{c.anchor.kind}")
+    if c.anchor.rank:                          # an explicit anchor rank (e.g. "uncompressed + anchors")
+        parts.append(f"ar{c.anchor.rank}")
+    if c.method == "mapl-rvq" and c.rvq.sync != RVQConfig().sync:
+        parts.append(f"sync-{c.rvq.sync}")
+    if c.method == "mapl-rvq" and c.rvq.scale != RVQConfig().scale:
+        parts.append(f"scale-{c.rvq.scale}")
+    if cfg.train.steps != profile_steps:
+        parts.append(f"{cfg.train.steps}steps")
+    return "-".join([*parts, f"s{cfg.train.seed}"])
+
+
+def spec_config(profile: str, spec: dict, params: dict | None = None) -> RunConfig:
+    """The RunConfig of one spec, named by ``name`` or :func:`run_name`."""
+    params = params or load_params()
+    over = dict(spec)
+    name = over.pop("name", "")
+    cfg = load_run_config(profile, over, params=params)
+    return replace(cfg, run_name=name or run_name(cfg, load_run_config(profile, params=params).train.steps))
+
+
+def check_names(profile: str, params: dict | None = None) -> None:
+    """One name, one config, across every group of the profile (names are checkpoint file names)."""
+    params = params or load_params()
+    seen: dict[str, tuple[str, str]] = {}
+    for group in group_names(profile, params):
+        for spec in group_specs(profile, group, params):
+            cfg = spec_config(profile, spec, params)
+            h = config_hash(cfg)
+            if seen.setdefault(cfg.name(), (h, group))[0] != h:
+                raise ConfigError(f"run name {cfg.name()!r} is used for two different configs (groups "
+                                  f"{seen[cfg.name()][1]!r} and {group!r}); give one of them a `name:`")
+
+
+def check_params(params: dict | None = None) -> str:
+    """Every profile of params.yaml as training reads it: the profile's own settings, its launcher and
+    every run of every group, validated (as far as can be without the data) and named uniquely; the
+    top-level ``profile:`` must name one. Raises ``ConfigError`` (one line naming the key); returns a
+    summary line. DVC's first stage (``validate``), so a bad value never reaches a stage that DVC
+    clears the outputs of before running it."""
+    params = params or load_params()
+    profiles = params["profiles"]
+    if params.get("profile") not in profiles:
+        raise ConfigError(f"profile={params.get('profile')!r} (the top-level `profile:` of params.yaml) is invalid: "
+                          f"allowed {sorted(profiles)}")
+    runs = 0
+    for profile in profiles:
+        load_run_config(profile, params=params).validate()
+        launcher_config(profile, params)
+        for group in group_names(profile, params):
+            for i, spec in enumerate(group_specs(profile, group, params)):
+                try:
+                    spec_config(profile, spec, params).validate()
+                except ConfigError as e:
+                    raise ConfigError(f"profiles.{profile}.groups.{group}[{i}] ({spec}): {e}") from None
+                runs += 1
+        check_names(profile, params)
+    return f"params.yaml: {len(profiles)} profiles, {runs} runs in their groups, every setting valid"
+
+
+def plan_group(profile: str, specs: list[dict], out_dir: Path, params: dict | None = None,
+               fingerprint: str | None = None, log=lambda msg: None) -> list[Job]:
+    """A :class:`Job` per spec, with its reuse decision (stale results/checkpoints are deleted here)."""
+    params = params or load_params()
+    fingerprint = fingerprint or code_fingerprint()
+    jobs = []
+    for k, spec in enumerate(specs, 1):
+        # validated (projector and anchor resolved): the config a run records its hash of; every
+        # spec is checked before any work starts
+        cfg = spec_config(profile, spec, params).validate()
+        out = Path(out_dir) / f"{cfg.name()}.json"
+        ckpt = PROJECT_ROOT / "checkpoints" / profile / f"{cfg.name()}.pt"
+        action, step = reuse.decide(cfg, out, ckpt, fingerprint, log)
+        jobs.append(Job(k, len(specs), cfg, spec, out, ckpt, action, step))
+    return jobs
+
+
+def estimate_text(profile: str, params: dict | None = None) -> str:
+    """Runs per group and their wall time on this machine (:func:`mapl.orchestration.progress.estimate_core_seconds`),
+    printed before any work starts (dvc.yaml's prepare stage). Profiles launched on GPUs are estimated in
+    GPU-hours by the planning layer instead (``python -m mapl.sweep --estimate``: mapl/orchestration/sweep.py)."""
+    params = params or load_params()
+    launcher = launcher_config(profile, params)
+    workers = launcher.jobs if launcher.kind == "pool" else 1
+    how = f"{workers} side by side" if launcher.kind == "pool" else "one launch at a time"
+    lines, total = [f"profile {profile}: launcher {launcher.kind}"], 0.0
+    for group in group_names(profile, params):
+        cfgs = [spec_config(profile, s, params) for s in group_specs(profile, group, params)]
+        extra = 0.0 if launcher.kind == "pool" else LAUNCH_OVERHEAD_S
+        wall = estimate_group([estimate_core_seconds(c) + extra for c in cfgs], workers)
+        total += wall
+        lines.append(f"  {group:<10} {len(cfgs):>3} run(s)  about {hms(wall):>7} ({how})")
+    lines.append(f"  total about {hms(total)} (quiet machine; `threads: 1` per run)")
+    return "\n".join(lines)
+
+
+# ---- executing ------------------------------------------------------------------------------------
+def _pool_worker(args) -> dict:
+    job, every_s, fingerprint = args
+    import torch
+    torch.set_num_threads(job.cfg.train.threads or 1)
+    from ..core.run import run
+    reuse.mark_code(job.ckpt, fingerprint)
+    t0 = time.time()
+    from ..core.loop import Interrupted
+    try:
+        res = run(job.cfg, out=job.out, ckpt=job.ckpt, progress=False, log=lambda *a, **k: None,
+                  on_step=StepProgress(job.k, job.n, job.name, every_s) if every_s else None)
+    except Interrupted as e:         # a stop signal: the checkpoint is written; the group stops (_run_pool)
+        return {"k": job.k, "run": job.name, "interrupted": str(e)}
+    except Exception as e:           # noqa: BLE001 -- one failed run must not take the group down; it is reported
+        return {"k": job.k, "run": job.name, "error": f"{type(e).__name__}: {e}"}
+    reuse.stamp_results(job.out, fingerprint)
+    return {"k": job.k, "run": job.name, "action": job.action, "from_step": job.start_step,
+            "val_loss": res["val_loss"], "wall_s": round(time.time() - t0, 1)}
+
+
+def _run_pool(jobs: list[Job], workers: int, every_s: float, fingerprint: str, clock: GroupClock | None):
+    ctx = mp.get_context("spawn")    # fresh interpreters: no torch thread pools inherited from the parent
+    by_k = {j.k: j for j in jobs}
+    with ctx.Pool(min(workers, len(jobs)), maxtasksperchild=1) as pool:
+        for st in pool.imap_unordered(_pool_worker, [(j, every_s, fingerprint) for j in jobs]):
+            if "interrupted" in st:
+                # Was: the worker's KeyboardInterrupt escaped the pool, which lost the task and started the
+                # next runs. Now nothing new starts; leaving the block terminates the pool (SIGTERM), and a
+                # run still in flight stops after its step with its checkpoint written, as on Ctrl-C.
+                yield st
+                return
+            if clock:
+                clock.finished(by_k[st["k"]], "failed" if "error" in st else f"val {st['val_loss']:.4f}")
+            yield st
+
+
+def launch_args(job: Job, profile: str) -> list[str]:
+    """The command line of one run for ``python -m mapl.pipeline`` (the spec as ``--set`` values)."""
+    sets = [f"{k}={v}" for k, v in job.spec.items() if k != "name"] + [f"run_name={job.name}"]
+    return ["--profile", profile, *[a for s in sets for a in ("--set", s)], "--out", str(job.out),
+            "--ckpt", str(job.ckpt), "--no-progress"]
+
+
+def _memory_refusal(job: Job, launcher: LauncherConfig) -> str | None:
+    """The memory plan, written beside the results; the reason a run is not launched, or None."""
+    from ..core.memory import GiB, format_plan, memory_plan
+    from ..base.io import atomic_write_json
+    plan = memory_plan(job.cfg, device="cuda" if launcher.gpus else "cpu")
+    need = plan.peak.total if launcher.gpus else sum(s.total for s in plan.stages)
+    limit = launcher.memory_gib * GiB * 0.9            # the same 10 % reserve as mapl.core.memory.check_plan
+    where = "per GPU" if launcher.gpus else f"for {job.cfg.stages} processes on this host"
+    verdict = (f"needs {need / GiB:.1f} GiB {where}; {launcher.memory_gib:g} GiB less 10 % allows "
+               f"{limit / GiB:.1f}: {'launched' if need <= limit else 'NOT launched (memory plan only)'}")
+    job.out.parent.mkdir(parents=True, exist_ok=True)
+    job.out.with_suffix(".memory.md").write_text(format_plan(plan) + f"\n\n{verdict}\n")
+    atomic_write_json(job.out.with_suffix(".memory.json"), {**plan.to_dict(), "verdict": verdict})
+    return None if need <= limit else verdict
+
+
+def _launch_one(job: Job, profile: str, launcher: LauncherConfig, gpu_ids: list[int], fingerprint: str) -> dict:
+    from .launch import launch             # the one place runs are launched
+    if launcher.memory_gib:
+        refusal = _memory_refusal(job, launcher)
+        if refusal:
+            return {"k": job.k, "run": job.name, "skipped": refusal}
+    env = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, gpu_ids))} if gpu_ids else {}
+    reuse.mark_code(job.ckpt, fingerprint)
+    emit(f"run {job.k} of {job.n} {job.name}: {launcher.kind} launch of {job.cfg.stages} processes"
+         + (f" on GPUs {env['CUDA_VISIBLE_DEVICES']}" if gpu_ids else " on this host"))
+    res = launch(launch_args(job, profile), job.cfg.stages, launcher=launcher.kind, env=env)
+    if res.returncode != 0:
+        tail = " | ".join((res.stderr or res.stdout).strip().splitlines()[-3:])
+        return {"k": job.k, "run": job.name, "error": f"exit {res.returncode}: {tail}"}
+    reuse.stamp_results(job.out, fingerprint)
+    return {"k": job.k, "run": job.name, "action": job.action, "wall_s": round(res.wall_s, 1)}
+
+
+def _run_launched(jobs: list[Job], profile: str, launcher: LauncherConfig, fingerprint: str,
+                  clock: GroupClock | None) -> list[dict]:
+    """Runs in order; each starts when its P GPUs are free (on CPU, gpus = 0: one run at a time)."""
+    for j in jobs:
+        if launcher.gpus and j.cfg.stages > launcher.gpus:
+            raise ConfigError(f"run {j.name} needs {j.cfg.stages} GPUs (one per stage) but launcher.gpus="
+                              f"{launcher.gpus}")
+    free, cond, results, threads = list(range(launcher.gpus or 1)), threading.Condition(), [], []
+
+    def one(job: Job, slots: list[int]) -> None:
+        try:
+            st = _launch_one(job, profile, launcher, slots if launcher.gpus else [], fingerprint)
+        except Exception as e:       # noqa: BLE001 -- reported with the group, like a pool run
+            st = {"k": job.k, "run": job.name, "error": f"{type(e).__name__}: {e}"}
+        if clock:
+            clock.finished(job, "failed" if "error" in st else "not launched" if "skipped" in st else "done")
+        with cond:
+            free.extend(slots)
+            results.append(st)
+            cond.notify_all()
+
+    for job in jobs:
+        need = job.cfg.stages if launcher.gpus else 1
+        with cond:
+            cond.wait_for(lambda: len(free) >= need)
+            slots, free[:] = sorted(free)[:need], sorted(free)[need:]
+        threads.append(threading.Thread(target=one, args=(job, slots), daemon=True))
+        threads[-1].start()
+    for t in threads:
+        t.join()
+    return results
+
+
+def prepare_data(cfgs: list[RunConfig]) -> None:
+    """Each dataset the runs read, prepared once here (idempotent), never by two runs side by side
+    or by a pipeline's stage processes."""
+    from .. import data as mdata
+    from ..core.engine import resolve_data_dir
+    for data_dir, cfg in {resolve_data_dir(c): c for c in cfgs}.items():
+        mdata.prepare(cfg.data, data_dir)
+
+
+def status_table(status: list[dict]) -> str:
+    """The group's outcome as Markdown: one row per run (what happened, val loss, wall time)."""
+    rows = ["| # | run | outcome | val loss | wall (s) |", "|---|---|---|---|---|"]
+    for s in status:
+        done = {"restore": "restored from its checkpoint", "resume": f"resumed at step {s.get('from_step', 0)}"}
+        outcome = s.get("error") or s.get("skipped") or done.get(s.get("action"), "trained")
+        val = f"{s['val_loss']:.4f}" if "val_loss" in s else ""
+        rows.append(f"| {s['k']} | {s['run']} | {outcome} | {val} | {s.get('wall_s', '')} |")
+    return "\n".join(rows)
+
+
+def stage_table(out_dir: Path) -> str:
+    """Per stage of every multi-process run in ``out_dir``: compute, optimizer and waiting seconds per
+    step (measured), and peak memory (the memory plan's, and the measured one where the results carry
+    ``pipeline.stage_peak_memory_bytes``: on a GPU the tensors' peak, on a CPU the process's peak RSS,
+    which includes the Python/torch runtime). Empty when no run of the folder ran multi-process."""
+    import json
+    rows = ["| run | step (s) | stage | compute (s) | optimizer (s) | waiting (s) | peak memory plan (GiB) | "
+            "peak memory measured (GiB; GPU: tensors, CPU: process RSS) |", "|---|---|---|---|---|---|---|---|"]
+    for path in sorted(Path(out_dir).glob("*.json")):
+        res = json.loads(path.read_text())
+        pipe = res.get("pipeline") if isinstance(res, dict) else None
+        if not pipe:
+            continue
+        plan_path = path.with_suffix(".memory.json")
+        planned = [s["total"] for s in json.loads(plan_path.read_text())["stages"]] if plan_path.exists() else []
+        measured = pipe.get("stage_peak_memory_bytes") or []
+
+        def cell(xs, s, scale=1.0, fmt="{:.2f}"):
+            return fmt.format(xs[s] / scale) if s < len(xs) and xs[s] is not None else "—"
+        for s in range(pipe["processes"]):
+            rows.append(f"| {res['run'] if s == 0 else ''} | {cell([pipe['step_wall_s']], s) if s == 0 else ''} | {s} | "
+                        f"{cell(pipe['stage_compute_s_per_step'], s)} | {cell(pipe['stage_opt_s_per_step'], s)} | "
+                        f"{cell(pipe['stage_wait_s_per_step'], s)} | {cell(planned, s, 2**30)} | {cell(measured, s, 2**30)} |")
+    return "\n".join(rows) if len(rows) > 2 else ""
+
+
+def run_many(profile: str, specs: list[dict], out_dir: Path, jobs: int = 0, log=print, group: str = "",
+             progress_every: float = 5.0) -> list[dict]:
+    """Train every spec that is not current; one status dict per spec. ``jobs``: runs side by side
+    (0 = the profile's launcher); ``progress_every``: seconds between progress lines (0 = quiet)."""
+    params = load_params()
+    launcher = launcher_config(profile, params)
+    if jobs:
+        launcher = replace(launcher, jobs=jobs)
+    fingerprint = code_fingerprint()
+    plan = plan_group(profile, specs, out_dir, params, fingerprint, log)
+    status = [{"k": j.k, "run": j.name, "skipped": "current"} for j in plan if j.action == "current"]
+    todo = [j for j in plan if j.action != "current"]
+    counts = {a: sum(j.action == a for j in todo) for a in reuse.ACTIONS[1:]}
+    summary = f"{len(plan)} run(s): {len(status)} current, " + ", ".join(f"{v} to {a}" for a, v in counts.items())
+    log(summary)
+    if progress_every:
+        names = group_names(profile, params)
+        where = f" ({names.index(group) + 1} of {len(names)} groups)" if group in names else ""
+        emit(f"group {group or Path(out_dir).name}{where}: {summary}")
+    clock = GroupClock(group or Path(out_dir).name, todo) if progress_every and todo else None
+    prepare_data([j.cfg for j in todo])
+    if launcher.kind == "pool" and todo:
+        status += list(_run_pool(todo, launcher.jobs, progress_every, fingerprint, clock))
+    elif todo:
+        status += _run_launched(todo, profile, launcher, fingerprint, clock)
+    stopped = [s for s in status if "interrupted" in s]
+    if stopped:
+        from ..core.loop import Interrupted
+        raise Interrupted(f"group {group or Path(out_dir).name} stopped by a signal during {stopped[0]['run']} "
+                          f"({stopped[0]['interrupted']}); rerun the same command to resume")
+    failed = [s for s in status if "error" in s]
+    if failed:
+        raise RuntimeError(f"{len(failed)} run(s) failed: " + "; ".join(f"{s['run']}: {s['error']}" for s in failed))
+    return sorted(status, key=lambda s: s["k"])
+
+
+STAMP_TEXT = ("params.yaml passed `python -m mapl.sweep --check` (DVC's validate stage; the same text every time, so "
+              "that a params edit reruns only the stages whose params changed)\n")
+
+
+def write_stamp(path: Path) -> None:
+    from ..base.io import atomic_write_text
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, STAMP_TEXT)

@@ -1,0 +1,342 @@
+"""The DVC pipeline on any profile in a temporary copy of this checkout, so nothing here changes.
+
+    python -m mapl.workspace smoke              # micro profile up to the report and plan, then a second repro that must
+                                                # do nothing; this checkout's `git status` must not change (make smoke)
+    python -m mapl.workspace repro --profile paper-smoke --copy-back
+                                                # a non-default profile; then reports/paper-smoke/ is copied here
+    python -m mapl.workspace verify             # re-execute the report from the committed results; fail on
+                                                # any difference in tables, figures or metrics (make verify)
+    python -m mapl.workspace smoke --keep       # keep the copy for a look (its path is printed)
+    python -m mapl.workspace repro --profile paper --dir ../mapl-paper --copy-back
+                                                # a lasting workspace: rerun the same command to resume
+
+The copy holds every file git would commit here (tracked files, and untracked ones .gitignore does
+not exclude, as they are in the working tree), gets a git repository of its own and params.yaml's
+``profile:`` set to the profile, so DVC runs there exactly as it would here. Raw downloads are shared
+with this checkout (``MAPL_CACHE_DIR`` = data/raw here, unless set), so nothing is fetched twice;
+shards, checkpoints and everything DVC writes stay in the copy.
+
+``--dir`` must be a new or empty folder outside this checkout, or a workspace made here before (a
+marker ``.git/mapl-workspace`` says so); anything else is refused before anything is copied.
+SIGINT or SIGTERM stops every process in the copy (SIGTERM first, so training runs write their
+checkpoints; SIGKILL after 30 s) and removes a temporary copy (not ``--keep``, not ``--dir``).
+
+Exit codes: 0 done; 1 a step in the copy failed or its outputs differ (``error: ...`` naming it);
+2 an invalid ``--profile`` or ``--dir``, a broken params.yaml or a bad flag (one line, before anything
+is copied); 130 interrupted (SIGINT/SIGTERM).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import difflib
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from ..base.cli import EXIT_INTERRUPTED, EXIT_USER_ERROR
+from ..core.config import PROJECT_ROOT
+
+__all__ = ["SMOKE_TARGETS", "MARKER", "Stopped", "checkout_files", "tool_env", "make_copy", "check_dir", "dvc", "repro", "smoke",
+           "compare_outputs", "verify", "main"]
+
+# what `make smoke` reproduces: the report and the planner on the profile, and everything they need
+# (prepare, train@*). plan-paper (profile-independent: no micro code path; a minute or two of crossover searches) is left out.
+SMOKE_TARGETS = ("report", "plan")
+STOP_GRACE_S = 30.0          # after SIGTERM, how long the processes in a copy may take to stop (then SIGKILL)
+MARKER = Path(".git") / "mapl-workspace"     # in a copy: says the folder is a workspace made by this module
+_GIT_ID = {"GIT_AUTHOR_NAME": "mapl workspace", "GIT_AUTHOR_EMAIL": "workspace@mapl.invalid",
+           "GIT_COMMITTER_NAME": "mapl workspace", "GIT_COMMITTER_EMAIL": "workspace@mapl.invalid"}
+
+
+class WorkspaceError(RuntimeError):
+    """A step in the copy failed or its outputs differ; the message says which."""
+
+
+class Stopped(KeyboardInterrupt):
+    """SIGINT or SIGTERM: the commands in the copy were stopped (and the temporary copy removed)."""
+
+
+def _stop_tree(proc: subprocess.Popen, grace_s: float = STOP_GRACE_S) -> None:
+    """SIGTERM to ``proc`` and every process below it (DVC, papermill, the kernel, training runs: a
+    graceful stop, checkpoints written), SIGKILL to any still there ``grace_s`` later."""
+    import psutil
+    try:
+        root = psutil.Process(proc.pid)
+        tree = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return
+    for p in tree:
+        with contextlib.suppress(psutil.Error):
+            p.terminate()
+    _, alive = psutil.wait_procs(tree, timeout=grace_s)
+    for p in alive:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    psutil.wait_procs(alive, timeout=5)
+    proc.wait()
+
+
+def _run(cmd: list, cwd: Path, env: dict, capture: bool) -> str:
+    """Run ``cmd`` in a session of its own (a terminal's Ctrl-C reaches only this process, which stops
+    the whole tree below it: nothing keeps running in a copy that is about to be removed)."""
+    pipe = subprocess.PIPE if capture else None
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, text=True, stdout=pipe, stderr=pipe, start_new_session=True)
+    try:
+        out, err = proc.communicate()
+    except BaseException:
+        _stop_tree(proc)
+        raise
+    if proc.returncode != 0:
+        tail = ((out or "") + (err or ""))[-4000:] if capture else ""
+        raise WorkspaceError(f"`{' '.join(map(str, cmd))}` failed in {cwd} (exit {proc.returncode})\n{tail}".rstrip())
+    return (out or "") + (err or "")
+
+
+def checkout_files(root: Path = PROJECT_ROOT) -> list[str]:
+    """Paths (relative) that git would commit: tracked, plus untracked and not ignored; only files that exist."""
+    out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=root,
+                         capture_output=True, check=True).stdout.decode()
+    return sorted({p for p in out.split("\0") if p and (Path(root) / p).is_file()})
+
+
+def tool_env(root: Path = PROJECT_ROOT) -> dict:
+    """The environment of DVC in the copy: this venv first on PATH (DVC's commands call python and
+    papermill), offline Hugging Face, no DVC analytics, raw downloads shared with ``root``."""
+    venv_bin = str(Path(sys.executable).parent)
+    env = {**os.environ, "PATH": venv_bin + os.pathsep + os.environ.get("PATH", ""), "DVC_NO_ANALYTICS": "1",
+           "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1",
+           **_GIT_ID}
+    env.setdefault("MAPL_CACHE_DIR", str(Path(root) / "data" / "raw"))
+    return env
+
+
+def make_copy(dest: Path, profile: str, root: Path = PROJECT_ROOT, env: dict | None = None) -> Path:
+    """Copy the checkout's files into ``dest``, set ``profile:`` and commit them in a new git repository."""
+    dest = Path(dest)
+    for rel in checkout_files(root):
+        target = dest / rel
+        if rel == "dvc.lock" and target.exists():      # a lasting workspace keeps what its own runs recorded
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(Path(root) / rel, target)
+    params = dest / "params.yaml"
+    text, n = re.subn(r"(?m)^profile:\s*\S+", f"profile: {profile}", params.read_text(), count=1)
+    if n != 1:
+        raise WorkspaceError(f"{params}: no top-level `profile:` line to set to {profile!r}")
+    params.write_text(text)
+    env = env or tool_env(root)
+    _run(["git", "init", "-q"], dest, env, capture=True)
+    (dest / MARKER).write_text(f"{Path(root).resolve()}\n")     # inside .git: not part of the copy's tree
+    for cmd in (["git", "add", "-A"], ["git", "commit", "-q", "--allow-empty", "-m", f"workspace: {profile}"]):
+        _run(cmd, dest, env, capture=True)
+    return dest
+
+
+def check_dir(into: Path, root: Path = PROJECT_ROOT) -> None:
+    """A lasting workspace folder (``repro --dir``) must be new, empty, or a workspace this module made
+    before (it is refreshed: its checkpoints and DVC state stay). Anything else would have its files
+    overwritten, and then be ``git init``-ed and committed: refused in one line (``ValueError``)."""
+    into, root = Path(into).resolve(), Path(root).resolve()
+    if into == root or root.is_relative_to(into):
+        raise ValueError(f"--dir {into} is this checkout or a folder above it: the copy would overwrite the checkout; "
+                         "choose a new folder outside it, e.g. ../mapl-<profile>")
+    if into.is_relative_to(root):
+        raise ValueError(f"--dir {into} is inside this checkout: the next copy would copy the workspace into "
+                         "itself; choose a new folder outside it, e.g. ../mapl-<profile>")
+    if into.exists() and not into.is_dir():
+        raise ValueError(f"--dir {into} is a file, not a folder; choose a new or empty folder")
+    if into.is_dir() and any(into.iterdir()) and not (into / MARKER).is_file():
+        raise ValueError(f"--dir {into} exists, is not empty and is no mapl workspace (no {MARKER}): the copy would "
+                         "overwrite its files and commit them; choose a new or empty folder")
+
+
+def dvc(args: list[str], cwd: Path, env: dict, capture: bool = False) -> str:
+    """``dvc <args>`` with this venv's DVC; output streams to the terminal unless ``capture``."""
+    return _run([str(Path(sys.executable).parent / "dvc"), *args], cwd, env, capture)
+
+
+def _new_copy(profile: str, root: Path, into: Path | None = None) -> tuple[Path, dict]:
+    """A fresh temporary copy, or ``into`` (created or refreshed: what DVC, the shards and the
+    checkpoints left there stay, so an interrupted long run resumes)."""
+    env = tool_env(root)
+    dest = Path(into) if into else Path(tempfile.mkdtemp(prefix=f"mapl-{profile}-"))
+    try:
+        make_copy(dest, profile, root, env)
+    except BaseException:                # a failed or interrupted copy: a temporary one is not left behind
+        if not into:
+            shutil.rmtree(dest, ignore_errors=True)
+        raise
+    return dest, env
+
+
+def _done(dest: Path, keep: bool) -> None:
+    if keep:
+        print(f"workspace kept: {dest}", flush=True)
+    else:
+        shutil.rmtree(dest, ignore_errors=True)
+
+
+def repro(profile: str, root: Path = PROJECT_ROOT, copy_back: bool = False, keep: bool = False,
+          capture: bool = False, extra: list[str] | None = None, into: Path | None = None) -> str:
+    """``dvc repro`` on ``profile`` in a fresh copy (or in the workspace ``into``, which is kept); with
+    ``copy_back`` replace reports/<profile>/ here by the copy's. Returns the captured output or ''."""
+    _check_profile(profile, root)
+    if copy_back and profile == _default_profile(root):
+        raise WorkspaceError(f"profile {profile!r} is this checkout's default: run `dvc repro` here instead")
+    if into is not None:
+        check_dir(into, root)
+    dest, env = _new_copy(profile, root, into)
+    keep = keep or into is not None
+    try:
+        log = dvc(["repro", *(extra or [])], dest, env, capture)
+        if copy_back:
+            src, target = dest / "reports" / profile, Path(root) / "reports" / profile
+            shutil.rmtree(target, ignore_errors=True)
+            shutil.copytree(src, target)
+            print(f"copied reports/{profile}/ from the workspace", flush=True)
+    finally:
+        _done(dest, keep)
+    return log
+
+
+def _default_profile(root: Path) -> str:
+    from ..core.config import load_params
+    return load_params(Path(root) / "params.yaml")["profile"]
+
+
+def _check_profile(profile: str, root: Path) -> str:
+    """``profile`` if params.yaml defines it; else a one-line ``ConfigError`` (before anything is copied)."""
+    from ..core.config import ConfigError, load_params
+    profiles = load_params(Path(root) / "params.yaml")["profiles"]
+    if profile not in profiles:
+        raise ConfigError(f"--profile {profile!r} is invalid: allowed: {sorted(profiles)} (params.yaml)")
+    return profile
+
+
+def _git_status(root: Path) -> str:
+    return subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=root, capture_output=True,
+                          text=True, check=True).stdout
+
+
+def smoke(root: Path = PROJECT_ROOT, keep: bool = False, capture: bool = False) -> tuple[Path | None, str]:
+    """The pipeline up to the report and plan (:data:`SMOKE_TARGETS`) on ``micro`` in a copy; a second
+    ``dvc repro`` must do nothing and this
+    checkout's ``git status`` must not change. Returns the copy's path (when ``keep``, else None) and
+    the first repro's output (when ``capture``, else '')."""
+    t0, before = time.monotonic(), _git_status(root)
+    dest, env = _new_copy("micro", root)
+    try:
+        log = dvc(["repro", *SMOKE_TARGETS], dest, env, capture)
+        second = dvc(["repro", *SMOKE_TARGETS], dest, env, capture=True)
+        if "Running stage" in second or "up to date" not in second:
+            raise WorkspaceError(f"a second `dvc repro` on micro was not a no-op:\n{second[-3000:]}")
+        after = _git_status(root)
+        if after != before:
+            raise WorkspaceError(f"the smoke run changed this checkout's git status:\n{after}")
+    except BaseException:
+        _done(dest, keep)
+        raise
+    print("smoke: prepare, train@*, report and plan on micro, second repro a no-op, checkout untouched "
+          f"({time.monotonic() - t0:.0f} s)", flush=True)
+    _done(dest, keep)
+    return (dest if keep else None), log
+
+
+def _files(base: Path, profile: str) -> dict[str, Path]:
+    out = base / "reports" / profile
+    found = {p.relative_to(base).as_posix(): p for sub in ("tables", "figures") if (out / sub).is_dir()
+             for p in sorted((out / sub).rglob("*")) if p.is_file()}
+    if (out / "metrics.json").is_file():
+        found[f"reports/{profile}/metrics.json"] = out / "metrics.json"
+    return found
+
+
+def compare_outputs(expected: Path, actual: Path, profile: str) -> list[str]:
+    """Differences between two checkouts' report outputs of ``profile`` (tables, figures, metrics.json):
+    files only in one of them, and files whose bytes differ (with the first differing lines of text)."""
+    a, b = _files(Path(expected), profile), _files(Path(actual), profile)
+    problems = [f"missing after re-execution: {k}" for k in sorted(set(a) - set(b))]
+    problems += [f"new after re-execution: {k}" for k in sorted(set(b) - set(a))]
+    for key in sorted(set(a) & set(b)):
+        old, new = a[key].read_bytes(), b[key].read_bytes()
+        if old == new:
+            continue
+        if key.endswith(".png"):
+            problems.append(f"differs: {key} (PNG, {len(old)} vs {len(new)} bytes)")
+            continue
+        diff = difflib.unified_diff(old.decode(errors="replace").splitlines(), new.decode(errors="replace").splitlines(),
+                                    "committed", "re-executed", n=0, lineterm="")
+        problems.append(f"differs: {key}\n    " + "\n    ".join(list(diff)[2:12]))
+    return problems
+
+
+def verify(profile: str = "", root: Path = PROJECT_ROOT, keep: bool = False, capture: bool = False) -> list[str]:
+    """Re-execute the report stage of ``profile`` (default: params.yaml's) from the committed results in
+    a copy and compare its tables, figures and metrics with the committed ones; raises on a difference."""
+    profile = _check_profile(profile or _default_profile(root), root)
+    if not _files(Path(root), profile):
+        raise WorkspaceError(f"no committed report outputs under reports/{profile}/ to verify")
+    dest, env = _new_copy(profile, root)
+    try:
+        dvc(["repro", "--force", "--single-item", "report"], dest, env, capture)
+        problems = compare_outputs(root, dest, profile)
+    finally:
+        _done(dest, keep)
+    if problems:
+        raise WorkspaceError(f"the re-executed report of {profile} differs from the committed one:\n" + "\n".join(problems))
+    print(f"verify: tables, figures and metrics of reports/{profile}/ re-executed identically", flush=True)
+    return problems
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m mapl.workspace", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    sm = sub.add_parser("smoke", help="every stage on the micro profile; second repro a no-op; checkout untouched")
+    rp = sub.add_parser("repro", help="dvc repro on a profile in a copy")
+    rp.add_argument("--profile", required=True)
+    rp.add_argument("--copy-back", action="store_true", help="copy reports/<profile>/ back into this checkout")
+    rp.add_argument("--dir", type=Path, help="a lasting workspace (created or refreshed, never removed): its "
+                                             "checkpoints survive, so a rerun resumes (the paper profile)")
+    vf = sub.add_parser("verify", help="re-execute the report from the committed results; fail on differences")
+    vf.add_argument("--profile", default="", help="default: params.yaml's profile")
+    for p in (sm, rp, vf):
+        p.add_argument("--keep", action="store_true", help="keep the temporary copy (its path is printed)")
+    args = ap.parse_args(argv)
+    old = _stop_on_signals()
+    try:
+        if args.cmd == "smoke":
+            smoke(keep=args.keep)
+        elif args.cmd == "repro":
+            repro(args.profile, copy_back=args.copy_back, keep=args.keep, into=args.dir)
+        else:
+            verify(args.profile, keep=args.keep)
+    except ValueError as e:                          # a user error (profile, params.yaml): one line, exit 2
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except WorkspaceError as e:                      # a step in the copy failed or outputs differ: exit 1
+        raise SystemExit(f"error: {e}") from None
+    except KeyboardInterrupt as e:                   # SIGINT/SIGTERM: the tree in the copy is stopped
+        kept = f"; the workspace {args.dir} is kept (rerun the same command to resume)" if getattr(args, "dir", None) \
+            else "; the temporary copy was removed" if not args.keep else ""
+        print(f"interrupted: {e or 'stopped'}: the commands in the copy were stopped{kept}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+    return 0
+
+
+def _stop_on_signals() -> dict:
+    """SIGTERM (and SIGINT) raise :class:`Stopped` in the main thread, so the finally blocks stop the
+    processes in the copy and remove a temporary copy. Returns the previous handlers."""
+    def stop(signum, frame):
+        raise Stopped(f"{signal.Signals(signum).name} received")
+    return {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}

@@ -1,0 +1,347 @@
+"""When does compression pay? Steps to target, time to target, crossover bandwidths (notebooks/when_it_pays).
+
+Time to target = steps to target x step time. Step times come from :mod:`mapl.planning.costmodel`; steps to target
+from our own loss curves or, at paper scale, from the paper's final-loss penalties converted with a loss-vs-tokens fit
+(:func:`ratio_from_penalty`).
+
+Our curves: :func:`steps_ratios` gives each method's (and, with ``load_runs(..., variants=True)``, each
+variant's) steps to reach uncompressed's best loss (lowest point of its curve) + 2 %, divided by uncompressed's, paired by seed at
+each training length, with its spread over seeds; :func:`steps_ratio_table` sets the lengths side by side
+and :func:`ratio_trend` follows the ratio along one run::
+
+    python -m mapl.planner reports/cpu/results          # the table of steps ratios per training length
+
+The conversion. At a fixed model size, ``L(D) = L_inf + B D^-beta`` (D tokens). If a method's final loss
+sits ``delta`` above uncompressed after D0 tokens and the method behaves like uncompressed training on
+k x D0 tokens, then ``B (k D0)^-beta = B D0^-beta + delta`` and it needs ``1/k = (1 + delta /
+(B D0^-beta))^(1/beta)`` times the steps to reach uncompressed's final loss. B, beta: Chinchilla's fit
+(Hoffmann et al. 2022, approach 3: B = 410.7, beta = 0.28) and its replication (Besiroglu et al. 2024:
+B = 2085.43, beta = 0.3658); the two bracket the ratio. It assumes the penalty is lost token efficiency;
+a penalty that stays constant with more tokens would never be made up (ratio unbounded).
+"""
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from pathlib import Path
+from typing import Callable, Iterable, Sequence
+
+
+__all__ = ["LOSS_FITS", "load_runs", "main_model_runs", "steps_to_target", "best_loss", "steps_ratios", "ratio_trend",
+           "steps_ratio_table", "steps_report", "ratio_from_penalty", "paper_steps_ratios", "common_target",
+           "time_to_target_rows", "crossover_bandwidth", "crossover_interval", "speedup_grid", "validated_error", "ratio_key",
+           "run_label", "main"]
+
+LOSS_FITS = {
+    "chinchilla": {"B": 410.7, "beta": 0.28, "source": "Hoffmann et al. 2022, approach 3"},
+    "besiroglu": {"B": 2085.43, "beta": 0.3658, "source": "Besiroglu et al. 2024, Chinchilla replication"},
+}
+
+
+def steps_to_target(curve: Sequence[Sequence[float]], target: float) -> float | None:
+    """First step at which a validation curve reaches ``target`` (linear between evaluations)."""
+    from ..core.link import steps_to_target as s2t
+    return s2t(curve, target)
+
+
+def load_runs(results_dir: str | Path, groups: Iterable[str] | None = None, variants: bool = False) -> list[dict]:
+    """Runs under ``results_dir/<group>/*.json`` as the report reads them (:mod:`mapl.report.rows`: one
+    run per configuration and seed, runs on the tuning protocol's validation slice left out), the
+    methods' default configurations only unless ``variants`` (e.g. ``mapl-fixed``: the fixed projector).
+    Each run: ``run``, ``group``, ``model``, ``method``, ``variant``, ``ratio`` (wire ratio, 3 significant
+    digits, as the report rounds it), ``projection_ratio``, ``steps``, ``seed``, ``final``, ``curve``."""
+    from ..report.rows import load_results, select
+    rows = select(load_results("", Path(results_dir).resolve()))
+    keep = set(groups) if groups is not None else None
+    return [{"run": r["run"], "group": r["group"], "model": r["model"], "method": r["method"], "variant": r["variant"],
+             "ratio": ratio_key(r["method"], r["wire_ratio"])[1], "projection_ratio": r["projection_ratio"],
+             "steps": int(r["steps"]), "seed": int(r["seed"]), "final": float(r["val_loss"]), "curve": r["val_loss_curve"],
+             "select_curve": r["select_loss_curve"]}
+            for r in rows if r["val_loss_curve"] and (variants or r["variant"] == r["method"])
+            and (keep is None or r["group"] in keep)]
+
+
+def ratio_key(method: str, ratio: float | None) -> tuple[str, float]:
+    """(method, wire ratio to 3 significant digits, as the report rounds it): how runs, step
+    measurements and cases are matched."""
+    return (method, 1.0 if method == "none" or ratio is None else float(f"{float(ratio):.3g}"))
+
+
+def run_label(variant: str, ratio: float) -> str:
+    """'mapl 8x', 'mapl-fixed 8x'; 'none' for the uncompressed run."""
+    return variant if variant == "none" else f"{variant} {ratio:g}x"
+
+
+def main_model_runs(runs: Sequence[dict]) -> list[dict]:
+    """The runs of the profile's main model (:func:`mapl.report.rows.main_model`: width studies left out)."""
+    from ..report.rows import main_model
+    main = main_model([{"group": "", **r} for r in runs])
+    return [r for r in runs if r["model"] == main]
+
+
+def _key(r: dict) -> tuple:
+    return ratio_key(r["method"], r["ratio"])
+
+
+def _variant(r: dict) -> str:
+    return r.get("variant", r["method"])
+
+
+def _spread(values: Sequence[float]) -> dict:
+    """mean, sample sd, min, max and the Student t 95% interval of the mean (None below two values)."""
+    from ..report.stats import t_interval
+    n = len(values)
+    mean = sum(values) / n
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else None
+    return {"mean": mean, "sd": sd, "min": min(values), "max": max(values), "ci95": t_interval(values)}
+
+
+def best_loss(run: dict) -> float:
+    """A run's validation loss at its best step: :func:`mapl.report.rows.at_best_validation` itself (the
+    step chosen on the selection set where the run has one), on the planner's own run dicts."""
+    from ..report.rows import at_best_validation
+    row = {"steps": run["steps"], "val_loss": run["final"], "val_loss_curve": run.get("curve") or [],
+           "select_loss_curve": run.get("select_curve") or []}
+    return float(at_best_validation([row])[0]["val_loss"])
+
+
+def steps_ratios(runs: Sequence[dict], target_pct: float = 2.0) -> list[dict]:
+    """Per (model, variant, wire ratio, budget): the steps to reach uncompressed's best loss + ``target_pct``
+    %, divided by uncompressed's steps to it, paired by seed (the same budget and seed: the same tokens),
+    then its spread over seeds (:func:`_spread`; ``per_seed``: seed -> ratio). A run that never gets there
+    within its budget gives a lower bound, budget / uncompressed's steps (counted in ``censored``)."""
+    dense = {(r["model"], r["steps"], r["seed"]): r for r in runs if r["method"] == "none"}
+    per = defaultdict(dict)
+    for r in runs:
+        ref = dense.get((r["model"], r["steps"], r["seed"]))
+        if r["method"] == "none" or ref is None:
+            continue
+        target = best_loss(ref) * (1 + target_pct / 100)
+        n_ref, n = steps_to_target(ref["curve"], target), steps_to_target(r["curve"], target)
+        if n_ref:
+            per[(r["model"], r["method"], _variant(r), _key(r)[1], r["steps"])][r["seed"]] = \
+                (n / n_ref if n is not None else r["steps"] / n_ref, n is None)
+    out = []
+    for (model, method, variant, ratio, budget), seeds in sorted(per.items()):
+        xs = [v for v, _ in seeds.values()]
+        out.append({"model": model, "method": method, "variant": variant, "ratio": ratio, "budget": budget,
+                    "seeds": len(xs), "per_seed": {s: v for s, (v, _) in sorted(seeds.items())}, **_spread(xs),
+                    "censored": sum(c for _, c in seeds.values()), "target_pct": target_pct})
+    return out
+
+
+def steps_ratio_table(ratios: Sequence[dict]) -> str:
+    """Markdown: one row per (variant, wire ratio), one column per budget (training length): the mean steps
+    ratio ± sd over seeds [min, max], n seeds (a ``>`` marks a lower bound: some seed never got there)."""
+    budgets = sorted({r["budget"] for r in ratios})
+    rows = defaultdict(dict)
+    for r in ratios:
+        rows[(r["method"], r["variant"], r["ratio"])][r["budget"]] = r
+    lines = ["| method | " + " | ".join(f"{b:,} steps" for b in budgets) + " |", "|---|" + "---|" * len(budgets)]
+    for (_, variant, ratio), cells in sorted(rows.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2])):
+        txt = []
+        for b in budgets:
+            c = cells.get(b)
+            if c is None:
+                txt.append("")
+                continue
+            sd = f" ± {c['sd']:.2f}" if c["sd"] is not None else ""
+            txt.append(f"{'>' if c['censored'] else ''}{c['mean']:.2f}{sd} [{c['min']:.2f}, {c['max']:.2f}], n={c['seeds']}"
+                       + (f" ({c['censored']} censored)" if c["censored"] else ""))
+        lines.append(f"| {run_label(variant, ratio)} | " + " | ".join(txt) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def ratio_trend(runs: Sequence[dict]) -> list[dict]:
+    """Along each (variant, wire ratio)'s longest budget that has uncompressed runs on the same seeds: at
+    each evaluation step s of uncompressed, the steps the method needs to reach uncompressed's loss at s
+    (same seed), divided by s; mean/min/max over the seeds that reach it (``reached`` of ``seeds``)."""
+    dense = {(r["model"], r["steps"], r["seed"]): r for r in runs if r["method"] == "none"}
+    paired = defaultdict(list)
+    for r in runs:
+        if r["method"] != "none" and (r["model"], r["steps"], r["seed"]) in dense:
+            paired[(r["model"], r["method"], _variant(r), _key(r)[1])].append(r)
+    out = []
+    for (model, method, variant, ratio), rs in sorted(paired.items()):
+        budget = max(r["steps"] for r in rs)
+        points = defaultdict(list)
+        for r in (r for r in rs if r["steps"] == budget):
+            for s, loss in dense[(model, budget, r["seed"])]["curve"]:
+                n = steps_to_target(r["curve"], loss)
+                points[s].append((loss, None if n is None else n / s))
+        for s, vals in sorted(points.items()):
+            got = [v for _, v in vals if v is not None]
+            out.append({"method": method, "variant": variant, "ratio": ratio, "budget": budget, "step": s,
+                        "dense_loss": sum(loss for loss, _ in vals) / len(vals), "seeds": len(vals), "reached": len(got),
+                        "mean": sum(got) / len(got) if got else None, "min": min(got, default=None),
+                        "max": max(got, default=None)})
+    return out
+
+
+def ratio_from_penalty(delta_loss: float, tokens: float, fit: str = "chinchilla") -> float:
+    """Steps-to-target ratio implied by a final-loss penalty ``delta_loss`` after ``tokens`` (module doc)."""
+    f = LOSS_FITS[fit]
+    reducible = f["B"] * tokens ** -f["beta"]
+    base = 1 + delta_loss / reducible
+    return base ** (1 / f["beta"]) if base > 0 else 0.0
+
+
+def paper_steps_ratios(scale: str, stages: int = 4, tokens: float | None = None) -> dict:
+    """Steps ratio per method at a paper scale, from Table 1's penalties, as (low, high) over the fits."""
+    from ..report import paper_table1
+    rows = [e for e in paper_table1(stages=stages) if e["scale"] == scale]
+    base = next(e for e in rows if e["method"] == "none")["val_loss"]
+    n_params = {"150M": 150e6, "500M": 500e6, "1B": 1e9}[scale]
+    tokens = tokens or 20 * n_params
+    out = {"none": {"low": 1.0, "high": 1.0, "delta": 0.0}}
+    for e in rows:
+        if e["method"] == "none":
+            continue
+        delta = base * e["delta_pct"] / 100            # the paper's percentages come from unrounded losses
+        rs = [ratio_from_penalty(delta, tokens, f) for f in LOSS_FITS]
+        out[e["method"]] = {"low": min(rs), "high": max(rs), "delta": delta, "ratio": e["reported_ratio"],
+                            "proj_ratio": e["projection_ratio"]}
+    return out
+
+
+def _mean_curve(runs: Sequence[dict]) -> list:
+    """The mean validation curve over ``runs`` at the evaluation steps they share."""
+    curves = [dict(r["curve"]) for r in runs]
+    common = sorted(set.intersection(*(set(c) for c in curves))) if curves else []
+    return [(s, sum(c[s] for c in curves) / len(curves)) for s in common]
+
+
+def common_target(runs: Sequence[dict], target_pct: float = 2.0) -> tuple[float, int, int] | None:
+    """The measured time-to-target table's target (mapl.report.ttt): uncompressed's best loss (the lowest
+    point of its curve) at its longest budget, mean over seeds, + ``target_pct`` %. Returns (target, budget, seeds), None
+    without one."""
+    dense = [r for r in runs if r["method"] == "none"]
+    if not dense:
+        return None
+    budget = max(r["steps"] for r in dense)
+    bests = [best_loss(r) for r in dense if r["steps"] == budget]
+    return sum(bests) / len(bests) * (1 + target_pct / 100), budget, len(bests)
+
+
+def time_to_target_rows(runs: Sequence[dict], cases: dict, bandwidths: Sequence[float], latency_s: float = 0.0,
+                        target_pct: float = 2.0) -> list[dict]:
+    """The measured time-to-target table's rule (mapl.report.ttt): one target (:func:`common_target`); for each
+    (method, wire ratio) in ``cases`` (-> costmodel.Case), the steps to it on the mean curve over the seeds of
+    its longest default-configured run; the step time of its Case on each link."""
+    from ..core.link import LinkProfile
+    common = common_target(runs, target_pct)
+    if common is None:
+        return []
+    target = common[0]
+    out = []
+    for key, case in cases.items():
+        cands = [r for r in runs if _key(r) == key and _variant(r) == r["method"]]
+        budget = max((r["steps"] for r in cands), default=None)
+        longest = [r for r in cands if r["steps"] == budget]
+        n = steps_to_target(_mean_curve(longest), target) if longest else None
+        for bw in bandwidths:
+            st = case.step_time(LinkProfile(f"{bw:g}", bw, latency_s))
+            out.append({"method": key[0], "ratio": key[1], "budget": budget, "seeds": len(longest), "target": target,
+                        "bandwidth_bps": bw, "latency_s": latency_s, "steps_to_target": n, "step_s": st,
+                        "time_s": None if n is None else n * st})
+    return out
+
+
+def crossover_bandwidth(time_a: Callable[[float], float], time_b: Callable[[float], float],
+                        lo: float = 1e5, hi: float = 1e12, iters: int = 50) -> float:
+    """Bandwidth (bit/s) below which ``a`` is faster (``time_a < time_b``), by bisection in log bandwidth:
+    ``math.inf`` if a is faster at both ends of [lo, hi], 0.0 if it is slower at both; if a is faster only
+    at the high end, the bandwidth *above* which it is faster (``crossover_side`` tells which)."""
+    def f(bw: float) -> float:
+        return time_a(bw) - time_b(bw)
+
+    flo, fhi = f(lo), f(hi)
+    if (flo < 0) == (fhi < 0):
+        return math.inf if flo < 0 else 0.0
+    a, b = math.log(lo), math.log(hi)
+    for _ in range(iters):
+        mid = (a + b) / 2
+        if (f(math.exp(mid)) < 0) == (flo < 0):
+            a = mid
+        else:
+            b = mid
+    return math.exp((a + b) / 2)
+
+
+def crossover_interval(step_a, steps_a: tuple[float, float], step_b, steps_b: tuple[float, float],
+                       rel_err: float, **kw) -> dict:
+    """Crossover of method a against b (see :func:`crossover_bandwidth`) with its uncertainty: the
+    step-time model's relative error applied against a and for b (and the reverse), with each side's
+    steps range (low, high). ``low``/``high`` bracket ``mid``."""
+    def cross(ka, kb, na, nb):
+        return crossover_bandwidth(lambda bw: na * ka * step_a(bw), lambda bw: nb * kb * step_b(bw), **kw)
+    mid = cross(1, 1, sum(steps_a) / 2, sum(steps_b) / 2)
+    ends = [cross(1 + rel_err, 1 - rel_err, steps_a[1], steps_b[0]), cross(1 - rel_err, 1 + rel_err, steps_a[0], steps_b[1])]
+    return {"mid": mid, "low": min(ends + [mid]), "high": max(ends + [mid])}
+
+
+def speedup_grid(cases: dict, steps: dict, bandwidths: Sequence[float], latencies: Sequence[float],
+                 reference: str = "none") -> dict:
+    """time_to_target(reference) / time_to_target(method) on every (latency, bandwidth):
+    ``{method: [[speedup per bandwidth] per latency]}``; ``steps`` maps method -> steps to target."""
+    from ..core.link import LinkProfile
+    grid = {}
+    for lat in latencies:
+        links = [LinkProfile(f"{bw:g}", bw, lat) for bw in bandwidths]
+        ref = [steps[reference] * cases[reference].step_time(lk) for lk in links]
+        for m, case in cases.items():
+            grid.setdefault(m, []).append([r / (steps[m] * case.step_time(lk)) for r, lk in zip(ref, links)])
+    return grid
+
+
+def validated_error(path: str | Path, min_comm: float = 0.25, default: float | None = None) -> float | None:
+    """Largest |relative error| of the cost model in the validation table (``reports/bench/
+    costmodel-validation.json``) over cells where communication is at least ``min_comm`` of the step."""
+    path = Path(path)
+    if not path.exists():
+        return default
+    cells = json.loads(path.read_text())["cells"]
+    errs = [abs(c["error"]) for c in cells if c["comm_fraction"] >= min_comm and c.get("error") is not None]
+    return max(errs) if errs else default
+
+
+def steps_report(runs: Sequence[dict], target_pct: float = 2.0) -> str:
+    """Markdown: :func:`steps_ratio_table` of ``runs``, then :func:`ratio_trend` along the runs longer than
+    the shortest budget (one line per method: its ratio at uncompressed's loss of each evaluation)."""
+    ratios = steps_ratios(runs, target_pct)
+    if not ratios:
+        return "No run has an uncompressed run of the same budget and seed to compare with.\n"
+    text = (f"Steps to reach uncompressed's best loss + {target_pct:g} % (same budget and seed), relative to "
+            f"uncompressed's: mean ± sd over seeds [min, max]; '>': a lower bound (a seed never got there).\n\n"
+            + steps_ratio_table(ratios))
+    shortest = min(r["budget"] for r in ratios)
+    lines = defaultdict(list)
+    for t in ratio_trend(runs):
+        if t["budget"] > shortest:
+            got = "never" if t["mean"] is None else f"{t['mean']:.2f}" + ("" if t["reached"] == t["seeds"] else
+                                                                           f" ({t['reached']}/{t['seeds']} seeds)")
+            lines[(run_label(t["variant"], t["ratio"]), t["budget"])].append(f"{t['step']:,}: {got}")
+    if lines:
+        text += ("\nAlong the longest runs: steps to reach uncompressed's loss at step s (same seed), divided by s, "
+                 "mean over seeds:\n\n" + "\n".join(f"* {name} ({budget:,} steps): " + ", ".join(cells)
+                                                   for (name, budget), cells in lines.items()) + "\n")
+    return text
+
+
+def main(argv=None) -> int:
+    """``python -m mapl.planner [RESULTS_DIR] [--target-pct 2]``: the steps-to-target ratio of every method and
+    variant against uncompressed, per training length (paired by seed), and along the longest runs."""
+    import argparse
+    import sys
+    ap = argparse.ArgumentParser(prog="python -m mapl.planner", description=main.__doc__)
+    ap.add_argument("results", nargs="?", default="reports/cpu/results", type=Path)
+    ap.add_argument("--target-pct", type=float, default=2.0, help="target: uncompressed's best loss + this %%")
+    a = ap.parse_args(argv)
+    if not a.results.is_dir():
+        print(f"error: results folder {a.results} does not exist", file=sys.stderr)
+        return 2
+    runs = main_model_runs(load_runs(a.results, variants=True))
+    print(f"{len(runs)} runs of the main model in {a.results}\n")
+    print(steps_report(runs, a.target_pct))
+    return 0

@@ -1,0 +1,404 @@
+"""The planner notebook's cases, summaries and figures (notebooks/when_it_pays.ipynb).
+
+Two kinds of case: our measured profile (:func:`bench_cases`: compute measured by
+``benchmarks/pipeline.py``, bytes declared by the profile's compressors and checked equal to the metered
+ones) and a paper shape on a public GPU spec (:func:`paper_cases`: FLOP-based compute). :func:`plan`
+turns cases and steps to target into the speedup grid, time-to-target curves with their band and the
+crossover bandwidths; :func:`crossover_table` and the figures present them.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Sequence
+
+from .planner import (crossover_interval, load_runs, main_model_runs, paper_steps_ratios, ratio_key, speedup_grid,
+                      steps_ratios)
+
+__all__ = ["measured_steps", "bench_profile", "bench_cases", "flop_cases", "run_ratios", "profile_steps", "target_text",
+           "reproduce_table",
+           "paper_cases", "paper_steps", "bandwidth_grid", "plan", "bandwidth_text", "crossover_table", "crossover_summary",
+           "label", "heatmap_figure", "curve_figure"]
+
+
+def _bench_config(profile: str, entry: dict):
+    """The profile's config whose compressor-declared bytes equal a benchmark entry's metered bytes (the
+    entry records the effective wire ratio, not the projection ratio; matching the bytes checks both)."""
+    from ..core.config import load_run_config
+    from .costmodel import boundary_bytes
+    tm = entry["timing"]
+    metered = [(tm["fwd_bytes"][p], tm["bwd_bytes"][p], tm["state_fwd_bytes"][p], tm["state_bwd_bytes"][p])
+               for p in range(len(tm["fwd_bytes"]))]
+    ratios = [None] if entry["method"] in ("none", "int8") else [2, 4, 8, 16, 32, 64]
+    for r in ratios:
+        cfg = load_run_config(profile, {"method": entry["method"], "ratio": r, "train.schedule": tm["schedule"]})
+        cfg = cfg.validate(cfg.data.vocab_size)
+        if [(b.fwd, b.bwd, b.state_fwd, b.state_bwd) for b in boundary_bytes(cfg, cfg.data.vocab_size)] == metered:
+            return cfg
+    raise ValueError(f"benchmark entry {entry.get('run', entry['method'])!r}: no ratio of profile {profile!r} "
+                     f"declares its metered bytes {metered[0]}")
+
+
+def bench_profile(bench_json: str | Path) -> str | None:
+    """The profile a pipeline benchmark measured (None if the file does not exist)."""
+    path = Path(bench_json)
+    return json.loads(path.read_text()).get("profile") if path.exists() else None
+
+
+def bench_cases(bench_json: str | Path, profile: str = "cpu") -> dict:
+    """(method, ratio) -> Case with the compute measured by benchmarks/pipeline.py and the bytes declared by
+    the profile's compressors (checked equal to the metered bytes)."""
+    from .costmodel import build_case, measured_compute
+    data = json.loads(Path(bench_json).read_text())
+    out = {}
+    for e in data["methods"]:
+        cfg = _bench_config(profile, e)
+        out[ratio_key(e["method"], e["ratio"])] = build_case(
+            cfg, measured_compute(e["timing"], f"measured by benchmarks/pipeline.py ({profile})"),
+            vocab_size=cfg.data.vocab_size)
+    return out
+
+
+def label(key) -> str:
+    """'mapl 8x' for ('mapl', 8.0); 'none' for the uncompressed run."""
+    m, r = key if isinstance(key, tuple) else (key, 1.0)
+    return m if m == "none" else f"{m} {r:g}x"
+
+
+def flop_cases(profile: str, methods: dict, gpu) -> dict:
+    """(method, wire ratio) -> Case of ``profile``'s configs with FLOP-based compute on ``gpu`` (for a
+    profile that has no step measurement); ``methods``: method -> projection ratio (None: none/int8)."""
+    from ..core.config import load_run_config
+    from .costmodel import build_case, wire_ratio
+    out = {}
+    for m, r in methods.items():
+        cfg = load_run_config(profile, {"method": m, "ratio": r})
+        cfg = cfg.validate(cfg.data.vocab_size)
+        out[ratio_key(m, wire_ratio(cfg, cfg.data.vocab_size))] = build_case(cfg, gpu=gpu, vocab_size=cfg.data.vocab_size)
+    return out
+
+
+def run_ratios(runs: Sequence[dict], methods: Sequence[str], given: dict | None = None,
+               fallback: float = 8.0) -> dict:
+    """method -> projection ratio for :func:`flop_cases`: ``given[method]``, else the most common one among
+    the method's longest runs (so that the cases match trained curves), else ``fallback``; None for
+    methods without a ratio (none, int8)."""
+    from collections import Counter
+    out = {}
+    for m in methods:
+        if m in ("none", "int8"):
+            out[m] = None
+            continue
+        mine = [r for r in runs if r["method"] == m and r.get("projection_ratio")]
+        longest = max((r["steps"] for r in mine), default=0)
+        counts = Counter(r["projection_ratio"] for r in mine if r["steps"] == longest)
+        out[m] = (given or {}).get(m) or (min(counts, key=lambda x: (-counts[x], x)) if counts else fallback)
+    return out
+
+
+def profile_steps(runs: Sequence[dict], cases: dict, target_pct: float) -> dict:
+    """(method, ratio) -> (n, n) steps to the common target (the measured table's rule), None if never
+    or without a run. Without any run every method gets one step: time to target is then the step time."""
+    from .planner import time_to_target_rows
+    if not runs:
+        return {k: (1.0, 1.0) for k in cases}
+    rows = time_to_target_rows(runs, cases, [1e9], 0.0, target_pct)
+    got = {ratio_key(r["method"], r["ratio"]): r["steps_to_target"] for r in rows}
+    return {k: None if got.get(k) is None else (got[k], got[k]) for k in cases}
+
+
+def target_text(runs: Sequence[dict], cases: dict, target_pct: float) -> str:
+    """The common target of the profile case and, per case, the run budget and seeds its steps come from
+    and the steps to the target (or why there are none): what the time-to-target views stand on."""
+    from .planner import common_target, time_to_target_rows
+    common = common_target(runs, target_pct)
+    if common is None:
+        return "No uncompressed run: no target, steps to target taken as equal (time to target is the step time).\n"
+    target, budget, seeds = common
+    lines = [f"Target: validation loss {target:.4f} = uncompressed's final loss after {budget:,} steps (mean of "
+             f"{seeds} seed(s)) + {target_pct:g} %. Steps to it on each method's mean curve over the seeds of its "
+             f"longest runs:"]
+    for t in time_to_target_rows(runs, cases, [1e9], 0.0, target_pct):
+        name = label((t["method"], t["ratio"]))
+        if t["budget"] is None:
+            lines.append(f"* {name}: no run of this configuration")
+        elif t["steps_to_target"] is None:
+            lines.append(f"* {name}: never within {t['budget']:,} steps ({t['seeds']} seed(s))")
+        else:
+            lines.append(f"* {name}: {t['steps_to_target']:,.0f} steps (runs of {t['budget']:,} steps, {t['seeds']} seed(s))")
+    return "\n".join(lines) + "\n"
+
+
+def reproduce_table(csv_path: str | Path, runs: Sequence[dict], cases: dict, target_pct: float) -> dict:
+    """The report's time-to-target table (mapl.report.ttt, its CSV) recomputed by the planner: steps by
+    the same rule, step times from the cost model (compressor-declared bytes, the benchmark's compute).
+    Returns ``rows``, ``cells`` compared, ``max_rel_diff`` of the times, and the table's methods the
+    planner has no case for (``missing``) or disagrees with on reaching the target (``never_differs``)."""
+    import csv
+    import re
+    from .planner import time_to_target_rows
+    from ..report.style import label as report_label
+    with open(csv_path, newline="") as f:
+        table = list(csv.DictReader(f))
+    cols = {}
+    for c in (table[0] if table else {}):
+        m = re.fullmatch(r"time \(s\) at ([\d.]+) Mbit/s", c)
+        if m:
+            cols[float(m.group(1)) * 1e6] = c
+    mine = {}
+    for lat in sorted({float(r["latency (ms)"]) / 1000 for r in table}):
+        for t in time_to_target_rows(runs, cases, sorted(cols), lat, target_pct):
+            mine[(report_label(t["method"], t["ratio"]), lat, t["bandwidth_bps"])] = t
+    worst, cells, missing, differs = 0.0, 0, set(), set()
+    for row in table:
+        lat = float(row["latency (ms)"]) / 1000
+        for bw, col in cols.items():
+            t = mine.get((row["method"], lat, bw))
+            theirs = None if row[col] == "never" else float(row[col].replace(",", ""))
+            if t is None:
+                missing.add(row["method"])
+            elif (theirs is None) != (t["time_s"] is None):
+                differs.add(row["method"])
+            elif theirs is not None:
+                cells += 1
+                worst = max(worst, abs(t["time_s"] - theirs) / theirs)
+    return {"rows": len(table), "cells": cells, "max_rel_diff": worst, "missing": sorted(missing),
+            "never_differs": sorted(differs)}
+
+
+def paper_steps(model: str, stages: int, keys: Sequence[tuple], steps: int | None = None) -> dict:
+    """(method, ratio) -> (low, high) steps to uncompressed's final loss at a paper scale (Table 1's
+    penalty of the method through the loss-vs-tokens fits), for the profile's step budget of that model."""
+    from ..orchestration.sweep import group_specs
+    if steps is None:           # the paper profile's budget for this model (20 tokens per parameter)
+        steps = next(s["train.steps"] for s in group_specs("paper", "main") if s.get("model") == model)
+    ratios = paper_steps_ratios(model, stages)
+    return {k: (steps * ratios[k[0]]["low"], steps * ratios[k[0]]["high"]) for k in keys}
+
+
+def measured_steps(model: str, keys: Sequence[tuple], results_dir: str | Path, target_pct: float = 2.0,
+                   steps: int | None = None) -> dict:
+    """(method, ratio) -> (low, high) steps at a paper scale, from *our* measured steps-to-target ratios
+    instead of the paper's penalties: per method, the ratio of its default configuration at the
+    longest budget the profile trained it (paired by seed, min and max over seeds: mapl.planning.planner.steps_ratios)
+    times the paper profile's budget for ``model``. A method without a measured ratio is left out.
+    The ratios were measured at the profile's projection ratio, whatever the paper case's ratio is."""
+    from ..orchestration.sweep import group_specs
+    if steps is None:
+        steps = next(s["train.steps"] for s in group_specs("paper", "main") if s.get("model") == model)
+    runs = main_model_runs(load_runs(results_dir)) if Path(results_dir).is_dir() else []
+    ratios = steps_ratios(runs, target_pct)
+    out = {}
+    for key in keys:
+        mine = [r for r in ratios if r["method"] == key[0]]
+        if key[0] == "none":
+            out[key] = (steps, steps)
+        elif mine:
+            longest = max(mine, key=lambda r: (r["budget"], r["seeds"]))
+            out[key] = (steps * longest["min"], steps * longest["max"])
+    return out
+
+
+def paper_cases(model: str, methods: Sequence[str], stages: int, micro_batches: int, micro_batch_size: int,
+                seq_len: int, gpu, ratios: dict | None = None, model_overrides: dict | None = None) -> dict:
+    """(method, wire ratio) -> Case of the paper profile at ``model`` (+ ``model_overrides``) with the paper's
+    ratio for that scale (or ``ratios[method]``), FLOP-based compute on ``gpu`` and 1F1B (GPipe does not fit:
+    mapl.core.memory)."""
+    from ..core.config import load_run_config
+    from .costmodel import build_case, wire_ratio
+    paper = paper_steps_ratios(model, stages)
+    out = {}
+    for m in methods:
+        over = {"model": model, "method": m, "stages": stages, "train.micro_batches": micro_batches,
+                "train.batch_size": micro_batches * micro_batch_size, "train.seq_len": seq_len,
+                "train.schedule": "1f1b", **{f"model.{k}": v for k, v in (model_overrides or {}).items()}}
+        if m != "none":
+            over["ratio"] = (ratios or {}).get(m) or paper[m]["proj_ratio"]
+        cfg = load_run_config("paper", over)
+        out[ratio_key(m, wire_ratio(cfg, cfg.data.vocab_size))] = build_case(cfg, gpu=gpu, vocab_size=cfg.data.vocab_size)
+    return out
+
+
+def bandwidth_grid(bandwidths: Sequence[float], points: Sequence[float] = (), margin: float = 3.0) -> list[float]:
+    """``bandwidths`` (bit/s) extended on their 1-3-10 ladder until they span every finite, nonzero value
+    of ``points`` (crossovers and their ranges) with ``margin`` to spare on each side: the figures then
+    show every crossover whatever the profile's scale (a micro model on a GPU, a 1B model on a WAN)."""
+    grid = sorted(set(float(b) for b in bandwidths))
+    pts = [x for x in points if x and math.isfinite(x)]
+    if not grid or not pts:
+        return grid
+
+    def ladder(x: float, up: bool) -> float:          # the next 1-3-10 value above / below x
+        e = math.floor(math.log10(x) + 1e-9)
+        steps = [m * 10.0 ** k for k in (e - 1, e, e + 1) for m in (1, 3)]
+        return min(v for v in steps if v > x * (1 + 1e-9)) if up else max(v for v in steps if v < x * (1 - 1e-9))
+    while grid[0] > min(pts) / margin:
+        grid.insert(0, ladder(grid[0], up=False))
+    while grid[-1] < max(pts) * margin:
+        grid.append(ladder(grid[-1], up=True))
+    return grid
+
+
+def plan(cases: dict, steps: dict, bandwidths: Sequence[float], latencies: Sequence[float], latency_s: float,
+         rel_err: float, reference: str = "none", rival: str | None = "ssn",
+         compute_scales: Sequence[float] = (), fit_grid: bool = True) -> dict:
+    """Everything the notebook shows for one model: ``cases`` method -> Case, ``steps`` method -> (low, high)
+    steps to target (None: never reaches it). Methods that never reach the target are left out of the
+    grid and curves and listed in ``never``. ``compute_scales``: other compute estimates (every compute
+    time x k, e.g. another MFU) whose crossovers widen the range. With ``fit_grid`` the bandwidths are
+    extended to span every crossover (:func:`bandwidth_grid`; the result's ``bandwidths``). ``empty``:
+    view -> why it has nothing to show (``heatmap``, ``curve``, ``crossovers``), for the views that have not."""
+    from ..core.link import LinkProfile
+    ok = {m: c for m, c in cases.items() if steps.get(m) is not None}
+    mid = {m: sum(steps[m]) / 2 for m in ok}
+    cross = {}
+    for m in ok:
+        for other in (reference, rival) if m != reference else ():
+            if other and other != m and other in ok:
+                cross[(m, other)] = _crossover(ok[m], steps[m], ok[other], steps[other], latency_s, rel_err,
+                                               compute_scales)
+    if fit_grid:
+        bandwidths = bandwidth_grid(bandwidths, [x for c in cross.values() for x in (c["low"], c["mid"], c["high"])])
+    bandwidths = list(bandwidths)
+    grid = speedup_grid(ok, mid, bandwidths, latencies, reference) if reference in ok else {}
+    curves = {}
+    for m in ok:
+        st = [ok[m].step_time(LinkProfile(f"{bw:g}", bw, latency_s)) for bw in bandwidths]
+        curves[m] = ([steps[m][0] * x for x in st], [mid[m] * x for x in st], [steps[m][1] * x for x in st])
+    empty = {}
+    if reference not in ok:
+        why = (f"{reference} has no case" if reference not in cases else f"{reference} never reaches the target")
+        empty["heatmap"] = empty["crossovers"] = f"no speedup against {reference}: {why}"
+    elif len(ok) == 1:
+        empty["heatmap"] = empty["crossovers"] = "no compressed method reaches the target"
+    if not ok:
+        empty["curve"] = "no method reaches the target"
+    return {"grid": grid, "curves": curves, "crossovers": cross, "never": sorted(set(cases) - set(ok)),
+            "steps": {m: steps[m] for m in ok}, "latency_s": latency_s, "rel_err": rel_err,
+            "compute_scales": list(compute_scales), "bandwidths": bandwidths, "latencies": list(latencies),
+            "reference": reference, "empty": empty}
+
+
+def _crossover(a, steps_a, b, steps_b, latency_s: float, rel_err: float, scales: Sequence[float]) -> dict:
+    from ..core.link import LinkProfile
+
+    def step(case):
+        return lambda bw: case.step_time(LinkProfile(f"{bw:g}", bw, latency_s))
+    res = crossover_interval(step(a), steps_a, step(b), steps_b, rel_err, lo=1e5, hi=1e12)
+    for k in scales:
+        other = crossover_interval(step(a.scaled(k)), steps_a, step(b.scaled(k)), steps_b, rel_err, lo=1e5, hi=1e12)
+        res["low"], res["high"] = min(res["low"], other["low"]), max(res["high"], other["high"])
+    return res
+
+
+def bandwidth_text(bps: float) -> str:
+    """'every bandwidth' (inf), 'none' (0), else 3 significant digits in kbit/s, Mbit/s, Gbit/s or Tbit/s."""
+    if bps == math.inf:
+        return "every bandwidth"
+    if not bps:
+        return "none"
+    for unit, scale in (("Tbit/s", 1e12), ("Gbit/s", 1e9), ("Mbit/s", 1e6)):
+        if bps >= scale:
+            return f"{bps / scale:.3g} {unit}"
+    return f"{bps / 1e3:.3g} kbit/s"
+
+
+def _range_text(c: dict) -> str:
+    lo, hi = bandwidth_text(c["low"]), bandwidth_text(c["high"])
+    return lo if lo == hi else f"{lo} – {hi}"
+
+
+def crossover_table(res: dict) -> str:
+    """Markdown: below which bandwidth each method reaches the target sooner than the other, with the
+    range from the model's validated error and the steps range (or one line saying why there is none)."""
+    if not res["crossovers"]:
+        lines = [f"No crossover to show: {res['empty'].get('crossovers', 'no pair of methods to compare')}."]
+    else:
+        lines = [f"Crossover bandwidth at {1000 * res['latency_s']:g} ms latency: below it the method reaches the "
+                 f"target first ('every bandwidth': faster from 0.1 Mbit/s to 1 Tbit/s; 'none': never); range: "
+                 f"step-time error ±{100 * res['rel_err']:.0f}% and the steps-to-target range"
+                 + (f", and compute x {', '.join(f'{k:.2g}' for k in res['compute_scales'])}." if res["compute_scales"]
+                    else "."), "", "| method | against | crossover | range |", "|---|---|---|---|"]
+        for (m, other), c in res["crossovers"].items():
+            lines.append(f"| {m} | {other} | {bandwidth_text(c['mid'])} | {_range_text(c)} |")
+    if res["never"]:
+        lines += ["", "Never reach the target within their runs: " + ", ".join(map(str, res["never"])) + "."]
+    return "\n".join(lines) + "\n"
+
+
+def crossover_summary(res: dict, model: str = "") -> list[dict]:
+    """The crossovers as rows (for a CSV): model, method, against, latency, crossover and its range in bit/s."""
+    return [{"model": model, "method": m, "against": other, "latency_ms": 1000 * res["latency_s"],
+             "crossover_bps": c["mid"], "low_bps": c["low"], "high_bps": c["high"]}
+            for (m, other), c in res["crossovers"].items()]
+
+
+def _axes(n: int, width: float = 4.2, height: float = 3.4):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, n, figsize=(width * n, height), squeeze=False)
+    return fig, list(axes[0])
+
+
+def heatmap_figure(grid: dict, bandwidths: Sequence[float], latencies: Sequence[float], title: str = "",
+                   reference: str = "none", path: str | Path | None = None):
+    """Speedup of time to target against ``reference`` over bandwidth x latency, one panel per method;
+    the white contour is speedup 1 (the crossover). None when no method besides ``reference`` is in the grid."""
+    import numpy as np
+    from matplotlib.colors import LogNorm
+    methods = [m for m in grid if m != reference]
+    if not methods:
+        return None
+    fig, axes = _axes(len(methods))
+    x, y = np.array(bandwidths) / 1e6, np.array(latencies) * 1e3
+    # the colour scale from the data, symmetric about 1 in log: between x1.25 and x100 either way
+    logs = [np.abs(np.log10(np.array(grid[m], dtype=float))) for m in methods]
+    spread = max((float(v[np.isfinite(v)].max()) for v in logs if np.isfinite(v).any()), default=0.0)
+    vmax = 10 ** min(2.0, max(math.log10(1.25), spread))
+    for ax, m in zip(axes, methods):
+        z = np.array(grid[m])
+        im = ax.pcolormesh(x, y, z, norm=LogNorm(vmin=1 / vmax, vmax=vmax), cmap="RdBu", shading="nearest")
+        if z.min() < 1 < z.max() and min(z.shape) >= 2:          # contour needs a 2 x 2 grid
+            ax.contour(x, y, z, levels=[1.0], colors="white", linewidths=1.5)
+        ax.set_xscale("log"), ax.set_xlabel("bandwidth (Mbit/s)")
+        if ax is axes[0]:
+            ax.set_ylabel("latency (ms)")
+        ax.set_title(f"{m}: speedup vs {reference}")
+    ladder = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2, 5, 10, 20, 50, 100) if vmax >= 4 else (0.5, 0.67, 0.8, 1.0, 1.25, 1.5, 2)
+    ticks = [t for t in ladder if 1 / vmax <= t <= vmax]
+    bar = fig.colorbar(im, ax=axes, shrink=0.8, ticks=ticks)
+    bar.ax.minorticks_off()
+    bar.ax.set_yticklabels([f"{t:g}x" for t in ticks])
+    fig.suptitle(title, y=1.03 + 0.07 * title.count("\n"))
+    if path:
+        fig.savefig(path, dpi=120, bbox_inches="tight")
+    return fig
+
+
+def curve_figure(curves: dict, bandwidths: Sequence[float], rel_err: float, crossovers: dict | None = None,
+                 title: str = "", path: str | Path | None = None):
+    """Time to target against bandwidth per method: ``curves[m] = (low, mid, high)`` lists of seconds
+    (steps range); the band adds the cost model's validated error; vertical lines mark crossovers. None
+    when there is no curve."""
+    if not curves:
+        return None
+    fig, (ax,) = _axes(1, 6.5, 4.2)
+    x = [b / 1e6 for b in bandwidths]
+    largest = max(max(hi) for _, _, hi in curves.values())
+    unit, scale = next((u, k) for u, k in (("h", 3600.0), ("min", 60.0), ("s", 1.0), ("ms", 1e-3))
+                       if largest >= 3 * k or u == "ms")
+    for m, (lo, mid, hi) in curves.items():
+        line, = ax.plot(x, [v / scale for v in mid], label=m)
+        ax.fill_between(x, [v * (1 - rel_err) / scale for v in lo], [v * (1 + rel_err) / scale for v in hi],
+                        color=line.get_color(), alpha=0.2)
+        for bw in (crossovers or {}).get(m, []):
+            if bw:
+                ax.axvline(bw / 1e6, color=line.get_color(), ls=":", lw=1)
+    ax.set_xscale("log"), ax.set_yscale("log")
+    ax.set_xlabel("bandwidth (Mbit/s)"), ax.set_ylabel(f"time to target ({unit})"), ax.grid(alpha=0.3)
+    ax.legend(fontsize=8), ax.set_title(title)
+    if path:
+        fig.savefig(path, dpi=120, bbox_inches="tight")
+    return fig
