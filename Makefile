@@ -21,11 +21,13 @@ export PYTHONHASHSEED := 0
 
 install: $(STAMP)
 
-# torch first, from its pin: an unpinned resolve would pull a multi-GB CUDA build
-$(STAMP): pyproject.toml constraints.txt
+# torch first, from its one pin (pyproject.toml): an unpinned resolve would pull a multi-GB CUDA build
+TORCH_PIN := $(shell grep -o '"torch==[^"]*"' pyproject.toml | tr -d '"')
+$(STAMP): pyproject.toml
+	test -n "$(TORCH_PIN)" || { echo "error: no torch==<version> pin in pyproject.toml" >&2; exit 2; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check torch==2.13.0
-	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e ".[dev]"
+	$(PY) -m pip install -q --disable-pip-version-check "$(TORCH_PIN)"
+	$(PY) -m pip install -q --disable-pip-version-check -e ".[dev]"
 	touch $(STAMP)
 
 repro: install

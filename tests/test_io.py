@@ -288,3 +288,28 @@ def test_lock_skips_missing_paths_and_refuses_a_nested_second_lock(tmp_path):
         assert _leftovers(tmp_path) == []
         with OutputLock(tmp_path / "r.json"):                       # free again after release
             pass
+
+
+def test_waiting_lock_waits_for_the_holder_and_says_who_it_is(tmp_path, caplog):
+    """The data preparation's lock (mapl.base.io.waiting_lock): a second taker waits, logging the holder,
+    and gets the lock once the first releases it; the sidecar is gone afterwards."""
+    import logging
+    import threading
+    from mapl.base.io import waiting_lock
+    target = tmp_path / ".prepare"
+    order, second_in = [], threading.Event()
+
+    def second():
+        with waiting_lock(target, "preparing data/x"):
+            order.append("second")
+            second_in.set()
+    with caplog.at_level(logging.INFO, logger="mapl.base.io"):
+        with waiting_lock(target, "preparing data/x"):
+            t = threading.Thread(target=second)
+            t.start()
+            assert not second_in.wait(0.3)                 # it waits while the first holds the lock
+            order.append("first")
+        t.join(5)
+    assert order == ["first", "second"]
+    assert any("waiting for PID" in r.message and "preparing data/x" in r.message for r in caplog.records)
+    assert not (tmp_path / ".prepare.lock").exists()

@@ -26,6 +26,7 @@ import contextlib
 import errno
 import fcntl
 import json
+import logging
 import os
 import secrets
 import shlex
@@ -34,9 +35,10 @@ import time
 from pathlib import Path
 
 __all__ = ["OutputError", "atomic_write_text", "atomic_write_bytes", "atomic_write_json", "atomic_torch_save",
-           "check_writable", "OutputLock"]
+           "check_writable", "OutputLock", "waiting_lock"]
 
 PathLike = str | os.PathLike
+log = logging.getLogger(__name__)
 
 
 class OutputError(ValueError):
@@ -246,8 +248,23 @@ def _lock_path(path: Path) -> Path:
     return path.with_name(path.name + ".lock")
 
 
-def _acquire(path: Path) -> int:
-    """Lock ``<path>.lock`` and write our PID and command into it; return the open descriptor."""
+@contextlib.contextmanager
+def waiting_lock(path: PathLike, what: str):
+    """Hold the lock on ``<path>.lock`` for a job that a second process should wait for rather than be
+    refused (preparing a dataset, stamping its hashes): the waiter logs who holds it and what it is doing.
+    The same sidecar, PID line and stale-file handling as :class:`OutputLock`."""
+    fd = _acquire(Path(path), waiting_for=what)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            _lock_path(Path(path)).unlink()
+        os.close(fd)
+
+
+def _acquire(path: Path, waiting_for: str | None = None) -> int:
+    """Lock ``<path>.lock`` and write our PID and command into it; return the open descriptor. Held by
+    another process: an ``OutputError``, or with ``waiting_for`` (the job both take the lock for) a log line and a wait."""
     lock = _lock_path(path)
     try:
         lock.parent.mkdir(parents=True, exist_ok=True)
@@ -261,9 +278,12 @@ def _acquire(path: Path) -> int:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            os.close(fd)
-            raise OutputError(f"{path} is in use by {_read_holder(lock)}: wait for that run to finish, stop it, "
-                              f"or choose another output path") from None
+            if waiting_for is None:
+                os.close(fd)
+                raise OutputError(f"{path} is in use by {_read_holder(lock)}: wait for that run to finish, stop it, "
+                                  f"or choose another output path") from None
+            log.info("waiting for %s, which is %s", _read_holder(lock), waiting_for)
+            fcntl.flock(fd, fcntl.LOCK_EX)
         # the holder we waited on may have unlinked the sidecar between our open and our flock:
         # then we hold a lock on a deleted file and must start over on the new one
         try:

@@ -28,7 +28,7 @@ import numpy as np
 from .batches import unigram_entropy
 from .config import DataConfig, token_config
 from .dataset import default_data_dir
-from .files import atomic_write_bytes, atomic_write_json, exclusive_lock
+from ..base.io import atomic_write_bytes, atomic_write_json, waiting_lock
 from .shards import ShardWriter, dtype_for
 from .sources import DocHasher, describe_source, load_documents, split_documents
 from .stream import write_streamed
@@ -53,7 +53,7 @@ def prepare(cfg: DataConfig, out_dir: str | os.PathLike | None = None, cache_dir
     out = Path(out_dir) if out_dir else default_data_dir(cfg)
     if not rebuild and (out / MANIFEST).exists():
         return _existing(out, cfg, profile, full_verify)
-    with exclusive_lock(out / ".prepare.lock", f"preparing {out}"):
+    with waiting_lock(out / ".prepare", f"preparing {out}"):
         if not rebuild and (out / MANIFEST).exists():        # finished by another process while we waited
             return _existing(out, cfg, profile, full_verify)
         return _build(cfg, out, cache_dir, progress_every_s, chunk_tokens)

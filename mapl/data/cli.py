@@ -23,6 +23,7 @@ from pathlib import Path
 
 from .config import DOC_SPLITS, SOURCES, TOKENIZERS, DataConfig, effective_token_config, token_config
 from .dataset import default_data_dir
+from ..base.io import OutputError
 from .errors import DataError
 from .build import prepare
 
@@ -129,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         manifest = prepare(cfg, out, Path(args.cache_dir) if args.cache_dir else None, rebuild=args.rebuild,
                            profile=args.profile, full_verify=args.verify, progress_every_s=args.progress_every)
-    except (DataError, OSError) as e:
+    except (DataError, OutputError, OSError) as e:
         print(f"python -m mapl.data: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

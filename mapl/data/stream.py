@@ -20,7 +20,8 @@ import time
 from pathlib import Path
 
 from .config import DataConfig, effective_token_config, token_config
-from .files import atomic_write_json, sha256_file
+from ..base.io import atomic_write_json
+from .files import sha256_file
 from .shards import ShardWriter, dtype_for
 from .sources import DocChain, count_records, iter_records
 from .tokenizers import encode_stream

@@ -16,7 +16,7 @@ import numpy as np
 from .config import DataConfig
 from .downloads import MISTRAL_MEMBER, MISTRAL_MODEL_SHA256, MISTRAL_SPEC, fetch_mistral_model
 from .errors import DataError
-from .files import atomic_write_bytes
+from ..base.io import atomic_write_bytes
 from .sources import Doc
 from .spm import spm_to_tokenizer
 

@@ -33,7 +33,8 @@ import numpy as np
 
 from .config import DataConfig, effective_token_config, token_config
 from .errors import DataError, MissingDataError, prepare_command
-from .files import atomic_write_json, exclusive_lock, sha256_fd
+from ..base.io import OutputError, atomic_write_json, waiting_lock
+from .files import sha256_fd
 
 __all__ = ["MANIFEST", "TOKENIZER_FILE", "FORMAT_VERSION", "read_manifest", "check_config", "verify_file",
            "verified_manifest"]
@@ -111,8 +112,8 @@ class _Stamps:
             for path in self.candidates:
                 try:
                     path.parent.mkdir(parents=True, exist_ok=True)
-                    stack.enter_context(exclusive_lock(path.with_name(path.name + ".lock"), what))
-                except OSError:
+                    stack.enter_context(waiting_lock(path, what))
+                except (OSError, OutputError):
                     continue
                 self.path = path
                 break
@@ -128,7 +129,7 @@ class _Stamps:
         stamps[name] = {"sha256": sha, "stat": list(key)}
         try:
             atomic_write_json(self.path, stamps)
-        except OSError:
+        except (OSError, OutputError):
             pass                     # no stamp: the next start hashes again (slower, still safe)
 
 

@@ -18,7 +18,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import NullFormatter, ScalarFormatter
 
-from .files import atomic_write_bytes
+from ..base.io import atomic_write_bytes
 from .rows import group_runs, sort_key
 from .style import fmt_ratio, label, linestyle, style, variant_label
 
@@ -45,6 +45,7 @@ def png_bytes(fig: Figure, dpi: int = 120) -> bytes:
 def save_figure(fig: Figure, path: str | Path | None) -> Figure:
     """Write the PNG atomically (``path`` None: nothing); returns the figure."""
     if path is not None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
         atomic_write_bytes(path, png_bytes(fig))
     return fig
 

@@ -17,7 +17,7 @@ import io
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .files import atomic_write_text
+from ..base.io import atomic_write_text
 
 __all__ = ["DASH", "Table", "to_markdown", "to_csv", "to_latex", "write_table", "fmt", "fmt_pct", "fmt_pm",
            "fmt_ci", "fmt_int"]
@@ -116,6 +116,7 @@ def to_latex(table: Table) -> str:
 def write_table(table: Table, folder: str | Path) -> str:
     """Write ``<folder>/<name>.md``, ``.csv`` and ``.tex`` (atomically); returns the Markdown text."""
     folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
     md = f"# {table.title}\n\n{table.caption}\n\n" + (table.markdown() if table.body else "_no rows_\n")
     md += f"\nTakeaway: {table.takeaway}\n"
     atomic_write_text(folder / f"{table.name}.md", md)
