@@ -31,6 +31,7 @@ from typing import Sequence
 
 import torch
 
+from ..core.compress.base import spec_bytes
 from ..core.config import RunConfig
 from ..orchestration.progress import eval_tokens
 
@@ -98,7 +99,7 @@ def _payload_bytes(comp, mb_shape, direction: str) -> int:
         spec = comp.payload_spec(mb_shape, direction)
     finally:
         comp.train(was_training)
-    return sum(math.prod(s) * torch.tensor([], dtype=dt).element_size() for s, dt in spec)
+    return spec_bytes(spec)
 
 
 def _matmul_weights(module: torch.nn.Module) -> int:

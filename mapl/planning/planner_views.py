@@ -17,7 +17,6 @@ from .planner import (crossover_interval, load_runs, main_model_runs, paper_step
                       steps_ratios)
 
 __all__ = ["measured_steps", "bench_profile", "bench_cases", "flop_cases", "run_ratios", "profile_steps", "target_text",
-           "reproduce_table",
            "paper_cases", "paper_steps", "bandwidth_grid", "plan", "bandwidth_text", "crossover_table", "crossover_summary",
            "label", "heatmap_figure", "curve_figure"]
 
@@ -128,43 +127,6 @@ def target_text(runs: Sequence[dict], cases: dict, target_pct: float) -> str:
         else:
             lines.append(f"* {name}: {t['steps_to_target']:,.0f} steps (runs of {t['budget']:,} steps, {t['seeds']} seed(s))")
     return "\n".join(lines) + "\n"
-
-
-def reproduce_table(csv_path: str | Path, runs: Sequence[dict], cases: dict, target_pct: float) -> dict:
-    """The report's time-to-target table (mapl.report.ttt, its CSV) recomputed by the planner: steps by
-    the same rule, step times from the cost model (compressor-declared bytes, the benchmark's compute).
-    Returns ``rows``, ``cells`` compared, ``max_rel_diff`` of the times, and the table's methods the
-    planner has no case for (``missing``) or disagrees with on reaching the target (``never_differs``)."""
-    import csv
-    import re
-    from .planner import time_to_target_rows
-    from ..report.style import label as report_label
-    with open(csv_path, newline="") as f:
-        table = list(csv.DictReader(f))
-    cols = {}
-    for c in (table[0] if table else {}):
-        m = re.fullmatch(r"time \(s\) at ([\d.]+) Mbit/s", c)
-        if m:
-            cols[float(m.group(1)) * 1e6] = c
-    mine = {}
-    for lat in sorted({float(r["latency (ms)"]) / 1000 for r in table}):
-        for t in time_to_target_rows(runs, cases, sorted(cols), lat, target_pct):
-            mine[(report_label(t["method"], t["ratio"]), lat, t["bandwidth_bps"])] = t
-    worst, cells, missing, differs = 0.0, 0, set(), set()
-    for row in table:
-        lat = float(row["latency (ms)"]) / 1000
-        for bw, col in cols.items():
-            t = mine.get((row["method"], lat, bw))
-            theirs = None if row[col] == "never" else float(row[col].replace(",", ""))
-            if t is None:
-                missing.add(row["method"])
-            elif (theirs is None) != (t["time_s"] is None):
-                differs.add(row["method"])
-            elif theirs is not None:
-                cells += 1
-                worst = max(worst, abs(t["time_s"] - theirs) / theirs)
-    return {"rows": len(table), "cells": cells, "max_rel_diff": worst, "missing": sorted(missing),
-            "never_differs": sorted(differs)}
 
 
 def paper_steps(model: str, stages: int, keys: Sequence[tuple], steps: int | None = None) -> dict:
