@@ -26,6 +26,11 @@ import math
 from collections import defaultdict
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
+from ..core.link import LinkProfile, steps_to_target as s2t
+from ..report import paper_table1
+from ..report.rows import at_best_validation, load_results, main_model, select
+from ..report.stats import t_interval
+from ..report.ttt import common_target as report_target, method_curve
 
 
 __all__ = ["LOSS_FITS", "load_runs", "main_model_runs", "steps_to_target", "best_loss", "steps_ratios", "ratio_trend",
@@ -41,7 +46,6 @@ LOSS_FITS = {
 
 def steps_to_target(curve: Sequence[Sequence[float]], target: float) -> float | None:
     """First step at which a validation curve reaches ``target`` (linear between evaluations)."""
-    from ..core.link import steps_to_target as s2t
     return s2t(curve, target)
 
 
@@ -51,7 +55,6 @@ def load_runs(results_dir: str | Path, groups: Iterable[str] | None = None, vari
     methods' default configurations only unless ``variants`` (e.g. ``mapl-fixed``: the fixed projector).
     Each run: ``run``, ``group``, ``model``, ``method``, ``variant``, ``ratio`` (wire ratio, 3 significant
     digits, as the report rounds it), ``projection_ratio``, ``steps``, ``seed``, ``final``, ``curve``."""
-    from ..report.rows import load_results, select
     rows = select(load_results("", Path(results_dir).resolve()))
     keep = set(groups) if groups is not None else None
     return [{"run": r["run"], "group": r["group"], "model": r["model"], "method": r["method"], "variant": r["variant"],
@@ -75,7 +78,6 @@ def run_label(variant: str, ratio: float) -> str:
 
 def main_model_runs(runs: Sequence[dict]) -> list[dict]:
     """The runs of the profile's main model (:func:`mapl.report.rows.main_model`: width studies left out)."""
-    from ..report.rows import main_model
     main = main_model([{"group": "", **r} for r in runs])
     return [r for r in runs if r["model"] == main]
 
@@ -90,7 +92,6 @@ def _variant(r: dict) -> str:
 
 def _spread(values: Sequence[float]) -> dict:
     """mean, sample sd, min, max and the Student t 95% interval of the mean (None below two values)."""
-    from ..report.stats import t_interval
     n = len(values)
     mean = sum(values) / n
     sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else None
@@ -100,7 +101,6 @@ def _spread(values: Sequence[float]) -> dict:
 def best_loss(run: dict) -> float:
     """A run's validation loss at its best step: :func:`mapl.report.rows.at_best_validation` itself (the
     step chosen on the selection set where the run has one), on the planner's own run dicts."""
-    from ..report.rows import at_best_validation
     return float(at_best_validation([_row(run)])[0]["val_loss"])
 
 
@@ -194,7 +194,6 @@ def ratio_from_penalty(delta_loss: float, tokens: float, fit: str = "chinchilla"
 
 def paper_steps_ratios(scale: str, stages: int = 4, tokens: float | None = None) -> dict:
     """Steps ratio per method at a paper scale, from Table 1's penalties, as (low, high) over the fits."""
-    from ..report import paper_table1
     rows = [e for e in paper_table1(stages=stages) if e["scale"] == scale]
     base = next(e for e in rows if e["method"] == "none")["val_loss"]
     n_params = {"150M": 150e6, "500M": 500e6, "1B": 1e9}[scale]
@@ -213,7 +212,6 @@ def paper_steps_ratios(scale: str, stages: int = 4, tokens: float | None = None)
 def common_target(runs: Sequence[dict], target_pct: float = 2.0) -> tuple[float, int, int] | None:
     """The time-to-target target, by the report's one rule (:func:`mapl.report.ttt.common_target`) on these
     runs: (target, budget, seeds), None without an uncompressed run."""
-    from ..report.ttt import common_target as report_target
     return report_target([_row(r) for r in runs], target_pct)
 
 
@@ -223,8 +221,6 @@ def time_to_target_rows(runs: Sequence[dict], cases: dict, bandwidths: Sequence[
     default-configured run per method and wire ratio) with step times from the cost model: for each
     (method, wire ratio) in ``cases`` (-> costmodel.Case), the steps to target and its Case's step time on
     each link."""
-    from ..core.link import LinkProfile
-    from ..report.ttt import method_curve
     common = common_target(runs, target_pct)
     if common is None:
         return []
@@ -278,7 +274,6 @@ def speedup_grid(cases: dict, steps: dict, bandwidths: Sequence[float], latencie
                  reference: str = "none") -> dict:
     """time_to_target(reference) / time_to_target(method) on every (latency, bandwidth):
     ``{method: [[speedup per bandwidth] per latency]}``; ``steps`` maps method -> steps to target."""
-    from ..core.link import LinkProfile
     grid = {}
     for lat in latencies:
         links = [LinkProfile(f"{bw:g}", bw, lat) for bw in bandwidths]
