@@ -290,18 +290,25 @@ def test_figures_never_blank():
     assert fig is not None and fig.axes[0].collections[0].norm.vmax == pytest.approx(1.25)
 
 
-def test_planner_reproduces_the_measured_time_to_target_table():
-    """The profile case recomputes reports/cpu/tables/time-to-target.csv (mapl.report.ttt) from the cost
-    model's cases: same steps rule, step times equal to the runtime's clock."""
+def test_planner_and_report_apply_one_time_to_target_rule():
+    """On the committed cpu results and step measurement, the planner's time to target (cost-model cases)
+    and the report's (mapl.report.ttt, the measurement on the link clock) give the same steps (one rule:
+    its target and mean curves) and the same step times (the cost model replays the same measurement)."""
     from pathlib import Path
-    from mapl.planning.planner import load_runs, main_model_runs
-    from mapl.planning.planner_views import bench_cases, bench_profile, reproduce_table
+    from mapl import report
+    from mapl.planning.planner import load_runs, main_model_runs, time_to_target_rows
+    from mapl.planning.planner_views import bench_cases, bench_profile
     root = Path(__file__).resolve().parents[1]
-    csv_path, bench, results = (root / "reports/cpu/tables/time-to-target.csv", root / "reports/bench/pipeline.json",
-                                root / "reports/cpu/results")
-    if not (csv_path.exists() and results.is_dir()) or bench_profile(bench) != "cpu":
-        pytest.skip("no committed cpu results, time-to-target table or cpu pipeline benchmark")
-    runs = main_model_runs(load_runs(results))
-    rep = reproduce_table(csv_path, runs, bench_cases(bench, "cpu"), 2.0)
-    assert rep["cells"] > 0 and not rep["missing"] and not rep["never_differs"]
-    assert rep["max_rel_diff"] < 1e-3          # the table prints 0.1 s
+    bench, results = root / "reports/bench/pipeline.json", root / "reports/cpu/results"
+    if not results.is_dir() or bench_profile(bench) != "cpu":
+        pytest.skip("no committed cpu results or cpu pipeline benchmark")
+    rows = report.select(report.load_results("", results))        # as the planner loads them
+    theirs = {(t["method"], t["wire_ratio"]): t for t in report.time_to_target_rows(
+        rows, report.load_bench(bench, "cpu"), [1e8], target_pct=2.0)}
+    mine = time_to_target_rows(main_model_runs(load_runs(results)), bench_cases(bench, "cpu"), [1e8])
+    assert theirs and len(mine) == len(theirs)
+    for t in mine:
+        r = theirs[(t["method"], t["ratio"])]
+        assert (t["budget"], t["seeds"], t["target"]) == (r["budget"], r["seeds"], r["target"])
+        assert t["steps_to_target"] == r["steps_to_target"]
+        assert t["step_s"] == pytest.approx(r["step_s"], rel=1e-9)

@@ -2,7 +2,7 @@
 
     base < data < core < report < orchestration < planning < commands
 
-* ``mapl/base``: I/O and the CLI error policy (no number).
+* ``mapl/base``: I/O, the CLI error policy, typed config fields and their validator (no number).
 * ``mapl/data``: corpus, tokenizer, batches (decides the tokens: fingerprinted).
 * ``mapl/core``: whatever computes a number of a run (fingerprinted): config, model, compressors,
   optimizers, the loop, the runtime, the link and memory models a run reads.

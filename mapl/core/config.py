@@ -9,7 +9,7 @@ Every field's type comes from its annotation and its allowed values from its met
 from the command line are converted by the field's type (``--set train.steps=abc`` is refused naming
 the field; ``ratio: 4`` and ``--ratio 4.0`` are the same float, so the same config hash), and every
 error is a ``ConfigError`` whose message names the field, the value and what is allowed. The generic
-machinery (``setting``, ``coerce``, ``check_fields``, ``parse_set``, ...) is in ``mapl.core.settings``; this
+machinery (``setting``, ``coerce``, ``check_fields``, ``parse_set``, ...) is in ``mapl.base.settings``; this
 module holds the project's settings and re-exports those names.
 
     >>> cfg = load_run_config("cpu", overrides={"method": "mapl", "ratio": 8, "train.lr_muon": "0.03"})
@@ -27,10 +27,11 @@ import yaml
 
 from ..data import DataConfig
 from .model_config import PRESETS, ModelConfig
+from .runtime.schedule import SCHEDULES as SCHEDULE_REGISTRY
 # re-exported: callers import these from mapl.core.config
 from .seeds import DRAWS, run_base
-from .settings import (ConfigError, build, check_fields, coerce, field_hints, field_type, parse_set, refuse,
-                       set_nested, setting)
+from ..base.settings import (ConfigError, build, check_fields, coerce, field_hints, field_type, parse_set, refuse,
+                             set_nested, setting)
 
 __all__ = ["METHODS", "PROJECTORS", "ANCHORS", "SCHEDULES", "PRECISIONS", "RVQ_SYNC_MODES", "RVQ_SEARCH_KERNELS", "RVQ_SCALES",
            "POLAR_METHODS",
@@ -52,7 +53,7 @@ METHODS = {
 }
 PROJECTORS = ("spel", "fixed", "unconstrained", "fixed-shared")
 ANCHORS = ("none", "static", "full", "factorized")
-SCHEDULES = ("gpipe", "1f1b")
+SCHEDULES = tuple(SCHEDULE_REGISTRY)          # the schedules the runtime defines (torch-free module)
 PRECISIONS = ("auto", "fp32", "bf16")
 RVQ_SYNC_MODES = ("stream", "full", "mirrored")
 RVQ_SEARCH_KERNELS = ("auto", "matmul", "fused")

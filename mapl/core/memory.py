@@ -43,12 +43,12 @@ about 0.5-1 GiB: :func:`check_plan` keeps a margin (``reserve_frac``, default 10
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from dataclasses import dataclass, field, fields
 
 import torch
 
+from .compress.base import spec_bytes
 from .config import RunConfig, load_run_config
 from .model import ModelConfig
 
@@ -223,8 +223,7 @@ def _static_terms(cfg: RunConfig, vocab: int, s: int, device: str) -> tuple[Stag
 
 
 def _wire_bytes(comp, mb_shape: tuple[int, int], direction: str) -> int:
-    return sum(math.prod(shape) * torch.tensor([], dtype=dt).element_size()
-               for shape, dt in comp.payload_spec(mb_shape, direction))
+    return spec_bytes(comp.payload_spec(mb_shape, direction))
 
 
 def _boundary_terms(sm, s: int, P: int, tokens: int, matmul_bytes: int) -> tuple[int, int]:

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
-import typing
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
+
+from ..base.settings import check_fields, refuse
 
 __all__ = ["DataConfig", "dataset_dir_name", "token_config", "effective_token_config", "default_cache_dir",
            "PROJECT_ROOT", "SOURCES", "TOKENIZERS", "DOC_SPLITS", "SAMPLINGS"]
@@ -62,7 +62,7 @@ class DataConfig:
 
     def validate(self) -> "DataConfig":
         """Types and ranges from the field metadata, then the rules that involve several fields."""
-        _check_fields(self)
+        check_fields(self, "data")           # types and ranges: the one field validator (mapl.base.settings)
         if self.source in ("text", "parquet") and not self.paths:
             _bad("paths", self.paths, f"source={self.source!r} needs at least one file or glob")
         if self.source == "hf" and not self.hf_id:
@@ -85,30 +85,7 @@ class DataConfig:
 
 
 def _bad(name: str, value, allowed: str) -> None:
-    raise ValueError(f"data.{name}={value!r} is invalid: {allowed}")
-
-
-def _check_fields(cfg: DataConfig) -> None:
-    """Each field against its type hint and its metadata (choices, min, min_exclusive, max_exclusive)."""
-    hints = typing.get_type_hints(DataConfig)
-    for f in fields(DataConfig):
-        v, kind, meta = getattr(cfg, f.name), hints[f.name], f.metadata
-        if kind is int and (isinstance(v, bool) or not isinstance(v, int)):
-            _bad(f.name, v, "must be an integer")
-        if kind is float and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)):
-            _bad(f.name, v, "must be a finite number")
-        if kind is str and not isinstance(v, str):
-            _bad(f.name, v, "must be a string")
-        if kind == tuple[str, ...] and not (isinstance(v, tuple) and all(isinstance(p, str) for p in v)):
-            _bad(f.name, v, "must be a list of strings")
-        if "choices" in meta and v not in meta["choices"]:
-            _bad(f.name, v, f"allowed: {list(meta['choices'])}")
-        if "min" in meta and v < meta["min"]:
-            _bad(f.name, v, f"must be >= {meta['min']}")
-        if "min_exclusive" in meta and v <= meta["min_exclusive"]:
-            _bad(f.name, v, f"must be > {meta['min_exclusive']} and < {meta.get('max_exclusive', 'inf')}")
-        if "max_exclusive" in meta and v >= meta["max_exclusive"]:
-            _bad(f.name, v, f"must be > {meta.get('min_exclusive', '-inf')} and < {meta['max_exclusive']}")
+    refuse(f"data.{name}", value, allowed)
 
 
 def token_config(cfg: DataConfig) -> dict:

@@ -31,8 +31,14 @@ from typing import Sequence
 
 import torch
 
-from ..core.config import RunConfig
+from ..base.io import atomic_write_text, check_writable
+from ..core.compress.base import spec_bytes
+from ..core.config import config_hash, load_params, RunConfig
+from ..core.engine import build_optimizers
+from ..core.link import floor_time, get_profile, IDEAL, schedule_ops, simulate, StepMeasurement
+from ..core.stages import build_staged_model
 from ..orchestration.progress import eval_tokens
+from ..orchestration.sweep import group_specs, spec_config
 
 __all__ = ["GPUSpec", "H100", "H200", "DEFAULT_MFU", "StageCompute", "BoundaryBytes", "Case", "Prediction",
            "stage_flops", "flop_compute", "measured_compute", "boundary_bytes", "wire_ratio", "build_case",
@@ -98,7 +104,7 @@ def _payload_bytes(comp, mb_shape, direction: str) -> int:
         spec = comp.payload_spec(mb_shape, direction)
     finally:
         comp.train(was_training)
-    return sum(math.prod(s) * torch.tensor([], dtype=dt).element_size() for s, dt in spec)
+    return spec_bytes(spec)
 
 
 def _matmul_weights(module: torch.nn.Module) -> int:
@@ -109,9 +115,6 @@ def _matmul_weights(module: torch.nn.Module) -> int:
 def _meta_model(cfg: RunConfig, vocab: int):
     """The whole StagedModel of ``cfg`` on the meta device (exact shapes, no memory) and the ids of the
     parameters Muon owns (mapl.core.engine.build_optimizers decides), cached per configuration."""
-    from ..core.config import config_hash
-    from ..core.stages import build_staged_model
-    from ..core.engine import build_optimizers
     key = (config_hash(cfg), vocab)
     if key not in _META:
         with torch.device("meta"):
@@ -214,7 +217,6 @@ class Case:
         return self.predict(link, channels).step_s
 
     def predict(self, link, channels: str = "duplex") -> Prediction:
-        from ..core.link import IDEAL, floor_time
         meas = _link_measurement(self)
         if channels == "duplex":
             return Prediction(_link_clock(meas, link), _link_clock(meas, IDEAL), floor_time(meas, link))
@@ -234,7 +236,6 @@ class Case:
 
 def _link_measurement(case: Case):
     """The adapter to mapl.core.link (the runtime's virtual clock): a Case as a StepMeasurement."""
-    from ..core.link import StepMeasurement
     w = case.wire
     return StepMeasurement(case.schedule, case.compute.fwd_s, case.compute.bwd_s, [b.fwd for b in w],
                            [b.bwd for b in w], case.compute.opt_s, [b.state_fwd for b in w],
@@ -242,7 +243,6 @@ def _link_measurement(case: Case):
 
 
 def _link_clock(meas, link) -> float:
-    from ..core.link import simulate
     return simulate(meas, link).step_time
 
 
@@ -262,7 +262,6 @@ def simulate_inbound(meas, link, steps: int = 4) -> float:
     (``arrives = max(wire free, sent) + bits/bw + latency``); compute is synchronous; steps follow each
     other without a barrier (a stage starts step k+1 after its own optimizer step of step k) and there
     is no step-end all-reduce or state sync. Returns the mean step time after the first of ``steps``."""
-    from ..core.link import get_profile, schedule_ops
     link = get_profile(link)
     P, M = meas.n_stages, meas.n_micro
     ops = [[(k, m, i) for i in range(steps) for k, m in schedule_ops(meas.schedule, P, M, s) + [("O", -1)]]
@@ -312,7 +311,6 @@ def _compute_only_case(cfg: RunConfig, gpu: GPUSpec, cache: dict) -> Case:
 
 
 def _run_hours(cfg: RunConfig, gpu: GPUSpec, cache: dict) -> dict:
-    from ..core.link import IDEAL
     t = cfg.train
     case = _compute_only_case(cfg, gpu, cache)
     step_s = case.predict(IDEAL).compute_s
@@ -349,8 +347,6 @@ def gpu_hours(profile: str = "paper", gpu: GPUSpec = H100, groups: Sequence[str]
               n_gpus: Sequence[int] = (8, 64), params: dict | None = None) -> dict:
     """GPU-hours of every run of ``profile``'s groups (default all), totals and wall-clock on ``n_gpus``.
     Runs use 1F1B (GPipe does not fit paper micro-batches: mapl.core.memory); the link inside a node is free."""
-    from ..core.config import load_params
-    from ..orchestration.sweep import group_specs, spec_config
     params = params or load_params()
     groups = list(groups or params["profiles"][profile].get("groups", {}))
     cache, rows = {}, []
@@ -395,7 +391,6 @@ def main(argv=None) -> int:
     ap.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak (H100/H200 SXM: 989)")
     ap.add_argument("--out", type=Path, help="also write the text here")
     a = ap.parse_args(argv)
-    from ..base.io import atomic_write_text, check_writable
     try:
         # a zero MFU or peak divided by zero deep in the clock (a traceback); a negative one gave negative hours
         if not (math.isfinite(a.mfu) and 0 < a.mfu <= 1):

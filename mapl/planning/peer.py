@@ -9,6 +9,9 @@ bytes from our compressors at their width and rank) and compares::
     python -m mapl.peer            # writes reports/bench/peer-protocolnanogpt.json and reports/tables/peer.md
 """
 from __future__ import annotations
+from ..core.config import load_run_config, PROJECT_ROOT
+from ..core.link import IDEAL, LinkProfile
+from .costmodel import build_case, GPUSpec
 
 __all__ = ["PEER", "peer_comparison", "peer_markdown", "main"]
 
@@ -33,7 +36,6 @@ def _peer_config(method: str, spec: dict):
             "train.micro_batches": PEER["batch"] // spec["mbs"]}
     if "ratio" in spec:
         over["ratio"] = spec["ratio"]
-    from ..core.config import load_run_config
     return load_run_config("cpu", over)
 
 
@@ -44,8 +46,6 @@ def peer_comparison() -> dict:
     back, as they run). Both link semantics are reported: ours (a FIFO channel per direction, latency in
     flight, a step-end all-reduce) and theirs (one inbound wire per stage for both directions, latency
     holding the wire)."""
-    from .costmodel import GPUSpec, build_case
-    from ..core.link import IDEAL, LinkProfile
     link = LinkProfile("200Mbps@50ms", PEER["bandwidth_bps"], PEER["latency_s"])
     out = {"source": PEER["source"], "link": link.name, "methods": {}}
     for method, spec in PEER["runs"].items():
@@ -91,7 +91,6 @@ def peer_markdown(res: dict) -> str:
 def main(argv=None) -> int:
     import json
     from pathlib import Path
-    from ..core.config import PROJECT_ROOT
     res = peer_comparison()
     out = Path(PROJECT_ROOT) / "reports"
     (out / "bench").mkdir(parents=True, exist_ok=True)

@@ -26,6 +26,11 @@ import math
 from collections import defaultdict
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
+from ..core.link import LinkProfile, steps_to_target as s2t
+from ..report import paper_table1
+from ..report.rows import at_best_validation, load_results, main_model, select
+from ..report.stats import t_interval
+from ..report.ttt import common_target as report_target, method_curve
 
 
 __all__ = ["LOSS_FITS", "load_runs", "main_model_runs", "steps_to_target", "best_loss", "steps_ratios", "ratio_trend",
@@ -41,7 +46,6 @@ LOSS_FITS = {
 
 def steps_to_target(curve: Sequence[Sequence[float]], target: float) -> float | None:
     """First step at which a validation curve reaches ``target`` (linear between evaluations)."""
-    from ..core.link import steps_to_target as s2t
     return s2t(curve, target)
 
 
@@ -51,7 +55,6 @@ def load_runs(results_dir: str | Path, groups: Iterable[str] | None = None, vari
     methods' default configurations only unless ``variants`` (e.g. ``mapl-fixed``: the fixed projector).
     Each run: ``run``, ``group``, ``model``, ``method``, ``variant``, ``ratio`` (wire ratio, 3 significant
     digits, as the report rounds it), ``projection_ratio``, ``steps``, ``seed``, ``final``, ``curve``."""
-    from ..report.rows import load_results, select
     rows = select(load_results("", Path(results_dir).resolve()))
     keep = set(groups) if groups is not None else None
     return [{"run": r["run"], "group": r["group"], "model": r["model"], "method": r["method"], "variant": r["variant"],
@@ -75,7 +78,6 @@ def run_label(variant: str, ratio: float) -> str:
 
 def main_model_runs(runs: Sequence[dict]) -> list[dict]:
     """The runs of the profile's main model (:func:`mapl.report.rows.main_model`: width studies left out)."""
-    from ..report.rows import main_model
     main = main_model([{"group": "", **r} for r in runs])
     return [r for r in runs if r["model"] == main]
 
@@ -90,7 +92,6 @@ def _variant(r: dict) -> str:
 
 def _spread(values: Sequence[float]) -> dict:
     """mean, sample sd, min, max and the Student t 95% interval of the mean (None below two values)."""
-    from ..report.stats import t_interval
     n = len(values)
     mean = sum(values) / n
     sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else None
@@ -100,10 +101,14 @@ def _spread(values: Sequence[float]) -> dict:
 def best_loss(run: dict) -> float:
     """A run's validation loss at its best step: :func:`mapl.report.rows.at_best_validation` itself (the
     step chosen on the selection set where the run has one), on the planner's own run dicts."""
-    from ..report.rows import at_best_validation
-    row = {"steps": run["steps"], "val_loss": run["final"], "val_loss_curve": run.get("curve") or [],
-           "select_loss_curve": run.get("select_curve") or []}
-    return float(at_best_validation([row])[0]["val_loss"])
+    return float(at_best_validation([_row(run)])[0]["val_loss"])
+
+
+def _row(run: dict) -> dict:
+    """A planner run as the report's row (the fields its rules read), so one rule serves both."""
+    return {"group": run.get("group", ""), "model": run.get("model", ""), "method": run["method"],
+            "variant": _variant(run), "wire_ratio": _key(run)[1], "steps": run["steps"], "val_loss": run["final"],
+            "val_loss_curve": run.get("curve") or [], "select_loss_curve": run.get("select_curve") or []}
 
 
 def steps_ratios(runs: Sequence[dict], target_pct: float = 2.0) -> list[dict]:
@@ -189,7 +194,6 @@ def ratio_from_penalty(delta_loss: float, tokens: float, fit: str = "chinchilla"
 
 def paper_steps_ratios(scale: str, stages: int = 4, tokens: float | None = None) -> dict:
     """Steps ratio per method at a paper scale, from Table 1's penalties, as (low, high) over the fits."""
-    from ..report import paper_table1
     rows = [e for e in paper_table1(stages=stages) if e["scale"] == scale]
     base = next(e for e in rows if e["method"] == "none")["val_loss"]
     n_params = {"150M": 150e6, "500M": 500e6, "1B": 1e9}[scale]
@@ -205,44 +209,29 @@ def paper_steps_ratios(scale: str, stages: int = 4, tokens: float | None = None)
     return out
 
 
-def _mean_curve(runs: Sequence[dict]) -> list:
-    """The mean validation curve over ``runs`` at the evaluation steps they share."""
-    curves = [dict(r["curve"]) for r in runs]
-    common = sorted(set.intersection(*(set(c) for c in curves))) if curves else []
-    return [(s, sum(c[s] for c in curves) / len(curves)) for s in common]
-
-
 def common_target(runs: Sequence[dict], target_pct: float = 2.0) -> tuple[float, int, int] | None:
-    """The measured time-to-target table's target (mapl.report.ttt): uncompressed's best loss (the lowest
-    point of its curve) at its longest budget, mean over seeds, + ``target_pct`` %. Returns (target, budget, seeds), None
-    without one."""
-    dense = [r for r in runs if r["method"] == "none"]
-    if not dense:
-        return None
-    budget = max(r["steps"] for r in dense)
-    bests = [best_loss(r) for r in dense if r["steps"] == budget]
-    return sum(bests) / len(bests) * (1 + target_pct / 100), budget, len(bests)
+    """The time-to-target target, by the report's one rule (:func:`mapl.report.ttt.common_target`) on these
+    runs: (target, budget, seeds), None without an uncompressed run."""
+    return report_target([_row(r) for r in runs], target_pct)
 
 
 def time_to_target_rows(runs: Sequence[dict], cases: dict, bandwidths: Sequence[float], latency_s: float = 0.0,
                         target_pct: float = 2.0) -> list[dict]:
-    """The measured time-to-target table's rule (mapl.report.ttt): one target (:func:`common_target`); for each
-    (method, wire ratio) in ``cases`` (-> costmodel.Case), the steps to it on the mean curve over the seeds of
-    its longest default-configured run; the step time of its Case on each link."""
-    from ..core.link import LinkProfile
+    """Time to target by the report's rule (:mod:`mapl.report.ttt`: its target, its mean curve of the longest
+    default-configured run per method and wire ratio) with step times from the cost model: for each
+    (method, wire ratio) in ``cases`` (-> costmodel.Case), the steps to target and its Case's step time on
+    each link."""
     common = common_target(runs, target_pct)
     if common is None:
         return []
-    target = common[0]
+    target, rows = common[0], [_row(r) for r in runs]
     out = []
     for key, case in cases.items():
-        cands = [r for r in runs if _key(r) == key and _variant(r) == r["method"]]
-        budget = max((r["steps"] for r in cands), default=None)
-        longest = [r for r in cands if r["steps"] == budget]
-        n = steps_to_target(_mean_curve(longest), target) if longest else None
+        budget, seeds, curve = method_curve(rows, *key)
+        n = steps_to_target(curve, target) if curve else None
         for bw in bandwidths:
             st = case.step_time(LinkProfile(f"{bw:g}", bw, latency_s))
-            out.append({"method": key[0], "ratio": key[1], "budget": budget, "seeds": len(longest), "target": target,
+            out.append({"method": key[0], "ratio": key[1], "budget": budget, "seeds": seeds, "target": target,
                         "bandwidth_bps": bw, "latency_s": latency_s, "steps_to_target": n, "step_s": st,
                         "time_s": None if n is None else n * st})
     return out
@@ -285,7 +274,6 @@ def speedup_grid(cases: dict, steps: dict, bandwidths: Sequence[float], latencie
                  reference: str = "none") -> dict:
     """time_to_target(reference) / time_to_target(method) on every (latency, bandwidth):
     ``{method: [[speedup per bandwidth] per latency]}``; ``steps`` maps method -> steps to target."""
-    from ..core.link import LinkProfile
     grid = {}
     for lat in latencies:
         links = [LinkProfile(f"{bw:g}", bw, lat) for bw in bandwidths]

@@ -13,11 +13,14 @@ import math
 from pathlib import Path
 from typing import Sequence
 
-from .planner import (crossover_interval, load_runs, main_model_runs, paper_steps_ratios, ratio_key, speedup_grid,
-                      steps_ratios)
+from ..core.config import load_run_config
+from ..core.link import LinkProfile
+from ..orchestration.sweep import group_specs
+from .costmodel import boundary_bytes, build_case, measured_compute, wire_ratio
+from .planner import (common_target, crossover_interval, load_runs, main_model_runs, paper_steps_ratios, ratio_key,
+                      speedup_grid, steps_ratios, time_to_target_rows)
 
 __all__ = ["measured_steps", "bench_profile", "bench_cases", "flop_cases", "run_ratios", "profile_steps", "target_text",
-           "reproduce_table",
            "paper_cases", "paper_steps", "bandwidth_grid", "plan", "bandwidth_text", "crossover_table", "crossover_summary",
            "label", "heatmap_figure", "curve_figure"]
 
@@ -25,8 +28,6 @@ __all__ = ["measured_steps", "bench_profile", "bench_cases", "flop_cases", "run_
 def _bench_config(profile: str, entry: dict):
     """The profile's config whose compressor-declared bytes equal a benchmark entry's metered bytes (the
     entry records the effective wire ratio, not the projection ratio; matching the bytes checks both)."""
-    from ..core.config import load_run_config
-    from .costmodel import boundary_bytes
     tm = entry["timing"]
     metered = [(tm["fwd_bytes"][p], tm["bwd_bytes"][p], tm["state_fwd_bytes"][p], tm["state_bwd_bytes"][p])
                for p in range(len(tm["fwd_bytes"]))]
@@ -49,7 +50,6 @@ def bench_profile(bench_json: str | Path) -> str | None:
 def bench_cases(bench_json: str | Path, profile: str = "cpu") -> dict:
     """(method, ratio) -> Case with the compute measured by benchmarks/pipeline.py and the bytes declared by
     the profile's compressors (checked equal to the metered bytes)."""
-    from .costmodel import build_case, measured_compute
     data = json.loads(Path(bench_json).read_text())
     out = {}
     for e in data["methods"]:
@@ -69,8 +69,6 @@ def label(key) -> str:
 def flop_cases(profile: str, methods: dict, gpu) -> dict:
     """(method, wire ratio) -> Case of ``profile``'s configs with FLOP-based compute on ``gpu`` (for a
     profile that has no step measurement); ``methods``: method -> projection ratio (None: none/int8)."""
-    from ..core.config import load_run_config
-    from .costmodel import build_case, wire_ratio
     out = {}
     for m, r in methods.items():
         cfg = load_run_config(profile, {"method": m, "ratio": r})
@@ -100,7 +98,6 @@ def run_ratios(runs: Sequence[dict], methods: Sequence[str], given: dict | None 
 def profile_steps(runs: Sequence[dict], cases: dict, target_pct: float) -> dict:
     """(method, ratio) -> (n, n) steps to the common target (the measured table's rule), None if never
     or without a run. Without any run every method gets one step: time to target is then the step time."""
-    from .planner import time_to_target_rows
     if not runs:
         return {k: (1.0, 1.0) for k in cases}
     rows = time_to_target_rows(runs, cases, [1e9], 0.0, target_pct)
@@ -111,7 +108,6 @@ def profile_steps(runs: Sequence[dict], cases: dict, target_pct: float) -> dict:
 def target_text(runs: Sequence[dict], cases: dict, target_pct: float) -> str:
     """The common target of the profile case and, per case, the run budget and seeds its steps come from
     and the steps to the target (or why there are none): what the time-to-target views stand on."""
-    from .planner import common_target, time_to_target_rows
     common = common_target(runs, target_pct)
     if common is None:
         return "No uncompressed run: no target, steps to target taken as equal (time to target is the step time).\n"
@@ -130,47 +126,9 @@ def target_text(runs: Sequence[dict], cases: dict, target_pct: float) -> str:
     return "\n".join(lines) + "\n"
 
 
-def reproduce_table(csv_path: str | Path, runs: Sequence[dict], cases: dict, target_pct: float) -> dict:
-    """The report's time-to-target table (mapl.report.ttt, its CSV) recomputed by the planner: steps by
-    the same rule, step times from the cost model (compressor-declared bytes, the benchmark's compute).
-    Returns ``rows``, ``cells`` compared, ``max_rel_diff`` of the times, and the table's methods the
-    planner has no case for (``missing``) or disagrees with on reaching the target (``never_differs``)."""
-    import csv
-    import re
-    from .planner import time_to_target_rows
-    from ..report.style import label as report_label
-    with open(csv_path, newline="") as f:
-        table = list(csv.DictReader(f))
-    cols = {}
-    for c in (table[0] if table else {}):
-        m = re.fullmatch(r"time \(s\) at ([\d.]+) Mbit/s", c)
-        if m:
-            cols[float(m.group(1)) * 1e6] = c
-    mine = {}
-    for lat in sorted({float(r["latency (ms)"]) / 1000 for r in table}):
-        for t in time_to_target_rows(runs, cases, sorted(cols), lat, target_pct):
-            mine[(report_label(t["method"], t["ratio"]), lat, t["bandwidth_bps"])] = t
-    worst, cells, missing, differs = 0.0, 0, set(), set()
-    for row in table:
-        lat = float(row["latency (ms)"]) / 1000
-        for bw, col in cols.items():
-            t = mine.get((row["method"], lat, bw))
-            theirs = None if row[col] == "never" else float(row[col].replace(",", ""))
-            if t is None:
-                missing.add(row["method"])
-            elif (theirs is None) != (t["time_s"] is None):
-                differs.add(row["method"])
-            elif theirs is not None:
-                cells += 1
-                worst = max(worst, abs(t["time_s"] - theirs) / theirs)
-    return {"rows": len(table), "cells": cells, "max_rel_diff": worst, "missing": sorted(missing),
-            "never_differs": sorted(differs)}
-
-
 def paper_steps(model: str, stages: int, keys: Sequence[tuple], steps: int | None = None) -> dict:
     """(method, ratio) -> (low, high) steps to uncompressed's final loss at a paper scale (Table 1's
     penalty of the method through the loss-vs-tokens fits), for the profile's step budget of that model."""
-    from ..orchestration.sweep import group_specs
     if steps is None:           # the paper profile's budget for this model (20 tokens per parameter)
         steps = next(s["train.steps"] for s in group_specs("paper", "main") if s.get("model") == model)
     ratios = paper_steps_ratios(model, stages)
@@ -184,7 +142,6 @@ def measured_steps(model: str, keys: Sequence[tuple], results_dir: str | Path, t
     longest budget the profile trained it (paired by seed, min and max over seeds: mapl.planning.planner.steps_ratios)
     times the paper profile's budget for ``model``. A method without a measured ratio is left out.
     The ratios were measured at the profile's projection ratio, whatever the paper case's ratio is."""
-    from ..orchestration.sweep import group_specs
     if steps is None:
         steps = next(s["train.steps"] for s in group_specs("paper", "main") if s.get("model") == model)
     runs = main_model_runs(load_runs(results_dir)) if Path(results_dir).is_dir() else []
@@ -205,8 +162,6 @@ def paper_cases(model: str, methods: Sequence[str], stages: int, micro_batches: 
     """(method, wire ratio) -> Case of the paper profile at ``model`` (+ ``model_overrides``) with the paper's
     ratio for that scale (or ``ratios[method]``), FLOP-based compute on ``gpu`` and 1F1B (GPipe does not fit:
     mapl.core.memory)."""
-    from ..core.config import load_run_config
-    from .costmodel import build_case, wire_ratio
     paper = paper_steps_ratios(model, stages)
     out = {}
     for m in methods:
@@ -249,7 +204,6 @@ def plan(cases: dict, steps: dict, bandwidths: Sequence[float], latencies: Seque
     time x k, e.g. another MFU) whose crossovers widen the range. With ``fit_grid`` the bandwidths are
     extended to span every crossover (:func:`bandwidth_grid`; the result's ``bandwidths``). ``empty``:
     view -> why it has nothing to show (``heatmap``, ``curve``, ``crossovers``), for the views that have not."""
-    from ..core.link import LinkProfile
     ok = {m: c for m, c in cases.items() if steps.get(m) is not None}
     mid = {m: sum(steps[m]) / 2 for m in ok}
     cross = {}
@@ -281,7 +235,6 @@ def plan(cases: dict, steps: dict, bandwidths: Sequence[float], latencies: Seque
 
 
 def _crossover(a, steps_a, b, steps_b, latency_s: float, rel_err: float, scales: Sequence[float]) -> dict:
-    from ..core.link import LinkProfile
 
     def step(case):
         return lambda bw: case.step_time(LinkProfile(f"{bw:g}", bw, latency_s))

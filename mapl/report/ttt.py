@@ -29,7 +29,8 @@ from .rows import METHOD_ORDER, at_best_validation, main_model
 from .style import label, style
 from .table import DASH, Table, fmt_int
 
-__all__ = ["load_bench", "time_to_target_rows", "time_to_target_table", "time_to_target_plot"]
+__all__ = ["load_bench", "common_target", "method_curve", "time_to_target_rows", "time_to_target_table",
+           "time_to_target_plot"]
 
 
 def load_bench(path: str | Path, profile: str | None = None) -> list[dict]:
@@ -59,8 +60,22 @@ def load_bench(path: str | Path, profile: str | None = None) -> list[dict]:
     return out
 
 
-def _curve_of(rows: Sequence[dict], method: str, wire_ratio: float | None) -> tuple[int | None, int, list]:
-    """(budget, seeds, mean val curve) of the longest default run of this method and wire ratio."""
+def common_target(rows: Sequence[dict], target_pct: float = 2.0) -> tuple[float, int, int] | None:
+    """THE time-to-target rule's target (this table's and the planner's): the main model's uncompressed best
+    val loss (at the step chosen on the selection set) at its longest budget, mean over seeds, + ``target_pct``
+    percent. Returns (target, budget, seeds); None without an uncompressed run."""
+    model = main_model(rows)
+    dense = [r for r in rows if r["model"] == model and r["method"] == "none"]
+    if not dense:
+        return None
+    longest = max(r["steps"] for r in dense)
+    best = [r["val_loss"] for r in at_best_validation(dense) if r["steps"] == longest]
+    return statistics.fmean(best) * (1 + target_pct / 100), longest, len(best)
+
+
+def method_curve(rows: Sequence[dict], method: str, wire_ratio: float | None) -> tuple[int | None, int, list]:
+    """THE time-to-target rule's curve: (budget, seeds, mean val curve at the evaluations all seeds share) of
+    the longest default-configured run of this method and wire ratio (budget None: no such run)."""
     cands = [r for r in rows if r["method"] == method and r["variant"] == method
              and (method == "none" or r["wire_ratio"] == wire_ratio)]
     if not cands:
@@ -77,17 +92,14 @@ def time_to_target_rows(rows: Sequence[dict], bench: Sequence[dict], bandwidths_
     ``budget`` (steps of the curve used; None: no run), ``seeds``, ``target``, ``steps_to_target``
     (None: never), ``latency_s``, ``bandwidth_bps``, ``step_s`` and ``time_s`` (None: never)."""
     from ..core.link import LinkProfile, step_time, steps_to_target
-    model = main_model(rows)
-    pool = [r for r in rows if r["model"] == model]
-    dense = [r for r in pool if r["method"] == "none"]
-    if not dense or not bench:
+    common = common_target(rows, target_pct)
+    if common is None or not bench:
         return []
-    longest = max(r["steps"] for r in dense)
-    best = [r["val_loss"] for r in at_best_validation(dense) if r["steps"] == longest]
-    target = statistics.fmean(best) * (1 + target_pct / 100)
+    target = common[0]
+    pool = [r for r in rows if r["model"] == main_model(rows)]
     out = []
     for b in bench:
-        budget, seeds, curve = _curve_of(pool, b["method"], b["wire_ratio"])
+        budget, seeds, curve = method_curve(pool, b["method"], b["wire_ratio"])
         n = steps_to_target(curve, target) if curve else None
         for lat in latencies_s:
             for bw in bandwidths_bps:

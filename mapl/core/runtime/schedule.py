@@ -44,7 +44,7 @@ def _one_f_one_b(n_stages: int, n_micro: int, stage: int) -> list[tuple[str, int
     return ops + [("B", m) for m in range(n_micro - warm, n_micro)]
 
 
-# the one registry of schedules (config.SCHEDULES lists the same names for validation)
+# the one registry of schedules; config validates train.schedule against its names (this module imports no torch)
 SCHEDULES: dict[str, Callable[[int, int, int], list[tuple[str, int]]]] = {"gpipe": _gpipe, "1f1b": _one_f_one_b}
 
 

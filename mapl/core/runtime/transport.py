@@ -25,7 +25,6 @@ of ``mapl.core.link``'s virtual clock); single host only (it compares ``time.tim
 """
 from __future__ import annotations
 
-import math
 import time
 from collections import defaultdict
 from dataclasses import dataclass
@@ -35,10 +34,11 @@ import torch
 import torch.distributed as dist
 
 from ...base.cli import PeerFailure
+from ..compress.base import spec_bytes
 from ..link import LinkProfile
 from .measure import SpanClock
 
-__all__ = ["CommError", "Transport", "PendingRecv", "TAGS", "message_bytes"]
+__all__ = ["CommError", "Transport", "PendingRecv", "TAGS"]
 
 # message kinds: gloo matches p2p messages by source and tag; NCCL ignores tags and relies on order,
 # which both sides keep identical (the schedule checker verifies it)
@@ -50,10 +50,6 @@ _FORWARD_KINDS = ("fwd", "sync", "meta", "check")       # travel s -> s+1; the r
 
 class CommError(PeerFailure):
     """A point-to-point or collective operation failed: a peer died, or the timeout expired."""
-
-
-def message_bytes(specs) -> int:
-    return sum(math.prod(shape) * torch.empty(0, dtype=dt, device="cpu").element_size() for shape, dt in specs)
 
 
 def _raw(t: torch.Tensor) -> torch.Tensor:
@@ -119,7 +115,7 @@ class Transport:
     def post(self, specs: list, peer: int, what: str) -> PendingRecv:
         """Post a receive of a message made of tensors of ``specs`` [(shape, dtype)]; ``wait`` it later."""
         stamped = self.link is not None
-        buf = torch.empty(message_bytes(specs) + (8 if stamped else 0), dtype=torch.uint8, device=self.device)
+        buf = torch.empty(spec_bytes(specs) + (8 if stamped else 0), dtype=torch.uint8, device=self.device)
         try:
             work = dist.irecv(buf, peer, group=self._group(what), tag=TAGS[what])
         except Exception as e:          # noqa: BLE001 -- any backend error is a comm failure (_fail names it)
@@ -139,7 +135,7 @@ class Transport:
         self.clock.stop("wait", t0)
         out, off = [], 0
         for shape, dt in rx.specs:
-            n = message_bytes([(shape, dt)])
+            n = spec_bytes([(shape, dt)])
             out.append(buf[off:off + n].clone().view(dt).reshape(shape))   # clone: a slice may be misaligned
             off += n
         return out
