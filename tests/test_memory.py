@@ -245,3 +245,13 @@ def test_rvq_search_transient_is_a_working_term_of_the_sender_stages():
         assert st.working >= st.detail["rvq_search"]
     assert plan.stages[-1].detail["rvq_search"] == 0
     assert memory_plan(_cfg("mapl"), 256, device="cpu").stages[0].detail["rvq_search"] == 0
+
+
+def test_micro_batches_alive_are_read_off_the_runtimes_compute_order():
+    """The plan's liveness comes from the schedule the runtime executes (mapl.core.runtime.schedule), and is
+    the known closed form: GPipe holds all M graphs, 1F1B at most P - s on stage s."""
+    from mapl.core.memory import _alive
+    for P, M in [(2, 1), (4, 2), (4, 8), (8, 32)]:
+        for s in range(P):
+            assert _alive("gpipe", P, M, s) == M
+            assert _alive("1f1b", P, M, s) == min(M, P - s)

@@ -51,6 +51,7 @@ import torch
 from .compress.base import spec_bytes
 from .config import RunConfig, load_run_config
 from .model import ModelConfig
+from .runtime.schedule import schedule_ops
 
 __all__ = ["GiB", "StageMemory", "MemoryPlan", "memory_plan", "format_plan", "check_plan", "build_meta_stage",
            "block_activation_bytes_per_token", "head_activation_bytes_per_token", "resolve_precision", "main"]
@@ -154,8 +155,14 @@ class MemoryPlan:
 
 
 def _alive(schedule: str, stages: int, micro: int, s: int) -> int:
-    """Micro-batches whose graphs a stage holds at once: GPipe all M; 1F1B (PipeDream-flush) P - s."""
-    return micro if schedule == "gpipe" else min(micro, stages - s)
+    """Micro-batches whose graphs a stage holds at once, read off the stage's compute order (the one the
+    runtime executes and the link clock replays): a forward keeps its graph until its backward (GPipe: all
+    M; 1F1B, PipeDream-flush: P - s)."""
+    alive = most = 0
+    for kind, _ in schedule_ops(schedule, stages, micro, s):
+        alive += 1 if kind == "F" else -1
+        most = max(most, alive)
+    return most
 
 
 def _module_bytes(module: torch.nn.Module) -> tuple[int, int]:
