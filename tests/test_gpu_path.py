@@ -311,3 +311,31 @@ def test_waits_and_the_step_end_are_timed_by_cuda_events_on_a_gpu_without_a_host
     fake_cuda_events.done = False
     clock.end_step()
     assert clock.collect(block=True)["opt"] == [0.04, 0.0, 0.01] and fake_cuda_events.syncs == 1   # end of run
+
+
+# ---- sends are released one batch later, not held to the step's end -------------------------------------
+class _Work:
+    def __init__(self, log, name):
+        self.log, self.name = log, name
+
+    def wait(self):
+        self.log.append(self.name)
+
+
+def test_release_completes_the_older_sends_only_and_counts_what_was_held(monkeypatch):
+    import torch.distributed as dist
+    waited, sent = [], []
+    monkeypatch.setattr(dist, "isend", lambda buf, peer, group=None, tag=0: sent.append(buf.numel())
+                        or _Work(waited, len(sent)))
+    tx = _transport(monkeypatch, "cpu")
+    tx.pending = []
+    tx.send([torch.zeros(4)], 1, "fwd")                            # 16 bytes
+    tx.send([torch.zeros(2, dtype=torch.float64)], 1, "sync")      # 16 bytes
+    tx.release(keep=1)
+    assert waited == [1] and len(tx.pending) == 1 and tx.pending[0][0].name == 2
+    tx.send([torch.zeros(8, dtype=torch.bfloat16)], 1, "fwd")      # 16 bytes
+    tx.release(keep=1)
+    assert waited == [1, 2] and len(tx.pending) == 1
+    tx.flush()
+    assert waited == [1, 2, 3] and tx.pending == []
+    assert tx.held_peak == (2, 32)
