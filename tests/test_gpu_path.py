@@ -67,6 +67,32 @@ def test_the_fused_search_is_compiled_before_training_and_the_first_pack_reuses_
     assert not warm_compiled_kernels(auto, Topology(0, 2, 2, cpu), said.append)   # auto is matmul on a CPU
 
 
+def test_a_rank_warms_the_kernel_before_opening_data_or_any_timed_communication(monkeypatch):
+    """run_rank's order: the compile (untimed for the neighbours: they wait in the setup group) comes
+    before the data, the process groups with the communication timeout, and the first message."""
+    from mapl.runtime import rank
+
+    class Stop(Exception):
+        pass
+    order = []
+    monkeypatch.setattr(rank, "warm_compiled_kernels", lambda cfg, topo, log: order.append("warm"))
+    monkeypatch.setattr(rank, "open_data", lambda *a, **k: order.append("data"))
+    monkeypatch.setattr(Topology, "make_groups", lambda self, timeout: order.append("timed groups") or (None, None))
+
+    def transport(*a, **k):
+        order.append("transport")
+        raise Stop
+    monkeypatch.setattr(rank, "Transport", transport)
+    cfg = load_run_config("micro", {"method": "mapl-rvq", "ratio": 4, "stages": 2}).validate()
+    threads = torch.get_num_threads()
+    try:
+        with pytest.raises(Stop):
+            rank.run_rank(cfg, Topology(0, 2, 2, torch.device("cpu")), out=None, ckpt=None, progress=False)
+    finally:
+        torch.set_num_threads(threads)
+    assert order == ["warm", "data", "timed groups", "transport"]
+
+
 # ---- one GPU per stage process ------------------------------------------------------------------------
 def _gpus(monkeypatch, n: int) -> None:
     """This process sees ``n`` CUDA devices (the functions that decide read only these two)."""
