@@ -67,6 +67,32 @@ def test_the_fused_search_is_compiled_before_training_and_the_first_pack_reuses_
     assert not warm_compiled_kernels(auto, Topology(0, 2, 2, cpu), said.append)   # auto is matmul on a CPU
 
 
+def test_a_rank_warms_the_kernel_before_opening_data_or_any_timed_communication(monkeypatch):
+    """run_rank's order: the compile (untimed for the neighbours: they wait in the setup group) comes
+    before the data, the process groups with the communication timeout, and the first message."""
+    from mapl.core.runtime import rank
+
+    class Stop(Exception):
+        pass
+    order = []
+    monkeypatch.setattr(rank, "warm_compiled_kernels", lambda cfg, topo, log: order.append("warm"))
+    monkeypatch.setattr(rank, "open_data", lambda *a, **k: order.append("data"))
+    monkeypatch.setattr(Topology, "make_groups", lambda self, timeout: order.append("timed groups") or (None, None))
+
+    def transport(*a, **k):
+        order.append("transport")
+        raise Stop
+    monkeypatch.setattr(rank, "Transport", transport)
+    cfg = load_run_config("micro", {"method": "mapl-rvq", "ratio": 4, "stages": 2}).validate()
+    threads = torch.get_num_threads()
+    try:
+        with pytest.raises(Stop):
+            rank.run_rank(cfg, Topology(0, 2, 2, torch.device("cpu")), out=None, ckpt=None, progress=False)
+    finally:
+        torch.set_num_threads(threads)
+    assert order == ["warm", "data", "timed groups", "transport"]
+
+
 # ---- one GPU per stage process ------------------------------------------------------------------------
 def _gpus(monkeypatch, n: int) -> None:
     """This process sees ``n`` CUDA devices (the functions that decide read only these two)."""
@@ -311,3 +337,31 @@ def test_waits_and_the_step_end_are_timed_by_cuda_events_on_a_gpu_without_a_host
     fake_cuda_events.done = False
     clock.end_step()
     assert clock.collect(block=True)["opt"] == [0.04, 0.0, 0.01] and fake_cuda_events.syncs == 1   # end of run
+
+
+# ---- sends are released one batch later, not held to the step's end -------------------------------------
+class _Work:
+    def __init__(self, log, name):
+        self.log, self.name = log, name
+
+    def wait(self):
+        self.log.append(self.name)
+
+
+def test_release_completes_the_older_sends_only_and_counts_what_was_held(monkeypatch):
+    import torch.distributed as dist
+    waited, sent = [], []
+    monkeypatch.setattr(dist, "isend", lambda buf, peer, group=None, tag=0: sent.append(buf.numel())
+                        or _Work(waited, len(sent)))
+    tx = _transport(monkeypatch, "cpu")
+    tx.pending = []
+    tx.send([torch.zeros(4)], 1, "fwd")                            # 16 bytes
+    tx.send([torch.zeros(2, dtype=torch.float64)], 1, "sync")      # 16 bytes
+    tx.release(keep=1)
+    assert waited == [1] and len(tx.pending) == 1 and tx.pending[0][0].name == 2
+    tx.send([torch.zeros(8, dtype=torch.bfloat16)], 1, "fwd")      # 16 bytes
+    tx.release(keep=1)
+    assert waited == [1, 2] and len(tx.pending) == 1
+    tx.flush()
+    assert waited == [1, 2, 3] and tx.pending == []
+    assert tx.held_peak == (2, 32)

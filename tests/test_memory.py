@@ -221,6 +221,18 @@ def test_format_plan_has_a_row_per_stage():
     assert text.count("\n| ") == 5 and "total (GiB)" in text
 
 
+def test_wire_buffers_are_two_sends_as_the_runtime_releases_them_not_a_steps_worth():
+    """Issue 22: 1B uncompressed, 1F1B, 32 micro-batches: the middle stages held 2 x 32 sends of 128 MiB
+    (8.25 GiB with the receives); released one batch later they hold two (0.5 GiB with the receives)."""
+    cfg = load_run_config("paper", {"model": "1B", "method": "none", "train.schedule": "1f1b"})
+    msg = 16 * 2048 * 2048 * 2                                  # one bf16 micro-batch activation (or gradient)
+    plan, step = memory_plan(cfg), memory_plan(cfg, sends_held="step")
+    assert [s.buffers for s in plan.stages] == [3 * msg, 4 * msg, 4 * msg, 3 * msg]
+    assert [s.buffers for s in step.stages] == [33 * msg, 66 * msg, 66 * msg, 33 * msg]
+    with pytest.raises(ValueError, match="sends_held='all' is invalid"):
+        memory_plan(cfg, sends_held="all")
+
+
 def test_paper_shapes_agree_with_the_issue_figures():
     """Issue 11: about 1.7 / 2.6 / 3.8 GiB per layer per 16 x 2048-token micro-batch at 150M / 500M / 1B
     (bf16); the calibrated count (issue 22) gives 1.72 / 2.60 / 3.82 GiB."""

@@ -90,6 +90,10 @@ def assert_parity(res, ref, nprocs, launcher, tol=0.0):
     assert len(pipe["stage_compute_s_per_step"]) == nprocs and all(t > 0 for t in pipe["stage_compute_s_per_step"])
     assert pipe["peak_memory_kind"] == "process_peak_rss" and len(pipe["stage_peak_memory_bytes"]) == nprocs
     assert all(b > 50 * 2**20 for b in pipe["stage_peak_memory_bytes"])     # a process running torch: > 50 MiB
+    # sends are released one batch later: a stage holds its batch's send and the one before (+ the dtype
+    # handshake at the first batch), never a step's worth (2M on a middle stage) or an evaluation's
+    held = pipe["stage_peak_held_sends"]
+    assert len(held) == nprocs and max(held) <= (0 if pipe["transport"] == "blocking" else 3), held
     return worst
 
 

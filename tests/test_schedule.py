@@ -1,21 +1,58 @@
 """Pipeline schedules as stage programs, proved deadlock-free under rendezvous (NCCL-like) semantics."""
 import pytest
 
-from mapl.core.runtime.schedule import (SCHEDULES, Barrier, Comm, Compute, ScheduleError, Transfer, check_programs,
-                                   naive_program, schedule_ops, stage_program, step_tail)
+from mapl.core.runtime.schedule import (SCHEDULES, Barrier, Comm, Compute, ScheduleError, Transfer, _nonblocking_ops,
+                                        check_programs, naive_program, schedule_ops, stage_program, step_tail)
 
 GRID = [(P, M) for P in (2, 4, 8) for M in (P, 2 * P, 4 * P)]
 
 
+@pytest.mark.parametrize("transport", ["blocking", "non-blocking"])
 @pytest.mark.parametrize("schedule", sorted(SCHEDULES))
 @pytest.mark.parametrize("P,M", GRID)
-def test_programs_are_deadlock_free_under_rendezvous_semantics(schedule, P, M):
+def test_programs_are_deadlock_free_under_rendezvous_semantics(schedule, P, M, transport):
     """Every stage's program, with the step-end exchanges (receiver-side gradients, all-reduce, state
-    sync), completes when every send waits for its receive to be posted."""
+    sync), completes when every send waits for its receive to be posted: each batch's sends waited in
+    the batch (blocking), or released one batch later with the next batch's receives posted ahead (the
+    default transport)."""
     programs = [stage_program(schedule, P, M, s) + step_tail(P, s, receiver_grads=True, synced_state=True)
                 for s in range(P)]
-    rounds = check_programs(programs)
+    rounds = check_programs(programs, transport)
     assert rounds <= 2 * M + 4 * P          # no serialisation beyond the pipeline's own fill and drain
+
+
+@pytest.mark.parametrize("schedule", sorted(SCHEDULES))
+@pytest.mark.parametrize("P,M", GRID)
+def test_the_non_blocking_transport_holds_at_most_two_sends(schedule, P, M):
+    """Sends posted and not yet waited, at any point of a stage's non-blocking ops: the batch's own and
+    the one before (every send of the step before sends were released: up to 2M on a middle stage)."""
+    for s in range(P):
+        program = stage_program(schedule, P, M, s) + step_tail(P, s, receiver_grads=True, synced_state=True)
+        held, peak = set(), 0
+        for kind, arg in _nonblocking_ops(s, program):
+            if kind == "post" and program[arg[1]].transfers[arg[2]].op == "send":
+                held.add(arg)
+            elif kind == "wait":
+                held -= set(arg)
+            peak = max(peak, len(held))
+        assert peak <= 2 and not held
+
+
+def test_the_non_blocking_checker_catches_a_deadlock_made_by_releasing_sends():
+    """Stage 0 waits for its first send at its second batch; stage 1 posts that receive only after
+    hearing from stage 2, which waits for stage 0's third send: with sends held to the step's end this
+    would run, released one batch later it cannot."""
+    C = Compute("F", 0)
+    progs = [[Comm((Transfer("send", "fwd", 0, 1),)), C, Comm((Transfer("send", "fwd", 0, 2),)), C,
+              Comm((Transfer("send", "fwd", 1, 2),))],
+             [Comm((Transfer("recv", "bwd", 0, 2),)), C, Comm((Transfer("recv", "bwd", 1, 2),)), C,
+              Comm((Transfer("recv", "fwd", 0, 0),))],
+             [Comm((Transfer("recv", "fwd", 0, 0),)), C, Comm((Transfer("recv", "fwd", 1, 0),)), C,
+              Comm((Transfer("send", "bwd", 0, 1),)), C, Comm((Transfer("send", "bwd", 1, 1),))]]
+    with pytest.raises(ScheduleError, match=r"non-blocking transport: \{0: \('wait', \[\(0, 0, 0\)\]\)"):
+        check_programs(progs, "non-blocking")
+    with pytest.raises(ValueError, match="transport='nccl' is invalid"):
+        check_programs(progs, "nccl")
 
 
 @pytest.mark.parametrize("P,M", GRID)

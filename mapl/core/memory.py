@@ -31,7 +31,9 @@ Where the numbers come from:
   one micro-batch runs the loss it briefly holds the logits and their gradients besides; with
   ``train.loss_chunk_tokens`` (chunked cross-entropy, logits recomputed in backward) nothing V-wide is
   kept, and the V-wide tensors of one chunk are the transient;
-* wire buffers: today's runtime keeps every send of a step until the step ends (``sends_held="step"``);
+* wire buffers: the runtime releases each send one communication batch later, so a stage holds at most
+  two sends at once (``sends_held="batch"``; ``"step"``: every send of the step, as the runtime did
+  before), plus one receive per direction;
 * MAPL+RVQ's sender searches each micro-batch it packs: the search's temporaries
   (:func:`mapl.core.compress.rvq.search.search_transient_bytes`: O(G·N) with the fused kernel, the tile's
   distance block with the matmul one, and the k-means init's tile at the first step), plus the fp32 copy
@@ -299,24 +301,27 @@ def _rvq_search_bytes(cfg: RunConfig, sm, s: int, tokens: int, precision: str, d
 
 
 def _buffer_bytes(sm, s: int, P: int, mb_shape, micro: int, sends_held: str) -> int:
-    """Send buffers held (all M of the step in today's runtime, else one) plus one receive per direction."""
-    if sends_held not in ("step", "one"):
-        raise ValueError(f"sends_held={sends_held!r} is invalid: allowed 'step', 'one'")
+    """Send buffers held (``batch``: the runtime's two sends of any kind, this batch's and the one before;
+    ``step``: all M of each direction; ``one``: one of each) plus one receive per direction."""
+    if sends_held not in ("batch", "step", "one"):
+        raise ValueError(f"sends_held={sends_held!r} is invalid: allowed 'batch', 'step', 'one'")
     held = micro if sends_held == "step" else 1
     ids = sm.id_bytes_per_token() * mb_shape[0] * mb_shape[1]
-    total = 0
+    total, sends = 0, []
     if s < P - 1:                    # forward sends (+ token ids), gradient receives
         comp = sm.boundaries[str(s)]
-        total += held * (_wire_bytes(comp, mb_shape, "fwd") + ids) + _wire_bytes(comp, mb_shape, "bwd")
+        sends.append(_wire_bytes(comp, mb_shape, "fwd") + ids)
+        total += _wire_bytes(comp, mb_shape, "bwd")
     if s > 0:                        # gradient sends, forward receives
         comp = sm.boundaries[str(s - 1)]
-        total += held * _wire_bytes(comp, mb_shape, "bwd") + _wire_bytes(comp, mb_shape, "fwd") + ids
-    return total
+        sends.append(_wire_bytes(comp, mb_shape, "bwd"))
+        total += _wire_bytes(comp, mb_shape, "fwd") + ids
+    return total + (2 * max(sends, default=0) if sends_held == "batch" else held * sum(sends))
 
 
 def memory_plan(cfg: RunConfig, vocab_size: int | None = None, *, device: str = "cuda",
                 precision: str | None = None, checkpointing: bool | None = None,
-                sends_held: str = "step") -> MemoryPlan:
+                sends_held: str = "batch") -> MemoryPlan:
     """Bytes per stage of ``cfg`` on ``device`` ('cuda' or 'cpu': picks the precision of 'auto').
     ``vocab_size``: the tokenizer's (default: the model preset's). ``checkpointing``: default the config's
     ``train.activation_checkpointing``."""

@@ -180,6 +180,8 @@ def pipeline_section(*, schedule: str, everyone: list[dict], merged: ByteMeter, 
         "stage_wait_s_per_step": [_mean(tm["wait"]) for tm in stage_timings],
         "stage_peak_memory_bytes": [r["peak_memory"][0] for r in everyone[:P]],
         "peak_memory_kind": everyone[0]["peak_memory"][1],
+        "stage_peak_held_sends": [r["held_sends"][0] for r in everyone[:P]],        # sends in flight at once
+        "stage_peak_held_send_bytes": [r["held_sends"][1] for r in everyone[:P]],
         "step_wall_s": _mean(stage_timings[0]["wall"]),
         "timed_steps": max(0, len(stage_timings[0]["wall"]) - 1) or len(stage_timings[0]["wall"]),
         "bytes_per_step": {b: {d: {k: v / per_step for k, v in kinds.items()} for d, kinds in dirs.items()}

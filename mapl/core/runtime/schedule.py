@@ -14,7 +14,11 @@ gloo's ``send`` behaves the same way) a lone send followed by a lone receive dea
 batch is posted at once; a batch ends when each of its ops has met its counterpart; per pair of
 stages, messages meet in order) and raises ``ScheduleError`` on a deadlock or a mismatched pairing.
 The worker's blocking transport (``mapl.core.runtime.transport``) has the same semantics, so a schedule
-that passes here runs on it, and on NCCL.
+that passes here runs on it, and on NCCL. ``transport="non-blocking"`` replays what the default
+transport does instead: a batch posts its receives, its sends and the next batch's receives (look
+ahead), then waits for its receives and for the sends of the batches before it (released one batch
+later, not held to the step's end); a step-end batch (micro-batch -1) and a barrier complete every
+send in flight first (``flush``).
 
     >>> prog = stage_program("1f1b", n_stages=4, n_micro=8, stage=1)
     >>> check_programs([stage_program("1f1b", 4, 8, s) for s in range(4)])     # raises on deadlock
@@ -171,10 +175,16 @@ def _pairing(programs: list[list[Action]]) -> None:
                                 f"{got.get(key, [])}: messages would meet the wrong receive")
 
 
-def check_programs(programs: list[list[Action]]) -> int:
+def check_programs(programs: list[list[Action]], transport: str = "blocking") -> int:
     """Replay the stages' programs under rendezvous semantics; raise ``ScheduleError`` on a deadlock
-    (naming where each stage waits). Returns the number of rounds (a measure of serialisation)."""
+    (naming where each stage waits). Returns the number of rounds (a measure of serialisation).
+    ``transport``: 'blocking' (a batch ends when each of its transfers has met its counterpart) or
+    'non-blocking' (the default transport's posting and waiting order: :func:`_nonblocking_ops`)."""
     _pairing(programs)
+    if transport == "non-blocking":
+        return _replay_posted([_nonblocking_ops(s, prog) for s, prog in enumerate(programs)], programs)
+    if transport != "blocking":
+        raise ValueError(f"transport={transport!r} is invalid: allowed 'blocking', 'non-blocking'")
     P = len(programs)
     pc = [0] * P
     matched = [set() for _ in range(P)]         # indices of the current batch's transfers already met
@@ -245,3 +255,81 @@ def _finish(programs, pc, matched) -> bool:
             matched[s] = set()
             moved = True
     return moved
+
+
+# ---- the non-blocking transport: posted operations, waited later ---------------------------------------
+def _nonblocking_ops(s: int, program: list[Action]) -> list[tuple]:
+    """What the worker's non-blocking transport does for ``program`` (``PipelineEngine._communicate``,
+    ``finish_step``): ("post", id), ("wait", ids) and ("barrier", name), where id = (stage, action
+    index, transfer index). A schedule batch posts its receives (unless posted ahead), its sends and
+    the next schedule batch's receives, then waits for its receives and for every earlier send; a
+    step-end batch (every transfer's micro-batch -1: ``Transport.exchange`` + ``flush``) and a barrier
+    (``flush`` before the all-reduce) wait for every send in flight."""
+    def ids(i: int, op: str) -> list:
+        return [(s, i, j) for j, t in enumerate(program[i].transfers) if t.op == op]
+    comms = [i for i, a in enumerate(program) if isinstance(a, Comm)]
+    ops, posted, sends = [], set(), []
+    for i, a in enumerate(program):
+        if isinstance(a, Barrier):
+            ops += [("wait", list(sends)), ("barrier", a.name)]
+        if not isinstance(a, Comm):
+            continue
+        step_end = all(t.mb < 0 for t in a.transfers)
+        nxt = next((k for k in comms if k > i), None)
+        ahead = ids(nxt, "recv") if nxt is not None and not step_end and \
+            not all(t.mb < 0 for t in program[nxt].transfers) else []
+        earlier = list(sends)
+        for x in ids(i, "recv") + ids(i, "send") + ahead:
+            if x not in posted:
+                posted.add(x)
+                ops.append(("post", x))
+        sends += ids(i, "send")
+        ops.append(("wait", ids(i, "recv") + (list(sends) if step_end else earlier)))
+    return ops
+
+
+def _partners(programs: list[list[Action]]) -> dict:
+    """Each transfer id -> the id of its counterpart (the k-th send of a pair of stages meets the k-th
+    receive: ``_pairing`` has checked that they carry the same message)."""
+    lines: dict[tuple[int, int, str], list] = {}
+    for s, prog in enumerate(programs):
+        for i, a in enumerate(prog):
+            for j, t in enumerate(a.transfers if isinstance(a, Comm) else ()):
+                pair = (s, t.peer) if t.op == "send" else (t.peer, s)
+                lines.setdefault((*pair, t.op), []).append((s, i, j))
+    out = {}
+    for (src, dst, op), xs in lines.items():
+        if op == "send":
+            for x, y in zip(xs, lines.get((src, dst, "recv"), [])):
+                out[x], out[y] = y, x
+    return out
+
+
+def _replay_posted(ops: list[list[tuple]], programs: list[list[Action]]) -> int:
+    """Run every stage's ops; a transfer has completed once it and its counterpart are both posted (a send
+    meets a posted receive; per channel both sides post in message order); a barrier completes when every
+    stage stands at it. Returns the rounds; raises ``ScheduleError`` when no stage can move."""
+    partner, posted = _partners(programs), set()
+    pc, P, rounds = [0] * len(ops), len(ops), 0
+
+    def done(x) -> bool:
+        return x in posted and partner.get(x) in posted
+    while any(pc[s] < len(ops[s]) for s in range(P)):
+        rounds += 1
+        moved = False
+        for s in range(P):
+            while pc[s] < len(ops[s]):
+                kind, arg = ops[s][pc[s]]
+                if kind == "post":
+                    posted.add(arg)
+                elif kind == "barrier" or not all(done(x) for x in arg):
+                    break
+                pc[s] += 1
+                moved = True
+        if all(pc[s] < len(ops[s]) and ops[s][pc[s]][0] == "barrier" for s in range(P)):
+            pc = [c + 1 for c in pc]
+            moved = True
+        if not moved:
+            where = {s: ops[s][pc[s]] if pc[s] < len(ops[s]) else "done" for s in range(P)}
+            raise ScheduleError(f"deadlock: every stage waits (non-blocking transport: {where})")
+    return rounds

@@ -6,11 +6,15 @@ dtypes in advance (``Compressor.payload_spec``) and allocate the buffer from the
 
 Modes:
 
-* **non-blocking** (default): sends are ``isend``s completed at the end of the step (the sender
-  goes on computing while the message is in flight); receives are posted ahead (``post``) and
-  waited only when the data is needed. On CUDA, ProcessGroupNCCL runs every send and receive on
-  its own NCCL stream, ordered against the compute stream by events: nothing here synchronises the
-  device (no ``torch.cuda.synchronize``), so communication overlaps compute.
+* **non-blocking** (default): sends are ``isend``s (the sender goes on computing while the message
+  is in flight), completed and their buffers freed one batch later (``release``: the worker's next
+  communication batch, an evaluation's next batch) or at the end of the step (``flush``), so a stage
+  holds at most two sends at once, not every send of its step; receives are posted ahead (``post``)
+  and waited only when the data is needed. The checker proves the schedules deadlock-free under
+  exactly this (``mapl.core.runtime.schedule.check_programs(..., transport="non-blocking")``). On CUDA,
+  ProcessGroupNCCL runs every send and receive on its own NCCL stream, ordered against the compute
+  stream by events: nothing here synchronises the device (no ``torch.cuda.synchronize``), so
+  communication overlaps compute.
 * **blocking** (``blocking=True``, for tests): every send is a ``dist.send`` that returns only once
   the peer has posted the matching receive (gloo's send is rendezvous-like, as NCCL's is), so a
   schedule that would deadlock on NCCL deadlocks here too, on CPU. A batch posts its receives
@@ -77,7 +81,8 @@ class Transport:
         tmo = timedelta(seconds=timeout_s)
         self.groups = {"fwd": dist.new_group(timeout=tmo), "bwd": dist.new_group(timeout=tmo)}
         self.world = world_group if world_group is not None else self.groups["fwd"]
-        self.pending: list = []              # (work, buffer) of sends in flight
+        self.pending: list = []              # (work, buffer) of sends in flight, oldest first
+        self.held_peak = (0, 0)              # the most sends, and send-buffer bytes, held at once (tests bound them)
         self.clock = SpanClock(device)       # "wait": blocked in communication, on the device where it has clocks
         self.context = "setup"
         self._chan_free = defaultdict(float)     # sender -> when its channel to us is free (delay mode)
@@ -96,7 +101,7 @@ class Transport:
 
     # -- sending
     def send(self, tensors: list[torch.Tensor], peer: int, what: str) -> None:
-        """One message: blocking mode returns once the peer has it; else it completes in ``flush``."""
+        """One message: blocking mode returns once the peer has it; else it completes in ``release``/``flush``."""
         parts = [_raw(t.to(self.device)) for t in tensors]
         if self.link is not None:
             parts.insert(0, _raw(torch.tensor([time.time()], dtype=torch.float64, device=self.device)))
@@ -107,6 +112,8 @@ class Transport:
                 dist.send(buf, peer, group=self._group(what), tag=TAGS[what])
             else:
                 self.pending.append((dist.isend(buf, peer, group=self._group(what), tag=TAGS[what]), buf))
+                held = (len(self.pending), sum(b.numel() for _, b in self.pending))
+                self.held_peak = tuple(max(a, b) for a, b in zip(self.held_peak, held))
         except Exception as e:          # noqa: BLE001 -- any backend error is a comm failure here
             self._fail(f"send of {_NAMES[what]} to {self._peer(peer)}", e)
         self.clock.stop("wait", t0)
@@ -160,14 +167,22 @@ class Transport:
 
     def flush(self) -> None:
         """Complete every send in flight (their buffers are then free)."""
+        self.release(keep=0)
+
+    def release(self, keep: int) -> None:
+        """Complete the sends in flight but the ``keep`` newest, and drop their buffers. On gloo the wait
+        returns once the peer has taken the message; on NCCL it orders the current stream after the send
+        (no host block), after which the caching allocator may reuse the buffer safely."""
+        cut = max(0, len(self.pending) - keep)
+        done, self.pending = self.pending[:cut], self.pending[cut:]
         t0 = self.clock.start()
         try:
-            for work, _ in self.pending:
+            for work, _ in done:
                 work.wait()
         except Exception as e:          # noqa: BLE001 -- any backend error is a comm failure (_fail names it)
+            self.pending = []
             self._fail("completing sends to the neighbour stages", e)
         finally:
-            self.pending = []
             self.clock.stop("wait", t0)
 
     # -- collectives over every rank

@@ -191,9 +191,11 @@ class PipelineEngine:
         self.timer.stop("B", m, started)
 
     def _communicate(self, index: int, st: "_StepState") -> None:
-        """Post the batch's receives (and, non-blocking, the next batch's), then send its messages."""
+        """Post the batch's receives (and, non-blocking, the next batch's), then send its messages;
+        non-blocking, the earlier batches' sends are then completed and their buffers freed."""
         comm = self.program[index]
         self._post_recvs(comm, st)
+        held = len(self.tx.pending)
         for t in comm.sends():
             self.msg.send(st.outbox.pop((t.what, t.mb)), self.topo.peer(t.peer), t.what)
         if self.tx.blocking:          # the batch ends when every receive has arrived (rendezvous semantics)
@@ -205,6 +207,9 @@ class PipelineEngine:
             nxt = next((a for a in self.program[index + 1:] if isinstance(a, Comm)), None)
             if nxt is not None:
                 self._post_recvs(nxt, st)
+            # one batch later, not at the step's end: a stage holds at most two sends (check_programs
+            # proves this order deadlock-free: transport="non-blocking")
+            self.tx.release(keep=len(self.tx.pending) - held)
 
     def _post_recvs(self, comm: Comm, st: "_StepState") -> None:
         lead = (self.mb, self.T)
@@ -324,7 +329,9 @@ class PipelineEngine:
                 total += float(F.cross_entropy(out.float().reshape(-1, out.shape[-1]), y.to(dev).reshape(-1))) * w
                 weight += w
             else:
+                held = len(self.tx.pending)
                 self.msg.send(self.msg.fwd_message(out, ids, None), self.topo.next, "fwd")
+                self.tx.release(keep=len(self.tx.pending) - held)      # the previous batch's message is done with
         self.tx.flush()
         sm.train(was)
         vec = torch.tensor([total, weight], dtype=torch.float64, device=dev)
@@ -362,7 +369,8 @@ class PipelineEngine:
                 "boundary": (describe_boundary(self.comp_out, self.stage, self.cfg, id_bytes, replicas=self.R)
                              if self.comp_out is not None and self.topo.replica == 0 else None),
                 "n_params": sum(p.numel() for _, p in self.owned) if self.topo.replica == 0 else 0,
-                "pid": os.getpid(), "host": socket.gethostname(), "peak_memory": peak_memory(self.topo.device)}
+                "pid": os.getpid(), "host": socket.gethostname(), "peak_memory": peak_memory(self.topo.device),
+                "held_sends": self.tx.held_peak}
         everyone = self.tx.gather_object(mine, "results")
         if not self.reporter:
             return None
