@@ -172,13 +172,13 @@ class LibraryPipeline:
         self.h, self.cfg = holder, cfg
         t = cfg.train
         for comp in (holder.comp_in, holder.comp_out):
-            why = comp is not None and library_refusal(comp, (holder.mb, t.seq_len))
+            why = comp is not None and library_refusal(comp, (holder.mb_size, t.seq_len))
             if why:
                 raise ValueError(f"compressor.method={cfg.compressor.method!r}: torch.distributed.pipelining "
                                  f"cannot carry this boundary: {why}")
         vocab = holder.model_cfg.vocab_size
         module = LibraryStageModule(holder.sm, holder.stage, cfg, holder.topo.device, torch.float32)
-        ins, outs = _static_metas(holder, holder.mb, t.seq_len, vocab)
+        ins, outs = _static_metas(holder, holder.mb_size, t.seq_len, vocab)
         stage = PipelineStage(module, holder.stage, holder.P, holder.topo.device, input_args=ins, output_args=outs,
                               group=group)
         M = holder.M

@@ -2,21 +2,23 @@
 import pytest
 
 from mapl.core.runtime.schedule import (SCHEDULES, Barrier, Comm, Compute, ScheduleError, Transfer, _nonblocking_ops,
-                                        check_programs, naive_program, schedule_ops, stage_program, step_tail)
+                                        check_programs, naive_program, schedule_ops, stage_program, step_program,
+                                        step_tail)
 
 GRID = [(P, M) for P in (2, 4, 8) for M in (P, 2 * P, 4 * P)]
 
 
+@pytest.mark.parametrize("tail", [(False, False), (True, True), (False, True)])
 @pytest.mark.parametrize("transport", ["blocking", "non-blocking"])
 @pytest.mark.parametrize("schedule", sorted(SCHEDULES))
 @pytest.mark.parametrize("P,M", GRID)
-def test_programs_are_deadlock_free_under_rendezvous_semantics(schedule, P, M, transport):
-    """Every stage's program, with the step-end exchanges (receiver-side gradients, all-reduce, state
-    sync), completes when every send waits for its receive to be posted: each batch's sends waited in
+def test_programs_are_deadlock_free_under_rendezvous_semantics(schedule, P, M, transport, tail):
+    """The whole step each stage worker runs (``step_program``: the computes and their batches, then the
+    step-end exchanges: receiver-side gradients, all-reduce, state sync, for methods with and without
+    them) completes when every send waits for its receive to be posted: each batch's sends waited in
     the batch (blocking), or released one batch later with the next batch's receives posted ahead (the
     default transport)."""
-    programs = [stage_program(schedule, P, M, s) + step_tail(P, s, receiver_grads=True, synced_state=True)
-                for s in range(P)]
+    programs = [sum(step_program(schedule, P, M, s, *tail), []) for s in range(P)]
     rounds = check_programs(programs, transport)
     assert rounds <= 2 * M + 4 * P          # no serialisation beyond the pipeline's own fill and drain
 

@@ -26,33 +26,55 @@ send in flight first (``flush``).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Callable
 
-__all__ = ["SCHEDULES", "schedule_ops", "Compute", "Transfer", "Comm", "Barrier", "Action", "stage_program",
-           "step_tail", "check_programs", "ScheduleError", "naive_program"]
+__all__ = ["SCHEDULES", "schedule_ops", "Kind", "Op", "Msg", "Compute", "Transfer", "Comm", "Barrier", "Action",
+           "stage_program", "step_tail", "step_program", "check_programs", "ScheduleError", "naive_program"]
+
+
+# ---- the vocabulary of programs (string enums: they compare and hash as their values) --------------
+class Kind(StrEnum):
+    """A compute action: the forward or the backward of one micro-batch."""
+    F = "F"
+    B = "B"
+
+
+class Op(StrEnum):
+    SEND = "send"
+    RECV = "recv"
+
+
+class Msg(StrEnum):
+    """What a message carries: activations, their gradients, or a step-end exchange (receiver-side
+    projector gradients back, the learned state forward)."""
+    FWD = "fwd"
+    BWD = "bwd"
+    RGRAD = "rgrad"
+    SYNC = "sync"
 
 
 # ---- compute orders ---------------------------------------------------------------------------------
 def _gpipe(n_stages: int, n_micro: int, stage: int) -> list[tuple[str, int]]:
     """All forwards, then all backwards (micro-batch order)."""
-    return [("F", m) for m in range(n_micro)] + [("B", m) for m in range(n_micro)]
+    return [(Kind.F, m) for m in range(n_micro)] + [(Kind.B, m) for m in range(n_micro)]
 
 
 def _one_f_one_b(n_stages: int, n_micro: int, stage: int) -> list[tuple[str, int]]:
     """Non-interleaved 1F1B (PipeDream-flush): ``P - 1 - s`` warm-up forwards, then one forward / one
     backward alternately, then the remaining backwards: at most ``P - s`` micro-batches alive."""
     warm = min(n_stages - 1 - stage, n_micro)
-    ops = [("F", m) for m in range(warm)]
+    ops = [(Kind.F, m) for m in range(warm)]
     for i in range(n_micro - warm):
-        ops += [("F", warm + i), ("B", i)]
-    return ops + [("B", m) for m in range(n_micro - warm, n_micro)]
+        ops += [(Kind.F, warm + i), (Kind.B, i)]
+    return ops + [(Kind.B, m) for m in range(n_micro - warm, n_micro)]
 
 
 # the one registry of schedules; config validates train.schedule against its names (this module imports no torch)
-SCHEDULES: dict[str, Callable[[int, int, int], list[tuple[str, int]]]] = {"gpipe": _gpipe, "1f1b": _one_f_one_b}
+SCHEDULES: dict[str, Callable[[int, int, int], list[tuple[Kind, int]]]] = {"gpipe": _gpipe, "1f1b": _one_f_one_b}
 
 
-def schedule_ops(schedule: str, n_stages: int, n_micro: int, stage: int) -> list[tuple[str, int]]:
+def schedule_ops(schedule: str, n_stages: int, n_micro: int, stage: int) -> list[tuple[Kind, int]]:
     """The compute operations of ``stage`` in one step, in order. Backwards run in micro-batch order in
     every schedule, so each parameter accumulates its gradient in the order of the single-process loop
     (bit-identical sums)."""
@@ -66,15 +88,15 @@ def schedule_ops(schedule: str, n_stages: int, n_micro: int, stage: int) -> list
 # ---- programs -------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Compute:
-    kind: str                    # "F" or "B"
-    mb: int
+    kind: Kind
+    mb: int                      # the micro-batch's index in the step
 
 
 @dataclass(frozen=True)
 class Transfer:
-    op: str                      # "send" or "recv"
-    what: str                    # "fwd" (activations), "bwd" (gradients), or a step-end kind ("rgrad", "sync")
-    mb: int                      # micro-batch (-1 for step-end messages)
+    op: Op
+    what: Msg
+    mb: int                      # the micro-batch's index (-1 for step-end messages)
     peer: int                    # the other stage
 
 
@@ -84,10 +106,10 @@ class Comm:
     transfers: tuple[Transfer, ...]
 
     def recvs(self) -> list[Transfer]:
-        return [t for t in self.transfers if t.op == "recv"]
+        return [t for t in self.transfers if t.op is Op.RECV]
 
     def sends(self) -> list[Transfer]:
-        return [t for t in self.transfers if t.op == "send"]
+        return [t for t in self.transfers if t.op is Op.SEND]
 
 
 @dataclass(frozen=True)
@@ -100,15 +122,15 @@ Action = Compute | Comm | Barrier
 
 
 def _needs(kind: str, m: int, s: int, P: int) -> list[Transfer]:
-    if kind == "F":
-        return [Transfer("recv", "fwd", m, s - 1)] if s > 0 else []
-    return [Transfer("recv", "bwd", m, s + 1)] if s < P - 1 else []
+    if kind is Kind.F:
+        return [Transfer(Op.RECV, Msg.FWD, m, s - 1)] if s > 0 else []
+    return [Transfer(Op.RECV, Msg.BWD, m, s + 1)] if s < P - 1 else []
 
 
 def _makes(kind: str, m: int, s: int, P: int) -> list[Transfer]:
-    if kind == "F":
-        return [Transfer("send", "fwd", m, s + 1)] if s < P - 1 else []
-    return [Transfer("send", "bwd", m, s - 1)] if s > 0 else []
+    if kind is Kind.F:
+        return [Transfer(Op.SEND, Msg.FWD, m, s + 1)] if s < P - 1 else []
+    return [Transfer(Op.SEND, Msg.BWD, m, s - 1)] if s > 0 else []
 
 
 def stage_program(schedule: str, n_stages: int, n_micro: int, stage: int) -> list[Action]:
@@ -144,13 +166,24 @@ def step_tail(n_stages: int, stage: int, receiver_grads: bool, synced_state: boo
     s, P = stage, n_stages
     tail: list[Action] = []
     if receiver_grads:
-        tail.append(Comm(tuple([Transfer("send", "rgrad", -1, s - 1)] * (s > 0) +
-                               [Transfer("recv", "rgrad", -1, s + 1)] * (s < P - 1))))
+        tail.append(Comm(tuple([Transfer(Op.SEND, Msg.RGRAD, -1, s - 1)] * (s > 0) +
+                               [Transfer(Op.RECV, Msg.RGRAD, -1, s + 1)] * (s < P - 1))))
     tail.append(Barrier("step all-reduce"))
     if synced_state:
-        tail.append(Comm(tuple([Transfer("send", "sync", -1, s + 1)] * (s < P - 1) +
-                               [Transfer("recv", "sync", -1, s - 1)] * (s > 0))))
+        tail.append(Comm(tuple([Transfer(Op.SEND, Msg.SYNC, -1, s + 1)] * (s < P - 1) +
+                               [Transfer(Op.RECV, Msg.SYNC, -1, s - 1)] * (s > 0))))
     return [a for a in tail if not isinstance(a, Comm) or a.transfers]
+
+
+def step_program(schedule: str, n_stages: int, n_micro: int, stage: int, receiver_grads: bool,
+                 synced_state: bool) -> tuple[list[Action], list[Action]]:
+    """THE program a stage worker runs for one optimizer step, as (body, tail): the schedule's computes and
+    their communication batches, then the step's end (``step_tail``). The worker interprets both
+    (``mapl.core.runtime.worker``) and ``check_programs(body + tail)`` proves the whole step deadlock-free.
+    ``receiver_grads``/``synced_state``: the boundaries' compressors send receiver-side gradients back /
+    learned state forward (every boundary of a run has the same compressor, so neighbours agree)."""
+    return (stage_program(schedule, n_stages, n_micro, stage),
+            step_tail(n_stages, stage, receiver_grads, synced_state))
 
 
 # ---- the checker ------------------------------------------------------------------------------------------

@@ -41,7 +41,7 @@ from .faults import FaultPlan
 from .measure import OpTimer, merge_meters, peak_memory, pipeline_section
 from .messages import StageMessages
 from .rank_checkpoints import RankCheckpoints
-from .schedule import Comm, Compute, stage_program
+from .schedule import Barrier, Comm, Compute, Kind, Msg, step_program
 from .topology import Topology
 from .transport import Transport
 
@@ -60,10 +60,11 @@ class PipelineEngine:
         t = cfg.train
         self.M, self.T = t.micro_batches, t.seq_len
         _check_replicas(cfg, self.R)
-        self.mb = t.batch_size // (t.micro_batches * self.R)
+        self.mb_size = t.batch_size // (t.micro_batches * self.R)     # sequences per micro-batch
         self._build_model(data.vocab_size)
         self.meter = ByteMeter()
-        self.program = stage_program(t.schedule, self.P, self.M, self.stage)
+        self.program, self.tail = step_program(t.schedule, self.P, self.M, self.stage, self.rg_in or self.rg_out,
+                                               self._synced_state())
         self.timer = OpTimer(topo.device, self.M)
         self.timing = {"fwd": [], "bwd": [], "wall": []}        # "wait", "opt": the transport's SpanClock
         self.sync_ok: list = []
@@ -124,7 +125,7 @@ class PipelineEngine:
                 f"step {step} (communication)"
             if isinstance(action, Comm):
                 self._communicate(i, st)
-            elif action.kind == "F":
+            elif action.kind is Kind.F:
                 self._forward(action.mb, st, step)
             else:
                 self._backward(action.mb, st)
@@ -142,11 +143,11 @@ class PipelineEngine:
         if not (self.topo.first or self.topo.last):
             return None, None
         x, y = self.data.batch(step, self.cfg.train)
-        rows = slice(self.topo.replica * self.M * self.mb, (self.topo.replica + 1) * self.M * self.mb)
+        rows = slice(self.topo.replica * self.M * self.mb_size, (self.topo.replica + 1) * self.M * self.mb_size)
         return x[rows].to(self.topo.device), y[rows].to(self.topo.device)
 
     def _mb(self, tensor, m):
-        return tensor[m * self.mb:(m + 1) * self.mb]
+        return tensor[m * self.mb_size:(m + 1) * self.mb_size]
 
     # -- compute
     def _forward(self, m: int, st: "_StepState", step: int) -> None:
@@ -200,7 +201,7 @@ class PipelineEngine:
             self.msg.send(st.outbox.pop((t.what, t.mb)), self.topo.peer(t.peer), t.what)
         if self.tx.blocking:          # the batch ends when every receive has arrived (rendezvous semantics)
             for t in comm.recvs():
-                if t.what == "fwd":
+                if t.what is Msg.FWD:
                     self.msg.learn_dtype()
                 st.inbox[(t.what, t.mb)] = self.msg.received(st.inbox[(t.what, t.mb)])
         else:                         # look ahead: the next message can arrive while this stage computes
@@ -212,24 +213,45 @@ class PipelineEngine:
             self.tx.release(keep=len(self.tx.pending) - held)
 
     def _post_recvs(self, comm: Comm, st: "_StepState") -> None:
-        lead = (self.mb, self.T)
+        lead = (self.mb_size, self.T)
         for t in comm.recvs():
             key = (t.what, t.mb)
             if key in st.inbox:
                 continue
-            st.inbox[key] = self.msg.post_fwd(lead) if t.what == "fwd" else self.msg.post_bwd(lead)
+            st.inbox[key] = self.msg.post_fwd(lead) if t.what is Msg.FWD else self.msg.post_bwd(lead)
 
     # -- step end
     def finish_step(self, step: int, loss_sum: torch.Tensor, bad_in: torch.Tensor, bad_out: torch.Tensor,
                     stop_requested=lambda: False) -> StepOutcome:
-        """The end of a step once every backward of this stage has run: receiver-side gradients back, the
-        replicas' sum, the one all-reduce (``loss_sum``: this rank's share of the loss; ``bad_in``/``bad_out``:
-        its non-finite flags), clipping, the optimizer step, the learned state forward. Public so that
-        another engine driving this stage's model (benchmarks/peer_pipelining.py: torch's own schedules)
-        ends its steps exactly as this one does."""
+        """The end of a step once every backward of this stage has run: the program's tail
+        (``schedule.step_tail``), interpreted in order: receiver-side gradients back (``Comm`` rgrad); the
+        ``Barrier``: the replicas' sum, the one all-reduce (``loss_sum``: this rank's share of the loss;
+        ``bad_in``/``bad_out``: its non-finite flags), clipping and the optimizer step; the learned state
+        forward (``Comm`` sync). A non-finite loss ends the step at the barrier on every rank alike (they all
+        read the same all-reduce), so no rank waits on a sync the others skip. Public so that another engine
+        driving this stage's model (benchmarks/peer_pipelining.py: torch's own schedules) ends its steps
+        exactly as this one does."""
+        started = self.tx.clock.start()
+        outcome = None
+        for action in self.tail:
+            if isinstance(action, Barrier):
+                outcome = self._step_barrier(step, loss_sum, bad_in, bad_out, stop_requested, started)
+                if not math.isfinite(outcome.loss):
+                    return outcome
+            elif action.transfers[0].what is Msg.RGRAD:
+                self._exchange_receiver_grads()
+            else:
+                self._exchange_state()
+        self.tx.flush()
+        return outcome
+
+    def _step_barrier(self, step: int, loss_sum, bad_in, bad_out, stop_requested, started) -> StepOutcome:
+        """Every send of the step completed, the replicas' gradients summed, the one all-reduce, then (finite)
+        clipping and the optimizer step."""
         clock = self.tx.clock
-        started = clock.start()
-        self._exchange_receiver_grads()
+        if not self.rg_in and self.comp_in is not None:     # the receiver's copy learns from the sender only
+            for p in self.comp_in.parameters():
+                p.grad = None
         self.tx.flush()
         self._sum_replica_grads()
         vec = self.agreement.vector(loss_sum, bad_in, bad_out, stop_requested())
@@ -249,9 +271,12 @@ class PipelineEngine:
         if self.comp_out is not None:
             check_projectors({self.stage: self.comp_out}, step)
         clock.stop("opt", started)
-        self._exchange_state()
-        self.tx.flush()
         return StepOutcome(loss, stop)
+
+    def _synced_state(self) -> bool:
+        """Whether this stage's boundaries carry learned state forward after each step (the tail's sync)."""
+        comp = self.comp_out if self.comp_out is not None else self.comp_in
+        return comp is not None and bool(bsync.state_specs(comp)[0])
 
     def _exchange_receiver_grads(self) -> None:
         """Receiver-side projector gradients go back to the sender (one batch: send to s-1, receive from s+1)."""
@@ -260,9 +285,6 @@ class PipelineEngine:
             grads = bsync.receiver_grads(self.comp_in)
             bsync.meter_state(self.meter, self.stage - 1, "bwd", grads)
             sends.append((grads, self.topo.prev, "rgrad"))
-        elif self.comp_in is not None:
-            for p in self.comp_in.parameters():
-                p.grad = None
         if self.rg_out:
             recvs.append((bsync.receiver_grad_specs(self.comp_out), self.topo.next, "rgrad"))
         got = self.tx.exchange(sends, recvs)
