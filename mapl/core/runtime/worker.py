@@ -2,7 +2,8 @@
 
 Every rank builds the same full ``StagedModel`` (deterministic in the seeds), then keeps only its
 stage (``prune_to_stage``); stage s > 0 also keeps its copy of boundary s-1's compressor (the
-receiver side). A step executes the stage's program (``mapl.core.runtime.schedule.stage_program``):
+receiver side). A step executes the stage's program (``mapl.core.runtime.schedule.step_program``: the
+body, then the tail; the checker proves exactly these actions deadlock-free):
 
 * ``F(m)``: take the received message (stage > 0), ``unpack`` it, run ``stage_forward``, then ``pack``
   the output into the message for stage s+1 (plus token ids when an anchor needs them), or, on the
@@ -11,10 +12,10 @@ receiver side). A step executes the stage's program (``mapl.core.runtime.schedul
   gradient for stage s-1;
 * ``Comm``: post the batch's receives, send its messages (``mapl.core.runtime.transport``).
 
-Then the step ends as in one process: receiver-side projector gradients go back, the gradients of
-data-parallel replicas are summed, one all-reduce (``agreement``) carries the grad norms (global
-clipping), non-finite flags, the stop request and the loss, the optimizer steps, and the learned
-state goes forward (``boundary_sync``). This computes bit for bit what ``mapl.core.engine.LocalEngine``
+The tail ends the step as in one process: ``Comm`` rgrad: receiver-side projector gradients go back;
+``Barrier``: the gradients of data-parallel replicas are summed, one all-reduce (``agreement``) carries
+the grad norms (global clipping), non-finite flags, the stop request and the loss, the optimizer steps;
+``Comm`` sync: the learned state goes forward (``boundary_sync``). This computes bit for bit what ``mapl.core.engine.LocalEngine``
 computes; tests hold the two to the same losses.
 """
 from __future__ import annotations
