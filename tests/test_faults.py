@@ -20,9 +20,10 @@ a test keeps the two in step). Rows with ``bug`` are known bugs in training sour
 not touch: a strict xfail whose failure is raised as ``KnownBug`` on exactly the listed properties
 (every other property still fails the test as usual). Rows marked ``slow`` start the multi-process
 pipeline, or repeat a fault class that a fast row already covers. ``make test`` runs the rows marked
-``before_torch`` (the command ends before it imports torch: interpreter start-up and the config checks,
-about 0.6 CPU-seconds a row); every other row imports torch (3-4 CPU-seconds before it does anything) and most
-then train, resume or start pipeline ranks, so it is marked ``full`` and runs in ``make test-all``.
+``before_torch``: the command ends before it imports torch (interpreter start-up and the checks, 0.3-0.7
+CPU-seconds a row, measured; a setup may still train once in this process, ``seed``). Every other row's
+command imports torch (3-5 CPU-seconds before it does anything) and most then train, resume or start pipeline
+ranks, so it is marked ``full`` and runs in ``make test-all``.
 
 Related unit tests (in process, finer grained): tests/test_validation.py (every config value),
 tests/test_io.py (atomic writes, locks, disk full), tests/test_train.py (resume, non-finite),
@@ -1000,19 +1001,20 @@ FAULTS = [
           "every table; rerun that run (e.g. `dvc repro train@<group>`), or move the file out of the results folder",
           "the report (`mapl.report.load_results`: the report notebook, the planner) refuses before any table",
           "every file", "rerun the run, or move the file away",
-          setup=both(seed("--steps 2"), results_folder(lambda p: os.truncate(p, p.stat().st_size // 2)))),
+          setup=both(seed("--steps 2"), results_folder(lambda p: os.truncate(p, p.stat().st_size // 2))), before_torch=True),
     Fault("report-results-empty", "an empty (0-byte) results JSON", "mapl.planner res", 2,
           r"^error: .*/res/main/b\.json is empty: the report would leave this run out of every table; ",
           "error: <results>/<group>/<run>.json is empty: the report would leave this run out of every table; ...",
           "refused before any table", "every file", "rerun the run, or move the file away",
-          setup=both(seed("--steps 2"), results_folder(lambda p: os.truncate(p, 0))), slow=True),
+          setup=both(seed("--steps 2"), results_folder(lambda p: os.truncate(p, 0))), slow=True, before_torch=True),
     Fault("report-results-nan", "a results JSON whose val_loss is NaN (was: an AttributeError traceback)",
           "mapl.planner res", 2,
           r"^error: .*/res/main/b\.json: val_loss is nan, not a finite number: the file is damaged or was not "
           r"written by a finished run; ",
           "error: <results>/<group>/<run>.json: val_loss is nan, not a finite number: the file is damaged or was not "
           "written by a finished run; ...", "refused before any table", "every file",
-          "rerun the run, or move the file away", setup=both(seed("--steps 2"), results_folder(_nan_val_loss))),
+          "rerun the run, or move the file away", setup=both(seed("--steps 2"), results_folder(_nan_val_loss)),
+          before_torch=True),
     # ---- the cost model ----------------------------------------------------------------------------------
     Fault("costmodel-mfu-zero", "`python -m mapl.costmodel --mfu 0` (was: a ZeroDivisionError traceback)",
           "mapl.costmodel --profile micro --mfu 0", 2,
@@ -1034,11 +1036,11 @@ FAULTS = [
     Fault("sweep-unknown-group", "a group params.yaml does not define", "mapl.sweep --profile micro --group nope", 2,
           r"^error: group='nope' is invalid for profile 'micro': allowed \[.*'main'.*\]$",
           "error: group='nope' is invalid for profile 'micro': allowed [...]", "refused before any run starts",
-          "nothing written", "use a group of the profile"),
+          "nothing written", "use a group of the profile", before_torch=True),
     Fault("sweep-unknown-profile", "`mapl.sweep --estimate` on an unknown profile",
           "mapl.sweep --profile nope --estimate", 2, r"^error: profile='nope' is invalid: allowed \[",
           "error: profile='nope' is invalid: allowed [...]", "refused before any run starts", "nothing written",
-          "use a profile of params.yaml", slow=True),
+          "use a profile of params.yaml", slow=True, before_torch=True),
     Fault("params-checked-before-dvc", "`dvc repro` with a bad value in params.yaml (`profiles.micro.train.steps: "
           "many`; was: DVC deleted the group's committed results, then a papermill traceback)",
           "mapl.sweep --check --stamp params-valid.txt", 2,
@@ -1047,7 +1049,7 @@ FAULTS = [
           "DVC's first stage (`validate`: every profile and every run of every group) fails; every other stage "
           "depends on its stamp, so DVC stops before it removes any output", "every output (only the stamp "
           "`reports/params-valid.txt` is gone)", "fix params.yaml, rerun `dvc repro`",
-          setup=params_yaml(_set_in("profiles.micro.train.steps", "many"))),
+          setup=params_yaml(_set_in("profiles.micro.train.steps", "many")), before_torch=True),
     Fault("params-bad-group-spec", "a bad value in one run of a group (`ratio: x`)",
           "mapl.sweep --check --stamp params-valid.txt", 2,
           r"^error: profiles\.micro\.groups\.main\[1\] \(\{'method': 'ssn', 'ratio': 'x'\}\): compressor\.ratio='x' "
@@ -1056,7 +1058,7 @@ FAULTS = [
           "the validate stage names the group, the run and the field", "every output",
           "fix params.yaml, rerun `dvc repro`",
           setup=params_yaml(_set_in("profiles.micro.groups.main", [{"method": "none"}, {"method": "ssn", "ratio": "x"}])),
-          slow=True),
+          slow=True, before_torch=True),
     Fault("workspace-dir-not-empty", "`mapl.workspace repro --dir` on a folder that holds other files (was: they "
           "were overwritten, then `git init`, `git add -A`, `git commit` in it)",
           "mapl.workspace repro --profile micro --dir mine", 2,
@@ -1065,14 +1067,14 @@ FAULTS = [
           "error: --dir <path> exists, is not empty and is no mapl workspace (no .git/mapl-workspace): the copy would "
           "overwrite its files and commit them; choose a new or empty folder",
           "refused before anything is copied (a workspace made before, marked `.git/mapl-workspace`, is refreshed "
-          "and resumes)", "everything", "a new or empty folder", setup=write("mine/README.md", "my notes\n")),
+          "and resumes)", "everything", "a new or empty folder", setup=write("mine/README.md", "my notes\n"), before_torch=True),
     Fault("workspace-dir-checkout", "`mapl.workspace repro --dir` naming the checkout (or a folder above it; was: "
           "a SameFileError traceback)", "mapl.workspace repro --profile micro --dir {project}", 2,
           r"^error: --dir .* is this checkout or a folder above it: the copy would overwrite the checkout; choose a new "
           r"folder outside it, e.g\. \.\./mapl-<profile>$",
           "error: --dir <path> is this checkout or a folder above it: the copy would overwrite the checkout; choose a "
           "new folder outside it, e.g. ../mapl-<profile>", "refused before anything is copied (a folder inside the "
-          "checkout too)", "everything", "a new folder outside the checkout", slow=True),
+          "checkout too)", "everything", "a new folder outside the checkout", slow=True, before_torch=True),
     Fault("workspace-sigterm", "SIGTERM to `mapl.workspace smoke` (or verify, repro) while DVC runs in the copy (was: "
           "the temporary copy and `dvc repro` in it were left behind)", "mapl.workspace smoke", 130,
           r"^interrupted: SIGTERM received: the commands in the copy were stopped; the temporary copy was removed$",
@@ -1085,7 +1087,7 @@ FAULTS = [
           "mapl.workspace repro --profile nope", 2,
           r"^error: --profile 'nope' is invalid: allowed: \[.*'micro'.*\] \(params\.yaml\)$",
           "error: --profile 'nope' is invalid: allowed: [...] (params.yaml)", "refused before anything is copied",
-          "nothing written", "use a profile of params.yaml"),
+          "nothing written", "use a profile of params.yaml", before_torch=True),
 ]
 
 
