@@ -1,12 +1,14 @@
 # The README's two commands:
 #   make repro   set up .venv if needed, then `dvc repro` (the cpu profile by default)
-#   make test    set up .venv if needed, then `make lint` and the whole test suite (CI runs this via .ci/run)
+#   make test    set up .venv if needed, then `make lint` and every test not marked `full` (CI runs it first, .ci/run)
 # Both are idempotent; the install step is skipped while pyproject.toml is unchanged. Beside them:
 #   make smoke        prepare, train@*, report and plan on the micro profile in a temporary copy (nothing here changes)
 #   make verify       re-execute the report from the committed results in a temporary copy; fail on any difference
 #   make repro-all    retrain every run of the cpu profile (prints the plan and its estimate first)
 #   make paper-smoke  the paper code path at paper shapes on CPU, in a temporary copy; results land in reports/paper-smoke/
 #   make lint         ruff (rules and their reasons in pyproject.toml [tool.ruff]); seconds
+#   make test-all     `make test`, then the `full` tests: every test once (CI runs it, .ci/run)
+#   make test-fast    the in-process unit tests only
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
@@ -17,7 +19,7 @@ export DVC_NO_ANALYTICS := 1
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 export PYTHONHASHSEED := 0
 
-.PHONY: install repro repro-all smoke verify paper-smoke estimate lint test test-fast clean-venv
+.PHONY: install repro repro-all smoke verify paper-smoke estimate lint test test-all test-full test-fast clean-venv
 
 install: $(STAMP)
 
@@ -53,14 +55,26 @@ paper-smoke: install
 lint: install
 	$(VENV)/bin/ruff check .
 
-# lint first: a style failure costs seconds, not a test run
-test: install lint
-	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest -q -rs tests
+PYTEST := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest -q -rs
 
-# in-process unit tests only (markers in pyproject.toml); MAPL_TEST_IN_PROCESS=1 fails an unmarked test that
-# starts a child process, so a new subprocess test cannot slip into the fast set unmarked
+# The test sets (markers in pyproject.toml). `make test` must stay under 12 minutes on 2 cores from a fresh clone,
+# install included: lint, every in-process test and a chosen share of the child-process tests; the rest is
+# marked `full` (each place says why) and runs in `make test-all`. Lint first: a style failure costs seconds.
+test: install lint
+	$(PYTEST) -m "not full" tests
+
+# every test exactly once: `make test`, then the `full` remainder
+test-all: test
+	$(MAKE) --no-print-directory test-full
+
+# the remainder alone (what `make test-all` adds to `make test`)
+test-full: install
+	$(PYTEST) -m full tests
+
+# in-process unit tests only; MAPL_TEST_IN_PROCESS=1 fails an unmarked test that starts a child process, so a
+# new subprocess test cannot slip into the fast set unmarked
 test-fast: install
-	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 MAPL_TEST_IN_PROCESS=1 $(PY) -m pytest -q -m "not slow and not process" tests
+	MAPL_TEST_IN_PROCESS=1 $(PYTEST) -m "not slow and not process" tests
 
 clean-venv:
 	rm -rf $(VENV)

@@ -93,8 +93,19 @@ def on_meta():
 # launcher, pipeline ranks, dvc, papermill), each paying interpreter start-up and usually a torch import;
 # `slow` tests are long whatever they run. `make test-fast` deselects both and sets MAPL_TEST_IN_PROCESS=1,
 # under which an unmarked test that starts a child process fails and names the marker it lacks, so the fast
-# set stays fast as tests are added. `make test` runs everything and sets nothing.
+# set stays fast as tests are added. `make test` runs every test not marked `full` and sets nothing; `make
+# test-all` then runs the `full` ones (heavy child-process groups that do not fit `make test`'s 12 minutes).
 IN_PROCESS_ONLY = os.environ.get("MAPL_TEST_IN_PROCESS") == "1"
+
+
+def pytest_collection_modifyitems(config, items):
+    """`full` only on a `slow` or `process` test: an in-process unit test left out of `make test` would be in
+    `make test-fast` but not in the README's command, which must cover every in-process test."""
+    wrong = [i.nodeid for i in items if i.get_closest_marker("full")
+             and not (i.get_closest_marker("slow") or i.get_closest_marker("process"))]
+    if wrong:
+        raise pytest.UsageError("marked `full` but neither `slow` nor `process` (an in-process test belongs in "
+                                "`make test`): " + ", ".join(wrong))
 
 
 class ChildProcessInFastTest(AssertionError):

@@ -89,6 +89,7 @@ def _script(args: list[str], tmp: Path) -> dict:
 
 @pytest.mark.process
 @pytest.mark.slow
+@pytest.mark.full          # a benchmark script over pipeline launches; make test runs the runtime itself
 def test_costmodel_benchmark_runs_micro_cells_on_the_runtime(tmp_path):
     """benchmarks/costmodel.py reads the runtime's results (pipeline section of mapl.core.runtime.measure)."""
     if not _prepared("micro"):
@@ -103,6 +104,7 @@ def test_costmodel_benchmark_runs_micro_cells_on_the_runtime(tmp_path):
 
 @pytest.mark.process
 @pytest.mark.slow
+@pytest.mark.full          # a benchmark script over pipeline launches; make test runs the runtime itself
 def test_memory_benchmark_hooks_the_runtime_stage_build(tmp_path):
     """benchmarks/memory.py measures each rank around PipelineEngine._build_model (mapl.core.runtime.worker)."""
     if not (ROOT / "data" / "shakespeare-bpe2048" / "manifest.json").exists():

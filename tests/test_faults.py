@@ -19,7 +19,11 @@ The table is also the source of FAILURE_MODES.md (``python tests/test_faults.py 
 a test keeps the two in step). Rows with ``bug`` are known bugs in training sources this change may
 not touch: a strict xfail whose failure is raised as ``KnownBug`` on exactly the listed properties
 (every other property still fails the test as usual). Rows marked ``slow`` start the multi-process
-pipeline, or repeat a fault class that a fast row already covers.
+pipeline, or repeat a fault class that a fast row already covers. ``make test`` runs the rows marked
+``before_torch``: the command ends before it imports torch (interpreter start-up and the checks, 0.3-0.7
+CPU-seconds a row, measured; a setup may still train once in this process, ``seed``). Every other row's
+command imports torch (3-5 CPU-seconds before it does anything) and most then train, resume or start pipeline
+ranks, so it is marked ``full`` and runs in ``make test-all``.
 
 Related unit tests (in process, finer grained): tests/test_validation.py (every config value),
 tests/test_io.py (atomic writes, locks, disk full), tests/test_train.py (resume, non-finite),
@@ -521,6 +525,7 @@ class Fault:
     timeout: float = 600             # seconds per command (a loaded 2-core machine can starve the pipeline)
     exit_text: str = ""             # FAILURE_MODES.md's exit cell, when not just ``code``
     slow: bool = False
+    before_torch: bool = False      # the command ends before importing torch: in `make test` (else `full`)
     bug: tuple = ()                 # properties known to fail: code, stderr, files, recover
     reason: str = ""                # the bug, for the xfail
 
@@ -538,47 +543,48 @@ FAULTS = [
     Fault("set-wrong-type", "`--set` value of the wrong type (`train.steps=abc`)", f"{T} --set train.steps=abc {IO}", 2,
           r"^error: train\.steps='abc' is invalid: must be an integer$",
           "error: train.steps='abc' is invalid: must be an integer",
-          "refused before any data or model is touched", "nothing written", "fix the value"),
+          "refused before any data or model is touched", "nothing written", "fix the value", before_torch=True),
     Fault("set-out-of-range", "a value out of its range (`--set train.grad_clip=-1`)",
           f"{T} --set train.grad_clip=-1 {IO}", 2, r"^error: train\.grad_clip=-1\.0 is invalid: must be >= 0$",
           "error: train.grad_clip=-1.0 is invalid: must be >= 0",
-          "refused before any work", "nothing written", "fix the value"),
+          "refused before any work", "nothing written", "fix the value", before_torch=True),
     Fault("seed-negative", "a flag out of its range (`--seed -1`)", f"{T} --seed -1 {IO}", 2,
           r"^error: train\.seed=-1 is invalid: must be >= 0$", "error: train.seed=-1 is invalid: must be >= 0",
-          "refused before any work", "nothing written", "fix the value", slow=True),
+          "refused before any work", "nothing written", "fix the value", slow=True, before_torch=True),
     Fault("ratio-nan", "a non-finite number (`--ratio nan`)", f"{T} --method mapl --ratio nan {IO}", 2,
           r"^error: compressor\.ratio=nan is invalid: must be a finite number$",
           "error: compressor.ratio=nan is invalid: must be a finite number",
-          "refused before any work", "nothing written", "fix the value"),
+          "refused before any work", "nothing written", "fix the value", before_torch=True),
     Fault("ratio-unreachable", "a ratio no integer rank gives (`--ratio 3` at d = 64)",
           f"{T} --method mapl --ratio 3 {IO}", 2,
           r"^error: compressor\.ratio=3\.0 is invalid: .*reachable ratios divide 64",
           "error: compressor.ratio=3.0 is invalid: ... reachable ratios divide 64 ...",
-          "refused before any work", "nothing written", "pick an allowed ratio", slow=True),
+          "refused before any work", "nothing written", "pick an allowed ratio", slow=True, before_torch=True),
     Fault("set-section", "`--set` on a whole section (`--set train=5`)", f"{T} --set train=5 {IO}", 2,
           r"^error: 'train' is a section: set one of its keys, e.g\. train\.steps=\.\.\.$",
           "error: 'train' is a section: set one of its keys, e.g. train.steps=...",
-          "refused (no longer silently ignored)", "nothing written", "set a key of the section"),
+          "refused (no longer silently ignored)", "nothing written", "set a key of the section", before_torch=True),
     Fault("lr-negative", "a negative learning rate", f"{T} --set train.lr_muon=-0.02 {IO}", 2,
           r"^error: train\.lr_muon=-0\.02 is invalid: must be >= 0$",
           "error: train.lr_muon=-0.02 is invalid: must be >= 0",
-          "refused before any work", "nothing written", "fix the value", slow=True),
+          "refused before any work", "nothing written", "fix the value", slow=True, before_torch=True),
     Fault("set-unknown-key", "an unknown key (`--set train.lr_magic=1`)", f"{T} --set train.lr_magic=1 {IO}", 2,
           r"^error: 'train\.lr_magic': train has no key 'lr_magic'; allowed: \[.*'lr_muon'.*\]$",
           "error: 'train.lr_magic': train has no key 'lr_magic'; allowed: [...]",
-          "refused before any work", "nothing written", "use an allowed key"),
+          "refused before any work", "nothing written", "use an allowed key", before_torch=True),
     Fault("set-unknown-section", "an unknown section (`--set magic.key=1`)", f"{T} --set magic.key=1 {IO}", 2,
           r"^error: 'magic\.key' is not a setting: allowed sections \[", "error: 'magic.key' is not a setting: "
-          "allowed sections [...]", "refused before any work", "nothing written", "use an allowed section", slow=True),
+          "allowed sections [...]", "refused before any work", "nothing written", "use an allowed section", slow=True,
+          before_torch=True),
     Fault("set-malformed", "`--set` without `=`", f"{T} --set train.steps {IO}", 2,
           r"^error: --set 'train\.steps' is invalid: expected SECTION\.KEY=VALUE",
           "error: --set 'train.steps' is invalid: expected SECTION.KEY=VALUE, e.g. ...",
-          "refused before any work", "nothing written", "write KEY=VALUE", slow=True),
+          "refused before any work", "nothing written", "write KEY=VALUE", slow=True, before_torch=True),
     Fault("checkpoint-every-zero", "`--set train.checkpoint_every=0` (was a ZeroDivisionError after a step)",
           f"{T} --set train.checkpoint_every=0 {IO}", 2,
           r"^error: train\.checkpoint_every=0 is invalid: must be >= 1$",
           "error: train.checkpoint_every=0 is invalid: must be >= 1",
-          "refused before any work", "nothing written", "fix the value"),
+          "refused before any work", "nothing written", "fix the value", before_torch=True),
     Fault("eval-offset-beyond-data", "`eval_offset` past the validation split",
           f"{T} --set train.eval_offset=100000000 {IO}",
           2, r"^error: train\.eval_offset=100000000 is invalid: the validation split has \d+ tokens, so it must be "
@@ -588,36 +594,37 @@ FAULTS = [
     Fault("bad-flag", "an unknown flag (`--bogus`)", f"{T} --bogus {IO}", 2,
           r"^python -m mapl\.train: error: unrecognized arguments: --bogus$",
           "usage: ... / python -m mapl.train: error: unrecognized arguments: --bogus",
-          "argparse refuses it", "nothing written", "`--help` lists the flags", stderr="usage"),
+          "argparse refuses it", "nothing written", "`--help` lists the flags", stderr="usage", before_torch=True),
     Fault("bad-choice", "a flag value outside its choices (`--method zip`)", f"{T} --method zip {IO}", 2,
           r"^python -m mapl\.train: error: argument --method: invalid choice: 'zip' \(choose from .*mapl.*\)$",
           "usage: ... / python -m mapl.train: error: argument --method: invalid choice: 'zip' (choose from ...)",
-          "argparse refuses it", "nothing written", "pick one of the listed values", stderr="usage", slow=True),
+          "argparse refuses it", "nothing written", "pick one of the listed values", stderr="usage", slow=True,
+          before_torch=True),
     Fault("unknown-profile", "a profile params.yaml does not define (`--profile gpu`)",
           f"{T.replace('@run', '@run --profile gpu')} {IO}",
           2, r"^python -m mapl\.train: error: argument --profile: invalid choice: 'gpu' \(choose from .*micro.*\)$",
           "usage: ... / python -m mapl.train: error: argument --profile: invalid choice: 'gpu' (choose from ...)",
-          "argparse refuses it", "nothing written", "use a profile of params.yaml", stderr="usage"),
+          "argparse refuses it", "nothing written", "use a profile of params.yaml", stderr="usage", before_torch=True),
     Fault("params-missing", "params.yaml missing", f"{T} {IO}", 2,
           r"^error: .*/proj/params\.yaml not found: the profiles live in the project's params\.yaml \(run from a "
           r"full checkout\)$", "error: <project>/params.yaml not found: the profiles live in the project's "
           "params.yaml (run from a full checkout)", "refused at start", "nothing written",
-          "run from a full checkout (`git checkout params.yaml`)", setup=params_yaml(None)),
+          "run from a full checkout (`git checkout params.yaml`)", setup=params_yaml(None), before_torch=True),
     Fault("params-yaml-error", "params.yaml is not valid YAML", f"{T} {IO}", 2,
           r"^error: .*/proj/params\.yaml: invalid YAML at line \d+, column \d+: ",
           "error: <project>/params.yaml: invalid YAML at line L, column C: <problem>",
           "refused at start", "nothing written", "fix params.yaml at that line",
-          setup=params_yaml("profile: micro\nprofiles:\n  micro: {model: micro\n")),
+          setup=params_yaml("profile: micro\nprofiles:\n  micro: {model: micro\n"), before_torch=True),
     Fault("params-wrong-type", "params.yaml holds a string where a number belongs", f"{T} {IO}", 2,
           r"^error: profiles\.micro\.train\.steps='many' is invalid: must be an integer$",
           "error: profiles.micro.train.steps='many' is invalid: must be an integer",
           "refused at start", "nothing written", "fix params.yaml",
-          setup=params_yaml(_set_in("profiles.micro.train.steps", "many")), slow=True),
+          setup=params_yaml(_set_in("profiles.micro.train.steps", "many")), slow=True, before_torch=True),
     Fault("params-unknown-key", "params.yaml has an unknown section", f"{T} {IO}", 2,
           r"^error: profiles\.micro: unknown key\(s\) \['trian'\]; allowed: \[",
           "error: profiles.micro: unknown key(s) ['trian']; allowed: [...]",
           "refused at start", "nothing written", "fix params.yaml",
-          setup=params_yaml(_set_in("profiles.micro.trian", {"steps": 3})), slow=True),
+          setup=params_yaml(_set_in("profiles.micro.trian", {"steps": 3})), slow=True, before_torch=True),
     Fault("lr-overflow", "a learning rate so large that the optimizer's float32 update overflows",
           f"{T} --set train.lr_adam=1e38 {IO}", 4, r"(overflow|learning rate)",
           "error: the optimizer update of step S overflows float32 (...): a learning rate is far too large. The last "
@@ -674,12 +681,12 @@ FAULTS = [
           rf"^python -m mapl\.data: error: data/train\.bin: sha256 mismatch: manifest\.json expects {HASH}",
           "python -m mapl.data: error: data/train.bin: sha256 mismatch: manifest.json expects <sha256>, ...",
           "refused; nothing is rebuilt without --rebuild", "the shard as it is, the manifest",
-          "the same command with `--rebuild`", own_data=True, setup=flip_byte("data/train.bin")),
+          "the same command with `--rebuild`", own_data=True, setup=flip_byte("data/train.bin"), before_torch=True),
     Fault("data-cli-unknown-profile", "`python -m mapl.data --profile` with an unknown profile",
           "mapl.data --profile gpu", 2,
           r"^python -m mapl\.data: error: profile='gpu' is invalid: allowed: \[.*'micro'.*\]$",
           "usage: ... / python -m mapl.data: error: profile='gpu' is invalid: allowed: [...]",
-          "refused", "nothing written", "use a profile of params.yaml", stderr="usage", slow=True),
+          "refused", "nothing written", "use a profile of params.yaml", stderr="usage", slow=True, before_torch=True),
     Fault("data-parquet-empty", "a 0-byte parquet file given to `python -m mapl.data` (was: a pyarrow traceback)",
           "mapl.data --out prepared --source parquet --paths empty.parquet --tokenizer byte", 2,
           r"^python -m mapl\.data: error: empty\.parquet is not a readable parquet file \(Parquet file size is 0 "
@@ -687,13 +694,14 @@ FAULTS = [
           "python -m mapl.data: error: <file> is not a readable parquet file (Parquet file size is 0 bytes): it is "
           "empty, truncated or damaged; replace it (data.paths) and run the same command",
           "refused when the file is opened; no work folder is left", "every file", "replace the file",
-          setup=write("empty.parquet", b"")),
+          setup=write("empty.parquet", b""), before_torch=True),
     Fault("data-parquet-corrupt", "a corrupt parquet file (not parquet, or truncated)",
           "mapl.data --out prepared --source parquet --paths bad.parquet --tokenizer byte", 2,
           r"^python -m mapl\.data: error: bad\.parquet is not a readable parquet file \(Parquet magic bytes not found ",
           "python -m mapl.data: error: <file> is not a readable parquet file (Parquet magic bytes not found in "
           "footer. ...): it is empty, truncated or damaged; ...", "refused when the file is opened",
-          "every file", "replace the file", setup=write("bad.parquet", b"PAR1" + bytes(range(200))), slow=True),
+          "every file", "replace the file", setup=write("bad.parquet", b"PAR1" + bytes(range(200))), slow=True,
+          before_torch=True),
     # ---- checkpoints and resume -----------------------------------------------------------------------
     Fault("checkpoint-truncated", "a truncated checkpoint", f"{T} --steps 2 {IO}", 2,
           r"^error: checkpoint r\.pt cannot be loaded safely \(truncated, foreign, or needs pickled objects\): "
@@ -775,24 +783,24 @@ FAULTS = [
           r"different paths, e.g\. --out r\.json --ckpt r\.pt$",
           "error: --out <path> is also the checkpoint path: the results would overwrite the checkpoint; give them "
           "different paths, e.g. --out r.json --ckpt r.pt", "refused before any work", "the checkpoint",
-          "give different paths", setup=seed("--steps 2")),
+          "give different paths", setup=seed("--steps 2"), before_torch=True),
     Fault("out-unwritable", "`--out` in a folder the user may not write", f"{T} --out ro/r.json --ckpt r.pt", 2,
           r"^error: cannot write ro/r\.json: Permission denied \(no permission to write there: choose a writable "
           r"folder\)$",
           "error: cannot write <path>: Permission denied (no permission to write there: choose a writable folder)",
           "refused before any work (was: found after the whole run)", "everything", "choose a writable folder",
-          setup=read_only_folder("ro"), as_nobody=True),
+          setup=read_only_folder("ro"), as_nobody=True, before_torch=True),
     Fault("ckpt-unwritable", "`--ckpt` in a folder the user may not write", f"{T} --out r.json --ckpt ro/r.pt", 2,
           r"^error: cannot write ro/r\.pt: Permission denied \(no permission to write there: choose a writable "
           r"folder\)$",
           "error: cannot write <ckpt>: Permission denied (no permission to write there: choose a writable folder)",
           "refused before any work", "everything", "choose a writable folder",
-          setup=read_only_folder("ro"), as_nobody=True, slow=True),
+          setup=read_only_folder("ro"), as_nobody=True, slow=True, before_torch=True),
     Fault("out-under-a-file", "an output path whose folder is a file", f"{T} --out afile/r.json --ckpt r.pt", 2,
           r"^error: cannot create the folder of afile/r\.json: .*\(a (file is where its folder should be|parent of "
           r"it is a file, not a folder)\)$",
           "error: cannot create the folder of <path>: File exists (a file is where its folder should be)",
-          "refused before any work", "everything", "fix the path", setup=write("afile", "x"), slow=True),
+          "refused before any work", "everything", "fix the path", setup=write("afile", "x"), slow=True, before_torch=True),
     Fault("outputs-locked", "a second run on the same `--out`/`--ckpt` while the first runs",
           f"{T} --steps 2 {IO}", 2,
           r"^error: r\.(json|pt) is in use by PID \d+ \(.*mapl\.train.*\): wait for that run to finish, stop it, or "
@@ -994,19 +1002,20 @@ FAULTS = [
           "every table; rerun that run (e.g. `dvc repro train@<group>`), or move the file out of the results folder",
           "the report (`mapl.report.load_results`: the report notebook, the planner) refuses before any table",
           "every file", "rerun the run, or move the file away",
-          setup=both(seed("--steps 2"), results_folder(lambda p: os.truncate(p, p.stat().st_size // 2)))),
+          setup=both(seed("--steps 2"), results_folder(lambda p: os.truncate(p, p.stat().st_size // 2))), before_torch=True),
     Fault("report-results-empty", "an empty (0-byte) results JSON", "mapl.planner res", 2,
           r"^error: .*/res/main/b\.json is empty: the report would leave this run out of every table; ",
           "error: <results>/<group>/<run>.json is empty: the report would leave this run out of every table; ...",
           "refused before any table", "every file", "rerun the run, or move the file away",
-          setup=both(seed("--steps 2"), results_folder(lambda p: os.truncate(p, 0))), slow=True),
+          setup=both(seed("--steps 2"), results_folder(lambda p: os.truncate(p, 0))), slow=True, before_torch=True),
     Fault("report-results-nan", "a results JSON whose val_loss is NaN (was: an AttributeError traceback)",
           "mapl.planner res", 2,
           r"^error: .*/res/main/b\.json: val_loss is nan, not a finite number: the file is damaged or was not "
           r"written by a finished run; ",
           "error: <results>/<group>/<run>.json: val_loss is nan, not a finite number: the file is damaged or was not "
           "written by a finished run; ...", "refused before any table", "every file",
-          "rerun the run, or move the file away", setup=both(seed("--steps 2"), results_folder(_nan_val_loss))),
+          "rerun the run, or move the file away", setup=both(seed("--steps 2"), results_folder(_nan_val_loss)),
+          before_torch=True),
     # ---- the cost model ----------------------------------------------------------------------------------
     Fault("costmodel-mfu-zero", "`python -m mapl.costmodel --mfu 0` (was: a ZeroDivisionError traceback)",
           "mapl.costmodel --profile micro --mfu 0", 2,
@@ -1028,11 +1037,11 @@ FAULTS = [
     Fault("sweep-unknown-group", "a group params.yaml does not define", "mapl.sweep --profile micro --group nope", 2,
           r"^error: group='nope' is invalid for profile 'micro': allowed \[.*'main'.*\]$",
           "error: group='nope' is invalid for profile 'micro': allowed [...]", "refused before any run starts",
-          "nothing written", "use a group of the profile"),
+          "nothing written", "use a group of the profile", before_torch=True),
     Fault("sweep-unknown-profile", "`mapl.sweep --estimate` on an unknown profile",
           "mapl.sweep --profile nope --estimate", 2, r"^error: profile='nope' is invalid: allowed \[",
           "error: profile='nope' is invalid: allowed [...]", "refused before any run starts", "nothing written",
-          "use a profile of params.yaml", slow=True),
+          "use a profile of params.yaml", slow=True, before_torch=True),
     Fault("params-checked-before-dvc", "`dvc repro` with a bad value in params.yaml (`profiles.micro.train.steps: "
           "many`; was: DVC deleted the group's committed results, then a papermill traceback)",
           "mapl.sweep --check --stamp params-valid.txt", 2,
@@ -1041,7 +1050,7 @@ FAULTS = [
           "DVC's first stage (`validate`: every profile and every run of every group) fails; every other stage "
           "depends on its stamp, so DVC stops before it removes any output", "every output (only the stamp "
           "`reports/params-valid.txt` is gone)", "fix params.yaml, rerun `dvc repro`",
-          setup=params_yaml(_set_in("profiles.micro.train.steps", "many"))),
+          setup=params_yaml(_set_in("profiles.micro.train.steps", "many")), before_torch=True),
     Fault("params-bad-group-spec", "a bad value in one run of a group (`ratio: x`)",
           "mapl.sweep --check --stamp params-valid.txt", 2,
           r"^error: profiles\.micro\.groups\.main\[1\] \(\{'method': 'ssn', 'ratio': 'x'\}\): compressor\.ratio='x' "
@@ -1050,7 +1059,7 @@ FAULTS = [
           "the validate stage names the group, the run and the field", "every output",
           "fix params.yaml, rerun `dvc repro`",
           setup=params_yaml(_set_in("profiles.micro.groups.main", [{"method": "none"}, {"method": "ssn", "ratio": "x"}])),
-          slow=True),
+          slow=True, before_torch=True),
     Fault("workspace-dir-not-empty", "`mapl.workspace repro --dir` on a folder that holds other files (was: they "
           "were overwritten, then `git init`, `git add -A`, `git commit` in it)",
           "mapl.workspace repro --profile micro --dir mine", 2,
@@ -1059,14 +1068,14 @@ FAULTS = [
           "error: --dir <path> exists, is not empty and is no mapl workspace (no .git/mapl-workspace): the copy would "
           "overwrite its files and commit them; choose a new or empty folder",
           "refused before anything is copied (a workspace made before, marked `.git/mapl-workspace`, is refreshed "
-          "and resumes)", "everything", "a new or empty folder", setup=write("mine/README.md", "my notes\n")),
+          "and resumes)", "everything", "a new or empty folder", setup=write("mine/README.md", "my notes\n"), before_torch=True),
     Fault("workspace-dir-checkout", "`mapl.workspace repro --dir` naming the checkout (or a folder above it; was: "
           "a SameFileError traceback)", "mapl.workspace repro --profile micro --dir {project}", 2,
           r"^error: --dir .* is this checkout or a folder above it: the copy would overwrite the checkout; choose a new "
           r"folder outside it, e.g\. \.\./mapl-<profile>$",
           "error: --dir <path> is this checkout or a folder above it: the copy would overwrite the checkout; choose a "
           "new folder outside it, e.g. ../mapl-<profile>", "refused before anything is copied (a folder inside the "
-          "checkout too)", "everything", "a new folder outside the checkout", slow=True),
+          "checkout too)", "everything", "a new folder outside the checkout", slow=True, before_torch=True),
     Fault("workspace-sigterm", "SIGTERM to `mapl.workspace smoke` (or verify, repro) while DVC runs in the copy (was: "
           "the temporary copy and `dvc repro` in it were left behind)", "mapl.workspace smoke", 130,
           r"^interrupted: SIGTERM received: the commands in the copy were stopped; the temporary copy was removed$",
@@ -1079,7 +1088,7 @@ FAULTS = [
           "mapl.workspace repro --profile nope", 2,
           r"^error: --profile 'nope' is invalid: allowed: \[.*'micro'.*\] \(params\.yaml\)$",
           "error: --profile 'nope' is invalid: allowed: [...] (params.yaml)", "refused before anything is copied",
-          "nothing written", "use a profile of params.yaml"),
+          "nothing written", "use a profile of params.yaml", before_torch=True),
 ]
 
 
@@ -1089,6 +1098,8 @@ class Evil:
 
 def _params(f: Fault):
     marks = [pytest.mark.slow] if f.slow else []
+    if not f.before_torch:
+        marks.append(pytest.mark.full)
     if f.bug:
         marks.append(pytest.mark.xfail(strict=True, raises=KnownBug, reason=f.reason))
     return pytest.param(f, id=f.name, marks=marks)

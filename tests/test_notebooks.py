@@ -34,6 +34,10 @@ def _needs_tools():
         pytest.skip("git is needed by dvc and the workspace copy")
 
 
+# Everything here that runs DVC, papermill or the paper-smoke is `full` (make test-all): `make smoke` alone is 2-3
+# minutes on 2 cores and the 150M rehearsal several more, beyond make test's 12; make test keeps the static checks
+# of dvc.yaml, params.yaml and the committed notebooks below; the functions the notebooks call are unit-tested in
+# process (tests/test_report.py, tests/test_costmodel.py).
 @pytest.fixture(scope="module")
 def smoke():
     """`make smoke`, kept: (the copy, the first repro's output). The copy is removed afterwards."""
@@ -61,6 +65,7 @@ def _checked_text(nb_path: Path) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.full
 def test_smoke_runs_every_stage_into_the_micro_folders(smoke):
     dest, log = smoke
     for stage in ["prepare", *(f"train@{g}" for g in GROUPS), "report", "plan"]:
@@ -98,6 +103,7 @@ def test_smoke_runs_every_stage_into_the_micro_folders(smoke):
 
 
 @pytest.mark.slow
+@pytest.mark.full
 def test_nbval_on_executed_micro_notebooks(smoke):
     """nbval re-executes executed notebooks with their injected parameters, from their own folder."""
     pytest.importorskip("nbval")
@@ -111,6 +117,7 @@ def test_nbval_on_executed_micro_notebooks(smoke):
 
 
 @pytest.mark.slow
+@pytest.mark.full
 def test_dvc_rerun_of_a_group_restores_its_runs(smoke):
     """DVC clears the group's results before a rerun; the runs come back from their checkpoints."""
     dest, _ = smoke
@@ -120,6 +127,7 @@ def test_dvc_rerun_of_a_group_restores_its_runs(smoke):
 
 
 @pytest.mark.slow
+@pytest.mark.full
 def test_paper_smoke_rehearsal_150M(tmp_path):
     """The paper code path at the 150M shape on CPU: every method, one `accelerate launch` of the 4-process
     1F1B pipeline each, 2 steps, Mistral 32k tokenizer; results in the copy's reports/paper-smoke/."""
@@ -143,6 +151,7 @@ def test_paper_smoke_rehearsal_150M(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.full
 def test_verify_detects_a_changed_table(tmp_path):
     """`make verify` on a copy whose committed table was edited must fail naming the table."""
     _needs_tools()
@@ -228,6 +237,7 @@ def test_every_stage_waits_for_params_yaml_to_be_validated():
 
 
 @pytest.mark.slow
+@pytest.mark.full
 def test_dvc_repro_with_a_bad_params_value_touches_no_output(tmp_path):
     """Was: `steps: many` deleted every results JSON of the group and overwrote its notebook, and the error was
     a papermill traceback. Now the validate stage fails first, in one line, and every output stays."""

@@ -98,7 +98,13 @@ def assert_parity(res, ref, nprocs, launcher, tol=0.0):
 
 
 # ---- parity (multi-process vs single-process) -------------------------------------------------
+# `make test` runs three tests here: MAPL P = 2 1F1B under accelerate on the blocking transport, MAPL+RVQ P = 4
+# 1F1B under torchrun (losses bit-identical to one process, measured bytes == declared), and MAPL's SIGTERM stop
+# and exact resume. Every other launch is marked `full` (`make test-all`): each starts 2-8 rank processes that
+# import torch (the first launch of this file: 19 CPU-s) and repeats a launcher, P, schedule or stop path that
+# those three already run.
 @pytest.mark.process
+@pytest.mark.full          # link-delay timing; accelerate, P = 2 and parity are in make test (MAPL below)
 def test_parity_none_p2_gpipe_accelerate_with_real_link_delay(corpus, tmp_path):
     """accelerate launch form; real-delay mode on (it changes timing, never numbers): the wall
     clock per step must agree with the virtual clock fed with the run's own measurements."""
@@ -114,6 +120,7 @@ def test_parity_none_p2_gpipe_accelerate_with_real_link_delay(corpus, tmp_path):
 
 
 @pytest.mark.process
+@pytest.mark.full          # P = 4, 1F1B and torchrun are in make test (the MAPL+RVQ parity)
 def test_parity_none_p4_1f1b_torchrun(corpus, tmp_path):
     args = base_args(corpus, "none", 4, "1f1b", micro_batches=4)
     ref = reference(args)
@@ -134,6 +141,7 @@ def test_parity_mapl_p2_1f1b_accelerate_blocking_transport(corpus, tmp_path):
 
 
 @pytest.mark.process
+@pytest.mark.full          # 8 rank processes; make test stops and resumes a pipeline by SIGTERM (below)
 def test_parity_mapl_p4_gpipe_survives_a_killed_rank_and_resumes(corpus, tmp_path):
     """Kill stage 1 of 4 in the middle of step 3: every process exits non-zero within 60 s (the dead
     one with 1, the others with a message naming the failed operation, peer and step). The rerun
@@ -163,6 +171,7 @@ def test_parity_mapl_p4_gpipe_survives_a_killed_rank_and_resumes(corpus, tmp_pat
 
 
 @pytest.mark.process
+@pytest.mark.full          # make test's parity runs check the checksums match; this injects a mismatch
 def test_diverged_projector_copy_is_detected_by_its_checksum(corpus, tmp_path):
     """The receiver's copy of A_0 is corrupted on arrival (fault injection): the checksum exchange
     after each evaluation reports the boundary, and the results JSON records the mismatch."""
@@ -175,7 +184,7 @@ def test_diverged_projector_copy_is_detected_by_its_checksum(corpus, tmp_path):
 
 
 @pytest.mark.process
-@pytest.mark.parametrize("method", ["none", "mapl"])
+@pytest.mark.parametrize("method", [pytest.param("none", marks=pytest.mark.full), "mapl"])   # MAPL in make test
 def test_sigterm_on_one_rank_stops_all_after_the_same_step_and_resume_is_exact(corpus, tmp_path, method):
     """A real SIGTERM on rank 1 in the middle of step 3: the stop request rides on that step's
     all-reduce, every rank finishes step 3, writes its checkpoint atomically and exits 130; the
@@ -200,6 +209,7 @@ def test_sigterm_on_one_rank_stops_all_after_the_same_step_and_resume_is_exact(c
 
 
 @pytest.mark.process
+@pytest.mark.full          # a dead rank: the fault table's pipeline rows and the P = 4 kill above, all `full`
 def test_killed_rank_under_accelerate_fails_the_launch_fast(corpus, tmp_path):
     args = base_args(corpus, "none", 2) + ["--out", str(tmp_path / "x.json"), "--ckpt", str(tmp_path / "x.pt")]
     r = launch(args, 2, launcher="accelerate", timeout=120,
@@ -210,8 +220,9 @@ def test_killed_rank_under_accelerate_fails_the_launch_fast(corpus, tmp_path):
 
 
 @pytest.mark.process
-@pytest.mark.parametrize("nprocs,schedule,launcher,blocking", [(2, "gpipe", "accelerate", False),
-                                                                 (4, "1f1b", "torchrun", True)])
+@pytest.mark.parametrize("nprocs,schedule,launcher,blocking", [
+    pytest.param(2, "gpipe", "accelerate", False, marks=pytest.mark.full),      # P = 4 (token scale) in make test
+    (4, "1f1b", "torchrun", True)])
 def test_mapl_rvq_parity(corpus, tmp_path, nprocs, schedule, launcher, blocking):
     args = base_args(corpus, "mapl-rvq", nprocs, schedule, micro_batches=4 if nprocs == 4 else None)
     if nprocs == 4:                  # the per-token scale (issue 21) on the wire of a real pipeline
@@ -223,6 +234,7 @@ def test_mapl_rvq_parity(corpus, tmp_path, nprocs, schedule, launcher, blocking)
 
 @pytest.mark.process
 @pytest.mark.slow
+@pytest.mark.full          # 10 launches; make test runs MAPL (P = 2) and MAPL+RVQ (P = 4) on the blocking transport
 @pytest.mark.parametrize("method", ["none", "int8", "ssn", "mapl", "mapl-rvq"])
 @pytest.mark.parametrize("nprocs,schedule", [(2, "gpipe"), (4, "1f1b")])
 def test_blocking_transport_parity_every_method(corpus, tmp_path, method, nprocs, schedule):
@@ -236,6 +248,7 @@ def test_blocking_transport_parity_every_method(corpus, tmp_path, method, nprocs
 
 
 @pytest.mark.process
+@pytest.mark.full          # 3 ranks importing torch for a one-line error; the fault rows in make test check such lines
 def test_a_process_count_that_is_no_multiple_of_the_stages_is_refused(corpus, tmp_path):
     r = launch([*base_args(corpus, "none", 2), "--out", str(tmp_path / "x.json"), "--ckpt", str(tmp_path / "x.pt")],
                3, launcher="direct", timeout=120)

@@ -99,6 +99,7 @@ def test_full_batches_keep_the_plain_mean_bit_for_bit(micro_cfg):
 
 @pytest.mark.process
 @pytest.mark.slow
+@pytest.mark.full          # two 4-process launches; the in-process tests above hold the same weighting
 def test_pipeline_validation_loss_is_the_same_for_every_eval_batch_size_and_replica_count(tmp_path, tiny_corpus):
     """The multi-process runtime weighs each replica's batches by their tokens too: R = 2 with batches of 5
     (3 + 4 batches, one of 2 windows) gives R = 2 with batches of 4's losses to float tolerance."""

@@ -18,7 +18,9 @@ from mapl.orchestration.launch import free_port
 
 from test_pipeline import base_args
 
-pytestmark = pytest.mark.process          # every test here launches pipeline ranks
+# every test here launches pipeline ranks; all are `full` (make test-all): make test stops and resumes a pipeline
+# once (tests/test_pipeline.py, SIGTERM), these four add Ctrl-C, accelerate, a killed launcher and a slow rank 0
+pytestmark = [pytest.mark.process, pytest.mark.full]
 
 PROJECT = Path(__file__).resolve().parents[1]
 MAPL_FRAMES = f'File "{PROJECT / "mapl"}'          # a traceback line inside our code

@@ -11,7 +11,9 @@ from mapl.orchestration.launch import launch_machines
 
 from test_pipeline import base_args, reference
 
-pytestmark = pytest.mark.process          # every test here launches pipeline ranks
+# every test here launches pipeline ranks (4 processes, or 2 "machines"); all are `full` (make test-all): make test
+# runs the single-replica pipeline (tests/test_pipeline.py), replicas and machines are what these add
+pytestmark = [pytest.mark.process, pytest.mark.full]
 
 
 def _losses(res):
