@@ -73,7 +73,7 @@ def test_entry_point_exit_code_and_stderr(tmp_path, args, env, code, line, trace
     # SIGINT back to its default in the child: a test run started in the background by a shell
     # inherits SIGINT ignored, and Python then installs no KeyboardInterrupt handler
     p = subprocess.run([sys.executable, "-c", textwrap.dedent(ENTRY), *args], cwd=tmp_path, text=True,
-                       capture_output=True, timeout=120, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+                       capture_output=True, timeout=600, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
                        env={**os.environ, "PYTHONPATH": str(ROOT), "MAPL_DEBUG": "0", **env})
     assert p.returncode == code, p.stderr
     if line is None:
@@ -90,7 +90,7 @@ def test_entry_point_exit_code_and_stderr(tmp_path, args, env, code, line, trace
 @pytest.mark.process
 def test_usage_errors_keep_argparse_behaviour(tmp_path):
     p = subprocess.run([sys.executable, "-c", textwrap.dedent(ENTRY), "ok", "--bogus"], cwd=tmp_path, text=True,
-                       capture_output=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                       capture_output=True, timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert p.returncode == EXIT_USER_ERROR and "unrecognized arguments: --bogus" in p.stderr
 
 
@@ -124,7 +124,7 @@ def test_train_cli_refuses_a_bad_config_before_importing_torch(tmp_path, args, m
     code = ("import sys, mapl.train as t\ncode = t.main(sys.argv[1:])\n"
             "print('torch imported' if 'torch' in sys.modules else 'no torch')\nsys.exit(code)")
     p = subprocess.run([sys.executable, "-c", code, "--profile", "micro", *args, "--out", str(tmp_path / "r.json"),
-                        "--ckpt", str(tmp_path / "r.pt")], cwd=ROOT, text=True, capture_output=True, timeout=120,
+                        "--ckpt", str(tmp_path / "r.pt")], cwd=ROOT, text=True, capture_output=True, timeout=600,
                        env={**os.environ, "PYTHONPATH": str(ROOT), "MAPL_DEBUG": "0"})
     assert p.returncode == EXIT_USER_ERROR and p.stderr.startswith(message), p.stderr
     assert p.stdout.strip() == "no torch"
@@ -138,7 +138,7 @@ def test_sweep_check_and_estimate_need_no_torch(tmp_path):
     code = ("import sys, mapl.sweep as s\ncode = s.main(sys.argv[1:])\n"
             "print('torch imported' if 'torch' in sys.modules else 'no torch')\nsys.exit(code)")
     for args, rc in [(["--check", "--stamp", str(tmp_path / "valid.txt")], 0), (["--profile", "nope", "--estimate"], 2)]:
-        p = subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT, text=True, capture_output=True, timeout=120,
+        p = subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT, text=True, capture_output=True, timeout=600,
                            env={**os.environ, "PYTHONPATH": str(ROOT), "MAPL_DEBUG": "0"})
         assert p.returncode == rc, p.stderr
         assert p.stdout.strip().splitlines()[-1] == "no torch", p.stdout
