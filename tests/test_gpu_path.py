@@ -1,6 +1,7 @@
 """CPU proofs of what the GPU path needs from the runtime (issue 22): the communication timeout is a
 validated setting (minutes in the paper profile), the compiled RVQ search is warmed before the first
-timed wait, P x R beyond the local GPUs is refused, TF32 stays off inside SPEL, timings come from
+timed wait, P x R beyond the local GPUs is refused, TF32 stays off inside SPEL, the wire reads the
+host at most once per message (mapl-rvq's header; none for the other methods), timings come from
 the device where it has clocks."""
 from __future__ import annotations
 
@@ -138,12 +139,14 @@ class HostReads(TorchDispatchMode):
 def host_reads(monkeypatch):
     """``with host_reads() as c:`` counts the host reads run inside into ``c.ops``."""
     active: list[HostReads] = []
-    for name in ("tolist", "numpy"):
-        def read(self, *a, _real=getattr(torch.Tensor, name), _name=name, **k):
+    def counted(name: str, real):
+        def read(self, *a, **k):
             for counter in active:
-                counter.ops.append(_name)
-            return _real(self, *a, **k)
-        monkeypatch.setattr(torch.Tensor, name, read)
+                counter.ops.append(name)
+            return real(self, *a, **k)
+        return read
+    for name in ("tolist", "numpy"):
+        monkeypatch.setattr(torch.Tensor, name, counted(name, getattr(torch.Tensor, name)))
 
     @contextlib.contextmanager
     def counting():

@@ -205,7 +205,7 @@ class RVQCompressor(Compressor):
         codes = pack_bits_rows(idx.reshape(B, -1), self.rvq.bits, check=False)   # search output is in range
         op = self.rvq.update(u, idx, codebooks=search_cb) if self.training else None
         op_code = OP_NONE if op is None else op["op"]
-        header = to_device_async(torch.tensor([self.rvq.host_version, op_code, T], dtype=torch.int64), z.device)
+        header = to_device_async(torch.tensor([self.rvq.host_version, op_code, T], dtype=torch.int64, device="cpu"), z.device)
         if not self.training:
             # evaluation sends the sync tensors' shapes (static messages) but no codebook change: a
             # slice sent here would move the stream's cursor and refresh the receiver early, so how
