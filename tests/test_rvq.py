@@ -446,6 +446,52 @@ def test_dead_codes_are_revived():
     assert torch.all(off.codebooks[0, 0, 8:] > 90)              # never revived (Laplace smoothing drifts them a bit)
 
 
+def _revivals_by_nonzero(q, targets, gen_state):
+    """The revival pick and write as they were before they went fixed-shape (nonzero: a host read)."""
+    G, R, K, M, dev = q.groups, q.rounds, q.codebook_size, q.max_revive, q.codebooks.device
+    q._gen.set_state(gen_state)
+    tok = torch.randint(targets.shape[0], (G, R, max(M, 1)), generator=q._gen, device="cpu").to(dev)[..., :M]
+    cs = q.cluster_size
+    key = torch.where(cs < q.dead_code_threshold, cs, torch.full_like(cs, math.inf))
+    if M >= K:
+        pos, ok = torch.arange(K).expand(G, R, K), torch.isfinite(key)
+    else:
+        vals, pos = key.topk(M, dim=-1, largest=False, sorted=True)
+        ok = torch.isfinite(vals)
+    g, r, m = ok.nonzero(as_tuple=True)
+    rval = q.no_revivals()[1]
+    rval[g, r, m] = targets[tok[g, r, m], g, r]
+    rpos = torch.where(ok, pos, torch.full_like(pos, -1)).to(torch.int32)
+    out = {n: getattr(q, n).clone() for n in ("codebooks", "cluster_size", "embed_sum")}
+    g, r, m = (rpos >= 0).nonzero(as_tuple=True)
+    k = rpos[g, r, m].long()
+    out["codebooks"][g, r, k] = rval[g, r, m]
+    out["cluster_size"][g, r, k] = q.revive_count
+    out["embed_sum"][g, r, k] = rval[g, r, m] * q.revive_count
+    return rpos, rval, out
+
+
+@pytest.mark.parametrize("max_revive", [3, 16])          # topk of the dead codes; every code a candidate
+def test_fixed_shape_revivals_equal_the_nonzero_ones_bit_for_bit(max_revive):
+    """Revivals without a host read (a fixed-shape gather and a masked scatter) pick and write exactly
+    what the nonzero-indexed version did: the cpu profile's numbers must not move."""
+    g = torch.Generator().manual_seed(4)
+    q = ResidualVQ(dim=6, groups=3, rounds=2, codebook_size=16, kmeans_init=False, dead_code_threshold=1.0,
+                   max_revive=max_revive, seed=1)
+    q.cluster_size.copy_(torch.rand(3, 2, 16, generator=g) * 2)           # about half the codes dead
+    q.cluster_size[0] = 5.0                                                 # group 0: none dead
+    targets = torch.randn(40, 3, 2, 2, generator=g)
+    state = q._gen.get_state()
+    rpos_ref, rval_ref, want = _revivals_by_nonzero(q, targets, state)
+    q._gen.set_state(state)
+    rpos, rval = q._pick_revivals(targets)
+    assert torch.equal(rpos, rpos_ref) and torch.equal(rval, rval_ref)
+    assert (rpos[0] < 0).all() and (rpos >= 0).sum() >= 6
+    q._apply_revivals(rpos, rval)
+    for name, ref in want.items():
+        assert torch.equal(getattr(q, name), ref), name
+
+
 def test_diagnostics_report_usage():
     c = make(dead_code_threshold=1.0).train()
     for _ in range(3):

@@ -22,10 +22,27 @@ import torch.nn as nn
 
 from .search import SEARCH_KERNELS, first_argmin_, residual_search, search_tiles, tile_budget
 
-__all__ = ["ResidualVQ", "OP_NONE", "OP_EMA", "OP_INIT", "codebook_bits"]
+__all__ = ["ResidualVQ", "OP_NONE", "OP_EMA", "OP_INIT", "codebook_bits", "to_device_async", "bincount"]
 
 # What a forward message says happened to the sender's codebooks (header field 1).
 OP_NONE, OP_EMA, OP_INIT = 0, 1, 2
+
+
+def to_device_async(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A CPU-made tensor ``t`` on ``device`` without a host sync: a plain copy to a CUDA device waits for
+    the stream; through pinned memory it is queued behind it (non-blocking). Draws from the CPU
+    generator therefore stay the same numbers on every device. ``t`` itself on a CPU."""
+    if device.type == "cpu":
+        return t
+    if device.type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
+
+
+def bincount(flat: torch.Tensor, n: int) -> torch.Tensor:
+    """``torch.bincount(flat, minlength=n)`` for values known to lie in 0..n-1 (int64), without a host
+    read: CUDA's bincount reads the input's min and max on the host to size its output."""
+    return torch.zeros(n, dtype=torch.int64, device=flat.device).index_add_(0, flat, torch.ones_like(flat))
 
 
 def codebook_bits(k) -> int:
@@ -44,7 +61,11 @@ class ResidualVQ(nn.Module):
 
     Buffers: ``codebooks (G,R,K,ds)``; EMA state ``cluster_size (G,R,K)`` and ``embed_sum (G,R,K,ds)``;
     ``initted`` (k-means init done, or received); ``version`` (+1 per change of the codebooks).
-    All randomness (k-means seeding, revival samples) comes from a CPU generator seeded with ``seed``.
+    All randomness (k-means seeding, revival samples) comes from a CPU generator seeded with ``seed``
+    (copied to the device without a host sync: :func:`to_device_async`).
+    Per message nothing is read back to the host: ``version`` and ``initted`` have host-side mirrors
+    (:attr:`host_version`, :attr:`host_initted`; read from the buffers once after a checkpoint load),
+    counts are fixed-size and revivals fixed-shape.
     ``tile_bytes``: the search's memory budget per tile (0 = auto by device) and ``search_kernel``
     (auto / matmul / fused): see mapl/core/compress/rvq/search.py.
     """
@@ -88,6 +109,7 @@ class ResidualVQ(nn.Module):
         self.register_buffer("embed_sum", cb.clone())
         self.register_buffer("initted", torch.tensor(not self.kmeans_init, device="cpu"))
         self.register_buffer("version", torch.zeros((), dtype=torch.int64, device="cpu"))
+        self._host = {"version": 0, "initted": not self.kmeans_init}    # mirrors of the two buffers
 
     def extra_repr(self) -> str:
         return (f"dim={self.dim}, groups={self.groups}, rounds={self.rounds}, codebook_size={self.codebook_size}, "
@@ -102,7 +124,29 @@ class ResidualVQ(nn.Module):
         return {"gen": self._gen.get_state()}
 
     def set_extra_state(self, state) -> None:
+        # called by load_state_dict after the buffers: the one host read of version and initted
         self._gen.set_state(state["gen"])
+        self._host = {"version": int(self.version), "initted": bool(self.initted)}
+
+    # ---- host-side mirrors (no host read per message) ---------------------------------------
+    @property
+    def host_version(self) -> int:
+        """``int(self.version)`` without reading the device."""
+        return self._host["version"]
+
+    @property
+    def host_initted(self) -> bool:
+        """``bool(self.initted)`` without reading the device."""
+        return self._host["initted"]
+
+    def _bump_version(self) -> None:
+        self.version += 1
+        self._host["version"] += 1
+
+    def mark_initted(self) -> None:
+        """The k-means init was made or received."""
+        self.initted.fill_(True)
+        self._host["initted"] = True
 
     # ---- pure ------------------------------------------------------------------------------
     @torch.no_grad()
@@ -152,7 +196,7 @@ class ResidualVQ(nn.Module):
         """Assignments per code in a batch: ``(G, R, K)`` in the codebooks' dtype (exact integers)."""
         G, R, K = self.groups, self.rounds, self.codebook_size
         i = idx.reshape(-1, G, R).long()
-        counts = torch.bincount((i + self._row_offsets(i.device)).reshape(-1), minlength=G * R * K)
+        counts = bincount((i + self._row_offsets(i.device)).reshape(-1), G * R * K)
         return counts.view(G, R, K).to(self.codebooks.dtype)
 
     def _targets(self, x: torch.Tensor, idx: torch.Tensor, cb: torch.Tensor) -> torch.Tensor:
@@ -192,12 +236,12 @@ class ResidualVQ(nn.Module):
         offs = torch.arange(G, device=x.device)[:, None] * K
         out = torch.empty(G, R, K, ds, dtype=x.dtype, device=x.device)
         for r in range(R):
-            sel = (torch.randperm(N, generator=self._gen, device="cpu")[:K] if N >= K
-                   else torch.randint(N, (K,), generator=self._gen, device="cpu")).to(x.device)
+            sel = to_device_async(torch.randperm(N, generator=self._gen, device="cpu")[:K] if N >= K
+                                  else torch.randint(N, (K,), generator=self._gen, device="cpu"), x.device)
             C = res[:, sel].clone()
             for _ in range(self.kmeans_iters):
                 flat = (self._assign(res, C) + offs).reshape(-1)
-                counts = torch.bincount(flat, minlength=G * K).view(G, K, 1)
+                counts = bincount(flat, G * K).view(G, K, 1)
                 sums = torch.zeros(G * K, ds, dtype=x.dtype, device=x.device).index_add_(0, flat, res.reshape(-1, ds))
                 C = torch.where(counts > 0, sums.view(G, K, ds) / counts.clamp(min=1).to(x.dtype), C)
             res -= C[gi, self._assign(res, C)]
@@ -211,7 +255,7 @@ class ResidualVQ(nn.Module):
         self.codebooks.copy_(cb)
         self.cluster_size.fill_(c0)
         self.embed_sum.copy_(self.codebooks * c0)
-        self.initted.fill_(True)
+        self.mark_initted()
 
     @torch.no_grad()
     def _apply_ema(self, counts: torch.Tensor, sums: torch.Tensor) -> None:
@@ -224,15 +268,19 @@ class ResidualVQ(nn.Module):
 
     @torch.no_grad()
     def _apply_revivals(self, rpos: torch.Tensor, rval: torch.Tensor) -> None:
-        """Replace codes ``rpos (G,R,M)`` (-1 = unused slot) by ``rval (G,R,M,ds)``; reset their EMA state."""
-        g, r, m = (rpos >= 0).nonzero(as_tuple=True)
-        if g.numel() == 0:
-            return
-        k = rpos[g, r, m].long()
-        v = rval[g, r, m].to(self.codebooks.dtype)
-        self.codebooks[g, r, k] = v
-        self.cluster_size[g, r, k] = self.revive_count
-        self.embed_sum[g, r, k] = v * self.revive_count
+        """Replace codes ``rpos (G,R,M)`` (-1 = unused slot) by ``rval (G,R,M,ds)``; reset their EMA state.
+        Fixed shapes, no host read: every slot is scattered into a (K+1)-wide scratch whose last column
+        takes the unused slots (the used positions of a codebook are distinct), then selected by mask."""
+        cb = self.codebooks
+        G, R, K, ds = cb.shape
+        k = torch.where(rpos >= 0, rpos.long(), K)
+        hit = torch.zeros(G, R, K + 1, dtype=torch.bool, device=cb.device).scatter_(2, k, True)[..., :K]
+        v = torch.zeros(G, R, K + 1, ds, dtype=cb.dtype, device=cb.device).scatter_(
+            2, k.unsqueeze(-1).expand(*k.shape, ds), rval.to(cb.dtype))[..., :K, :]
+        h = hit.unsqueeze(-1)
+        cb.copy_(torch.where(h, v, cb))
+        self.cluster_size.copy_(torch.where(hit, self.revive_count, self.cluster_size))
+        self.embed_sum.copy_(torch.where(h, v * self.revive_count, self.embed_sum))
 
     def no_revivals(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The fixed-shape revival record that revives nothing: positions -1, values 0."""
@@ -247,7 +295,7 @@ class ResidualVQ(nn.Module):
         G, R, K = self.groups, self.rounds, self.codebook_size
         M, dev = self.max_revive, self.codebooks.device
         N = targets.shape[0]
-        tok = torch.randint(N, (G, R, max(M, 1)), generator=self._gen, device="cpu").to(dev)[..., :M]
+        tok = to_device_async(torch.randint(N, (G, R, max(M, 1)), generator=self._gen, device="cpu"), dev)[..., :M]
         if M == 0 or self.dead_code_threshold <= 0:
             return self.no_revivals()
         cs = self.cluster_size
@@ -258,10 +306,9 @@ class ResidualVQ(nn.Module):
         else:
             vals, pos = key.topk(M, dim=-1, largest=False, sorted=True)
             ok = torch.isfinite(vals)
-        # gather residuals for the dead codes only (usually few of the M slots); the rest stay 0
-        g, r, m = ok.nonzero(as_tuple=True)
-        rval = self.no_revivals()[1]
-        rval[g, r, m] = targets[tok[g, r, m], g, r].to(self.codebooks.dtype)
+        # a residual for every slot (fixed shape: no host read of how many are dead), 0 where none is due
+        g, r = torch.arange(G, device=dev)[:, None, None], torch.arange(R, device=dev)[None, :, None]
+        rval = torch.where(ok.unsqueeze(-1), targets[tok, g, r].to(self.codebooks.dtype), 0.0)
         rpos = torch.where(ok, pos, torch.full_like(pos, -1)).to(torch.int32)
         return rpos, rval
 
@@ -283,21 +330,21 @@ class ResidualVQ(nn.Module):
         i = idx.reshape(-1, G, R).long()
         N = x.shape[0]
         dev = self.codebooks.device
-        if not bool(self.initted):
+        if not self.host_initted:
             cb = self._kmeans(x)
             self._apply_init(cb, N)
-            self.version += 1
+            self._bump_version()
             rpos, rval = self.no_revivals()
             return {"op": OP_INIT, "stat": cb, "n_tokens": N, "rpos": rpos, "rval": rval}
         targets = self._targets(x, i, self.codebooks if codebooks is None else codebooks)
         flat = (i + self._row_offsets(dev)).reshape(-1)
         sums = torch.zeros(G * R * K, ds, dtype=x.dtype, device=dev).index_add_(0, flat, targets.reshape(-1, ds))
         sums = sums.view(G, R, K, ds)
-        counts = torch.bincount(flat, minlength=G * R * K).view(G, R, K).to(self.codebooks.dtype)   # = code_counts(i)
+        counts = bincount(flat, G * R * K).view(G, R, K).to(self.codebooks.dtype)   # = code_counts(i)
         self._apply_ema(counts, sums)
         rpos, rval = self._pick_revivals(targets)
         self._apply_revivals(rpos, rval)
-        self.version += 1
+        self._bump_version()
         return {"op": OP_EMA, "stat": sums, "rpos": rpos, "rval": rval, "n_tokens": N, "counts": counts}
 
     @torch.no_grad()
@@ -314,15 +361,15 @@ class ResidualVQ(nn.Module):
             self._apply_revivals(rpos, rval)
         else:
             raise ValueError(f"unknown op {op}")
-        self.version += 1
+        self._bump_version()
 
     @torch.no_grad()
     def set_codebooks(self, cb: torch.Tensor) -> None:
         """Overwrite the codebooks (e.g. from a checkpoint or a test); keeps counts, bumps the version."""
         self.codebooks.copy_(cb)
         self.embed_sum.copy_(self.codebooks * self.cluster_size.unsqueeze(-1))
-        self.initted.fill_(True)
-        self.version += 1
+        self.mark_initted()
+        self._bump_version()
 
 
 def _check_shape(dim, groups, rounds) -> None:

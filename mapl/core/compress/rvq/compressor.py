@@ -11,7 +11,7 @@ import torch
 from ...config import RVQ_SCALES
 from ..base import Compressor, _check_direction, spec_bytes, tensor_checksum
 from ..bitpack import pack_bits_rows, packed_nbytes, unpack_bits_rows
-from .codebook import OP_NONE, ResidualVQ, codebook_bits
+from .codebook import OP_NONE, ResidualVQ, codebook_bits, to_device_async
 from .sync import make_sync
 
 __all__ = ["RVQCompressor"]
@@ -49,6 +49,10 @@ class RVQCompressor(Compressor):
     ``unpack(payload)``: (1) unpack indices; (2) decode with the receiver copy; (3) apply the sync tensors to the
     receiver copy. So message i is decoded with what messages < i delivered. The very first training message, whose indices come
     from the pre-k-means codebooks, is decoded with the equally pre-k-means receiver copy.
+
+    Host reads: ``unpack`` reads the header (one device-to-host copy per message); ``pack`` and
+    ``payload_spec`` read nothing (host-side mirrors of versions and cursors, fixed-shape revivals,
+    counts without ``bincount``; tests/test_gpu_path.py counts them).
 
     ``search_with`` (config default ``"receiver"``): searches the sender's *shadow* of the receiver
     copy (the sender applies its own sync tensors of message i to the shadow at pack i+1, so the
@@ -141,7 +145,7 @@ class RVQCompressor(Compressor):
         init was made or received). Sender and receiver objects agree on it from their own state: the
         sender has not initialised ``rvq``, the receiver has not received the init into ``recv`` and has
         no earlier message still pending (a look-ahead receive is posted before the init arrives)."""
-        return self.training and pending == 0 and not (bool(self.rvq.initted) or bool(self.recv.initted))
+        return self.training and pending == 0 and not (self.rvq.host_initted or self.recv.host_initted)
 
     def payload_roles(self, direction: str) -> list[str]:
         _check_direction(direction)
@@ -201,7 +205,7 @@ class RVQCompressor(Compressor):
         codes = pack_bits_rows(idx.reshape(B, -1), self.rvq.bits, check=False)   # search output is in range
         op = self.rvq.update(u, idx, codebooks=search_cb) if self.training else None
         op_code = OP_NONE if op is None else op["op"]
-        header = torch.tensor([int(self.rvq.version), op_code, T], dtype=torch.int64, device=z.device)
+        header = to_device_async(torch.tensor([self.rvq.host_version, op_code, T], dtype=torch.int64, device="cpu"), z.device)
         if not self.training:
             # evaluation sends the sync tensors' shapes (static messages) but no codebook change: a
             # slice sent here would move the stream's cursor and refresh the receiver early, so how
@@ -212,7 +216,7 @@ class RVQCompressor(Compressor):
             return [*data, header, *sync]
         sync = self.sync.sender_tensors(self.rvq, op)
         if self.search_with == "receiver":
-            self._pending = (int(header[0]), op_code, [t.clone() for t in sync], idx)
+            self._pending = (self.rvq.host_version, op_code, [t.clone() for t in sync], idx)
         data = [codes, *scales]
         self._record(z, u, idx, resid, scales, op, data, [header, *sync])
         return [*data, header, *sync]
@@ -244,9 +248,9 @@ class RVQCompressor(Compressor):
         """The decoding error (in z's units) of the message's token with the largest |z|: absolute
         (max over its r values) and relative (norm / norm). Window maxima, kept as tensors."""
         zt = z.detach().float().reshape(-1, z.shape[-1])
-        t = zt.abs().amax(-1).argmax()
-        e = err.float().reshape(-1, z.shape[-1])[t]
-        absolute, relative = e.abs().amax(), e.norm() / zt[t].norm().clamp_min(1e-30)
+        t = zt.abs().amax(-1).argmax().view(1)        # a 1-element index: [0-d tensor] would read it on the host
+        e = err.float().reshape(-1, z.shape[-1])[t][0]
+        absolute, relative = e.abs().amax(), e.norm() / zt[t][0].norm().clamp_min(1e-30)
         w = self._outlier
         self._outlier = [absolute, relative] if w is None else [torch.maximum(w[0], absolute),
                                                                 torch.maximum(w[1], relative)]
@@ -256,7 +260,7 @@ class RVQCompressor(Compressor):
         codes, scales, header, sync = payload[0], payload[1:n], payload[n], payload[n + 1:]
         G, R, bits = self.rvq.groups, self.rvq.rounds, self.rvq.bits
         B, nb = codes.shape
-        T = int(header[2])
+        version, op, T = header.tolist()                  # the message's one host read
         if packed_nbytes(T * G * R, bits) != nb:
             raise ValueError(f"RVQ message header says T={T}, but the codes hold {nb} bytes per sequence")
         idx = unpack_bits_rows(codes, bits, T * G * R).view(B, T, G, R)
@@ -264,7 +268,7 @@ class RVQCompressor(Compressor):
         if scales:
             z_q = z_q * scales[0].to(dtype).unsqueeze(-1)
         if self.training:                                 # evaluation messages carry no sync (see pack)
-            self.sync.apply(self.recv, int(header[0]), int(header[1]), sync, idx)
+            self.sync.apply(self.recv, version, op, sync, idx)
         return z_q
 
     # ---- wire: backward (the gradient on z, not quantised) -----------------------------------
@@ -361,7 +365,7 @@ class RVQCompressor(Compressor):
             "dead_code_pct": float(dead.mean()), "dead_code_pct_max": float(dead.max()),
             "dead_code_pct_per_round": dead.mean(0).tolist(),
             "batch_perplexity_mean": float(st["batch_perplexity"]), "rel_mse": float(st["rel_mse"]),
-            "codebook_version": int(self.rvq.version), "staleness": self.staleness(),
+            "codebook_version": self.rvq.host_version, "staleness": self.staleness(),
             "max_staleness": self.max_staleness, "codebooks_identical": crc_s == crc_r,
             "sync_bytes_total": st["sync_bytes"], "data_bytes_total": st["data_bytes"],
             "microbatches": st["microbatches"],

@@ -20,6 +20,8 @@ fixed shapes independent of the message's (B, T):
 
 A strategy is a module so that its receiver-side bookkeeping (the version each codeword was last
 written at, the newest sender version heard of) and the stream's permutation travel in checkpoints.
+Its scalar state (the newest version heard of, the stream's cursor) has host-side mirrors, so a
+message is applied without reading the device (read from the buffers once after a checkpoint load).
 """
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ import torch
 import torch.nn as nn
 
 from ...seeds import derive_seed
-from .codebook import OP_INIT, ResidualVQ
+from .codebook import OP_INIT, ResidualVQ, to_device_async
 
 __all__ = ["CodebookSync", "StreamSync", "FullSync", "MirroredSync", "SYNC_STRATEGIES", "make_sync"]
 
@@ -49,6 +51,7 @@ class CodebookSync(nn.Module):
         self.dtype = q.codebooks.dtype
         self.register_buffer("code_version", torch.zeros(G, R, K, dtype=torch.int64, device="cpu"))
         self.register_buffer("seen_version", torch.zeros((), dtype=torch.int64, device="cpu"))
+        self._seen = 0             # host mirror of seen_version
         self.desync = False        # a mirrored version gap was seen (a lost or reordered message)
 
     def get_extra_state(self):
@@ -56,6 +59,7 @@ class CodebookSync(nn.Module):
 
     def set_extra_state(self, state) -> None:
         self.desync = bool(state["desync"])
+        self._seen = int(self.seen_version)            # after load_state_dict's buffers: read once
 
     def default_max_staleness(self) -> int:
         return 0
@@ -75,15 +79,16 @@ class CodebookSync(nn.Module):
         """Apply one message's sync tensors to the receiver copy (idempotent for stream and full)."""
         self._write(receiver, version, op, tensors, idx)
         if op == OP_INIT:
-            receiver.initted.fill_(True)
-        self.seen_version.fill_(max(version, int(self.seen_version)))
+            receiver.mark_initted()
+        self._seen = max(version, self._seen)
+        self.seen_version.fill_(self._seen)
 
     def _write(self, receiver: ResidualVQ, version: int, op: int, tensors: list[torch.Tensor], idx: torch.Tensor):
         raise NotImplementedError
 
     def staleness(self, receiver: ResidualVQ) -> int:
         """Versions the receiver copy is behind the newest sender version it has heard of."""
-        return int(self.seen_version) - int(self.code_version.min())
+        return self._seen - int(self.code_version.min())
 
 
 class StreamSync(CodebookSync):
@@ -99,6 +104,7 @@ class StreamSync(CodebookSync):
         self._gen = torch.Generator().manual_seed(derive_seed(q.seed, "rvq_stream"))
         self.register_buffer("perm", self._new_perm())
         self.register_buffer("cursor", torch.zeros((), dtype=torch.int64, device="cpu"))
+        self._cursor = 0           # host mirror of cursor
 
     def get_extra_state(self):
         return {**super().get_extra_state(), "gen": self._gen.get_state()}
@@ -106,6 +112,7 @@ class StreamSync(CodebookSync):
     def set_extra_state(self, state) -> None:
         super().set_extra_state(state)
         self._gen.set_state(state["gen"])
+        self._cursor = int(self.cursor)
 
     def default_max_staleness(self) -> int:
         # every codeword is refreshed once per cycle: at most 2 * cycle - 2 versions behind while learning
@@ -123,14 +130,13 @@ class StreamSync(CodebookSync):
     def _slice(self) -> torch.Tensor:
         """Positions (G,R,n) of this message's slice; moves the cursor (a new permutation per cycle)."""
         K, n = self.shape[2], self.n
-        c = int(self.cursor)
+        c = self._cursor
         cols = (c * n + torch.arange(n, device=self.perm.device)) % K
         pos = self.perm[..., cols]
-        if c + 1 >= self.cycle:
-            self.cursor.zero_()
-            self.perm.copy_(self._new_perm())
-        else:
-            self.cursor += 1
+        self._cursor = 0 if c + 1 >= self.cycle else c + 1
+        self.cursor.fill_(self._cursor)
+        if self._cursor == 0:
+            self.perm.copy_(to_device_async(self._new_perm(), self.perm.device))
         return pos
 
     def sender_tensors(self, sender, op):
@@ -188,12 +194,12 @@ class MirroredSync(CodebookSync):
         stat, rpos, rval = tensors
         rc = receiver.codebooks
         receiver.mirror(op, stat.to(rc), rpos.to(rc.device), rval.to(rc), idx)
-        if int(receiver.version) != version:
+        if receiver.host_version != version:
             self.desync = True
-        self.code_version.fill_(int(receiver.version))
+        self.code_version.fill_(receiver.host_version)
 
     def staleness(self, receiver: ResidualVQ) -> int:
-        return int(self.seen_version) - int(receiver.version)
+        return self._seen - receiver.host_version
 
 
 SYNC_STRATEGIES: dict[str, type[CodebookSync]] = {c.name: c for c in (StreamSync, FullSync, MirroredSync)}
