@@ -311,3 +311,30 @@ def test_waits_and_the_step_end_are_timed_by_cuda_events_on_a_gpu_without_a_host
     fake_cuda_events.done = False
     clock.end_step()
     assert clock.collect(block=True)["opt"] == [0.04, 0.0, 0.01] and fake_cuda_events.syncs == 1   # end of run
+
+
+# ---- evaluation in micro-batches (train.eval_micro_batch_size) ---------------------------------------------
+def test_evaluation_in_micro_batches_equals_the_whole_batch_and_is_opt_in(micro_cfg):
+    """Issue 22 item 6: each validation batch evaluated a few sequences at a time gives the whole batch's
+    loss to float tolerance (pieces of 1 and 3 sequences, a smaller last piece included); unset, it is the
+    one-block evaluation, and only a set value enters the config hash."""
+    from dataclasses import replace
+
+    from mapl.engine import LocalEngine, eval_pieces
+    torch.manual_seed(0)
+    cfg = micro_cfg("mapl", 4)
+    engine = LocalEngine.build(cfg)
+    engine.train_step(0, 1.0)
+    losses = {}
+    for seqs in (0, 1, 3):
+        engine.cfg = replace(cfg, train=replace(cfg.train, eval_micro_batch_size=seqs))
+        losses[seqs] = engine.evaluate(0).val
+    assert abs(losses[1] - losses[0]) < 1e-6 * losses[0] and abs(losses[3] - losses[0]) < 1e-6 * losses[0], losses
+    x, y = torch.zeros(4, 8), torch.zeros(4, 8)
+    assert [(len(a), s) for a, _, s in eval_pieces(x, y, 3)] == [(3, 0.75), (1, 0.25)]
+    assert [(len(a), s) for a, _, s in eval_pieces(x, y, 0)] == [(4, 1.0)]
+    plain = load_run_config("micro")
+    assert config_hash(load_run_config("micro", {"train.eval_micro_batch_size": 0})) == config_hash(plain)
+    assert config_hash(load_run_config("micro", {"train.eval_micro_batch_size": 2})) != config_hash(plain)
+    with pytest.raises(ConfigError, match=r"^train\.eval_micro_batch_size=-1 is invalid: must be >= 0"):
+        load_run_config("micro", {"train.eval_micro_batch_size": -1}).validate()
