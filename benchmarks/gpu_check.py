@@ -46,7 +46,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from mapl.config import load_run_config
 from mapl.io import atomic_write_json
-from mapl.memory import block_activation_bytes_per_token, live_tensor_peak
+from mapl.memory import block_activation_bytes_per_token
 from mapl.model import Block, ModelConfig, rope_tables
 from mapl.stages import build_staged_model
 
@@ -134,7 +134,9 @@ def saved_bytes(device: torch.device, presets: dict[str, ModelConfig], lengths: 
 # ---- 2. the fused RVQ search: compile time and transient memory -----------------------------------------
 def rvq_kernel(device: torch.device, groups: int, K: int, ds: int, tokens: int, rounds: int) -> dict:
     """Cold compile of the fused kernel for (groups, K, ds), then one search of ``tokens`` tokens with
-    ``rounds`` rounds: its peak transient (CUDA: the allocator; CPU: live tensors) against the plan's."""
+    ``rounds`` rounds: its peak transient (the CUDA allocator's) against the plan's. On a CPU the
+    transient is not measured (None): compiled code runs no Python dispatch to count, and the
+    rehearsal's shapes are far below what the process's RSS resolves."""
     from mapl.compress.rvq.search import residual_search, search_transient_bytes, warm_fused_search
     torch._dynamo.reset()
     t0 = time.perf_counter()
@@ -152,23 +154,22 @@ def rvq_kernel(device: torch.device, groups: int, K: int, ds: int, tokens: int, 
     search()                                             # a new token count: compiled once more if at all
     _sync(device)
     first_s = time.perf_counter() - t0
+    transient = None
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
         before = torch.cuda.memory_allocated(device)
-        t0 = time.perf_counter()
-        search()
-        _sync(device)
-        search_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    search()
+    _sync(device)
+    search_s = time.perf_counter() - t0
+    if device.type == "cuda":
         transient = torch.cuda.max_memory_allocated(device) - before
-    else:
-        t0 = time.perf_counter()
-        transient, _ = live_tensor_peak(search)
-        search_s = time.perf_counter() - t0
     plan = search_transient_bytes(tokens, groups, rounds, K, ds, kernel="fused", device=device)
     block = groups * tokens * K * 4                      # what an unfused kernel would write: (G, N, K) fp32
     return {"groups": groups, "K": K, "ds": ds, "tokens": tokens, "rounds": rounds, "compile_s": compile_s,
             "first_call_s": first_s, "search_s": search_s, "transient_bytes": transient, "plan_bytes": plan,
-            "ratio": transient / plan, "distance_block_bytes": block, "fused": transient < block / 4}
+            "ratio": None if transient is None else transient / plan, "distance_block_bytes": block,
+            "fused": None if transient is None else transient < block / 4}
 
 
 # ---- 3. host reads per micro-batch ----------------------------------------------------------------------

@@ -22,7 +22,8 @@ _spec.loader.exec_module(gpu_check)
 
 @pytest.mark.slow
 def test_the_small_cpu_check_writes_every_item_as_measured(tmp_path):
-    """The whole call as the GPU runs it (a child process; ~30 s of it the fused kernel's cold compile)."""
+    """The whole call as the GPU runs it (a child process; most of it the fused kernel's cold compile:
+    30 s on an idle CPU, 3 minutes on a busy one)."""
     out = tmp_path / "check"
     r = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--small", "--out", str(out)],
                        capture_output=True, text=True, timeout=600, cwd=ROOT)
@@ -34,7 +35,7 @@ def test_the_small_cpu_check_writes_every_item_as_measured(tmp_path):
     saved = every["saved-bytes"]
     assert saved["within_3pct"] and {r["precision"] for r in saved["rows"]} == {"fp32", "bf16"}
     rvq = every["rvq-kernel"]
-    assert rvq["compile_s"] > 0 and rvq["fused"] and rvq["transient_bytes"] <= rvq["plan_bytes"] * 1.5
+    assert rvq["compile_s"] > 0 and rvq["plan_bytes"] > 0 and rvq["transient_bytes"] is None    # CUDA only
     reads = {r["method"]: r for r in every["host-reads"]["rows"]}
     assert set(reads) == set(gpu_check.METHODS)
     assert {"none", "int8", "ssn", "mapl"} <= set(every["host-reads"]["methods_without_reads"])
