@@ -494,3 +494,30 @@ def test_release_completes_the_older_sends_only_and_counts_what_was_held(monkeyp
     tx.flush()
     assert waited == [1, 2, 3] and tx.pending == []
     assert tx.held_peak == (2, 32)
+
+
+# ---- evaluation in micro-batches (train.eval_micro_batch_size) ---------------------------------------------
+def test_evaluation_in_micro_batches_equals_the_whole_batch_and_is_opt_in(micro_cfg):
+    """Issue 22 item 6: each validation batch evaluated a few sequences at a time gives the whole batch's
+    loss to float tolerance (pieces of 1 and 3 sequences, a smaller last piece included); unset, it is the
+    one-block evaluation, and only a set value enters the config hash."""
+    from dataclasses import replace
+
+    from mapl.core.engine import LocalEngine, eval_pieces
+    torch.manual_seed(0)
+    cfg = micro_cfg("mapl", 4)
+    engine = LocalEngine.build(cfg)
+    engine.train_step(0, 1.0)
+    losses = {}
+    for seqs in (0, 1, 3):
+        engine.cfg = replace(cfg, train=replace(cfg.train, eval_micro_batch_size=seqs))
+        losses[seqs] = engine.evaluate(0).val
+    assert abs(losses[1] - losses[0]) < 1e-6 * losses[0] and abs(losses[3] - losses[0]) < 1e-6 * losses[0], losses
+    x, y = torch.zeros(4, 8), torch.zeros(4, 8)
+    assert [(len(a), s) for a, _, s in eval_pieces(x, y, 3)] == [(3, 0.75), (1, 0.25)]
+    assert [(len(a), s) for a, _, s in eval_pieces(x, y, 0)] == [(4, 1.0)]
+    plain = load_run_config("micro")
+    assert config_hash(load_run_config("micro", {"train.eval_micro_batch_size": 0})) == config_hash(plain)
+    assert config_hash(load_run_config("micro", {"train.eval_micro_batch_size": 2})) != config_hash(plain)
+    with pytest.raises(ConfigError, match=r"^train\.eval_micro_batch_size=-1 is invalid: must be >= 0"):
+        load_run_config("micro", {"train.eval_micro_batch_size": -1}).validate()

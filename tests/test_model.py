@@ -95,7 +95,7 @@ def _loss_and_grads(sm, ids, autocast):
 def test_activation_checkpointing_changes_nothing_but_memory(method, autocast):
     ids = torch.randint(0, 256, (2, 33), generator=torch.Generator().manual_seed(0))
     plain = _staged(method, stages=3)
-    ckpt = _staged(method, stages=3, activation_checkpointing=True)
+    ckpt = _staged(method, stages=3, activation_checkpointing="on")
     assert ckpt.activation_checkpointing and not plain.activation_checkpointing
     la, ga = _loss_and_grads(plain, ids, autocast)
     lb, gb = _loss_and_grads(ckpt, ids, autocast)
@@ -104,7 +104,7 @@ def test_activation_checkpointing_changes_nothing_but_memory(method, autocast):
     assert all(torch.equal(ga[k], gb[k]) for k in ga)
     # the checkpointed forward keeps fewer tensors for backward (the test can fail)
     saved = {}
-    for name, sm in (("plain", _staged(method, stages=3)), ("ckpt", _staged(method, stages=3, activation_checkpointing=True))):
+    for name, sm in (("plain", _staged(method, stages=3)), ("ckpt", _staged(method, stages=3, activation_checkpointing="on"))):
         n = [0]
         with torch.autograd.graph.saved_tensors_hooks(lambda t: n.__setitem__(0, n[0] + t.numel()) or t, lambda t: t):
             sm(ids[:, :-1], ids[:, 1:])
@@ -161,7 +161,7 @@ def test_ssn_boundary_error_under_bf16_autocast_is_within_2x_of_fp32():
 def test_staged_model_and_diagnostics_follow_their_inputs_device(method, on_meta):
     from mapl.core.diagnostics import boundary_diagnostics
     torch.set_default_device(None)
-    sm = _staged(method, ratio=1.0 if method in ("none", "int8") else 4.0, stages=3, activation_checkpointing=True)
+    sm = _staged(method, ratio=1.0 if method in ("none", "int8") else 4.0, stages=3, activation_checkpointing="on")
     ids = torch.randint(0, 256, (2, 17))
     torch.set_default_device("meta")
     for _ in range(2):                                    # the RVQ's k-means init, then an EMA step

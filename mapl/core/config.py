@@ -34,7 +34,7 @@ from ..base.settings import (ConfigError, build, check_fields, coerce, field_hin
                              set_nested, setting)
 
 __all__ = ["METHODS", "PROJECTORS", "ANCHORS", "SCHEDULES", "PRECISIONS", "RVQ_SYNC_MODES", "RVQ_SEARCH_KERNELS", "RVQ_SCALES",
-           "POLAR_METHODS",
+           "POLAR_METHODS", "CHECKPOINTING_MODES", "NORM_CASTS",
            "ConfigError", "setting", "AnchorConfig", "ProjectorConfig", "SPELConfig", "RVQConfig",
            "CompressorConfig", "TrainConfig", "RunConfig", "PROJECT_ROOT", "RESUMABLE_FIELDS", "EXECUTION_FIELDS",
            "load_params", "load_run_config", "apply_overrides", "parse_set", "config_hash", "config_diff",
@@ -59,17 +59,19 @@ RVQ_SYNC_MODES = ("stream", "full", "mirrored")
 RVQ_SEARCH_KERNELS = ("auto", "matmul", "fused")
 RVQ_SCALES = ("none", "token")                             # mapl/core/compress/rvq/compressor.py says what each does
 POLAR_METHODS = ("svd", "polar_express")
+CHECKPOINTING_MODES = ("off", "on", "auto")               # auto: the memory plan turns it on when a stage does not fit
+NORM_CASTS = ("per-linear", "once")                        # mapl/core/model.py's Block says what each does
 # settings that change neither the model's shape nor its data: a checkpoint may be resumed with new
 # values when the user asks for it explicitly (the change is recorded in the results)
 RESUMABLE_FIELDS = frozenset({
     "train.steps", "train.lr_muon", "train.lr_adam", "train.lr_embed", "train.lr_head", "train.lr_anchor",
     "train.warmup_steps", "train.min_lr_frac", "train.grad_clip", "train.weight_decay", "train.eval_every",
     "train.eval_tokens", "train.eval_batch_size", "train.schedule", "compressor.projector.lr_mult",
-    "train.loss_chunk_tokens",
+    "train.loss_chunk_tokens", "train.eval_micro_batch_size",
 })
 # fields added after runs were committed: hashed only when set away from this default, so a run that
 # does not use one keeps its hash (it computes exactly what it did before the field existed)
-HASHED_WHEN_SET = {"train.loss_chunk_tokens": 0}
+HASHED_WHEN_SET = {"train.loss_chunk_tokens": 0, "train.eval_micro_batch_size": 0, "train.norm_cast": "per-linear"}
 # how a run is executed, not what it computes: outside the config hash and every resume decision
 EXECUTION_FIELDS = ("run_name", "profile", "train.checkpoint_every", "train.threads", "train.activation_checkpointing",
                     "train.health_every", "train.health_warn_factor", "train.comm_timeout_s")
@@ -189,6 +191,10 @@ class TrainConfig:
     eval_every: int = setting(50, min=1)
     eval_tokens: int = setting(65536, min=0)               # validation tokens read per evaluation; 0 = the whole split
     eval_batch_size: int = setting(16, min=1)
+    # evaluate each validation batch this many sequences at a time (its loss the token-weighted mean of
+    # the pieces: equal to ~1e-7, not bitwise); 0 = the whole batch at once. At eval_batch_size 64 x 2048
+    # tokens and V = 32k the last stage would hold ~40 GB of logits, their fp32 copy and log-softmax
+    eval_micro_batch_size: int = setting(0, min=0)
     eval_offset: int = setting(0, min=0)                   # skip this many val tokens (a slice of the split)
     # every n-th validation window (n-1, 2n-1, ...) forms the *selection* set, on which a "best step"
     # or a tuning winner is chosen; the others the *report* set (val_loss). Interleaved, both sets
@@ -199,7 +205,12 @@ class TrainConfig:
     health_warn_factor: float = setting(5.0, min=1)        # warn when a window's max |z| > this x the median of earlier ones
     precision: str = setting("auto", choices=PRECISIONS)   # auto: bf16 autocast on CUDA, fp32 on CPU
     schedule: str = setting("gpipe", choices=SCHEDULES)    # multi-process schedule
-    activation_checkpointing: bool = setting(False)        # recompute each block in backward (memory for time)
+    # recompute each block in backward (memory for time): off, on, or auto (on when the memory plan of
+    # this run's device does not fit without it; off where the device's memory is not known, as on CPU)
+    activation_checkpointing: str = setting("off", choices=CHECKPOINTING_MODES)
+    # under bf16 autocast each linear casts the norm output it reads (5 bf16 copies per block saved for
+    # backward); once: each norm's output is cast once (2 copies; another rounding of the same values)
+    norm_cast: str = setting("per-linear", choices=NORM_CASTS)
     # cross-entropy of the LM head this many tokens at a time, each chunk's logits recomputed in backward
     # (a 32k vocabulary's fp32 logits are GBs per micro-batch); 0 = one block (equal to 1e-6, not bitwise)
     loss_chunk_tokens: int = setting(0, min=0)

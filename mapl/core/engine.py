@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -30,7 +30,7 @@ from .stages import StagedModel, build_staged_model
 from .wire import ByteMeter
 
 __all__ = ["RunData", "resolve_data_dir", "open_run_data", "batch_weight", "build_optimizers", "set_lr", "autocast_ctx",
-           "stage_of_parameter", "check_projectors", "LocalEngine"]
+           "eval_pieces", "stage_of_parameter", "check_projectors", "LocalEngine"]
 
 
 # ---- data ----------------------------------------------------------------------------------------------
@@ -82,6 +82,16 @@ def batch_weight(y: torch.Tensor, batches: list) -> float:
     full batches weigh exactly 1.0, so where the windows fill every batch the numbers are those of
     the plain mean over batches, bit for bit."""
     return y.numel() / batches[0][1].numel()
+
+
+def eval_pieces(x: torch.Tensor, y: torch.Tensor, seqs: int):
+    """One validation batch in pieces of ``seqs`` sequences (``train.eval_micro_batch_size``; 0: one
+    piece), each with its share of the batch's tokens: the batch's mean loss is the share-weighted sum
+    of the pieces' means. One piece has share exactly 1.0 (the numbers of an evaluation in one block)."""
+    step = seqs or len(x)
+    for i in range(0, len(x), step):
+        yi = y[i:i + step]
+        yield x[i:i + step], yi, yi.numel() / y.numel()
 
 
 # ---- the optimizer recipe ---------------------------------------------------------------------------
@@ -169,6 +179,19 @@ def check_projectors(comps: dict[int, object], step: int) -> None:
                     f"step {step}; the last good checkpoint is kept")
 
 
+def _resolve_checkpointing(cfg: RunConfig, vocab: int, device: torch.device) -> RunConfig:
+    """``train.activation_checkpointing: auto`` decided by the memory plan for this device: every stage
+    on one device here, so the stages' totals together against its memory (off on a CPU)."""
+    if cfg.train.activation_checkpointing != "auto":
+        return cfg
+    from .memory import memory_plan
+    on = False
+    if device.type == "cuda":
+        plain = memory_plan(cfg, vocab, device="cuda", checkpointing=False)
+        on = sum(s.total for s in plain.stages) > 0.9 * torch.cuda.get_device_properties(device).total_memory
+    return replace(cfg, train=replace(cfg.train, activation_checkpointing="on" if on else "off"))
+
+
 # ---- the single-process engine ----------------------------------------------------------------------
 class LocalEngine:
     """Every stage in this process (``mapl.core.loop.Engine``)."""
@@ -176,7 +199,7 @@ class LocalEngine:
 
     def __init__(self, cfg: RunConfig, data: RunData, device: torch.device, ckpt: Path | None = None):
         self.cfg, self.data, self.device = cfg, data, device
-        self.sm = build_staged_model(cfg, data.vocab_size).to(device)
+        self.sm = build_staged_model(_resolve_checkpointing(cfg, data.vocab_size, device), data.vocab_size).to(device)
         self.opts = build_optimizers(self.sm, cfg)
         self.meter = ByteMeter()
         self.ckpt = Path(ckpt) if ckpt else None
@@ -248,11 +271,15 @@ class LocalEngine:
         was_training = sm.training
         sm.eval()                        # eval: compressors must not update state (RVQ EMA, k-means, sync)
 
+        t = self.cfg.train
+
         def mean_loss(batches: list) -> float:
             total = torch.zeros((), dtype=torch.float64, device=dev)
             with autocast_ctx(self.cfg, dev):
                 for x, y in batches:
-                    total += sm(x.to(dev), y.to(dev)).double() * batch_weight(y, batches)
+                    w = batch_weight(y, batches)
+                    for xi, yi, share in eval_pieces(x, y, t.eval_micro_batch_size):
+                        total += sm(xi.to(dev), yi.to(dev), None, t.loss_chunk_tokens).double() * (w * share)
             return float(total) / sum(batch_weight(y, batches) for _, y in batches)
 
         out = Evaluation(mean_loss(self.data.val_batches),

@@ -22,11 +22,14 @@ Where the numbers come from:
   (the runtime's target: an fp32 residual stream, matmuls in bf16): residual-side norm tensors stay fp32,
   the norm output is saved as a bf16 cast once per linear that reads it (autocast caches the casts of
   weights only: wq, wk, wv make three copies of the attention norm's output, w1, w3 two of the FFN
-  norm's; calibrated against saved tensors at the 150M and 1B block shapes), everything after a matmul
+  norm's; calibrated against saved tensors at the 150M and 1B block shapes; ``train.norm_cast: once``
+  casts each norm's output once: two copies), everything after a matmul
   is bf16, log-sum-exp fp32; and every micro-batch in flight holds its own bf16 copy of the stage's
   matmul weights (autocast's cast cache lives for one forward);
 * micro-batches alive at the peak: GPipe keeps all M; 1F1B at most P - s on stage s. With activation
   checkpointing a block keeps only its input, plus one block's activations while it is recomputed;
+  ``train.activation_checkpointing: auto`` turns it on for a run whose plan does not fit the device
+  without it (:func:`resolve_checkpointing`; off where the device's memory is not known);
 * the last stage keeps log-softmax's fp32 output (V per token) for every micro-batch alive, and while
   one micro-batch runs the loss it briefly holds the logits and their gradients besides; with
   ``train.loss_chunk_tokens`` (chunked cross-entropy, logits recomputed in backward) nothing V-wide is
@@ -34,6 +37,15 @@ Where the numbers come from:
 * wire buffers: the runtime releases each send one communication batch later, so a stage holds at most
   two sends at once (``sends_held="batch"``; ``"step"``: every send of the step, as the runtime did
   before), plus one receive per direction;
+* evaluation (``eval_peak``, a peak of its own between steps, when gradients are freed): parameters,
+  optimizer and compressor state, the stream (and the anchor, kept for the stage's end) and one block's
+  no-grad temporaries of one evaluation
+  micro-batch (``train.eval_micro_batch_size`` sequences, else the whole ``eval_batch_size``; measured
+  per token by :func:`live_tensor_peak`: fp32 4(2d + 3f), bf16 8d + 6f) or, if larger, on the last stage
+  the final norm's output and the fp32 logits and log-softmax (8V per token, of one ``loss_chunk_tokens``
+  chunk at most), autocast's bf16 weight copies, and the evaluation sends
+  of one batch (the runtime completes them per batch). A stage's ``total`` is the larger of its
+  training terms and its evaluation peak;
 * MAPL+RVQ's sender searches each micro-batch it packs: the search's temporaries
   (:func:`mapl.core.compress.rvq.search.search_transient_bytes`: O(G·N) with the fused kernel, the tile's
   distance block with the matmul one, and the k-means init's tile at the first step), plus the fp32 copy
@@ -46,9 +58,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+import weakref
 from dataclasses import dataclass, field, fields
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from .compress.base import spec_bytes
 from .config import RunConfig, load_run_config
@@ -56,7 +71,8 @@ from .model import ModelConfig
 from .runtime.schedule import schedule_ops
 
 __all__ = ["GiB", "StageMemory", "MemoryPlan", "memory_plan", "format_plan", "check_plan", "build_meta_stage",
-           "block_activation_bytes_per_token", "head_activation_bytes_per_token", "resolve_precision", "main"]
+           "block_activation_bytes_per_token", "head_activation_bytes_per_token", "resolve_precision",
+           "resolve_checkpointing", "eval_block_bytes_per_token", "live_tensor_peak", "main"]
 
 GiB = 1024 ** 3
 # optimizer state in multiples of the parameter bytes (+ scalars per parameter tensor)
@@ -71,14 +87,73 @@ def resolve_precision(precision: str, device: str) -> str:
     return precision if precision != "auto" else ("bf16" if device.startswith("cuda") else "fp32")
 
 
-def block_activation_bytes_per_token(mc: ModelConfig, precision: str) -> int:
-    """Bytes one LLaMA block (RMSNorm, RoPE attention through SDPA, SwiGLU) saves for backward, per token."""
+def block_activation_bytes_per_token(mc: ModelConfig, precision: str, norm_cast: str = "per-linear") -> int:
+    """Bytes one LLaMA block (RMSNorm, RoPE attention through SDPA, SwiGLU) saves for backward, per token
+    (``norm_cast``: ``train.norm_cast``, which matters under bf16 only)."""
     d, q, kv, f, H = mc.d_model, mc.n_heads * mc.head_dim, mc.n_kv_heads * mc.head_dim, mc.ffn_hidden, mc.n_heads
     if precision == "fp32":
         return 4 * (2 * (3 * d + 1) + 3 * q + 2 * kv + H + 4 * f)
     # bf16: per norm x and x/rms fp32 (8d) + rstd; its bf16 output once per linear reading it (3 + 2 copies
-    # of 2d); attention bf16 + lse fp32; SwiGLU bf16
-    return 2 * (8 * d + 4) + 5 * 2 * d + 2 * (3 * q + 2 * kv) + 4 * H + 2 * 4 * f
+    # of 2d; one per norm when cast once); attention bf16 + lse fp32; SwiGLU bf16
+    copies = 2 if norm_cast == "once" else 5
+    return 2 * (8 * d + 4) + copies * 2 * d + 2 * (3 * q + 2 * kv) + 4 * H + 2 * 4 * f
+
+
+def eval_block_bytes_per_token(mc: ModelConfig, precision: str) -> int:
+    """Peak bytes per token of one block's no-grad forward beyond its input (evaluation), as
+    :func:`live_tensor_peak` measures it: the SwiGLU's three f-wide tensors alive at once (silu(gate),
+    up, their product), the norm's fp32 output, and in bf16 its cast and the branch output."""
+    d, f = mc.d_model, mc.ffn_hidden
+    return 4 * (2 * d + 3 * f) if precision == "fp32" else 8 * d + 6 * f
+
+
+class _LiveBytes(TorchDispatchMode):
+    """Counts the bytes of the tensor storages created inside it that are still referenced; keeps the peak."""
+
+    def __init__(self):
+        super().__init__()
+        self.live: dict[int, list[int]] = {}      # storage pointer -> [bytes, tensors referring to it]
+        self.outside: set[int] = set()            # storages that existed before (parameters, inputs)
+        self.now = self.peak = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        for t in tree_leaves((args, kwargs)):
+            if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in self.live:
+                self.outside.add(t.untyped_storage().data_ptr())
+        out = func(*args, **(kwargs or {}))
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor) and t.device.type != "meta":
+                self._track(t)
+        return out
+
+    def _track(self, t: torch.Tensor) -> None:
+        st = t.untyped_storage()
+        key = st.data_ptr()
+        if key in self.outside and key not in self.live:      # a view of a tensor made before
+            return
+        if key not in self.live:
+            self.live[key] = [st.nbytes(), 0]
+            self.now += st.nbytes()
+            self.peak = max(self.peak, self.now)
+        self.live[key][1] += 1
+        weakref.finalize(t, self._drop, key)
+
+    def _drop(self, key: int) -> None:
+        entry = self.live.get(key)
+        if entry is not None:
+            entry[1] -= 1
+            if entry[1] == 0:
+                self.now -= entry[0]
+                del self.live[key]
+
+
+def live_tensor_peak(fn) -> tuple[int, object]:
+    """(peak bytes of the tensors ``fn()`` creates while it runs, its result), on any device: the
+    allocator-free count of what a plan term claims (CPU has no ``max_memory_allocated``)."""
+    mode = _LiveBytes()
+    with mode:
+        out = fn()
+    return mode.peak, out
 
 
 def head_activation_bytes_per_token(mc: ModelConfig, precision: str) -> tuple[int, int]:
@@ -122,16 +197,22 @@ class StageMemory:
     working: int = 0              # transient: one micro-batch's backward/loss, or the optimizer step beyond them
     compressor: int = 0           # anchors, projector copies, RVQ codebooks (+ grads, optimizer state)
     buffers: int = 0              # wire send/receive buffers
+    eval_peak: int = 0            # evaluation, between steps: state + one evaluation micro-batch (not a term)
     detail: dict = field(default_factory=dict)
 
     @property
-    def total(self) -> int:
+    def train_total(self) -> int:
         return (self.params + self.grads + self.optimizer + self.activations + self.head + self.working
                 + self.compressor + self.buffers)
 
+    @property
+    def total(self) -> int:
+        """The stage's peak: training (the sum of its terms) or evaluation, whichever is larger."""
+        return max(self.train_total, self.eval_peak)
+
     def terms(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)
-                if f.name not in ("stage", "layers", "alive", "detail")}
+                if f.name not in ("stage", "layers", "alive", "detail", "eval_peak")}
 
 
 @dataclass
@@ -152,8 +233,8 @@ class MemoryPlan:
         return {"run": self.run, "precision": self.precision, "schedule": self.schedule,
                 "micro_batches": self.micro_batches, "tokens_per_micro_batch": self.tokens_per_micro_batch,
                 "checkpointing": self.checkpointing,
-                "stages": [{"stage": s.stage, "layers": s.layers, "alive": s.alive, **s.terms(), "total": s.total,
-                            "detail": s.detail} for s in self.stages]}
+                "stages": [{"stage": s.stage, "layers": s.layers, "alive": s.alive, **s.terms(),
+                            "eval_peak": s.eval_peak, "total": s.total, "detail": s.detail} for s in self.stages]}
 
 
 def _alive(schedule: str, stages: int, micro: int, s: int) -> int:
@@ -263,7 +344,7 @@ def _stage_plan(cfg: RunConfig, vocab: int, s: int, precision: str, checkpointin
     tokens = (t.batch_size // t.micro_batches) * t.seq_len
     st.alive = alive = _alive(t.schedule, P, t.micro_batches, s)
     matmul_bytes = 4 if precision == "fp32" else 2
-    blk = block_activation_bytes_per_token(mc, precision) * tokens
+    blk = block_activation_bytes_per_token(mc, precision, t.norm_cast) * tokens
     n_blocks = len(st.layers)
     weights = 0
     if precision == "bf16":          # autocast's bf16 weight copies, one set per micro-batch in flight
@@ -284,7 +365,32 @@ def _stage_plan(cfg: RunConfig, vocab: int, s: int, precision: str, checkpointin
     st.working = max(act_working, st.detail["opt_transient"] - st.activations - st.head)
     st.buffers = _buffer_bytes(sm, s, P, (t.batch_size // t.micro_batches, t.seq_len), t.micro_batches, sends_held)
     st.detail.update(block_bytes_per_micro_batch=blk, micro_batch_tokens=tokens)
+    st.eval_peak = _eval_peak(cfg, sm, st, s, precision, device)
     return st
+
+
+def _eval_peak(cfg: RunConfig, sm, st: StageMemory, s: int, precision: str, device: str) -> int:
+    """Stage s's peak while it evaluates one micro-batch (no graph; gradients freed by the step before):
+    its state, the received message and the fp32 stream, one block's no-grad temporaries, on the last
+    stage the V-wide logits and log-softmax, autocast's bf16 weight copies, and one batch's sends."""
+    t, P, mc = cfg.train, cfg.stages, sm.model.cfg
+    seqs = min(t.eval_micro_batch_size or t.eval_batch_size, t.eval_batch_size)
+    tokens = seqs * t.seq_len
+    # the fp32 stream, then whichever is larger: a block's temporaries, or (last stage) the final norm's
+    # output with one chunk's fp32 logits and log-softmax (a bf16 logits block is freed by its fp32 copy)
+    head = 4 * mc.d_model * tokens + 8 * mc.vocab_size * min(tokens, t.loss_chunk_tokens or tokens)
+    stream = (2 if sm.anchors[str(s)].kind != "none" else 1) * 4 * mc.d_model * tokens   # + the anchor, kept
+    work = stream + max(eval_block_bytes_per_token(mc, precision) * tokens, head if s == P - 1 else 0)
+    if precision == "bf16":
+        work += st.detail["stage_weight_bf16"] + (2 * mc.d_model * mc.vocab_size if s == P - 1 else 0)
+    shape, pieces = (seqs, t.seq_len), -(-t.eval_batch_size // seqs)
+    ids = sm.id_bytes_per_token() * tokens
+    wire = 0
+    if s > 0:                        # one receive (+ token ids)
+        wire += _wire_bytes(sm.boundaries[str(s - 1)], shape, "fwd") + ids
+    if s < P - 1:                    # the sends of one evaluation batch, completed before the next
+        wire += pieces * (_wire_bytes(sm.boundaries[str(s)], shape, "fwd") + ids)
+    return st.params + st.optimizer + st.compressor + work + wire
 
 
 def _rvq_search_bytes(cfg: RunConfig, sm, s: int, tokens: int, precision: str, device: str) -> int:
@@ -321,20 +427,35 @@ def _buffer_bytes(sm, s: int, P: int, mb_shape, micro: int, sends_held: str) -> 
 
 def memory_plan(cfg: RunConfig, vocab_size: int | None = None, *, device: str = "cuda",
                 precision: str | None = None, checkpointing: bool | None = None,
-                sends_held: str = "batch") -> MemoryPlan:
+                sends_held: str = "batch", device_bytes: float | None = None) -> MemoryPlan:
     """Bytes per stage of ``cfg`` on ``device`` ('cuda' or 'cpu': picks the precision of 'auto').
     ``vocab_size``: the tokenizer's (default: the model preset's). ``checkpointing``: default the config's
-    ``train.activation_checkpointing``."""
+    ``train.activation_checkpointing`` ('auto' resolved against ``device_bytes``, :func:`resolve_checkpointing`)."""
     mc = cfg.model_config(vocab_size)
     cfg = cfg.validate(mc.vocab_size)
     prec = resolve_precision(precision or cfg.train.precision, device)
     if checkpointing is None:
-        checkpointing = cfg.train.activation_checkpointing
+        checkpointing = resolve_checkpointing(cfg, mc.vocab_size, device=device, device_bytes=device_bytes,
+                                              precision=precision, sends_held=sends_held)
     stages = [_stage_plan(cfg, mc.vocab_size, s, prec, checkpointing, sends_held, device) for s in range(cfg.stages)]
     t = cfg.train
     return MemoryPlan(run=cfg.name(), precision=prec, schedule=t.schedule, micro_batches=t.micro_batches,
                       tokens_per_micro_batch=(t.batch_size // t.micro_batches) * t.seq_len,
                       checkpointing=checkpointing, stages=stages)
+
+
+def resolve_checkpointing(cfg: RunConfig, vocab_size: int | None = None, *, device: str = "cuda",
+                          device_bytes: float | None = None, reserve_frac: float = 0.10, **plan_kw) -> bool:
+    """Whether ``cfg`` runs with activation checkpointing: ``train.activation_checkpointing`` on/off as
+    set; 'auto': on exactly when the plan without it does not fit ``device_bytes`` less the reserve
+    (as :func:`check_plan` judges), off when the device's memory is not given (a CPU host)."""
+    mode = cfg.train.activation_checkpointing
+    if mode != "auto":
+        return mode == "on"
+    if not device_bytes:
+        return False
+    plain = memory_plan(cfg, vocab_size, device=device, checkpointing=False, **plan_kw)
+    return plain.peak.total > device_bytes * (1.0 - reserve_frac)
 
 
 def _gib(x: float) -> str:
@@ -343,7 +464,7 @@ def _gib(x: float) -> str:
 
 def format_plan(plan: MemoryPlan) -> str:
     """The plan as a markdown table in GiB, one row per stage."""
-    names = list(plan.stages[0].terms())
+    names = list(plan.stages[0].terms()) + ["eval_peak"]
     head = (f"memory plan {plan.run}: {plan.precision}, {plan.schedule}, {plan.micro_batches} micro-batches of "
             f"{plan.tokens_per_micro_batch} tokens, activation checkpointing {'on' if plan.checkpointing else 'off'}")
     lines = [head, "", "| stage | layers | alive | " + " | ".join(names) + " | total (GiB) |",
@@ -351,7 +472,7 @@ def format_plan(plan: MemoryPlan) -> str:
     for s in plan.stages:
         lay = f"{s.layers[0]}-{s.layers[-1]}" if len(s.layers) > 1 else str(s.layers[0])
         lines.append(f"| {s.stage} | {lay} | {s.alive} | " + " | ".join(_gib(v) for v in s.terms().values())
-                     + f" | {_gib(s.total)} |")
+                     + f" | {_gib(s.eval_peak)} | {_gib(s.total)} |")
     return "\n".join(lines) + "\n"
 
 
@@ -361,6 +482,12 @@ def check_plan(plan: MemoryPlan, device_bytes: float, reserve_frac: float = 0.10
         raise ValueError(f"device memory {device_bytes!r} is invalid: must be > 0 bytes")
     limit = device_bytes * (1.0 - reserve_frac)
     worst = plan.peak
+    if worst.total > limit and worst.eval_peak > worst.train_total:
+        raise ValueError(
+            f"memory plan of {plan.run} does not fit: stage {worst.stage} needs {_gib(worst.total)} GiB to "
+            f"evaluate (training needs {_gib(worst.train_total)} GiB) but the device allows {_gib(limit)} GiB "
+            f"({_gib(device_bytes)} GiB less {reserve_frac:.0%} reserve); try a smaller "
+            f"train.eval_micro_batch_size, train.loss_chunk_tokens or more stages")
     if worst.total > limit:
         big = max(worst.terms().items(), key=lambda kv: kv[1])
         raise ValueError(
@@ -377,14 +504,16 @@ def main(argv=None) -> int:
     ap.add_argument("--stages", type=int), ap.add_argument("--schedule", choices=["gpipe", "1f1b"])
     ap.add_argument("--micro-batches", type=int), ap.add_argument("--seq-len", type=int)
     ap.add_argument("--device", default="cuda", help="cuda | cpu: the precision 'auto' resolves to")
-    ap.add_argument("--checkpointing", action="store_true", help="activation checkpointing per block")
+    ap.add_argument("--checkpointing", action="store_true", help="activation checkpointing per block "
+                    "(default: the profile's train.activation_checkpointing; 'auto' decides against --device-gib)")
     ap.add_argument("--device-gib", type=float, help="refuse if a stage exceeds this (GiB)")
     a = ap.parse_args(argv)
     over = {"model": a.model, "method": a.method, "ratio": a.ratio, "stages": a.stages,
             "train.schedule": a.schedule, "train.micro_batches": a.micro_batches, "train.seq_len": a.seq_len}
     try:
         plan = memory_plan(load_run_config(a.profile, over), device=a.device,
-                           checkpointing=True if a.checkpointing else None)
+                           checkpointing=True if a.checkpointing else None,
+                           device_bytes=a.device_gib * GiB if a.device_gib else None)
         print(format_plan(plan))
         if a.device_gib:
             check_plan(plan, a.device_gib * GiB)

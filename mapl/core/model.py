@@ -79,9 +79,21 @@ class FeedForward(nn.Module):
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
 
 
+def _cast_once(h: torch.Tensor) -> torch.Tensor:
+    """A norm output in autocast's dtype (when autocast is on), so the linears reading it share one copy."""
+    dev = h.device.type
+    return h.to(torch.get_autocast_dtype(dev)) if torch.is_autocast_enabled(dev) else h
+
+
 class Block(nn.Module):
     """Pre-norm block. Pre-norm matters for SSN: the residual stream is emb + sum of wo/w2 outputs,
-    so constraining those writers to span(U) keeps the stream in span(U) + the token shift."""
+    so constraining those writers to span(U) keeps the stream in span(U) + the token shift.
+
+    ``cast_norm_once`` (``train.norm_cast: once``): under autocast each linear casts its input itself,
+    so wq, wk, wv (and w1, w3) each save their own bf16 copy of the same norm output for backward;
+    cast once, they share one (2 copies per block instead of 5). Off by default: the runs committed
+    so far were made without it."""
+    cast_norm_once = False
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -91,6 +103,9 @@ class Block(nn.Module):
         self.ffn = FeedForward(cfg)
 
     def forward(self, x, cos, sin):
+        if self.cast_norm_once:
+            x = x + self.attn(_cast_once(self.attn_norm(x)), cos, sin)
+            return x + self.ffn(_cast_once(self.ffn_norm(x)))
         x = x + self.attn(self.attn_norm(x), cos, sin)
         return x + self.ffn(self.ffn_norm(x))
 

@@ -82,10 +82,12 @@ def chunked_linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets:
 
 class StagedModel(nn.Module):
     def __init__(self, model: Transformer, split: list[list[int]], anchors: list[Anchor],
-                 boundaries: list[nn.Module], activation_checkpointing: bool = False):
+                 boundaries: list[nn.Module], activation_checkpointing: bool = False, norm_cast: str = "per-linear"):
         super().__init__()
         self.model = model
         self.activation_checkpointing = activation_checkpointing      # per block (train.activation_checkpointing)
+        for block in model.layers.values():                           # train.norm_cast (mapl.core.model.Block)
+            block.cast_norm_once = norm_cast == "once"
         self.split = split
         self.n_stages = len(split)
         self.anchors = nn.ModuleDict({str(s): a for s, a in enumerate(anchors)})
@@ -224,4 +226,6 @@ def build_staged_model(cfg: RunConfig, vocab_size: int) -> StagedModel:
         anchors.append(Anchor(ac.kind, mc.vocab_size, mc.d_model, ac.rank or r, seed=seed,
                               static_std=ac.static_std, init_std=ac.init_std))
     boundaries = [build_boundary(comp, mc.d_model, p) for p in range(cfg.stages - 1)]
-    return StagedModel(model, split, anchors, boundaries, cfg.train.activation_checkpointing)
+    # 'auto' is resolved to on/off by the engine from the memory plan (mapl.core.memory.resolve_checkpointing)
+    return StagedModel(model, split, anchors, boundaries, cfg.train.activation_checkpointing == "on",
+                       cfg.train.norm_cast)

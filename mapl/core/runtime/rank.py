@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -62,19 +63,23 @@ def open_data(cfg: RunConfig, topo: Topology, faults: FaultPlan | None = None) -
     return data
 
 
-def print_memory_plan(cfg: RunConfig, vocab: int, topo: Topology, log) -> None:
+def print_memory_plan(cfg: RunConfig, vocab: int, topo: Topology, log) -> RunConfig:
     """Rank 0 prints the memory plan per stage (``mapl.core.memory``, the planner's module); on a GPU every
     rank refuses a plan whose stage does not fit its device. Nothing is printed until that module
-    exists in the tree."""
+    exists in the tree. Returns ``cfg`` with ``train.activation_checkpointing: auto`` decided by the plan
+    (on exactly when the plan does not fit this device without it; off on a CPU)."""
     try:
         from .. import memory
     except ImportError:
-        return
-    plan = memory.memory_plan(cfg, vocab, device=topo.device.type)
+        return cfg
+    cuda = topo.device.type == "cuda"
+    device_bytes = torch.cuda.get_device_properties(topo.device).total_memory if cuda else None
+    plan = memory.memory_plan(cfg, vocab, device=topo.device.type, device_bytes=device_bytes)
     if topo.rank == 0:
         log(memory.format_plan(plan))
-    if topo.device.type == "cuda":
-        memory.check_plan(plan, torch.cuda.get_device_properties(topo.device).total_memory)
+    if cuda:
+        memory.check_plan(plan, device_bytes)
+    return replace(cfg, train=replace(cfg.train, activation_checkpointing="on" if plan.checkpointing else "off"))
 
 
 def warm_compiled_kernels(cfg: RunConfig, topo: Topology, log) -> bool:
@@ -113,7 +118,7 @@ def run_rank(cfg: RunConfig, topo: Topology, *, out: Path | None, ckpt: Path | N
     err = None
     try:
         cfg = cfg.validate(data.vocab_size)
-        print_memory_plan(cfg, data.vocab_size, topo, quiet)
+        cfg = print_memory_plan(cfg, data.vocab_size, topo, quiet)
     except ValueError as e:
         err = str(e)
     _gather_errors(err, world_group)

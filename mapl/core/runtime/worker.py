@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from ..config import RunConfig
-from ..engine import RunData, autocast_ctx, batch_weight, build_optimizers, check_projectors, set_lr
+from ..engine import RunData, autocast_ctx, batch_weight, build_optimizers, check_projectors, eval_pieces, set_lr
 from ..loop import Evaluation, LoopState, StepOutcome
 from ..results import build_results, describe_boundary
 from ..stages import build_staged_model
@@ -339,27 +339,39 @@ class PipelineEngine:
         was = sm.training
         sm.eval()
         total, weight, mine = 0.0, 0.0, batches[self.topo.replica::self.R]
+        t = self.cfg.train
         for i, (x, y) in enumerate(mine):
             self.tx.context = f"{what} after step {step} (batch {i})"
-            ids, z_in = (x.to(dev) if self.topo.first else None), None
-            if not self.topo.first:
-                payload, ids = self.msg.take_fwd(self.msg.post_fwd(tuple(x.shape)))
-                z_in = self.comp_in.unpack(payload, self.msg.in_dtype)
-            with autocast_ctx(self.cfg, dev):
-                out = sm.stage_forward(self.stage, z_in, ids)
-            if self.topo.last:          # token-weighted, as LocalEngine.evaluate (mapl.core.engine.batch_weight)
-                w = batch_weight(y, batches)
-                total += float(F.cross_entropy(out.float().reshape(-1, out.shape[-1]), y.to(dev).reshape(-1))) * w
-                weight += w
-            else:
-                held = len(self.tx.pending)
-                self.msg.send(self.msg.fwd_message(out, ids, None), self.topo.next, "fwd")
-                self.tx.release(keep=len(self.tx.pending) - held)      # the previous batch's message is done with
-        self.tx.flush()
+            for xi, yi, share in eval_pieces(x, y, t.eval_micro_batch_size):
+                loss = self._validation_piece(xi, yi)
+                if loss is not None:    # token-weighted, as LocalEngine.evaluate (mapl.core.engine.batch_weight)
+                    total += loss * (batch_weight(y, batches) * share)
+            if self.topo.last:
+                weight += batch_weight(y, batches)
+            # complete this batch's sends before the next: the evaluation's messages are never all held
+            # at once (the whole validation set's, 19 GiB at 1B uncompressed); forward only, so no cycle
+            self.tx.flush()
         sm.train(was)
         vec = torch.tensor([total, weight], dtype=torch.float64, device=dev)
         self.tx.all_reduce(vec, "validation loss")
         return float(vec[0]) / max(1.0, float(vec[1]))
+
+    def _validation_piece(self, x: torch.Tensor, y: torch.Tensor) -> float | None:
+        """One evaluation micro-batch through this stage: its mean loss on the last stage, else sent on."""
+        dev = self.topo.device
+        ids, z_in = (x.to(dev) if self.topo.first else None), None
+        if not self.topo.first:
+            payload, ids = self.msg.take_fwd(self.msg.post_fwd(tuple(x.shape)))
+            z_in = self.comp_in.unpack(payload, self.msg.in_dtype)
+        chunk = self.cfg.train.loss_chunk_tokens
+        with autocast_ctx(self.cfg, dev):
+            if self.topo.last and chunk:
+                return float(self.sm.stage_loss(self.stage, z_in, ids, y.to(dev), chunk))
+            out = self.sm.stage_forward(self.stage, z_in, ids)
+        if self.topo.last:
+            return float(F.cross_entropy(out.float().reshape(-1, out.shape[-1]), y.to(dev).reshape(-1)))
+        self.msg.send(self.msg.fwd_message(out, ids, None), self.topo.next, "fwd")
+        return None
 
     def health(self) -> list[dict] | None:
         """Each boundary's health window from its sender (every replica's), merged on the reporter:
