@@ -132,7 +132,6 @@ print(status("VmHWM") - base, search_transient_bytes(N, G, R, K, ds, kernel="fus
 
 @pytest.mark.process
 @pytest.mark.slow
-@pytest.mark.full          # an inductor compile in a fresh process; make test compiles the same kernel in process
 @pytest.mark.skipif(not os.access("/proc/self/clear_refs", os.W_OK), reason="needs Linux's resettable peak RSS")
 def test_fused_search_transient_memory_is_o_of_tokens_times_groups():
     """The compiled kernel must not write the (G, N, K) distance block (here 128 MiB) that a symbolic
