@@ -63,12 +63,14 @@ def test_host_reads_are_counted_by_op():
 
 @pytest.mark.slow
 def test_host_reads_per_micro_batch_are_measured_per_method():
-    """Issue 22 item 7, counted: the methods without host-side state read nothing per micro-batch."""
+    """Issue 22 item 7, counted: no method reads the device per micro-batch but mapl-rvq's receiver, once per
+    message (its header's ``tolist``: a device-to-host copy on CUDA, which the counter sees; on the CPU the
+    tensor is already on the host, so it counts 0 there)."""
     got = gpu_check.host_reads(torch.device("cpu"), "micro", "micro", 256, (2, 32), micro_batches=2)
     rows = {r["method"]: r for r in got["rows"]}
     for m in ("none", "int8", "ssn", "mapl"):
-        assert rows[m]["later"]["reads"] == 0, rows[m]
-    assert rows["mapl-rvq"]["first"]["reads"] >= 1                   # the k-means start reads the device
+        assert rows[m]["first"]["reads"] == rows[m]["later"]["reads"] == 0, rows[m]
+    assert rows["mapl-rvq"]["first"]["reads"] <= 1 and rows["mapl-rvq"]["later"]["reads"] <= 1, rows["mapl-rvq"]
 
 
 def test_a_failed_item_is_recorded_and_the_call_says_so(tmp_path, monkeypatch):
