@@ -112,9 +112,9 @@ def target_text(runs: Sequence[dict], cases: dict, target_pct: float) -> str:
     if common is None:
         return "No uncompressed run: no target, steps to target taken as equal (time to target is the step time).\n"
     target, budget, seeds = common
-    lines = [f"Target: validation loss {target:.4f} = uncompressed's final loss after {budget:,} steps (mean of "
-             f"{seeds} seed(s)) + {target_pct:g} %. Steps to it on each method's mean curve over the seeds of its "
-             f"longest runs:"]
+    lines = [f"Target: validation loss {target:.4f} = uncompressed's best validation loss (at the step chosen on "
+             f"the selection set) in its {budget:,}-step runs (mean of {seeds} seed(s)) + {target_pct:g} %, the "
+             f"report's time-to-target rule. Steps to it on each method's mean curve over the seeds of its longest runs:"]
     for t in time_to_target_rows(runs, cases, [1e9], 0.0, target_pct):
         name = label((t["method"], t["ratio"]))
         if t["budget"] is None:
