@@ -96,7 +96,8 @@ def time_to_target_rows(rows: Sequence[dict], bench: Sequence[dict], bandwidths_
     if common is None or not bench:
         return []
     target = common[0]
-    pool = [r for r in rows if r["model"] == main_model(rows)]
+    model = main_model(rows)                 # once: the comprehension would recount the rows for each row
+    pool = [r for r in rows if r["model"] == model]
     out = []
     for b in bench:
         budget, seeds, curve = method_curve(pool, b["method"], b["wire_ratio"])
