@@ -18,7 +18,7 @@ from mapl.core.config import load_params
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ("data", "train", "report", "when_it_pays")
-GROUPS = ["main", "seeds", "ablations", "long", "longer", "tokens", "width", "rvq_sync", "rvq_scaled", "lr_check", "tune",
+GROUPS = ["main", "seeds", "ablations", "long", "long_variants", "longer", "tokens", "width", "rvq_sync", "rvq_scaled", "lr_check", "tune",
           "tune2", "decompose", "learned_fixed_4x", "corpus", "blocks"]
 DVC = yaml.safe_load((ROOT / "dvc.yaml").read_text())
 VALIDATED = "reports/params-valid.txt"      # the validate stage's stamp: every other stage depends on it

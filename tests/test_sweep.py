@@ -15,7 +15,7 @@ from mapl.orchestration.progress import GroupClock, StepProgress, estimate_core_
 from mapl.train import config_from_args, parse_args
 
 PARAMS = load_params()
-GROUPS = ["main", "seeds", "ablations", "long", "longer", "tokens", "width", "rvq_sync", "rvq_scaled", "lr_check", "tune",
+GROUPS = ["main", "seeds", "ablations", "long", "long_variants", "longer", "tokens", "width", "rvq_sync", "rvq_scaled", "lr_check", "tune",
           "tune2", "decompose", "learned_fixed_4x", "corpus", "blocks"]
 
 
@@ -31,19 +31,22 @@ def test_every_profile_lists_every_group():
 @pytest.mark.slow
 def test_cpu_groups_are_the_planned_grid():
     sizes = {g: len(cfgs(g)) for g in GROUPS}
-    assert sizes == {"main": 11, "seeds": 16, "ablations": 5, "long": 40, "longer": 0, "tokens": 6, "width": 6,
+    assert sizes == {"main": 11, "seeds": 16, "ablations": 5, "long": 24, "long_variants": 16, "longer": 0, "tokens": 6, "width": 6,
                      "rvq_sync": 2, "rvq_scaled": 0, "lr_check": 6, "tune": 12, "tune2": 9,
                      "decompose": 21, "learned_fixed_4x": 16, "corpus": 9, "blocks": 10}
     main = {c.name() for c in cfgs("main")}
     assert {"tiny-P4-none-s0", "tiny-P4-int8-s0", "tiny-P4-ssn-8x-s0", "tiny-P4-mapl-16x-s0", "tiny-P4-mapl-rvq-4x-s0"} <= main
     assert {c.name().replace("-s1", "-s0") for c in cfgs("seeds")} == main | {c.name() for c in cfgs("ablations")}
-    long = cfgs("long")
-    assert {c.train.seed for c in long} == set(range(8)) and {c.train.steps for c in long} == {3000}
-    assert all(c.train.warmup_steps == 300 and c.train.eval_every == 250 for c in long)
-    assert {"tiny-P4-mapl-8x-proj-fixed-3000steps-s7", "tiny-P4-mapl-rvq-8x-scale-token-3000steps-s7"} <= {c.name() for c in long}
-    assert {c.compressor.rvq.scale for c in long if c.compressor.method == "mapl-rvq"} == {"token"}
-    # the primary contrast's three methods fill seed by seed before the other two
+    long, variants = cfgs("long"), cfgs("long_variants")
+    for group in (long, variants):
+        assert {c.train.seed for c in group} == set(range(8)) and {c.train.steps for c in group} == {3000}
+        assert all(c.train.warmup_steps == 300 and c.train.eval_every == 250 for c in group)
+    # the primary contrast's three methods, seed by seed; the two variants in a stage of their own
     assert [c.compressor.method for c in long[:3]] == ["none", "ssn", "mapl"] and long[3].train.seed == 1
+    assert {c.compressor.method for c in long} == {"none", "ssn", "mapl"}
+    assert all(c.compressor.resolved().projector.kind != "fixed" for c in long)
+    assert {"tiny-P4-mapl-8x-proj-fixed-3000steps-s7", "tiny-P4-mapl-rvq-8x-scale-token-3000steps-s7"} <= {c.name() for c in variants}
+    assert {c.compressor.rvq.scale for c in variants if c.compressor.method == "mapl-rvq"} == {"token"}
     for group, steps, every in (("tokens", 1000, 100), ("lr_check", 3000, 250)):
         assert all(c.train.steps == steps and c.train.warmup_steps == steps // 10 and c.train.eval_every == every
                    for c in cfgs(group)), group
@@ -51,8 +54,7 @@ def test_cpu_groups_are_the_planned_grid():
     assert {c.compressor.rvq.sync for c in cfgs("rvq_sync")} == {"full", "mirrored"}
     # issue 26: the decomposition reuses long's none/SSN/MAPL runs of seeds 0-2 (same names, same configs)
     dec = {c.name() for c in cfgs("decompose")}
-    assert {c.name() for c in cfgs("long") if c.train.seed < 3 and c.compressor.resolved().projector.kind != "fixed"
-            and c.compressor.method != "mapl-rvq"} <= dec
+    assert {c.name() for c in cfgs("long") if c.train.seed < 3} <= dec
     assert {"tiny-P4-ssn-8x-anchor-factorized-3000steps-s2", "tiny-P4-mapl-8x-proj-fixed-shared-3000steps-s2",
             "tiny-P4-none-anchor-factorized-ar16-3000steps-s2", "tiny-P4-ssn-8x-anchor-factorized-f724-3000steps-s2"} <= dec
     lf = cfgs("learned_fixed_4x")

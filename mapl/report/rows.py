@@ -37,7 +37,7 @@ from typing import Iterable, Sequence
 
 from ..core.config import METHODS
 
-__all__ = ["GROUP_ORDER", "TUNING_GROUPS", "OTHER_CORPUS_GROUPS", "METHOD_ORDER", "KEY", "ResultsError", "results_dir",
+__all__ = ["GROUP_ORDER", "TUNING_GROUPS", "OTHER_CORPUS_GROUPS", "STUDY_OF_GROUP", "METHOD_ORDER", "KEY", "ResultsError", "results_dir",
            "row_from_result", "load_results", "select",
            "total_bytes_per_token", "variant_of", "is_default", "run_key", "group_runs", "sort_key",
            "main_model", "budget_steps", "at_best_validation", "train_split_tokens"]
@@ -45,13 +45,17 @@ __all__ = ["GROUP_ORDER", "TUNING_GROUPS", "OTHER_CORPUS_GROUPS", "METHOD_ORDER"
 # where a configuration appears in two groups, the first group here keeps it (the others are dropped)
 # groups whose runs exist to choose settings (scored on the selection set), never pooled into a result
 TUNING_GROUPS = ("tune", "tune2", "lr_check")
-GROUP_ORDER = ("main", "seeds", "ablations", "long", "longer", "tokens", "width", "rvq_sync", "rvq_scaled", "lr_check", "tune",
+GROUP_ORDER = ("main", "seeds", "ablations", "long", "long_variants", "longer", "tokens", "width", "rvq_sync", "rvq_scaled", "lr_check", "tune",
                "tune2", "decompose", "learned_fixed_4x", "corpus", "blocks")
 METHOD_ORDER = ("none", "int8", "ssn", "mapl", "mapl-rvq")
 KEY = ("model", "stages", "method", "wire_ratio", "projector", "anchor", "anchor_rank", "rvq_sync", "rvq_scale",
        "data_source", "steps", "seed")
 # groups on another corpus (issue 26): their own tables read them; every other table leaves them out
 OTHER_CORPUS_GROUPS = ("corpus",)
+# A DVC group is a unit of compute, a study a unit of analysis. The headline's two variants (fixed
+# projector, MAPL+VQ) train in a stage of their own so that the primary contrast (none, SSN, MAPL:
+# group long) lands as soon as its runs are done; every table reads the two as one study, "long".
+STUDY_OF_GROUP = {"long_variants": "long"}
 
 
 def results_dir(profile: str, root: str | Path = "") -> Path:
@@ -240,8 +244,8 @@ def load_results(root: str | Path, results: str | Path = "reports/results", dedu
     for path in sorted(base.rglob("*.json")) if base.is_dir() else []:
         res = _read(path)
         if res is not None:
-            group = path.parent.relative_to(base).as_posix() if path.parent != base else ""
-            found.append(row_from_result(res, group))
+            folder = path.parent.relative_to(base).as_posix() if path.parent != base else ""
+            found.append(row_from_result(res, STUDY_OF_GROUP.get(folder, folder)))
     found.sort(key=lambda r: (_group_rank(r["group"]), r["run"]))
     rows, seen = [], set()
     for r in found:
