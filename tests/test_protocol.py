@@ -126,6 +126,40 @@ def test_a_range_claim_needs_the_interval_to_meet_the_range(ci, verdict):
     assert _range_verdict(ci, 8.37, 15.05)[0] == verdict
 
 
+def test_a_claim_with_no_runs_says_so_rather_than_too_few_seeds():
+    from mapl.report.claims import NOT_RUN, _order_verdict, _range_verdict
+    assert _order_verdict(None) == ("not testable here", NOT_RUN)
+    assert _range_verdict(None, 8.37, 15.05, n=0) == ("not testable here", NOT_RUN)
+    assert _range_verdict(None, 8.37, 15.05, n=2)[1] == "fewer than 3 seeds"
+    assert _order_verdict({"n": 2, "ci": None, "level": 0.95})[1] == "fewer than 3 paired seeds"
+
+
+def test_each_row_names_the_validation_tokens_its_loss_is_measured_on():
+    from mapl.report.rows import eval_set
+    assert eval_set({"train": {"eval_tokens": 0, "select_every": 2}}) == "whole split"
+    assert eval_set({"train": {"eval_tokens": 65536}}) == "val[0:65,536)"
+    assert eval_set({"train": {}}) == "val[0:65,536)"                     # results from before the key
+    assert eval_set({"train": {"eval_tokens": 65536, "eval_offset": 65536}}) == "val[65,536:131,072)"
+
+
+def test_the_token_axis_warns_when_budgets_were_evaluated_on_different_sets():
+    from mapl.report.studies import token_table
+    rows = [{"run": f"{m}-{s}-{seed}", "group": "g", "model": "tiny", "stages": 4, "method": m, "variant": m,
+             "wire_ratio": 1.0 if m == "none" else 8.0, "projection_ratio": None if m == "none" else 8,
+             "projector": None if m == "none" else "spel", "anchor": None, "anchor_rank": 0, "rvq_sync": None,
+             "rvq_scale": None, "data_source": "", "steps": s, "seed": seed, "tokens": s * 2048,
+             "val_loss": base + (0.1 if m == "ssn" else 0.05 if m == "mapl" else 0) + 0.01 * seed,
+             "val_loss_curve": [], "eval_offset": 0, "profile": "cpu",
+             "eval_set": "whole split" if s == 3000 else "val[0:65,536)", "total_bytes_per_token": 1.0,
+             "fwd_bytes_per_token": 1.0, "n_params": 1}
+            for s, base in ((300, 4.0), (3000, 3.6)) for m in ("none", "ssn", "mapl") for seed in range(3)]
+    t = token_table(rows)
+    assert t.header[-1] == "eval set" and [b[-1] for b in t.body] == ["val[0:65,536)", "whole split"]
+    assert "different validation sets (val[0:65,536): 300 steps; whole split: 3,000 steps)" in t.takeaway
+    same = token_table([{**r, "eval_set": "whole split"} for r in rows])
+    assert "different validation sets" not in same.takeaway
+
+
 def test_the_best_step_is_chosen_on_the_selection_set():
     from mapl.report.rows import at_best_validation
     row = {"steps": 30, "val_loss": 3.0, "val_loss_curve": [[10, 3.5], [20, 2.9], [30, 3.0]],

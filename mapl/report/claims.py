@@ -30,9 +30,12 @@ VERDICTS = ("reproduced", "not reproduced", "not testable here")
 MIN_SEEDS = 3            # fewer seeds than this: no verdict (an interval on 2 seeds has 1 degree of freedom)
 
 
-def _range_verdict(ci, low: float | None, high: float | None) -> tuple[str, str]:
+NOT_RUN = "not run: no results of it among the runs"
+
+
+def _range_verdict(ci, low: float | None, high: float | None, n: int = MIN_SEEDS) -> tuple[str, str]:
     if ci is None:
-        return VERDICTS[2], f"fewer than {MIN_SEEDS} seeds"
+        return VERDICTS[2], NOT_RUN if n == 0 else f"fewer than {MIN_SEEDS} seeds"
     above = high is not None and ci[0] > high
     below = low is not None and ci[1] < low
     if above or below:
@@ -42,7 +45,9 @@ def _range_verdict(ci, low: float | None, high: float | None) -> tuple[str, str]
 
 def _order_verdict(c: dict | None) -> tuple[str, str]:
     """``c``: a tested comparison A − B (positive: B ahead), the claim being 'B ahead of A'."""
-    if c is None or c["n"] < MIN_SEEDS or c["ci"] is None:
+    if c is None:
+        return VERDICTS[2], NOT_RUN
+    if c["n"] < MIN_SEEDS or c["ci"] is None:
         return VERDICTS[2], f"fewer than {MIN_SEEDS} paired seeds"
     low, high = c["ci"]
     level = f"{100 * c['level']:.3g}%"
@@ -83,18 +88,21 @@ def claims(rows: Sequence[dict]) -> list[dict]:
     out = []
 
     mapl_max = paper.paper_value("abstract", "delta_pct_max", method="mapl")
-    cell, ci = _delta_cell(_summary(sums, "mapl"))
+    s = _summary(sums, "mapl")
+    cell, ci = _delta_cell(s)
     out.append({"claim": "MAPL at 4-8× costs at most ~2 % of validation loss",
                 "paper": f"≤ {mapl_max['value']:g} % (abstract)" if mapl_max else DASH, "ours": f"MAPL: {cell}",
-                **dict(zip(("verdict", "reason"), _range_verdict(ci, None, mapl_max["value"] if mapl_max else None))),
+                **dict(zip(("verdict", "reason"), _range_verdict(ci, None, mapl_max["value"] if mapl_max else None,
+                                                                  s["n"] if s else 0))),
                 "table": "headline.md"})
 
     ssn = [e["value"] for e in paper.paper_rows("table1", method="ssn", quantity="delta_pct")]
-    cell, ci = _delta_cell(_summary(sums, "ssn"))
+    s = _summary(sums, "ssn")
+    cell, ci = _delta_cell(s)
     lo, hi = (min(ssn), max(ssn)) if ssn else (None, None)
     out.append({"claim": "SSN loses 8-15 % at the same ratios",
                 "paper": f"{lo:+.2f} to {hi:+.2f} % (Table 1)" if ssn else DASH, "ours": f"SSN: {cell}",
-                **dict(zip(("verdict", "reason"), _range_verdict(ci, lo, hi))), "table": "headline.md"})
+                **dict(zip(("verdict", "reason"), _range_verdict(ci, lo, hi, s["n"] if s else 0))), "table": "headline.md"})
 
     gap = paper.paper_value("abstract", "gap_min", method="ssn")
     out.append(_order_claim("MAPL is ahead of SSN at equal compression (primary contrast, named in advance)",
@@ -108,7 +116,7 @@ def claims(rows: Sequence[dict]) -> list[dict]:
     rvq_max = paper.paper_value("abstract", "delta_pct_max", method="mapl-rvq")
     s, m = _summary(sums, "mapl-rvq-scaled") or _summary(sums, "mapl-rvq"), _summary(sums, "mapl")
     cell, ci = _delta_cell(s)
-    verdict, reason = _range_verdict(ci, None, rvq_max["value"] if rvq_max else None)
+    verdict, reason = _range_verdict(ci, None, rvq_max["value"] if rvq_max else None, s["n"] if s else 0)
     out.append({"claim": "MAPL+VQ (twice MAPL's forward compression) costs at most ~3 %",
                 "paper": f"16× at ≤ {rvq_max['value']:g} % (abstract)" if rvq_max else DASH,
                 "ours": f"{variant_label(s['variant']) if s else 'MAPL+VQ'}: {cell}", "verdict": verdict,

@@ -15,6 +15,7 @@ A row holds, from one results JSON:
   call ``ratio``: MAPL+VQ at projection 8x is 16x on the wire) and ``projection_ratio`` = d / r (the
   config's ``compressor.ratio``; None for methods without a projector)
 * ``seed``, ``steps``, ``tokens``, ``eval_offset`` (nonzero: the tuning protocol's validation slice),
+  ``eval_set`` (the validation tokens ``val_loss`` is measured on, :func:`eval_set`),
   ``val_loss``, ``val_loss_curve``, ``train_loss_curve``
 * bytes per token and boundary: ``fwd_bytes_per_token``, ``bwd_bytes_per_token``,
   ``id_bytes_per_token``, ``uncompressed_bytes_per_token`` and ``total_bytes_per_token`` (see
@@ -38,7 +39,7 @@ from typing import Iterable, Sequence
 from ..core.config import METHODS
 
 __all__ = ["GROUP_ORDER", "TUNING_GROUPS", "OTHER_CORPUS_GROUPS", "STUDY_OF_GROUP", "METHOD_ORDER", "KEY", "ResultsError", "results_dir",
-           "row_from_result", "load_results", "select",
+           "row_from_result", "eval_set", "load_results", "select",
            "total_bytes_per_token", "variant_of", "is_default", "run_key", "group_runs", "sort_key",
            "main_model", "budget_steps", "at_best_validation", "train_split_tokens"]
 
@@ -144,7 +145,7 @@ def row_from_result(res: dict, group: str = "") -> dict:
         "wire_ratio": _round(res.get("ratio", 1.0)),
         "projection_ratio": _round(res.get("nominal_ratio")) if projector else None,
         "seed": prov.get("seed", _get(cfg, "train.seed") or 0), "steps": res.get("steps"),
-        "tokens": res.get("tokens"), "eval_offset": _get(cfg, "train.eval_offset") or 0,
+        "tokens": res.get("tokens"), "eval_offset": _get(cfg, "train.eval_offset") or 0, "eval_set": eval_set(cfg),
         "val_loss": res.get("val_loss"),
         "val_loss_curve": res.get("val_loss_curve") or [], "train_loss_curve": res.get("train_loss_curve") or [],
         "data_source": _get(cfg, "data.source") or "", "anchor_rank": _get(cfg, "compressor.anchor.rank") or 0,
@@ -161,6 +162,18 @@ def row_from_result(res: dict, group: str = "") -> dict:
         "codebook_batch_perplexity": _min_over_boundaries(res.get("diagnostics"), "batch_perplexity_mean"),
         **_health(res.get("boundary_health")),
     }
+
+
+def eval_set(cfg: dict) -> str:
+    """Which validation tokens a run's ``val_loss`` is measured on, as a label: ``"whole split"``
+    (``train.eval_tokens`` 0; with a selection set, its report windows) or ``"val[a:b)"`` (a slice:
+    rounds 1-3 read the first 65,536 tokens, one play). Losses on different sets are not comparable."""
+    tokens, offset = _get(cfg, "train.eval_tokens"), _get(cfg, "train.eval_offset") or 0
+    if tokens is None:
+        tokens = 65536                               # the setting's default before it was written out
+    if tokens == 0:
+        return "whole split" if offset == 0 else f"val[{offset:,}:)"
+    return f"val[{offset:,}:{offset + tokens:,})"
 
 
 def _health(health: dict | None) -> dict:

@@ -235,8 +235,21 @@ def token_points(rows: Sequence[dict]) -> list[dict]:
         if "none" not in sums or len(sums) < 2:
             continue
         gap = next((c for c in comparisons(list(sums.values())) if c["a"]["variant"] == "ssn"), None)
-        out.append({"steps": steps, "tokens": sums["none"]["tokens"], "sums": sums, "gap": gap})
+        sets = sorted({r.get("eval_set", "") for r in pool if r["steps"] == steps})
+        out.append({"steps": steps, "tokens": sums["none"]["tokens"], "sums": sums, "gap": gap,
+                    "eval_set": " + ".join(sets)})
     return out
+
+
+def _eval_set_note(points: Sequence[dict]) -> str:
+    """A warning when the points were measured on different validation sets (a retrain under way)."""
+    sets = dict.fromkeys(p["eval_set"] for p in points)
+    if len(sets) < 2:
+        return ""
+    where = "; ".join(f"{s}: {', '.join(fmt_int(p['steps']) for p in points if p['eval_set'] == s)} steps"
+                      for s in sets)
+    return (f" The budgets were evaluated on different validation sets ({where}): each Δ% compares runs on the "
+            f"same set, but the trend across sets is not like for like.")
 
 
 def _delta_cell(s: dict | None) -> str:
@@ -276,17 +289,18 @@ def token_table(rows: Sequence[dict], best: bool = False, train_tokens: int | No
     points = token_points(scored)
     ratio = headline_ratio(rows)
     head = _study_header("steps")
-    header = head[:1] + ["tokens"] + (["epochs"] if train_tokens else []) + head[1:]
+    header = head[:1] + ["tokens"] + (["epochs"] if train_tokens else []) + head[1:] + ["eval set"]
     body = [_study_row([fmt_int(p["steps"]), fmt_int(p["tokens"]),
-                        *([fmt(p["tokens"] / train_tokens, 1)] if train_tokens else [])], p) for p in points]
+                        *([fmt(p["tokens"] / train_tokens, 1)] if train_tokens else [])], p) + [p["eval_set"]]
+            for p in points]
     which = ("each run's lowest validation loss over its evaluation points (early stopping; the reference is the "
              "uncompressed run's own best)" if best else "the final validation loss")
     caption = (f"The main model at projection ratio {fmt_ratio(ratio)} (MAPL+VQ: twice that on the wire) and every "
                f"training budget, on {which}: Δ% mean ± std over seeds (n seeds), and the paired SSN − MAPL "
                f"difference of Δ% (positive: MAPL ahead) with its Student t 95% interval."
                + (" Epochs: training tokens over the training split's tokens." if train_tokens else ""))
-    takeaway = (_gap_trend(points, lambda p: f"{fmt_int(p['steps'])} steps") if len(points) > 1
-                else "fewer than two budgets with runs: no token axis.")
+    takeaway = (_gap_trend(points, lambda p: f"{fmt_int(p['steps'])} steps") + _eval_set_note(points)
+                if len(points) > 1 else "fewer than two budgets with runs: no token axis.")
     if best and points:
         takeaway += " " + _best_step_note(points[-1], scored)
     if best:
