@@ -137,7 +137,8 @@ def test_sweep_check_and_estimate_need_no_torch(tmp_path):
     only: no torch import (count_params is arithmetic on the config, mapl/core/model_config.py)."""
     code = ("import sys, mapl.sweep as s\ncode = s.main(sys.argv[1:])\n"
             "print('torch imported' if 'torch' in sys.modules else 'no torch')\nsys.exit(code)")
-    for args, rc in [(["--check", "--stamp", str(tmp_path / "valid.txt")], 0), (["--profile", "nope", "--estimate"], 2)]:
+    for args, rc in [(["--check", "--stamp", str(tmp_path / "valid.txt")], 0), (["--estimate"], 0),
+                     (["--profile", "nope", "--estimate"], 2)]:
         p = subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT, text=True, capture_output=True, timeout=600,
                            env={**os.environ, "PYTHONPATH": str(ROOT), "MAPL_DEBUG": "0"})
         assert p.returncode == rc, p.stderr

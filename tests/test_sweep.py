@@ -1,5 +1,6 @@
 """Run groups, run names, reuse decisions, launch arguments, scheduling and progress (mapl.orchestration.sweep,
 mapl.orchestration.reuse, mapl.orchestration.progress); fast: nothing here trains."""
+import json
 import threading
 import time
 from dataclasses import replace
@@ -205,6 +206,17 @@ def test_estimates():
     assert main < 45 * 60                                                # the first table in under 45 minutes
     text = sweep.estimate_text("cpu", PARAMS)
     assert "main" in text and "tune2" in text and "total about" in text
+
+
+def test_the_estimate_shows_what_committed_runs_measured(tmp_path):
+    """Beside the model's estimate, the median train_wall_s of the group's results of the same config."""
+    from mapl.core.config import config_hash
+    runs = cfgs("main")[:3]
+    for cfg, wall, same in ((runs[0], 100.0, True), (runs[1], 300.0, True), (runs[2], 9999.0, False)):
+        h = config_hash(cfg.validate()) if same else "another-protocol"
+        (tmp_path / f"{cfg.name()}.json").write_text(json.dumps({"train_wall_s": wall, "provenance": {"config_hash": h}}))
+    assert sweep.measured_text(runs, tmp_path) == "measured 2 of 3 runs: 3:20 per run (median train_wall_s)"
+    assert sweep.measured_text(runs, tmp_path / "none") == ""
 
 
 def test_launched_runs_share_the_gpus(monkeypatch):

@@ -40,7 +40,7 @@ from ..core.fingerprint import code_fingerprint
 from . import reuse
 from .progress import LAUNCH_OVERHEAD_S, GroupClock, StepProgress, emit, estimate_core_seconds, estimate_group, hms
 
-__all__ = ["LAUNCHERS", "LauncherConfig", "Job", "group_names", "group_specs", "launcher_config", "run_name",
+__all__ = ["LAUNCHERS", "LauncherConfig", "Job", "group_names", "group_specs", "launcher_config", "run_name", "measured_text",
            "spec_config", "check_params", "plan_group", "estimate_text", "results_dir",
            "check_names", "launch_args", "prepare_data", "status_table", "stage_table",
            "run_many", "write_stamp"]
@@ -207,9 +207,32 @@ def estimate_text(profile: str, params: dict | None = None) -> str:
         extra = 0.0 if launcher.kind == "pool" else LAUNCH_OVERHEAD_S
         wall = estimate_group([estimate_core_seconds(c) + extra for c in cfgs], workers)
         total += wall
-        lines.append(f"  {group:<10} {len(cfgs):>3} run(s)  about {hms(wall):>7} ({how})")
+        measured = measured_text(cfgs, results_dir(profile, group))
+        lines.append(f"  {group:<16} {len(cfgs):>3} run(s)  about {hms(wall):>7} ({how})"
+                     + (f"; {measured}" if measured else ""))
     lines.append(f"  total about {hms(total)} (quiet machine; `threads: 1` per run)")
     return "\n".join(lines)
+
+
+def measured_text(cfgs: list[RunConfig], out_dir: Path) -> str:
+    """What the committed results of these runs (same config hash) measured: "measured 24 of 24 runs:
+    23:50 per run (median train_wall_s)"; empty when none has results. The estimate is a model calibrated on one
+    machine; this is what the machine that trained them took (with whatever else ran beside them)."""
+    import json
+    walls = []
+    for cfg in cfgs:
+        try:
+            res = json.loads((Path(out_dir) / f"{cfg.name()}.json").read_text())
+        except (OSError, ValueError):
+            continue
+        same_config = isinstance(res, dict) and (res.get("provenance") or {}).get("config_hash") == config_hash(cfg.validate())
+        if same_config and isinstance(res.get("train_wall_s"), (int, float)):
+            walls.append(float(res["train_wall_s"]))
+    if not walls:
+        return ""
+    walls.sort()
+    median = walls[len(walls) // 2] if len(walls) % 2 else (walls[len(walls) // 2 - 1] + walls[len(walls) // 2]) / 2
+    return f"measured {len(walls)} of {len(cfgs)} runs: {hms(median)} per run (median train_wall_s)"
 
 
 # ---- executing ------------------------------------------------------------------------------------
