@@ -83,7 +83,8 @@ def _groups():
     tune = [result("mapl", 8, loss=4.4, eval_offset=65536, lr_muon=0.02, lr_embed=0.03, name="tune-mapl-a"),
             result("mapl", 8, loss=4.5, eval_offset=65536, lr_muon=0.04, lr_embed=0.03, name="tune-mapl-b"),
             result("none", loss=4.3, eval_offset=65536, lr_muon=0.02, lr_embed=0.03, name="tune-none-a")]
-    return {"main": main, "ablations": abl, "seeds": seeds, "long": long, "long_variants": long_variants, "tokens": tokens, "width": width,
+    return {"main": main, "ablations": abl, "seeds": seeds, "long": long, "long_variants": long_variants, "tokens": tokens,
+            "width": width,
             "rvq_sync": rvq_sync, "tune": tune}
 
 

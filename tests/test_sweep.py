@@ -16,8 +16,8 @@ from mapl.orchestration.progress import GroupClock, StepProgress, estimate_core_
 from mapl.train import config_from_args, parse_args
 
 PARAMS = load_params()
-GROUPS = ["main", "seeds", "ablations", "long", "long_variants", "longer", "tokens", "width", "rvq_sync", "rvq_scaled", "lr_check", "tune",
-          "tune2", "decompose", "learned_fixed_4x", "corpus", "blocks"]
+GROUPS = ["main", "seeds", "ablations", "long", "long_variants", "longer", "tokens", "width", "rvq_sync", "rvq_scaled",
+          "lr_check", "tune", "tune2", "decompose", "learned_fixed_4x", "corpus", "blocks"]
 
 
 def cfgs(group, profile="cpu"):
@@ -32,7 +32,8 @@ def test_every_profile_lists_every_group():
 @pytest.mark.slow
 def test_cpu_groups_are_the_planned_grid():
     sizes = {g: len(cfgs(g)) for g in GROUPS}
-    assert sizes == {"main": 11, "seeds": 16, "ablations": 5, "long": 24, "long_variants": 16, "longer": 0, "tokens": 6, "width": 6,
+    assert sizes == {"main": 11, "seeds": 16, "ablations": 5, "long": 24, "long_variants": 16, "longer": 0, "tokens": 6,
+                     "width": 6,
                      "rvq_sync": 2, "rvq_scaled": 0, "lr_check": 6, "tune": 12, "tune2": 9,
                      "decompose": 21, "learned_fixed_4x": 16, "corpus": 9, "blocks": 10}
     main = {c.name() for c in cfgs("main")}
@@ -46,7 +47,8 @@ def test_cpu_groups_are_the_planned_grid():
     assert [c.compressor.method for c in long[:3]] == ["none", "ssn", "mapl"] and long[3].train.seed == 1
     assert {c.compressor.method for c in long} == {"none", "ssn", "mapl"}
     assert all(c.compressor.resolved().projector.kind != "fixed" for c in long)
-    assert {"tiny-P4-mapl-8x-proj-fixed-3000steps-s7", "tiny-P4-mapl-rvq-8x-scale-token-3000steps-s7"} <= {c.name() for c in variants}
+    assert ({"tiny-P4-mapl-8x-proj-fixed-3000steps-s7", "tiny-P4-mapl-rvq-8x-scale-token-3000steps-s7"}
+            <= {c.name() for c in variants})
     assert {c.compressor.rvq.scale for c in variants if c.compressor.method == "mapl-rvq"} == {"token"}
     for group, steps, every in (("tokens", 1000, 100), ("lr_check", 3000, 250)):
         assert all(c.train.steps == steps and c.train.warmup_steps == steps // 10 and c.train.eval_every == every

@@ -38,7 +38,8 @@ from typing import Iterable, Sequence
 
 from ..core.config import METHODS
 
-__all__ = ["GROUP_ORDER", "TUNING_GROUPS", "OTHER_CORPUS_GROUPS", "STUDY_OF_GROUP", "METHOD_ORDER", "KEY", "ResultsError", "results_dir",
+__all__ = ["GROUP_ORDER", "TUNING_GROUPS", "OTHER_CORPUS_GROUPS", "STUDY_OF_GROUP", "METHOD_ORDER", "KEY", "ResultsError",
+           "results_dir",
            "row_from_result", "eval_set", "load_results", "select",
            "total_bytes_per_token", "variant_of", "is_default", "run_key", "group_runs", "sort_key",
            "main_model", "budget_steps", "at_best_validation", "train_split_tokens"]
@@ -46,8 +47,8 @@ __all__ = ["GROUP_ORDER", "TUNING_GROUPS", "OTHER_CORPUS_GROUPS", "STUDY_OF_GROU
 # where a configuration appears in two groups, the first group here keeps it (the others are dropped)
 # groups whose runs exist to choose settings (scored on the selection set), never pooled into a result
 TUNING_GROUPS = ("tune", "tune2", "lr_check")
-GROUP_ORDER = ("main", "seeds", "ablations", "long", "long_variants", "longer", "tokens", "width", "rvq_sync", "rvq_scaled", "lr_check", "tune",
-               "tune2", "decompose", "learned_fixed_4x", "corpus", "blocks")
+GROUP_ORDER = ("main", "seeds", "ablations", "long", "long_variants", "longer", "tokens", "width", "rvq_sync",
+               "rvq_scaled", "lr_check", "tune", "tune2", "decompose", "learned_fixed_4x", "corpus", "blocks")
 METHOD_ORDER = ("none", "int8", "ssn", "mapl", "mapl-rvq")
 KEY = ("model", "stages", "method", "wire_ratio", "projector", "anchor", "anchor_rank", "rvq_sync", "rvq_scale",
        "data_source", "steps", "seed")
