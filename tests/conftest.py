@@ -1,5 +1,5 @@
 """Shared fixtures: tiny local corpora (never downloads) and micro run configs; the guard that keeps
-`make test-fast` in-process (see ``_no_child_processes``)."""
+`make test-fast` in-process (see ``pytest_configure``)."""
 import multiprocessing.process
 import os
 import random
@@ -112,18 +112,36 @@ class ChildProcessInFastTest(AssertionError):
     pass
 
 
-@pytest.fixture(autouse=IN_PROCESS_ONLY)
-def _no_child_processes(request, monkeypatch):
-    if request.node.get_closest_marker("process") or request.node.get_closest_marker("slow"):
-        yield
+# The guard is installed once for the session and asks which test is being set up, run or torn down:
+# a function-scoped fixture would come too late for a module-scoped fixture of an unmarked test (pytest
+# sets up wider scopes first), which could then start child processes unnoticed.
+_TEST_NOW = {"name": "", "may_spawn": True}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    _TEST_NOW["name"] = item.nodeid
+    _TEST_NOW["may_spawn"] = bool(item.get_closest_marker("process") or item.get_closest_marker("slow"))
+
+
+def _refuse(what: str):
+    raise ChildProcessInFastTest(f"{_TEST_NOW['name']} starts a child process ({what}) but is not marked: add "
+                                 "@pytest.mark.process (or pytestmark = pytest.mark.process for the module)")
+
+
+def _guarded(original, describe):
+    def start(self, *args, **kwargs):
+        if not _TEST_NOW["may_spawn"]:
+            _refuse(describe(self, *args))
+        return original(self, *args, **kwargs)
+    return start
+
+
+def pytest_configure(config):
+    if not IN_PROCESS_ONLY:
         return
-    name = request.node.nodeid
-
-    def refuse(what):
-        raise ChildProcessInFastTest(f"{name} starts a child process ({what}) but is not marked: add "
-                                     "@pytest.mark.process (or pytestmark = pytest.mark.process for the module)")
-
-    monkeypatch.setattr(subprocess.Popen, "_execute_child",
-                        lambda self, args, *a, **k: refuse(args if isinstance(args, str) else " ".join(map(str, args))))
-    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", lambda self: refuse(f"multiprocessing {self.name}"))
-    yield
+    subprocess.Popen._execute_child = _guarded(
+        subprocess.Popen._execute_child,
+        lambda self, args, *rest: args if isinstance(args, str) else " ".join(map(str, args)))
+    multiprocessing.process.BaseProcess.start = _guarded(
+        multiprocessing.process.BaseProcess.start, lambda self: f"multiprocessing {self.name}")

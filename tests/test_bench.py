@@ -5,6 +5,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+# the quick report measures peak memory in child interpreters (benchmarks/compress.py --_memory-child)
+pytestmark = pytest.mark.process
 
 
 @pytest.fixture(scope="module")
