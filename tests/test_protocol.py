@@ -160,6 +160,30 @@ def test_the_token_axis_warns_when_budgets_were_evaluated_on_different_sets():
     assert "different validation sets" not in same.takeaway
 
 
+def test_time_to_target_compares_only_curves_on_the_targets_validation_set():
+    """The target comes from the uncompressed runs at the longest budget; a method whose runs were evaluated
+    on other tokens (an older protocol) is 'no run on the target's validation set', not 'never'."""
+    from mapl.report.ttt import method_curve, on_target_set
+    def row(method, steps, eval_set, curve):
+        return {"model": "tiny", "group": "g", "method": method, "variant": method, "wire_ratio": 1.0 if method == "none"
+                else 8.0, "steps": steps, "eval_set": eval_set, "val_loss": curve[-1][1], "val_loss_curve": curve}
+    rows = [row("none", 3000, "whole split", [[1000, 4.0], [3000, 3.8]]),
+            row("mapl", 3000, "whole split", [[1000, 4.1], [3000, 3.85]]),
+            row("int8", 300, "val[0:65,536)", [[300, 4.0]])]
+    kept = on_target_set(rows)
+    assert [r["method"] for r in kept] == ["none", "mapl"]
+    assert method_curve(kept, "int8", 8.0)[0] is None and method_curve(rows, "int8", 8.0)[0] == 300
+    from mapl.report.ttt import time_to_target_table
+    def ttt(method, budget, n):
+        return {"method": method, "wire_ratio": 1.0 if method == "none" else 8.0, "budget": budget, "seeds": 8,
+                "target": 3.9, "target_pct": 2.0, "steps_to_target": n, "latency_s": 0.0, "bandwidth_bps": 1e7,
+                "step_s": 0.5, "time_s": None if n is None else n * 0.5}
+    table = time_to_target_table([ttt("none", 3000, 1500), ttt("ssn", 3000, None), ttt("int8", None, None)])
+    assert [b[-1] for b in table.body] == ["750.0", "—", "never"]        # METHOD_ORDER: none, int8, ssn
+    assert "Never within their runs: SSN 8×." in table.takeaway
+    assert "Not measured (no run on the target's validation set): int8" in table.takeaway
+
+
 def test_the_best_step_is_chosen_on_the_selection_set():
     from mapl.report.rows import at_best_validation
     row = {"steps": 30, "val_loss": 3.0, "val_loss_curve": [[10, 3.5], [20, 2.9], [30, 3.0]],

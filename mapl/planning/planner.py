@@ -30,7 +30,7 @@ from ..core.link import LinkProfile, steps_to_target as s2t
 from ..report import paper_table1
 from ..report.rows import at_best_validation, load_results, main_model, select
 from ..report.stats import t_interval
-from ..report.ttt import common_target as report_target, method_curve
+from ..report.ttt import common_target as report_target, method_curve, on_target_set
 
 
 __all__ = ["LOSS_FITS", "load_runs", "main_model_runs", "steps_to_target", "best_loss", "steps_ratios", "ratio_trend",
@@ -54,13 +54,14 @@ def load_runs(results_dir: str | Path, groups: Iterable[str] | None = None, vari
     run per configuration and seed, runs on the tuning protocol's validation slice left out), the
     methods' default configurations only unless ``variants`` (e.g. ``mapl-fixed``: the fixed projector).
     Each run: ``run``, ``group``, ``model``, ``method``, ``variant``, ``ratio`` (wire ratio, 3 significant
-    digits, as the report rounds it), ``projection_ratio``, ``steps``, ``seed``, ``final``, ``curve``."""
+    digits, as the report rounds it), ``projection_ratio``, ``steps``, ``seed``, ``final``, ``curve``,
+    ``select_curve``, ``eval_set``."""
     rows = select(load_results("", Path(results_dir).resolve()))
     keep = set(groups) if groups is not None else None
     return [{"run": r["run"], "group": r["group"], "model": r["model"], "method": r["method"], "variant": r["variant"],
              "ratio": ratio_key(r["method"], r["wire_ratio"])[1], "projection_ratio": r["projection_ratio"],
              "steps": int(r["steps"]), "seed": int(r["seed"]), "final": float(r["val_loss"]), "curve": r["val_loss_curve"],
-             "select_curve": r["select_loss_curve"]}
+             "select_curve": r["select_loss_curve"], "eval_set": r["eval_set"]}
             for r in rows if r["val_loss_curve"] and (variants or r["variant"] == r["method"])
             and (keep is None or r["group"] in keep)]
 
@@ -108,7 +109,8 @@ def _row(run: dict) -> dict:
     """A planner run as the report's row (the fields its rules read), so one rule serves both."""
     return {"group": run.get("group", ""), "model": run.get("model", ""), "method": run["method"],
             "variant": _variant(run), "wire_ratio": _key(run)[1], "steps": run["steps"], "val_loss": run["final"],
-            "val_loss_curve": run.get("curve") or [], "select_loss_curve": run.get("select_curve") or []}
+            "val_loss_curve": run.get("curve") or [], "select_loss_curve": run.get("select_curve") or [],
+            "eval_set": run.get("eval_set")}
 
 
 def steps_ratios(runs: Sequence[dict], target_pct: float = 2.0) -> list[dict]:
@@ -224,7 +226,7 @@ def time_to_target_rows(runs: Sequence[dict], cases: dict, bandwidths: Sequence[
     common = common_target(runs, target_pct)
     if common is None:
         return []
-    target, rows = common[0], [_row(r) for r in runs]
+    target, rows = common[0], on_target_set([_row(r) for r in runs])
     out = []
     for key, case in cases.items():
         budget, seeds, curve = method_curve(rows, *key)

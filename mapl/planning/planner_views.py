@@ -118,7 +118,7 @@ def target_text(runs: Sequence[dict], cases: dict, target_pct: float) -> str:
     for t in time_to_target_rows(runs, cases, [1e9], 0.0, target_pct):
         name = label((t["method"], t["ratio"]))
         if t["budget"] is None:
-            lines.append(f"* {name}: no run of this configuration")
+            lines.append(f"* {name}: no run of this configuration on the target's validation set")
         elif t["steps_to_target"] is None:
             lines.append(f"* {name}: never within {t['budget']:,} steps ({t['seeds']} seed(s))")
         else:
@@ -276,7 +276,8 @@ def crossover_table(res: dict) -> str:
         for (m, other), c in res["crossovers"].items():
             lines.append(f"| {m} | {other} | {bandwidth_text(c['mid'])} | {_range_text(c)} |")
     if res["never"]:
-        lines += ["", "Never reach the target within their runs: " + ", ".join(map(str, res["never"])) + "."]
+        lines += ["", "No steps to the target (never within their runs, or no run on the target's validation set: "
+                  "the target's lines say which): " + ", ".join(map(str, res["never"])) + "."]
     return "\n".join(lines) + "\n"
 
 

@@ -6,7 +6,8 @@ The target is the uncompressed run's best val loss at its longest budget (mean o
 point of its curve, not the last: on a small corpus a long run overfits, and its final loss would be
 an easy target) plus ``target_pct`` percent. A method's steps to target come from the mean val curve over the seeds of
 its longest default-configured run with the measured wire ratio (linear interpolation between
-evaluations); a method whose curve never gets there is listed as such, never dropped.
+evaluations), among the runs evaluated on the target's validation tokens (:func:`on_target_set`); a
+method whose curve never gets there is listed as such, never dropped.
 
     >>> bench = load_bench(ROOT / "reports/bench/pipeline.json")
     >>> rows_ttt = time_to_target_rows(rows, bench, [80e6, 1e9], target_pct=2.0, latencies_s=[0.0, 0.05])
@@ -29,7 +30,7 @@ from .rows import METHOD_ORDER, at_best_validation, main_model
 from .style import label, style
 from .table import DASH, Table, fmt_int
 
-__all__ = ["load_bench", "common_target", "method_curve", "time_to_target_rows", "time_to_target_table",
+__all__ = ["load_bench", "common_target", "on_target_set", "method_curve", "time_to_target_rows", "time_to_target_table",
            "time_to_target_plot"]
 
 
@@ -73,6 +74,19 @@ def common_target(rows: Sequence[dict], target_pct: float = 2.0) -> tuple[float,
     return statistics.fmean(best) * (1 + target_pct / 100), longest, len(best)
 
 
+def on_target_set(rows: Sequence[dict]) -> list[dict]:
+    """The rows whose validation loss is measured on the same tokens as the target's (the main model's
+    uncompressed runs at their longest budget; :func:`mapl.report.rows.eval_set`): a curve measured on
+    another set (rounds 1-3 read one play, round 4 the whole split) cannot be compared with the target."""
+    model = main_model(rows)
+    dense = [r for r in rows if r["model"] == model and r["method"] == "none"]
+    if not dense:
+        return list(rows)
+    longest = max(r["steps"] for r in dense)
+    sets = {r.get("eval_set") for r in dense if r["steps"] == longest}
+    return [r for r in rows if r.get("eval_set") in sets]
+
+
 def method_curve(rows: Sequence[dict], method: str, wire_ratio: float | None) -> tuple[int | None, int, list]:
     """THE time-to-target rule's curve: (budget, seeds, mean val curve at the evaluations all seeds share) of
     the longest default-configured run of this method and wire ratio (budget None: no such run)."""
@@ -97,7 +111,7 @@ def time_to_target_rows(rows: Sequence[dict], bench: Sequence[dict], bandwidths_
         return []
     target = common[0]
     model = main_model(rows)                 # once: the comprehension would recount the rows for each row
-    pool = [r for r in rows if r["model"] == model]
+    pool = [r for r in on_target_set(rows) if r["model"] == model]
     out = []
     for b in bench:
         budget, seeds, curve = method_curve(pool, b["method"], b["wire_ratio"])
@@ -113,7 +127,7 @@ def time_to_target_rows(rows: Sequence[dict], bench: Sequence[dict], bandwidths_
 
 
 def _never(t: dict) -> str:
-    return "no run" if t["budget"] is None else f"never in {t['budget']:,} steps"
+    return "no run on the target's validation set" if t["budget"] is None else f"never in {t['budget']:,} steps"
 
 
 def _mbit(bw: float) -> str:
@@ -131,7 +145,8 @@ def time_to_target_table(ttt: Sequence[dict]) -> Table:
         body.append([label(method, ratio), f"{lat * 1e3:g}",
                      DASH if t0["budget"] is None else f"{t0['budget']:,}, {t0['seeds']}",
                      _never(t0) if t0["steps_to_target"] is None else f"{t0['steps_to_target']:,.0f}",
-                     *("never" if t["time_s"] is None else f"{t['time_s']:,.1f}" for t in ts)])
+                     *(DASH if t["budget"] is None else "never" if t["time_s"] is None else f"{t['time_s']:,.1f}"
+                       for t in ts)])
     target = ttt[0] if ttt else None
     caption = ("Simulated link (mapl.core.link virtual clock on the pipeline benchmark's measured step times, full duplex, "
                "one-way latency as listed): seconds to reach the target val loss = steps to target × simulated "
@@ -162,9 +177,13 @@ def _takeaway(ttt: Sequence[dict]) -> str:
                 best = min(reach, key=lambda t: t["time_s"])
                 parts.append(f"{_mbit(bw)} Mbit/s at {lat * 1e3:g} ms: {label(best['method'], best['wire_ratio'])} "
                              f"({best['time_s']:,.0f} s)")
-    never = sorted({label(t["method"], t["wire_ratio"]) for t in ttt if t["steps_to_target"] is None})
+    never = sorted({label(t["method"], t["wire_ratio"]) for t in ttt
+                    if t["steps_to_target"] is None and t["budget"] is not None})
+    unrun = sorted({label(t["method"], t["wire_ratio"]) for t in ttt if t["budget"] is None})
     text = "Fastest to the target: " + ("; ".join(parts) or "no method reaches it")
-    text += f". Never within their runs: {', '.join(never)}." if never else ". Every method reaches it."
+    text += f". Never within their runs: {', '.join(never)}." if never else ". Every method run reaches it."
+    if unrun:
+        text += f" Not measured (no run on the target's validation set): {', '.join(unrun)}."
     return text + _protocol_sentence(ttt)
 
 
