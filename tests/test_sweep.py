@@ -221,6 +221,35 @@ def test_the_estimate_shows_what_committed_runs_measured(tmp_path):
     assert sweep.measured_text(runs, tmp_path / "none") == ""
 
 
+def test_runs_are_adopted_from_another_checkout_only_when_finished_by_this_code(tmp_path):
+    """reuse.adopt copies a group's checkpoints from a retrain checkout when every run finished there with this
+    training code; otherwise it copies nothing and names the run. compare_results lists what differs."""
+    src, dest = tmp_path / "retrain", tmp_path / "main"
+    ck, res = src / "checkpoints" / "cpu", src / "reports" / "cpu" / "results" / "long"
+    ck.mkdir(parents=True)
+    res.mkdir(parents=True)
+    names = ["run-a", "run-b"]
+    for n in names:
+        (ck / f"{n}.pt").write_bytes(b"weights")
+        (ck / f"{n}.code").write_text("abc\n")
+        (res / f"{n}.json").write_text(json.dumps({"val_loss": 3.8, "val_loss_curve": [[1, 4.0]], "method": "none"}))
+    copied = reuse.adopt(src, "cpu", names, "abc", dest_root=dest, group="long")
+    assert sorted(p.name for p in copied) == ["run-a.code", "run-a.pt", "run-b.code", "run-b.pt"]
+    assert (dest / "checkpoints" / "cpu" / "run-b.pt").read_bytes() == b"weights"
+    with pytest.raises(ValueError, match="run-a: its checkpoint was written by training code abc, not this checkout's xyz"):
+        reuse.adopt(src, "cpu", names, "xyz", dest_root=tmp_path / "other", group="long")
+    assert not (tmp_path / "other").exists()                              # nothing copied
+    (res / "run-b.json").unlink()
+    with pytest.raises(ValueError, match="run-b: no results JSON"):
+        reuse.adopt(src, "cpu", names, "abc", dest_root=tmp_path / "other", group="long")
+    here = tmp_path / "restored"
+    here.mkdir()
+    (here / "run-a.json").write_text(json.dumps({"val_loss": 3.8, "val_loss_curve": [[1, 4.01]], "method": "none"}))
+    assert reuse.compare_results(res, here, ["run-a"]) == ["run-a: val_loss_curve differs"]
+    (here / "run-a.json").write_text((res / "run-a.json").read_text())
+    assert reuse.compare_results(res, here, ["run-a"]) == []
+
+
 def test_launched_runs_share_the_gpus(monkeypatch):
     """Runs start in order when their P GPUs are free; two 4-stage runs share 8 GPUs, an 8-stage run waits."""
     active, seen, lock = [], [], threading.Lock()

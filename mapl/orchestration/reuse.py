@@ -17,18 +17,21 @@ checkpoints under ``checkpoints/<profile>/`` then make a rerun after a params ed
 fingerprint keeps them from surviving a code change.
 
     python -m mapl.reuse          # the fingerprint of this checkout's training code, and its files
+    python -m mapl.reuse adopt ../retrain cpu long     # take another checkout's finished runs (see adopt)
+    python -m mapl.reuse compare ../retrain cpu long   # after `dvc repro -s train@long`: same numbers?
 """
 from __future__ import annotations
 
 import json
 import sys
 from pathlib import Path
+from typing import Sequence
 
 from ..core.config import PROJECT_ROOT, RunConfig, config_hash
 from ..core.fingerprint import code_fingerprint, source_files
 
-__all__ = ["ACTIONS", "results_current", "checkpoint_files",
-           "checkpoint_step", "decide", "mark_code", "stamp_results", "main"]
+__all__ = ["ACTIONS", "COMPARED", "results_current", "checkpoint_files",
+           "checkpoint_step", "decide", "mark_code", "stamp_results", "adopt", "compare_results", "main"]
 
 ACTIONS = ("current", "restore", "resume", "train")
 
@@ -123,12 +126,86 @@ def stamp_results(out: Path, fingerprint: str) -> None:
     atomic_write_json(out, res)
 
 
+# ---- adopting runs trained in another checkout ----------------------------------------------------
+# A long retrain runs in a second checkout (a git worktree on its own branch) while main moves on. Its
+# finished runs join main through DVC: their checkpoints are copied here (adopt), `dvc repro -s
+# train@<group>` restores every run from them (decide -> "restore"), and the restored results are
+# compared with the ones the other checkout wrote (compare_results). Only checkpoints written by this
+# training code are taken, so a run is never adopted from code that computes other numbers.
+COMPARED = ("val_loss", "select_loss", "val_loss_curve", "select_loss_curve", "train_loss_curve", "n_params", "wire")
+
+
+def adopt(src_root: Path, profile: str, names: Sequence[str], fingerprint: str,
+          dest_root: Path = PROJECT_ROOT, group: str = "") -> list[Path]:
+    """Copy the checkpoints of the finished runs ``names`` from the checkout ``src_root`` into this one's
+    ``checkpoints/<profile>/``. Every run must have its results JSON in ``src_root``'s results folder of
+    ``group`` and a checkpoint stamped with ``fingerprint`` (this training code); otherwise nothing is
+    copied and :class:`ValueError` names the first run that fails. Returns the files copied."""
+    import shutil
+    src_ck, dest_ck = Path(src_root) / "checkpoints" / profile, Path(dest_root) / "checkpoints" / profile
+    src_res = Path(src_root) / "reports" / profile / "results" / group
+    files = []
+    for name in names:
+        if _read_json(src_res / f"{name}.json") is None:
+            raise ValueError(f"{name}: no results JSON in {src_res}: the run has not finished there")
+        code = src_ck / f"{name}.code"
+        stamp = code.read_text().strip() if code.exists() else None
+        if stamp != fingerprint:
+            raise ValueError(f"{name}: its checkpoint was written by training code {stamp or '(unknown)'}, "
+                             f"not this checkout's {fingerprint}")
+        ckpts = checkpoint_files(src_ck / f"{name}.pt")
+        if not ckpts:
+            raise ValueError(f"{name}: no checkpoint in {src_ck}")
+        files += [*ckpts, code]
+    dest_ck.mkdir(parents=True, exist_ok=True)
+    for f in files:
+        shutil.copy2(f, dest_ck / f.name)
+    return [dest_ck / f.name for f in files]
+
+
+def compare_results(src_dir: Path, dest_dir: Path, names: Sequence[str]) -> list[str]:
+    """Where the results JSON of ``names`` in ``dest_dir`` (restored here) differ from those in ``src_dir``
+    (trained there) in any of :data:`COMPARED`: one line per difference (empty: the same numbers)."""
+    out = []
+    for name in names:
+        a, b = _read_json(Path(src_dir) / f"{name}.json"), _read_json(Path(dest_dir) / f"{name}.json")
+        if a is None or b is None:
+            out.append(f"{name}: results missing in {src_dir if a is None else dest_dir}")
+            continue
+        out += [f"{name}: {key} differs" for key in COMPARED if a.get(key) != b.get(key)]
+    return out
+
+
+USAGE = ("usage: python -m mapl.reuse                                  (the training-code fingerprint and its files)\n"
+         "       python -m mapl.reuse adopt CHECKOUT PROFILE GROUP     (copy GROUP's finished checkpoints from CHECKOUT)\n"
+         "       python -m mapl.reuse compare CHECKOUT PROFILE GROUP   (restored results here vs CHECKOUT's)")
+
+
 def main(argv=None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if args:
-        print("usage: python -m mapl.reuse   (prints the training-code fingerprint and its files)", file=sys.stderr)
+    if not args:
+        print(code_fingerprint())
+        for path in source_files():
+            print(f"  {path.relative_to(PROJECT_ROOT).as_posix()}")
+        return 0
+    if len(args) != 4 or args[0] not in ("adopt", "compare"):
+        print(USAGE, file=sys.stderr)
         return 2
-    print(code_fingerprint())
-    for path in source_files():
-        print(f"  {path.relative_to(PROJECT_ROOT).as_posix()}")
-    return 0
+    from .sweep import group_specs, spec_config
+    from ..core.config import load_params
+    what, src, profile, group = args[0], Path(args[1]), args[2], args[3]
+    try:
+        params = load_params()
+        names = [spec_config(profile, s, params).name() for s in group_specs(profile, group, params)]
+        if what == "adopt":
+            copied = adopt(src, profile, names, code_fingerprint(), group=group)
+            print(f"adopted {len(names)} run(s) of {profile}/{group} from {src} ({len(copied)} files); now "
+                  f"`dvc repro -s train@{group}` restores them, then `python -m mapl.reuse compare {src} {profile} {group}`")
+            return 0
+        diffs = compare_results(src / "reports" / profile / "results" / group,
+                                PROJECT_ROOT / "reports" / profile / "results" / group, names)
+        print("\n".join(diffs) if diffs else f"{len(names)} run(s) of {profile}/{group}: the same numbers as in {src}")
+        return 1 if diffs else 0
+    except (ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
