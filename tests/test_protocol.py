@@ -134,6 +134,14 @@ def test_a_claim_with_no_runs_says_so_rather_than_too_few_seeds():
     assert _order_verdict({"n": 2, "ci": None, "level": 0.95})[1] == "fewer than 3 paired seeds"
 
 
+def test_a_one_seed_comparison_has_a_ledger_cell_without_a_level():
+    """The micro profile's headline has one seed: its comparison has no interval and no Holm level."""
+    from mapl.report.claims import _comparison_cell, _order_verdict
+    c = {"mean": 0.5, "ci": None, "level": None, "n": 1, "a": {"steps": 40}}
+    assert _comparison_cell(c).startswith("+0.50 points") and "n = 1, 40 steps" in _comparison_cell(c)
+    assert _order_verdict(c) == ("not testable here", "fewer than 3 paired seeds")
+
+
 def test_each_row_names_the_validation_tokens_its_loss_is_measured_on():
     from mapl.report.rows import eval_set
     assert eval_set({"train": {"eval_tokens": 0, "select_every": 2}}) == "whole split"

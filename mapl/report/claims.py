@@ -77,7 +77,9 @@ def _comparison(tested: Sequence[dict], a: str, b: str) -> dict | None:
 def _comparison_cell(c: dict | None) -> str:
     if c is None:
         return DASH
-    return (f"{c['mean']:+.2f} points {fmt_ci(c['ci'])} ({100 * c['level']:.3g}%, n = {c['n']}, "
+    # one seed has no interval and no test level (Holm leaves it out): the cell says n and the budget only
+    level = f"{100 * c['level']:.3g}%, " if c.get("level") is not None else ""
+    return (f"{c['mean']:+.2f} points {fmt_ci(c['ci'])} ({level}n = {c['n']}, "
             f"{fmt_int(c['a']['steps'])} steps)")
 
 
