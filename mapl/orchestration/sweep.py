@@ -28,7 +28,9 @@ the group's count and ETA.
 """
 from __future__ import annotations
 
+import json
 import multiprocessing as mp
+import statistics
 import threading
 import time
 from dataclasses import dataclass, replace
@@ -218,7 +220,6 @@ def measured_text(cfgs: list[RunConfig], out_dir: Path) -> str:
     """What the committed results of these runs (same config hash) measured: "measured 24 of 24 runs:
     23:50 per run (median train_wall_s)"; empty when none has results. The estimate is a model calibrated on one
     machine; this is what the machine that trained them took (with whatever else ran beside them)."""
-    import json
     walls = []
     for cfg in cfgs:
         try:
@@ -230,9 +231,7 @@ def measured_text(cfgs: list[RunConfig], out_dir: Path) -> str:
             walls.append(float(res["train_wall_s"]))
     if not walls:
         return ""
-    walls.sort()
-    median = walls[len(walls) // 2] if len(walls) % 2 else (walls[len(walls) // 2 - 1] + walls[len(walls) // 2]) / 2
-    return f"measured {len(walls)} of {len(cfgs)} runs: {hms(median)} per run (median train_wall_s)"
+    return f"measured {len(walls)} of {len(cfgs)} runs: {hms(statistics.median(walls))} per run (median train_wall_s)"
 
 
 # ---- executing ------------------------------------------------------------------------------------

@@ -65,25 +65,29 @@ def common_target(rows: Sequence[dict], target_pct: float = 2.0) -> tuple[float,
     """THE time-to-target rule's target (this table's and the planner's): the main model's uncompressed best
     val loss (at the step chosen on the selection set) at its longest budget, mean over seeds, + ``target_pct``
     percent. Returns (target, budget, seeds); None without an uncompressed run."""
-    model = main_model(rows)
-    dense = [r for r in rows if r["model"] == model and r["method"] == "none"]
+    dense = _target_runs(rows)
     if not dense:
         return None
-    longest = max(r["steps"] for r in dense)
-    best = [r["val_loss"] for r in at_best_validation(dense) if r["steps"] == longest]
-    return statistics.fmean(best) * (1 + target_pct / 100), longest, len(best)
+    best = [r["val_loss"] for r in at_best_validation(dense)]
+    return statistics.fmean(best) * (1 + target_pct / 100), dense[0]["steps"], len(best)
+
+
+def _target_runs(rows: Sequence[dict]) -> list[dict]:
+    """The runs the target comes from: the main model's uncompressed runs at their longest budget."""
+    model = main_model(rows)
+    dense = [r for r in rows if r["model"] == model and r["method"] == "none"]
+    longest = max((r["steps"] for r in dense), default=None)
+    return [r for r in dense if r["steps"] == longest]
 
 
 def on_target_set(rows: Sequence[dict]) -> list[dict]:
     """The rows whose validation loss is measured on the same tokens as the target's (the main model's
     uncompressed runs at their longest budget; :func:`mapl.report.rows.eval_set`): a curve measured on
     another set (rounds 1-3 read one play, round 4 the whole split) cannot be compared with the target."""
-    model = main_model(rows)
-    dense = [r for r in rows if r["model"] == model and r["method"] == "none"]
+    dense = _target_runs(rows)
     if not dense:
         return list(rows)
-    longest = max(r["steps"] for r in dense)
-    sets = {r.get("eval_set") for r in dense if r["steps"] == longest}
+    sets = {r.get("eval_set") for r in dense}
     return [r for r in rows if r.get("eval_set") in sets]
 
 
