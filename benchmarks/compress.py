@@ -467,7 +467,7 @@ def bench_rvq_paper(torch, p: dict, reps: int, kernels=("matmul", "fused"), devi
     """Pack (search + EMA update + bit-packing + sync tensors), unpack and search alone at the paper's
     shape, one row per search kernel (on a CPU "fused" is compiled by inductor's CPU backend)."""
     from mapl.core.compress import ProjectionCompressor
-    from mapl.core.compress.rvq import RVQCompressor
+    from mapl.core.compress.rvq import RVQCompressor, RVQSettings
     from mapl.core.optim import stiefel_random
     z = torch.randn(p["batch"], p["seq"], p["r"], generator=torch.Generator().manual_seed(0)).to(device)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
@@ -482,7 +482,7 @@ def bench_rvq_paper(torch, p: dict, reps: int, kernels=("matmul", "fused"), devi
     rows = []
     for kern in kernels:
         comp = RVQCompressor(ProjectionCompressor(p["d"], stiefel_random(p["d"], p["r"], 0), "fixed"),
-                             search_kernel=kern).to(device).train()
+                             RVQSettings(search_kernel=kern)).to(device).train()
         _, init_s = timed(lambda: comp.unpack(comp.pack(z), z.dtype))   # k-means init (+ compilation): once per run
         comp.rvq.search(z[:1, :64])                         # compile for a second shape before timing
         ts = {"search": [], "pack": [], "unpack": []}

@@ -6,6 +6,7 @@ the device where it has clocks."""
 from __future__ import annotations
 
 import contextlib
+import re
 
 import pytest
 import torch
@@ -431,6 +432,31 @@ def _transport(monkeypatch, device: str):
     tx = Transport(0, None, None, torch.device(device), 5.0)
     tx.pending = [(_SlowWork(), None)]
     return tx
+
+
+def test_a_failed_operation_names_what_the_stage_was_doing_innermost_first(monkeypatch):
+    """``Transport.during`` names the block an operation fails in; leaving a block restores the outer name,
+    so an error after it is never reported under a stale one."""
+    from mapl.core.runtime.transport import CommError
+    tx = _transport(monkeypatch, "cpu")
+
+    class _Broken:
+        def wait(self):
+            raise RuntimeError("connection reset")
+    for doing, expected in [(("step 3 (F1)",), "step 3 (F1)"), (("step 3 (end)", "state sync"), "state sync"),
+                            ((), "setup")]:
+        with contextlib.ExitStack() as blocks:
+            for name in doing:
+                blocks.enter_context(tx.during(name))
+            tx.pending = [(_Broken(), None)]
+            with pytest.raises(CommError, match=rf"completing sends .* failed during {re.escape(expected)}: a peer "
+                                                r".*\(RuntimeError: connection reset\)"):
+                tx.flush()
+    with tx.during("checksum after step 4"):
+        pass
+    tx.pending = [(_Broken(), None)]
+    with pytest.raises(CommError, match="failed during setup"):
+        tx.flush()
 
 
 def test_waits_are_timed_by_the_host_clock_on_a_cpu(monkeypatch, fake_cuda_events):

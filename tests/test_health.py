@@ -10,7 +10,7 @@ import torch
 from mapl.core.compress import ProjectionCompressor
 from mapl.core.compress.base import WireTransfer, payload_bytes, spec_bytes
 from mapl.core.compress.health import BoundaryHealth, OutlierAlarm
-from mapl.core.compress.rvq import RVQCompressor
+from mapl.core.compress.rvq import RVQCompressor, RVQSettings
 from mapl.core.loop import LoopState, outlier_alarm
 from mapl.core.optim import stiefel_random
 
@@ -99,7 +99,7 @@ def test_resumed_state_primes_the_alarm_like_an_uninterrupted_run():
 # ---- RVQ with a per-token scale on the wire ------------------------------------------------------
 def _rvq(scale: str, r=8, d=16, K=16):
     proj = ProjectionCompressor(d, stiefel_random(d, r, 0), "fixed")
-    return RVQCompressor(proj, groups=4, rounds=2, codebook_size=K, scale=scale, seed=3)
+    return RVQCompressor(proj, RVQSettings(groups=4, rounds=2, codebook_size=K, scale=scale), seed=3)
 
 
 def _trained(scale: str, steps=30):

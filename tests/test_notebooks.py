@@ -71,7 +71,8 @@ def test_smoke_runs_every_stage_into_the_micro_folders(smoke):
     for stage in ["prepare", *(f"train@{g}" for g in GROUPS), "report", "plan"]:
         assert f"Running stage '{stage}'" in log, stage
     assert "Running stage 'plan-paper'" not in log
-    assert f"group main (1 of {len(GROUPS)} groups): 4 run(s): 0 current" in log and "run 1 of 4 micro-P2-none-s0 step 20/20 loss" in log
+    assert f"group main (1 of {len(GROUPS)} groups): 4 run(s): 0 current" in log
+    assert "run 1 of 4 micro-P2-none-s0 step 20/20 loss" in log
     stamp = json.loads((dest / "data" / "micro.manifest.json").read_text())
     assert stamp["profile"] == "micro" and (dest / stamp["data_dir"] / "manifest.json").exists()
     out = dest / "reports" / "micro"

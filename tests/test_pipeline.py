@@ -130,7 +130,9 @@ def test_parity_none_p4_1f1b_torchrun(corpus, tmp_path):
 
 @pytest.mark.process
 def test_parity_mapl_p2_1f1b_accelerate_blocking_transport(corpus, tmp_path):
-    args = base_args(corpus, "mapl", 2, "1f1b")
+    """... and evaluation in pieces of 3 of each batch's 4 sequences (``schedule.eval_program``: two uneven pieces
+    per batch, each weighted by its share of the batch's tokens) gives the single process's validation curve."""
+    args = [*base_args(corpus, "mapl", 2, "1f1b"), "--set", "train.eval_micro_batch_size=3"]
     ref = reference(args)
     res = run_mp(args, 2, tmp_path, "accelerate", extra=["--blocking-transport", "--timeout", "30"])
     assert res["pipeline"]["transport"] == "blocking"

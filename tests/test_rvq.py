@@ -14,7 +14,7 @@ import torch
 from mapl.core.compress import ProjectionCompressor
 from mapl.core.compress.base import WireTransfer
 from mapl.core.compress.bitpack import pack_bits, pack_bits_rows, unpack_bits, unpack_bits_rows
-from mapl.core.compress.rvq import OP_EMA, OP_INIT, RVQCompressor, ResidualVQ
+from mapl.core.compress.rvq import OP_EMA, OP_INIT, RVQCompressor, RVQSettings, ResidualVQ
 from mapl.core.optim import stiefel_random
 
 
@@ -23,11 +23,11 @@ def FixedProjection(d: int, r: int, seed: int = 0, dtype=torch.float32) -> Proje
     return ProjectionCompressor(d, stiefel_random(d, r, seed), "fixed").to(dtype)
 
 
-def make(r=8, d=16, **kw):
+def make(r=8, d=16, seed=0, **kw):
     kw.setdefault("groups", 2)
     kw.setdefault("rounds", 2)
     kw.setdefault("codebook_size", 16)
-    return RVQCompressor(FixedProjection(d, r), **kw)
+    return RVQCompressor(FixedProjection(d, r), RVQSettings(**kw), seed=seed)
 
 
 def roundtrip(c, z):
@@ -288,7 +288,8 @@ def test_defaults_halve_mapl_bytes():
     assert c.wire_bytes_per_token("fwd") == 64                  # r bytes/token vs MAPL's 2r
     assert c.wire_bytes_per_token("bwd") == 128
     assert c.sync.n == 1 and c.sync.cycle == 256
-    assert RVQCompressor(FixedProjection(256, 64), groups=16, rounds=1).wire_bytes_per_token("fwd") == 16   # 8x over bf16 z
+    half = RVQCompressor(FixedProjection(256, 64), RVQSettings(groups=16, rounds=1))
+    assert half.wire_bytes_per_token("fwd") == 16   # 8x over bf16 z
 
 
 def test_mirrored_and_full_stay_bit_identical_while_learning():
@@ -510,8 +511,8 @@ def test_straight_through_gradcheck():
     df/dx = A A^T. F = f - f.detach() + (decode(encode(x))).detach() has F's value = the unquantised
     path (whose finite differences are A A^T) and F's autograd gradient = f's STE backward, so
     gradcheck compares the STE backward with the projection's Jacobian."""
-    c = RVQCompressor(FixedProjection(6, 4, dtype=torch.float64), groups=2, rounds=1, codebook_size=16,
-                      grad_dtype=torch.float64).eval()
+    c = RVQCompressor(FixedProjection(6, 4, dtype=torch.float64),
+                      RVQSettings(groups=2, rounds=1, codebook_size=16, grad_dtype=torch.float64)).eval()
     roundtrip(c, torch.randn(1, 1, 4))
 
     def F(x):
@@ -521,7 +522,7 @@ def test_straight_through_gradcheck():
     x = torch.randn(2, 3, 6, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(F, (x,), eps=1e-6, atol=1e-8)
     # and with the default bf16 gradient wire: the r-wide gradient is rounded to bf16, nothing else
-    c16 = RVQCompressor(FixedProjection(6, 4, dtype=torch.float64), groups=2, rounds=1, codebook_size=16).train()
+    c16 = RVQCompressor(FixedProjection(6, 4, dtype=torch.float64), RVQSettings(groups=2, rounds=1, codebook_size=16)).train()
     u = torch.randn(2, 3, 6, dtype=torch.float64)
     x.grad = None
     (c16.decode(WireTransfer.apply(c16.encode(x), c16, None, 0)) * u).sum().backward()

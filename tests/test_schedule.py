@@ -2,8 +2,8 @@
 import pytest
 
 from mapl.core.runtime.schedule import (SCHEDULES, Barrier, Comm, Compute, ScheduleError, Transfer, _nonblocking_ops,
-                                        check_programs, naive_program, schedule_ops, stage_program, step_program,
-                                        step_tail)
+                                        check_programs, eval_program, naive_program, schedule_ops, stage_program,
+                                        step_program, step_tail)
 
 GRID = [(P, M) for P in (2, 4, 8) for M in (P, 2 * P, 4 * P)]
 
@@ -38,6 +38,26 @@ def test_the_non_blocking_transport_holds_at_most_two_sends(schedule, P, M):
                 held -= set(arg)
             peak = max(peak, len(held))
         assert peak <= 2 and not held
+
+
+@pytest.mark.parametrize("transport", ["blocking", "non-blocking"])
+@pytest.mark.parametrize("P,pieces", [(2, 1), (2, 5), (4, 3), (8, 8)])
+def test_the_evaluation_program_is_a_checked_forward_chain(P, pieces, transport):
+    """The evaluation the worker interprets (``eval_program``): every piece received, computed and sent on in
+    order, one transfer per batch, then one all-reduce every stage joins; deadlock-free in both transports,
+    and each middle stage's k-th receive is the k-th message its predecessor sends."""
+    programs = [eval_program(P, s, pieces) for s in range(P)]
+    check_programs(programs, transport)
+    for s, prog in enumerate(programs):
+        assert [a.mb for a in prog if isinstance(a, Compute)] == list(range(pieces))
+        assert all(a.kind == "F" for a in prog if isinstance(a, Compute))
+        assert prog[-1] == Barrier("validation loss") and sum(isinstance(a, Barrier) for a in prog) == 1
+        comms = [a for a in prog if isinstance(a, Comm)]
+        assert all(len(c.transfers) == 1 for c in comms)
+        assert len(comms) == pieces * ((s > 0) + (s < P - 1))
+    with pytest.raises(ScheduleError, match="deadlock"):       # a stage that skips the barrier is caught
+        check_programs([eval_program(P, s, pieces)[:-1] if s == 0 else eval_program(P, s, pieces)
+                        for s in range(P)], transport)
 
 
 def test_the_non_blocking_checker_catches_a_deadlock_made_by_releasing_sends():

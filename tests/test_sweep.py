@@ -1,6 +1,7 @@
 """Run groups, run names, reuse decisions, launch arguments, scheduling and progress (mapl.orchestration.sweep,
 mapl.orchestration.reuse, mapl.orchestration.progress); fast: nothing here trains."""
 import json
+import shutil
 import threading
 import time
 from dataclasses import replace
@@ -16,6 +17,7 @@ from mapl.orchestration.progress import GroupClock, StepProgress, estimate_core_
 from mapl.train import config_from_args, parse_args
 
 PARAMS = load_params()
+ROOT = Path(__file__).resolve().parents[1]
 GROUPS = ["main", "seeds", "ablations", "long", "long_variants", "longer", "tokens", "width", "rvq_sync", "rvq_scaled",
           "lr_check", "tune", "tune2", "decompose", "learned_fixed_4x", "corpus", "blocks"]
 
@@ -170,6 +172,23 @@ def test_reuse_decisions(tmp_path):
     assert reuse.decide(cfg, out, ckpt, "code-b") == ("train", 0) and not (tmp_path / "r.rank0.pt").exists()
 
 
+def test_runs_of_code_proven_to_compute_the_same_numbers_are_reused(tmp_path):
+    """With a proof code-a -> code-b in the checkout's reports/code-equivalence.json, code-b takes code-a's
+    results as current and restores its finished checkpoint; without it (or for code-c) both go."""
+    cfg = sweep.spec_config("micro", {"method": "mapl", "ratio": 4}, PARAMS).validate()
+    out, ckpt = tmp_path / "r.json", tmp_path / "r.pt"
+    root = tmp_path / "checkout"
+    (root / "reports").mkdir(parents=True)
+    (root / "reports" / "code-equivalence.json").write_text(json.dumps({"proofs": [{"old": "code-a", "new": "code-b"}]}))
+    reuse.mark_code(ckpt, "code-a")
+    _ckpt(ckpt, cfg, cfg.train.steps)
+    _results(out, cfg, "code-a")
+    assert reuse.decide(cfg, out, ckpt, "code-b", root=root) == ("current", cfg.train.steps)
+    out.unlink()
+    assert reuse.decide(cfg, out, ckpt, "code-b", root=root) == ("restore", cfg.train.steps)
+    assert reuse.decide(cfg, out, ckpt, "code-c", root=root) == ("train", 0) and not ckpt.exists()
+
+
 def test_stamp_keeps_the_results_layout(tmp_path):
     from mapl.base.io import atomic_write_json
     out = tmp_path / "r.json"
@@ -248,6 +267,65 @@ def test_runs_are_adopted_from_another_checkout_only_when_finished_by_this_code(
     assert reuse.compare_results(res, here, ["run-a"]) == ["run-a: val_loss_curve differs"]
     (here / "run-a.json").write_text((res / "run-a.json").read_text())
     assert reuse.compare_results(res, here, ["run-a"]) == []
+
+
+def test_runs_of_other_training_code_are_adopted_only_with_a_proof_of_the_same_numbers(tmp_path):
+    """A checkpoint stamped by training code abc joins a checkout whose code is xyz only when that checkout's
+    reports/code-equivalence.json records a proof abc -> xyz (equivalence.prove); the sweep then restores it
+    (decide) instead of retraining. A proof of another pair, or of the other direction, is no proof."""
+    src, dest = tmp_path / "retrain", tmp_path / "main"
+    ck, res = src / "checkpoints" / "cpu", src / "reports" / "cpu" / "results" / "long"
+    ck.mkdir(parents=True)
+    res.mkdir(parents=True)
+    (ck / "run-a.pt").write_bytes(b"weights")
+    (ck / "run-a.code").write_text("abc\n")
+    (res / "run-a.json").write_text(json.dumps({"val_loss": 3.8}))
+    proofs = dest / "reports" / "code-equivalence.json"
+    proofs.parent.mkdir(parents=True)
+    for pair in (("xyz", "abc"), ("abc", "other")):
+        proofs.write_text(json.dumps({"proofs": [{"old": pair[0], "new": pair[1]}]}))
+        with pytest.raises(ValueError, match=r"run-a: .* training code abc, not this checkout's xyz, and no proof"):
+            reuse.adopt(src, "cpu", ["run-a"], "xyz", dest_root=dest, group="long")
+        assert not (dest / "checkpoints").exists()
+    proofs.write_text(json.dumps({"proofs": [{"old": "abc", "new": "xyz"}]}))
+    copied = reuse.adopt(src, "cpu", ["run-a"], "xyz", dest_root=dest, group="long")
+    assert sorted(p.name for p in copied) == ["run-a.code", "run-a.pt"]
+    assert (dest / "checkpoints" / "cpu" / "run-a.code").read_text() == "abc\n"     # names the code that wrote it
+    assert reuse.same_code("abc", "xyz", dest) and not reuse.same_code("xyz", "abc", dest)
+    assert not reuse.same_code(None, "xyz", dest) and reuse.same_code("xyz", "xyz", tmp_path / "no-proofs")
+
+
+@pytest.mark.slow
+@pytest.mark.process
+@pytest.mark.full          # 8 short trainings in child processes (~1 min): the proof `make test`'s adopt test trusts
+def test_other_training_code_is_proven_to_compute_the_same_numbers_before_it_is_trusted(corpus, tmp_path):
+    """equivalence.prove trains the same configurations with each checkout's own code: a comment edit in the
+    core (another fingerprint, the same numbers) is recorded; a changed number is refused and records nothing."""
+    from mapl.orchestration import equivalence, workspace
+
+    def copy(name: str) -> Path:
+        for rel in workspace.checkout_files(ROOT):
+            (tmp_path / name / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / rel, tmp_path / name / rel)
+        return tmp_path / name
+    old, new = copy("old"), copy("new")
+    loop = old / "mapl" / "core" / "loop.py"
+    loop.write_text(loop.read_text() + "# a comment changes the fingerprint, not a number\n")
+    extra = ["--set", "data.source=text", "--set", f"data.paths={json.dumps([corpus['glob']])}",
+             "--set", "data.tokenizer=byte", "--set", f"data_dir={corpus['data_dir']}", "--set", "train.threads=1"]
+    configs = {k: equivalence.CONFIGURATIONS[k] for k in ("mapl-8x", "mapl-rvq-8x-token-scale")}
+    seen = []
+    rec = equivalence.prove(old, "micro", steps=2, new_root=new, configurations=configs, extra=extra, log=seen.append)
+    assert seen == ["mapl-8x: bit-identical", "mapl-rvq-8x-token-scale: bit-identical"]
+    fps = (equivalence.checkout_fingerprint(old), equivalence.checkout_fingerprint(new))
+    assert fps[0] != fps[1] and (rec["old"], rec["new"]) == fps
+    assert equivalence.proven(*fps, root=new) == rec and equivalence.proven(fps[1], fps[0], root=new) is None
+    model = old / "mapl" / "core" / "model.py"
+    model.write_text(model.read_text().replace("self.eps = eps", "self.eps = eps * 100"))
+    before = (new / equivalence.EQUIVALENCE_FILE).read_text()
+    with pytest.raises(ValueError, match=r"compute different numbers \(mapl-8x: train_loss_curve; .*nothing recorded"):
+        equivalence.prove(old, "micro", steps=2, new_root=new, configurations=configs, extra=extra, log=seen.append)
+    assert (new / equivalence.EQUIVALENCE_FILE).read_text() == before
 
 
 def test_launched_runs_share_the_gpus(monkeypatch):

@@ -34,6 +34,7 @@ from ..base.settings import (ConfigError, build, check_fields, coerce, field_hin
                              set_nested, setting)
 
 __all__ = ["METHODS", "PROJECTORS", "ANCHORS", "SCHEDULES", "PRECISIONS", "RVQ_SYNC_MODES", "RVQ_SEARCH_KERNELS", "RVQ_SCALES",
+           "RVQ_SEARCH_WITH",
            "POLAR_METHODS", "CHECKPOINTING_MODES", "NORM_CASTS",
            "ConfigError", "setting", "AnchorConfig", "ProjectorConfig", "SPELConfig", "RVQConfig",
            "CompressorConfig", "TrainConfig", "RunConfig", "PROJECT_ROOT", "RESUMABLE_FIELDS", "EXECUTION_FIELDS",
@@ -57,7 +58,8 @@ SCHEDULES = tuple(SCHEDULE_REGISTRY)          # the schedules the runtime define
 PRECISIONS = ("auto", "fp32", "bf16")
 RVQ_SYNC_MODES = ("stream", "full", "mirrored")
 RVQ_SEARCH_KERNELS = ("auto", "matmul", "fused")
-RVQ_SCALES = ("none", "token")                             # mapl/core/compress/rvq/compressor.py says what each does
+RVQ_SCALES = ("none", "token")                             # mapl/core/compress/rvq/settings.py says what each does
+RVQ_SEARCH_WITH = ("sender", "receiver")
 POLAR_METHODS = ("svd", "polar_express")
 CHECKPOINTING_MODES = ("off", "on", "auto")               # auto: the memory plan turns it on when a stage does not fit
 NORM_CASTS = ("per-linear", "once")                        # mapl/core/model.py's Block says what each does
@@ -111,7 +113,7 @@ class RVQConfig:
     decay: float = setting(0.99, min=0, max_exclusive=1)
     sync: str = setting("stream", choices=RVQ_SYNC_MODES)
     max_staleness: int | None = setting(None, min=0)      # None = the sync mode's bound (stream 2*ceil(K/n), else 0)
-    search_with: str = setting("receiver", choices=("sender", "receiver"))
+    search_with: str = setting("receiver", choices=RVQ_SEARCH_WITH)
     search_tile_bytes: int = setting(0, min=0)             # memory budget per search tile; 0 = 4 MiB on CPU, 256 MiB on GPU
     search_kernel: str = setting("auto", choices=RVQ_SEARCH_KERNELS)   # auto: matmul on CPU, fused (compiled) on GPU
     scale: str = setting("none", choices=RVQ_SCALES)       # none: quantise z; token: z / RMS(z_t), scale on the wire (bf16)

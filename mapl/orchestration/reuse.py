@@ -9,6 +9,9 @@
    complete (a finished run: its results are rebuilt in seconds) or ``"resume"`` when it is not;
 3. else ``"train"``: a checkpoint or results JSON left by another config or other code is deleted first.
 
+"This training code" also covers code that ``reports/code-equivalence.json`` proves computes the same
+numbers (:func:`same_code`; :mod:`mapl.orchestration.equivalence`): a refactor proven so retrains nothing.
+
 "This training code" is :func:`mapl.core.fingerprint.code_fingerprint` over its ``TRAIN_SOURCES``, the files whose content
 changes a run's numbers. dvc.yaml's train stage lists the same files as its deps
 (``tests/test_notebooks.py`` holds the two lists equal), so DVC and this module agree on when the
@@ -19,6 +22,7 @@ fingerprint keeps them from surviving a code change.
     python -m mapl.reuse          # the fingerprint of this checkout's training code, and its files
     python -m mapl.reuse adopt ../retrain cpu long     # take another checkout's finished runs (see adopt)
     python -m mapl.reuse compare ../retrain cpu long   # after `dvc repro -s train@long`: same numbers?
+    python -m mapl.reuse prove ../retrain cpu          # other training code, the same numbers? (equivalence.py)
 """
 from __future__ import annotations
 
@@ -29,8 +33,9 @@ from typing import Sequence
 
 from ..core.config import PROJECT_ROOT, RunConfig, config_hash
 from ..core.fingerprint import code_fingerprint, source_files
+from .equivalence import proven
 
-__all__ = ["ACTIONS", "COMPARED", "results_current", "checkpoint_files",
+__all__ = ["ACTIONS", "COMPARED", "same_code", "results_current", "checkpoint_files",
            "checkpoint_step", "decide", "mark_code", "stamp_results", "adopt", "compare_results", "main"]
 
 ACTIONS = ("current", "restore", "resume", "train")
@@ -44,14 +49,21 @@ def _read_json(path: Path) -> dict | None:
     return res if isinstance(res, dict) else None
 
 
-def results_current(out: Path, cfg: RunConfig, fingerprint: str) -> bool:
-    """The results JSON at ``out`` is this config's, complete, and from this training code."""
+def same_code(stamp: str | None, fingerprint: str, root: Path = PROJECT_ROOT) -> bool:
+    """Whether training code ``stamp`` computes what ``fingerprint`` computes: it is that code, or ``root``'s
+    ``reports/code-equivalence.json`` holds the proof (old ``stamp``, new ``fingerprint``)."""
+    return stamp == fingerprint or (stamp is not None and proven(stamp, fingerprint, root) is not None)
+
+
+def results_current(out: Path, cfg: RunConfig, fingerprint: str, root: Path = PROJECT_ROOT) -> bool:
+    """The results JSON at ``out`` is this config's, complete, and from this training code (``root``: the
+    checkout whose proofs count, :func:`same_code`)."""
     res = _read_json(out)
     if res is None:
         return False
     prov = res.get("provenance") or {}
     return (prov.get("config_hash") == config_hash(cfg) and res.get("steps") == cfg.train.steps
-            and prov.get("code_fingerprint") == fingerprint)
+            and same_code(prov.get("code_fingerprint"), fingerprint, root))
 
 
 def checkpoint_files(ckpt: Path) -> list[Path]:
@@ -88,16 +100,17 @@ def _drop(paths, log, why: str) -> None:
             log(f"dropped {p.name}: {why}")
 
 
-def decide(cfg: RunConfig, out: Path, ckpt: Path, fingerprint: str, log=lambda msg: None) -> tuple[str, int]:
+def decide(cfg: RunConfig, out: Path, ckpt: Path, fingerprint: str, log=lambda msg: None,
+           root: Path = PROJECT_ROOT) -> tuple[str, int]:
     """(action, step the run starts from) for one run; see the module docstring. Deletes what cannot
     be reused (a results JSON or checkpoint of another config or other training code)."""
     out, ckpt = Path(out), Path(ckpt)
-    if results_current(out, cfg, fingerprint):
+    if results_current(out, cfg, fingerprint, root):
         return "current", cfg.train.steps
     _drop([out], log, "not this config's or this code's result")
     files, code = checkpoint_files(ckpt), _code_file(ckpt)
-    same_code = code.exists() and code.read_text().strip() == fingerprint
-    if files and not same_code:
+    written_here = code.exists() and same_code(code.read_text().strip(), fingerprint, root)
+    if files and not written_here:
         _drop([*files, code], log, "written by other training code")
         return "train", 0
     if ckpt in files:                                         # one process: we can tell how far it got
@@ -139,8 +152,11 @@ def adopt(src_root: Path, profile: str, names: Sequence[str], fingerprint: str,
           dest_root: Path = PROJECT_ROOT, group: str = "") -> list[Path]:
     """Copy the checkpoints of the finished runs ``names`` from the checkout ``src_root`` into this one's
     ``checkpoints/<profile>/``. Every run must have its results JSON in ``src_root``'s results folder of
-    ``group`` and a checkpoint stamped with ``fingerprint`` (this training code); otherwise nothing is
-    copied and :class:`ValueError` names the first run that fails. Returns the files copied."""
+    ``group`` and a checkpoint stamped with ``fingerprint`` (this training code), or with training code
+    that ``dest_root``'s ``reports/code-equivalence.json`` proves computes the same numbers
+    (:func:`same_code`; the stamp is copied as it is: it names the code that wrote the checkpoint);
+    otherwise nothing is copied and :class:`ValueError` names the first run that fails. Returns the files
+    copied."""
     import shutil
     src_ck, dest_ck = Path(src_root) / "checkpoints" / profile, Path(dest_root) / "checkpoints" / profile
     src_res = Path(src_root) / "reports" / profile / "results" / group
@@ -150,9 +166,10 @@ def adopt(src_root: Path, profile: str, names: Sequence[str], fingerprint: str,
             raise ValueError(f"{name}: no results JSON in {src_res}: the run has not finished there")
         code = src_ck / f"{name}.code"
         stamp = code.read_text().strip() if code.exists() else None
-        if stamp != fingerprint:
+        if not same_code(stamp, fingerprint, dest_root):
             raise ValueError(f"{name}: its checkpoint was written by training code {stamp or '(unknown)'}, "
-                             f"not this checkout's {fingerprint}")
+                             f"not this checkout's {fingerprint}, and no proof that the two compute the same "
+                             f"numbers (python -m mapl.reuse prove {src_root} {profile})")
         ckpts = checkpoint_files(src_ck / f"{name}.pt")
         if not ckpts:
             raise ValueError(f"{name}: no checkpoint in {src_ck}")
@@ -178,7 +195,9 @@ def compare_results(src_dir: Path, dest_dir: Path, names: Sequence[str]) -> list
 
 USAGE = ("usage: python -m mapl.reuse                                  (the training-code fingerprint and its files)\n"
          "       python -m mapl.reuse adopt CHECKOUT PROFILE GROUP     (copy GROUP's finished checkpoints from CHECKOUT)\n"
-         "       python -m mapl.reuse compare CHECKOUT PROFILE GROUP   (restored results here vs CHECKOUT's)")
+         "       python -m mapl.reuse compare CHECKOUT PROFILE GROUP   (restored results here vs CHECKOUT's)\n"
+         "       python -m mapl.reuse prove CHECKOUT PROFILE [STEPS]   (CHECKOUT's training code computes this one's "
+         "numbers? recorded if so)")
 
 
 def main(argv=None) -> int:
@@ -188,6 +207,8 @@ def main(argv=None) -> int:
         for path in source_files():
             print(f"  {path.relative_to(PROJECT_ROOT).as_posix()}")
         return 0
+    if args[0] == "prove" and len(args) in (3, 4):
+        return _prove(*args[1:])
     if len(args) != 4 or args[0] not in ("adopt", "compare"):
         print(USAGE, file=sys.stderr)
         return 2
@@ -209,3 +230,18 @@ def main(argv=None) -> int:
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+
+
+def _prove(checkout: str, profile: str, steps: str = "6") -> int:
+    from .equivalence import EQUIVALENCE_FILE, prove
+    if not steps.isdigit() or int(steps) < 1:
+        print(f"error: STEPS={steps!r} is invalid: must be an integer >= 1", file=sys.stderr)
+        return 2
+    try:
+        rec = prove(Path(checkout), profile, int(steps))
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(f"training code {rec['old']} computes what {rec['new']} computes on {len(rec['configurations'])} "
+          f"configurations ({rec['seconds']:.0f} s): recorded in {EQUIVALENCE_FILE}")
+    return 0

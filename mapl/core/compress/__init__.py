@@ -41,9 +41,5 @@ def build_boundary(comp, d_model: int, boundary: int) -> Compressor:
                                 method="ssn" if comp.method == "ssn" else "mapl")
     if comp.method != "mapl-rvq":
         return proj
-    from .rvq import RVQCompressor           # imported here: optional heavy path
-    q = comp.rvq
-    return RVQCompressor(proj, groups=q.groups or None, rounds=q.rounds, codebook_size=q.codebook_size,
-                         decay=q.decay, sync=q.sync, max_staleness=q.max_staleness, search_with=q.search_with,
-                         tile_bytes=q.search_tile_bytes, search_kernel=q.search_kernel, scale=q.scale,
-                         seed=derive_seed(comp.seed, "rvq", boundary))
+    from .rvq import RVQCompressor, RVQSettings           # imported here: optional heavy path
+    return RVQCompressor(proj, RVQSettings.from_config(comp.rvq), seed=derive_seed(comp.seed, "rvq", boundary))

@@ -85,9 +85,9 @@ class RankCheckpoints:
     def save(self, cfg, model, optimizers, meter, state: LoopState, confirmed: bool = True) -> None:
         """Every rank checks its values finite first; all write, or none does. ``confirmed=False``: to
         the unconfirmed file, promoted by :meth:`confirm` (the loop calls it on every rank alike)."""
-        self.transport.context = f"checkpoint after step {state.step}"
         bad = checkpoint.first_nonfinite(model, optimizers)
-        found = self.transport.gather_object(bad and f"{bad} (stage {self.stage})", "checkpoint check")
+        with self.transport.during(f"checkpoint after step {state.step}"):
+            found = self.transport.gather_object(bad and f"{bad} (stage {self.stage})", "checkpoint check")
         culprits = sorted({name for name in found if name})
         if culprits:
             kept = (f"the per-rank checkpoints keep step {self.slot.saved_step}" if self.slot.saved_step is not None

@@ -30,7 +30,8 @@ from enum import StrEnum
 from typing import Callable
 
 __all__ = ["SCHEDULES", "schedule_ops", "Kind", "Op", "Msg", "Compute", "Transfer", "Comm", "Barrier", "Action",
-           "stage_program", "step_tail", "step_program", "check_programs", "ScheduleError", "naive_program"]
+           "stage_program", "step_tail", "step_program", "eval_program", "check_programs", "ScheduleError",
+           "naive_program"]
 
 
 # ---- the vocabulary of programs (string enums: they compare and hash as their values) --------------
@@ -184,6 +185,21 @@ def step_program(schedule: str, n_stages: int, n_micro: int, stage: int, receive
     learned state forward (every boundary of a run has the same compressor, so neighbours agree)."""
     return (stage_program(schedule, n_stages, n_micro, stage),
             step_tail(n_stages, stage, receiver_grads, synced_state))
+
+
+def eval_program(n_stages: int, stage: int, pieces: int) -> list[Action]:
+    """THE program a stage worker runs for one evaluation of ``pieces`` forward-only micro-batches: each is
+    received from stage s-1, computed and sent on to stage s+1, one transfer per batch, then the all-reduce
+    of the loss (``Barrier``). A forward-only chain cannot deadlock under rendezvous semantics, and no receive
+    is posted ahead, so a stage never holds more than the message it works on (the worker also completes
+    every validation batch's sends before the next: the whole set's messages are never held at once).
+    The worker interprets it (``PipelineEngine._validation_loss``); ``check_programs`` replays it."""
+    program: list[Action] = []
+    for m in range(pieces):
+        program += [Comm((t,)) for t in _needs(Kind.F, m, stage, n_stages)]
+        program.append(Compute(Kind.F, m))
+        program += [Comm((t,)) for t in _makes(Kind.F, m, stage, n_stages)]
+    return program + [Barrier("validation loss")]
 
 
 # ---- the checker ------------------------------------------------------------------------------------------

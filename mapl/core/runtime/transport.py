@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -84,12 +85,23 @@ class Transport:
         self.pending: list = []              # (work, buffer) of sends in flight, oldest first
         self.held_peak = (0, 0)              # the most sends, and send-buffer bytes, held at once (tests bound them)
         self.clock = SpanClock(device)       # "wait": blocked in communication, on the device where it has clocks
-        self.context = "setup"
+        self._doing = "setup"                 # what this stage is doing: named by every error (``during``)
         self._chan_free = defaultdict(float)     # sender -> when its channel to us is free (delay mode)
 
     # -- errors
+    @contextmanager
+    def during(self, doing: str):
+        """Name what the stage does inside the block (``"step 12 (F3)"``, ``"state sync"``): every operation
+        that fails inside it says so. Nested blocks name the innermost; leaving a block restores the outer
+        name, so a failure is never reported under a stale one."""
+        outer, self._doing = self._doing, doing
+        try:
+            yield
+        finally:
+            self._doing = outer
+
     def _fail(self, what: str, e: Exception):
-        raise CommError(f"{what} failed during {self.context}: a peer stage died or did not answer within the "
+        raise CommError(f"{what} failed during {self._doing}: a peer stage died or did not answer within the "
                         f"{self.timeout_s:g} s process-group timeout ({type(e).__name__}: {str(e).strip()[:300]})") from e
 
     def _peer(self, peer: int) -> str:

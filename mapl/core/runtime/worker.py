@@ -15,8 +15,11 @@ body, then the tail; the checker proves exactly these actions deadlock-free):
 The tail ends the step as in one process: ``Comm`` rgrad: receiver-side projector gradients go back;
 ``Barrier``: the gradients of data-parallel replicas are summed, one all-reduce (``agreement``) carries
 the grad norms (global clipping), non-finite flags, the stop request and the loss, the optimizer steps;
-``Comm`` sync: the learned state goes forward (``boundary_sync``). This computes bit for bit what ``mapl.core.engine.LocalEngine``
-computes; tests hold the two to the same losses.
+``Comm`` sync: the learned state goes forward (``boundary_sync``). An evaluation is a program too
+(``schedule.eval_program``: each piece received, computed, sent on; then the loss's all-reduce). Every
+action runs inside ``Transport.during``, so a failed operation names the step and action it belongs to.
+This computes bit for bit what ``mapl.core.engine.LocalEngine`` computes; tests hold the two to the same
+losses.
 """
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ import os
 import socket
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -42,7 +46,7 @@ from .faults import FaultPlan
 from .measure import OpTimer, merge_meters, peak_memory, pipeline_section
 from .messages import StageMessages
 from .rank_checkpoints import RankCheckpoints
-from .schedule import Barrier, Comm, Compute, Kind, Msg, step_program
+from .schedule import Action, Barrier, Comm, Compute, Kind, Msg, Op, eval_program, step_program
 from .topology import Topology
 from .transport import Transport
 
@@ -102,8 +106,8 @@ class PipelineEngine:
     def resume(self, allow_changes: bool = False) -> LoopState | None:
         if self.ckpts is None:
             return None
-        self.tx.context = "checkpoint resume"
-        return self.ckpts.resume(self.cfg, self.sm, self.opts, self.meter, allow_changes, self.agree)
+        with self.tx.during("checkpoint resume"):
+            return self.ckpts.resume(self.cfg, self.sm, self.opts, self.meter, allow_changes, self.agree)
 
     def save(self, state: LoopState, confirmed: bool = True) -> None:
         self.ckpts.save(self.cfg, self.sm, self.opts, self.meter, state, confirmed)
@@ -122,15 +126,13 @@ class PipelineEngine:
         set_lr(self.opts, lr_scale)
         st = _StepState(self._batch(step), self.topo.device)
         for i, action in enumerate(self.program):
-            self.tx.context = f"step {step} ({action.kind}{action.mb})" if isinstance(action, Compute) else \
-                f"step {step} (communication)"
-            if isinstance(action, Comm):
-                self._communicate(i, st)
-            elif action.kind is Kind.F:
-                self._forward(action.mb, st, step)
-            else:
-                self._backward(action.mb, st)
-        self.tx.context = f"step {step} (end)"
+            with self.tx.during(f"step {step} ({_describe(action)})"):
+                if isinstance(action, Comm):
+                    self._communicate(i, st)
+                elif action.kind is Kind.F:
+                    self._forward(action.mb, st, step)
+                else:
+                    self._backward(action.mb, st)
         outcome = self.finish_step(step, st.loss_sum, st.bad_in, st.bad_out, stop_requested)
         fwd_s, bwd_s = self.timer.read()
         self.timing["fwd"].append(fwd_s)
@@ -235,15 +237,17 @@ class PipelineEngine:
         started = self.tx.clock.start()
         outcome = None
         for action in self.tail:
-            if isinstance(action, Barrier):
-                outcome = self._step_barrier(step, loss_sum, bad_in, bad_out, stop_requested, started)
-                if not math.isfinite(outcome.loss):
-                    return outcome
-            elif action.transfers[0].what is Msg.RGRAD:
-                self._exchange_receiver_grads()
-            else:
-                self._exchange_state()
-        self.tx.flush()
+            with self.tx.during(f"step {step} ({_describe(action)})"):
+                if isinstance(action, Barrier):
+                    outcome = self._step_barrier(step, loss_sum, bad_in, bad_out, stop_requested, started)
+                    if not math.isfinite(outcome.loss):
+                        return outcome
+                elif action.transfers[0].what is Msg.RGRAD:
+                    self._exchange_receiver_grads()
+                else:
+                    self._exchange_state()
+        with self.tx.during(f"step {step} (end)"):
+            self.tx.flush()
         return outcome
 
     def _step_barrier(self, step: int, loss_sum, bad_in, bad_out, stop_requested, started) -> StepOutcome:
@@ -305,7 +309,6 @@ class PipelineEngine:
     @torch.no_grad()
     def _exchange_state(self) -> None:
         """After the optimizer step: the learned state goes to the receiver's copy (one batch per stage)."""
-        self.tx.context = "state sync"
         sends, recvs, keys_in = [], [], []
         if self.comp_out is not None:
             keys, tensors = bsync.state_message(self.comp_out)
@@ -335,63 +338,78 @@ class PipelineEngine:
 
     @torch.no_grad()
     def _validation_loss(self, step: int, batches: list, what: str) -> float:
+        """This stage's part of one evaluation: the program ``schedule.eval_program`` over this replica's
+        share of ``batches`` in pieces, interpreted in order; the last stage sums the pieces' token-weighted
+        losses (as ``LocalEngine.evaluate``, mapl.core.engine.batch_weight), every stage joins the all-reduce."""
         sm, dev = self.sm, self.topo.device
         was = sm.training
         sm.eval()
-        total, weight, mine = 0.0, 0.0, batches[self.topo.replica::self.R]
-        t = self.cfg.train
-        for i, (x, y) in enumerate(mine):
-            self.tx.context = f"{what} after step {step} (batch {i})"
-            for xi, yi, share in eval_pieces(x, y, t.eval_micro_batch_size):
-                loss = self._validation_piece(xi, yi)
-                if loss is not None:    # token-weighted, as LocalEngine.evaluate (mapl.core.engine.batch_weight)
-                    total += loss * (batch_weight(y, batches) * share)
-            if self.topo.last:
-                weight += batch_weight(y, batches)
-            # complete this batch's sends before the next: the evaluation's messages are never all held
-            # at once (the whole validation set's, 19 GiB at 1B uncompressed); forward only, so no cycle
-            self.tx.flush()
+        pieces = _eval_pieces(batches[self.topo.replica::self.R], batches, self.cfg.train.eval_micro_batch_size)
+        total, weight, inbox, outbox = 0.0, 0.0, {}, {}
+        vec = torch.zeros(2, dtype=torch.float64, device=dev)
+        for action in eval_program(self.P, self.stage, len(pieces)):
+            m = _micro_batch(action)
+            piece = pieces[m] if m is not None else None
+            where = f" (batch {piece.batch}, {_describe(action)})" if piece else ""
+            with self.tx.during(f"{what} after step {step}{where}"):
+                if isinstance(action, Barrier):
+                    vec = torch.tensor([total, weight], dtype=torch.float64, device=dev)
+                    self.tx.all_reduce(vec, "validation loss")
+                elif isinstance(action, Compute):
+                    loss = self._validation_piece(piece, inbox.pop(m, None), outbox)
+                    if loss is not None:            # the last stage
+                        total += loss * piece.weight
+                        if piece.ends_batch:
+                            weight += piece.batch_weight
+                elif action.transfers[0].op is Op.RECV:
+                    inbox[m] = self.msg.take_fwd(self.msg.post_fwd(tuple(piece.x.shape)))
+                else:
+                    self.msg.send(outbox.pop(m), self.topo.next, "fwd")
+                    if piece.ends_batch:
+                        # complete this batch's sends before the next: the evaluation's messages are never all
+                        # held at once (the whole validation set's, 19 GiB at 1B uncompressed)
+                        self.tx.flush()
         sm.train(was)
-        vec = torch.tensor([total, weight], dtype=torch.float64, device=dev)
-        self.tx.all_reduce(vec, "validation loss")
         return float(vec[0]) / max(1.0, float(vec[1]))
 
-    def _validation_piece(self, x: torch.Tensor, y: torch.Tensor) -> float | None:
-        """One evaluation micro-batch through this stage: its mean loss on the last stage, else sent on."""
+    def _validation_piece(self, piece: "_EvalPiece", received, outbox: dict) -> float | None:
+        """One evaluation micro-batch through this stage: its mean loss on the last stage, else its message
+        for stage s+1 (into ``outbox``)."""
         dev = self.topo.device
-        ids, z_in = (x.to(dev) if self.topo.first else None), None
-        if not self.topo.first:
-            payload, ids = self.msg.take_fwd(self.msg.post_fwd(tuple(x.shape)))
+        ids, z_in = (piece.x.to(dev) if self.topo.first else None), None
+        if received is not None:
+            payload, ids = received
             z_in = self.comp_in.unpack(payload, self.msg.in_dtype)
         chunk = self.cfg.train.loss_chunk_tokens
         with autocast_ctx(self.cfg, dev):
             if self.topo.last and chunk:
-                return float(self.sm.stage_loss(self.stage, z_in, ids, y.to(dev), chunk))
+                return float(self.sm.stage_loss(self.stage, z_in, ids, piece.y.to(dev), chunk))
             out = self.sm.stage_forward(self.stage, z_in, ids)
         if self.topo.last:
-            return float(F.cross_entropy(out.float().reshape(-1, out.shape[-1]), y.to(dev).reshape(-1)))
-        self.msg.send(self.msg.fwd_message(out, ids, None), self.topo.next, "fwd")
+            return float(F.cross_entropy(out.float().reshape(-1, out.shape[-1]), piece.y.to(dev).reshape(-1)))
+        outbox[piece.index] = self.msg.fwd_message(out, ids, None)
         return None
 
     def health(self) -> list[dict] | None:
         """Each boundary's health window from its sender (every replica's), merged on the reporter:
         maxima are the maxima over replicas, the other entries replica 0's (mapl.core.loop reads this)."""
         mine = self.comp_out.health_report() if self.comp_out is not None else None
-        everyone = self.tx.gather_object(mine, "health")
+        with self.tx.during("the boundaries' health report"):
+            everyone = self.tx.gather_object(mine, "health")
         if not self.reporter:
             return None
         return [merge_health([everyone[r * self.P + s] for r in range(self.R)]) for s in range(self.P - 1)]
 
     def check_sync(self, step: int) -> list[bool]:
         """Each boundary's shared-state checksum, sender vs receiver (per boundary, all replicas)."""
-        self.tx.context = f"checksum after step {step}"
         sends = [([torch.tensor([bsync.checksum(self.comp_out)], dtype=torch.int64)], self.topo.next, "check")] \
             if self.comp_out is not None else []
         recvs = [([((1,), torch.int64)], self.topo.prev, "check")] if self.comp_in is not None else []
-        got = self.tx.exchange(sends, recvs)
-        self.tx.flush()
-        ok = int(got[0][0][0]) == bsync.checksum(self.comp_in) if recvs else None
-        everyone = self.tx.gather_object(ok, "checksums")
+        with self.tx.during(f"checksum after step {step}"):
+            got = self.tx.exchange(sends, recvs)
+            self.tx.flush()
+            ok = int(got[0][0][0]) == bsync.checksum(self.comp_in) if recvs else None
+            everyone = self.tx.gather_object(ok, "checksums")
         return [all(everyone[r * self.P + s] for r in range(self.R)) for s in range(1, self.P)]
 
     # ---- results (gathered to rank 0) --------------------------------------------------------------
@@ -406,7 +424,8 @@ class PipelineEngine:
                 "n_params": sum(p.numel() for _, p in self.owned) if self.topo.replica == 0 else 0,
                 "pid": os.getpid(), "host": socket.gethostname(), "peak_memory": peak_memory(self.topo.device),
                 "held_sends": self.tx.held_peak}
-        everyone = self.tx.gather_object(mine, "results")
+        with self.tx.during("the results"):
+            everyone = self.tx.gather_object(mine, "results")
         if not self.reporter:
             return None
         merged = merge_meters([r["meter"] for r in everyone])
@@ -458,3 +477,45 @@ class _StepState:
         self.loss_sum = torch.zeros((), dtype=torch.float64, device=device)
         self.bad_in = torch.zeros((), dtype=torch.bool, device=device)
         self.bad_out = torch.zeros((), dtype=torch.bool, device=device)
+
+
+def _describe(action: Action) -> str:
+    """An action as error messages name it: "F3", "B0", "send fwd 3 to stage 2", "step all-reduce"."""
+    if isinstance(action, Compute):
+        return f"{action.kind}{action.mb}"
+    if isinstance(action, Barrier):
+        return action.name
+    return ", ".join(f"{t.op} {t.what}{'' if t.mb < 0 else f' {t.mb}'} {'to' if t.op is Op.SEND else 'from'} "
+                     f"stage {t.peer}" for t in action.transfers)
+
+
+def _micro_batch(action: Action) -> int | None:
+    """The micro-batch an action works on (None: a barrier, or a step-end exchange)."""
+    if isinstance(action, Compute):
+        return action.mb
+    if isinstance(action, Comm):
+        return action.transfers[0].mb
+    return None
+
+
+@dataclass(frozen=True)
+class _EvalPiece:
+    """One evaluation micro-batch: its place in the program, its tensors, its weight in the mean."""
+    index: int
+    batch: int                   # the validation batch it belongs to (this replica's count)
+    x: torch.Tensor
+    y: torch.Tensor
+    weight: float                # the batch's weight x the piece's share of its tokens
+    batch_weight: float
+    ends_batch: bool
+
+
+def _eval_pieces(mine: list, batches: list, seqs: int) -> list[_EvalPiece]:
+    """This replica's validation batches ``mine`` (of all ``batches``) cut into evaluation micro-batches."""
+    out = []
+    for b, (x, y) in enumerate(mine):
+        bw = batch_weight(y, batches)
+        cut = list(eval_pieces(x, y, seqs))
+        out += [_EvalPiece(len(out) + k, b, xi, yi, bw * share, bw, k == len(cut) - 1)
+                for k, (xi, yi, share) in enumerate(cut)]
+    return out

@@ -7,6 +7,8 @@ Three pieces:
   search itself (tiles from a memory budget; a matmul kernel for CPUs, a fused one for GPUs).
 * ``sync.py`` -- how the receiver's codebook copy follows the sender's: ``stream`` (the paper's),
   ``full`` and ``mirrored``, three strategies behind one interface.
+* ``settings.py`` -- :class:`RVQSettings`: everything the compressor is built from, in one object
+  (``RVQSettings.from_config`` reads a run's ``compressor.rvq``).
 * ``compressor.py`` -- :class:`RVQCompressor`: the inner projection (``encode``/``decode``) followed,
   on the wire only, by RVQ of z. The sender owns the learned codebooks; the receiver decodes with its
   *own* copy, kept in step by the sync strategy's tensors piggybacked on every forward message and
@@ -22,11 +24,12 @@ codebooks (and the sync stream) are also half the size of the 4x4 layout's. High
 overall at a 4x projection); or fewer groups. Search cost is proportional to
 ``tokens * G * R * K * dim/G = tokens * r * R * K``.
 
-    >>> comp = RVQCompressor(ProjectionCompressor(d, A, "spel"), groups=r // 2, rounds=2, codebook_size=256)
+    >>> comp = RVQCompressor(ProjectionCompressor(d, A, "spel"), RVQSettings(groups=r // 2, rounds=2, codebook_size=256))
 """
 from .codebook import OP_EMA, OP_INIT, OP_NONE, ResidualVQ
 from .compressor import RVQCompressor
+from .settings import RVQSettings
 from .sync import SYNC_STRATEGIES, CodebookSync, FullSync, MirroredSync, StreamSync
 
-__all__ = ["ResidualVQ", "RVQCompressor", "OP_NONE", "OP_EMA", "OP_INIT", "CodebookSync", "StreamSync",
+__all__ = ["ResidualVQ", "RVQCompressor", "RVQSettings", "OP_NONE", "OP_EMA", "OP_INIT", "CodebookSync", "StreamSync",
            "FullSync", "MirroredSync", "SYNC_STRATEGIES"]

@@ -1,28 +1,34 @@
 """The boundary compressor of method ``mapl-rvq``: the projection, then residual VQ of z on the wire.
 
-    >>> comp = RVQCompressor(ProjectionCompressor(d, A, "spel"), sync="stream")
+    >>> comp = RVQCompressor(ProjectionCompressor(d, A, "spel"), RVQSettings(sync="stream"), seed=0)
     >>> payload = comp.pack(comp.encode(x))        # sender: search, learn, sync tensors
     >>> x_hat = comp.decode(comp.unpack(payload, torch.float32))   # receiver: its own codebook copy
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
-from ...config import RVQ_SCALES
 from ..base import Compressor, _check_direction, spec_bytes, tensor_checksum
 from ..bitpack import pack_bits_rows, packed_nbytes, unpack_bits_rows
 from .codebook import OP_NONE, ResidualVQ, codebook_bits, to_device_async
+from .settings import RVQSettings
 from .sync import make_sync
 
 __all__ = ["RVQCompressor"]
 
 _HEADER = ((3,), torch.int64)        # [sender codebook version, op, T]
-# How z is scaled before the quantiser (config RVQ_SCALES; README "Choices where the paper is silent"):
-#   "none"  the codes quantise z itself (fixed resolution: a token with |z| far beyond the codebooks'
-#           reach is decoded with an error the size of itself; the blow-up of issue 21)
-#   "token" each token's z is divided by its RMS s_t, sent beside the codes in bf16 (2 B/token), and
-#           multiplied back on decode: the error is relative to |z|, like a bf16 wire's
-SCALE_DTYPE = torch.bfloat16
+SCALE_DTYPE = torch.bfloat16         # the per-token scale of scale="token" (settings.py says what each scale does)
+
+
+class _PendingSync(NamedTuple):
+    """The sync tensors of the sender's last training message, applied to its shadow of the receiver's copy
+    at the next ``pack`` (``search_with="receiver"``): what the receiver applies after decoding it."""
+    version: int
+    op: int
+    tensors: list
+    indices: torch.Tensor
 
 
 class RVQCompressor(Compressor):
@@ -76,47 +82,34 @@ class RVQCompressor(Compressor):
 
     method = "mapl-rvq"
 
-    def __init__(self, inner: Compressor, *, groups: int | None = None, rounds: int = 2, codebook_size: int = 256,
-                 decay: float = 0.99, sync: str = "stream", stream_fraction: float | None = None,
-                 max_staleness: int | None = None, seed: int = 0, grad_dtype: torch.dtype = torch.bfloat16,
-                 eps: float = 1e-5, kmeans_init: bool = True, kmeans_iters: int = 10,
-                 dead_code_threshold: float = 1.0, max_revive: int | None = None, search_with: str = "receiver",
-                 tile_bytes: int = 0, search_kernel: str = "auto", scale: str = "none"):
+    def __init__(self, inner: Compressor, settings: RVQSettings | None = None, *, seed: int = 0):
         if not isinstance(inner, Compressor):
             raise TypeError(f"inner must be a Compressor, got {type(inner).__name__}")
-        if search_with not in ("sender", "receiver"):
-            raise ValueError(f"search_with={search_with!r} is invalid; allowed: 'sender', 'receiver'")
-        if scale not in RVQ_SCALES:
-            raise ValueError(f"scale={scale!r} is invalid; allowed: {', '.join(map(repr, RVQ_SCALES))}")
+        q = RVQSettings() if settings is None else settings
+        if not isinstance(q, RVQSettings):
+            raise TypeError(f"settings must be an RVQSettings, got {type(q).__name__}")
         super().__init__(inner.d_model)
-        self.scale = scale
-        self.inner = inner
-        K = codebook_size
-        codebook_bits(K)
-        if max_revive is None and sync == "mirrored":
-            max_revive = max(1, K // 16)
-        kw = dict(dim=inner.code_dim, groups=groups, rounds=rounds, codebook_size=K, decay=decay, eps=eps,
-                  kmeans_init=kmeans_init, kmeans_iters=kmeans_iters, dead_code_threshold=dead_code_threshold,
-                  seed=seed, max_revive=max_revive, tile_bytes=tile_bytes, search_kernel=search_kernel)
-        self.rvq = ResidualVQ(**kw)          # the sender's codebooks (learned)
-        self.recv = ResidualVQ(**kw)         # the receiver's copy: same seed -> identical at version 0
-        self.sync = make_sync(sync, self.rvq, stream_fraction)
+        codebook_bits(q.codebook_size)
+        self.settings, self.inner, self.scale, self.grad_dtype = q, inner, q.scale, q.grad_dtype
+        self.rvq = ResidualVQ(**q.codebook_args(inner.code_dim, seed))     # the sender's codebooks (learned)
+        self.recv = ResidualVQ(**q.codebook_args(inner.code_dim, seed))    # the receiver's copy: identical at version 0
+        self.sync = make_sync(q.sync, self.rvq, q.stream_fraction)
         # mirrored EMA keeps the receiver copy equal to the sender's at search time: the same thing
-        self.search_with = "sender" if sync == "mirrored" else search_with
-        self.max_staleness = self.sync.default_max_staleness() if max_staleness is None else int(max_staleness)
-        self.grad_dtype = grad_dtype
-        self._pending = None     # search_with="receiver": the last sync tensors, applied to the shadow at the next pack
+        self.search_with = "sender" if q.sync == "mirrored" else q.search_with
+        self.max_staleness = self.sync.default_max_staleness() if q.max_staleness is None else int(q.max_staleness)
+        self._pending: _PendingSync | None = None
         self._stats = {"microbatches": 0, "sync_bytes": 0, "data_bytes": 0, "tokens": 0,
                        "rel_mse": float("nan"), "batch_perplexity": float("nan")}
         self._outlier = None     # health window: quantisation error of each message's largest-|z| token
 
     def get_extra_state(self):
         stats = {k: float(v) if isinstance(v, torch.Tensor) else v for k, v in self._stats.items()}
-        return {"stats": stats, "pending": self._pending}
+        # stored as a plain tuple: checkpoints hold no class of this package
+        return {"stats": stats, "pending": None if self._pending is None else tuple(self._pending)}
 
     def set_extra_state(self, state) -> None:
         self._stats = dict(state["stats"])
-        self._pending = state["pending"]
+        self._pending = None if state["pending"] is None else _PendingSync(*state["pending"])
 
     # ---- in-graph: the projection ----------------------------------------------------------
     @property
@@ -216,7 +209,7 @@ class RVQCompressor(Compressor):
             return [*data, header, *sync]
         sync = self.sync.sender_tensors(self.rvq, op)
         if self.search_with == "receiver":
-            self._pending = (self.rvq.host_version, op_code, [t.clone() for t in sync], idx)
+            self._pending = _PendingSync(self.rvq.host_version, op_code, [t.clone() for t in sync], idx)
         data = [codes, *scales]
         self._record(z, u, idx, resid, scales, op, data, [header, *sync])
         return [*data, header, *sync]
