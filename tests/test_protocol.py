@@ -168,6 +168,27 @@ def test_the_token_axis_warns_when_budgets_were_evaluated_on_different_sets():
     assert "different validation sets" not in same.takeaway
 
 
+def test_the_width_axis_names_each_widths_validation_set_and_warns_when_they_differ():
+    """A retrain under way can leave the main model (d = 128, retrained) and the other widths on different
+    validation sets: the width table says which, per row, and its takeaway warns."""
+    from mapl.report.studies import width_table
+    rows = [{"run": f"{m}-d{d}-{seed}", "group": "main" if d == 128 else "width", "model": "tiny" if d == 128 else
+             f"tiny[d_model={d}]", "base_model": "tiny", "d_model": d, "stages": 4, "method": m, "variant": m,
+             "wire_ratio": 1.0 if m == "none" else 8.0, "projection_ratio": None if m == "none" else 8,
+             "projector": None if m == "none" else "spel", "anchor": None, "anchor_rank": 0, "rvq_sync": None,
+             "rvq_scale": None, "data_source": "", "steps": 300, "seed": seed, "tokens": 300 * 2048,
+             "val_loss": 4.0 + (0.1 if m == "ssn" else 0.05 if m == "mapl" else 0) + 0.01 * seed + d / 1e4,
+             "val_loss_curve": [], "eval_offset": 0, "profile": "cpu",
+             "eval_set": "whole split" if d == 128 else "val[0:65,536)", "total_bytes_per_token": 1.0,
+             "fwd_bytes_per_token": 1.0, "n_params": 1}
+            for d in (64, 128, 256) for m in ("none", "ssn", "mapl") for seed in range(2)]
+    t = width_table(rows)
+    assert t.header[-1] == "eval set" and [b[-1] for b in t.body] == ["val[0:65,536)", "whole split", "val[0:65,536)"]
+    assert ("widths were evaluated on different validation sets (val[0:65,536): d = 64, d = 256; whole split: "
+            "d = 128)") in t.takeaway
+    assert "different validation sets" not in width_table([{**r, "eval_set": "whole split"} for r in rows]).takeaway
+
+
 def test_time_to_target_compares_only_curves_on_the_targets_validation_set():
     """The target comes from the uncompressed runs at the longest budget; a method whose runs were evaluated
     on other tokens (an older protocol) is 'no run on the target's validation set', not 'never'."""

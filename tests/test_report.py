@@ -235,7 +235,7 @@ def test_token_and_width_axes(rows):
     w = R.width_table(rows)
     assert [b[0] for b in w.body] == [64, 128] and w.body[0][1] == "8"
     gap64 = 100 * (4.8 - 4.7) / 4.5
-    assert w.body[0][-2] == f"{gap64:.2f}" and f"{gap64:+.2f} (d = 64)" in w.takeaway
+    assert w.body[0][-3] == f"{gap64:.2f}" and f"{gap64:+.2f} (d = 64)" in w.takeaway
     assert R.width_table([r for r in rows if r["group"] != "width"]).body == []   # one width: no axis
 
 

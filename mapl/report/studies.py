@@ -235,20 +235,23 @@ def token_points(rows: Sequence[dict]) -> list[dict]:
         if "none" not in sums or len(sums) < 2:
             continue
         gap = next((c for c in comparisons(list(sums.values())) if c["a"]["variant"] == "ssn"), None)
-        sets = sorted({r.get("eval_set", "") for r in pool if r["steps"] == steps})
         out.append({"steps": steps, "tokens": sums["none"]["tokens"], "sums": sums, "gap": gap,
-                    "eval_set": " + ".join(sets)})
+                    "eval_set": _eval_sets([r for r in pool if r["steps"] == steps])})
     return out
 
 
-def _eval_set_note(points: Sequence[dict]) -> str:
-    """A warning when the points were measured on different validation sets (a retrain under way)."""
+def _eval_sets(runs: Sequence[dict]) -> str:
+    return " + ".join(sorted({r.get("eval_set", "") for r in runs}))
+
+
+def _eval_set_note(points: Sequence[dict], what: str = "budgets", name=lambda p: f"{fmt_int(p['steps'])} steps") -> str:
+    """A warning when the points of an axis were measured on different validation sets (a retrain under way);
+    ``name(point)`` names a point ("300 steps", "d = 64")."""
     sets = dict.fromkeys(p["eval_set"] for p in points)
     if len(sets) < 2:
         return ""
-    where = "; ".join(f"{s}: {', '.join(fmt_int(p['steps']) for p in points if p['eval_set'] == s)} steps"
-                      for s in sets)
-    return (f" The budgets were evaluated on different validation sets ({where}): each Δ% compares runs on the "
+    where = "; ".join(f"{s}: {', '.join(name(p) for p in points if p['eval_set'] == s)}" for s in sets)
+    return (f" The {what} were evaluated on different validation sets ({where}): each Δ% compares runs on the "
             f"same set, but the trend across sets is not like for like.")
 
 
@@ -334,7 +337,8 @@ def width_points(rows: Sequence[dict]) -> list[dict]:
         if "none" not in sums or len(sums) < 2:
             continue
         gap = next((c for c in comparisons(list(sums.values())) if c["a"]["variant"] == "ssn"), None)
-        out.append({"d": d, "steps": steps, "sums": sums, "gap": gap})
+        out.append({"d": d, "steps": steps, "sums": sums, "gap": gap,
+                    "eval_set": _eval_sets([r for r in pool if r["d_model"] == d])})
     return out
 
 
@@ -343,11 +347,12 @@ def width_table(rows: Sequence[dict]) -> Table:
     points = width_points(rows)
     ratio = headline_ratio(rows)
     steps = points[0]["steps"] if points else None
-    header = ["d", "r"] + _study_header("d")[1:]
-    body = ([_study_row([p["d"], fmt(p["d"] / ratio, 0) if ratio else DASH], p) for p in points]
+    header = ["d", "r"] + _study_header("d")[1:] + ["eval set"]
+    body = ([_study_row([p["d"], fmt(p["d"] / ratio, 0) if ratio else DASH], p) + [p["eval_set"]] for p in points]
             if len(points) > 1 else [])
     caption = (f"Models of the main model's depth at widths d, projection ratio {fmt_ratio(ratio)} (rank r = d / "
                f"ratio), at the main budget ({fmt_int(steps)} steps): Δ% mean ± std over seeds (n seeds) and the "
                f"paired SSN − MAPL gap (positive: MAPL ahead).")
-    takeaway = _gap_trend(points, lambda p: f"d = {p['d']}") if len(points) > 1 else NO_RUNS.format("width")
+    takeaway = (_gap_trend(points, lambda p: f"d = {p['d']}") + _eval_set_note(points, "widths", lambda p: f"d = {p['d']}")
+                if len(points) > 1 else NO_RUNS.format("width"))
     return Table("width", "Width axis: Δ% against model width", header, body, caption, takeaway)
