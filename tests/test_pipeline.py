@@ -145,7 +145,7 @@ def test_parity_mapl_p2_1f1b_accelerate_blocking_transport(corpus, tmp_path):
 @pytest.mark.process
 @pytest.mark.full          # 8 rank processes; make test stops and resumes a pipeline by SIGTERM (below)
 def test_parity_mapl_p4_gpipe_survives_a_killed_rank_and_resumes(corpus, tmp_path):
-    """Kill stage 1 of 4 in the middle of step 3: every process exits non-zero within 60 s (the dead
+    """Kill stage 1 of 4 in the middle of step 3: every process exits non-zero within 45 s of it (the dead
     one with 1, the others with a message naming the failed operation, peer and step). The rerun
     resumes from the per-rank checkpoints of step 2 and ends on the uninterrupted losses."""
     args = base_args(corpus, "mapl", 4, "gpipe", micro_batches=4) + ["--set", "train.checkpoint_every=2"]
@@ -155,7 +155,9 @@ def test_parity_mapl_p4_gpipe_survives_a_killed_rank_and_resumes(corpus, tmp_pat
                env={"MAPL_FAULT_KILL_RANK": "1", "MAPL_FAULT_KILL_STEP": "3"})
     assert all(rc != 0 for rc in r.rank_returncodes), (r.rank_returncodes, r.stderr[-3000:])
     assert r.rank_returncodes[1] == 1
-    assert max(r.rank_exit_s) < 60, r.rank_exit_s
+    # survivors exit within the 30 s timeout (+ margin) of the killed rank's death, whatever start-up took on a
+    # loaded machine (a CI clone beside a retrain needed ~60 s to reach step 3)
+    assert max(r.rank_exit_s) - r.rank_exit_s[1] < 45, r.rank_exit_s
     assert "MAPL_FAULT: rank 1" in r.stderr
     for rank in (0, 2):
         assert f"error: rank {rank} (stage {rank}):" in r.stderr and "from stage 1 failed during step 3" in r.stderr
