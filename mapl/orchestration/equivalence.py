@@ -38,22 +38,27 @@ CONFIGURATIONS: dict[str, list[str]] = {
     "mapl-rvq-8x": ["--method", "mapl-rvq", "--ratio", "8"],
     "mapl-rvq-8x-token-scale": ["--method", "mapl-rvq", "--ratio", "8", "--set", "compressor.rvq.scale=token"],
 }
+# what two results must share to count as the same numbers (reuse.compare_results uses it too)
 COMPARED = ("train_loss_curve", "val_loss_curve", "select_loss_curve", "val_loss", "select_loss", "n_params", "wire")
+
+
+def _in_checkout(root: Path, args: list[str]) -> subprocess.CompletedProcess:
+    """``python -m <args>`` with the checkout at ``root``'s own code (its folder first on the import path)."""
+    return subprocess.run([sys.executable, "-m", *args], cwd=root, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(root)})
 
 
 def checkout_fingerprint(root: Path) -> str:
     """The training-code fingerprint of the checkout at ``root``, computed by that checkout's own code."""
-    r = subprocess.run([sys.executable, "-m", "mapl.reuse"], cwd=root, capture_output=True, text=True,
-                       env={**os.environ, "PYTHONPATH": str(root)})
+    r = _in_checkout(root, ["mapl.reuse"])
     if r.returncode != 0 or not r.stdout.strip():
         raise ValueError(f"{root}: `python -m mapl.reuse` failed there ({r.stderr.strip()[-300:]})")
     return r.stdout.split()[0]
 
 
 def _train(root: Path, args: list[str], out: Path) -> dict:
-    cmd = [sys.executable, "-m", "mapl.train", *args, "--fresh", "--no-progress", "--out", str(out),
-           "--ckpt", str(out.with_suffix(".pt"))]
-    r = subprocess.run(cmd, cwd=root, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(root)})
+    r = _in_checkout(root, ["mapl.train", *args, "--fresh", "--no-progress", "--out", str(out),
+                            "--ckpt", str(out.with_suffix(".pt"))])
     if r.returncode != 0:
         raise ValueError(f"{root}: {' '.join(args)} failed (exit {r.returncode}): {r.stderr.strip()[-400:]}")
     return json.loads(out.read_text())

@@ -33,7 +33,7 @@ from typing import Sequence
 
 from ..core.config import PROJECT_ROOT, RunConfig, config_hash
 from ..core.fingerprint import code_fingerprint, source_files
-from .equivalence import proven
+from .equivalence import COMPARED, differences, proven
 
 __all__ = ["ACTIONS", "COMPARED", "same_code", "results_current", "checkpoint_files",
            "checkpoint_step", "decide", "mark_code", "stamp_results", "adopt", "compare_results", "main"]
@@ -145,7 +145,6 @@ def stamp_results(out: Path, fingerprint: str) -> None:
 # train@<group>` restores every run from them (decide -> "restore"), and the restored results are
 # compared with the ones the other checkout wrote (compare_results). Only checkpoints written by this
 # training code are taken, so a run is never adopted from code that computes other numbers.
-COMPARED = ("val_loss", "select_loss", "val_loss_curve", "select_loss_curve", "train_loss_curve", "n_params", "wire")
 
 
 def adopt(src_root: Path, profile: str, names: Sequence[str], fingerprint: str,
@@ -189,7 +188,7 @@ def compare_results(src_dir: Path, dest_dir: Path, names: Sequence[str]) -> list
         if a is None or b is None:
             out.append(f"{name}: results missing in {src_dir if a is None else dest_dir}")
             continue
-        out += [f"{name}: {key} differs" for key in COMPARED if a.get(key) != b.get(key)]
+        out += [f"{name}: {key} differs" for key in differences(a, b)]
     return out
 
 
