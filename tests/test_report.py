@@ -66,14 +66,14 @@ def _groups():
            result("mapl", 8, anchor="full", loss=4.06, name="abl-anchor-full")]
     seeds = [result("none", seed=1, loss=4.02), result("mapl", 8, seed=1, loss=4.12),
              result("ssn", 8, seed=1, loss=4.62), result("mapl", 8, projector="fixed", seed=1, loss=4.22, name="abl-fixed-s1")]
-    long, long_variants = [], []          # two DVC groups, one study (rows.STUDY_OF_GROUP)
+    long, long_fixed, long_rvq = [], [], []   # three DVC groups, one study (rows.STUDY_OF_GROUP)
     for s in range(3):
         long += [result("none", steps=3000, seed=s, loss=LONG["none"][s]),
                  result("ssn", 8, steps=3000, seed=s, loss=LONG["ssn"][s]),
                  result("mapl", 8, steps=3000, seed=s, loss=LONG["mapl"][s])]
-        long_variants += [result("mapl", 8, projector="fixed", steps=3000, seed=s, loss=LONG["fixed"][s],
-                                 name=f"long-fixed-s{s}"),
-                          result("mapl-rvq", 8, steps=3000, seed=s, loss=LONG["rvq"][s])]
+        long_fixed += [result("mapl", 8, projector="fixed", steps=3000, seed=s, loss=LONG["fixed"][s],
+                              name=f"long-fixed-s{s}")]
+        long_rvq += [result("mapl-rvq", 8, steps=3000, seed=s, loss=LONG["rvq"][s])]
     tokens = [result(m, r, steps=1000, seed=s, loss=base + 0.01 * s)
               for s in range(2) for m, r, base in (("none", 1, 3.80), ("ssn", 8, 3.95), ("mapl", 8, 3.90))]
     width = [result(m, r, d=64, loss=lo, overrides={"d_model": 64}, name=f"w64-{m}")
@@ -83,7 +83,8 @@ def _groups():
     tune = [result("mapl", 8, loss=4.4, eval_offset=65536, lr_muon=0.02, lr_embed=0.03, name="tune-mapl-a"),
             result("mapl", 8, loss=4.5, eval_offset=65536, lr_muon=0.04, lr_embed=0.03, name="tune-mapl-b"),
             result("none", loss=4.3, eval_offset=65536, lr_muon=0.02, lr_embed=0.03, name="tune-none-a")]
-    return {"main": main, "ablations": abl, "seeds": seeds, "long": long, "long_variants": long_variants, "tokens": tokens,
+    return {"main": main, "ablations": abl, "seeds": seeds, "long": long, "long_rvq": long_rvq, "long_fixed": long_fixed,
+            "tokens": tokens,
             "width": width,
             "rvq_sync": rvq_sync, "tune": tune}
 
@@ -174,10 +175,10 @@ def test_reference_prefers_same_seed_then_mean(rows):
 
 
 def test_headline_variants_are_read_as_one_study(rows):
-    """The fixed projector and MAPL+VQ train in DVC group long_variants; the report reads them as "long"."""
+    """The fixed projector and MAPL+VQ train in DVC groups of their own; the report reads them as "long"."""
     long = [r for r in rows if r["group"] == "long"]
     assert {r["variant"] for r in long} == {"none", "ssn", "mapl", "mapl-fixed", "mapl-rvq"}
-    assert not [r for r in rows if r["group"] == "long_variants"]
+    assert not [r for r in rows if r["group"] in ("long_rvq", "long_fixed")]
     assert {s["variant"] for s in R.headline_summaries(rows)} == {"none", "ssn", "mapl", "mapl-fixed", "mapl-rvq"}
 
 

@@ -18,8 +18,8 @@ from mapl.train import config_from_args, parse_args
 
 PARAMS = load_params()
 ROOT = Path(__file__).resolve().parents[1]
-GROUPS = ["main", "seeds", "ablations", "long", "long_variants", "longer", "tokens", "width", "rvq_sync", "rvq_scaled",
-          "lr_check", "tune", "tune2", "decompose", "learned_fixed_4x", "corpus", "blocks"]
+GROUPS = ["main", "seeds", "ablations", "long", "long_rvq", "long_fixed", "longer", "tokens", "width", "rvq_sync",
+          "rvq_scaled", "lr_check", "tune", "tune2", "decompose", "learned_fixed_4x", "corpus", "blocks"]
 
 
 def cfgs(group, profile="cpu"):
@@ -34,15 +34,16 @@ def test_every_profile_lists_every_group():
 @pytest.mark.slow
 def test_cpu_groups_are_the_planned_grid():
     sizes = {g: len(cfgs(g)) for g in GROUPS}
-    assert sizes == {"main": 11, "seeds": 16, "ablations": 5, "long": 24, "long_variants": 16, "longer": 0, "tokens": 6,
-                     "width": 6,
+    assert sizes == {"main": 11, "seeds": 16, "ablations": 5, "long": 24, "long_rvq": 8, "long_fixed": 8, "longer": 0,
+                     "tokens": 6, "width": 6,
                      "rvq_sync": 2, "rvq_scaled": 0, "lr_check": 6, "tune": 12, "tune2": 9,
                      "decompose": 21, "learned_fixed_4x": 16, "corpus": 9, "blocks": 10}
     main = {c.name() for c in cfgs("main")}
     assert {"tiny-P4-none-s0", "tiny-P4-int8-s0", "tiny-P4-ssn-8x-s0", "tiny-P4-mapl-16x-s0", "tiny-P4-mapl-rvq-4x-s0"} <= main
     assert {c.name().replace("-s1", "-s0") for c in cfgs("seeds")} == main | {c.name() for c in cfgs("ablations")}
-    long, variants = cfgs("long"), cfgs("long_variants")
-    for group in (long, variants):
+    long, rvq, fixed = cfgs("long"), cfgs("long_rvq"), cfgs("long_fixed")
+    variants = rvq + fixed
+    for group in (long, rvq, fixed):
         assert {c.train.seed for c in group} == set(range(8)) and {c.train.steps for c in group} == {3000}
         assert all(c.train.warmup_steps == 300 and c.train.eval_every == 250 for c in group)
     # the primary contrast's three methods, seed by seed; the two variants in a stage of their own
@@ -51,7 +52,8 @@ def test_cpu_groups_are_the_planned_grid():
     assert all(c.compressor.resolved().projector.kind != "fixed" for c in long)
     assert ({"tiny-P4-mapl-8x-proj-fixed-3000steps-s7", "tiny-P4-mapl-rvq-8x-scale-token-3000steps-s7"}
             <= {c.name() for c in variants})
-    assert {c.compressor.rvq.scale for c in variants if c.compressor.method == "mapl-rvq"} == {"token"}
+    assert {c.compressor.method for c in rvq} == {"mapl-rvq"} and {c.compressor.rvq.scale for c in rvq} == {"token"}
+    assert {c.compressor.resolved().projector.kind for c in fixed} == {"fixed"}
     for group, steps, every in (("tokens", 1000, 100), ("lr_check", 3000, 250)):
         assert all(c.train.steps == steps and c.train.warmup_steps == steps // 10 and c.train.eval_every == every
                    for c in cfgs(group)), group

@@ -47,17 +47,17 @@ __all__ = ["GROUP_ORDER", "TUNING_GROUPS", "OTHER_CORPUS_GROUPS", "STUDY_OF_GROU
 # where a configuration appears in two groups, the first group here keeps it (the others are dropped)
 # groups whose runs exist to choose settings (scored on the selection set), never pooled into a result
 TUNING_GROUPS = ("tune", "tune2", "lr_check")
-GROUP_ORDER = ("main", "seeds", "ablations", "long", "long_variants", "longer", "tokens", "width", "rvq_sync",
-               "rvq_scaled", "lr_check", "tune", "tune2", "decompose", "learned_fixed_4x", "corpus", "blocks")
+GROUP_ORDER = ("main", "seeds", "ablations", "long", "long_rvq", "long_fixed", "longer", "tokens", "width",
+               "rvq_sync", "rvq_scaled", "lr_check", "tune", "tune2", "decompose", "learned_fixed_4x", "corpus", "blocks")
 METHOD_ORDER = ("none", "int8", "ssn", "mapl", "mapl-rvq")
 KEY = ("model", "stages", "method", "wire_ratio", "projector", "anchor", "anchor_rank", "rvq_sync", "rvq_scale",
        "data_source", "steps", "seed")
 # groups on another corpus (issue 26): their own tables read them; every other table leaves them out
 OTHER_CORPUS_GROUPS = ("corpus",)
-# A DVC group is a unit of compute, a study a unit of analysis. The headline's two variants (fixed
-# projector, MAPL+VQ) train in a stage of their own so that the primary contrast (none, SSN, MAPL:
-# group long) lands as soon as its runs are done; every table reads the two as one study, "long".
-STUDY_OF_GROUP = {"long_variants": "long"}
+# A DVC group is a unit of compute, a study a unit of analysis. The headline's two variants (MAPL+VQ,
+# the fixed projector) each train in a stage of their own so that each result lands as soon as its runs
+# are done; every table reads them with the primary contrast (none, SSN, MAPL: group long) as one study.
+STUDY_OF_GROUP = {"long_rvq": "long", "long_fixed": "long"}
 
 
 def results_dir(profile: str, root: str | Path = "") -> Path:
