@@ -394,3 +394,29 @@ def test_a_stop_signal_stops_the_group_instead_of_starting_the_next_run(monkeypa
     monkeypatch.setattr(sweep, "prepare_data", lambda cfgs: None)
     with pytest.raises(Interrupted, match=r"group g stopped by a signal during r1 \(stopped\); rerun the same command"):
         sweep.run_many("micro", [{"method": "none"}], tmp_path, log=lambda *a: None, group="g", progress_every=0)
+
+
+TORCHRUN_BANNER = """\
+error: rank 2: timed out after 60 s waiting for stage 1 during step 1 (forward of micro-batch 0)
+error: rank 1: rank 2 stopped answering during step 1
+============================================================
+mapl.pipeline FAILED
+------------------------------------------------------------
+Failures:
+[1]:
+  rank      : 2 (local_rank: 2)
+  exitcode  : 3 (pid: 4242)
+  error_file: <N/A>
+  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html
+============================================================
+"""
+
+
+def test_a_failed_launch_is_summarised_by_the_ranks_errors_not_the_launchers_banner():
+    text = sweep.failure_summary(TORCHRUN_BANNER, "")
+    assert text.startswith("error: rank 2: timed out after 60 s") and "exitcode  : 3" in text
+    assert "To enable traceback" not in text
+    # nothing recognisable: the last lines, as before
+    assert sweep.failure_summary("", "a\nb\nc\nd") == "b | c | d"
+    # repeated lines once, and at most `limit`
+    assert sweep.failure_summary("error: x\nerror: x\nerror: y", limit=1) == "error: x"

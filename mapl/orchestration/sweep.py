@@ -43,7 +43,7 @@ from . import reuse
 from .progress import LAUNCH_OVERHEAD_S, GroupClock, StepProgress, emit, estimate_core_seconds, estimate_group, hms
 
 __all__ = ["LAUNCHERS", "LauncherConfig", "Job", "group_names", "group_specs", "launcher_config", "run_name", "measured_text",
-           "spec_config", "check_params", "plan_group", "estimate_text", "results_dir",
+           "failure_summary", "spec_config", "check_params", "plan_group", "estimate_text", "results_dir",
            "check_names", "launch_args", "prepare_data", "status_table", "stage_table",
            "run_many", "write_stamp"]
 
@@ -294,6 +294,16 @@ def _memory_refusal(job: Job, launcher: LauncherConfig) -> str | None:
     return None if need <= limit else verdict
 
 
+def failure_summary(*outputs: str, limit: int = 4) -> str:
+    """Why a launched run failed, in one line: the ranks' own ``error: ...`` lines and the launcher's
+    per-rank exit codes (torchrun and accelerate end with a banner whose last lines name neither),
+    else the last 3 lines."""
+    lines = [ln.strip() for text in outputs for ln in (text or "").splitlines() if ln.strip()]
+    cause = [ln for ln in lines if ln.startswith("error: ") or ln.startswith("exitcode")]
+    picked = list(dict.fromkeys(cause))[:limit] or lines[-3:]
+    return " | ".join(picked)
+
+
 def _launch_one(job: Job, profile: str, launcher: LauncherConfig, gpu_ids: list[int], fingerprint: str) -> dict:
     from .launch import launch             # the one place runs are launched
     if launcher.memory_gib:
@@ -306,8 +316,7 @@ def _launch_one(job: Job, profile: str, launcher: LauncherConfig, gpu_ids: list[
          + (f" on GPUs {env['CUDA_VISIBLE_DEVICES']}" if gpu_ids else " on this host"))
     res = launch(launch_args(job, profile), job.cfg.stages, launcher=launcher.kind, env=env)
     if res.returncode != 0:
-        tail = " | ".join((res.stderr or res.stdout).strip().splitlines()[-3:])
-        return {"k": job.k, "run": job.name, "error": f"exit {res.returncode}: {tail}"}
+        return {"k": job.k, "run": job.name, "error": f"exit {res.returncode}: {failure_summary(res.stderr, res.stdout)}"}
     reuse.stamp_results(job.out, fingerprint)
     return {"k": job.k, "run": job.name, "action": job.action, "wall_s": round(res.wall_s, 1)}
 
