@@ -312,3 +312,24 @@ def test_planner_and_report_apply_one_time_to_target_rule():
         assert (t["budget"], t["seeds"], t["target"]) == (r["budget"], r["seeds"], r["target"])
         assert t["steps_to_target"] == r["steps_to_target"]
         assert t["step_s"] == pytest.approx(r["step_s"], rel=1e-9)
+
+
+def test_measured_steps_take_each_methods_longest_budget_and_never_another_methods_variant():
+    """The paper-scale prediction from our steps compares budgets alike: MAPL+RVQ's 3,000-step ratio comes
+    from its per-token-scale runs (its default configuration ran 300 steps only), and MAPL's never from the
+    fixed projector's runs, however long they are."""
+    from mapl.planning.planner import steps_ratios
+    from mapl.planning.planner_views import pick_measured
+    dense = [[100, 4.0], [200, 3.06], [300, 3.0]]
+    long_dense = [[200, 3.06], [400, 2.9], [600, 2.85]]
+    runs = [_run("none", 0, dense), _run("mapl-rvq", 0, [[100, 4.0], [200, 3.0], [300, 2.9]]),
+            _run("none", 0, long_dense, steps=600), _run("mapl", 0, [[200, 3.2], [400, 3.0], [600, 2.9]], steps=600),
+            _run("mapl-rvq", 0, [[200, 3.3], [400, 3.1], [600, 2.95]], steps=600, variant="mapl-rvq-scaled"),
+            _run("mapl", 0, [[200, 3.06], [400, 2.8], [600, 2.7]], steps=900, variant="mapl-fixed")]
+    picked = pick_measured(steps_ratios(runs), [("none", 1.0), ("mapl", 8.0), ("mapl-rvq", 8.0), ("ssn", 8.0)])
+    assert set(picked) == {("mapl", 8.0), ("mapl-rvq", 8.0)}
+    assert (picked[("mapl", 8.0)]["variant"], picked[("mapl", 8.0)]["budget"]) == ("mapl", 600)
+    assert (picked[("mapl-rvq", 8.0)]["variant"], picked[("mapl-rvq", 8.0)]["budget"]) == ("mapl-rvq-scaled", 600)
+    # at equal budget the preferred variant wins over the default configuration
+    runs.append(_run("mapl-rvq", 0, [[200, 3.06], [400, 2.9], [600, 2.85]], steps=600))
+    assert pick_measured(steps_ratios(runs), [("mapl-rvq", 8.0)])[("mapl-rvq", 8.0)]["variant"] == "mapl-rvq-scaled"

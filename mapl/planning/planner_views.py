@@ -20,7 +20,7 @@ from .costmodel import boundary_bytes, build_case, measured_compute, wire_ratio
 from .planner import (common_target, crossover_interval, load_runs, main_model_runs, paper_steps_ratios, ratio_key,
                       speedup_grid, steps_ratios, time_to_target_rows)
 
-__all__ = ["measured_steps", "bench_profile", "bench_cases", "flop_cases", "run_ratios", "profile_steps", "target_text",
+__all__ = ["MEASURED_VARIANTS", "measured_sources", "pick_measured", "measured_steps", "measured_text", "bench_profile", "bench_cases", "flop_cases", "run_ratios", "profile_steps", "target_text",
            "paper_cases", "paper_steps", "bandwidth_grid", "plan", "bandwidth_text", "crossover_table", "crossover_summary",
            "label", "heatmap_figure", "curve_figure"]
 
@@ -135,26 +135,52 @@ def paper_steps(model: str, stages: int, keys: Sequence[tuple], steps: int | Non
     return {k: (steps * ratios[k[0]]["low"], steps * ratios[k[0]]["high"]) for k in keys}
 
 
+# The variants that stand for a method when the paper-scale prediction takes our measured steps, in order of
+# preference at equal budget. MAPL+RVQ's long runs carry the per-token scale (issue 21's fix): its default
+# configuration (scale none) was trained only at 300 steps, and a 300-step ratio set beside the other methods'
+# 3,000-step ones is not comparable (it made MAPL+RVQ look cheaper than MAPL in round 5).
+MEASURED_VARIANTS = {"mapl-rvq": ("mapl-rvq-scaled", "mapl-rvq")}
+
+
+def measured_sources(keys: Sequence[tuple], results_dir: str | Path, target_pct: float = 2.0) -> dict:
+    """(method, ratio) -> the steps-to-target row (mapl.planning.planner.steps_ratios: ``variant``, ``budget``,
+    ``seeds``, ``min``, ``max``, ``censored``) that stands for the method: among its variants in
+    :data:`MEASURED_VARIANTS` (default: the method's own configuration), the longest budget, then the
+    preferred variant, then the most seeds. Uncompressed and methods without a measured ratio are left out."""
+    runs = main_model_runs(load_runs(results_dir, variants=True)) if Path(results_dir).is_dir() else []
+    return pick_measured(steps_ratios(runs, target_pct), keys)
+
+
+def pick_measured(ratios: Sequence[dict], keys: Sequence[tuple]) -> dict:
+    """:func:`measured_sources`' choice among steps-to-target rows (mapl.planning.planner.steps_ratios)."""
+    out = {}
+    for key in keys:
+        allowed = MEASURED_VARIANTS.get(key[0], (key[0],))
+        mine = [r for r in ratios if r["method"] == key[0] and r["variant"] in allowed]
+        if key[0] != "none" and mine:
+            out[key] = max(mine, key=lambda r: (r["budget"], -allowed.index(r["variant"]), r["seeds"]))
+    return out
+
+
 def measured_steps(model: str, keys: Sequence[tuple], results_dir: str | Path, target_pct: float = 2.0,
                    steps: int | None = None) -> dict:
     """(method, ratio) -> (low, high) steps at a paper scale, from *our* measured steps-to-target ratios
-    instead of the paper's penalties: per method, the ratio of its default configuration at the
-    longest budget the profile trained it (paired by seed, min and max over seeds: mapl.planning.planner.steps_ratios)
-    times the paper profile's budget for ``model``. A method without a measured ratio is left out.
-    The ratios were measured at the profile's projection ratio, whatever the paper case's ratio is."""
+    instead of the paper's penalties: the ratio :func:`measured_sources` picks for the method (paired by seed,
+    min and max over seeds) times the paper profile's budget for ``model``. A method without a measured ratio
+    is left out. The ratios were measured at the profile's projection ratio, whatever the paper case's ratio is."""
     if steps is None:
         steps = next(s["train.steps"] for s in group_specs("paper", "main") if s.get("model") == model)
-    runs = main_model_runs(load_runs(results_dir)) if Path(results_dir).is_dir() else []
-    ratios = steps_ratios(runs, target_pct)
-    out = {}
-    for key in keys:
-        mine = [r for r in ratios if r["method"] == key[0]]
-        if key[0] == "none":
-            out[key] = (steps, steps)
-        elif mine:
-            longest = max(mine, key=lambda r: (r["budget"], r["seeds"]))
-            out[key] = (steps * longest["min"], steps * longest["max"])
-    return out
+    src = measured_sources(keys, results_dir, target_pct)
+    return {key: (steps, steps) if key[0] == "none" else (steps * src[key]["min"], steps * src[key]["max"])
+            for key in keys if key[0] == "none" or key in src}
+
+
+def measured_text(keys: Sequence[tuple], results_dir: str | Path, target_pct: float = 2.0) -> str:
+    """One line per method: the measured steps-to-target range and where it comes from (variant, budget,
+    seeds, how many seeds never reached the target: their ratio is a lower bound)."""
+    src = measured_sources(keys, results_dir, target_pct)
+    return "; ".join(f"{label(k)} {r['min']:.2f}-{r['max']:.2f} ({r['variant']}, {r['budget']:,} steps, "
+                     f"{r['seeds']} seeds, {r['censored']} censored)" for k, r in src.items())
 
 
 def paper_cases(model: str, methods: Sequence[str], stages: int, micro_batches: int, micro_batch_size: int,
