@@ -174,6 +174,22 @@ def test_reference_prefers_same_seed_then_mean(rows):
     assert R.reference_loss(rows, {**m1, "steps": 999}) is None
 
 
+def test_reference_is_the_plain_uncompressed_run_of_the_same_corpus():
+    """Issue 26's controls train beside the headline: "uncompressed + anchors" shares the uncompressed run's
+    model, steps and seed, and the code corpus too, yet neither may serve as anyone's reference; the
+    parameter-matched control (a model with overrides) is measured against its base model."""
+    plain = R.row_from_result(result("none", steps=3000, loss=3.50))
+    anchored = R.row_from_result(result("none", steps=3000, loss=3.40, anchor="factorized", name="none-anchor"))
+    code = {**R.row_from_result(result("none", steps=3000, loss=1.20, name="none-code")), "data_source": "sympy-code"}
+    mapl = R.row_from_result(result("mapl", 8, steps=3000, loss=3.55))
+    wide = R.row_from_result(result("ssn", 8, steps=3000, loss=3.56, model="tiny", overrides={"ffn_hidden": 724}))
+    assert anchored["variant"] == "none-anchor-factorized" and wide["model"] == "tiny[ffn_hidden=724]"
+    for rows in ([anchored, plain, code, mapl, wide], [code, anchored, plain, mapl, wide]):
+        assert R.reference_loss(rows, mapl) == 3.50 and R.reference_loss(rows, anchored) == 3.50
+        assert R.reference_loss(rows, wide) == 3.50
+        assert R.reference_loss(rows, {**mapl, "data_source": "sympy-code"}) == 1.20
+
+
 def test_headline_variants_are_read_as_one_study(rows):
     """The fixed projector and MAPL+VQ train in DVC groups of their own; the report reads them as "long"."""
     long = [r for r in rows if r["group"] == "long"]

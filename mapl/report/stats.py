@@ -30,11 +30,19 @@ def delta_pct(loss: float | None, ref: float | None) -> float | None:
 
 
 def reference_loss(rows: Sequence[dict], r: dict) -> float | None:
-    """Uncompressed loss for ``r``: same model, steps, profile and seed, preferring the same P;
-    without that seed, the mean over the uncompressed seeds (same preference)."""
-    refs = [x for x in rows if x["method"] == "none" and x["model"] == r["model"] and x["steps"] == r["steps"]
-            and x["profile"] == r["profile"] and x.get("val_loss") is not None
-            and (x.get("eval_offset") or 0) == (r.get("eval_offset") or 0)]
+    """Uncompressed loss for ``r``: the plain uncompressed run (no anchor: issue 26's "uncompressed +
+    anchors" control is no reference) of the same model, data source, steps, profile and seed, preferring
+    the same P; without that seed, the mean over the uncompressed seeds (same preference). A model with
+    shape overrides and no uncompressed run of its own (issue 26's parameter-matched control) is measured
+    against its base model's."""
+    def plain(x: dict) -> bool:
+        return (x["method"] == "none" and x.get("variant", "none") == "none" and x["steps"] == r["steps"]
+                and x["profile"] == r["profile"] and x.get("val_loss") is not None
+                and x.get("data_source", "") == r.get("data_source", "")
+                and (x.get("eval_offset") or 0) == (r.get("eval_offset") or 0))
+    refs = [x for x in rows if plain(x) and x["model"] == r["model"]]
+    if not refs and r.get("base_model") and r["model"] != r["base_model"]:
+        refs = [x for x in rows if plain(x) and x["model"] == r["base_model"]]
     for pool in ([x for x in refs if x["stages"] == r["stages"]], refs):
         same = [x["val_loss"] for x in pool if x["seed"] == r["seed"]]
         if same:
