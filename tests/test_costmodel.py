@@ -333,3 +333,11 @@ def test_measured_steps_take_each_methods_longest_budget_and_never_another_metho
     # at equal budget the preferred variant wins over the default configuration
     runs.append(_run("mapl-rvq", 0, [[200, 3.06], [400, 2.9], [600, 2.85]], steps=600))
     assert pick_measured(steps_ratios(runs), [("mapl-rvq", 8.0)])[("mapl-rvq", 8.0)]["variant"] == "mapl-rvq-scaled"
+
+
+def test_uncompressed_with_anchors_is_never_the_planners_reference():
+    """Issue 26's control 'uncompressed + anchors' is method none; pairing against it would move every ratio."""
+    from mapl.planning.planner import steps_ratios
+    base = steps_ratios(_runs())
+    control = _run("none", 0, [[100, 3.0], [200, 2.5], [300, 2.4]], variant="none-anchor-factorized")
+    assert steps_ratios(_runs() + [control]) == base

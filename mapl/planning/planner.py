@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Sequence
 from ..core.link import LinkProfile, steps_to_target as s2t
 from ..report import paper_table1
-from ..report.rows import at_best_validation, load_results, main_model, select
+from ..report.rows import at_best_validation, is_reference, load_results, main_model, select
 from ..report.stats import t_interval
 from ..report.ttt import common_target as report_target, method_curve, on_target_set
 
@@ -118,7 +118,7 @@ def steps_ratios(runs: Sequence[dict], target_pct: float = 2.0) -> list[dict]:
     %, divided by uncompressed's steps to it, paired by seed (the same budget and seed: the same tokens),
     then its spread over seeds (:func:`_spread`; ``per_seed``: seed -> ratio). A run that never gets there
     within its budget gives a lower bound, budget / uncompressed's steps (counted in ``censored``)."""
-    dense = {(r["model"], r["steps"], r["seed"]): r for r in runs if r["method"] == "none"}
+    dense = {(r["model"], r["steps"], r["seed"]): r for r in runs if is_reference(r)}
     per = defaultdict(dict)
     for r in runs:
         ref = dense.get((r["model"], r["steps"], r["seed"]))
@@ -164,7 +164,7 @@ def ratio_trend(runs: Sequence[dict]) -> list[dict]:
     """Along each (variant, wire ratio)'s longest budget that has uncompressed runs on the same seeds: at
     each evaluation step s of uncompressed, the steps the method needs to reach uncompressed's loss at s
     (same seed), divided by s; mean/min/max over the seeds that reach it (``reached`` of ``seeds``)."""
-    dense = {(r["model"], r["steps"], r["seed"]): r for r in runs if r["method"] == "none"}
+    dense = {(r["model"], r["steps"], r["seed"]): r for r in runs if is_reference(r)}
     paired = defaultdict(list)
     for r in runs:
         if r["method"] != "none" and (r["model"], r["steps"], r["seed"]) in dense:

@@ -14,7 +14,7 @@ from matplotlib.figure import Figure
 from . import paper
 from .figures import (axis_figure, gap_curves_figure, health_figure, loss_curves_figure, paper_scatter_figure,
                       pareto_figure, save_figure)
-from .rows import at_best_validation, budget_steps, main_model, run_key
+from .rows import at_best_validation, budget_steps, is_reference, main_model, run_key
 from .studies import STUDY_VARIANTS, headline_ratio, headline_summaries, token_points, width_points
 from .style import fmt_ratio, label
 from .stats import t_interval
@@ -86,7 +86,7 @@ def curves_plot(rows: Sequence[dict], group: str) -> Plot:
     for r in pick:
         finals.setdefault((r["variant"], r["wire_ratio"], r["projection_ratio"]), []).append(r["val_loss"])
     best = min(finals, key=lambda k: sum(finals[k]) / len(finals[k]))
-    dense = [r for r in pick if r["method"] == "none" and len(r["val_loss_curve"]) >= 2]
+    dense = [r for r in pick if is_reference(r) and len(r["val_loss_curve"]) >= 2]
     still = ""
     if dense:                        # does the val loss still fall at the end of the budget?
         (s0, l0), (s1, l1) = dense[0]["val_loss_curve"][-2:]

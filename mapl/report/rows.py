@@ -41,7 +41,7 @@ from ..core.config import METHODS
 __all__ = ["GROUP_ORDER", "TUNING_GROUPS", "OTHER_CORPUS_GROUPS", "STUDY_OF_GROUP", "METHOD_ORDER", "KEY", "ResultsError",
            "results_dir",
            "row_from_result", "eval_set", "load_results", "select",
-           "total_bytes_per_token", "variant_of", "is_default", "run_key", "group_runs", "sort_key",
+           "total_bytes_per_token", "variant_of", "is_reference", "is_default", "run_key", "group_runs", "sort_key",
            "main_model", "budget_steps", "at_best_validation", "train_split_tokens"]
 
 # where a configuration appears in two groups, the first group here keeps it (the others are dropped)
@@ -297,6 +297,12 @@ def select(rows: Iterable[dict], profile: str | None = None, eval_offset: int | 
         if all(r.get(k) == v for k, v in eq.items()):
             out.append(r)
     return out
+
+
+def is_reference(r: dict) -> bool:
+    """A plain uncompressed run, the only kind that is a Δ% reference or a time-to-target target (issue 26's
+    "uncompressed + anchors" control is method none too, but not the reference)."""
+    return r["method"] == "none" and r.get("variant", "none") == "none"
 
 
 def is_default(r: dict) -> bool:

@@ -16,7 +16,7 @@ import math
 import statistics
 from typing import Sequence
 
-from .rows import KEY, group_runs
+from .rows import KEY, group_runs, is_reference
 
 __all__ = ["delta_pct", "reference_loss", "seed_deltas", "summarize", "t_quantile", "t_interval", "paired", "t_test_p",
            "wilcoxon_p", "sign_test_p", "holm"]
@@ -36,7 +36,7 @@ def reference_loss(rows: Sequence[dict], r: dict) -> float | None:
     shape overrides and no uncompressed run of its own (issue 26's parameter-matched control) is measured
     against its base model's."""
     def plain(x: dict) -> bool:
-        return (x["method"] == "none" and x.get("variant", "none") == "none" and x["steps"] == r["steps"]
+        return (is_reference(x) and x["steps"] == r["steps"]
                 and x["profile"] == r["profile"] and x.get("val_loss") is not None
                 and x.get("data_source", "") == r.get("data_source", "")
                 and (x.get("eval_offset") or 0) == (r.get("eval_offset") or 0))

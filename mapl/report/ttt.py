@@ -26,7 +26,7 @@ from matplotlib.ticker import FuncFormatter
 from . import paper
 from .figures import empty_note, new_figure
 from .plots import Plot
-from .rows import METHOD_ORDER, at_best_validation, main_model
+from .rows import METHOD_ORDER, at_best_validation, is_reference, main_model
 from .style import label, style
 from .table import DASH, Table, fmt_int
 
@@ -75,7 +75,7 @@ def common_target(rows: Sequence[dict], target_pct: float = 2.0) -> tuple[float,
 def _target_runs(rows: Sequence[dict]) -> list[dict]:
     """The runs the target comes from: the main model's uncompressed runs at their longest budget."""
     model = main_model(rows)
-    dense = [r for r in rows if r["model"] == model and r["method"] == "none"]
+    dense = [r for r in rows if r["model"] == model and is_reference(r)]
     longest = max((r["steps"] for r in dense), default=None)
     return [r for r in dense if r["steps"] == longest]
 
