@@ -481,3 +481,96 @@ def test_data_helpers():
     manifest = {"splits": {"train": {"tokens": 1000, "documents": 3, "works": ["a", "b", "c"]},
                            "val": {"tokens": 100, "documents": 1, "unigram_entropy": 3.25}}}
     assert R.data_summary_table(manifest)[1] == [["train", "1,000", 3, 3, "—"], ["val", "100", 1, "—", "3.2500"]]
+
+
+# ---- issue 26's studies (mapl.report.controls) and their ledger rows ----------------------------------------------
+def _study_row(group, method, ratio=1, seed=0, loss=3.5, steps=3000, source="", name=None, **kw):
+    row = R.row_from_result(result(method, ratio, seed=seed, steps=steps, loss=loss, name=name, **kw), group)
+    return {**row, "data_source": source}
+
+
+def _study_rows():
+    rows = []
+    for s, none in enumerate([3.50, 3.52, 3.48]):
+        ssn, mapl = none + 0.10 + 0.001 * s, none + 0.05
+        rows += [_study_row("long", "none", seed=s, loss=none), _study_row("long", "ssn", 8, seed=s, loss=ssn),
+                 _study_row("long", "mapl", 8, seed=s, loss=mapl),
+                 _study_row("decompose", "ssn", 8, seed=s, loss=none + 0.08 + 0.002 * s, anchor="factorized"),
+                 _study_row("decompose", "ssn", 8, seed=s, loss=none + 0.075, anchor="factorized", overrides={"ffn_hidden": 724},
+                            name=f"wide-s{s}"),
+                 _study_row("decompose", "mapl", 8, seed=s, loss=mapl + 0.01 * s, projector="fixed-shared"),
+                 _study_row("decompose", "none", seed=s, loss=none - 0.01, anchor="factorized", name=f"none-anchor-s{s}"),
+                 _study_row("learned_fixed_4x", "mapl", 4, seed=s, loss=mapl - 0.02),
+                 _study_row("learned_fixed_4x", "mapl", 4, seed=s, loss=mapl - 0.01 + 0.005 * s, projector="fixed"),
+                 _study_row("corpus", "none", seed=s, loss=1.20 + 0.01 * s, source="sympy-code", name=f"code-none-s{s}"),
+                 _study_row("corpus", "ssn", 8, seed=s, loss=1.26 + 0.01 * s, source="sympy-code", name=f"code-ssn-s{s}"),
+                 _study_row("corpus", "mapl", 8, seed=s, loss=1.23 + 0.01 * s, source="sympy-code", name=f"code-mapl-s{s}")]
+    for s in range(2):
+        rows += [_study_row("blocks", "none", seed=s, steps=1000, loss=3.9, model="mini"),
+                 _study_row("blocks", "ssn", 8, seed=s, steps=1000, loss=4.0 + 0.01 * s, model="mini"),
+                 _study_row("blocks", "mapl", 8, seed=s, steps=1000, loss=3.95, model="mini"),
+                 _study_row("blocks", "ssn", 8, seed=s, steps=1000, loss=4.1, model="mini", stages=8),
+                 _study_row("blocks", "mapl", 8, seed=s, steps=1000, loss=4.0, model="mini", stages=8)]
+    return rows
+
+
+def test_decomposition_isolates_each_ingredient_against_the_headlines_own_runs():
+    rows = [r for r in _study_rows() if r["data_source"] == ""]
+    table = R.decomposition_table(rows)
+    assert [b[0] for b in table.body] == ["Uncompressed", "Uncompressed + anchors", "SSN", "SSN + anchors",
+                                          "SSN + anchors, parameter-matched", "MAPL, one shared fixed subspace", "MAPL"]
+    # every Δ% is against the plain uncompressed run of the seed, never "uncompressed + anchors"
+    wide = next(b for b in table.body if b[0] == "SSN + anchors, parameter-matched")
+    assert wide[1] == "tiny[ffn_hidden=724]" and wide[9] != "—"
+    comps = {(c[0]): c for c in R.decomposition_paired_table(rows).body}
+    assert len(comps) == 7
+    # SSN - (SSN + anchors): the anchors are 0.02 of loss better on every seed
+    diffs = [100 * (0.10 + 0.001 * s) / n - 100 * (0.08 + 0.002 * s) / n for s, n in enumerate([3.50, 3.52, 3.48])]
+    assert comps["SSN − SSN + anchors"][3] == ", ".join(f"{d:+.2f}" for d in diffs)
+    # one exploratory family: seven Holm levels, the strictest 1 - 0.05/7
+    levels = sorted(float(c[5].split("(")[1].rstrip("%)")) for c in comps.values())
+    assert levels[-1] == pytest.approx(100 * (1 - 0.05 / 7), abs=0.05)
+    ledger = {c["claim"]: c for c in R.claims(rows)}
+    row = ledger["MAPL's lead over SSN is more than its anchors (SSN given MAPL's anchors still trails)"]
+    assert row["verdict"] == "reproduced" and row["ours"].startswith("SSN + anchors − MAPL: +")
+
+
+def test_learned_fixed_at_4x_reads_the_ablation_ratio_only():
+    rows = [r for r in _study_rows() if r["data_source"] == ""]
+    table = R.learned_fixed_table(rows)
+    assert [b[0] for b in table.body] == ["Uncompressed", "MAPL, fixed projector", "MAPL"]
+    assert all(b[3] in ("—", "4×") for b in table.body)
+    c = R.study_comparison(rows, "learned_fixed_4x")
+    assert c["n"] == 3 and c["mean"] > 0
+    row = next(c for c in R.claims(rows) if "ablation's 4×" in c["claim"])
+    assert row["table"] == "learned-fixed-4x.md" and row["verdict"] in R.VERDICTS[:2]
+
+
+def test_corpus_study_reads_its_own_corpus_and_never_leaks_into_the_headline():
+    rows_all = _study_rows()
+    main_rows = [r for r in rows_all if r["data_source"] == ""]
+    table = R.corpus_table(rows_all)
+    assert [b[0] for b in table.body] == ["Uncompressed", "SSN", "MAPL"]
+    tail = statistics.fmean(1.0 - i / 3000 for i in range(2700, 3000))         # the last 10 % of steps of result()'s curve
+    assert table.body[0][-1] == f"{1.21 + tail:.4f}"                           # mean over seeds 1.20, 1.21, 1.22
+    ssn = statistics.fmean(100 * 0.06 / (1.20 + 0.01 * s) for s in range(3))    # Δ% against the code corpus's own
+    assert table.body[1][9].startswith(f"{ssn:+.2f}%")
+    c = R.study_comparison(rows_all, "corpus")
+    assert c["n"] == 3 and c["mean"] > 0
+    # the report's selection leaves the code corpus out, and its runs are nobody else's reference
+    assert R.select(rows_all) == R.select(main_rows)
+    assert all(R.reference_loss(rows_all, r) == R.reference_loss(main_rows, r) for r in main_rows)
+    row = next(c for c in R.claims(main_rows, rows_all) if "corpus" in c["claim"])
+    assert row["verdict"] == "reproduced"
+    assert next(c for c in R.claims(main_rows) if "corpus" in c["claim"])["reason"].startswith("not run")
+
+
+def test_blocks_study_pairs_at_each_p_and_two_seeds_give_no_verdict():
+    rows = [r for r in _study_rows() if r["data_source"] == ""]
+    table = R.blocks_table(rows)
+    assert [(b[0], b[2]) for b in table.body] == [("Uncompressed", 4), ("SSN", 4), ("MAPL", 4), ("SSN", 8), ("MAPL", 8)]
+    p8 = next(b for b in table.body if b[0] == "SSN" and b[2] == 8)
+    assert p8[9].startswith(f"{100 * (4.1 - 3.9) / 3.9:+.2f}")               # P = 8 against the P = 4 reference
+    assert "P = 4:" in table.takeaway and "P = 8:" in table.takeaway
+    row = next(c for c in R.claims(rows) if "several blocks" in c["claim"])
+    assert row["verdict"] == "not testable here" and "fewer than 3" in row["reason"]

@@ -15,6 +15,8 @@ Modules: :mod:`~mapl.report.rows` (the row schema, loading, selection, budgets),
 :mod:`~mapl.report.style` (labels, one colour and marker per method), :mod:`~mapl.report.table`
 (the Table type and its writers), :mod:`~mapl.report.tables` (main-budget tables),
 :mod:`~mapl.report.studies` (headline with paired comparisons, token and width axes),
+:mod:`~mapl.report.controls` (issue 26's studies: the decomposition, learned vs fixed at 4x, the corpus, blocks),
+:mod:`~mapl.report.claims` (the claims ledger),
 :mod:`~mapl.report.figures` and :mod:`~mapl.report.plots` (drawing; captions and takeaways),
 :mod:`~mapl.report.ttt` (time to target on a simulated link), :mod:`~mapl.report.metrics`
 (metrics.json and macros), :mod:`~mapl.report.render` (the notebook's glue) and
@@ -27,6 +29,7 @@ projection 8x is 16x on the wire. Every table says which it shows.
 import sys
 
 from .claims import *
+from .controls import *
 from .data_stats import *
 from .figures import *
 from .metrics import *
@@ -42,6 +45,6 @@ from .tables import *
 from .ttt import *
 
 # (the functions ``metrics`` and ``style`` shadow their modules here: read the modules from sys.modules)
-_MODULES = ("rows", "stats", "paper", "style", "table", "tables", "studies", "figures", "plots", "ttt", "metrics",
-            "render", "data_stats")
+_MODULES = ("rows", "stats", "paper", "style", "table", "tables", "studies", "controls", "claims", "figures", "plots", "ttt",
+            "metrics", "render", "data_stats")
 __all__ = [name for mod in _MODULES for name in sys.modules[f"{__name__}.{mod}"].__all__]

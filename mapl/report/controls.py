@@ -1,0 +1,322 @@
+"""Issue 26's studies: why MAPL beats SSN, and when learning the subspace pays. Each is a table here and a
+row of the claims ledger (:mod:`mapl.report.claims`).
+
+* ``decompose``: at the headline budget, SSN with MAPL's anchors, MAPL with one shared fixed subspace and
+  free writers, uncompressed with the anchors alone, and SSN + anchors widened to MAPL's parameter count,
+  beside none, SSN and MAPL of the same seeds. Each paired comparison isolates one ingredient.
+* ``learned_fixed_4x``: SPEL against the fixed random projector at 4x (the paper's ablation ratio).
+* ``corpus``: none, SSN and MAPL on a corpus seen at most once in the budget (code: :mod:`mapl.data`).
+* ``blocks``: stages of several blocks (the ``mini`` preset) at P = 4, and a P = 8 point.
+
+Every configuration is summarised as in the headline (Δ% per seed against that seed's plain uncompressed run:
+:func:`mapl.report.stats.reference_loss`), and the comparisons of a study are one exploratory family: their
+intervals are Holm-adjusted over it (:func:`tested_family`), so a study with several contrasts does not get several
+chances at 95 %. A comparison A − B is in points of Δ%, positive when B is ahead.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+from .rows import budget_steps, main_model
+from .stats import holm, paired, sign_test_p, summarize, t_interval, t_test_p, wilcoxon_p
+from .studies import gap_sentence
+from .style import fmt_ratio, variant_label
+from .table import DASH, Table, fmt, fmt_ci, fmt_int, fmt_pm
+
+__all__ = ["DECOMPOSITION", "DECOMPOSITION_COMPARISONS", "study_summaries", "study_comparisons", "tested_family",
+           "decomposition_table", "decomposition_paired_table", "learned_fixed_table", "corpus_table", "blocks_table",
+           "controls_plot",
+           "study_comparison"]
+
+NO_RUNS = "no runs of group {} yet (see README, 'Results')."
+
+# (name, variant, model suffix): the decomposition's configurations; "" is the main model itself, "[...]" the
+# main model with those shape overrides (the parameter-matched control).
+DECOMPOSITION = (("none", "none", ""), ("none+anchors", "none-anchor-factorized", ""), ("ssn", "ssn", ""),
+                 ("ssn+anchors", "ssn-anchor-factorized", ""), ("ssn+anchors, matched", "ssn-anchor-factorized", "[ffn_hidden=724]"),
+                 ("mapl-fixed-shared", "mapl-fixed-shared", ""), ("mapl", "mapl", ""))
+# (A, B, what the difference isolates), read A − B (positive: B ahead)
+DECOMPOSITION_COMPARISONS = (
+    ("ssn", "mapl", "the gap to explain"),
+    ("ssn", "ssn+anchors", "what MAPL's anchors add to SSN"),
+    ("ssn+anchors", "mapl", "what is left once SSN has the anchors"),
+    ("ssn+anchors, matched", "mapl", "the same at MAPL's parameter count"),
+    ("ssn+anchors", "mapl-fixed-shared", "SSN's writer constraint (both: one fixed subspace + anchors)"),
+    ("mapl-fixed-shared", "mapl", "per-boundary learned subspaces against one shared fixed one"),
+    ("none", "none+anchors", "the anchors' capacity without compression"),
+)
+NAMES = {"none": "Uncompressed", "none+anchors": "Uncompressed + anchors", "ssn": "SSN", "ssn+anchors": "SSN + anchors",
+         "ssn+anchors, matched": "SSN + anchors, parameter-matched", "mapl-fixed-shared": "MAPL, one shared fixed subspace",
+         "mapl": "MAPL"}
+
+
+def _group_budget(rows: Sequence[dict], group: str) -> tuple[str | None, int | None, list[int]]:
+    """(base model, steps, seeds) of a group's runs (None, None, [] without runs)."""
+    mine = [r for r in rows if r["group"] == group]
+    if not mine:
+        return None, None, []
+    steps = budget_steps(rows, group)
+    mine = [r for r in mine if r["steps"] == steps]
+    return mine[0]["base_model"], steps, sorted({r["seed"] for r in mine})
+
+
+def study_summaries(rows: Sequence[dict], configs: Sequence[tuple], model: str, steps: int, seeds: Sequence[int],
+                    stages: int | None = None, data_source: str | None = None) -> dict[str, dict]:
+    """name -> summary (:func:`mapl.report.stats.summarize`, Δ% against each seed's plain uncompressed run) of
+    each configuration (name, variant, model suffix) at ``steps`` on ``seeds``, whatever group trained it
+    (a configuration shared with the headline is the headline's run: :func:`mapl.report.rows.load_results`
+    keeps one row per configuration and seed); names without runs are left out."""
+    out = {}
+    for name, variant, suffix in configs:
+        pool = [r for r in rows if r["variant"] == variant and r["model"] == model + suffix and r["steps"] == steps
+                and r["seed"] in seeds and (stages is None or r["stages"] == stages)
+                and (data_source is None or r.get("data_source", "") == data_source)]
+        sums = summarize(pool, rows)
+        if sums:
+            out[name] = {**sums[0], "name": name}
+    return out
+
+
+def study_comparisons(sums: dict[str, dict], pairs: Sequence[tuple]) -> list[dict]:
+    """The paired comparisons (A, B, what) among ``sums``: ``a``, ``b``, ``what`` and the
+    :func:`mapl.report.stats.paired` fields; pairs without a common seed are left out."""
+    out = []
+    for a, b, what in pairs:
+        if a in sums and b in sums:
+            p = paired(sums[a]["deltas"], sums[b]["deltas"])
+            if p:
+                out.append({"a": sums[a], "b": sums[b], "what": what, **p})
+    return out
+
+
+def tested_family(comps: Sequence[dict]) -> list[dict]:
+    """The comparisons of one study as one exploratory family: t, Wilcoxon and sign p, and the interval at the
+    Holm-adjusted level (``level``, ``p_adj``; a family of one is read at 95 %)."""
+    out = [{**c, "t_p": t_test_p(c["diffs"]), "wilcoxon_p": wilcoxon_p(c["diffs"]), "sign_p": sign_test_p(c["diffs"]),
+            "primary": False} for c in comps]
+    for c, h in zip(out, holm([c["t_p"] for c in out])):
+        c["p_adj"], c["level"] = h["p_adj"], h["level"]
+        c["ci"] = t_interval(c["diffs"], h["level"]) if h["level"] and c["n"] > 1 else c["ci"]
+    return out
+
+
+def _name(s: dict) -> str:
+    return NAMES.get(s.get("name"), variant_label(s["variant"]))
+
+
+def _reading(c: dict) -> str:
+    if c["ci"] is None:
+        return DASH
+    if c["ci"][0] > 0 or c["ci"][1] < 0:
+        return f"{_name(c['b']) if c['mean'] > 0 else _name(c['a'])} ahead"
+    return "not resolved"
+
+
+def _sentence(c: dict) -> str:
+    """gap_sentence with the study's names (SSN + anchors, ...) and the level the interval is read at."""
+    a, b = {**c["a"], "variant": _name(c["a"]), "wire_ratio": None}, {**c["b"], "variant": _name(c["b"]), "wire_ratio": None}
+    return gap_sentence({**c, "a": a, "b": b})
+
+
+def _summary_rows(sums: dict[str, dict], order: Sequence[str]) -> list[list]:
+    body = []
+    for name in order:
+        s = sums.get(name)
+        if s is None:
+            continue
+        none = s["method"] == "none" and s["variant"] == "none"
+        body.append([_name(s), s["model"], s["stages"], fmt_ratio(s["wire_ratio"]) if s["method"] != "none" else DASH,
+                     fmt(s["total_bytes_per_token"], 1), f"{s['n_params'] / 1e6:.3f}M" if s.get("n_params") else DASH,
+                     fmt_int(s["steps"]), ",".join(map(str, s["seeds"])), fmt_pm(s["val_loss"], s["val_loss_std"]),
+                     DASH if none else fmt_pm(s["delta_pct"], s["delta_std"], 2, pct=True),
+                     DASH if none else fmt_ci(t_interval(list(s["deltas"].values())))])
+    return body
+
+
+SUMMARY_HEADER = ["configuration", "model", "P", "wire ratio", "total B/tok", "params", "steps", "seeds", "val loss", "Δ%",
+                  "Δ% 95% CI"]
+
+
+def _decomposition(rows: Sequence[dict]) -> tuple[dict, list[dict], int | None]:
+    model, steps, seeds = _group_budget(rows, "decompose")
+    if model is None:
+        return {}, [], None
+    sums = study_summaries(rows, DECOMPOSITION, model, steps, seeds)
+    return sums, tested_family(study_comparisons(sums, DECOMPOSITION_COMPARISONS)), steps
+
+
+def decomposition_table(rows: Sequence[dict]) -> Table:
+    """Every configuration of the decomposition (group ``decompose``) with its parameters and bytes."""
+    sums, comps, steps = _decomposition(rows)
+    body = _summary_rows(sums, [n for n, _, _ in DECOMPOSITION])
+    caption = ("Which ingredient separates MAPL from SSN: each configuration at the headline budget on the "
+               "decomposition's seeds (none, SSN and MAPL are the headline's own runs of those seeds). Δ% per "
+               "seed against that seed's plain uncompressed run; params: trainable parameters.")
+    takeaway = (f"{len(sums)} configurations at {fmt_int(steps)} steps; the paired comparisons are the next table."
+                if body else NO_RUNS.format("decompose"))
+    return Table("decompose", "Why MAPL beats SSN: the decomposition (group decompose)", SUMMARY_HEADER, body,
+                 caption, takeaway)
+
+
+def _paired_body(comps: Sequence[dict]) -> list[list]:
+    return [[f"{_name(c['a'])} − {_name(c['b'])}", c["what"], ",".join(map(str, c["seeds"])),
+             ", ".join(f"{d:+.2f}" for d in c["diffs"]), fmt_pm(c["mean"], c["std"], 2),
+             fmt_ci(c["ci"]) + (f" ({100 * c['level']:.1f}%)" if c["ci"] else ""),
+             DASH if c["p_adj"] is None else f"{c['p_adj']:.3f}", _reading(c)] for c in comps]
+
+
+PAIRED_HEADER = ["comparison (A − B)", "isolates", "seeds", "per-seed A − B (points)", "mean ± std", "CI (level)",
+                 "Holm p", "reading"]
+
+
+def decomposition_paired_table(rows: Sequence[dict]) -> Table:
+    """The decomposition's paired comparisons, one exploratory family (Holm)."""
+    _, comps, steps = _decomposition(rows)
+    caption = ("Differences of Δ% on the same seed (positive: B is ahead), each isolating one ingredient; the "
+               "seven are one exploratory family, each interval at its Holm-adjusted level.")
+    takeaway = ("; ".join(_sentence(c) for c in comps) + "." if comps else NO_RUNS.format("decompose"))
+    return Table("decompose-paired", "Why MAPL beats SSN: paired comparisons (group decompose)",
+                 PAIRED_HEADER, _paired_body(comps), caption, takeaway)
+
+
+def _learned_fixed(rows: Sequence[dict]) -> tuple[dict, list[dict], int | None]:
+    model, steps, seeds = _group_budget(rows, "learned_fixed_4x")
+    if model is None:
+        return {}, [], None
+    ratio = next(r["projection_ratio"] for r in rows if r["group"] == "learned_fixed_4x")
+    pool = [r for r in rows if r["method"] == "none" or r["projection_ratio"] == ratio]
+    sums = study_summaries(pool, (("none", "none", ""), ("mapl-fixed", "mapl-fixed", ""), ("mapl", "mapl", "")),
+                           model, steps, seeds)
+    return sums, tested_family(study_comparisons(sums, (("mapl-fixed", "mapl", "learning the subspace (SPEL)"),))), steps
+
+
+def learned_fixed_table(rows: Sequence[dict]) -> Table:
+    """SPEL against the fixed random projector at the paper's ablation ratio (group ``learned_fixed_4x``)."""
+    sums, comps, steps = _learned_fixed(rows)
+    body = _summary_rows(sums, ["none", "mapl-fixed", "mapl"])
+    caption = ("MAPL with its learned projector (SPEL) and with a fixed random orthonormal one, at the projection "
+               "ratio of the paper's ablation (App. C: fixed +1.19 %, SPEL +0.84 % at 150M), paired by seed.")
+    takeaway = ("; ".join(_sentence(c) for c in comps) + "." if comps else
+                NO_RUNS.format("learned_fixed_4x") if not sums else "no pair with a common seed.")
+    return Table("learned-fixed-4x", "Learned against fixed subspace at 4× (group learned_fixed_4x)", SUMMARY_HEADER,
+                 body, caption, takeaway)
+
+
+def study_comparison(rows: Sequence[dict], study: str) -> dict | None:
+    """The comparison a study's ledger row reads: ``decompose`` SSN + anchors − MAPL, ``learned_fixed_4x``
+    fixed − MAPL, ``corpus`` and ``blocks`` SSN − MAPL (blocks: at P = 4); None without it."""
+    if study == "decompose":
+        comps = _decomposition(rows)[1]
+        key = ("ssn+anchors", "mapl")
+    elif study == "learned_fixed_4x":
+        comps, key = _learned_fixed(rows)[1], ("mapl-fixed", "mapl")
+    elif study == "corpus":
+        comps, key = _corpus(rows)[1], ("ssn", "mapl")
+    elif study == "blocks":
+        comps, key = [c for c in _blocks(rows)[1] if c["a"]["stages"] == 4], ("ssn", "mapl")
+    else:
+        raise ValueError(f"study={study!r}: allowed 'decompose', 'learned_fixed_4x', 'corpus', 'blocks'")
+    return next((c for c in comps if (c["a"]["name"], c["b"]["name"]) == key), None)
+
+
+HEADLINE_THREE = (("none", "none", ""), ("ssn", "ssn", ""), ("mapl", "mapl", ""))
+
+
+def _corpus(rows: Sequence[dict]) -> tuple[dict, list[dict], int | None]:
+    model, steps, seeds = _group_budget(rows, "corpus")
+    if model is None:
+        return {}, [], None
+    source = next(r.get("data_source", "") for r in rows if r["group"] == "corpus")
+    sums = study_summaries(rows, HEADLINE_THREE, model, steps, seeds, data_source=source)
+    return sums, tested_family(study_comparisons(sums, (("ssn", "mapl", "the primary contrast on this corpus"),))), steps
+
+
+def _final_train_loss(run: dict, frac: float = 0.1) -> float | None:
+    """The mean training loss over the last ``frac`` of the run's steps (one step's loss is noisy)."""
+    curve = run.get("train_loss_curve") or []
+    if not curve:
+        return None
+    tail = [v for s, v in curve if s > run["steps"] * (1 - frac)] or [curve[-1][1]]
+    return sum(tail) / len(tail)
+
+
+def corpus_table(rows: Sequence[dict]) -> Table:
+    """The headline's three methods on a corpus that does not repeat within the budget (group ``corpus``):
+    validation and training loss (a falling validation penalty next to a rising training one is the reference
+    overfitting, not compression getting cheaper)."""
+    sums, comps, steps = _corpus(rows)
+    body = []
+    for row, name in zip(_summary_rows(sums, ["none", "ssn", "mapl"]), [n for n in ("none", "ssn", "mapl") if n in sums]):
+        train = [t for t in (_final_train_loss(r) for r in rows if r["run"] in sums[name]["runs"]) if t is not None]
+        body.append(row + [fmt(sum(train) / len(train), 4) if train else DASH])
+    source = next((r.get("data_source") for r in rows if r["group"] == "corpus"), DASH)
+    caption = (f"None, SSN and MAPL at the headline's settings on `{source}`, a corpus seen under once in the budget "
+               "(the paper's regime; the cpu corpus is seen 3.6 times in 3,000 steps; its size: README, 'Choices "
+               "where the paper is silent'). Train loss: the mean over the last 10 % of steps.")
+    takeaway = ("; ".join(_sentence(c) for c in comps) + "." if comps else NO_RUNS.format("corpus"))
+    return Table("corpus", "A corpus that does not repeat (group corpus)", SUMMARY_HEADER + ["train loss"], body,
+                 caption, takeaway)
+
+
+def _blocks(rows: Sequence[dict]) -> tuple[dict, list[dict], int | None]:
+    model, steps, seeds = _group_budget(rows, "blocks")
+    if model is None:
+        return {}, [], None
+    stages = sorted({r["stages"] for r in rows if r["group"] == "blocks"})
+    sums, comps = {}, []
+    for p in stages:
+        at_p = {f"{k} P={p}": {**v, "name": k} for k, v in study_summaries(rows, HEADLINE_THREE, model, steps, seeds,
+                                                                           stages=p).items()}
+        sums.update(at_p)
+        comps += study_comparisons(at_p, ((f"ssn P={p}", f"mapl P={p}", f"the primary contrast at P = {p}"),))
+    return sums, tested_family(comps), steps
+
+
+def blocks_table(rows: Sequence[dict]) -> Table:
+    """The headline's methods with several blocks per stage (group ``blocks``, P = 4 and P = 8)."""
+    sums, comps, steps = _blocks(rows)
+    body = _summary_rows(sums, sorted(sums, key=lambda k: (sums[k]["stages"], ["none", "ssn", "mapl"].index(sums[k]["name"]))))
+    caption = ("None, SSN and MAPL on a model with several blocks per stage (the paper has 2-4), at P = 4 and "
+               "P = 8; an uncompressed run at another P is the reference where its own P has none (the same model "
+               "and numbers: P only places the blocks).")
+    takeaway = ("; ".join(f"P = {c['a']['stages']}: " + _sentence(c) for c in comps) + "." if comps
+                else NO_RUNS.format("blocks"))
+    return Table("blocks", "Stages of several blocks (group blocks)", SUMMARY_HEADER, body,
+                 caption, takeaway)
+
+
+def _forest_entries(rows: Sequence[dict], corpus_rows: Sequence[dict] | None) -> list[tuple[str, dict]]:
+    """(study label, tested comparison) of every study, in the report's order."""
+    out = [("decompose", c) for c in _decomposition(rows)[1]]
+    out += [("learned vs fixed, 4×", c) for c in _learned_fixed(rows)[1]]
+    out += [("corpus", c) for c in _corpus(corpus_rows if corpus_rows is not None else rows)[1]]
+    out += [(f"blocks, P = {c['a']['stages']}", c) for c in _blocks(rows)[1]]
+    return out
+
+
+def controls_plot(rows: Sequence[dict], corpus_rows: Sequence[dict] | None = None):
+    """Every comparison of issue 26's studies as a forest plot: the mean paired difference of Δ% (positive: B
+    ahead) with its interval at the level the study reads it (Holm within a study), one line per comparison."""
+    from .figures import empty_note, new_figure
+    from .plots import Plot
+    entries = _forest_entries(rows, corpus_rows)
+    fig, (ax,) = new_figure(1, width=7.5, height=max(2.4, 0.42 * len(entries) + 1.2))
+    caption = ("Each study's paired comparisons A − B in points of Δ% (positive: B ahead), the mean over seeds with "
+               "its interval at the study's Holm-adjusted level (a single seed: a point); dotted line: no difference.")
+    if not entries:
+        empty_note(ax, "no runs of issue 26's studies yet")
+        return Plot("controls", caption, "no runs of issue 26's studies yet.", fig, empty=True)
+    for y, (study, c) in enumerate(reversed(entries)):
+        lo, hi = c["ci"] if c["ci"] else (c["mean"], c["mean"])
+        resolved = c["ci"] is not None and (lo > 0 or hi < 0)
+        ax.errorbar([c["mean"]], [y], xerr=[[c["mean"] - lo], [hi - c["mean"]]], fmt="o", capsize=3,
+                    color="#1f77b4" if resolved else "0.45")
+    ax.axvline(0, color="0.3", linestyle=":", linewidth=1)
+    ax.set_yticks(range(len(entries)))
+    ax.set_yticklabels([f"{study}: {_name(c['a'])} − {_name(c['b'])}" for study, c in reversed(entries)], fontsize=8)
+    ax.set_xlabel("paired difference of Δ% (points; positive: B ahead)")
+    resolved = [f"{study}: {_name(c['a'])} − {_name(c['b'])}" for study, c in entries
+                if c["ci"] is not None and (c["ci"][0] > 0 or c["ci"][1] < 0)]
+    takeaway = (f"{len(resolved)} of {len(entries)} comparisons resolved at their level"
+                + (": " + "; ".join(resolved) if resolved else "") + ".")
+    return Plot("controls", caption, takeaway, fig)
