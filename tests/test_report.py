@@ -574,3 +574,17 @@ def test_blocks_study_pairs_at_each_p_and_two_seeds_give_no_verdict():
     assert "P = 4:" in table.takeaway and "P = 8:" in table.takeaway
     row = next(c for c in R.claims(rows) if "several blocks" in c["claim"])
     assert row["verdict"] == "not testable here" and "fewer than 3" in row["reason"]
+
+
+def test_lr_check_has_one_row_per_checked_cell_paired_with_the_tuned_headline_run():
+    def run(group, seed, loss, lr_muon, lr_embed, name):
+        r = R.row_from_result(result("ssn", 8, seed=seed, steps=3000, loss=loss, lr_muon=lr_muon, lr_embed=lr_embed,
+                                     name=name), group)
+        return {**r, "select_loss": loss}
+    rows = [run("long", s, 3.60 + 0.01 * s, 0.04, 0.1, f"long-s{s}") for s in range(3)]
+    rows += [run("lr_check", s, 3.61 + 0.01 * s + 0.001 * s, 0.02, 0.1, f"mu-s{s}") for s in range(3)]
+    rows += [run("lr_check", s, 3.58 + 0.01 * s, 0.04, 0.3, f"emb-s{s}") for s in range(3)]
+    table = R.lr_check_table(rows)
+    assert [(b[1], b[2]) for b in table.body] == [("0.02, 0.1", "0.04, 0.1"), ("0.04, 0.3", "0.04, 0.1")]
+    assert table.body[1][5].startswith("-0.0200") and table.body[1][7] == "check cell better: retune at this budget"
+    assert "μ 0.04, emb 0.3: check cell better" in table.takeaway

@@ -36,7 +36,7 @@ def test_cpu_groups_are_the_planned_grid():
     sizes = {g: len(cfgs(g)) for g in GROUPS}
     assert sizes == {"main": 11, "seeds": 16, "ablations": 5, "long": 24, "long_rvq": 8, "long_fixed": 8, "longer": 0,
                      "tokens": 6, "width": 6,
-                     "rvq_sync": 2, "rvq_scaled": 0, "lr_check": 6, "tune": 12, "tune2": 9,
+                     "rvq_sync": 2, "rvq_scaled": 0, "lr_check": 9, "tune": 12, "tune2": 11,
                      "decompose": 21, "learned_fixed_4x": 16, "corpus": 9, "blocks": 10}
     main = {c.name() for c in cfgs("main")}
     assert {"tiny-P4-none-s0", "tiny-P4-int8-s0", "tiny-P4-ssn-8x-s0", "tiny-P4-mapl-16x-s0", "tiny-P4-mapl-rvq-4x-s0"} <= main

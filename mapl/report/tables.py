@@ -339,8 +339,9 @@ def lr_check_table(rows_all: Sequence[dict]) -> Table:
     header = ["method", "check cell (μ, emb)", "tuned cell (μ, emb)", "steps", "seeds", "check − tuned (selection)",
               "95% CI", "reading"]
     body, sentences = [], []
-    for variant in dict.fromkeys(r["variant"] for r in checks):
-        mine = [r for r in checks if r["variant"] == variant]
+    for cell in dict.fromkeys((r["variant"], r["wire_ratio"], r["lr_muon"], r["lr_embed"]) for r in checks):
+        variant = cell[0]          # one row per checked cell: a method may be checked at several
+        mine = [r for r in checks if (r["variant"], r["wire_ratio"], r["lr_muon"], r["lr_embed"]) == cell]
         tuned = {r["seed"]: r for r in rows_all if r["group"] == "long" and r["variant"] == variant
                  and r["wire_ratio"] == mine[0]["wire_ratio"] and r["steps"] == mine[0]["steps"]}
         pairs = [(r, tuned[r["seed"]]) for r in mine if r["seed"] in tuned]
@@ -358,9 +359,11 @@ def lr_check_table(rows_all: Sequence[dict]) -> Table:
                      fmt_pm(statistics.fmean(diffs), statistics.stdev(diffs) if len(diffs) > 1 else None, 4)
                      if diffs else DASH, fmt_ci(ci, 4) if ci else DASH, reading])
         if diffs:
-            sentences.append(f"{name}: {reading} ({len(diffs)} seeds)")
-    caption = ("Each method at the other method's winning knob, at the headline budget, against its tuned "
-               "headline run of the same seed; losses on the selection set at the last step.")
+            sentences.append(f"{name} at μ {mine[0]['lr_muon']:g}, emb {mine[0]['lr_embed']:g}: {reading} "
+                             f"({len(diffs)} seeds)")
+    caption = ("Each method at another cell (the other method's winning knob; SSN also at the step past its "
+               "300-step winner), at the headline budget, against its tuned headline run of the same seed; losses "
+               "on the selection set at the last step.")
     return Table("lr-check", "Budget-matched learning-rate check", header, body, caption,
                  "; ".join(sentences) + "." if sentences else NO_RUNS.format("lr_check"))
 
