@@ -20,7 +20,8 @@ from .costmodel import boundary_bytes, build_case, measured_compute, wire_ratio
 from .planner import (common_target, crossover_interval, load_runs, main_model_runs, paper_steps_ratios, ratio_key,
                       speedup_grid, steps_ratios, time_to_target_rows)
 
-__all__ = ["MEASURED_VARIANTS", "measured_sources", "pick_measured", "measured_steps", "measured_text", "bench_profile", "bench_cases", "flop_cases", "run_ratios", "profile_steps", "target_text",
+__all__ = ["MEASURED_VARIANTS", "measured_sources", "pick_measured", "measured_steps", "measured_text", "bench_profile",
+           "bench_cases", "flop_cases", "run_ratios", "profile_steps", "target_text",
            "paper_cases", "paper_steps", "bandwidth_grid", "plan", "bandwidth_text", "crossover_table", "crossover_summary",
            "label", "heatmap_figure", "curve_figure"]
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from .rows import budget_steps, main_model
+from .rows import budget_steps
 from .stats import holm, paired, sign_test_p, summarize, t_interval, t_test_p, wilcoxon_p
 from .studies import gap_sentence
 from .style import fmt_ratio, variant_label
@@ -30,10 +30,11 @@ __all__ = ["DECOMPOSITION", "DECOMPOSITION_COMPARISONS", "study_summaries", "stu
 
 NO_RUNS = "no runs of group {} yet (see README, 'Results')."
 
-# (name, variant, model suffix): the decomposition's configurations; "" is the main model itself, "[...]" the
-# main model with those shape overrides (the parameter-matched control).
+# (name, variant, model suffix): the decomposition's configurations; "" is the main model itself, "[*]" the
+# main model with any shape overrides (the parameter-matched control: params.yaml says which).
 DECOMPOSITION = (("none", "none", ""), ("none+anchors", "none-anchor-factorized", ""), ("ssn", "ssn", ""),
-                 ("ssn+anchors", "ssn-anchor-factorized", ""), ("ssn+anchors, matched", "ssn-anchor-factorized", "[ffn_hidden=724]"),
+                 ("ssn+anchors", "ssn-anchor-factorized", ""),
+                 ("ssn+anchors, matched", "ssn-anchor-factorized", "[*]"),
                  ("mapl-fixed-shared", "mapl-fixed-shared", ""), ("mapl", "mapl", ""))
 # (A, B, what the difference isolates), read A − B (positive: B ahead)
 DECOMPOSITION_COMPARISONS = (
@@ -68,13 +69,17 @@ def study_summaries(rows: Sequence[dict], configs: Sequence[tuple], model: str, 
     keeps one row per configuration and seed); names without runs are left out."""
     out = {}
     for name, variant, suffix in configs:
-        pool = [r for r in rows if r["variant"] == variant and r["model"] == model + suffix and r["steps"] == steps
+        pool = [r for r in rows if r["variant"] == variant and _model_matches(r["model"], model, suffix) and r["steps"] == steps
                 and r["seed"] in seeds and (stages is None or r["stages"] == stages)
                 and (data_source is None or r.get("data_source", "") == data_source)]
         sums = summarize(pool, rows)
         if sums:
             out[name] = {**sums[0], "name": name}
     return out
+
+
+def _model_matches(name: str, model: str, suffix: str) -> bool:
+    return name.startswith(model + "[") if suffix == "[*]" else name == model + suffix
 
 
 def study_comparisons(sums: dict[str, dict], pairs: Sequence[tuple]) -> list[dict]:
@@ -306,7 +311,7 @@ def controls_plot(rows: Sequence[dict], corpus_rows: Sequence[dict] | None = Non
     if not entries:
         empty_note(ax, "no runs of issue 26's studies yet")
         return Plot("controls", caption, "no runs of issue 26's studies yet.", fig, empty=True)
-    for y, (study, c) in enumerate(reversed(entries)):
+    for y, (_, c) in enumerate(reversed(entries)):
         lo, hi = c["ci"] if c["ci"] else (c["mean"], c["mean"])
         resolved = c["ci"] is not None and (lo > 0 or hi < 0)
         ax.errorbar([c["mean"]], [y], xerr=[[c["mean"] - lo], [hi - c["mean"]]], fmt="o", capsize=3,
