@@ -18,8 +18,8 @@ from __future__ import annotations
 from typing import Sequence
 
 from .rows import budget_steps
-from .stats import holm, paired, sign_test_p, summarize, t_interval, t_test_p, wilcoxon_p
-from .studies import gap_sentence
+from .stats import paired, summarize, t_interval
+from .studies import gap_sentence, tested_comparisons
 from .style import fmt_ratio, variant_label
 from .table import DASH, Table, fmt, fmt_ci, fmt_int, fmt_pm
 
@@ -95,14 +95,8 @@ def study_comparisons(sums: dict[str, dict], pairs: Sequence[tuple]) -> list[dic
 
 
 def tested_family(comps: Sequence[dict]) -> list[dict]:
-    """The comparisons of one study as one exploratory family: t, Wilcoxon and sign p, and the interval at the
-    Holm-adjusted level (``level``, ``p_adj``; a family of one is read at 95 %)."""
-    out = [{**c, "t_p": t_test_p(c["diffs"]), "wilcoxon_p": wilcoxon_p(c["diffs"]), "sign_p": sign_test_p(c["diffs"]),
-            "primary": False} for c in comps]
-    for c, h in zip(out, holm([c["t_p"] for c in out])):
-        c["p_adj"], c["level"] = h["p_adj"], h["level"]
-        c["ci"] = t_interval(c["diffs"], h["level"]) if h["level"] and c["n"] > 1 else c["ci"]
-    return out
+    """The comparisons of one study as one exploratory family (Holm; a family of one is read at 95 %)."""
+    return tested_comparisons(comps, primary=None)
 
 
 def _name(s: dict) -> str:

@@ -127,11 +127,12 @@ def headline_table(rows: Sequence[dict], group: str = "long") -> Table:
     return Table("headline", f"Headline at the long budget ({group} group)", header, body, caption, takeaway)
 
 
-def tested_comparisons(comps: Sequence[dict]) -> list[dict]:
+def tested_comparisons(comps: Sequence[dict], primary: tuple | None = PRIMARY) -> list[dict]:
     """Each comparison with its tests: ``primary`` (the pre-named contrast), ``t_p``, ``wilcoxon_p``,
     ``sign_p`` (exact, two-sided) and the interval it is read with: the plain 95% t interval for the
-    primary contrast, a Holm-adjusted one (``level``, ``p_adj``) for the exploratory ones."""
-    out = [{**c, "primary": (c["a"]["variant"], c["b"]["variant"]) == PRIMARY, "t_p": t_test_p(c["diffs"]),
+    primary contrast, a Holm-adjusted one (``level``, ``p_adj``) for the exploratory ones. ``primary``
+    None: every comparison is exploratory (one family, as each of issue 26's studies)."""
+    out = [{**c, "primary": (c["a"]["variant"], c["b"]["variant"]) == primary, "t_p": t_test_p(c["diffs"]),
             "wilcoxon_p": wilcoxon_p(c["diffs"]), "sign_p": sign_test_p(c["diffs"])} for c in comps]
     explore = [c for c in out if not c["primary"]]
     for c, h in zip(explore, holm([c["t_p"] for c in explore])):

@@ -339,9 +339,11 @@ def lr_check_table(rows_all: Sequence[dict]) -> Table:
     header = ["method", "check cell (μ, emb)", "tuned cell (μ, emb)", "steps", "seeds", "check − tuned (selection)",
               "95% CI", "reading"]
     body, sentences = [], []
-    for cell in dict.fromkeys((r["variant"], r["wire_ratio"], r["lr_muon"], r["lr_embed"]) for r in checks):
-        variant = cell[0]          # one row per checked cell: a method may be checked at several
-        mine = [r for r in checks if (r["variant"], r["wire_ratio"], r["lr_muon"], r["lr_embed"]) == cell]
+    def cell_of(r: dict) -> tuple:          # one row per checked cell: a method may be checked at several
+        return r["variant"], r["wire_ratio"], r["lr_muon"], r["lr_embed"]
+    for cell in dict.fromkeys(map(cell_of, checks)):
+        variant = cell[0]
+        mine = [r for r in checks if cell_of(r) == cell]
         tuned = {r["seed"]: r for r in rows_all if r["group"] == "long" and r["variant"] == variant
                  and r["wire_ratio"] == mine[0]["wire_ratio"] and r["steps"] == mine[0]["steps"]}
         pairs = [(r, tuned[r["seed"]]) for r in mine if r["seed"] in tuned]
