@@ -124,7 +124,7 @@ def test_dvc_rerun_of_a_group_restores_its_runs(smoke):
     dest, _ = smoke
     workspace.dvc(["repro", "--force", "--single-item", "train@seeds"], dest, workspace.tool_env(ROOT), capture=True)
     text = _text(dest / "reports" / "micro" / "notebooks" / "train-seeds.ipynb")
-    assert "2 run(s): 0 current, 2 to restore" in text and text.count("restored from its checkpoint") == 2
+    assert "2 run(s): 0 current, 0 copied, 2 to restore" in text and text.count("restored from its checkpoint") == 2
 
 
 @pytest.mark.slow

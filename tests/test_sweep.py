@@ -191,6 +191,39 @@ def test_runs_of_code_proven_to_compute_the_same_numbers_are_reused(tmp_path):
     assert reuse.decide(cfg, out, ckpt, "code-c", root=root) == ("train", 0) and not ckpt.exists()
 
 
+def test_a_run_current_in_another_group_is_copied_not_trained(tmp_path):
+    """A run two groups share (same name, config and training code) is copied from the group that has it,
+    byte for byte; a twin of another config, of other code, or in the same folder is never taken."""
+    cfg = sweep.spec_config("micro", {"method": "mapl", "ratio": 4}, PARAMS).validate()
+    (tmp_path / "long").mkdir()
+    (tmp_path / "decompose").mkdir()
+    twin, out, ckpt = tmp_path / "long" / "r.json", tmp_path / "decompose" / "r.json", tmp_path / "r.pt"
+    _results(twin, replace(cfg, train=replace(cfg.train, steps=99)), "code-a")     # another config: not taken
+    assert reuse.decide(cfg, out, ckpt, "code-a") == ("train", 0) and not out.exists()
+    _results(twin, cfg, "code-b")                                                   # other code: not taken
+    assert reuse.decide(cfg, out, ckpt, "code-a") == ("train", 0) and not out.exists()
+    _results(twin, cfg, "code-a")
+    logged = []
+    assert reuse.decide(cfg, out, ckpt, "code-a", log=logged.append) == ("copied", cfg.train.steps)
+    assert out.read_bytes() == twin.read_bytes() and "copied from group long" in logged[0]
+    assert reuse.decide(cfg, out, ckpt, "code-a") == ("current", cfg.train.steps)
+    assert reuse.current_twin(twin, cfg, "code-a") == out                           # found from either side
+
+
+def test_a_group_copies_its_shared_runs_and_trains_the_rest(tmp_path, monkeypatch):
+    """run_many on a group whose every run is current elsewhere trains nothing and says so."""
+    cfg = sweep.spec_config("micro", {"method": "mapl", "ratio": 4}, PARAMS).validate()
+    (tmp_path / "long").mkdir()
+    fingerprint = sweep.code_fingerprint()
+    _results(tmp_path / "long" / f"{cfg.name()}.json", cfg, fingerprint)
+    logs = []
+    status = sweep.run_many("micro", [{"method": "mapl", "ratio": 4}], tmp_path / "decompose", log=logs.append,
+                            progress_every=0)
+    assert status == [{"k": 1, "run": cfg.name(), "skipped": "copied from another group (same config and training code)"}]
+    assert "1 run(s): 0 current, 1 copied, 0 to restore, 0 to resume, 0 to train" in logs
+    assert (tmp_path / "decompose" / f"{cfg.name()}.json").exists()
+
+
 def test_stamp_keeps_the_results_layout(tmp_path):
     from mapl.base.io import atomic_write_json
     out = tmp_path / "r.json"

@@ -3,7 +3,7 @@
 Lines go to fd 2 in one ``write`` each, so lines of runs side by side never interleave and they reach
 the terminal even from the worker processes of a notebook's kernel (ipykernel echoes fd 2 output)::
 
-    group main: 11 run(s): 0 current, 0 to restore, 0 to resume, 11 to train
+    group main: 11 run(s): 0 current, 0 copied, 0 to restore, 0 to resume, 11 to train
     run 3 of 11 tiny-P4-ssn-8x-s0 step 120/300 loss 4.512 ETA 0:42
     group main: run 3 of 11 tiny-P4-ssn-8x-s0 val 4.1386; 4 of 11 done in 4:10, ETA 7:12
 

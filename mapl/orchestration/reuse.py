@@ -4,10 +4,15 @@
 
 1. its results JSON is **current**: same config hash and steps, written by this training code
    (``provenance.code_fingerprint``, stamped by :func:`stamp_results`) -> ``"current"`` (nothing to do);
-2. else its checkpoint was written for the same config by this training code (the ``<ckpt>.code``
+2. else another group of the same profile holds a current results JSON under the same run name (a run that
+   two studies share, e.g. a 3,000-step baseline of group ``long`` that group ``decompose`` compares
+   against) -> ``"copied"``: that file is copied here, since a results JSON records nothing of its group and
+   the two runs would compute the same numbers. This is what makes such a group cheap on a fresh clone,
+   where no checkpoint exists (they are git-ignored);
+3. else its checkpoint was written for the same config by this training code (the ``<ckpt>.code``
    file beside it, written by :func:`mark_code` before training starts) -> ``"restore"`` when it is
    complete (a finished run: its results are rebuilt in seconds) or ``"resume"`` when it is not;
-3. else ``"train"``: a checkpoint or results JSON left by another config or other code is deleted first.
+4. else ``"train"``: a checkpoint or results JSON left by another config or other code is deleted first.
 
 "This training code" also covers code that ``reports/code-equivalence.json`` proves computes the same
 numbers (:func:`same_code`; :mod:`mapl.orchestration.equivalence`): a refactor proven so retrains nothing.
@@ -35,10 +40,11 @@ from ..core.config import PROJECT_ROOT, RunConfig, config_hash
 from ..core.fingerprint import code_fingerprint, source_files
 from .equivalence import COMPARED, differences, proven
 
-__all__ = ["ACTIONS", "COMPARED", "same_code", "results_current", "checkpoint_files",
+__all__ = ["ACTIONS", "DONE", "COMPARED", "current_twin", "same_code", "results_current", "checkpoint_files",
            "checkpoint_step", "decide", "mark_code", "stamp_results", "adopt", "compare_results", "main"]
 
-ACTIONS = ("current", "restore", "resume", "train")
+ACTIONS = ("current", "copied", "restore", "resume", "train")
+DONE = ("current", "copied")            # the actions after which the run has its results: nothing to run
 
 
 def _read_json(path: Path) -> dict | None:
@@ -93,6 +99,20 @@ def checkpoint_step(ckpt: Path, cfg: RunConfig) -> int | None:
     return step if isinstance(step, int) else None
 
 
+def current_twin(out: Path, cfg: RunConfig, fingerprint: str, root: Path = PROJECT_ROOT) -> Path | None:
+    """A results JSON named like ``out`` in another group folder beside ``out``'s (``results/<group>/``) that
+    is current for ``cfg`` and this training code (:func:`results_current`), or None; the first in group
+    name order."""
+    out = Path(out)
+    groups = out.parent.parent
+    if not groups.is_dir():
+        return None
+    for other in sorted(p for p in groups.iterdir() if p.is_dir() and p != out.parent):
+        if results_current(other / out.name, cfg, fingerprint, root):
+            return other / out.name
+    return None
+
+
 def _drop(paths, log, why: str) -> None:
     for p in paths:
         if p.exists():
@@ -108,6 +128,12 @@ def decide(cfg: RunConfig, out: Path, ckpt: Path, fingerprint: str, log=lambda m
     if results_current(out, cfg, fingerprint, root):
         return "current", cfg.train.steps
     _drop([out], log, "not this config's or this code's result")
+    twin = current_twin(out, cfg, fingerprint, root)
+    if twin is not None:
+        from ..base.io import atomic_write_text
+        atomic_write_text(out, twin.read_text())
+        log(f"{out.name}: copied from group {twin.parent.name} (same config and training code)")
+        return "copied", cfg.train.steps
     files, code = checkpoint_files(ckpt), _code_file(ckpt)
     written_here = code.exists() and same_code(code.read_text().strip(), fingerprint, root)
     if files and not written_here:

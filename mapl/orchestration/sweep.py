@@ -410,10 +410,13 @@ def run_many(profile: str, specs: list[dict], out_dir: Path, jobs: int = 0, log=
         launcher = replace(launcher, jobs=jobs)
     fingerprint = code_fingerprint()
     plan = plan_group(profile, specs, out_dir, params, fingerprint, log)
-    status = [{"k": j.k, "run": j.name, "skipped": "current"} for j in plan if j.action == "current"]
-    todo = [j for j in plan if j.action != "current"]
-    counts = {a: sum(j.action == a for j in todo) for a in reuse.ACTIONS[1:]}
-    summary = f"{len(plan)} run(s): {len(status)} current, " + ", ".join(f"{v} to {a}" for a, v in counts.items())
+    skipped = {"current": "current", "copied": "copied from another group (same config and training code)"}
+    status = [{"k": j.k, "run": j.name, "skipped": skipped[j.action]} for j in plan if j.action in reuse.DONE]
+    todo = [j for j in plan if j.action not in reuse.DONE]
+    counts = {a: sum(j.action == a for j in todo) for a in reuse.ACTIONS if a not in reuse.DONE}
+    copied = sum(j.action == "copied" for j in plan)
+    summary = (f"{len(plan)} run(s): {len(status) - copied} current, {copied} copied, "
+               + ", ".join(f"{v} to {a}" for a, v in counts.items()))
     log(summary)
     if progress_every:
         names = group_names(profile, params)
