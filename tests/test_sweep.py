@@ -208,6 +208,10 @@ def test_a_run_current_in_another_group_is_copied_not_trained(tmp_path):
     assert out.read_bytes() == twin.read_bytes() and "copied from group long" in logged[0]
     assert reuse.decide(cfg, out, ckpt, "code-a") == ("current", cfg.train.steps)
     assert reuse.current_twin(twin, cfg, "code-a") == out                           # found from either side
+    # adopting group decompose from a retrain checkout needs no checkpoint of the shared run
+    other = replace(cfg, train=replace(cfg.train, seed=cfg.train.seed + 1))
+    shutil.copy(twin, tmp_path / "long" / f"{cfg.name()}.json")
+    assert reuse.runs_to_adopt([cfg, other], out.parent, "code-a") == [other.name()]
 
 
 def test_a_group_copies_its_shared_runs_and_trains_the_rest(tmp_path, monkeypatch):

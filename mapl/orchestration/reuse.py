@@ -41,7 +41,7 @@ from ..core.fingerprint import code_fingerprint, source_files
 from .equivalence import COMPARED, differences, proven
 
 __all__ = ["ACTIONS", "DONE", "COMPARED", "current_twin", "same_code", "results_current", "checkpoint_files",
-           "checkpoint_step", "decide", "mark_code", "stamp_results", "adopt", "compare_results", "main"]
+           "checkpoint_step", "decide", "runs_to_adopt", "mark_code", "stamp_results", "adopt", "compare_results", "main"]
 
 ACTIONS = ("current", "copied", "restore", "resume", "train")
 DONE = ("current", "copied")            # the actions after which the run has its results: nothing to run
@@ -205,6 +205,13 @@ def adopt(src_root: Path, profile: str, names: Sequence[str], fingerprint: str,
     return [dest_ck / f.name for f in files]
 
 
+def runs_to_adopt(cfgs: Sequence[RunConfig], results_dir: Path, fingerprint: str,
+                  root: Path = PROJECT_ROOT) -> list[str]:
+    """The runs of a group (``cfgs``, results in ``results_dir``) whose checkpoints must be adopted: all but
+    those another group of this checkout holds current (:func:`current_twin`), which the stage copies."""
+    return [c.name() for c in cfgs if current_twin(Path(results_dir) / f"{c.name()}.json", c, fingerprint, root) is None]
+
+
 def compare_results(src_dir: Path, dest_dir: Path, names: Sequence[str]) -> list[str]:
     """Where the results JSON of ``names`` in ``dest_dir`` (restored here) differ from those in ``src_dir``
     (trained there) in any of :data:`COMPARED`: one line per difference (empty: the same numbers)."""
@@ -242,11 +249,16 @@ def main(argv=None) -> int:
     what, src, profile, group = args[0], Path(args[1]), args[2], args[3]
     try:
         params = load_params()
-        names = [spec_config(profile, s, params).name() for s in group_specs(profile, group, params)]
+        cfgs = [spec_config(profile, s, params).validate() for s in group_specs(profile, group, params)]
+        names = [cfg.name() for cfg in cfgs]
         if what == "adopt":
-            copied = adopt(src, profile, names, code_fingerprint(), group=group)
-            print(f"adopted {len(names)} run(s) of {profile}/{group} from {src} ({len(copied)} files); now "
-                  f"`dvc repro -s train@{group}` restores them, then `python -m mapl.reuse compare {src} {profile} {group}`")
+            fingerprint = code_fingerprint()
+            taken = runs_to_adopt(cfgs, PROJECT_ROOT / "reports" / profile / "results" / group, fingerprint)
+            shared = [n for n in names if n not in taken]
+            copied = adopt(src, profile, taken, fingerprint, group=group)
+            print(f"adopted {len(taken)} run(s) of {profile}/{group} from {src} ({len(copied)} files; {len(shared)} "
+                  f"more are another group's here and are copied); now `dvc repro -s train@{group}` restores them, "
+                  f"then `python -m mapl.reuse compare {src} {profile} {group}`")
             return 0
         diffs = compare_results(src / "reports" / profile / "results" / group,
                                 PROJECT_ROOT / "reports" / profile / "results" / group, names)
