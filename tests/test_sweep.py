@@ -13,7 +13,7 @@ import torch
 from mapl.core import fingerprint
 from mapl.orchestration import reuse, sweep
 from mapl.core.config import ConfigError, config_hash, load_params
-from mapl.orchestration.progress import GroupClock, StepProgress, estimate_core_seconds, estimate_group
+from mapl.orchestration.progress import GroupClock, StepProgress, estimate_core_seconds, estimate_group, hms
 from mapl.train import config_from_args, parse_args
 
 PARAMS = load_params()
@@ -266,6 +266,22 @@ def test_estimates():
     assert main < 45 * 60                                                # the first table in under 45 minutes
     text = sweep.estimate_text("cpu", PARAMS)
     assert "main" in text and "tune2" in text and "total about" in text
+
+
+def test_the_estimate_prices_a_run_an_earlier_group_trains_at_nothing():
+    """A run that a later group shares with an earlier one (same name and config) is copied, not trained."""
+    import copy
+    params = copy.deepcopy(PARAMS)
+    groups = params["profiles"]["cpu"]["groups"]
+    for g in groups:
+        groups[g] = []
+    groups["main"] = [{"method": "none"}, {"method": "ssn", "ratio": 8}]
+    groups["decompose"] = [{"method": "none"}, {"method": "ssn", "ratio": 8, "train.seed": 1}]
+    text = sweep.estimate_text("cpu", params)
+    line = next(ln for ln in text.splitlines() if ln.strip().startswith("decompose"))
+    assert "2 run(s)" in line and "1 copied from earlier groups" in line
+    one = sweep.spec_config("cpu", {"method": "ssn", "ratio": 8}, params)
+    assert hms(estimate_group([estimate_core_seconds(one)], 2)) in line
 
 
 def test_the_estimate_shows_what_committed_runs_measured(tmp_path):

@@ -204,13 +204,19 @@ def estimate_text(profile: str, params: dict | None = None) -> str:
     workers = launcher.jobs if launcher.kind == "pool" else 1
     how = f"{workers} side by side" if launcher.kind == "pool" else "one launch at a time"
     lines, total = [f"profile {profile}: launcher {launcher.kind}"], 0.0
+    trained: set[tuple[str, str]] = set()       # (name, config hash) of the runs of earlier groups
     for group in group_names(profile, params):
         cfgs = [spec_config(profile, s, params) for s in group_specs(profile, group, params)]
+        keys = [(c.name(), config_hash(c.validate())) for c in cfgs]
+        # a run an earlier group trains is copied from it (mapl.orchestration.reuse: "copied"), in no time
+        own = [c for c, k in zip(cfgs, keys) if k not in trained]
+        trained.update(keys)
         extra = 0.0 if launcher.kind == "pool" else LAUNCH_OVERHEAD_S
-        wall = estimate_group([estimate_core_seconds(c) + extra for c in cfgs], workers)
+        wall = estimate_group([estimate_core_seconds(c) + extra for c in own], workers)
         total += wall
         measured = measured_text(cfgs, results_dir(profile, group))
-        lines.append(f"  {group:<16} {len(cfgs):>3} run(s)  about {hms(wall):>7} ({how})"
+        shared = f", {len(cfgs) - len(own)} copied from earlier groups" if len(own) < len(cfgs) else ""
+        lines.append(f"  {group:<16} {len(cfgs):>3} run(s)  about {hms(wall):>7} ({how}{shared})"
                      + (f"; {measured}" if measured else ""))
     lines.append(f"  total about {hms(total)} (quiet machine; `threads: 1` per run)")
     return "\n".join(lines)
