@@ -1,44 +1,84 @@
-"""benchmarks/frozen_trunk.py on micro: a trained uncompressed trunk, boundaries inserted, only A_p and the
-anchors train (issue 26), for SPEL, the fixed projector and the unconstrained one."""
+"""mapl.orchestration.frozen_trunk on micro: a trained uncompressed trunk, boundaries inserted, only A_p and the
+anchors train (issue 26), for SPEL, the fixed projector and the unconstrained one; resumes run by run."""
+import copy
 import json
 
 import pytest
 import torch
 
+from mapl.core.config import ConfigError, load_params
+from mapl.orchestration import frozen_trunk as ft
+from mapl.orchestration import sweep
+from mapl.report.frozen import load_frozen
 
-@pytest.fixture(scope="module")
-def bench(load_benchmark):
-    return load_benchmark("frozen_trunk")
 
-
-def _base(tiny_corpus):
-    return {"data.source": "text", "data.paths": [str(tiny_corpus.parent / "doc*.txt")], "data.tokenizer": "byte",
+def _params(tiny_corpus, **study):
+    data = {"data.source": "text", "data.paths": [str(tiny_corpus.parent / "doc*.txt")], "data.tokenizer": "byte",
             "data_dir": str(tiny_corpus)}
+    params = copy.deepcopy(load_params())
+    params["frozen_trunk"]["micro"] = {
+        "seeds": [0], "trunk": {"method": "none", "train.steps": 8, **data},
+        "boundaries": {"method": "mapl", "ratio": 4, "train.steps": 4, "train.warmup_steps": 1, "train.eval_every": 2, **data},
+        **study}
+    return params
 
 
-def test_frozen_trunk_trains_only_the_boundaries_and_anchors(bench, tiny_corpus, tmp_path):
-    res = bench.study("micro", seeds=(0,), trunk_steps=8, steps=4, ratio=4, base=_base(tiny_corpus),
-                      ckpt_dir=tmp_path, log=lambda *a: None)
-    row = res["seeds"]["0"]
-    assert (tmp_path / "frozen-trunk" / f"{row['trunk']['run']}.pt").exists()
-    ref = row["trunk"]["val_loss"]
-    assert set(row["projectors"]) == {"spel", "fixed", "unconstrained"}
+@pytest.fixture
+def sandbox(tmp_path, monkeypatch):
+    """Checkpoints and the study's folder under tmp_path, not in this checkout."""
+    monkeypatch.setattr(sweep, "PROJECT_ROOT", tmp_path)
+    monkeypatch.setattr(sweep, "load_params", lambda: pytest.fail("the study passes its params"))
+    return tmp_path
+
+
+def test_frozen_trunk_trains_only_the_boundaries_and_anchors(tiny_corpus, sandbox, monkeypatch):
+    params = _params(tiny_corpus)
+    monkeypatch.setattr(sweep, "load_params", lambda: params)
+    logs = []
+    status = ft.run_study("micro", params, root=sandbox, log=logs.append)
+    assert len(status) == 3 and not any("error" in s for s in status)
+    rows = load_frozen(sandbox, "micro")
+    assert [r["projector"] for r in rows] == ["spel", "fixed", "unconstrained"]
+    trunk = json.loads(next((sandbox / "reports/micro/frozen-trunk/trunks").glob("*.json")).read_text())
+    assert (sandbox / "checkpoints/micro" / f"{trunk['run']}.pt").exists()
     # micro: V = 257, d = 64, P = 2, r = 16: one A_p (64 x 16) and two anchors (257 x 16)
     anchors, a_p = 2 * 257 * 16, 64 * 16
-    counts = {p: r["trainable_params"] for p, r in row["projectors"].items()}
-    assert counts == {"spel": anchors + a_p, "fixed": anchors, "unconstrained": anchors + a_p}
-    for r in row["projectors"].values():
-        assert len(r["train_loss_curve"]) == 4 and r["val_loss_curve"][-1][0] == 4
-        assert r["delta_pct"] == pytest.approx(100 * (r["val_loss"] - ref) / ref)
+    assert {r["projector"]: r["trainable_params"] for r in rows} == {"spel": anchors + a_p, "fixed": anchors,
+                                                                     "unconstrained": anchors + a_p}
+    for r in rows:
+        assert r["trunk"]["val_loss"] == trunk["val_loss"] and r["trunk"]["run"] == trunk["run"]
+        assert len(r["train_loss_curve"]) == 4 and r["val_loss_curve"][-1][0] == 4 and len(r["select_loss_curve"]) == 2
+        assert r["delta_pct"] == pytest.approx(100 * (r["val_loss"] - trunk["val_loss"]) / trunk["val_loss"])
         assert torch.isfinite(torch.tensor([r["val_before"], r["val_loss"]])).all()
-    # a second study reads the trunk it trained instead of training it again
-    again = bench.study("micro", seeds=(0,), trunk_steps=8, steps=4, ratio=4, projectors=("fixed",),
-                        base=_base(tiny_corpus), ckpt_dir=tmp_path, log=lambda *a: None)
-    assert again["seeds"]["0"]["trunk"]["val_loss"] == ref
-    assert again["seeds"]["0"]["projectors"]["fixed"]["val_loss"] == row["projectors"]["fixed"]["val_loss"]
-    json.dumps(res)
+    # a second study trains nothing; a lost result is trained again, to the same numbers
+    again = ft.run_study("micro", params, root=sandbox, log=logs.append)
+    assert [s.get("skipped") for s in again] == ["current"] * 3
+    lost = sandbox / "reports/micro/frozen-trunk" / f"{rows[1]['run']}.json"
+    lost.unlink()
+    ft.run_study("micro", params, root=sandbox, log=logs.append)
+    assert json.loads(lost.read_text())["val_loss"] == rows[1]["val_loss"]
+    assert "frozen trunk: 3 boundary run(s), 2 current, 1 to train" in logs
 
 
-def test_bad_projector_is_one_line(bench, tiny_corpus, tmp_path):
-    with pytest.raises(ValueError, match=r"--projectors \['learned'\] is invalid: allowed"):
-        bench.study("micro", projectors=("learned",), base=_base(tiny_corpus), ckpt_dir=tmp_path)
+@pytest.mark.parametrize("study, match", [
+    ({"projectors": ["learned"]}, r"frozen_trunk.micro.projectors = \['learned'\] is invalid: a non-empty list of"),
+    ({"seeds": [-1]}, r"frozen_trunk.micro.seeds = \[-1\] is invalid: must be a list of integers >= 0"),
+    ({"trunk": {"method": "ssn"}}, r"frozen_trunk.micro.trunk.method = 'ssn' is invalid: must be 'none'"),
+    ({"boundaries": {"train.seed": 3}}, r"frozen_trunk.micro.boundaries.train.seed is invalid: the study sets it"),
+    ({"boundaries": {"method": "mapl", "ratio": 4, "model.d_model": 32}},
+     r"frozen_trunk.micro.boundaries: model, stages and data"),
+    ({"boundaries": {"method": "mapl"}}, r"frozen_trunk.micro.boundaries \(.*\): compressor.ratio=1.0 is invalid"),
+    ({"epochs": 3}, r"frozen_trunk.micro: \['epochs'\] is invalid: allowed keys"),
+])
+def test_a_bad_study_setting_is_one_line_naming_its_field(tiny_corpus, study, match):
+    params = _params(tiny_corpus, **study)
+    with pytest.raises(ConfigError, match=match):
+        ft.settings("micro", params)
+
+
+def test_every_profile_of_params_yaml_has_a_valid_study():
+    params = load_params()
+    assert set(params["frozen_trunk"]) == set(params["profiles"])        # dvc.yaml reads frozen_trunk.${profile}
+    cpu = ft.settings("cpu", params)
+    assert cpu.seeds == (0, 1, 2) and cpu.projectors == ft.STUDIED
+    assert ft.settings("paper", params).seeds == ()

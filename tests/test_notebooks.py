@@ -17,7 +17,7 @@ from mapl.orchestration import workspace
 from mapl.core.config import load_params
 
 ROOT = Path(__file__).resolve().parents[1]
-NOTEBOOKS = ("data", "train", "report", "when_it_pays")
+NOTEBOOKS = ("data", "train", "frozen_trunk", "report", "when_it_pays")
 GROUPS = ["main", "seeds", "ablations", "long", "long_rvq", "long_fixed", "longer", "tokens", "width", "rvq_sync",
           "rvq_scaled", "lr_check", "tune", "tune2", "decompose", "learned_fixed_4x", "corpus", "blocks"]
 DVC = yaml.safe_load((ROOT / "dvc.yaml").read_text())
@@ -68,7 +68,7 @@ def _checked_text(nb_path: Path) -> str:
 @pytest.mark.full
 def test_smoke_runs_every_stage_into_the_micro_folders(smoke):
     dest, log = smoke
-    for stage in ["prepare", *(f"train@{g}" for g in GROUPS), "report", "plan"]:
+    for stage in ["prepare", *(f"train@{g}" for g in GROUPS), "frozen_trunk", "report", "plan"]:
         assert f"Running stage '{stage}'" in log, stage
     assert "Running stage 'plan-paper'" not in log
     assert f"group main (1 of {len(GROUPS)} groups): 4 run(s): 0 current" in log
@@ -79,10 +79,11 @@ def test_smoke_runs_every_stage_into_the_micro_folders(smoke):
     assert sorted(p.name for p in (out / "results" / "main").glob("*.json")) == [
         "micro-P2-mapl-4x-s0.json", "micro-P2-mapl-rvq-4x-s0.json", "micro-P2-none-s0.json", "micro-P2-ssn-4x-s0.json"]
     assert [p.name for p in (out / "results" / "longer").iterdir()] == [".gitkeep"]        # an empty group
+    assert len(list((out / "frozen-trunk").glob("frozen-*.json"))) == 3                # one per projector
     res = json.loads((out / "results" / "width" / "micro-d32-P2-mapl-4x-s0.json").read_text())
     assert res["provenance"]["code_fingerprint"] == fingerprint.code_fingerprint(dest)
     assert sorted(p.name for p in (out / "notebooks").iterdir()) == sorted(
-        ["data.ipynb", "report.ipynb", "when_it_pays.ipynb", *(f"train-{g}.ipynb" for g in GROUPS)])
+        ["data.ipynb", "frozen_trunk.ipynb", "report.ipynb", "when_it_pays.ipynb", *(f"train-{g}.ipynb" for g in GROUPS)])
     for nb in (out / "notebooks").iterdir():
         assert not [o for o in _outputs(nb) if o["output_type"] == "error"], nb.name
         checked = _checked_text(nb)
@@ -109,7 +110,7 @@ def test_nbval_on_executed_micro_notebooks(smoke):
     """nbval re-executes executed notebooks with their injected parameters, from their own folder."""
     pytest.importorskip("nbval")
     dest, _ = smoke
-    nbs = [f"reports/micro/notebooks/{n}.ipynb" for n in ("data", "train-main", "report", "when_it_pays")]  # train-* share one
+    nbs = [f"reports/micro/notebooks/{n}.ipynb" for n in ("data", "train-main", "frozen_trunk", "report", "when_it_pays")]
     p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--nbval-lax",
                         "--nbval-current-env", "--rootdir", str(dest), *nbs], cwd=dest, env=workspace.tool_env(ROOT),
                        capture_output=True, text=True, timeout=900)
@@ -208,7 +209,7 @@ def _outs(st: dict) -> list[str]:
 
 def test_dvc_yaml_stages():
     stages = DVC["stages"]
-    assert list(stages) == ["validate", "prepare", "train", "report", "plan", "plan-paper"]
+    assert list(stages) == ["validate", "prepare", "train", "frozen_trunk", "report", "plan", "plan-paper"]
     assert stages["train"]["foreach"] == GROUPS
     for name, st in stages.items():
         st = st.get("do", st)
@@ -230,7 +231,7 @@ def test_every_stage_waits_for_params_yaml_to_be_validated():
     from mapl.orchestration.sweep import STAMP_TEXT
     assert _outs(DVC["stages"]["validate"]) == [VALIDATED]
     assert DVC["stages"]["validate"]["cmd"] == f"python -m mapl.sweep --check --stamp {VALIDATED}"
-    assert set(DVC["stages"]["validate"]["params"]) == {"profile", "profiles"}
+    assert set(DVC["stages"]["validate"]["params"]) == {"profile", "profiles", "frozen_trunk"}
     for name, st in DVC["stages"].items():
         if name != "validate":
             assert VALIDATED in st.get("do", st)["deps"], f"stage {name} does not depend on {VALIDATED}"

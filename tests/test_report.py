@@ -588,3 +588,35 @@ def test_lr_check_has_one_row_per_checked_cell_paired_with_the_tuned_headline_ru
     assert [(b[1], b[2]) for b in table.body] == [("0.02, 0.1", "0.04, 0.1"), ("0.04, 0.3", "0.04, 0.1")]
     assert table.body[1][5].startswith("-0.0200") and table.body[1][7] == "check cell better: retune at this budget"
     assert "μ 0.04, emb 0.3: check cell better" in table.takeaway
+
+
+def _frozen_run(seed: int, projector: str, loss: float, trunk: float = 3.9) -> dict:
+    return {"run": f"frozen-x-{projector}-s{seed}", "projector": projector, "ratio": 4.0, "seed": seed, "steps": 300,
+            "trainable_params": 100, "val_before": 5.0, "val_loss": loss, "val_loss_curve": [[150, loss + 0.1], [300, loss]],
+            "delta_pct": 100 * (loss - trunk) / trunk, "trunk": {"run": f"t-s{seed}", "steps": 1000, "val_loss": trunk}}
+
+
+def test_frozen_trunk_tables_pair_by_seed_and_feed_the_ledger(tmp_path):
+    runs = [_frozen_run(s, p, 3.95 + d + 0.003 * s + (0.001 * s if p == "fixed" else 0))
+            for s in range(3) for p, d in (("spel", 0.0), ("fixed", 0.05), ("unconstrained", 0.01))]
+    folder = tmp_path / "reports" / "cpu" / "frozen-trunk"
+    folder.mkdir(parents=True)
+    for r in reversed(runs):
+        (folder / f"{r['run']}.json").write_text(json.dumps(r))
+    (folder / "trunks").mkdir()
+    loaded = R.load_frozen(tmp_path, "cpu")
+    assert [(r["seed"], r["projector"]) for r in loaded] == [(r["seed"], r["projector"]) for r in runs]
+    table = R.frozen_table(loaded)
+    assert [b[0] for b in table.body] == ["SPEL (learned)", "fixed random basis", "unconstrained (learned)"]
+    assert table.body[0][8].startswith(f"{statistics.fmean(100 * (0.05 + 0.003 * s) / 3.9 for s in range(3)):+.2f}")
+    paired_table = R.frozen_paired_table(loaded)
+    assert [b[0] for b in paired_table.body] == ["fixed random basis − SPEL (learned)",
+                                                 "unconstrained (learned) − SPEL (learned)"]
+    c = R.frozen_comparison(loaded)
+    assert c["n"] == 3 and c["diffs"] == pytest.approx([100 * (0.05 + 0.001 * s) / 3.9 for s in range(3)])
+    assert c["level"] == pytest.approx(1 - 0.05 / 2) or c["level"] == pytest.approx(0.95)      # Holm over the two
+    row = next(x for x in R.claims(_study_rows(), frozen_rows=loaded) if "frozen trunk" in x["claim"])
+    assert row["verdict"] == "reproduced" and row["table"] == "frozen-trunk-paired.md"
+    assert next(x for x in R.claims(_study_rows()) if "frozen trunk" in x["claim"])["reason"].startswith("not run")
+    assert R.frozen_plot(loaded).empty is False and R.frozen_plot([]).empty is True
+    assert R.load_frozen(tmp_path, "micro") == [] and R.frozen_table([]).body == []

@@ -34,7 +34,7 @@ import sys
 import time
 from pathlib import Path
 
-__all__ = ["OutputError", "atomic_write_text", "atomic_write_bytes", "atomic_write_json", "atomic_torch_save",
+__all__ = ["OutputError", "read_json_object", "atomic_write_text", "atomic_write_bytes", "atomic_write_json", "atomic_torch_save",
            "check_writable", "OutputLock", "waiting_lock"]
 
 PathLike = str | os.PathLike
@@ -124,6 +124,16 @@ def _atomic_file(path: PathLike):
             raise _output_error(path, e) from e
         raise
     _fsync_folder(path.parent)
+
+
+def read_json_object(path: PathLike) -> dict | None:
+    """The JSON object in ``path``; None when the file is missing, unreadable, not JSON or not an object (a
+    results file another run left half written reads as absent)."""
+    try:
+        obj = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    return obj if isinstance(obj, dict) else None
 
 
 def atomic_write_bytes(path: PathLike, data: bytes) -> None:

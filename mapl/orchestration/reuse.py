@@ -31,11 +31,11 @@ fingerprint keeps them from surviving a code change.
 """
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Sequence
 
+from ..base.io import read_json_object
 from ..core.config import PROJECT_ROOT, RunConfig, config_hash
 from ..core.fingerprint import code_fingerprint, source_files
 from .equivalence import COMPARED, differences, proven
@@ -47,14 +47,6 @@ ACTIONS = ("current", "copied", "restore", "resume", "train")
 DONE = ("current", "copied")            # the actions after which the run has its results: nothing to run
 
 
-def _read_json(path: Path) -> dict | None:
-    try:
-        res = json.loads(Path(path).read_text())
-    except (OSError, ValueError):
-        return None
-    return res if isinstance(res, dict) else None
-
-
 def same_code(stamp: str | None, fingerprint: str, root: Path = PROJECT_ROOT) -> bool:
     """Whether training code ``stamp`` computes what ``fingerprint`` computes: it is that code, or ``root``'s
     ``reports/code-equivalence.json`` holds the proof (old ``stamp``, new ``fingerprint``)."""
@@ -64,7 +56,7 @@ def same_code(stamp: str | None, fingerprint: str, root: Path = PROJECT_ROOT) ->
 def results_current(out: Path, cfg: RunConfig, fingerprint: str, root: Path = PROJECT_ROOT) -> bool:
     """The results JSON at ``out`` is this config's, complete, and from this training code (``root``: the
     checkout whose proofs count, :func:`same_code`)."""
-    res = _read_json(out)
+    res = read_json_object(out)
     if res is None:
         return False
     prov = res.get("provenance") or {}
@@ -158,7 +150,7 @@ def mark_code(ckpt: Path, fingerprint: str) -> None:
 def stamp_results(out: Path, fingerprint: str) -> None:
     """Add ``provenance.code_fingerprint`` to a finished run's results JSON (same layout, atomic)."""
     from ..base.io import atomic_write_json
-    res = _read_json(out)
+    res = read_json_object(out)
     if res is None:
         raise FileNotFoundError(f"{out}: no results JSON to stamp (the run did not write one)")
     res.setdefault("provenance", {})["code_fingerprint"] = fingerprint
@@ -187,7 +179,7 @@ def adopt(src_root: Path, profile: str, names: Sequence[str], fingerprint: str,
     src_res = Path(src_root) / "reports" / profile / "results" / group
     files = []
     for name in names:
-        if _read_json(src_res / f"{name}.json") is None:
+        if read_json_object(src_res / f"{name}.json") is None:
             raise ValueError(f"{name}: no results JSON in {src_res}: the run has not finished there")
         code = src_ck / f"{name}.code"
         stamp = code.read_text().strip() if code.exists() else None
@@ -217,7 +209,7 @@ def compare_results(src_dir: Path, dest_dir: Path, names: Sequence[str]) -> list
     (trained there) in any of :data:`COMPARED`: one line per difference (empty: the same numbers)."""
     out = []
     for name in names:
-        a, b = _read_json(Path(src_dir) / f"{name}.json"), _read_json(Path(dest_dir) / f"{name}.json")
+        a, b = read_json_object(Path(src_dir) / f"{name}.json"), read_json_object(Path(dest_dir) / f"{name}.json")
         if a is None or b is None:
             out.append(f"{name}: results missing in {src_dir if a is None else dest_dir}")
             continue

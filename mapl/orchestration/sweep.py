@@ -44,7 +44,7 @@ from .progress import LAUNCH_OVERHEAD_S, GroupClock, StepProgress, emit, estimat
 
 __all__ = ["LAUNCHERS", "LauncherConfig", "Job", "group_names", "group_specs", "launcher_config", "run_name", "measured_text",
            "failure_summary", "spec_config", "check_params", "plan_group", "estimate_text", "results_dir",
-           "check_names", "launch_args", "prepare_data", "status_table", "stage_table",
+           "check_names", "checkpoint_path", "launch_args", "prepare_data", "status_table", "stage_table",
            "run_many", "write_stamp"]
 
 LAUNCHERS = ("pool", "accelerate", "torchrun")
@@ -175,7 +175,14 @@ def check_params(params: dict | None = None) -> str:
                     raise ConfigError(f"profiles.{profile}.groups.{group}[{i}] ({spec}): {e}") from None
                 runs += 1
         check_names(profile, params)
+        from .frozen_trunk import settings as frozen_trunk_settings      # it builds on this module
+        frozen_trunk_settings(profile, params)
     return f"params.yaml: {len(profiles)} profiles, {runs} runs in their groups, every setting valid"
+
+
+def checkpoint_path(profile: str, name: str) -> Path:
+    """Where run ``name`` of ``profile`` keeps its checkpoint (git-ignored; shared by every group)."""
+    return PROJECT_ROOT / "checkpoints" / profile / f"{name}.pt"
 
 
 def plan_group(profile: str, specs: list[dict], out_dir: Path, params: dict | None = None,
@@ -189,7 +196,7 @@ def plan_group(profile: str, specs: list[dict], out_dir: Path, params: dict | No
         # spec is checked before any work starts
         cfg = spec_config(profile, spec, params).validate()
         out = Path(out_dir) / f"{cfg.name()}.json"
-        ckpt = PROJECT_ROOT / "checkpoints" / profile / f"{cfg.name()}.pt"
+        ckpt = checkpoint_path(profile, cfg.name())
         action, step = reuse.decide(cfg, out, ckpt, fingerprint, log)
         jobs.append(Job(k, len(specs), cfg, spec, out, ckpt, action, step))
     return jobs

@@ -32,6 +32,7 @@ from .claims import *
 from .controls import *
 from .data_stats import *
 from .figures import *
+from .frozen import *
 from .metrics import *
 from .paper import *
 from .plots import *
@@ -45,6 +46,6 @@ from .tables import *
 from .ttt import *
 
 # (the functions ``metrics`` and ``style`` shadow their modules here: read the modules from sys.modules)
-_MODULES = ("rows", "stats", "paper", "style", "table", "tables", "studies", "controls", "claims", "figures", "plots", "ttt",
-            "metrics", "render", "data_stats")
+_MODULES = ("rows", "stats", "paper", "style", "table", "tables", "studies", "controls", "frozen", "claims", "figures",
+            "plots", "ttt", "metrics", "render", "data_stats")
 __all__ = [name for mod in _MODULES for name in sys.modules[f"{__name__}.{mod}"].__all__]

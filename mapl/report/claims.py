@@ -21,6 +21,7 @@ from . import paper
 from .rows import main_model
 from .stats import paired, summarize, t_interval
 from .controls import study_comparison
+from .frozen import frozen_comparison
 from .studies import comparisons, headline_summaries, tested_comparisons, width_points
 from .style import variant_label
 from .table import DASH, Table, fmt_ci, fmt_int, fmt_pct
@@ -84,10 +85,12 @@ def _comparison_cell(c: dict | None) -> str:
             f"{fmt_int(c['a']['steps'])} steps)")
 
 
-def claims(rows: Sequence[dict], corpus_rows: Sequence[dict] | None = None) -> list[dict]:
+def claims(rows: Sequence[dict], corpus_rows: Sequence[dict] | None = None,
+           frozen_rows: Sequence[dict] | None = None) -> list[dict]:
     """The ledger's rows: ``claim``, ``paper``, ``ours``, ``verdict``, ``reason``, ``table``. ``corpus_rows``:
     the rows with the other corpus's groups too (:func:`mapl.report.rows.select` ``other_corpus``), for the
-    corpus study's row (without them: not run)."""
+    corpus study's row; ``frozen_rows``: the frozen-trunk study's runs (:func:`mapl.report.frozen.load_frozen`),
+    for its row (without them: not run)."""
     sums = headline_summaries(rows)
     tested = tested_comparisons(comparisons(sums))
     out = []
@@ -120,6 +123,10 @@ def claims(rows: Sequence[dict], corpus_rows: Sequence[dict] | None = None) -> l
     out.append(_order_claim("a learned subspace (SPEL) beats a fixed random one (at the ablation's 4×)",
                             _paper_pair("projector_ablation", "fixed", "spel", "fixed", "learned", "App. C"),
                             "fixed − MAPL", study_comparison(rows, "learned_fixed_4x"), "learned-fixed-4x.md"))
+    out.append(_order_claim("a learned subspace (SPEL) beats a fixed random one on a trained, frozen trunk (no "
+                            "co-adaptation: only A_p and the anchors train)",
+                            "implied by App. C (measured there under joint training)",
+                            "fixed − SPEL, frozen trunk", frozen_comparison(frozen_rows or []), "frozen-trunk-paired.md"))
 
     rvq_max = paper.paper_value("abstract", "delta_pct_max", method="mapl-rvq")
     s, m = _summary(sums, "mapl-rvq-scaled") or _summary(sums, "mapl-rvq"), _summary(sums, "mapl")
@@ -204,9 +211,11 @@ def _param_span(rows: Sequence[dict]) -> str:
     return f"{min(counts) / 1e6:.2f}-{max(counts) / 1e6:.2f}M"
 
 
-def claims_table(rows: Sequence[dict], corpus_rows: Sequence[dict] | None = None) -> Table:
-    """The ledger as a table (``claims.md``), first in the report and the README (``corpus_rows``: :func:`claims`)."""
-    ledger = claims(rows, corpus_rows)
+def claims_table(rows: Sequence[dict], corpus_rows: Sequence[dict] | None = None,
+                 frozen_rows: Sequence[dict] | None = None) -> Table:
+    """The ledger as a table (``claims.md``), first in the report and the README (``corpus_rows``,
+    ``frozen_rows``: :func:`claims`)."""
+    ledger = claims(rows, corpus_rows, frozen_rows)
     header = ["paper's claim", "paper", "ours (table)", "verdict", "why"]
     body = [[c["claim"], c["paper"], f"{c['ours']} ({c['table']})", c["verdict"], c["reason"]] for c in ledger]
     counts = {v: sum(c["verdict"] == v for c in ledger) for v in VERDICTS}

@@ -1,0 +1,140 @@
+"""Issue 26's frozen-trunk study (:mod:`mapl.orchestration.frozen_trunk`): a trained uncompressed model frozen,
+MAPL's boundaries inserted, only A_p and the anchors trained, with SPEL, a fixed random basis and the
+unconstrained projector. Its results are ``reports/<profile>/frozen-trunk/frozen-*.json``; here they become
+a table, a paired table (fixed − SPEL and unconstrained − SPEL: one exploratory family, Holm), a figure
+and a row of the claims ledger. Δ% is each run's validation loss against its own trunk's, per seed.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Sequence
+
+from .controls import study_comparisons, tested_family
+from .stats import t_interval
+from .table import DASH, Table, fmt, fmt_ci, fmt_int, fmt_pm
+
+__all__ = ["FROZEN_PROJECTORS", "FROZEN_COMPARISONS", "load_frozen", "frozen_summaries", "frozen_comparison",
+           "frozen_table", "frozen_paired_table", "frozen_plot"]
+
+FROZEN_PROJECTORS = ("spel", "fixed", "unconstrained")
+NAMES = {"spel": "SPEL (learned)", "fixed": "fixed random basis", "unconstrained": "unconstrained (learned)"}
+# (A, B, what the difference isolates), read A − B (positive: B ahead)
+FROZEN_COMPARISONS = (("fixed", "spel", "learning the subspace, without co-adaptation"),
+                      ("unconstrained", "spel", "the Stiefel constraint, without co-adaptation"))
+NO_RUNS = "the frozen-trunk study has not run for this profile (DVC stage frozen_trunk)."
+
+
+def load_frozen(root: str | Path, profile: str) -> list[dict]:
+    """Every boundary run of the profile's study, sorted by seed, then projector; empty when it has not run."""
+    rows = []
+    for path in sorted((Path(root) / "reports" / profile / "frozen-trunk").glob("frozen-*.json")):
+        res = json.loads(path.read_text())
+        if isinstance(res, dict) and "val_loss" in res and "trunk" in res:
+            rows.append(res)
+    order = {p: i for i, p in enumerate(FROZEN_PROJECTORS)}
+    return sorted(rows, key=lambda r: (r["seed"], order.get(r["projector"], 99), r["run"]))
+
+
+def _spread(xs: Sequence[float]) -> float | None:
+    return statistics.stdev(xs) if len(xs) > 1 else None
+
+
+def frozen_summaries(runs: Sequence[dict]) -> dict[str, dict]:
+    """projector -> ``variant``, ``name``, ``steps``, ``ratio``, ``seeds``, ``deltas`` (seed -> Δ% against the
+    seed's trunk), their mean and std, the mean losses before and after, and the trainable parameters."""
+    out = {}
+    for proj in FROZEN_PROJECTORS:
+        mine = [r for r in runs if r["projector"] == proj]
+        if not mine:
+            continue
+        deltas = {r["seed"]: r["delta_pct"] for r in mine}
+        out[proj] = {"variant": f"frozen-{proj}", "name": proj, "steps": mine[0]["steps"], "ratio": mine[0]["ratio"],
+                     "seeds": sorted(deltas), "deltas": deltas, "n": len(deltas),
+                     "delta_pct": statistics.fmean(deltas.values()), "delta_std": _spread(list(deltas.values())),
+                     "val_before": statistics.fmean(r["val_before"] for r in mine),
+                     "val_loss": statistics.fmean(r["val_loss"] for r in mine),
+                     "val_loss_std": _spread([r["val_loss"] for r in mine]),
+                     "trunk_loss": statistics.fmean(r["trunk"]["val_loss"] for r in mine),
+                     "trunk_steps": mine[0]["trunk"].get("steps"), "trunk": mine[0]["trunk"]["run"],
+                     "trainable_params": mine[0]["trainable_params"]}
+    return out
+
+
+def _comparisons(runs: Sequence[dict]) -> list[dict]:
+    return tested_family(study_comparisons(frozen_summaries(runs), FROZEN_COMPARISONS))
+
+
+def frozen_comparison(runs: Sequence[dict]) -> dict | None:
+    """fixed − SPEL on the frozen trunk, at its Holm-adjusted level (the claims ledger's row); None without runs."""
+    return next((c for c in _comparisons(runs) if c["a"]["name"] == "fixed"), None)
+
+
+def frozen_table(runs: Sequence[dict]) -> Table:
+    """One row per projector: what trains, the losses before and after, Δ% against the trunk with its interval."""
+    sums = frozen_summaries(runs)
+    header = ["projector", "ratio", "trainable params", "steps", "seeds", "trunk val loss", "val loss before",
+              "val loss after", "Δ% vs trunk", "Δ% 95% CI"]
+    body = [[NAMES[p], f"{s['ratio']:g}×", fmt_int(s["trainable_params"]), fmt_int(s["steps"]),
+             ",".join(map(str, s["seeds"])), fmt(s["trunk_loss"], 4), fmt(s["val_before"], 4),
+             fmt_pm(s["val_loss"], s["val_loss_std"]), fmt_pm(s["delta_pct"], s["delta_std"], 2, pct=True),
+             fmt_ci(t_interval(list(s["deltas"].values())))] for p, s in sums.items()]
+    trunk = next(iter(sums.values()), None)
+    caption = ("A trained uncompressed model (the trunk, one per seed: "
+               f"{trunk['trunk'] if trunk else DASH} and its seeds) frozen; MAPL's boundaries inserted and only the "
+               "projectors A_p and the anchors trained (the fixed basis: the anchors only). Δ% against the trunk's own "
+               "validation loss; val loss before: the inserted boundaries untrained.")
+    takeaway = ("; ".join(f"{NAMES[p]} {fmt_pm(s['delta_pct'], s['delta_std'], 2, pct=True)} (n = {s['n']})"
+                          for p, s in sums.items()) + "." if body else NO_RUNS)
+    return Table("frozen-trunk", "When does learning the subspace pay? Boundaries on a frozen trunk", header, body,
+                 caption, takeaway)
+
+
+def frozen_paired_table(runs: Sequence[dict]) -> Table:
+    comps = _comparisons(runs)
+    header = ["comparison (A − B)", "isolates", "seeds", "per-seed A − B (points)", "mean ± std", "CI (level)",
+              "Holm p", "reading"]
+
+    def reading(c):
+        if c["ci"] is None:
+            return DASH
+        if c["ci"][0] > 0 or c["ci"][1] < 0:
+            return f"{NAMES[c['b']['name'] if c['mean'] > 0 else c['a']['name']]} ahead"
+        return "not resolved"
+
+    body = [[f"{NAMES[c['a']['name']]} − {NAMES[c['b']['name']]}", c["what"], ",".join(map(str, c["seeds"])),
+             ", ".join(f"{d:+.2f}" for d in c["diffs"]), fmt_pm(c["mean"], c["std"], 2),
+             fmt_ci(c["ci"]) + (f" ({100 * c['level']:.1f}%)" if c["ci"] else ""),
+             DASH if c["p_adj"] is None else f"{c['p_adj']:.3f}", reading(c)] for c in comps]
+    caption = ("Differences of Δ% on the same seed and trunk (positive: B ahead); the two are one exploratory "
+               "family, each interval at its Holm-adjusted level.")
+    takeaway = ("; ".join(f"{NAMES[c['a']['name']]} − {NAMES[c['b']['name']]}: {c['mean']:+.2f} points "
+                          f"{fmt_ci(c['ci'])}, {reading(c)}" for c in comps) + "." if comps else NO_RUNS)
+    return Table("frozen-trunk-paired", "Frozen trunk: paired comparisons", header, body, caption, takeaway)
+
+
+def frozen_plot(runs: Sequence[dict]):
+    """Validation loss against boundary-training step, mean over seeds, one line per projector, the trunk's
+    loss as a dotted line."""
+    from .figures import empty_note, new_figure
+    from .plots import Plot
+    fig, (ax,) = new_figure(1, width=6.0, height=3.8)
+    caption = ("Validation loss while only the boundaries train on the frozen trunk (mean over seeds; step 0: "
+               "boundaries inserted, untrained); dotted: the trunk itself, uncompressed.")
+    sums = frozen_summaries(runs)
+    if not sums:
+        empty_note(ax, "the frozen-trunk study has not run")
+        return Plot("frozen-trunk", caption, NO_RUNS, fig, empty=True)
+    for proj in sums:
+        mine = [r for r in runs if r["projector"] == proj]
+        steps = [0] + [s for s, _ in mine[0]["val_loss_curve"]]
+        curves = [[r["val_before"]] + [v for _, v in r["val_loss_curve"]] for r in mine]
+        ax.plot(steps, [statistics.fmean(vals) for vals in zip(*curves)], marker="o", label=NAMES[proj])
+    ax.axhline(next(iter(sums.values()))["trunk_loss"], color="0.3", linestyle=":", linewidth=1, label="trunk")
+    ax.set_xlabel("boundary-training step")
+    ax.set_ylabel("validation loss")
+    ax.legend(fontsize=8)
+    best = min(sums.values(), key=lambda s: s["delta_pct"])
+    takeaway = f"lowest mean Δ% after {fmt_int(best['steps'])} steps: {NAMES[best['name']]} ({best['delta_pct']:+.2f} %)."
+    return Plot("frozen-trunk", caption, takeaway, fig)
