@@ -34,7 +34,7 @@ from ..core.fingerprint import code_fingerprint
 from . import sweep
 
 __all__ = ["STUDIED", "TRAINABLE", "FrozenTrunkSettings", "settings", "study_dir", "trunk_configs",
-           "boundary_config", "current", "frozen_engine", "train_frozen", "run_study"]
+           "boundary_config", "study_fingerprint", "current", "frozen_engine", "train_frozen", "run_study"]
 
 STUDIED = ("spel", "fixed", "unconstrained")
 TRAINABLE = ("boundaries.", "anchors.")          # what trains on the frozen trunk
@@ -109,6 +109,14 @@ def boundary_config(profile: str, st: FrozenTrunkSettings, seed: int, projector:
         raise ConfigError(f"frozen_trunk.{profile}.boundaries: model, stages and data must be the trunk's "
                           f"({trunk.name()}): the boundaries are inserted into it")
     return replace(cfg, run_name=f"frozen-{cfg.name()}")
+
+
+def study_fingerprint() -> str:
+    """The training code's fingerprint and this module's content (its loop computes the boundary runs' numbers,
+    and orchestration is not among the fingerprinted sources): a boundary run is current only under both."""
+    import hashlib
+    own = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
+    return f"{code_fingerprint()}+{own}"
 
 
 def current(out: Path, cfg: RunConfig, trunk: RunConfig, fingerprint: str) -> bool:
@@ -212,7 +220,7 @@ def run_study(profile: str, params: dict | None = None, root: Path = PROJECT_ROO
         (out_dir / ".gitkeep").write_text("")
         log(f"frozen_trunk.{profile} has no seeds: nothing to run")
         return []
-    fingerprint = code_fingerprint()
+    fingerprint = study_fingerprint()
     trunks = _trunks(profile, st, params, root, log)
     tasks, status = [], []
     for seed, (tcfg, tckpt, tval) in zip(st.seeds, trunks):
