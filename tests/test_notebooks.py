@@ -319,3 +319,11 @@ def test_every_profile_has_the_params_the_train_stage_reads():
                 node = node[part]
             if "${item}" in key:
                 assert set(node) == set(GROUPS), f"profiles.{profile}.groups"
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_committed_notebook_cell_ids_are_unique(name):
+    """nbformat 'corrects' a repeated cell id to a random one on every execution (a warning, and executed copies
+    that differ run to run)."""
+    ids = [c.get("id") for c in json.loads((ROOT / "notebooks" / f"{name}.ipynb").read_text())["cells"]]
+    assert len(ids) == len(set(ids))
