@@ -19,7 +19,7 @@ from mapl.core.config import load_params
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ("data", "train", "frozen_trunk", "report", "when_it_pays")
 GROUPS = ["main", "seeds", "ablations", "long", "long_rvq", "long_fixed", "longer", "tokens", "width", "rvq_sync",
-          "rvq_scaled", "lr_check", "tune", "tune2", "decompose", "learned_fixed_4x", "corpus", "blocks"]
+          "rvq_scaled", "lr_check", "tune", "tune2", "decompose", "decompose_capacity", "learned_fixed_4x", "corpus", "blocks"]
 DVC = yaml.safe_load((ROOT / "dvc.yaml").read_text())
 VALIDATED = "reports/params-valid.txt"      # the validate stage's stamp: every other stage depends on it
 # modules a training run imports that cannot change its numbers (so they are not training sources)

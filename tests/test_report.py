@@ -530,6 +530,10 @@ def test_decomposition_isolates_each_ingredient_against_the_headlines_own_runs()
     # one exploratory family: seven Holm levels, the strictest 1 - 0.05/7
     levels = sorted(float(c[5].split("(")[1].rstrip("%)")) for c in comps.values())
     assert levels[-1] == pytest.approx(100 * (1 - 0.05 / 7), abs=0.05)
+    # before decompose_capacity lands (no "+ anchors" uncompressed, no widened SSN) the family is still seven
+    partial = [r for r in rows if r["variant"] != "none-anchor-factorized" and not r["model"].endswith("]")]
+    partial_levels = [float(c[5].split("(")[1].rstrip("%)")) for c in R.decomposition_paired_table(partial).body]
+    assert len(partial_levels) == 5 and max(partial_levels) == pytest.approx(100 * (1 - 0.05 / 7), abs=0.05)
     ledger = {c["claim"]: c for c in R.claims(rows)}
     row = ledger["MAPL's lead over SSN is more than its anchors (SSN given MAPL's anchors still trails)"]
     assert row["verdict"] == "reproduced" and row["ours"].startswith("SSN + anchors − MAPL: +")

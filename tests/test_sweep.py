@@ -19,7 +19,7 @@ from mapl.train import config_from_args, parse_args
 PARAMS = load_params()
 ROOT = Path(__file__).resolve().parents[1]
 GROUPS = ["main", "seeds", "ablations", "long", "long_rvq", "long_fixed", "longer", "tokens", "width", "rvq_sync",
-          "rvq_scaled", "lr_check", "tune", "tune2", "decompose", "learned_fixed_4x", "corpus", "blocks"]
+          "rvq_scaled", "lr_check", "tune", "tune2", "decompose", "decompose_capacity", "learned_fixed_4x", "corpus", "blocks"]
 
 
 def cfgs(group, profile="cpu"):
@@ -37,7 +37,7 @@ def test_cpu_groups_are_the_planned_grid():
     assert sizes == {"main": 11, "seeds": 16, "ablations": 5, "long": 24, "long_rvq": 8, "long_fixed": 8, "longer": 0,
                      "tokens": 6, "width": 6,
                      "rvq_sync": 2, "rvq_scaled": 0, "lr_check": 9, "tune": 12, "tune2": 11,
-                     "decompose": 21, "learned_fixed_4x": 16, "corpus": 9, "blocks": 10}
+                     "decompose": 15, "decompose_capacity": 6, "learned_fixed_4x": 16, "corpus": 9, "blocks": 10}
     main = {c.name() for c in cfgs("main")}
     assert {"tiny-P4-none-s0", "tiny-P4-int8-s0", "tiny-P4-ssn-8x-s0", "tiny-P4-mapl-16x-s0", "tiny-P4-mapl-rvq-4x-s0"} <= main
     assert {c.name().replace("-s1", "-s0") for c in cfgs("seeds")} == main | {c.name() for c in cfgs("ablations")}
@@ -62,8 +62,9 @@ def test_cpu_groups_are_the_planned_grid():
     # issue 26: the decomposition reuses long's none/SSN/MAPL runs of seeds 0-2 (same names, same configs)
     dec = {c.name() for c in cfgs("decompose")}
     assert {c.name() for c in cfgs("long") if c.train.seed < 3} <= dec
-    assert {"tiny-P4-ssn-8x-anchor-factorized-3000steps-s2", "tiny-P4-mapl-8x-proj-fixed-shared-3000steps-s2",
-            "tiny-P4-none-anchor-factorized-ar16-3000steps-s2", "tiny-P4-ssn-8x-anchor-factorized-f724-3000steps-s2"} <= dec
+    assert {"tiny-P4-ssn-8x-anchor-factorized-3000steps-s2", "tiny-P4-mapl-8x-proj-fixed-shared-3000steps-s2"} <= dec
+    assert {c.name() for c in cfgs("decompose_capacity")} == {f"tiny-P4-{v}-3000steps-s{s}" for s in range(3) for v in (
+        "none-anchor-factorized-ar16", "ssn-8x-anchor-factorized-f724")}
     lf = cfgs("learned_fixed_4x")
     assert {(c.compressor.ratio, c.compressor.resolved().projector.kind) for c in lf} == {(4, "spel"), (4, "fixed")}
     assert {c.train.seed for c in lf} == set(range(8)) and {c.train.steps for c in lf} == {3000}

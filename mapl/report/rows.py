@@ -48,7 +48,8 @@ __all__ = ["GROUP_ORDER", "TUNING_GROUPS", "OTHER_CORPUS_GROUPS", "STUDY_OF_GROU
 # groups whose runs exist to choose settings (scored on the selection set), never pooled into a result
 TUNING_GROUPS = ("tune", "tune2", "lr_check")
 GROUP_ORDER = ("main", "seeds", "ablations", "long", "long_rvq", "long_fixed", "longer", "tokens", "width",
-               "rvq_sync", "rvq_scaled", "lr_check", "tune", "tune2", "decompose", "learned_fixed_4x", "corpus", "blocks")
+               "rvq_sync", "rvq_scaled", "lr_check", "tune", "tune2", "decompose", "decompose_capacity", "learned_fixed_4x",
+               "corpus", "blocks")
 METHOD_ORDER = ("none", "int8", "ssn", "mapl", "mapl-rvq")
 KEY = ("model", "stages", "method", "wire_ratio", "projector", "anchor", "anchor_rank", "rvq_sync", "rvq_scale",
        "data_source", "steps", "seed")

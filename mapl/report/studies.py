@@ -127,15 +127,19 @@ def headline_table(rows: Sequence[dict], group: str = "long") -> Table:
     return Table("headline", f"Headline at the long budget ({group} group)", header, body, caption, takeaway)
 
 
-def tested_comparisons(comps: Sequence[dict], primary: tuple | None = PRIMARY) -> list[dict]:
+def tested_comparisons(comps: Sequence[dict], primary: tuple | None = PRIMARY, family_size: int | None = None) -> list[dict]:
     """Each comparison with its tests: ``primary`` (the pre-named contrast), ``t_p``, ``wilcoxon_p``,
     ``sign_p`` (exact, two-sided) and the interval it is read with: the plain 95% t interval for the
     primary contrast, a Holm-adjusted one (``level``, ``p_adj``) for the exploratory ones. ``primary``
-    None: every comparison is exploratory (one family, as each of issue 26's studies)."""
+    None: every comparison is exploratory (one family, as each of issue 26's studies). ``family_size``: the
+    exploratory family's declared size, when some of its comparisons may be missing (counted as p = 1)."""
     out = [{**c, "primary": (c["a"]["variant"], c["b"]["variant"]) == primary, "t_p": t_test_p(c["diffs"]),
             "wilcoxon_p": wilcoxon_p(c["diffs"]), "sign_p": sign_test_p(c["diffs"])} for c in comps]
     explore = [c for c in out if not c["primary"]]
-    for c, h in zip(explore, holm([c["t_p"] for c in explore])):
+    # a family declared in advance keeps its size while some of its comparisons have no runs yet (each absent
+    # one counts as p = 1): an interval does not narrow because a group is still to be trained
+    absent = [1.0] * max(0, (family_size or 0) - len(explore))
+    for c, h in zip(explore, holm([c["t_p"] for c in explore] + absent)):
         c["p_adj"], c["level"] = h["p_adj"], h["level"]
         c["ci"] = t_interval(c["diffs"], h["level"]) if h["level"] else c["ci"]
     for c in out:
