@@ -23,7 +23,7 @@ from mapl.core.fingerprint import TRAIN_SOURCES
 
 ROOT = Path(__file__).resolve().parents[1]
 LAYERS = ["base", "data", "core", "report", "orchestration", "planning", "commands"]
-COMMANDS = {"mapl.train", "mapl.pipeline", "mapl.sweep", "mapl.workspace", "mapl.costmodel", "mapl.planner",
+COMMANDS = {"mapl.train", "mapl.pipeline", "mapl.sweep", "mapl.frozen_trunk", "mapl.workspace", "mapl.costmodel", "mapl.planner",
             "mapl.peer", "mapl.reuse", "mapl.memory", "mapl.data.cli", "mapl.data.__main__"}
 
 
