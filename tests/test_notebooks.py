@@ -18,8 +18,9 @@ from mapl.core.config import load_params
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ("data", "train", "frozen_trunk", "report", "when_it_pays")
-GROUPS = ["main", "seeds", "ablations", "long", "long_rvq", "long_fixed", "longer", "tokens", "width", "rvq_sync",
-          "rvq_scaled", "lr_check", "tune", "tune2", "decompose", "decompose_capacity", "learned_fixed_4x", "corpus", "blocks"]
+GROUPS = ["first", "main", "seeds", "ablations", "long", "long_rvq", "long_fixed", "longer", "tokens", "width", "rvq_sync",
+          "rvq_scaled", "lr_check", "tune", "tune2", "decompose", "decompose_capacity", "learned_fixed_4x",
+          "learned_fixed_4x_b", "corpus", "blocks", "blocks_b"]
 DVC = yaml.safe_load((ROOT / "dvc.yaml").read_text())
 VALIDATED = "reports/params-valid.txt"      # the validate stage's stamp: every other stage depends on it
 # modules a training run imports that cannot change its numbers (so they are not training sources)
@@ -71,8 +72,11 @@ def test_smoke_runs_every_stage_into_the_micro_folders(smoke):
     for stage in ["prepare", *(f"train@{g}" for g in GROUPS), "frozen_trunk", "report", "plan"]:
         assert f"Running stage '{stage}'" in log, stage
     assert "Running stage 'plan-paper'" not in log
-    assert f"group main (1 of {len(GROUPS)} groups): 4 run(s): 0 current" in log
-    assert "run 1 of 4 micro-P2-none-s0 step 20/20 loss" in log
+    # group first trains two of main's runs; main copies them and trains the other two
+    assert f"group first (1 of {len(GROUPS)} groups): 2 run(s): 0 current, 0 copied" in log
+    assert "run 1 of 2 micro-P2-none-s0 step 20/20 loss" in log
+    assert f"group main (2 of {len(GROUPS)} groups): 4 run(s): 0 current, 2 copied" in log
+    assert "run 3 of 4 micro-P2-mapl-4x-s0 step 20/20 loss" in log
     stamp = json.loads((dest / "data" / "micro.manifest.json").read_text())
     assert stamp["profile"] == "micro" and (dest / stamp["data_dir"] / "manifest.json").exists()
     out = dest / "reports" / "micro"
@@ -89,7 +93,10 @@ def test_smoke_runs_every_stage_into_the_micro_folders(smoke):
         checked = _checked_text(nb)
         assert checked and str(dest) not in checked, f"{nb.name}: a checked cell prints an absolute path"
     train_main = _text(out / "notebooks" / "train-main.ipynb")
-    assert "step 20/20" not in train_main and "| 1 | micro-P2-none-s0 | trained |" in train_main   # progress cleared
+    assert "step 20/20" not in train_main and "| 3 | micro-P2-mapl-4x-s0 | trained |" in train_main   # progress cleared
+    assert "| 1 | micro-P2-none-s0 | copied" in train_main
+    assert (out / "results" / "first" / "micro-P2-none-s0.json").read_bytes() == (
+        out / "results" / "main" / "micro-P2-none-s0.json").read_bytes()
     assert "nothing to train" in _text(out / "notebooks" / "train-longer.ipynb")
     assert (out / "metrics.json").exists() and list((out / "figures").glob("*.png")) and list((out / "tables").glob("*.md"))
     plan = _checked_text(out / "notebooks" / "when_it_pays.ipynb")       # FLOP-based: no step measurement of micro

@@ -98,6 +98,8 @@ def tree(tmp_path):
         for r in rs:
             write(base, g, r)
     write(base, "tokens", {**groups["main"][0], "run": "zz-dup"})                   # same config: main keeps it
+    for r in groups["main"][:3]:                       # group first: main's first runs, copied (params.yaml)
+        write(base, "first", r)
     write(base, "", {**groups["main"][5], "run": "adhoc-lr", "val_loss": 9.9})      # ad hoc, same key: main wins
     write(base, "main", result("mapl", 8, loss=9.0, model="micro", profile="micro", name="micro-x"))
     (base / "main" / ".gitkeep").write_text("")
@@ -196,6 +198,15 @@ def test_headline_variants_are_read_as_one_study(rows):
     assert {r["variant"] for r in long} == {"none", "ssn", "mapl", "mapl-fixed", "mapl-rvq"}
     assert not [r for r in rows if r["group"] in ("long_rvq", "long_fixed")]
     assert {s["variant"] for s in R.headline_summaries(rows)} == {"none", "ssn", "mapl", "mapl-fixed", "mapl-rvq"}
+
+
+def test_group_first_is_read_as_main_and_counted_once(tree, rows):
+    """Group first trains three of main's runs for a table in minutes; main copies them: one row each."""
+    assert (R.results_dir("cpu", tree) / "first").is_dir() and not [r for r in rows if r["group"] == "first"]
+    main = [r["run"] for r in rows if r["group"] == "main" and r["model"] == "tiny"]
+    assert len(main) == len(set(main)) == len(_groups()["main"])
+    everything = R.load_results(tree, R.results_dir("cpu"), dedupe=False)      # same study, same run: one row
+    assert sum(r["run"] == _groups()["main"][0]["run"] for r in everything) == 1
 
 
 def test_budgets_and_summaries(rows):

@@ -18,8 +18,9 @@ from mapl.train import config_from_args, parse_args
 
 PARAMS = load_params()
 ROOT = Path(__file__).resolve().parents[1]
-GROUPS = ["main", "seeds", "ablations", "long", "long_rvq", "long_fixed", "longer", "tokens", "width", "rvq_sync",
-          "rvq_scaled", "lr_check", "tune", "tune2", "decompose", "decompose_capacity", "learned_fixed_4x", "corpus", "blocks"]
+GROUPS = ["first", "main", "seeds", "ablations", "long", "long_rvq", "long_fixed", "longer", "tokens", "width", "rvq_sync",
+          "rvq_scaled", "lr_check", "tune", "tune2", "decompose", "decompose_capacity", "learned_fixed_4x",
+          "learned_fixed_4x_b", "corpus", "blocks", "blocks_b"]
 
 
 def cfgs(group, profile="cpu"):
@@ -34,11 +35,16 @@ def test_every_profile_lists_every_group():
 @pytest.mark.slow
 def test_cpu_groups_are_the_planned_grid():
     sizes = {g: len(cfgs(g)) for g in GROUPS}
-    assert sizes == {"main": 11, "seeds": 16, "ablations": 5, "long": 24, "long_rvq": 8, "long_fixed": 8, "longer": 0,
+    assert sizes == {"first": 3, "main": 11, "seeds": 16, "ablations": 5, "long": 24, "long_rvq": 8, "long_fixed": 8, "longer": 0,
                      "tokens": 6, "width": 6,
                      "rvq_sync": 2, "rvq_scaled": 0, "lr_check": 9, "tune": 12, "tune2": 11,
-                     "decompose": 15, "decompose_capacity": 6, "learned_fixed_4x": 16, "corpus": 9, "blocks": 10}
+                     "decompose": 15, "decompose_capacity": 6, "learned_fixed_4x": 8, "learned_fixed_4x_b": 8, "corpus": 9,
+                     "blocks": 5, "blocks_b": 5}
     main = {c.name() for c in cfgs("main")}
+    # the first table: three of main's runs with the same configs, so main copies them
+    assert [(c.name(), config_hash(c.validate())) for c in cfgs("first")] == [
+        (c.name(), config_hash(c.validate())) for c in cfgs("main") if c.name() in
+        {"tiny-P4-none-s0", "tiny-P4-ssn-8x-s0", "tiny-P4-mapl-8x-s0"}]
     assert {"tiny-P4-none-s0", "tiny-P4-int8-s0", "tiny-P4-ssn-8x-s0", "tiny-P4-mapl-16x-s0", "tiny-P4-mapl-rvq-4x-s0"} <= main
     assert {c.name().replace("-s1", "-s0") for c in cfgs("seeds")} == main | {c.name() for c in cfgs("ablations")}
     long, rvq, fixed = cfgs("long"), cfgs("long_rvq"), cfgs("long_fixed")
@@ -65,11 +71,13 @@ def test_cpu_groups_are_the_planned_grid():
     assert {"tiny-P4-ssn-8x-anchor-factorized-3000steps-s2", "tiny-P4-mapl-8x-proj-fixed-shared-3000steps-s2"} <= dec
     assert {c.name() for c in cfgs("decompose_capacity")} == {f"tiny-P4-{v}-3000steps-s{s}" for s in range(3) for v in (
         "none-anchor-factorized-ar16", "ssn-8x-anchor-factorized-f724")}
-    lf = cfgs("learned_fixed_4x")
+    lf = cfgs("learned_fixed_4x") + cfgs("learned_fixed_4x_b")       # one study in two groups, seeds 0-3 and 4-7
     assert {(c.compressor.ratio, c.compressor.resolved().projector.kind) for c in lf} == {(4, "spel"), (4, "fixed")}
     assert {c.train.seed for c in lf} == set(range(8)) and {c.train.steps for c in lf} == {3000}
+    assert {c.train.seed for c in cfgs("learned_fixed_4x")} == set(range(4))
     assert {c.data.source for c in cfgs("corpus")} == {"sympy-code"} and len({c.train.seed for c in cfgs("corpus")}) == 3
-    blocks = cfgs("blocks")
+    blocks = cfgs("blocks") + cfgs("blocks_b")                        # one study in two groups, seed 0 and seed 1
+    assert {c.train.seed for c in cfgs("blocks")} == {0}
     assert {(c.model, c.stages) for c in blocks} == {("mini", 4), ("mini", 8)} and {c.train.seed for c in blocks} == {0, 1}
     assert {c.compressor.method for c in blocks if c.stages == 8} == {"ssn", "mapl"}
     # one evaluation protocol for every group: the whole split, selection on the odd windows

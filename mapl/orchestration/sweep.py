@@ -212,6 +212,7 @@ def estimate_text(profile: str, params: dict | None = None) -> str:
     how = f"{workers} side by side" if launcher.kind == "pool" else "one launch at a time"
     lines, total = [f"profile {profile}: launcher {launcher.kind}"], 0.0
     trained: set[tuple[str, str]] = set()       # (name, config hash) of the runs of earlier groups
+    width = max(map(len, group_names(profile, params)), default=0)
     for group in group_names(profile, params):
         cfgs = [spec_config(profile, s, params) for s in group_specs(profile, group, params)]
         keys = [(c.name(), config_hash(c.validate())) for c in cfgs]
@@ -223,7 +224,7 @@ def estimate_text(profile: str, params: dict | None = None) -> str:
         total += wall
         measured = measured_text(cfgs, results_dir(profile, group))
         shared = f", {len(cfgs) - len(own)} copied from earlier groups" if len(own) < len(cfgs) else ""
-        lines.append(f"  {group:<16} {len(cfgs):>3} run(s)  about {hms(wall):>7} ({how}{shared})"
+        lines.append(f"  {group:<{width}} {len(cfgs):>3} run(s)  about {hms(wall):>7} ({how}{shared})"
                      + (f"; {measured}" if measured else ""))
     lines.append(f"  total about {hms(total)} (quiet machine; `threads: 1` per run)")
     return "\n".join(lines)

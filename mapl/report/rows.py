@@ -47,9 +47,9 @@ __all__ = ["GROUP_ORDER", "TUNING_GROUPS", "OTHER_CORPUS_GROUPS", "STUDY_OF_GROU
 # where a configuration appears in two groups, the first group here keeps it (the others are dropped)
 # groups whose runs exist to choose settings (scored on the selection set), never pooled into a result
 TUNING_GROUPS = ("tune", "tune2", "lr_check")
-GROUP_ORDER = ("main", "seeds", "ablations", "long", "long_rvq", "long_fixed", "longer", "tokens", "width",
+GROUP_ORDER = ("main", "first", "seeds", "ablations", "long", "long_rvq", "long_fixed", "longer", "tokens", "width",
                "rvq_sync", "rvq_scaled", "lr_check", "tune", "tune2", "decompose", "decompose_capacity", "learned_fixed_4x",
-               "corpus", "blocks")
+               "learned_fixed_4x_b", "corpus", "blocks", "blocks_b")
 METHOD_ORDER = ("none", "int8", "ssn", "mapl", "mapl-rvq")
 KEY = ("model", "stages", "method", "wire_ratio", "projector", "anchor", "anchor_rank", "rvq_sync", "rvq_scale",
        "data_source", "steps", "seed")
@@ -58,7 +58,10 @@ OTHER_CORPUS_GROUPS = ("corpus",)
 # A DVC group is a unit of compute, a study a unit of analysis. The headline's two variants (MAPL+VQ,
 # the fixed projector) each train in a stage of their own so that each result lands as soon as its runs
 # are done; every table reads them with the primary contrast (none, SSN, MAPL: group long) as one study.
-STUDY_OF_GROUP = {"long_rvq": "long", "long_fixed": "long"}
+# Group first holds three of main's runs, trained first for a table in minutes (main copies them): they are main's.
+# Issue 26's two long studies are split by seed into groups that each fit one session's compute.
+STUDY_OF_GROUP = {"first": "main", "long_rvq": "long", "long_fixed": "long", "learned_fixed_4x_b": "learned_fixed_4x",
+                  "blocks_b": "blocks"}
 
 
 def results_dir(profile: str, root: str | Path = "") -> Path:
