@@ -212,8 +212,9 @@ def estimate_text(profile: str, params: dict | None = None) -> str:
     how = f"{workers} side by side" if launcher.kind == "pool" else "one launch at a time"
     lines, total = [f"profile {profile}: launcher {launcher.kind}"], 0.0
     trained: set[tuple[str, str]] = set()       # (name, config hash) of the runs of earlier groups
-    width = max(map(len, group_names(profile, params)), default=0)
-    for group in group_names(profile, params):
+    names = group_names(profile, params)
+    width = max(map(len, names), default=0)
+    for group in names:
         cfgs = [spec_config(profile, s, params) for s in group_specs(profile, group, params)]
         keys = [(c.name(), config_hash(c.validate())) for c in cfgs]
         # a run an earlier group trains is copied from it (mapl.orchestration.reuse: "copied"), in no time

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from .rows import budget_steps
+from .rows import budget_steps, study_groups
 from .stats import paired, summarize, t_interval
 from .studies import gap_sentence, tested_comparisons
 from .style import fmt_ratio, variant_label
@@ -200,7 +200,7 @@ def learned_fixed_table(rows: Sequence[dict]) -> Table:
                "ratio of the paper's ablation (App. C: fixed +1.19 %, SPEL +0.84 % at 150M), paired by seed.")
     takeaway = ("; ".join(_sentence(c) for c in comps) + "." if comps else
                 NO_RUNS.format("learned_fixed_4x") if not sums else "no pair with a common seed.")
-    return Table("learned-fixed-4x", "Learned against fixed subspace at 4× (groups learned_fixed_4x and learned_fixed_4x_b)",
+    return Table("learned-fixed-4x", f"Learned against fixed subspace at 4× ({study_groups('learned_fixed_4x')})",
                  SUMMARY_HEADER, body, caption, takeaway)
 
 
@@ -284,7 +284,7 @@ def blocks_table(rows: Sequence[dict]) -> Table:
                "and numbers: P only places the blocks).")
     takeaway = ("; ".join(f"P = {c['a']['stages']}: " + _sentence(c) for c in comps) + "." if comps
                 else NO_RUNS.format("blocks"))
-    return Table("blocks", "Stages of several blocks (groups blocks and blocks_b)", SUMMARY_HEADER, body,
+    return Table("blocks", f"Stages of several blocks ({study_groups('blocks')})", SUMMARY_HEADER, body,
                  caption, takeaway)
 
 

@@ -38,18 +38,19 @@ from typing import Iterable, Sequence
 
 from ..core.config import METHODS
 
-__all__ = ["GROUP_ORDER", "TUNING_GROUPS", "OTHER_CORPUS_GROUPS", "STUDY_OF_GROUP", "METHOD_ORDER", "KEY", "ResultsError",
+__all__ = ["GROUP_ORDER", "TUNING_GROUPS", "OTHER_CORPUS_GROUPS", "STUDY_OF_GROUP", "study_groups", "METHOD_ORDER", "KEY",
+           "ResultsError",
            "results_dir",
            "row_from_result", "eval_set", "load_results", "select",
            "total_bytes_per_token", "variant_of", "is_reference", "is_default", "run_key", "group_runs", "sort_key",
            "main_model", "budget_steps", "at_best_validation", "train_split_tokens"]
 
-# where a configuration appears in two groups, the first group here keeps it (the others are dropped)
 # groups whose runs exist to choose settings (scored on the selection set), never pooled into a result
 TUNING_GROUPS = ("tune", "tune2", "lr_check")
-GROUP_ORDER = ("main", "first", "seeds", "ablations", "long", "long_rvq", "long_fixed", "longer", "tokens", "width",
-               "rvq_sync", "rvq_scaled", "lr_check", "tune", "tune2", "decompose", "decompose_capacity", "learned_fixed_4x",
-               "learned_fixed_4x_b", "corpus", "blocks", "blocks_b")
+# where a configuration appears in two studies, the first study here keeps it (the others are dropped); rows carry
+# their study (STUDY_OF_GROUP below), so a group that belongs to another study never needs a place of its own
+GROUP_ORDER = ("main", "seeds", "ablations", "long", "longer", "tokens", "width", "rvq_sync", "rvq_scaled", "lr_check",
+               "tune", "tune2", "decompose", "decompose_capacity", "learned_fixed_4x", "corpus", "blocks")
 METHOD_ORDER = ("none", "int8", "ssn", "mapl", "mapl-rvq")
 KEY = ("model", "stages", "method", "wire_ratio", "projector", "anchor", "anchor_rank", "rvq_sync", "rvq_scale",
        "data_source", "steps", "seed")
@@ -62,6 +63,12 @@ OTHER_CORPUS_GROUPS = ("corpus",)
 # Issue 26's two long studies are split by seed into groups that each fit one session's compute.
 STUDY_OF_GROUP = {"first": "main", "long_rvq": "long", "long_fixed": "long", "learned_fixed_4x_b": "learned_fixed_4x",
                   "blocks_b": "blocks"}
+
+
+def study_groups(study: str) -> str:
+    """The DVC groups of a study, for captions: "group blocks" or "groups blocks and blocks_b"."""
+    groups = [study, *(g for g, s in STUDY_OF_GROUP.items() if s == study)]
+    return f"group {study}" if len(groups) == 1 else f"groups {', '.join(groups[:-1])} and {groups[-1]}"
 
 
 def results_dir(profile: str, root: str | Path = "") -> Path:
