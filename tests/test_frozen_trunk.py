@@ -31,6 +31,7 @@ def sandbox(tmp_path, monkeypatch):
     return tmp_path
 
 
+@pytest.mark.process          # the study's spawn pool
 def test_frozen_trunk_trains_only_the_boundaries_and_anchors(tiny_corpus, sandbox, monkeypatch):
     params = _params(tiny_corpus)
     monkeypatch.setattr(sweep, "load_params", lambda: params)
