@@ -29,8 +29,8 @@ import os
 import re
 import signal
 import sys
-import threading
 import traceback
+from contextlib import contextmanager
 from typing import Callable, Sequence
 
 __all__ = ["EXIT_OK", "EXIT_BUG", "EXIT_USER_ERROR", "EXIT_PEER_FAILED", "EXIT_NON_FINITE", "EXIT_INTERRUPTED",
@@ -146,19 +146,19 @@ def run_cli(main: Callable[[list[str]], int | None], argv: Sequence[str] | None 
     return EXIT_OK if code is None else int(code)
 
 
-class _sigterm_interrupts:
-    """SIGTERM raises ``KeyboardInterrupt`` (as SIGINT does) while the block runs, in the main thread only
-    (elsewhere a handler cannot be set); the previous handler is restored after."""
-
-    def __enter__(self):
-        self.old = None
-        if threading.current_thread() is threading.main_thread():
-            self.old = signal.signal(signal.SIGTERM, _raise_interrupt)
-        return self
-
-    def __exit__(self, *exc):
-        if self.old is not None:
-            signal.signal(signal.SIGTERM, self.old)
+@contextmanager
+def _sigterm_interrupts():
+    """SIGTERM raises ``KeyboardInterrupt`` (as SIGINT does) while the block runs; the previous handler is
+    restored after. Outside the main thread no handler can be set (as in mapl.core.loop): nothing changes."""
+    try:
+        old = signal.signal(signal.SIGTERM, _raise_interrupt)
+    except ValueError:
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
 
 
 def _raise_interrupt(signum, frame):

@@ -39,9 +39,7 @@ from typing import Iterable, Sequence
 from ..core.config import METHODS
 
 __all__ = ["GROUP_ORDER", "TUNING_GROUPS", "OTHER_CORPUS_GROUPS", "STUDY_OF_GROUP", "study_groups", "METHOD_ORDER", "KEY",
-           "ResultsError",
-           "results_dir",
-           "row_from_result", "eval_set", "load_results", "select",
+           "ResultsError", "results_dir", "row_from_result", "eval_set", "load_results", "select",
            "total_bytes_per_token", "variant_of", "is_reference", "is_default", "run_key", "group_runs", "sort_key",
            "main_model", "budget_steps", "at_best_validation", "train_split_tokens"]
 
