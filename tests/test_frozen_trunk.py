@@ -31,6 +31,7 @@ def sandbox(tmp_path, monkeypatch):
     return tmp_path
 
 
+@pytest.mark.process          # the study's spawn pool
 def test_frozen_trunk_trains_only_the_boundaries_and_anchors(tiny_corpus, sandbox, monkeypatch):
     params = _params(tiny_corpus)
     monkeypatch.setattr(sweep, "load_params", lambda: params)
@@ -85,6 +86,7 @@ def test_every_profile_of_params_yaml_has_a_valid_study():
     assert ft.settings("paper", params).seeds == ()
 
 
+@pytest.mark.process          # the study's spawn pool
 def test_a_tuned_projector_runs_its_winner_on_every_seed(tiny_corpus, sandbox, monkeypatch):
     """tune.spel: the boundary spec and two step sizes on seed 0 (under tune/); the lowest selection loss wins
     (tuning.json), seed 0's final run is that candidate's file, seed 1 runs the winner; fixed is not tuned."""
