@@ -5,6 +5,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -43,6 +44,9 @@ def main(argv):
     elif kind == "sigint":
         os.kill(os.getpid(), signal.SIGINT)
         time.sleep(60)
+    elif kind == "sigterm":
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(60)
     elif kind == "bug":
         return 1 // 0
 
@@ -60,6 +64,7 @@ CASES = [
     (["peer"], {}, EXIT_PEER_FAILED, "error: recv from stage 1 failed at step 3: peer died", False),
     (["stop"], {}, EXIT_INTERRUPTED, "interrupted: stopped by signal at step 3; checkpoint c.pt written", False),
     (["sigint"], {}, EXIT_INTERRUPTED, "interrupted", False),
+    (["sigterm"], {}, EXIT_INTERRUPTED, "interrupted: signal SIGTERM", False),
     (["bug"], {}, EXIT_BUG, "python -m tiny: unexpected ZeroDivisionError: this is a bug, please report it with "
                             "the traceback above", True),
     (["output", "--debug"], {}, EXIT_USER_ERROR, "error: cannot write /x/r.json: Permission denied", True),
@@ -85,6 +90,45 @@ def test_entry_point_exit_code_and_stderr(tmp_path, args, env, code, line, trace
         assert lines[0] == "Traceback (most recent call last):", p.stderr
     else:
         assert len(lines) == 1, p.stderr
+
+
+POOL_ENTRY = """
+import multiprocessing as mp, os, sys, time
+from mapl.base.cli import run_cli
+
+def work(path):
+    open(path, "w").write(str(os.getpid()))
+    time.sleep(120)
+
+def main(argv):
+    with mp.get_context("spawn").Pool(1) as pool:      # as a sweep runs its group
+        pool.map(work, [argv[0]])
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main, prog="python -m tiny"))
+"""
+
+
+@pytest.mark.process
+def test_sigterm_to_the_parent_alone_stops_its_pool_workers(tmp_path):
+    """`kill PID` of a sweep (was: the parent died at once and its spawn-pool workers trained on, orphaned)."""
+    import psutil
+    (tmp_path / "entry.py").write_text(textwrap.dedent(POOL_ENTRY))
+    pid_file = tmp_path / "worker.pid"
+    p = subprocess.Popen([sys.executable, "entry.py", str(pid_file)], cwd=tmp_path, text=True, stderr=subprocess.PIPE,
+                         env={**os.environ, "PYTHONPATH": str(ROOT), "MAPL_DEBUG": "0"})
+    try:
+        for _ in range(600):
+            if pid_file.exists() and pid_file.read_text():
+                break
+            time.sleep(0.1)
+        worker = psutil.Process(int(pid_file.read_text()))
+        p.send_signal(signal.SIGTERM)                    # to the parent only, not its process group
+        assert p.wait(timeout=60) == EXIT_INTERRUPTED
+        assert p.stderr.read().strip().splitlines()[-1] == "interrupted: signal SIGTERM"
+        worker.wait(timeout=30)                          # psutil.TimeoutExpired if it trains on
+    finally:
+        p.kill()
 
 
 @pytest.mark.process

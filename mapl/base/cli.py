@@ -15,13 +15,21 @@ prints ONE line ``error: ...`` naming what to fix, never a traceback; ``--debug`
 | 3 | a peer process of the multi-process pipeline failed or did not answer in time |
 | 4 | non-finite values (NaN/Inf): the run stopped, the last good checkpoint is kept |
 | 130 | interrupted (Ctrl-C / SIGTERM): stopped after the step in flight, checkpoint written |
+
+SIGTERM to the entry point's process alone (``kill PID``, ``pkill``, a scheduler that signals one process)
+is a Ctrl-C too: :func:`run_cli` raises ``KeyboardInterrupt`` for it in the main thread. Without that the
+process died at once and the workers of a sweep's spawn pool, which the signal never reached, went on
+training and writing the group's checkpoints and results, orphaned; now leaving the pool's ``with`` block
+terminates them, and each stops after its step with its checkpoint written.
 """
 from __future__ import annotations
 
 import argparse
 import os
 import re
+import signal
 import sys
+import threading
 import traceback
 from typing import Callable, Sequence
 
@@ -131,10 +139,30 @@ def run_cli(main: Callable[[list[str]], int | None], argv: Sequence[str] | None 
         cut = argv.index("--") if "--" in argv else len(argv)
         argv = [a for a in argv[:cut] if a != "--debug"] + argv[cut:]
     try:
-        code = main(argv)
+        with _sigterm_interrupts():
+            code = main(argv)
     except (Exception, KeyboardInterrupt) as e:     # noqa: BLE001 -- the policy itself: each gets its code
         return report(e, prog=prog, label=label, debug=debug)
     return EXIT_OK if code is None else int(code)
+
+
+class _sigterm_interrupts:
+    """SIGTERM raises ``KeyboardInterrupt`` (as SIGINT does) while the block runs, in the main thread only
+    (elsewhere a handler cannot be set); the previous handler is restored after."""
+
+    def __enter__(self):
+        self.old = None
+        if threading.current_thread() is threading.main_thread():
+            self.old = signal.signal(signal.SIGTERM, _raise_interrupt)
+        return self
+
+    def __exit__(self, *exc):
+        if self.old is not None:
+            signal.signal(signal.SIGTERM, self.old)
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
 
 
 def add_debug_flag(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
