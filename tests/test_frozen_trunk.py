@@ -82,4 +82,69 @@ def test_every_profile_of_params_yaml_has_a_valid_study():
     assert set(params["frozen_trunk"]) == set(params["profiles"])        # dvc.yaml reads frozen_trunk.${profile}
     cpu = ft.settings("cpu", params)
     assert cpu.seeds == (0, 1, 2) and cpu.projectors == ft.STUDIED
+    assert set(cpu.tune) == set(ft.STUDIED)                  # each projector gets its own step size
     assert ft.settings("paper", params).seeds == ()
+
+
+@pytest.mark.process          # the study's spawn pool
+def test_a_tuned_projector_runs_its_winner_on_every_seed(tiny_corpus, sandbox, monkeypatch):
+    """tune.spel: the boundary spec and two step sizes on seed 0 (under tune/); the lowest selection loss wins
+    (tuning.json), seed 0's final run is that candidate's file, seed 1 runs the winner; fixed is not tuned."""
+    overs = [{"compressor.projector.lr_mult": 1.0}, {"compressor.projector.lr_mult": 3.0}]
+    params = _params(tiny_corpus, seeds=[0, 1], projectors=["spel", "fixed"], tune={"spel": overs})
+    monkeypatch.setattr(sweep, "load_params", lambda: params)
+    logs = []
+    ft.run_study("micro", params, root=sandbox, log=logs.append)
+    study = sandbox / "reports/micro/frozen-trunk"
+    assert "frozen trunk: 6 boundary run(s) (3 tuning candidates on seed 0), 0 current, 5 to train first" in logs
+    tuning = json.loads((study / "tuning.json").read_text())["spel"]
+    cands = tuning["candidates"]
+    assert [c["override"] for c in cands] == [{}, *overs] and tuning["seed"] == 0
+    winner = min(cands, key=lambda c: c["select_loss"])
+    assert tuning["chosen"] == winner["override"]
+    assert sorted(p.name for p in (study / "tune").glob("*.json")) == sorted(f"{c['run']}.json" for c in cands)
+    base = "frozen-micro-P2-mapl-4x-4steps"          # micro trains 20 steps: the budget is in the name
+    assert [c["run"] for c in cands] == [f"{base}-s0", f"{base}-lr_mult1-s0", f"{base}-lr_mult3-s0"]
+    finals = sorted(p.name for p in study.glob("frozen-*.json"))
+    spel_s1 = winner["run"].removesuffix("-s0") + "-s1"
+    assert finals == sorted([f"{winner['run']}.json", f"{spel_s1}.json", "frozen-micro-P2-mapl-4x-proj-fixed-4steps-s0.json",
+                             "frozen-micro-P2-mapl-4x-proj-fixed-4steps-s1.json"])
+    assert (study / f"{winner['run']}.json").read_bytes() == (study / "tune" / f"{winner['run']}.json").read_bytes()
+    s1 = json.loads((study / f"{spel_s1}.json").read_text())
+    assert s1["override"] == winner["override"] and s1["seed"] == 1
+    assert [r["projector"] for r in load_frozen(sandbox, "micro")] == ["spel", "fixed", "spel", "fixed"]
+    # resumes: nothing left to train
+    logs.clear()
+    ft.run_study("micro", params, root=sandbox, log=logs.append)
+    assert "frozen trunk: 6 boundary run(s) (3 tuning candidates on seed 0), 5 current, 0 to train first" in logs
+    assert not any("val " in line for line in logs)
+    # without the tuning, the winner's runs are not the study's any more: dropped, the base spec trained
+    plain = _params(tiny_corpus, seeds=[0, 1], projectors=["spel", "fixed"])
+    monkeypatch.setattr(sweep, "load_params", lambda: plain)
+    logs.clear()
+    ft.run_study("micro", plain, root=sandbox, log=logs.append)
+    names = {p.name for p in study.glob("frozen-*.json")}
+    assert f"{base}-s0.json" in names and f"{base}-s1.json" in names and len(names) == 4
+    assert not list((study / "tune").glob("*.json"))
+    if winner["override"]:
+        assert any(line.startswith("dropped") and spel_s1 in line for line in logs)
+
+
+def test_choose_takes_the_lowest_finite_selection_loss_and_the_spec_itself_on_a_tie():
+    assert ft.choose([{"select_loss": 4.0}, {"select_loss": 3.5}, {"select_loss": 3.9}]) == 1
+    assert ft.choose([{"select_loss": 3.5}, {"select_loss": 3.5}]) == 0
+    assert ft.choose([None, {"select_loss": float("nan")}, {"select_loss": 5.0}, {"select_loss": None}]) == 2
+    with pytest.raises(RuntimeError, match="no tuning candidate has a finite selection loss"):
+        ft.choose([None, {"select_loss": None}])
+
+
+@pytest.mark.parametrize("tune, match", [
+    ({"learned": [{"compressor.projector.lr_mult": 1.0}]}, r"frozen_trunk.micro.tune: \['learned'\] is invalid"),
+    ({"spel": []}, r"frozen_trunk.micro.tune.spel = \[\] is invalid: a non-empty list of non-empty mappings"),
+    ({"spel": [{"train.seed": 1}]}, r"frozen_trunk.micro.tune.spel: train.seed is invalid in an override"),
+    ({"spel": [{"compressor.projector.lr_mult": -1.0}]},
+     r"frozen_trunk.micro.tune.spel\[0\] \(\{'compressor.projector.lr_mult': -1.0\}\): .*lr_mult"),
+])
+def test_a_bad_tuning_setting_is_one_line_naming_its_field(tiny_corpus, tune, match):
+    with pytest.raises(ConfigError, match=match):
+        ft.settings("micro", _params(tiny_corpus, tune=tune))

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import io
 import math
+import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -20,6 +22,7 @@ from mapl.core.optim import (
     stiefel_random,
     sym,
     tangent_project,
+    thin_svd,
 )
 
 SEEDS = [0, 1, 2, 3, 4]
@@ -493,3 +496,43 @@ def test_spel_and_toolkit_follow_their_inputs_device(polar, on_meta):
     assert principal_angles(A, B).device.type == "cpu"
     assert msign(A.detach(), polar).device.type == "cpu"
     assert stiefel_random(32, 8, 2).device.type == "cpu"
+
+
+NONCONVERGENT = Path(__file__).parent / "data" / "gesdd-nonconvergent-128x32.pt"
+
+
+def test_the_retraction_survives_the_matrix_that_stopped_a_run():
+    """SPEL's retraction input at step ~2,145 of tiny-P4-mapl-4x-3000steps-s0 (all singular values ~1):
+    float32 gesdd did not converge on it with one thread. polar_svd returns its polar factor anyway."""
+    X = torch.load(NONCONVERGENT, weights_only=True)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)     # whether this machine's LAPACK needs the retry varies
+            Q = polar_svd(X)
+    finally:
+        torch.set_num_threads(threads)
+    assert Q.dtype == torch.float32 and ortho_error(Q) < 1e-5
+    assert (Q - X).abs().max() < 1e-2                            # X is near St(128, 32): its polar factor is near X
+
+
+def test_thin_svd_retries_in_float64_and_says_so(monkeypatch):
+    real = torch.linalg.svd
+
+    def gesdd_fails_in_float32(A, full_matrices=True):
+        if A.dtype == torch.float32:
+            raise torch.linalg.LinAlgError("linalg.svd: The algorithm failed to converge")
+        return real(A, full_matrices=full_matrices)
+
+    X = torch.randn(16, 4, generator=torch.Generator().manual_seed(0))
+    expected = real(X, full_matrices=False)
+    monkeypatch.setattr(torch.linalg, "svd", gesdd_fails_in_float32)
+    with pytest.warns(RuntimeWarning, match=r"float32 LAPACK SVD of a \(16, 4\) matrix did not converge; retried in float64"):
+        U, S, Vh = thin_svd(X)
+    assert U.dtype == S.dtype == Vh.dtype == torch.float32
+    torch.testing.assert_close(S, expected.S)
+    torch.testing.assert_close(U @ torch.diag(S) @ Vh, X, atol=1e-5, rtol=1e-5)
+    with pytest.raises(torch.linalg.LinAlgError):                # float64 failing too is not hidden
+        monkeypatch.setattr(torch.linalg, "svd", lambda A, full_matrices=True: gesdd_fails_in_float32(A.float()))
+        thin_svd(X.double())

@@ -608,7 +608,8 @@ def test_lr_check_has_one_row_per_checked_cell_paired_with_the_tuned_headline_ru
 def _frozen_run(seed: int, projector: str, loss: float, trunk: float = 3.9) -> dict:
     return {"run": f"frozen-x-{projector}-s{seed}", "projector": projector, "ratio": 4.0, "seed": seed, "steps": 300,
             "trainable_params": 100, "val_before": 5.0, "val_loss": loss, "val_loss_curve": [[150, loss + 0.1], [300, loss]],
-            "delta_pct": 100 * (loss - trunk) / trunk, "trunk": {"run": f"t-s{seed}", "steps": 1000, "val_loss": trunk}}
+            "delta_pct": 100 * (loss - trunk) / trunk, "trunk": {"run": f"t-s{seed}", "steps": 1000, "val_loss": trunk},
+            "override": {"compressor.projector.lr_mult": 0.3} if projector == "spel" else {}}
 
 
 def test_frozen_trunk_tables_pair_by_seed_and_feed_the_ledger(tmp_path):
@@ -623,7 +624,8 @@ def test_frozen_trunk_tables_pair_by_seed_and_feed_the_ledger(tmp_path):
     assert [(r["seed"], r["projector"]) for r in loaded] == [(r["seed"], r["projector"]) for r in runs]
     table = R.frozen_table(loaded)
     assert [b[0] for b in table.body] == ["SPEL (learned)", "fixed random basis", "unconstrained (learned)"]
-    assert table.body[0][8].startswith(f"{statistics.fmean(100 * (0.05 + 0.003 * s) / 3.9 for s in range(3)):+.2f}")
+    assert table.body[0][9].startswith(f"{statistics.fmean(100 * (0.05 + 0.003 * s) / 3.9 for s in range(3)):+.2f}")
+    assert [b[1] for b in table.body] == ["lr_mult 0.3", "spec", "spec"]
     paired_table = R.frozen_paired_table(loaded)
     assert [b[0] for b in paired_table.body] == ["fixed random basis − SPEL (learned)",
                                                  "unconstrained (learned) − SPEL (learned)"]
@@ -635,3 +637,20 @@ def test_frozen_trunk_tables_pair_by_seed_and_feed_the_ledger(tmp_path):
     assert next(x for x in R.claims(_study_rows()) if "frozen trunk" in x["claim"])["reason"].startswith("not run")
     assert R.frozen_plot(loaded).empty is False and R.frozen_plot([]).empty is True
     assert R.load_frozen(tmp_path, "micro") == [] and R.frozen_table([]).body == []
+    mixed = loaded + [{**loaded[0], "seed": 9, "override": {}}]
+    with pytest.raises(ValueError, match=r"spel runs with different settings \['lr_mult 0.3', 'spec'\]"):
+        R.frozen_summaries(mixed)
+
+
+def test_frozen_tuning_table_marks_the_candidate_chosen_on_the_selection_split(tmp_path):
+    assert R.load_frozen_tuning(tmp_path, "cpu") == {} and R.frozen_tuning_table({}).body == []
+    lr = "compressor.projector.lr_mult"
+    tuning = {"spel": {"seed": 0, "chosen": {lr: 1.0}, "candidates": [
+        {"override": {}, "run": "a", "select_loss": 4.2, "val_loss": 4.25},
+        {"override": {lr: 1.0}, "run": "b", "select_loss": 4.0, "val_loss": 4.1}]}}
+    folder = tmp_path / "reports" / "cpu" / "frozen-trunk"
+    folder.mkdir(parents=True)
+    (folder / "tuning.json").write_text(json.dumps(tuning))
+    table = R.frozen_tuning_table(R.load_frozen_tuning(tmp_path, "cpu"))
+    assert [(b[1], b[3], b[5]) for b in table.body] == [("spec", "4.2000", ""), ("lr_mult 1", "4.0000", "✓")]
+    assert table.takeaway == "SPEL (learned): lr_mult 1 chosen of 2."

@@ -22,6 +22,7 @@ tests share: ``stiefel_random`` (Haar init), ``ortho_error``, ``principal_angles
 """
 from __future__ import annotations
 
+import warnings
 from contextlib import contextmanager
 from typing import Callable, Iterable, Iterator
 
@@ -32,6 +33,7 @@ from .config import POLAR_METHODS
 __all__ = [
     "sym",
     "tangent_project",
+    "thin_svd",
     "polar_svd",
     "polar_express",
     "msign",
@@ -125,13 +127,35 @@ def tangent_project(A: torch.Tensor, G: torch.Tensor) -> torch.Tensor:
     return G - A @ sym(A.mT @ G)
 
 
+def thin_svd(X: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``torch.linalg.svd(X, full_matrices=False)``, retried in float64 when LAPACK does not converge.
+
+    Why hand-written: LAPACK's divide-and-conquer SVD (gesdd, torch's CPU path) can fail to converge on a
+    float32 matrix whose singular values are all ~1, which is exactly SPEL's retraction input A - lr·D.
+    It happened at step ~2,145 of a 3,000-step MAPL 4x run (seed 0) with one thread, deterministically
+    (tests/data/gesdd-nonconvergent-128x32.pt; the same matrix converges with two threads and in float64).
+    The retry changes nothing where float32 converges; where it does not, the float64 factors are the
+    same ones to float32 rounding, returned in X's dtype. A retry is reported (a RuntimeWarning, once per
+    process: Python's default filter), so a run that needed it says so in its log.
+    """
+    try:
+        return torch.linalg.svd(X, full_matrices=False)
+    except torch.linalg.LinAlgError:
+        if X.dtype == torch.float64:
+            raise
+        warnings.warn(f"thin_svd: float32 LAPACK SVD of a {tuple(X.shape)} matrix did not converge; retried in "
+                      "float64 (mapl.core.optim.thin_svd)", RuntimeWarning, stacklevel=2)
+        U, S, Vh = torch.linalg.svd(X.double(), full_matrices=False)
+        return U.to(X.dtype), S.to(X.dtype), Vh.to(X.dtype)
+
+
 def polar_svd(X: torch.Tensor) -> torch.Tensor:
     """Exact polar factor U·Vᵀ of X (thin SVD), computed in >= float32, returned in X's dtype.
 
     This is the nearest matrix with orthonormal columns (rows, if X is wide) in Frobenius norm, so
     on St(d, r) it is the polar retraction; for an orthonormal X it returns X.
     """
-    U, _, Vh = torch.linalg.svd(X.to(_work_dtype(X.dtype)), full_matrices=False)
+    U, _, Vh = thin_svd(X.to(_work_dtype(X.dtype)))
     return (U @ Vh).to(X.dtype)
 
 
@@ -143,7 +167,7 @@ def _msign_svd(X: torch.Tensor) -> torch.Tensor:
     whose odd polynomials fix 0) leaves them at 0. Equal to polar_svd(X) when X has full rank.
     """
     wd = _work_dtype(X.dtype)
-    U, S, Vh = torch.linalg.svd(X.to(wd), full_matrices=False)
+    U, S, Vh = thin_svd(X.to(wd))
     # Same cut-off as torch.linalg.matrix_rank's default: σ_max · max(m, n) · eps.
     tol = S.amax(dim=-1, keepdim=True) * max(X.shape[-2:]) * torch.finfo(wd).eps
     keep = (S > tol).to(wd)

@@ -12,11 +12,19 @@ at every stage boundary, and only the projectors A_p and the factorized anchors 
 The study is ``frozen_trunk.<profile>`` in params.yaml (:func:`settings`): the seeds, the trunk's
 run spec (an uncompressed run, trained by :func:`mapl.orchestration.sweep.run_many` like any group, so it
 is restored from its checkpoint when one exists), the spec of the boundary training (a mapl run: its
-method's tuned settings, its own warm-up and decay) and the projectors. Every boundary run is one
-process of a spawn pool (the profile's ``launcher.jobs`` side by side) and writes its results JSON as
-soon as it ends, so an interrupted study resumes where it stopped (:func:`current`). Everything goes to
-``reports/<profile>/frozen-trunk/``: ``trunks/<run>.json`` and one ``frozen-<run>.json`` per seed and projector
-(read by :mod:`mapl.report.frozen`).
+method's tuned settings, its own warm-up and decay), the projectors, and ``tune``: per projector, overrides
+of the boundary spec to try. The step sizes were tuned for joint training, where A_p moves with a trunk
+that moves too; on a frozen trunk a learned projector's best step size can differ, and the comparison is
+only fair when each projector has its own. So every candidate (the boundary spec itself and each override)
+is trained on the first seed, the one with the lowest loss on the *selection* split wins
+(``tuning.json``), and every seed runs the winner; the table reports the *validation* split, which the
+choice never saw.
+
+Every boundary run is one process of a spawn pool (the profile's ``launcher.jobs`` side by side) and
+writes its results JSON as soon as it ends, so an interrupted study resumes where it stopped
+(:func:`current`). Everything goes to ``reports/<profile>/frozen-trunk/``: ``trunks/<run>.json``, the
+candidates of the first seed under ``tune/``, ``tuning.json``, and one ``frozen-<run>.json`` per seed and
+projector (the first seed's: a copy of its winning candidate; read by :mod:`mapl.report.frozen`).
 
     python -m mapl.frozen_trunk --profile cpu     # the profile's study (DVC stage frozen_trunk)
 """
@@ -25,20 +33,22 @@ from __future__ import annotations
 import math
 import multiprocessing as mp
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from ..base.io import atomic_write_json, read_json_object
+from ..base.io import atomic_write_bytes, atomic_write_json, read_json_object
 from ..core.config import PROJECT_ROOT, PROJECTORS, ConfigError, RunConfig, config_hash, load_params
 from ..core.fingerprint import code_fingerprint
-from . import sweep
+from . import reuse, sweep
 
-__all__ = ["STUDIED", "TRAINABLE", "FrozenTrunkSettings", "settings", "study_dir", "trunk_configs",
-           "boundary_config", "study_fingerprint", "current", "frozen_engine", "train_frozen", "run_study"]
+__all__ = ["STUDIED", "TRAINABLE", "FrozenTrunkSettings", "settings", "study_dir", "trunk_specs", "trunk_configs",
+           "boundary_config", "candidates", "choose", "study_fingerprint", "current", "frozen_engine", "train_frozen",
+           "run_study"]
 
 STUDIED = ("spel", "fixed", "unconstrained")
 TRAINABLE = ("boundaries.", "anchors.")          # what trains on the frozen trunk
-KEYS = ("seeds", "trunk", "boundaries", "projectors")
+KEYS = ("seeds", "trunk", "boundaries", "projectors", "tune")
+SET_BY_STUDY = ("train.seed", "projector", "name")
 
 
 @dataclass(frozen=True)
@@ -47,6 +57,8 @@ class FrozenTrunkSettings:
     trunk: dict | None = None           # run spec of the uncompressed trunk (the seed is added per seed)
     boundaries: dict | None = None      # run spec of the boundary training (projector and seed added)
     projectors: tuple[str, ...] = STUDIED
+    # projector -> overrides of `boundaries` tried on the first seed besides `boundaries` itself (:func:`choose`)
+    tune: dict[str, tuple[dict, ...]] = field(default_factory=dict)
 
 
 def settings(profile: str, params: dict | None = None) -> FrozenTrunkSettings:
@@ -73,42 +85,93 @@ def settings(profile: str, params: dict | None = None) -> FrozenTrunkSettings:
             raise ConfigError(f"{where}.{key} = {spec!r} is invalid: must be a run spec (a mapping)")
         if spec.get("method", method) != method:
             raise ConfigError(f"{where}.{key}.method = {spec['method']!r} is invalid: must be {method!r}")
-        for fixed in ("train.seed", "projector", "name"):
+        for fixed in SET_BY_STUDY:
             if fixed in spec:
                 raise ConfigError(f"{where}.{key}.{fixed} is invalid: the study sets it (seeds, projectors)")
         specs[key] = {**spec, "method": method}
-    st = FrozenTrunkSettings(tuple(seeds), specs["trunk"], specs["boundaries"], tuple(projectors))
+    tune = _tune_setting(where, raw.get("tune") or {}, projectors)
+    st = FrozenTrunkSettings(tuple(seeds), specs["trunk"], specs["boundaries"], tuple(projectors), tune)
     for seed in st.seeds[:1]:                     # every spec resolves (bad keys and values named by the config)
         try:
             trunk = trunk_configs(profile, st, params)[0]
         except ConfigError as e:
             raise ConfigError(f"{where}.trunk ({st.trunk}): {e}") from None
         for proj in st.projectors:
-            try:
-                boundary_config(profile, st, seed, proj, trunk, params)
-            except ConfigError as e:
-                msg = str(e)
-                raise ConfigError(msg if msg.startswith(where) else f"{where}.boundaries ({st.boundaries}): {msg}") from None
+            for k, over in enumerate(candidates(st, proj)):
+                spec = f"{where}.tune.{proj}[{k - 1}] ({over})" if k else f"{where}.boundaries ({st.boundaries})"
+                try:
+                    boundary_config(profile, st, seed, proj, trunk, params, over)
+                except ConfigError as e:
+                    msg = str(e)
+                    raise ConfigError(msg if msg.startswith(where) else f"{spec}: {msg}") from None
     return st
+
+
+def _tune_setting(where: str, raw, projectors) -> dict[str, tuple[dict, ...]]:
+    if not isinstance(raw, dict) or set(raw) - set(projectors):
+        extra = sorted(set(raw) - set(projectors)) if isinstance(raw, dict) else raw
+        raise ConfigError(f"{where}.tune: {extra!r} is invalid: a mapping from a studied projector "
+                          f"({list(projectors)}) to a list of overrides of `boundaries`")
+    out = {}
+    for proj, overs in raw.items():
+        if not isinstance(overs, list) or not overs or not all(isinstance(o, dict) and o for o in overs):
+            raise ConfigError(f"{where}.tune.{proj} = {overs!r} is invalid: a non-empty list of non-empty mappings "
+                              "(overrides of `boundaries`, e.g. {compressor.projector.lr_mult: 0.3})")
+        for o in overs:
+            for fixed in (*SET_BY_STUDY, "method"):
+                if fixed in o:
+                    raise ConfigError(f"{where}.tune.{proj}: {fixed} is invalid in an override: the study sets it")
+        out[proj] = tuple(overs)
+    return out
 
 
 def study_dir(profile: str, root: Path = PROJECT_ROOT) -> Path:
     return Path(root) / "reports" / profile / "frozen-trunk"
 
 
+def trunk_specs(st: FrozenTrunkSettings) -> list[dict]:
+    """The sweep spec of each seed's trunk: ``{**trunk, train.seed}``."""
+    return [{**st.trunk, "train.seed": s} for s in st.seeds]
+
+
 def trunk_configs(profile: str, st: FrozenTrunkSettings, params: dict | None = None) -> list[RunConfig]:
-    """The trunk of each seed: the sweep's config of ``{**trunk, train.seed}`` (named as the sweep names it,
-    so a group that trains the same run shares its checkpoint)."""
-    return [sweep.spec_config(profile, {**st.trunk, "train.seed": s}, params).validate() for s in st.seeds]
+    """The trunk of each seed: the sweep's config of its spec (named as the sweep names it, so a group that
+    trains the same run shares its checkpoint)."""
+    return [sweep.spec_config(profile, spec, params).validate() for spec in trunk_specs(st)]
+
+
+def candidates(st: FrozenTrunkSettings, projector: str) -> list[dict]:
+    """The settings a projector is tuned over: ``{}`` (the boundary spec itself) and each override of ``tune``."""
+    return [{}, *st.tune.get(projector, ())]
+
+
+def _suffix(override: dict) -> str:
+    """``{compressor.projector.lr_mult: 0.3}`` -> ``-lr_mult0.3``: a candidate's part of its run name."""
+    return "".join(f"-{key.rsplit('.', 1)[-1]}{value:g}" if isinstance(value, float) else f"-{key.rsplit('.', 1)[-1]}{value}"
+                   for key, value in sorted(override.items()))
 
 
 def boundary_config(profile: str, st: FrozenTrunkSettings, seed: int, projector: str, trunk: RunConfig,
-                    params: dict | None = None) -> RunConfig:
-    cfg = sweep.spec_config(profile, {**st.boundaries, "projector": projector, "train.seed": seed}, params).validate()
+                    params: dict | None = None, override: dict | None = None) -> RunConfig:
+    """The boundary run of ``seed`` and ``projector`` (with a candidate's ``override``), named ``frozen-<run>``."""
+    override = override or {}
+    cfg = sweep.spec_config(profile, {**st.boundaries, **override, "projector": projector, "train.seed": seed},
+                            params).validate()
     if cfg.model != trunk.model or cfg.stages != trunk.stages or cfg.data != trunk.data:
         raise ConfigError(f"frozen_trunk.{profile}.boundaries: model, stages and data must be the trunk's "
                           f"({trunk.name()}): the boundaries are inserted into it")
-    return replace(cfg, run_name=f"frozen-{cfg.name()}")
+    base = cfg.name().removesuffix(f"-s{seed}")
+    return replace(cfg, run_name=f"frozen-{base}{_suffix(override)}-s{seed}")
+
+
+def choose(results: list[dict]) -> int:
+    """Index of the candidate with the lowest selection loss (the first among equals: the boundary spec
+    itself wins a tie); a candidate without a selection loss, or whose run failed, never wins."""
+    scored = [(r["select_loss"], k) for k, r in enumerate(results) if r and isinstance(r.get("select_loss"), float)
+              and math.isfinite(r["select_loss"])]
+    if not scored:
+        raise RuntimeError("no tuning candidate has a finite selection loss (train.eval_tokens with a selection split?)")
+    return min(scored)[1]
 
 
 def study_fingerprint() -> str:
@@ -119,11 +182,11 @@ def study_fingerprint() -> str:
     return f"{code_fingerprint()}+{own}"
 
 
-def current(out: Path, cfg: RunConfig, trunk: RunConfig, fingerprint: str) -> bool:
-    """The boundary run's results at ``out`` are this config's, on this trunk, from this training code."""
+def current(out: Path, cfg: RunConfig, trunk: RunConfig, fingerprint: str, root: Path = PROJECT_ROOT) -> bool:
+    """The boundary run's results at ``out`` are current for this config and training code
+    (:func:`mapl.orchestration.reuse.results_current`) and were trained on this trunk."""
     res = read_json_object(out)
-    prov = (res or {}).get("provenance") or {}
-    return (res is not None and prov.get("config_hash") == config_hash(cfg) and prov.get("code_fingerprint") == fingerprint
+    return (reuse.results_current(out, cfg, fingerprint, root)
             and (res.get("trunk") or {}).get("config_hash") == config_hash(trunk))
 
 
@@ -179,39 +242,80 @@ def train_frozen(cfg: RunConfig, trunk_state: dict) -> dict:
             "select_loss_curve": select_curve, "train_loss_curve": train_curve, "wall_s": round(time.time() - t0, 1)}
 
 
-def _worker(task) -> dict:
-    cfg, trunk_cfg, trunk_ckpt, trunk_val, out, fingerprint = task
+@dataclass(frozen=True)
+class _Task:
+    """One boundary run: its config and candidate override, its trunk, where its results go."""
+    cfg: RunConfig
+    override: dict
+    trunk: RunConfig
+    trunk_ckpt: Path
+    trunk_val: float
+    out: Path
+    fingerprint: str
+
+
+def _worker(task: _Task) -> dict:
     import torch
+    cfg = task.cfg
     torch.set_num_threads(cfg.train.threads or 1)
     try:
-        res = train_frozen(cfg, _trunk_state(trunk_ckpt))
+        res = train_frozen(cfg, _trunk_state(task.trunk_ckpt))
     except Exception as e:           # noqa: BLE001 -- one failed run must not take the study down; it is reported
         return {"run": cfg.name(), "error": f"{type(e).__name__}: {e}"}
-    res["trunk"] = {"run": trunk_cfg.name(), "config_hash": config_hash(trunk_cfg), "steps": trunk_cfg.train.steps,
-                    "val_loss": trunk_val}
-    res["delta_pct"] = 100 * (res["val_loss"] - trunk_val) / trunk_val
-    res["provenance"] = {"config_hash": config_hash(cfg), "code_fingerprint": fingerprint}
-    atomic_write_json(out, res)
-    return {"run": cfg.name(), "val_loss": res["val_loss"], "delta_pct": res["delta_pct"]}
+    res["override"] = task.override
+    res["trunk"] = {"run": task.trunk.name(), "config_hash": config_hash(task.trunk), "steps": task.trunk.train.steps,
+                    "val_loss": task.trunk_val}
+    res["delta_pct"] = 100 * (res["val_loss"] - task.trunk_val) / task.trunk_val
+    res["provenance"] = {"config_hash": config_hash(cfg), "code_fingerprint": task.fingerprint}
+    atomic_write_json(task.out, res)
+    return {"run": cfg.name(), "val_loss": res["val_loss"], "select_loss": res["select_loss"],
+            "delta_pct": res["delta_pct"]}
 
 
 def _trunks(profile: str, st: FrozenTrunkSettings, params: dict, root: Path, log) -> list[tuple[RunConfig, Path, float]]:
     """(config, checkpoint, val loss) of every trunk, trained (or restored) by the sweep first. A trunk whose
     results are here but whose checkpoint is gone is trained again: the study needs its weights."""
-    cfgs = trunk_configs(profile, st, params)
+    specs, cfgs = trunk_specs(st), trunk_configs(profile, st, params)
     out_dir = study_dir(profile, root) / "trunks"
     ckpts = [sweep.checkpoint_path(profile, c.name()) for c in cfgs]
     for cfg, ckpt in zip(cfgs, ckpts):
         if not ckpt.exists():
             (out_dir / f"{cfg.name()}.json").unlink(missing_ok=True)
-    specs = [{**st.trunk, "train.seed": s} for s in st.seeds]
     sweep.run_many(profile, specs, out_dir, log=log, group="frozen-trunk trunks", progress_every=0)
     return [(c, k, read_json_object(out_dir / f"{c.name()}.json")["val_loss"]) for c, k in zip(cfgs, ckpts)]
 
 
+def _run_tasks(tasks: list[_Task], workers: int, log) -> list[dict]:
+    """Train ``tasks`` in a spawn pool (``workers`` side by side); the status of each, logged as it ends."""
+    if not tasks:
+        return []
+    status = []
+    with mp.get_context("spawn").Pool(min(workers, len(tasks)), maxtasksperchild=1) as pool:
+        for st_ in pool.imap_unordered(_worker, tasks):
+            log(f"  {st_['run']}: " + (st_["error"] if "error" in st_ else f"val {st_['val_loss']:.4f} "
+                                        f"({st_['delta_pct']:+.2f} % against its trunk)"))
+            status.append(st_)
+    return status
+
+
+def _split_current(tasks: list[_Task], root: Path) -> tuple[list[dict], list[_Task]]:
+    """(status of the tasks whose results are current, the tasks left to train)."""
+    done = [t for t in tasks if current(t.out, t.cfg, t.trunk, t.fingerprint, root)]
+    return [{"run": t.cfg.name(), "skipped": "current"} for t in done], [t for t in tasks if t not in done]
+
+
+def _drop_stale(folder: Path, keep: set[str], log) -> None:
+    """Results of boundary runs the study no longer has (another seed list, another winner): not the study's."""
+    for path in sorted(folder.glob("frozen-*.json")):
+        if path.name not in keep:
+            path.unlink()
+            log(f"dropped {path.relative_to(folder.parent.parent)}: not a run of this study")
+
+
 def run_study(profile: str, params: dict | None = None, root: Path = PROJECT_ROOT, jobs: int = 0, log=print) -> list[dict]:
-    """Train what the profile's study lacks (trunks, then every boundary run not :func:`current`); the
-    status of each boundary run. Raises RuntimeError naming every run that failed."""
+    """Train what the profile's study lacks: the trunks; the first seed's candidates of every tuned projector
+    (and every run of the others); the winners (:func:`choose`, recorded in ``tuning.json``) on the other
+    seeds. The status of each boundary run. Raises RuntimeError naming every run that failed."""
     params = params or load_params()
     st = settings(profile, params)
     out_dir = study_dir(profile, root)
@@ -222,25 +326,52 @@ def run_study(profile: str, params: dict | None = None, root: Path = PROJECT_ROO
         return []
     fingerprint = study_fingerprint()
     trunks = _trunks(profile, st, params, root, log)
-    tasks, status = [], []
-    for seed, (tcfg, tckpt, tval) in zip(st.seeds, trunks):
-        for proj in st.projectors:
-            cfg = boundary_config(profile, st, seed, proj, tcfg, params)
-            out = out_dir / f"{cfg.name()}.json"
-            if current(out, cfg, tcfg, fingerprint):
-                status.append({"run": cfg.name(), "skipped": "current"})
-            else:
-                tasks.append((cfg, tcfg, tckpt, tval, out, fingerprint))
-    log(f"frozen trunk: {len(status) + len(tasks)} boundary run(s), {len(status)} current, {len(tasks)} to train")
-    if tasks:
-        workers = jobs or sweep.launcher_config(profile, params).jobs or 1
-        with mp.get_context("spawn").Pool(min(workers, len(tasks)), maxtasksperchild=1) as pool:
-            for st_ in pool.imap_unordered(_worker, tasks):
-                log(f"  {st_['run']}: " + (st_["error"] if "error" in st_ else f"val {st_['val_loss']:.4f} "
-                                            f"({st_['delta_pct']:+.2f} % against its trunk)"))
-                status.append(st_)
+    workers = jobs or sweep.launcher_config(profile, params).jobs or 1
+    first = st.seeds[0]
+
+    def task(seed, proj, over, trunk, folder):
+        cfg = boundary_config(profile, st, seed, proj, trunk[0], params, over)
+        return _Task(cfg, over, trunk[0], trunk[1], trunk[2], folder / f"{cfg.name()}.json", fingerprint)
+
+    # the first seed: every candidate of a tuned projector (under tune/), every run of the others
+    tuned = [p for p in st.projectors if p in st.tune]
+    tune_tasks = {p: [task(first, p, o, trunks[0], out_dir / "tune") for o in candidates(st, p)] for p in tuned}
+    if tuned:
+        (out_dir / "tune").mkdir(exist_ok=True)
+    untuned = [task(s, p, {}, tr, out_dir) for s, tr in zip(st.seeds, trunks) for p in st.projectors if p not in st.tune]
+    status, todo = _split_current([t for ts in tune_tasks.values() for t in ts] + untuned, root)
+    n_candidates = sum(map(len, tune_tasks.values()))
+    log(f"frozen trunk: {len(status) + len(todo) + (len(st.seeds) - 1) * len(tuned)} boundary run(s)"
+        + (f" ({n_candidates} tuning candidates on seed {first})" if tuned else "")
+        + f", {len(status)} current, {len(todo)} to train" + (" first" if tuned else ""))
+    status += _run_tasks(todo, workers, log)
+    _raise_failed(status)                       # a failed candidate must not lose the tuning to the others
+
+    # the winners: the first seed's copied from its candidate, the other seeds trained
+    tuning, winners = {}, []
+    for proj, ts in tune_tasks.items():
+        results = [read_json_object(t.out) for t in ts]
+        best = ts[choose(results)]
+        tuning[proj] = {"seed": first, "scored_on": "selection split", "chosen": best.override,
+                        "candidates": [{"override": t.override, "run": t.cfg.name(),
+                                        "select_loss": (r or {}).get("select_loss"), "val_loss": (r or {}).get("val_loss")}
+                                       for t, r in zip(ts, results)]}
+        log(f"  {proj}: tuned on seed {first}'s selection split -> {best.override or 'the boundary spec'}")
+        final = task(first, proj, best.override, trunks[0], out_dir)
+        if not current(final.out, final.cfg, final.trunk, fingerprint, root) and best.out.exists():
+            atomic_write_bytes(final.out, best.out.read_bytes())   # the same config on the same trunk: the same numbers
+        winners += [final] + [task(s, proj, best.override, tr, out_dir) for s, tr in zip(st.seeds[1:], trunks[1:])]
+    if tune_tasks:
+        atomic_write_json(out_dir / "tuning.json", tuning)
+    done, todo = _split_current(winners, root)
+    status += done + _run_tasks(todo, workers, log)
+    _drop_stale(out_dir, {t.out.name for t in untuned + winners}, log)
+    _drop_stale(out_dir / "tune", {t.out.name for ts in tune_tasks.values() for t in ts}, log)
+    _raise_failed(status)
+    return status
+
+
+def _raise_failed(status: list[dict]) -> None:
     failed = [s for s in status if "error" in s]
     if failed:
         raise RuntimeError(f"{len(failed)} frozen-trunk run(s) failed: " + "; ".join(f"{s['run']}: {s['error']}" for s in failed))
-    return status
-

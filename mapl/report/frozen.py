@@ -2,7 +2,9 @@
 MAPL's boundaries inserted, only A_p and the anchors trained, with SPEL, a fixed random basis and the
 unconstrained projector. Its results are ``reports/<profile>/frozen-trunk/frozen-*.json``; here they become
 a table, a paired table (fixed − SPEL and unconstrained − SPEL: one exploratory family, Holm), a figure
-and a row of the claims ledger. Δ% is each run's validation loss against its own trunk's, per seed.
+and a row of the claims ledger. Δ% is each run's validation loss against its own trunk's, per seed. Each
+learned projector's step size was chosen on the first seed's selection split (``tuning.json``; the tuning
+table); every number here is on the validation split.
 """
 from __future__ import annotations
 
@@ -15,8 +17,9 @@ from .controls import study_comparisons, tested_family
 from .stats import t_interval
 from .table import DASH, Table, fmt, fmt_ci, fmt_int, fmt_pm
 
-__all__ = ["FROZEN_PROJECTORS", "FROZEN_COMPARISONS", "load_frozen", "frozen_summaries", "frozen_comparison",
-           "frozen_table", "frozen_paired_table", "frozen_plot"]
+__all__ = ["FROZEN_PROJECTORS", "FROZEN_COMPARISONS", "load_frozen", "load_frozen_tuning", "setting_label",
+           "frozen_summaries", "frozen_comparison", "frozen_table", "frozen_tuning_table", "frozen_paired_table",
+           "frozen_plot"]
 
 FROZEN_PROJECTORS = ("spel", "fixed", "unconstrained")
 NAMES = {"spel": "SPEL (learned)", "fixed": "fixed random basis", "unconstrained": "unconstrained (learned)"}
@@ -37,6 +40,21 @@ def load_frozen(root: str | Path, profile: str) -> list[dict]:
     return sorted(rows, key=lambda r: (r["seed"], order.get(r["projector"], 99), r["run"]))
 
 
+def load_frozen_tuning(root: str | Path, profile: str) -> dict[str, dict]:
+    """projector -> its tuning (``seed``, ``candidates`` with their losses, ``chosen``) from ``tuning.json``;
+    empty when no projector was tuned or the study has not run."""
+    path = Path(root) / "reports" / profile / "frozen-trunk" / "tuning.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def setting_label(override: dict | None) -> str:
+    """A candidate's override as the tables name it: ``lr_mult 0.3`` (``{}``: the boundary spec, ``spec``)."""
+    if not override:
+        return "spec"
+    return ", ".join(f"{key.rsplit('.', 1)[-1]} {value:g}" if isinstance(value, float) else f"{key.rsplit('.', 1)[-1]} {value}"
+                     for key, value in sorted(override.items()))
+
+
 def _spread(xs: Sequence[float]) -> float | None:
     return statistics.stdev(xs) if len(xs) > 1 else None
 
@@ -50,7 +68,11 @@ def frozen_summaries(runs: Sequence[dict]) -> dict[str, dict]:
         if not mine:
             continue
         deltas = {r["seed"]: r["delta_pct"] for r in mine}
+        settings = {setting_label(r.get("override")) for r in mine}
+        if len(settings) > 1:
+            raise ValueError(f"frozen trunk: {proj} runs with different settings {sorted(settings)} (one study per folder)")
         out[proj] = {"variant": f"frozen-{proj}", "name": proj, "steps": mine[0]["steps"], "ratio": mine[0]["ratio"],
+                     "setting": settings.pop(),
                      "seeds": sorted(deltas), "deltas": deltas, "n": len(deltas),
                      "delta_pct": statistics.fmean(deltas.values()), "delta_std": _spread(list(deltas.values())),
                      "val_before": statistics.fmean(r["val_before"] for r in mine),
@@ -74,21 +96,38 @@ def frozen_comparison(runs: Sequence[dict]) -> dict | None:
 def frozen_table(runs: Sequence[dict]) -> Table:
     """One row per projector: what trains, the losses before and after, Δ% against the trunk with its interval."""
     sums = frozen_summaries(runs)
-    header = ["projector", "ratio", "trainable params", "steps", "seeds", "trunk val loss", "val loss before",
+    header = ["projector", "setting", "ratio", "trainable params", "steps", "seeds", "trunk val loss", "val loss before",
               "val loss after", "Δ% vs trunk", "Δ% 95% CI"]
-    body = [[NAMES[p], f"{s['ratio']:g}×", fmt_int(s["trainable_params"]), fmt_int(s["steps"]),
+    body = [[NAMES[p], s["setting"], f"{s['ratio']:g}×", fmt_int(s["trainable_params"]), fmt_int(s["steps"]),
              ",".join(map(str, s["seeds"])), fmt(s["trunk_loss"], 4), fmt(s["val_before"], 4),
              fmt_pm(s["val_loss"], s["val_loss_std"]), fmt_pm(s["delta_pct"], s["delta_std"], 2, pct=True),
              fmt_ci(t_interval(list(s["deltas"].values())))] for p, s in sums.items()]
     trunk = next(iter(sums.values()), None)
     caption = ("A trained uncompressed model (the trunk, one per seed: "
                f"{trunk['trunk'] if trunk else DASH} and its seeds) frozen; MAPL's boundaries inserted and only the "
-               "projectors A_p and the anchors trained (the fixed basis: the anchors only). Δ% against the trunk's own "
-               "validation loss; val loss before: the inserted boundaries untrained.")
+               "projectors A_p and the anchors trained (the fixed basis: the anchors only). Setting: the boundary spec's "
+               "(spec) or the override chosen on the first seed's selection split (frozen-trunk-tuning.md). Δ% against "
+               "the trunk's own validation loss; val loss before: the inserted boundaries untrained.")
     takeaway = ("; ".join(f"{NAMES[p]} {fmt_pm(s['delta_pct'], s['delta_std'], 2, pct=True)} (n = {s['n']})"
                           for p, s in sums.items()) + "." if body else NO_RUNS)
     return Table("frozen-trunk", "When does learning the subspace pay? Boundaries on a frozen trunk", header, body,
                  caption, takeaway)
+
+
+def frozen_tuning_table(tuning: dict[str, dict]) -> Table:
+    """Every candidate of every tuned projector on the first seed: its selection loss (what chose) and its
+    validation loss (what the tables report; shown, never used to choose)."""
+    header = ["projector", "setting", "seed", "selection loss", "val loss", "chosen"]
+    body = [[NAMES.get(proj, proj), setting_label(c["override"]), str(t["seed"]), fmt(c["select_loss"], 4),
+             fmt(c["val_loss"], 4), "✓" if c["override"] == t["chosen"] else ""]
+            for proj, t in tuning.items() for c in t["candidates"]]
+    caption = ("Each learned projector's step size on the frozen trunk: the boundary spec (spec; lr_mult 0.1, tuned for "
+               "joint training) and each override of frozen_trunk.<profile>.tune, trained on the first seed; the lowest "
+               "selection loss is run on every seed.")
+    takeaway = ("; ".join(f"{NAMES.get(proj, proj)}: {setting_label(t['chosen'])} chosen of "
+                          f"{len(t['candidates'])}" for proj, t in tuning.items()) + "." if tuning
+                else "no projector was tuned (frozen_trunk.<profile>.tune is empty, or the study has not run).")
+    return Table("frozen-trunk-tuning", "Frozen trunk: each learned projector's step size", header, body, caption, takeaway)
 
 
 def frozen_paired_table(runs: Sequence[dict]) -> Table:
