@@ -298,6 +298,9 @@ def test_runs_table_shows_a_run_that_blew_up(rows):
               "val_loss_curve": [[longest // 2, r["val_loss"]], [longest, r["val_loss"] + 1]]} if r is mapl else r
              for r in [{**r, "boundary_diagnostics": [{"activation_rms": 3.0}]} if r is not mapl else r for r in rows]]
     t = R.runs_table(blown)
+    # a study at another ratio and the same budget (learned_fixed_4x) is not a run of the headline
+    other = {**mapl, "projection_ratio": 4, "run": "other-ratio", "group": "learned_fixed_4x"}
+    assert R.runs_table(blown + [other]).body == t.body and "projection ratio (8×)" in t.caption
     line = next(b for b in t.body if b[0] == "MAPL" and b[1] == mapl["seed"])
     assert line[2] == R.fmt(mapl["val_loss"] + 1) and line[3] == R.fmt(mapl["val_loss"]) and line[5] == "9000.0"
     assert f"MAPL seed {mapl['seed']}: RMS 9000" in t.takeaway and f"at step {longest // 2:,}" in t.takeaway
@@ -378,6 +381,21 @@ def test_diagnostics_table():
     t = R.diagnostics_table([r])
     assert t.body == [[r["run"], "MAPL 8×", 300, 16, "0.700", "0.800", "50.0", "35.0", "2.0e-06"]]
     assert "captures 0.70" in t.takeaway and "0.80 learned vs 0.36 fixed" in t.takeaway
+
+
+def test_diagnostics_takeaway_states_every_ratio_trained_with_a_fixed_projector_at_the_longest_budget():
+    def run(method, ratio, energy, steps=3000, projector=None):
+        r = R.row_from_result(result(method, ratio, steps=steps, projector=projector))
+        r["boundary_diagnostics"] = [{"boundary": 0, "rank": 64 // ratio, "captured_energy": energy, "pca_energy": 0.99,
+                                      "angles_to_pca_deg": {"mean": 30}, "ortho_err": 1e-6}]
+        return r
+    rows = [run("mapl", 4, 0.88), run("mapl", 4, 0.72, projector="fixed"), run("mapl", 8, 0.89),
+            run("mapl", 8, 0.63, projector="fixed"), run("mapl", 16, 0.5), run("mapl", 8, 0.1, steps=300)]
+    for order in (rows, rows[::-1]):
+        t = R.diagnostics_table(order)
+        assert t.takeaway.startswith("MAPL 4× at 3,000 steps captures 0.88 of the boundary energy (fixed projector 0.72)")
+        assert "; MAPL 8× at 3,000 steps captures 0.89 of the boundary energy (fixed projector 0.63)" in t.takeaway
+        assert "16×" not in t.takeaway and "0.10" not in t.takeaway
 
 
 def test_style_map_distinct():
@@ -545,6 +563,12 @@ def test_decomposition_isolates_each_ingredient_against_the_headlines_own_runs()
     partial = [r for r in rows if r["variant"] != "none-anchor-factorized" and not r["model"].endswith("]")]
     partial_levels = [float(c[5].split("(")[1].rstrip("%)")) for c in R.decomposition_paired_table(partial).body]
     assert len(partial_levels) == 5 and max(partial_levels) == pytest.approx(100 * (1 - 0.05 / 7), abs=0.05)
+    # MAPL at 4x at the same budget (learned_fixed_4x) is not the decomposition's MAPL (8x), whatever the row order
+    for order in (rows, rows[::-1]):
+        assert next(b for b in R.decomposition_table(order).body if b[0] == "MAPL")[3] == "8×"
+        assert all(c[0] != "MAPL" for c in R.decomposition_paired_table(order).body)
+    before = R.decomposition_paired_table(rows).body
+    assert R.decomposition_paired_table(rows[::-1]).body == before
     ledger = {c["claim"]: c for c in R.claims(rows)}
     row = ledger["MAPL's lead over SSN is more than its anchors (SSN given MAPL's anchors still trails)"]
     assert row["verdict"] == "reproduced" and row["ours"].startswith("SSN + anchors − MAPL: +")

@@ -62,17 +62,30 @@ def _group_budget(rows: Sequence[dict], group: str) -> tuple[str | None, int | N
     return mine[0]["base_model"], steps, sorted({r["seed"] for r in mine})
 
 
+def _group_ratio(rows: Sequence[dict], group: str) -> float | None:
+    """The projection ratio of a group's compressed runs (a study compares its configurations at one)."""
+    ratios = {r["projection_ratio"] for r in rows if r["group"] == group and r["projection_ratio"] is not None}
+    if len(ratios) > 1:
+        raise ValueError(f"group {group}: compressed runs at several projection ratios {sorted(ratios)}; a study "
+                         f"compares its configurations at one")
+    return next(iter(ratios), None)
+
+
 def study_summaries(rows: Sequence[dict], configs: Sequence[tuple], model: str, steps: int, seeds: Sequence[int],
-                    stages: int | None = None, data_source: str | None = None) -> dict[str, dict]:
+                    stages: int | None = None, data_source: str | None = None,
+                    ratio: float | None = None) -> dict[str, dict]:
     """name -> summary (:func:`mapl.report.stats.summarize`, Δ% against each seed's plain uncompressed run) of
     each configuration (name, variant, model suffix) at ``steps`` on ``seeds``, whatever group trained it
     (a configuration shared with the headline is the headline's run: :func:`mapl.report.rows.load_results`
-    keeps one row per configuration and seed); names without runs are left out."""
+    keeps one row per configuration and seed); names without runs are left out. ``ratio``: compressed runs at
+    this projection ratio only (a variant trained at several ratios and the same budget, e.g. MAPL at 8x in
+    ``long`` and at 4x in ``learned_fixed_4x``, would otherwise be summarised at whichever came first)."""
     out = {}
     for name, variant, suffix in configs:
         pool = [r for r in rows if r["variant"] == variant and _model_matches(r["model"], model, suffix) and r["steps"] == steps
                 and r["seed"] in seeds and (stages is None or r["stages"] == stages)
-                and (data_source is None or r.get("data_source", "") == data_source)]
+                and (data_source is None or r.get("data_source", "") == data_source)
+                and (ratio is None or r["projection_ratio"] in (None, ratio))]
         sums = summarize(pool, rows)
         if sums:
             out[name] = {**sums[0], "name": name}
@@ -142,7 +155,7 @@ def _decomposition(rows: Sequence[dict]) -> tuple[dict, list[dict], int | None]:
     model, steps, seeds = _group_budget(rows, "decompose")
     if model is None:
         return {}, [], None
-    sums = study_summaries(rows, DECOMPOSITION, model, steps, seeds)
+    sums = study_summaries(rows, DECOMPOSITION, model, steps, seeds, ratio=_group_ratio(rows, "decompose"))
     return sums, tested_family(study_comparisons(sums, DECOMPOSITION_COMPARISONS), len(DECOMPOSITION_COMPARISONS)), steps
 
 
@@ -184,10 +197,8 @@ def _learned_fixed(rows: Sequence[dict]) -> tuple[dict, list[dict], int | None]:
     model, steps, seeds = _group_budget(rows, "learned_fixed_4x")
     if model is None:
         return {}, [], None
-    ratio = next(r["projection_ratio"] for r in rows if r["group"] == "learned_fixed_4x")
-    pool = [r for r in rows if r["method"] == "none" or r["projection_ratio"] == ratio]
-    sums = study_summaries(pool, (("none", "none", ""), ("mapl-fixed", "mapl-fixed", ""), ("mapl", "mapl", "")),
-                           model, steps, seeds)
+    sums = study_summaries(rows, (("none", "none", ""), ("mapl-fixed", "mapl-fixed", ""), ("mapl", "mapl", "")),
+                           model, steps, seeds, ratio=_group_ratio(rows, "learned_fixed_4x"))
     return sums, tested_family(study_comparisons(sums, (("mapl-fixed", "mapl", "learning the subspace (SPEL)"),))), steps
 
 
@@ -229,7 +240,8 @@ def _corpus(rows: Sequence[dict]) -> tuple[dict, list[dict], int | None]:
     if model is None:
         return {}, [], None
     source = next(r.get("data_source", "") for r in rows if r["group"] == "corpus")
-    sums = study_summaries(rows, HEADLINE_THREE, model, steps, seeds, data_source=source)
+    sums = study_summaries(rows, HEADLINE_THREE, model, steps, seeds, data_source=source,
+                           ratio=_group_ratio(rows, "corpus"))
     return sums, tested_family(study_comparisons(sums, (("ssn", "mapl", "the primary contrast on this corpus"),))), steps
 
 
@@ -265,10 +277,11 @@ def _blocks(rows: Sequence[dict]) -> tuple[dict, list[dict], int | None]:
     if model is None:
         return {}, [], None
     stages = sorted({r["stages"] for r in rows if r["group"] == "blocks"})
+    ratio = _group_ratio(rows, "blocks")
     sums, comps = {}, []
     for p in stages:
         at_p = {f"{k} P={p}": {**v, "name": k} for k, v in study_summaries(rows, HEADLINE_THREE, model, steps, seeds,
-                                                                           stages=p).items()}
+                                                                           stages=p, ratio=ratio).items()}
         sums.update(at_p)
         comps += study_comparisons(at_p, ((f"ssn P={p}", f"mapl P={p}", f"the primary contrast at P = {p}"),))
     return sums, tested_family(comps), steps

@@ -186,8 +186,9 @@ def runs_table(rows: Sequence[dict], group: str = "long") -> Table:
     validation loss, and the scale of the residual stream at the boundaries (a run that blows up
     shows there before its loss does)."""
     steps = budget_steps(rows, group, main_model(rows))
-    pool = sorted((r for r in at_best_validation(rows) if r["steps"] == steps and r["model"] == main_model(rows)
-                   and r["variant"] in STUDY_VARIANTS), key=lambda r: (STUDY_VARIANTS.index(r["variant"]), r["seed"]))
+    # at the headline's ratio: a study at another ratio and the same budget (learned_fixed_4x) is not the headline
+    pool = sorted(_study_pool(at_best_validation(rows), headline_ratio(rows), steps) if steps else [],
+                  key=lambda r: (STUDY_VARIANTS.index(r["variant"]), r["seed"]))
     header = ["method", "seed", "final val loss", "best val loss", "best at step", "max boundary RMS",
               "codebook batch perplexity (min)", "largest max |z| (boundary)", "first outlier warning"]
     body, rms = [], {}
@@ -198,7 +199,10 @@ def runs_table(rows: Sequence[dict], group: str = "long") -> Table:
                      fmt_int(r["best_step"]), fmt(scale, 1) if scale else DASH,
                      fmt(r["codebook_batch_perplexity"], 0) if r["codebook_batch_perplexity"] else DASH,
                      *_health_cells(r)])
-    caption = (f"Each run of the {fmt_int(steps)}-step budget: the final and the lowest validation loss (at which "
+    ratio = headline_ratio(rows)
+    caption = (f"Each run of the headline methods at the {fmt_int(steps)}-step budget"
+               + (f" and the headline's projection ratio ({fmt_ratio(ratio)})" if ratio else "")
+               + ": the final and the lowest validation loss (at which "
                "evaluation step), the largest RMS of the residual stream entering a boundary (held-out tokens, after "
                "training), for MAPL+VQ the lowest batch perplexity of its codes over boundaries (of 256) and, where "
                "the run recorded its boundary health (runs trained since the early warning; 'not recorded' before), "
