@@ -22,12 +22,14 @@ changes a run's numbers. dvc.yaml's train stage lists the same files as its deps
 (``tests/test_notebooks.py`` holds the two lists equal), so DVC and this module agree on when the
 training code changed. DVC clears a group's results folder before it reruns the stage; the
 checkpoints under ``checkpoints/<profile>/`` then make a rerun after a params edit cheap, and the
-fingerprint keeps them from surviving a code change.
+fingerprint keeps them from surviving a code change. After a code change proven equivalent, ``refresh``
+(:mod:`mapl.orchestration.refresh`) records the stages without that deletion.
 
     python -m mapl.reuse          # the fingerprint of this checkout's training code, and its files
     python -m mapl.reuse adopt ../retrain cpu long     # take another checkout's finished runs (see adopt)
     python -m mapl.reuse compare ../retrain cpu long   # after `dvc repro -s train@long`: same numbers?
     python -m mapl.reuse prove ../retrain cpu          # other training code, the same numbers? (equivalence.py)
+    python -m mapl.reuse refresh cpu [GROUP ...]       # after a proven change: record train stages (refresh.py)
 """
 from __future__ import annotations
 
@@ -221,7 +223,9 @@ USAGE = ("usage: python -m mapl.reuse                                  (the trai
          "       python -m mapl.reuse adopt CHECKOUT PROFILE GROUP     (copy GROUP's finished checkpoints from CHECKOUT)\n"
          "       python -m mapl.reuse compare CHECKOUT PROFILE GROUP   (restored results here vs CHECKOUT's)\n"
          "       python -m mapl.reuse prove CHECKOUT PROFILE [STEPS]   (CHECKOUT's training code computes this one's "
-         "numbers? recorded if so)")
+         "numbers? recorded if so)\n"
+         "       python -m mapl.reuse refresh PROFILE [GROUP ...]    (after a proven-equivalent code change: "
+         "re-execute and `dvc commit` each train stage whose runs are all current, training nothing)")
 
 
 def main(argv=None) -> int:
@@ -233,6 +237,8 @@ def main(argv=None) -> int:
         return 0
     if args[0] == "prove" and len(args) in (3, 4):
         return _prove(*args[1:])
+    if args[0] == "refresh" and len(args) >= 2:
+        return _refresh(args[1], args[2:])
     if len(args) != 4 or args[0] not in ("adopt", "compare"):
         print(USAGE, file=sys.stderr)
         return 2
@@ -273,4 +279,15 @@ def _prove(checkout: str, profile: str, steps: str = "6") -> int:
         return 1
     print(f"training code {rec['old']} computes what {rec['new']} computes on {len(rec['configurations'])} "
           f"configurations ({rec['seconds']:.0f} s): recorded in {EQUIVALENCE_FILE}")
+    return 0
+
+
+def _refresh(profile: str, groups: Sequence[str]) -> int:
+    from .refresh import refresh
+    try:
+        done = refresh(profile, groups)
+    except (ValueError, OSError, RuntimeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"{len(done)} train stage(s) of {profile} re-executed and committed, nothing trained")
     return 0
