@@ -121,13 +121,15 @@ def frozen_tuning_table(tuning: dict[str, dict]) -> Table:
     body = [[NAMES.get(proj, proj), setting_label(c["override"]), str(t["seed"]), fmt(c["select_loss"], 4),
              fmt(c["val_loss"], 4), "✓" if c["override"] == t["chosen"] else ""]
             for proj, t in tuning.items() for c in t["candidates"]]
-    caption = ("Each learned projector's step size on the frozen trunk: the boundary spec (spec; lr_mult 0.1, tuned for "
-               "joint training) and each override of frozen_trunk.<profile>.tune, trained on the first seed; the lowest "
-               "selection loss is run on every seed.")
+    caption = ("Each projector's learning rate on the frozen trunk (the fixed basis has none: its anchors' LR): the "
+               "boundary spec (spec: the profile's settings, tuned for joint training) and each override of "
+               "frozen_trunk.<profile>.tune, trained on the first seed; the lowest selection loss is run on every seed, "
+               "the validation loss is shown and never used to choose.")
     takeaway = ("; ".join(f"{NAMES.get(proj, proj)}: {setting_label(t['chosen'])} chosen of "
                           f"{len(t['candidates'])}" for proj, t in tuning.items()) + "." if tuning
                 else "no projector was tuned (frozen_trunk.<profile>.tune is empty, or the study has not run).")
-    return Table("frozen-trunk-tuning", "Frozen trunk: each learned projector's step size", header, body, caption, takeaway)
+    return Table("frozen-trunk-tuning", "Frozen trunk: each projector's learning rate, tuned on the first seed", header,
+                 body, caption, takeaway)
 
 
 def frozen_paired_table(runs: Sequence[dict]) -> Table:
