@@ -4,6 +4,7 @@ import json
 import shutil
 import threading
 import time
+import warnings
 from dataclasses import replace
 from pathlib import Path
 
@@ -13,7 +14,7 @@ import torch
 from mapl.core import fingerprint
 from mapl.orchestration import reuse, sweep
 from mapl.core.config import ConfigError, config_hash, load_params
-from mapl.orchestration.progress import GroupClock, StepProgress, estimate_core_seconds, estimate_group, hms
+from mapl.orchestration.progress import GroupClock, StepProgress, estimate_core_seconds, estimate_group, hms, named_warnings
 from mapl.train import config_from_args, parse_args
 
 PARAMS = load_params()
@@ -423,6 +424,34 @@ def test_launched_runs_share_the_gpus(monkeypatch):
     assert [act for _, _, act in seen] == [(1,), (2,)] and all(ids == () for _, ids, _ in seen)   # CPU: one at a time
     with pytest.raises(ConfigError, match="needs 8 GPUs"):
         sweep._run_launched(jobs[2:], "paper", sweep.LauncherConfig("accelerate", gpus=4), "fp", None)
+
+
+def test_a_warning_inside_a_run_names_the_run_and_its_step(capfd, monkeypatch):
+    # thin_svd's float64 retry (SPEL's retraction) warns from the numerical core, which does not know its run;
+    # in a sweep's worker the line says whose it is, at which step, in one write
+    import torch
+    from mapl.core.optim import thin_svd
+    real = torch.linalg.svd
+
+    def fails_in_float32(A, full_matrices=True):
+        if A.dtype == torch.float32:
+            raise torch.linalg.LinAlgError("linalg.svd: The algorithm failed to converge")
+        return real(A, full_matrices=full_matrices)
+
+    monkeypatch.setattr(torch.linalg, "svd", fails_in_float32)
+    progress = StepProgress(1, 2, "tiny-P4-mapl-4x-3000steps-s4", every_s=3600)
+    progress(2145, 3000, 3.1)
+    with named_warnings("tiny-P4-mapl-4x-3000steps-s4", progress):
+        thin_svd(torch.randn(16, 4))
+    err = capfd.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith(
+        "warning: tiny-P4-mapl-4x-3000steps-s4 step 2145: RuntimeWarning: thin_svd: float32 LAPACK SVD of a (16, 4) "
+        "matrix did not converge; retried in float64 (mapl.core.optim.thin_svd) (")
+    with named_warnings("r"):                                            # no progress: no step
+        warnings.warn("w", UserWarning, stacklevel=1)
+    assert capfd.readouterr().err.startswith("warning: r: UserWarning: w (test_sweep.py:")
+    with pytest.warns(UserWarning):                                      # outside: the default handling again
+        warnings.warn("after", UserWarning, stacklevel=1)
 
 
 def test_progress_lines(capfd):

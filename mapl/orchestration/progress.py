@@ -14,12 +14,16 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
+from contextlib import contextmanager
+from pathlib import Path
 
 from ..core.config import RunConfig
 from ..core.model_config import count_params
 
 __all__ = ["CORE_S_PER_TOKEN_PARAM", "RVQ_SLOWDOWN", "RUN_OVERHEAD_S", "LAUNCH_OVERHEAD_S", "estimate_core_seconds",
-           "eval_tokens", "estimate_group", "hms", "emit", "StepProgress", "GroupClock"]
+           "eval_tokens", "estimate_group", "hms", "emit", "StepProgress", "named_warnings",
+           "GroupClock"]
 
 # one 300-step run of `tiny` (1.37M parameters, 16 x 128 tokens per step, 6 evaluations of 65,536 tokens)
 # takes about 70 s on one quiet core: seconds per (token x parameter) of training, an eval token a third
@@ -79,9 +83,10 @@ class StepProgress:
 
     def __init__(self, k: int, n: int, name: str, every_s: float):
         self.k, self.n, self.name, self.every_s = k, n, name, every_s
-        self.t0 = self.step0 = self.last = None
+        self.t0 = self.step0 = self.last = self.step = None
 
     def __call__(self, step: int, steps: int, loss: float) -> None:
+        self.step = step
         now = time.monotonic()
         if self.t0 is None:
             self.t0, self.step0, self.last = now, step, now
@@ -91,6 +96,21 @@ class StepProgress:
         rate = (step - self.step0) / (now - self.t0) if now > self.t0 and step > self.step0 else 0.0
         eta = hms((steps - step) / rate) if rate else "?"
         emit(f"run {self.k} of {self.n} {self.name} step {step}/{steps} loss {loss:.3f} ETA {eta}")
+
+
+@contextmanager
+def named_warnings(run: str, progress: StepProgress | None = None):
+    """In one run's worker process: each Python warning becomes one line naming the run and its last step.
+    Runs side by side share the terminal, and a warning from the numerical core (e.g. ``thin_svd`` retrying
+    a non-convergent float32 SVD in float64) does not know which run it is in; the default format would not
+    say, and could interleave with the progress lines."""
+    def show(message, category, filename, lineno, file=None, line=None):
+        step = f" step {progress.step}" if progress is not None and progress.step is not None else ""
+        emit(f"warning: {run}{step}: {category.__name__}: {message} ({Path(filename).name}:{lineno})")
+
+    with warnings.catch_warnings():
+        warnings.showwarning = show
+        yield
 
 
 class GroupClock:

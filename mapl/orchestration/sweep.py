@@ -40,7 +40,8 @@ from ..core.config import (METHODS, PROJECT_ROOT, ConfigError, RunConfig, RVQCon
                            load_params, load_run_config, setting)
 from ..core.fingerprint import code_fingerprint
 from . import reuse
-from .progress import LAUNCH_OVERHEAD_S, GroupClock, StepProgress, emit, estimate_core_seconds, estimate_group, hms
+from .progress import (LAUNCH_OVERHEAD_S, GroupClock, StepProgress, emit, estimate_core_seconds, estimate_group, hms,
+                       named_warnings)
 
 __all__ = ["LAUNCHERS", "LauncherConfig", "Job", "group_names", "group_specs", "launcher_config", "run_name", "measured_text",
            "failure_summary", "spec_config", "check_params", "plan_group", "estimate_text", "results_dir",
@@ -258,9 +259,11 @@ def _pool_worker(args) -> dict:
     reuse.mark_code(job.ckpt, fingerprint)
     t0 = time.time()
     from ..core.loop import Interrupted
+    progress = StepProgress(job.k, job.n, job.name, every_s) if every_s else None
     try:
-        res = run(job.cfg, out=job.out, ckpt=job.ckpt, progress=False, log=lambda *a, **k: None,
-                  on_step=StepProgress(job.k, job.n, job.name, every_s) if every_s else None)
+        with named_warnings(job.name, progress):
+            res = run(job.cfg, out=job.out, ckpt=job.ckpt, progress=False, log=lambda *a, **k: None,
+                      on_step=progress)
     except Interrupted as e:         # a stop signal: the checkpoint is written; the group stops (_run_pool)
         return {"k": job.k, "run": job.name, "interrupted": str(e)}
     except Exception as e:           # noqa: BLE001 -- one failed run must not take the group down; it is reported
