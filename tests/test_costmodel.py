@@ -333,6 +333,16 @@ def test_measured_steps_take_each_methods_longest_budget_and_never_another_metho
     # at equal budget the preferred variant wins over the default configuration
     runs.append(_run("mapl-rvq", 0, [[200, 3.06], [400, 2.9], [600, 2.85]], steps=600))
     assert pick_measured(steps_ratios(runs), [("mapl-rvq", 8.0)])[("mapl-rvq", 8.0)]["variant"] == "mapl-rvq-scaled"
+    # a study at another projection ratio and the same budget (learned_fixed_4x) never stands for the method
+    from mapl.planning.planner_views import at_headline_ratio
+    headline = [{**r, "group": "long", "projection_ratio": None if r["method"] == "none" else 8} for r in runs]
+    study = {**_run("mapl", 0, [[200, 3.06], [400, 2.86], [600, 2.8]], steps=600, ratio=4.0),
+             "group": "learned_fixed_4x", "projection_ratio": 4}
+    for order in ([study, *headline], [*headline, study]):
+        assert at_headline_ratio(order) == [r for r in order if r is not study]
+        picked = pick_measured(steps_ratios(at_headline_ratio(order)), [("mapl", 8.0)])[("mapl", 8.0)]
+        assert picked == pick_measured(steps_ratios(headline), [("mapl", 8.0)])[("mapl", 8.0)] and picked["ratio"] == 8.0
+    assert pick_measured(steps_ratios([study, *headline]), [("mapl", 8.0)])[("mapl", 8.0)]["ratio"] == 4.0  # the bug
 
 
 def test_uncompressed_with_anchors_is_never_the_planners_reference():
