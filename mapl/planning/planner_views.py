@@ -16,6 +16,7 @@ from typing import Sequence
 from ..core.config import load_run_config
 from ..core.link import LinkProfile
 from ..orchestration.sweep import group_specs
+from ..report.rows import at_projection_ratio
 from ..report.studies import headline_ratio
 from .costmodel import boundary_bytes, build_case, measured_compute, wire_ratio
 from .planner import (common_target, crossover_interval, load_runs, main_model_runs, paper_steps_ratios, ratio_key,
@@ -158,10 +159,7 @@ def at_headline_ratio(runs: Sequence[dict]) -> list[dict]:
     (:func:`mapl.report.studies.headline_ratio`): every method's measured ratio is then taken at one projection
     ratio. A study at another ratio and the same budget (``learned_fixed_4x``: MAPL at 4x, 8 seeds, 3,000 steps)
     would otherwise tie with the headline's MAPL 8x and stand for MAPL by row order."""
-    ratio = headline_ratio([{"group": "", "projection_ratio": None, **r} for r in runs])
-    if ratio is None:
-        return list(runs)
-    return [r for r in runs if r["method"] == "none" or r.get("projection_ratio") in (None, ratio)]
+    return at_projection_ratio(runs, headline_ratio(runs))
 
 
 def pick_measured(ratios: Sequence[dict], keys: Sequence[tuple]) -> dict:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from .rows import budget_steps, study_groups
+from .rows import at_projection_ratio, budget_steps, study_groups
 from .stats import paired, summarize, t_interval
 from .studies import gap_sentence, tested_comparisons
 from .style import fmt_ratio, variant_label
@@ -81,11 +81,11 @@ def study_summaries(rows: Sequence[dict], configs: Sequence[tuple], model: str, 
     this projection ratio only (a variant trained at several ratios and the same budget, e.g. MAPL at 8x in
     ``long`` and at 4x in ``learned_fixed_4x``, would otherwise be summarised at whichever came first)."""
     out = {}
+    at_ratio = at_projection_ratio(rows, ratio)
     for name, variant, suffix in configs:
-        pool = [r for r in rows if r["variant"] == variant and _model_matches(r["model"], model, suffix) and r["steps"] == steps
-                and r["seed"] in seeds and (stages is None or r["stages"] == stages)
-                and (data_source is None or r.get("data_source", "") == data_source)
-                and (ratio is None or r["projection_ratio"] in (None, ratio))]
+        pool = [r for r in at_ratio if r["variant"] == variant and _model_matches(r["model"], model, suffix)
+                and r["steps"] == steps and r["seed"] in seeds and (stages is None or r["stages"] == stages)
+                and (data_source is None or r.get("data_source", "") == data_source)]
         sums = summarize(pool, rows)
         if sums:
             out[name] = {**sums[0], "name": name}

@@ -41,7 +41,7 @@ from ..core.config import METHODS
 __all__ = ["GROUP_ORDER", "TUNING_GROUPS", "OTHER_CORPUS_GROUPS", "STUDY_OF_GROUP", "study_groups", "METHOD_ORDER", "KEY",
            "ResultsError", "results_dir", "row_from_result", "eval_set", "load_results", "select",
            "total_bytes_per_token", "variant_of", "is_reference", "is_default", "run_key", "group_runs", "sort_key",
-           "main_model", "budget_steps", "at_best_validation", "train_split_tokens"]
+           "main_model", "budget_steps", "at_projection_ratio", "at_best_validation", "train_split_tokens"]
 
 # groups whose runs exist to choose settings (scored on the selection set), never pooled into a result
 TUNING_GROUPS = ("tune", "tune2", "lr_check")
@@ -345,6 +345,13 @@ def budget_steps(rows: Sequence[dict], group: str, model: str | None = None) -> 
     of ``model``'s runs when given; None when the group has no runs."""
     counts = Counter(r["steps"] for r in rows if r["group"] == group and (model is None or r["model"] == model))
     return min(counts, key=lambda s: (-counts[s], s)) if counts else None
+
+
+def at_projection_ratio(rows: Iterable[dict], ratio: float | None) -> list[dict]:
+    """The rows at projection ratio d/r ``ratio`` and those without one (uncompressed, int8); all of them when
+    ``ratio`` is None. How a study keeps to one ratio where a variant was trained at several at one budget
+    (MAPL at 8x in ``long`` and at 4x in ``learned_fixed_4x``, both 3,000 steps)."""
+    return [r for r in rows if ratio is None or r["projection_ratio"] in (None, ratio)]
 
 
 def at_best_validation(rows: Iterable[dict]) -> list[dict]:

@@ -185,9 +185,9 @@ def runs_table(rows: Sequence[dict], group: str = "long") -> Table:
     """Every run of the headline methods at the long budget, one line per seed: final and best
     validation loss, and the scale of the residual stream at the boundaries (a run that blows up
     shows there before its loss does)."""
-    steps = budget_steps(rows, group, main_model(rows))
+    steps, ratio = budget_steps(rows, group, main_model(rows)), headline_ratio(rows)
     # at the headline's ratio: a study at another ratio and the same budget (learned_fixed_4x) is not the headline
-    pool = sorted(_study_pool(at_best_validation(rows), headline_ratio(rows), steps) if steps else [],
+    pool = sorted(_study_pool(at_best_validation(rows), ratio, steps) if steps else [],
                   key=lambda r: (STUDY_VARIANTS.index(r["variant"]), r["seed"]))
     header = ["method", "seed", "final val loss", "best val loss", "best at step", "max boundary RMS",
               "codebook batch perplexity (min)", "largest max |z| (boundary)", "first outlier warning"]
@@ -199,7 +199,6 @@ def runs_table(rows: Sequence[dict], group: str = "long") -> Table:
                      fmt_int(r["best_step"]), fmt(scale, 1) if scale else DASH,
                      fmt(r["codebook_batch_perplexity"], 0) if r["codebook_batch_perplexity"] else DASH,
                      *_health_cells(r)])
-    ratio = headline_ratio(rows)
     caption = (f"Each run of the headline methods at the {fmt_int(steps)}-step budget"
                + (f" and the headline's projection ratio ({fmt_ratio(ratio)})" if ratio else "")
                + ": the final and the lowest validation loss (at which "

@@ -205,8 +205,10 @@ def _geometry_takeaway(geo: dict) -> str:
         return "no MAPL run with boundary diagnostics."
     # the longest budget, preferring ratios with a fixed-projector run to compare with: one sentence per such
     # ratio (the headline's 8x and the paper's ablation's 4x are both trained at 3,000 steps)
-    best = max((k[2], ("mapl-fixed", *k[1:]) in geo) for k, _ in mapl)
-    keys = sorted(k for k, _ in mapl if (k[2], ("mapl-fixed", *k[1:]) in geo) == best)
+    def rank(key):                                   # (budget, has a fixed-projector twin)
+        return key[2], ("mapl-fixed", *key[1:]) in geo
+    best = max(rank(k) for k, _ in mapl)
+    keys = sorted(k for k, _ in mapl if rank(k) == best)
     learned_p = paper.paper_value("geometry", "captured_energy", variant="spel")
     fixed_p = paper.paper_value("geometry", "captured_energy", variant="fixed")
     adj_p = paper.paper_value("geometry", "principal_angle", variant="adjacent")
