@@ -602,6 +602,16 @@ def test_corpus_study_reads_its_own_corpus_and_never_leaks_into_the_headline():
     row = next(c for c in R.claims(main_rows, rows_all) if "corpus" in c["claim"])
     assert row["verdict"] == "reproduced"
     assert next(c for c in R.claims(main_rows) if "corpus" in c["claim"])["reason"].startswith("not run")
+    # the paper's two ranges again on this corpus, from its own summaries (SSN ~+4.9 %, MAPL ~+2.5 %, tight)
+    ranges = {c["claim"]: c for c in R.claims(main_rows, rows_all) if c["claim"].endswith("(on a corpus seen at most once)")}
+    ssn_row, mapl_row = ranges["SSN loses 8-15 % (on a corpus seen at most once)"], ranges[
+        "MAPL costs at most ~2 % (on a corpus seen at most once)"]
+    assert ssn_row["table"] == mapl_row["table"] == "corpus.md"
+    assert ssn_row["ours"].startswith(f"SSN: {ssn:+.2f}%") and ssn_row["verdict"] == "not reproduced"
+    assert "wholly below" in ssn_row["reason"]
+    assert mapl_row["verdict"] == "not reproduced" and "wholly above" in mapl_row["reason"]
+    assert all(c["reason"].startswith("not run") for c in R.claims(main_rows)
+               if c["claim"].endswith("(on a corpus seen at most once)"))
 
 
 def test_blocks_study_pairs_at_each_p_and_two_seeds_give_no_verdict():

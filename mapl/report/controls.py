@@ -26,8 +26,7 @@ from .table import DASH, Table, fmt, fmt_ci, fmt_int, fmt_pm
 
 __all__ = ["DECOMPOSITION", "DECOMPOSITION_COMPARISONS", "study_summaries", "study_comparisons", "tested_family",
            "decomposition_table", "decomposition_paired_table", "learned_fixed_table", "corpus_table", "blocks_table",
-           "controls_plot",
-           "study_comparison"]
+           "controls_plot", "study_comparison", "study_summary"]
 
 NO_RUNS = "no runs of group {} yet (see README, 'Results')."
 
@@ -230,6 +229,15 @@ def study_comparison(rows: Sequence[dict], study: str) -> dict | None:
     else:
         raise ValueError(f"study={study!r}: allowed 'decompose', 'learned_fixed_4x', 'corpus', 'blocks'")
     return next((c for c in comps if (c["a"]["name"], c["b"]["name"]) == key), None)
+
+
+def study_summary(rows: Sequence[dict], study: str, name: str) -> dict | None:
+    """One configuration's summary in a study (``corpus``: ``none``, ``ssn``, ``mapl``; ``blocks``: the same with
+    `` P=4`` or `` P=8``; ``decompose``: its configuration names), for the ledger's range claims; None without it."""
+    studies = {"decompose": _decomposition, "learned_fixed_4x": _learned_fixed, "corpus": _corpus, "blocks": _blocks}
+    if study not in studies:
+        raise ValueError(f"study={study!r}: allowed {', '.join(repr(k) for k in studies)}")
+    return studies[study](rows)[0].get(name)
 
 
 HEADLINE_THREE = (("none", "none", ""), ("ssn", "ssn", ""), ("mapl", "mapl", ""))
