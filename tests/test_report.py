@@ -612,6 +612,11 @@ def test_corpus_study_reads_its_own_corpus_and_never_leaks_into_the_headline():
     assert mapl_row["verdict"] == "not reproduced" and "wholly above" in mapl_row["reason"]
     assert all(c["reason"].startswith("not run") for c in R.claims(main_rows)
                if c["claim"].endswith("(on a corpus seen at most once)"))
+    # its in-run figure: its own file (never the headline's gap-curves.png), against the code corpus's own reference
+    plot = R.gap_curves_plot(rows_all, group="corpus")
+    assert plot.name == "gap-curves-corpus" and not plot.empty and "Group corpus" in plot.caption
+    assert plot.takeaway.startswith(f"At step 3,000 MAPL leads SSN by {c['mean']:+.2f} points")
+    assert R.gap_curves_plot(rows_all).name == "gap-curves"
 
 
 def test_blocks_study_pairs_at_each_p_and_two_seeds_give_no_verdict():
