@@ -591,7 +591,10 @@ def test_corpus_study_reads_its_own_corpus_and_never_leaks_into_the_headline():
     table = R.corpus_table(rows_all)
     assert [b[0] for b in table.body] == ["Uncompressed", "SSN", "MAPL"]
     tail = statistics.fmean(1.0 - i / 3000 for i in range(2700, 3000))         # the last 10 % of steps of result()'s curve
-    assert table.body[0][-1] == f"{1.21 + tail:.4f}"                           # mean over seeds 1.20, 1.21, 1.22
+    assert table.body[0][-2] == f"{1.21 + tail:.4f}"                           # mean over seeds 1.20, 1.21, 1.22
+    train_ssn = [100 * 0.06 / (1.20 + 0.01 * s + tail) for s in range(3)]     # each seed against its own none's
+    assert table.body[0][-1] == "—" and table.body[1][-1] == (f"{statistics.fmean(train_ssn):+.2f}% ± "
+                                                               f"{statistics.stdev(train_ssn):.2f}")
     ssn = statistics.fmean(100 * 0.06 / (1.20 + 0.01 * s) for s in range(3))    # Δ% against the code corpus's own
     assert table.body[1][9].startswith(f"{ssn:+.2f}%")
     c = R.study_comparison(rows_all, "corpus")
@@ -612,6 +615,19 @@ def test_corpus_study_reads_its_own_corpus_and_never_leaks_into_the_headline():
     assert mapl_row["verdict"] == "not reproduced" and "wholly above" in mapl_row["reason"]
     assert all(c["reason"].startswith("not run") for c in R.claims(main_rows)
                if c["claim"].endswith("(on a corpus seen at most once)"))
+    # a range met by an interval that reaches outside it says so (a wide interval is consistent, not a confirmation)
+    from mapl.report.claims import _range_verdict
+    assert _range_verdict((1.9, 10.4), 8.37, 15.05) == ("reproduced", "our 95% interval meets the claimed range but "
+                                                       "reaches outside it: consistent with the claim, not a "
+                                                       "confirmation of it")
+    assert _range_verdict((0.8, 1.7), None, 2.0) == ("reproduced", "our 95% interval meets the claimed range")
+    # the report notebook's three views, each selected from the loaded rows: the corpus reaches its own view
+    tuning = _study_row("tune", "ssn", 8, seed=0, loss=3.6, name="tune-x")
+    every, reported, with_corpus = R.report_selections(rows_all + [tuning], "cpu")
+    assert {r["group"] for r in every} >= {"corpus", "tune", "long"}
+    assert not {r["group"] for r in reported} & {"corpus", "tune"}
+    assert {r["group"] for r in with_corpus} >= {"corpus"} and "tune" not in {r["group"] for r in with_corpus}
+    assert len(R.corpus_table(with_corpus).body) == 3
     # its in-run figure: its own file (never the headline's gap-curves.png), against the code corpus's own reference
     plot = R.gap_curves_plot(rows_all, group="corpus")
     assert plot.name == "gap-curves-corpus" and not plot.empty and "Group corpus" in plot.caption

@@ -42,6 +42,10 @@ def _range_verdict(ci, low: float | None, high: float | None, n: int = MIN_SEEDS
     below = low is not None and ci[1] < low
     if above or below:
         return VERDICTS[1], f"our 95% interval lies wholly {'above' if above else 'below'} the claimed range"
+    outside = (low is not None and ci[0] < low) or (high is not None and ci[1] > high)
+    if outside:   # the rule's verdict, but a reader should see that the interval does not pin the claim down
+        return VERDICTS[0], ("our 95% interval meets the claimed range but reaches outside it: consistent with the "
+                             "claim, not a confirmation of it")
     return VERDICTS[0], "our 95% interval meets the claimed range"
 
 

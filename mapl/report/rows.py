@@ -41,7 +41,7 @@ from ..core.config import METHODS
 __all__ = ["GROUP_ORDER", "TUNING_GROUPS", "OTHER_CORPUS_GROUPS", "STUDY_OF_GROUP", "study_groups", "METHOD_ORDER", "KEY",
            "ResultsError", "results_dir", "row_from_result", "eval_set", "load_results", "select",
            "total_bytes_per_token", "variant_of", "is_reference", "is_default", "run_key", "group_runs", "sort_key",
-           "main_model", "budget_steps", "at_projection_ratio", "at_best_validation", "train_split_tokens"]
+           "report_selections", "main_model", "budget_steps", "at_projection_ratio", "at_best_validation", "train_split_tokens"]
 
 # groups whose runs exist to choose settings (scored on the selection set), never pooled into a result
 TUNING_GROUPS = ("tune", "tune2", "lr_check")
@@ -306,6 +306,17 @@ def select(rows: Iterable[dict], profile: str | None = None, eval_offset: int | 
         if all(r.get(k) == v for k, v in eq.items()):
             out.append(r)
     return out
+
+
+def report_selections(loaded: Iterable[dict], profile: str) -> tuple[list[dict], list[dict], list[dict]]:
+    """The report's three views of one profile's loaded rows: ``rows_all`` (every run: the tuning groups, the old
+    tuning slice and the other corpus too), ``rows`` (the reported runs: none of those) and ``corpus_rows``
+    (``rows`` plus the other corpus's groups, for their own tables and ledger rows). Each is selected from the
+    loaded rows, never from another view: a view that drops a group cannot give it back (round 7's corpus
+    table read "no runs" with all nine runs on disk)."""
+    loaded = list(loaded)
+    rows_all = select(loaded, profile=profile, eval_offset=None, tuning=True, other_corpus=True)
+    return rows_all, select(loaded, profile=profile), select(loaded, profile=profile, other_corpus=True)
 
 
 def is_reference(r: dict) -> bool:
