@@ -27,7 +27,7 @@ from .table import DASH, Table, fmt, fmt_ci, fmt_int, fmt_pm
 
 __all__ = ["DECOMPOSITION", "DECOMPOSITION_COMPARISONS", "study_summaries", "study_comparisons", "tested_family",
            "decomposition_table", "decomposition_paired_table", "learned_fixed_table", "corpus_table", "blocks_table",
-           "controls_plot", "study_comparison", "study_summary"]
+           "controls_plot", "study_comparison", "study_configurations"]
 
 NO_RUNS = "no runs of group {} yet (see README, 'Results')."
 
@@ -232,13 +232,13 @@ def study_comparison(rows: Sequence[dict], study: str) -> dict | None:
     return next((c for c in comps if (c["a"]["name"], c["b"]["name"]) == key), None)
 
 
-def study_summary(rows: Sequence[dict], study: str, name: str) -> dict | None:
-    """One configuration's summary in a study (``corpus``: ``none``, ``ssn``, ``mapl``; ``blocks``: the same with
-    `` P=4`` or `` P=8``; ``decompose``: its configuration names), for the ledger's range claims; None without it."""
+def study_configurations(rows: Sequence[dict], study: str) -> dict[str, dict]:
+    """A study's summaries by configuration name (``corpus``: ``none``, ``ssn``, ``mapl``; ``blocks``: the same
+    with `` P=4`` or `` P=8``; ``decompose``: its configuration names), for the ledger's range claims."""
     studies = {"decompose": _decomposition, "learned_fixed_4x": _learned_fixed, "corpus": _corpus, "blocks": _blocks}
     if study not in studies:
         raise ValueError(f"study={study!r}: allowed {', '.join(repr(k) for k in studies)}")
-    return studies[study](rows)[0].get(name)
+    return studies[study](rows)[0]
 
 
 HEADLINE_THREE = (("none", "none", ""), ("ssn", "ssn", ""), ("mapl", "mapl", ""))
