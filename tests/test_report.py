@@ -335,6 +335,13 @@ def test_table1(rows):
     vq = next(b for b in t.body if b[2] == "MAPL+VQ" and b[3] == "4×")
     assert vq[4] == "8×" and vq[11] == "150M, P=4, 8×"
     assert "4× +1.00% vs +10.00%" in t.takeaway and "MAPL ahead at 2 of 2" in t.takeaway
+    assert "P=" not in t.takeaway                                    # one model and P: entries need no name
+    # a second model (blocks' mini): every entry names its model and P, the main model's first
+    mini = [{**r, "model": "mini", "run": "mini-" + r["run"], "steps": 1000} for r in rows
+            if r["method"] in ("none", "ssn", "mapl") and r["projection_ratio"] in (1, 8)]
+    both = R.table1(rows + mini).takeaway
+    assert both.startswith("MAPL vs SSN Δ% at equal wire ratio: tiny P=4 4× +1.00% vs +10.00%")
+    assert "; mini P=4 8× " in both and "MAPL ahead at 3 of 3" in both
 
 
 def test_ablation_ordering_claims(rows):
@@ -396,6 +403,12 @@ def test_diagnostics_takeaway_states_every_ratio_trained_with_a_fixed_projector_
         assert t.takeaway.startswith("MAPL 4× at 3,000 steps captures 0.88 of the boundary energy (fixed projector 0.72)")
         assert "; MAPL 8× at 3,000 steps captures 0.89 of the boundary energy (fixed projector 0.63)" in t.takeaway
         assert "16×" not in t.takeaway and "0.10" not in t.takeaway
+    # another model's run of the same method, ratio and budget (blocks' mini) is a row, never the takeaway's number
+    mini = {**run("mapl", 8, 0.30), "model": "mini", "run": "mini-P4-mapl-8x-3000steps-s0"}
+    for order in (rows + [mini], [mini] + rows):
+        t = R.diagnostics_table(order)
+        assert "mini-P4-mapl-8x-3000steps-s0" in [b[0] for b in t.body]
+        assert "8× at 3,000 steps captures 0.89" in t.takeaway and "0.30" not in t.takeaway
 
 
 def test_style_map_distinct():
@@ -459,6 +472,19 @@ def test_plots_write_pngs(rows, tmp_path):
         assert p.empty and p.save(tmp_path / "empty").exists()        # no runs: still a file (a DVC out)
     a, b = R.pareto_plot(rows).save(tmp_path / "a"), R.pareto_plot(rows).save(tmp_path / "b")
     assert a.read_bytes() == b.read_bytes()                            # deterministic bytes
+
+
+def test_figures_of_two_models_name_each_budget_and_the_scatter_keeps_the_main_model(rows):
+    mini = [{**r, "model": "mini", "run": "mini-" + r["run"], "steps": 1000} for r in rows
+            if r["method"] in ("none", "ssn", "mapl") and r["projection_ratio"] in (1, 8)]
+    one, two = R.pareto_plot(rows).figure, R.pareto_plot(rows + mini).figure
+    assert one.get_suptitle().endswith("(300 steps)")                 # one budget: the title states it
+    assert not two.get_suptitle().endswith("steps)")                   # two budgets: each line names its own
+    labels = two.axes[1].get_legend_handles_labels()[1]
+    assert "SSN (mini, P=4, 1,000 steps)" in labels and "SSN (tiny, P=4, 300 steps)" in labels
+    scatter = R.paper_scatter_plot(rows + mini)
+    assert len(scatter.figure.axes[0].texts) == len(R.paper_scatter_plot(rows).figure.axes[0].texts)
+    assert scatter.figure.axes[0].get_ylabel() == "our Δ% (tiny)" and "(tiny;" in scatter.caption
 
 
 def test_time_to_target(rows, tmp_path):

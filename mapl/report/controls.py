@@ -317,7 +317,8 @@ def blocks_table(rows: Sequence[dict]) -> Table:
     body = _summary_rows(sums, sorted(sums, key=lambda k: (sums[k]["stages"], ["none", "ssn", "mapl"].index(sums[k]["name"]))))
     caption = ("None, SSN and MAPL on a model with several blocks per stage (the paper has 2-4), at P = 4 and "
                "P = 8; an uncompressed run at another P is the reference where its own P has none (the same model "
-               "and numbers: P only places the blocks).")
+               "and numbers: P only places the blocks). Every method keeps the learning rates tuned on the main "
+               "model; none was retuned for this one. Each projector's boundary geometry is in diagnostics.md (seed 0).")
     takeaway = ("; ".join(f"P = {c['a']['stages']}: " + _sentence(c) for c in comps) + "." if comps
                 else NO_RUNS.format("blocks"))
     return Table("blocks", f"Stages of several blocks ({study_groups('blocks')})", SUMMARY_HEADER, body,

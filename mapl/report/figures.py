@@ -71,9 +71,11 @@ def pareto_figure(sums: Sequence[dict], steps: int | None = None) -> Figure:
     for s in sums:
         lines[(s["model"], s["stages"], s["variant"])].append(s)
     setups = sorted({(m, p) for m, p, _ in lines}, key=str)
+    budgets = sorted({s["steps"] for s in sums})          # models may differ in budget (blocks' mini: 1,000 steps)
     for i, ((model, stages, variant), pts) in enumerate(sorted(lines.items(), key=lambda kv: sort_key(kv[1][0]))):
         ls = LINESTYLES[setups.index((model, stages)) % len(LINESTYLES)]
-        name = variant_label(variant) + (f" ({model}, P={stages})" if len(setups) > 1 else "")
+        name = variant_label(variant) + (f" ({model}, P={stages}" + (f", {pts[0]['steps']:,} steps" if len(budgets) > 1
+                                                                     else "") + ")" if len(setups) > 1 else "")
         for ax, xkey in zip(axes, ("fwd_bytes_per_token", "total_bytes_per_token")):
             pts_x = sorted((s for s in pts if s[xkey]), key=lambda s: -s[xkey])
             if not pts_x:
@@ -96,8 +98,11 @@ def pareto_figure(sums: Sequence[dict], steps: int | None = None) -> Figure:
         ax.set(xlabel=xlabel, ylabel="Δ% val loss vs uncompressed", title=title)
         ax.axhline(0.0, color="0.6", lw=0.8)
         ax.grid(alpha=0.3)
-    if sums:
+    if sums and len(setups) > 1:                           # one line per method and setup: below the panels, not on the points
+        fig.legend(*axes[1].get_legend_handles_labels(), fontsize=8, loc="outside lower center", ncol=3)
+    elif sums:
         axes[1].legend(fontsize=8, loc="best")
+    steps = budgets[0] if len(budgets) == 1 else None if budgets else steps
     fig.suptitle("Loss against communication, token-matched" + (f" ({steps:,} steps)" if steps else ""))
     return fig
 
@@ -284,7 +289,7 @@ def gap_curves_figure(gap: dict, generalisation: dict, title: str = "") -> Figur
     return fig
 
 
-def paper_scatter_figure(cells: Sequence[dict]) -> Figure:
+def paper_scatter_figure(cells: Sequence[dict], model: str | None = None) -> Figure:
     """Our Δ% (y, error bars: std over seeds) against the paper's Δ% (x) for the same method and
     projection ratio; one marker per method, filled at the headline budget, hollow at the main one;
     the diagonal is where they would agree."""
@@ -300,7 +305,7 @@ def paper_scatter_figure(cells: Sequence[dict]) -> Figure:
         ax.annotate(c["label"], (c["paper"], c["ours"]), fontsize=6, xytext=(4, 3), textcoords="offset points")
     hi = max(max(c["paper"] for c in cells), max(c["ours"] for c in cells)) * 1.1
     ax.plot([0, hi], [0, hi], color="0.6", lw=0.8, ls="--", label="ours = paper")
-    ax.set(xlabel="paper Δ% (Table 1 / App. C, its scale)", ylabel="our Δ% (tiny, cpu)",
+    ax.set(xlabel="paper Δ% (Table 1 / App. C, its scale)", ylabel="our Δ%" + (f" ({model})" if model else ""),
            title="our Δ% against the paper's, per cell")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)

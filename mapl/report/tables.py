@@ -12,7 +12,7 @@ import statistics
 from typing import Sequence
 
 from . import paper
-from .rows import TUNING_GROUPS, budget_steps, is_default, sort_key
+from .rows import TUNING_GROUPS, budget_steps, is_default, main_model, sort_key
 from .stats import delta_pct, reference_loss, summarize, t_interval
 from .style import fmt_ratio, label, variant_label
 from .table import DASH, Table, fmt, fmt_ci, fmt_int, fmt_pct, fmt_pm
@@ -46,15 +46,19 @@ def _paper_cells(s: dict) -> list[str]:
             fmt_pct(p["delta_pct"]) if p["method"] != "none" else DASH]
 
 
-def _mapl_vs_ssn(sums: Sequence[dict]) -> str:
+def _mapl_vs_ssn(sums: Sequence[dict], main: str | None = None) -> str:
+    """MAPL against SSN at each wire ratio; with several models or P each entry names its own, ``main``'s first."""
     by = {(s["model"], s["stages"], s["method"], s["wire_ratio"]): s for s in sums}
+    named = len({(m, p) for m, p, _, _ in by}) > 1
     parts, ahead = [], 0
-    for (model, stages, method, ratio), s in sorted(by.items(), key=lambda kv: (str(kv[0][:3]), kv[0][3] or 0)):
+    for (model, stages, method, ratio), s in sorted(by.items(), key=lambda kv: (kv[0][0] != main, str(kv[0][:3]),
+                                                                                kv[0][3] or 0)):
         o = by.get((model, stages, "ssn", ratio))
         if method != "mapl" or o is None or None in (s["delta_pct"], o["delta_pct"]):
             continue
         ahead += s["delta_pct"] < o["delta_pct"]
-        parts.append(f"{fmt_ratio(ratio)} {fmt_pct(s['delta_pct'])} vs {fmt_pct(o['delta_pct'])}")
+        parts.append((f"{model} P={stages} " if named else "")
+                     + f"{fmt_ratio(ratio)} {fmt_pct(s['delta_pct'])} vs {fmt_pct(o['delta_pct'])}")
     if not parts:
         return "no ratio with both MAPL and SSN runs."
     t1 = paper.paper_table1()
@@ -82,7 +86,7 @@ def table1(rows: Sequence[dict]) -> Table:
                "and codebook sync, per boundary. Paper: the Table 1 entry with the same method and projection "
                "ratio (uncompressed: P = 4), at our scale when it is one of the paper's, else the smallest scale "
                "with that ratio (CONFIRMED-secondary, reports/paper-numbers.csv).")
-    takeaway = _mapl_vs_ssn(sums) if sums else NO_RUNS.format("main")
+    takeaway = _mapl_vs_ssn(sums, main_model(rows)) if sums else NO_RUNS.format("main")
     return Table("table1", "Table 1 analog (main budget)", header, body, caption, takeaway)
 
 
@@ -231,12 +235,12 @@ def diagnostics_table(rows: Sequence[dict]) -> Table:
     (means over boundaries)."""
     header = ["run", "method", "steps", "r", "captured energy", "PCA energy (best rank-r)", "angle adjacent (°)",
               "angle to PCA (°)", "max |AᵀA−I|"]
-    body, geo = [], {}
+    body, geo, model = [], {}, main_model(rows)
     for r in rows:
         g = _geometry(r) if r["seed"] == 0 else None
         if g is None:
             continue
-        if "[" not in r["model"]:
+        if r["model"] == model:     # the takeaway's keys name no model: other models' runs (width, blocks) stay rows
             geo[(r["variant"], r["projection_ratio"], r["steps"])] = g
         body.append([r["run"], label(r["variant"], r["wire_ratio"], r["projection_ratio"]), r["steps"], g["rank"],
                      fmt(g["captured"], 3), fmt(g["pca"], 3), fmt(g["adjacent"], 1), fmt(g["to_pca"], 1),
