@@ -62,20 +62,27 @@ def _log2_axis(ax) -> None:
     ax.xaxis.set_minor_formatter(NullFormatter())
 
 
-def pareto_figure(sums: Sequence[dict], steps: int | None = None) -> Figure:
+def _setup_name(variant: str, model: str, stages: int, steps: int, several_setups: bool, several_budgets: bool) -> str:
+    """A line's legend entry: the method, then its model and P where there are several, and its budget where
+    budgets differ (blocks' mini trains 1,000 steps beside tiny's 300)."""
+    where = [f"{model}, P={stages}"] if several_setups else []
+    where += [f"{steps:,} steps"] if several_budgets else []
+    return variant_label(variant) + (f" ({', '.join(where)})" if where else "")
+
+
+def pareto_figure(sums: Sequence[dict]) -> Figure:
     """Δ% against forward bytes (left) and total bytes (right) per token and boundary, one line per
     method (per model and P where there are several); error bars: std over seeds; each point
-    labelled with its wire ratio."""
+    labelled with its wire ratio; the title names the budget when all lines share one."""
     fig, axes = new_figure(2, 5.2, 4.0)
     lines = defaultdict(list)
     for s in sums:
         lines[(s["model"], s["stages"], s["variant"])].append(s)
     setups = sorted({(m, p) for m, p, _ in lines}, key=str)
-    budgets = sorted({s["steps"] for s in sums})          # models may differ in budget (blocks' mini: 1,000 steps)
+    budgets = sorted({s["steps"] for s in sums})
     for i, ((model, stages, variant), pts) in enumerate(sorted(lines.items(), key=lambda kv: sort_key(kv[1][0]))):
         ls = LINESTYLES[setups.index((model, stages)) % len(LINESTYLES)]
-        name = variant_label(variant) + (f" ({model}, P={stages}" + (f", {pts[0]['steps']:,} steps" if len(budgets) > 1
-                                                                     else "") + ")" if len(setups) > 1 else "")
+        name = _setup_name(variant, model, stages, pts[0]["steps"], len(setups) > 1, len(budgets) > 1)
         for ax, xkey in zip(axes, ("fwd_bytes_per_token", "total_bytes_per_token")):
             pts_x = sorted((s for s in pts if s[xkey]), key=lambda s: -s[xkey])
             if not pts_x:
@@ -102,8 +109,7 @@ def pareto_figure(sums: Sequence[dict], steps: int | None = None) -> Figure:
         fig.legend(*axes[1].get_legend_handles_labels(), fontsize=8, loc="outside lower center", ncol=3)
     elif sums:
         axes[1].legend(fontsize=8, loc="best")
-    steps = budgets[0] if len(budgets) == 1 else None if budgets else steps
-    fig.suptitle("Loss against communication, token-matched" + (f" ({steps:,} steps)" if steps else ""))
+    fig.suptitle("Loss against communication, token-matched" + (f" ({budgets[0]:,} steps)" if len(budgets) == 1 else ""))
     return fig
 
 

@@ -19,7 +19,7 @@ from .studies import STUDY_VARIANTS, headline_ratio, headline_summaries, token_p
 from .style import fmt_ratio, label
 from .stats import t_interval
 from .table import fmt, fmt_int
-from .tables import main_budget, table1_summaries
+from .tables import table1_summaries
 
 __all__ = ["Plot", "pareto_plot", "curves_plot", "tokens_plot", "width_plot", "health_plot", "gap_curves_plot",
            "paper_scatter_plot"]
@@ -55,20 +55,15 @@ def _bytes_takeaway(sums: Sequence[dict], ratio: float | None) -> str:
 def pareto_plot(rows: Sequence[dict], group: str | None = None) -> Plot:
     """Δ% against forward and total bytes per token: at the main budget (Table 1's runs), or with
     ``group`` at that group's budget (``"long"``: the headline, every seed; file ``pareto-<group>``)."""
-    if group is None:
-        sums = table1_summaries(rows)
-        model = main_model(rows)
-        steps = main_budget(rows, model) if model else None
-    else:
-        sums = headline_summaries(rows, group)
-        steps = sums[0]["steps"] if sums else None
-    budget = "the main budget" if group is None else f"the budget of group {group} ({fmt_int(steps or 0)} steps)"
+    sums = table1_summaries(rows) if group is None else headline_summaries(rows, group)
+    budget = ("each model's main budget" if group is None
+              else f"the budget of group {group} ({fmt_int(sums[0]['steps'] if sums else 0)} steps)")
     caption = (f"Δ% of validation loss against bytes per token and boundary at {budget}, token-matched; error "
                "bars: std over seeds; point labels: wire ratio (2d / forward bytes). Left: the forward payload, as "
                "the paper counts it. Right: total = (forward + backward + token ids + projector exchange + codebook "
                "sync) bytes of the run / (training tokens × boundaries).")
     takeaway = _bytes_takeaway(sums, headline_ratio(rows)) if sums else f"no runs in group {group or 'main'}."
-    return Plot("pareto" if group is None else f"pareto-{group}", caption, takeaway, pareto_figure(sums, steps),
+    return Plot("pareto" if group is None else f"pareto-{group}", caption, takeaway, pareto_figure(sums),
                 empty=not sums)
 
 
