@@ -218,7 +218,8 @@ def _anchor_comparison(rows: Sequence[dict]) -> dict | None:
 
 
 def _param_span(rows: Sequence[dict]) -> str:
-    counts = [r["n_params"] for r in rows if r.get("n_params") and r["model"].startswith(main_model(rows) or "")]
+    model = main_model(rows) or ""          # once: inside the comprehension it would recount the rows for each row
+    counts = [r["n_params"] for r in rows if r.get("n_params") and r["model"].startswith(model)]
     counts += [r["n_params"] for r in rows if r.get("n_params") and r["group"] == "width"]
     if not counts:
         return "a few million"

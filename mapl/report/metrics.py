@@ -31,7 +31,8 @@ _ROUND = {"val_loss": 6, "val_loss_std": 6}
 
 
 def _main_stages(rows: Sequence[dict]) -> int | None:
-    counts = Counter(r["stages"] for r in rows if r["model"] == main_model(rows))
+    model = main_model(rows)                 # once: inside the generator it would recount the rows for each row
+    counts = Counter(r["stages"] for r in rows if r["model"] == model)
     return min(counts, key=lambda p: (-counts[p], p)) if counts else None
 
 
