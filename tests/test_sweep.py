@@ -300,6 +300,31 @@ def test_the_estimate_prices_a_run_an_earlier_group_trains_at_nothing():
     assert hms(estimate_group([estimate_core_seconds(one)], 2)) in line
 
 
+def test_the_estimate_says_when_it_priced_a_split_it_has_not_seen(monkeypatch):
+    """A whole-split run whose validation split is not prepared here is priced at UNPREPARED_EVAL_TOKENS per
+    evaluation, and its group's line says so (the same checkout printed 16 min more for `corpus` on a machine
+    that had prepared the code corpus); a prepared split, or ``data.val_tokens``, is its true size, unflagged."""
+    import copy
+    from mapl.orchestration import progress
+    params = copy.deepcopy(PARAMS)
+    groups = params["profiles"]["cpu"]["groups"]
+    for g in groups:
+        groups[g] = []
+    groups["corpus"] = [{"method": "none", "data.source": "sympy-code", "data.val_fraction": 0.02}]
+    whole = sweep.spec_config("cpu", groups["corpus"][0], params)
+    assert whole.train.eval_tokens == 0
+    monkeypatch.setattr(progress, "_prepared_val_tokens", lambda cfg: None)
+    assert progress.eval_split_guessed(whole) and progress.eval_tokens(whole) == progress.UNPREPARED_EVAL_TOKENS
+    line = next(ln for ln in sweep.estimate_text("cpu", params).splitlines() if ln.strip().startswith("corpus"))
+    assert "1 run(s) read a validation split not prepared here: each evaluation priced at 65,536 tokens" in line
+    assert "1 run(s) priced without their validation split's size" in sweep.estimate_text("cpu", params)
+    sized = sweep.spec_config("cpu", {**groups["corpus"][0], "data.val_tokens": 200_000}, params)
+    assert not progress.eval_split_guessed(sized) and progress.eval_tokens(sized) == 200_000
+    monkeypatch.setattr(progress, "_prepared_val_tokens", lambda cfg: 187_000)
+    assert not progress.eval_split_guessed(whole) and progress.eval_tokens(whole) == 187_000 - whole.train.eval_offset
+    assert "not prepared" not in sweep.estimate_text("cpu", params)
+
+
 def test_the_estimate_shows_what_committed_runs_measured(tmp_path):
     """Beside the model's estimate, the median train_wall_s of the group's results of the same config."""
     from mapl.core.config import config_hash

@@ -21,9 +21,9 @@ from pathlib import Path
 from ..core.config import RunConfig
 from ..core.model_config import count_params
 
-__all__ = ["CORE_S_PER_TOKEN_PARAM", "RVQ_SLOWDOWN", "RUN_OVERHEAD_S", "LAUNCH_OVERHEAD_S", "estimate_core_seconds",
-           "eval_tokens", "estimate_group", "hms", "emit", "StepProgress", "named_warnings",
-           "GroupClock"]
+__all__ = ["CORE_S_PER_TOKEN_PARAM", "RVQ_SLOWDOWN", "RUN_OVERHEAD_S", "LAUNCH_OVERHEAD_S", "UNPREPARED_EVAL_TOKENS",
+           "estimate_core_seconds", "eval_tokens", "eval_split_guessed", "estimate_group", "hms", "emit", "StepProgress",
+           "named_warnings", "GroupClock"]
 
 # one 300-step run of `tiny` (1.37M parameters, 16 x 128 tokens per step, 6 evaluations of 65,536 tokens)
 # takes about 70 s on one quiet core: seconds per (token x parameter) of training, an eval token a third
@@ -45,16 +45,32 @@ def estimate_core_seconds(cfg: RunConfig, from_step: int = 0) -> float:
     return RUN_OVERHEAD_S + tokens * n_params * CORE_S_PER_TOKEN_PARAM * slow
 
 
+UNPREPARED_EVAL_TOKENS = 65_536   # the price of one whole-split evaluation whose split's size nothing here gives
+
+
 def eval_tokens(cfg: RunConfig) -> int:
     """Validation tokens one evaluation reads: ``train.eval_tokens``, or for 0 (the whole split) the
-    prepared split's size from its manifest (before preparation: ``data.val_tokens``, else 65,536)."""
+    prepared split's size from its manifest (before preparation: ``data.val_tokens``, else
+    :data:`UNPREPARED_EVAL_TOKENS`)."""
     if cfg.train.eval_tokens:
         return cfg.train.eval_tokens
+    prepared = _prepared_val_tokens(cfg)
+    return prepared - cfg.train.eval_offset if prepared is not None else cfg.data.val_tokens or UNPREPARED_EVAL_TOKENS
+
+
+def eval_split_guessed(cfg: RunConfig) -> bool:
+    """True when :func:`eval_tokens` had to guess: the run reads the whole split, the split is not prepared on
+    this machine and ``data.val_tokens`` does not give its size (the estimate then differs between a machine
+    that has prepared the data and one that has not, so the estimate says which it is)."""
+    return not cfg.train.eval_tokens and not cfg.data.val_tokens and _prepared_val_tokens(cfg) is None
+
+
+def _prepared_val_tokens(cfg: RunConfig) -> int | None:
     from ..data import default_data_dir, read_manifest      # the estimate runs before torch is needed
     try:
-        return int(read_manifest(default_data_dir(cfg.data))["splits"]["val"]["tokens"]) - cfg.train.eval_offset
+        return int(read_manifest(default_data_dir(cfg.data))["splits"]["val"]["tokens"])
     except (OSError, ValueError, KeyError):
-        return cfg.data.val_tokens or 65536
+        return None
 
 
 def estimate_group(seconds: list[float], workers: int) -> float:

@@ -40,8 +40,8 @@ from ..core.config import (METHODS, PROJECT_ROOT, ConfigError, RunConfig, RVQCon
                            load_params, load_run_config, setting)
 from ..core.fingerprint import code_fingerprint
 from . import reuse
-from .progress import (LAUNCH_OVERHEAD_S, GroupClock, StepProgress, emit, estimate_core_seconds, estimate_group, hms,
-                       named_warnings)
+from .progress import (LAUNCH_OVERHEAD_S, UNPREPARED_EVAL_TOKENS, GroupClock, StepProgress, emit, estimate_core_seconds,
+                       estimate_group, eval_split_guessed, hms, named_warnings)
 
 __all__ = ["LAUNCHERS", "LauncherConfig", "Job", "group_names", "group_specs", "launcher_config", "run_name", "measured_text",
            "failure_summary", "spec_config", "check_params", "plan_group", "estimate_text", "results_dir",
@@ -211,7 +211,7 @@ def estimate_text(profile: str, params: dict | None = None) -> str:
     launcher = launcher_config(profile, params)
     workers = launcher.jobs if launcher.kind == "pool" else 1
     how = f"{workers} side by side" if launcher.kind == "pool" else "one launch at a time"
-    lines, total = [f"profile {profile}: launcher {launcher.kind}"], 0.0
+    lines, total, guessed_in_all = [f"profile {profile}: launcher {launcher.kind}"], 0.0, 0
     trained: set[tuple[str, str]] = set()       # (name, config hash) of the runs of earlier groups
     names = group_names(profile, params)
     width = max(map(len, names), default=0)
@@ -226,9 +226,14 @@ def estimate_text(profile: str, params: dict | None = None) -> str:
         total += wall
         measured = measured_text(cfgs, results_dir(profile, group))
         shared = f", {len(cfgs) - len(own)} copied from earlier groups" if len(own) < len(cfgs) else ""
-        lines.append(f"  {group:<{width}} {len(cfgs):>3} run(s)  about {hms(wall):>7} ({how}{shared})"
+        guessed = sum(map(eval_split_guessed, own))
+        guessed_in_all += guessed
+        unprepared = (f"; {guessed} run(s) read a validation split not prepared here: each evaluation priced "
+                      f"at {UNPREPARED_EVAL_TOKENS:,} tokens" if guessed else "")
+        lines.append(f"  {group:<{width}} {len(cfgs):>3} run(s)  about {hms(wall):>7} ({how}{shared}{unprepared})"
                      + (f"; {measured}" if measured else ""))
-    lines.append(f"  total about {hms(total)} (quiet machine; `threads: 1` per run)")
+    lines.append(f"  total about {hms(total)} (quiet machine; `threads: 1` per run"
+                 + (f"; {guessed_in_all} run(s) priced without their validation split's size, above)" if guessed_in_all else ")"))
     return "\n".join(lines)
 
 
