@@ -325,6 +325,26 @@ def test_the_estimate_says_when_it_priced_a_split_it_has_not_seen(monkeypatch):
     assert "not prepared" not in sweep.estimate_text("cpu", params)
 
 
+def test_the_estimate_reads_a_committed_profile_stamp_where_the_split_is_not_prepared(monkeypatch, tmp_path):
+    """A fresh clone has data/<profile>.manifest.json (committed) but not the folder it copies: the split's size
+    comes from the stamp of the same folder, so the estimate does not change when `prepare` has run; a stamp of
+    another folder is not read."""
+    import mapl.data
+    from mapl.orchestration import progress
+    cfg = sweep.spec_config("cpu", {"method": "none"}, PARAMS)
+    folder = tmp_path / "data" / "some-corpus"
+    monkeypatch.setattr(mapl.data, "default_data_dir", lambda data: folder)
+    folder.parent.mkdir()
+    assert progress._prepared_val_tokens(cfg) is None and progress.eval_split_guessed(cfg)
+    stamp = {"data_dir": "data/other-corpus", "splits": {"val": {"tokens": 999}}}
+    (folder.parent / "micro.manifest.json").write_text(json.dumps(stamp))
+    assert progress._prepared_val_tokens(cfg) is None
+    (folder.parent / "cpu.manifest.json").write_text(json.dumps({**stamp, "data_dir": "data/some-corpus"}))
+    (folder.parent / "broken.manifest.json").write_text("{")
+    assert progress._prepared_val_tokens(cfg) == 999 and not progress.eval_split_guessed(cfg)
+    assert progress.eval_tokens(cfg) == 999 - cfg.train.eval_offset
+
+
 def test_the_estimate_shows_what_committed_runs_measured(tmp_path):
     """Beside the model's estimate, the median train_wall_s of the group's results of the same config."""
     from mapl.core.config import config_hash

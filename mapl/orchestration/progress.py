@@ -12,6 +12,7 @@ The estimate is calibrated on one quiet core (see ``CORE_S_PER_TOKEN_PARAM``); `
 """
 from __future__ import annotations
 
+import json
 import os
 import time
 import warnings
@@ -66,11 +67,23 @@ def eval_split_guessed(cfg: RunConfig) -> bool:
 
 
 def _prepared_val_tokens(cfg: RunConfig) -> int | None:
+    """The validation split's size from its prepared folder's manifest, else from a committed profile stamp of
+    the same folder (``data/<profile>.manifest.json``, a copy of that manifest: a fresh clone then prices the
+    profile's own corpus as a machine that has prepared it does); None when neither is here."""
     from ..data import default_data_dir, read_manifest      # the estimate runs before torch is needed
+    folder = default_data_dir(cfg.data)
     try:
-        return int(read_manifest(default_data_dir(cfg.data))["splits"]["val"]["tokens"])
+        return int(read_manifest(folder)["splits"]["val"]["tokens"])
     except (OSError, ValueError, KeyError):
-        return None
+        pass
+    for stamp in sorted(folder.parent.glob("*.manifest.json")):
+        try:
+            manifest = json.loads(stamp.read_text())
+            if Path(manifest["data_dir"]).name == folder.name:
+                return int(manifest["splits"]["val"]["tokens"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return None
 
 
 def estimate_group(seconds: list[float], workers: int) -> float:
