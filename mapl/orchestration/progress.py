@@ -50,9 +50,9 @@ UNPREPARED_EVAL_TOKENS = 65_536   # the price of one whole-split evaluation whos
 
 
 def eval_tokens(cfg: RunConfig) -> int:
-    """Validation tokens one evaluation reads: ``train.eval_tokens``, or for 0 (the whole split) the
-    prepared split's size from its manifest (before preparation: ``data.val_tokens``, else
-    :data:`UNPREPARED_EVAL_TOKENS`)."""
+    """Validation tokens one evaluation reads: ``train.eval_tokens``, or for 0 (the whole split) the split's
+    size from :func:`_prepared_val_tokens` (its manifest, or a committed stamp of it), else ``data.val_tokens``,
+    else :data:`UNPREPARED_EVAL_TOKENS` (:func:`eval_split_guessed` says when)."""
     if cfg.train.eval_tokens:
         return cfg.train.eval_tokens
     prepared = _prepared_val_tokens(cfg)
