@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from .core.config import load_params
-from .orchestration import sweep
+from .orchestration import sweep, validate
 
 __all__ = ["main", "estimate"]
 
@@ -25,11 +25,21 @@ def estimate(profile: str, params: dict) -> str:
     return sweep.estimate_text(profile, params)
 
 
+def _seed_list(text: str) -> list[int]:
+    """``--seeds 0,1`` -> [0, 1]; anything else is argparse's one-line error."""
+    parts = text.split(",")
+    if not all(p.strip().isdigit() for p in parts):
+        raise argparse.ArgumentTypeError(f"{text!r} is invalid: comma-separated integers >= 0, e.g. 1 or 0,1")
+    return [int(p) for p in parts]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m mapl.sweep", description=sweep.__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--profile", help="params.yaml profile (default: its `profile:`)")
     ap.add_argument("--group", help="run group in profiles.<profile>.groups")
+    ap.add_argument("--seeds", type=_seed_list,
+                    help="with --group: only its runs of these seeds, e.g. 1 or 0,1 (a group's seeds split across machines)")
     ap.add_argument("--estimate", action="store_true", help="print runs and estimated wall time per group; train nothing")
     ap.add_argument("--check", action="store_true", help="validate every profile and run of params.yaml; train nothing")
     ap.add_argument("--stamp", type=Path, help="with --check: then write this file (DVC's validate stage output)")
@@ -40,9 +50,9 @@ def main(argv=None) -> int:
     try:
         params = load_params()
         if args.check:
-            summary = sweep.check_params(params)
+            summary = validate.check_params(params)
             if args.stamp:
-                sweep.write_stamp(args.stamp)
+                validate.write_stamp(args.stamp)
             print(summary, flush=True)
             return 0
         profile = args.profile or params["profile"]
@@ -53,6 +63,8 @@ def main(argv=None) -> int:
         if not args.group:
             ap.error("--group is required (or --estimate)")
         specs = sweep.group_specs(profile, args.group, params)
+        if args.seeds:
+            specs = sweep.runs_of_seeds(profile, specs, args.seeds, params)
         sweep.run_many(profile, specs, args.out_dir or sweep.results_dir(profile, args.group), args.jobs, group=args.group,
                  progress_every=0 if args.quiet else 5.0)
     except (ValueError, RuntimeError) as e:

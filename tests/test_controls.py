@@ -11,7 +11,7 @@ import torch
 
 from mapl.core.config import ConfigError, load_run_config
 from mapl.core.stages import build_staged_model
-from mapl.orchestration.sweep import run_name, spec_config
+from mapl.orchestration.groups import run_name, spec_config
 from mapl.core.run import run
 
 

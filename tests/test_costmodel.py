@@ -102,7 +102,7 @@ def test_duplex_and_runtime_clock_agree():
 
 
 def test_gpu_hours_arithmetic():
-    params = {"profiles": {"x": {
+    params = {"groups": {"g": {"study": "g", "role": "reported"}}, "profiles": {"x": {
         "model": "micro", "stages": 1, "data": {"source": "shakespeare", "tokenizer": "byte", "vocab_size": 256},
         "train": {"steps": 100, "batch_size": 4, "seq_len": 32, "micro_batches": 2, "eval_every": 50,
                   "eval_tokens": 128},

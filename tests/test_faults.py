@@ -1060,6 +1060,14 @@ FAULTS = [
           "fix params.yaml, rerun `dvc repro`",
           setup=params_yaml(_set_in("profiles.micro.groups.main", [{"method": "none"}, {"method": "ssn", "ratio": "x"}])),
           slow=True, before_torch=True),
+    Fault("params-bad-group-declaration", "a run group declared with a role the report does not know "
+          "(`groups.first.role: final`)",
+          "mapl.sweep --check --stamp params-valid.txt", 2,
+          r"^error: groups\.first\.role='final' is invalid: allowed: 'reported', 'preview', 'tuning', 'other-corpus'$",
+          "error: groups.first.role='final' is invalid: allowed: 'reported', 'preview', 'tuning', 'other-corpus'",
+          "the validate stage names the declaration's field and what is allowed, before any profile is read",
+          "every output", "fix params.yaml, rerun `dvc repro`",
+          setup=params_yaml(_set_in("groups.first.role", "final")), before_torch=True),
     Fault("workspace-dir-not-empty", "`mapl.workspace repro --dir` on a folder that holds other files (was: they "
           "were overwritten, then `git init`, `git add -A`, `git commit` in it)",
           "mapl.workspace repro --profile micro --dir mine", 2,

@@ -8,7 +8,7 @@ import torch
 
 from mapl.core.config import ConfigError, load_params
 from mapl.orchestration import frozen_trunk as ft
-from mapl.orchestration import sweep
+from mapl.orchestration import groups, sweep
 from mapl.report.frozen import load_frozen
 
 
@@ -27,7 +27,8 @@ def _params(tiny_corpus, **study):
 def sandbox(tmp_path, monkeypatch):
     """Checkpoints and the study's folder under tmp_path, not in this checkout."""
     monkeypatch.setattr(sweep, "PROJECT_ROOT", tmp_path)
-    monkeypatch.setattr(sweep, "load_params", lambda: pytest.fail("the study passes its params"))
+    for module in (sweep, groups):        # the sweep and the groups it reads: neither may read params.yaml itself
+        monkeypatch.setattr(module, "load_params", lambda: pytest.fail("the study passes its params"))
     return tmp_path
 
 

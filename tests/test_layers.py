@@ -101,3 +101,56 @@ def test_the_fingerprint_is_the_numerical_layers():
     """The training fingerprint (and dvc.yaml's train deps, held equal in test_notebooks.py) is the layers
     that compute numbers: a docstring edit in orchestration, planning, report or a command retrains nothing."""
     assert TRAIN_SOURCES == ("mapl/__init__.py", "mapl/core", "mapl/data", "pyproject.toml")
+
+
+def import_graph(package: str) -> dict[str, set[str]]:
+    """Module -> the modules of ``package`` it imports (module level or inside a function), for every module of it."""
+    graph: dict[str, set[str]] = {}
+    for path in package_files():
+        name = module_name(path)
+        if name.startswith(package + "."):
+            graph[name] = {t for _, t in imports(path) if t.startswith(package + ".") and t != name}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import cycles of ``graph``: each group of modules that reach one another (sorted), Tarjan's algorithm."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(found)
+
+
+def test_the_cycle_finder_sees_a_cycle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_orchestration_imports_point_one_way():
+    """Inside orchestration every import points one way (groups at the bottom; reuse, refresh, the sweep, the
+    frozen-trunk study and the validator above it): a cycle would make the order of imports decide what works."""
+    found = cycles(import_graph("mapl.orchestration"))
+    assert found == [], "import cycles inside mapl/orchestration:\n" + "\n".join(" <-> ".join(c) for c in found)

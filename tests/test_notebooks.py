@@ -12,15 +12,15 @@ from pathlib import Path
 import pytest
 import yaml
 
+from mapl.base.declared_groups import declaration
 from mapl.core import fingerprint
 from mapl.orchestration import workspace
 from mapl.core.config import load_params
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ("data", "train", "frozen_trunk", "report", "when_it_pays")
-GROUPS = ["first", "main", "seeds", "ablations", "long", "long_rvq", "long_fixed", "longer", "tokens", "width", "rvq_sync",
-          "rvq_scaled", "lr_check", "tune", "tune2", "decompose", "decompose_capacity", "learned_fixed_4x",
-          "learned_fixed_4x_b", "corpus", "blocks", "blocks_b"]
+GROUPS = list(declaration(load_params(ROOT / "params.yaml")).names())     # dvc.yaml's train stages loop over them
+EMPTY_GROUP = "tune2"                 # a group the micro profile leaves empty (its stage still runs)
 DVC = yaml.safe_load((ROOT / "dvc.yaml").read_text())
 VALIDATED = "reports/params-valid.txt"      # the validate stage's stamp: every other stage depends on it
 # modules a training run imports that cannot change its numbers (so they are not training sources)
@@ -82,7 +82,7 @@ def test_smoke_runs_every_stage_into_the_micro_folders(smoke):
     out = dest / "reports" / "micro"
     assert sorted(p.name for p in (out / "results" / "main").glob("*.json")) == [
         "micro-P2-mapl-4x-s0.json", "micro-P2-mapl-rvq-4x-s0.json", "micro-P2-none-s0.json", "micro-P2-ssn-4x-s0.json"]
-    assert [p.name for p in (out / "results" / "longer").iterdir()] == [".gitkeep"]        # an empty group
+    assert [p.name for p in (out / "results" / EMPTY_GROUP).iterdir()] == [".gitkeep"]     # an empty group
     assert len(list((out / "frozen-trunk").glob("frozen-*.json"))) == 3                # one per projector
     res = json.loads((out / "results" / "width" / "micro-d32-P2-mapl-4x-s0.json").read_text())
     assert res["provenance"]["code_fingerprint"] == fingerprint.code_fingerprint(dest)
@@ -97,7 +97,7 @@ def test_smoke_runs_every_stage_into_the_micro_folders(smoke):
     assert "| 1 | micro-P2-none-s0 | copied" in train_main
     assert (out / "results" / "first" / "micro-P2-none-s0.json").read_bytes() == (
         out / "results" / "main" / "micro-P2-none-s0.json").read_bytes()
-    assert "nothing to train" in _text(out / "notebooks" / "train-longer.ipynb")
+    assert "nothing to train" in _text(out / "notebooks" / f"train-{EMPTY_GROUP}.ipynb")
     assert (out / "metrics.json").exists() and list((out / "figures").glob("*.png")) and list((out / "tables").glob("*.md"))
     plan = _checked_text(out / "notebooks" / "when_it_pays.ipynb")       # FLOP-based: no step measurement of micro
     assert "no step measurement of micro" in plan and ("Crossover bandwidth" in plan or "No crossover" in plan)
@@ -217,7 +217,8 @@ def _outs(st: dict) -> list[str]:
 def test_dvc_yaml_stages():
     stages = DVC["stages"]
     assert list(stages) == ["validate", "prepare", "train", "frozen_trunk", "report", "plan", "plan-paper"]
-    assert stages["train"]["foreach"] == GROUPS
+    assert stages["train"]["foreach"] == "${groups}"            # params.yaml's declaration, in its order
+    assert "${item}" not in json.dumps(stages["train"]["do"])    # a dict loop: the group's name is ${key}
     for name, st in stages.items():
         st = st.get("do", st)
         assert st.get("desc"), f"stage {name} has no desc"
@@ -235,10 +236,10 @@ def test_dvc_yaml_stages():
 def test_every_stage_waits_for_params_yaml_to_be_validated():
     """DVC removes a stage's outputs before its command runs: every stage depends on the validate stage's
     stamp, so DVC runs `python -m mapl.sweep --check` first and stops there on a bad value."""
-    from mapl.orchestration.sweep import STAMP_TEXT
+    from mapl.orchestration.validate import STAMP_TEXT
     assert _outs(DVC["stages"]["validate"]) == [VALIDATED]
     assert DVC["stages"]["validate"]["cmd"] == f"python -m mapl.sweep --check --stamp {VALIDATED}"
-    assert set(DVC["stages"]["validate"]["params"]) == {"profile", "profiles", "frozen_trunk"}
+    assert set(DVC["stages"]["validate"]["params"]) == {"profile", "groups", "profiles", "frozen_trunk"}
     for name, st in DVC["stages"].items():
         if name != "validate":
             assert VALIDATED in st.get("do", st)["deps"], f"stage {name} does not depend on {VALIDATED}"
@@ -277,10 +278,10 @@ def test_no_two_stages_share_an_output_in_any_profile():
     for profile in load_params(ROOT / "params.yaml")["profiles"]:
         outs = []
         for name, st in DVC["stages"].items():
-            items = st["foreach"] if "foreach" in st else [None]
+            items = GROUPS if "foreach" in st else [None]
             for item in items:
                 for path in _outs(st.get("do", st)):
-                    path = path.replace("${profile}", profile).replace("${item}", str(item))
+                    path = path.replace("${profile}", profile).replace("${key}", str(item))
                     outs.append((f"{name}@{item}" if item else name, path.rstrip("/")))
         for i, (a, pa) in enumerate(outs):
             for b, pb in outs[i + 1:]:
@@ -321,10 +322,10 @@ def test_every_profile_has_the_params_the_train_stage_reads():
     for profile, tree in params["profiles"].items():
         for key in keys:
             node = tree
-            for part in key.replace("${item}", "").strip(".").split("."):
+            for part in key.replace("${key}", "").strip(".").split("."):
                 assert part in node, f"profiles.{profile}.{key}"
                 node = node[part]
-            if "${item}" in key:
+            if "${key}" in key:
                 assert set(node) == set(GROUPS), f"profiles.{profile}.groups"
 
 

@@ -66,7 +66,7 @@ def _groups():
            result("mapl", 8, anchor="full", loss=4.06, name="abl-anchor-full")]
     seeds = [result("none", seed=1, loss=4.02), result("mapl", 8, seed=1, loss=4.12),
              result("ssn", 8, seed=1, loss=4.62), result("mapl", 8, projector="fixed", seed=1, loss=4.22, name="abl-fixed-s1")]
-    long, long_fixed, long_rvq = [], [], []   # three DVC groups, one study (rows.STUDY_OF_GROUP)
+    long, long_fixed, long_rvq = [], [], []   # three DVC groups, one study (params.yaml `groups:`)
     for s in range(3):
         long += [result("none", steps=3000, seed=s, loss=LONG["none"][s]),
                  result("ssn", 8, steps=3000, seed=s, loss=LONG["ssn"][s]),

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from mapl.base.declared_groups import declaration
 from mapl.core import fingerprint
 from mapl.orchestration import reuse, sweep
 from mapl.core.config import ConfigError, config_hash, load_params
@@ -19,18 +20,17 @@ from mapl.train import config_from_args, parse_args
 
 PARAMS = load_params()
 ROOT = Path(__file__).resolve().parents[1]
-GROUPS = ["first", "main", "seeds", "ablations", "long", "long_rvq", "long_fixed", "longer", "tokens", "width", "rvq_sync",
-          "rvq_scaled", "lr_check", "tune", "tune2", "decompose", "decompose_capacity", "learned_fixed_4x",
-          "learned_fixed_4x_b", "corpus", "blocks", "blocks_b"]
+GROUPS = list(declaration(PARAMS).names())          # params.yaml's `groups:` (tests/test_groups.py checks it)
 
 
 def cfgs(group, profile="cpu"):
     return [sweep.spec_config(profile, s, PARAMS) for s in sweep.group_specs(profile, group, PARAMS)]
 
 
-def test_every_profile_lists_every_group():
+def test_every_profile_lists_every_declared_group_in_the_declared_order():
     for profile in PARAMS["profiles"]:
-        assert sorted(sweep.group_names(profile, PARAMS)) == sorted(GROUPS), profile
+        assert set(PARAMS["profiles"][profile]["groups"]) == set(GROUPS), profile
+        assert sweep.group_names(profile, PARAMS) == GROUPS, profile
 
 
 def test_group_first_is_runs_of_main_in_every_profile():
@@ -45,11 +45,9 @@ def test_group_first_is_runs_of_main_in_every_profile():
 @pytest.mark.slow
 def test_cpu_groups_are_the_planned_grid():
     sizes = {g: len(cfgs(g)) for g in GROUPS}
-    assert sizes == {"first": 3, "main": 11, "seeds": 16, "ablations": 5, "long": 24, "long_rvq": 8, "long_fixed": 8, "longer": 0,
-                     "tokens": 6, "width": 6,
-                     "rvq_sync": 2, "rvq_scaled": 0, "lr_check": 9, "tune": 12, "tune2": 11,
-                     "decompose": 15, "decompose_capacity": 6, "learned_fixed_4x": 8, "learned_fixed_4x_b": 8, "corpus": 9,
-                     "blocks": 5, "blocks_b": 5}
+    assert sizes == {"first": 3, "main": 11, "seeds": 16, "ablations": 5, "long": 24, "long_rvq": 8, "long_fixed": 8,
+                     "tokens": 6, "width": 6, "rvq_sync": 2, "lr_check": 9, "tune": 12, "tune2": 11,
+                     "decompose": 15, "decompose_capacity": 6, "learned_fixed_4x": 16, "corpus": 9, "blocks": 10}
     main = {c.name() for c in cfgs("main")}
     assert [c.name() for c in cfgs("first")] == ["tiny-P4-none-s0", "tiny-P4-ssn-8x-s0", "tiny-P4-mapl-8x-s0"]
     assert {"tiny-P4-none-s0", "tiny-P4-int8-s0", "tiny-P4-ssn-8x-s0", "tiny-P4-mapl-16x-s0", "tiny-P4-mapl-rvq-4x-s0"} <= main
@@ -78,14 +76,13 @@ def test_cpu_groups_are_the_planned_grid():
     assert {"tiny-P4-ssn-8x-anchor-factorized-3000steps-s2", "tiny-P4-mapl-8x-proj-fixed-shared-3000steps-s2"} <= dec
     assert {c.name() for c in cfgs("decompose_capacity")} == {f"tiny-P4-{v}-3000steps-s{s}" for s in range(3) for v in (
         "none-anchor-factorized-ar16", "ssn-8x-anchor-factorized-f724")}
-    lf = cfgs("learned_fixed_4x") + cfgs("learned_fixed_4x_b")       # one study in two groups, seeds 0-3 and 4-7
+    lf = cfgs("learned_fixed_4x")                                    # seed by seed: learned, fixed
     assert {(c.compressor.ratio, c.compressor.resolved().projector.kind) for c in lf} == {(4, "spel"), (4, "fixed")}
-    assert {c.train.seed for c in lf} == set(range(8)) and {c.train.steps for c in lf} == {3000}
-    assert {c.train.seed for c in cfgs("learned_fixed_4x")} == set(range(4))
+    assert [c.train.seed for c in lf] == [s for s in range(8) for _ in range(2)] and {c.train.steps for c in lf} == {3000}
     assert {c.data.source for c in cfgs("corpus")} == {"sympy-code"} and len({c.train.seed for c in cfgs("corpus")}) == 3
-    blocks = cfgs("blocks") + cfgs("blocks_b")                        # one study in two groups, seed 0 and seed 1
-    assert {c.train.seed for c in cfgs("blocks")} == {0}
-    assert {(c.model, c.stages) for c in blocks} == {("mini", 4), ("mini", 8)} and {c.train.seed for c in blocks} == {0, 1}
+    blocks = cfgs("blocks")
+    assert [c.train.seed for c in blocks] == [0] * 5 + [1] * 5
+    assert {(c.model, c.stages) for c in blocks} == {("mini", 4), ("mini", 8)}
     assert {c.compressor.method for c in blocks if c.stages == 8} == {"ssn", "mapl"}
     # one evaluation protocol for every group: the whole split, selection on the odd windows
     assert all(c.train.eval_offset == 0 and c.train.eval_tokens == 0 and c.train.select_every == 2
@@ -368,21 +365,62 @@ def test_runs_are_adopted_from_another_checkout_only_when_finished_by_this_code(
         (ck / f"{n}.pt").write_bytes(b"weights")
         (ck / f"{n}.code").write_text("abc\n")
         (res / f"{n}.json").write_text(json.dumps({"val_loss": 3.8, "val_loss_curve": [[1, 4.0]], "method": "none"}))
-    copied = reuse.adopt(src, "cpu", names, "abc", dest_root=dest, group="long")
+    copied = reuse.adopt([src], "cpu", names, "abc", dest_root=dest, group="long")
     assert sorted(p.name for p in copied) == ["run-a.code", "run-a.pt", "run-b.code", "run-b.pt"]
     assert (dest / "checkpoints" / "cpu" / "run-b.pt").read_bytes() == b"weights"
-    with pytest.raises(ValueError, match="run-a: its checkpoint was written by training code abc, not this checkout's xyz"):
-        reuse.adopt(src, "cpu", names, "xyz", dest_root=tmp_path / "other", group="long")
+    with pytest.raises(ValueError, match=r"run-a: its checkpoint in .*/retrain was written by training code abc, not this "
+                                         r"checkout's xyz"):
+        reuse.adopt([src], "cpu", names, "xyz", dest_root=tmp_path / "other", group="long")
     assert not (tmp_path / "other").exists()                              # nothing copied
     (res / "run-b.json").unlink()
     with pytest.raises(ValueError, match="run-b: no results JSON"):
-        reuse.adopt(src, "cpu", names, "abc", dest_root=tmp_path / "other", group="long")
+        reuse.adopt([src], "cpu", names, "abc", dest_root=tmp_path / "other", group="long")
     here = tmp_path / "restored"
     here.mkdir()
     (here / "run-a.json").write_text(json.dumps({"val_loss": 3.8, "val_loss_curve": [[1, 4.01]], "method": "none"}))
     assert reuse.compare_results(res, here, ["run-a"]) == ["run-a: val_loss_curve differs"]
     (here / "run-a.json").write_text((res / "run-a.json").read_text())
     assert reuse.compare_results(res, here, ["run-a"]) == []
+
+
+def _finished(checkout, group, name, stamp="abc", loss=3.8):
+    """Run ``name`` of ``group`` finished in ``checkout`` (cpu): its checkpoint, code stamp and results JSON."""
+    ck, res = checkout / "checkpoints" / "cpu", checkout / "reports" / "cpu" / "results" / group
+    ck.mkdir(parents=True, exist_ok=True)
+    res.mkdir(parents=True, exist_ok=True)
+    (ck / f"{name}.pt").write_bytes(f"weights of {name}".encode())
+    (ck / f"{name}.code").write_text(f"{stamp}\n")
+    (res / f"{name}.json").write_text(json.dumps({"val_loss": loss, "val_loss_curve": [[1, loss]], "method": "none"}))
+
+
+def test_a_group_whose_seeds_finished_in_two_checkouts_is_adopted_from_both(tmp_path):
+    """Seeds split across machines (`mapl.sweep --group blocks --seeds 1` on one): adopt takes each run from the
+    checkout where it finished, this checkout's own runs stay where they are, and a run finished in none of them
+    copies nothing and is named. compare_adopted reads each run against the checkout it came from."""
+    seed0, seed1, here = tmp_path / "seed0", tmp_path / "seed1", tmp_path / "main"
+    for name in ("b-s0", "c-s0"):
+        _finished(seed0, "blocks", name)
+    _finished(seed1, "blocks", "b-s1")
+    _finished(here, "blocks", "c-s1")
+    names = ["b-s0", "c-s0", "b-s1", "c-s1"]
+    copied = reuse.adopt([seed0, seed1, here], "cpu", names, "abc", dest_root=here, group="blocks")
+    assert sorted(p.name for p in copied) == ["b-s0.code", "b-s0.pt", "b-s1.code", "b-s1.pt", "c-s0.code", "c-s0.pt"]
+    assert (here / "checkpoints" / "cpu" / "b-s1.pt").read_bytes() == b"weights of b-s1"
+    assert reuse.finished_in([seed0, seed1], "cpu", "blocks", "b-s1") == seed1
+    with pytest.raises(ValueError, match=r"^c-s1: no results JSON in .*seed0/reports/cpu/results/blocks or .*seed1/"):
+        reuse.adopt([seed0, seed1], "cpu", names, "abc", dest_root=tmp_path / "other", group="blocks")
+    assert not (tmp_path / "other").exists()                              # nothing copied
+    _finished(seed1, "blocks", "c-s0", stamp="xyz")                        # seed0 holds it first: its copy is taken
+    assert reuse.adopt([seed0, seed1], "cpu", ["c-s0"], "abc", dest_root=tmp_path / "third", group="blocks")
+    restored = here / "reports" / "cpu" / "results" / "blocks"
+    for name, src in (("b-s0", seed0), ("c-s0", seed0), ("b-s1", seed1)):
+        (restored / f"{name}.json").write_text((src / "reports/cpu/results/blocks" / f"{name}.json").read_text())
+    assert reuse.compare_adopted([seed0, seed1], "cpu", "blocks", names[:3], dest_root=here) == []
+    (restored / "b-s1.json").write_text(json.dumps({"val_loss": 3.9, "val_loss_curve": [[1, 3.9]], "method": "none"}))
+    assert reuse.compare_adopted([seed0, seed1], "cpu", "blocks", names[:3], dest_root=here) == [
+        "b-s1: val_loss_curve differs", "b-s1: val_loss differs"]
+    assert reuse.compare_adopted([seed0], "cpu", "blocks", ["b-s1"], dest_root=here)[0].startswith(
+        "b-s1: results missing in every checkout")
 
 
 def test_runs_of_other_training_code_are_adopted_only_with_a_proof_of_the_same_numbers(tmp_path):
@@ -401,10 +439,10 @@ def test_runs_of_other_training_code_are_adopted_only_with_a_proof_of_the_same_n
     for pair in (("xyz", "abc"), ("abc", "other")):
         proofs.write_text(json.dumps({"proofs": [{"old": pair[0], "new": pair[1]}]}))
         with pytest.raises(ValueError, match=r"run-a: .* training code abc, not this checkout's xyz, and no proof"):
-            reuse.adopt(src, "cpu", ["run-a"], "xyz", dest_root=dest, group="long")
+            reuse.adopt([src], "cpu", ["run-a"], "xyz", dest_root=dest, group="long")
         assert not (dest / "checkpoints").exists()
     proofs.write_text(json.dumps({"proofs": [{"old": "abc", "new": "xyz"}]}))
-    copied = reuse.adopt(src, "cpu", ["run-a"], "xyz", dest_root=dest, group="long")
+    copied = reuse.adopt([src], "cpu", ["run-a"], "xyz", dest_root=dest, group="long")
     assert sorted(p.name for p in copied) == ["run-a.code", "run-a.pt"]
     assert (dest / "checkpoints" / "cpu" / "run-a.code").read_text() == "abc\n"     # names the code that wrote it
     assert reuse.same_code("abc", "xyz", dest) and not reuse.same_code("xyz", "abc", dest)

@@ -1,10 +1,12 @@
 """Record train stages whose runs are all current after a change of the training code proven not to change
-any number (``python -m mapl.reuse prove``; ``reports/code-equivalence.json``).
+any number (``python -m mapl.reuse prove``; ``reports/code-equivalence.json``), or an edit of a group's entry
+in params.yaml that leaves every run's config as it was (its runs written with ``defaults:`` and ``seeds:``).
 
-Such a change makes DVC see every ``train@<group>`` stage as changed (its deps are the training sources), and
-``dvc repro`` deletes a stage's outputs before it runs the stage: every committed run would train again,
-hours of work that the proof says would reproduce the same numbers. Instead, for each group whose every run
-is current (:func:`mapl.orchestration.reuse.results_current` accepts proven-equivalent code), this runs the
+Such a change makes DVC see ``train@<group>`` stages as changed (their deps are the training sources, their
+params the group's entry), and ``dvc repro`` deletes a stage's outputs before it runs the stage: every
+committed run would train again, hours of work that would reproduce the same numbers. Instead, for each
+group whose every run is current (:func:`mapl.orchestration.currency.results_current` accepts
+proven-equivalent code), this runs the
 stage's own command from ``dvc.yaml`` on the results as committed (the notebook re-executes and trains
 nothing) and then ``dvc commit -f train@<group>``. A group with any run that is not current is refused
 before anything runs: that one needs ``dvc repro``. DVC has no option to keep a stage's outputs for a
@@ -23,32 +25,33 @@ from typing import Callable, Sequence
 
 import yaml
 
+from ..base.declared_groups import declaration
 from ..core.config import PROJECT_ROOT, load_params
 from ..core.fingerprint import code_fingerprint
-from . import reuse
+from .currency import results_current
+from .groups import group_names, group_specs, results_dir, spec_config
 
 __all__ = ["stage_command", "not_current", "refresh"]
 
 
 def stage_command(group: str, profile: str, root: Path = PROJECT_ROOT) -> str:
-    """``train@<group>``'s command as dvc.yaml writes it, with ``${profile}`` and ``${item}`` filled in."""
-    stages = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]
-    train = stages["train"]
-    if group not in train["foreach"]:
-        raise ValueError(f"group {group!r} has no train stage in dvc.yaml: allowed {', '.join(train['foreach'])}")
-    return " ".join(train["do"]["cmd"].split()).replace("${profile}", profile).replace("${item}", group)
+    """``train@<group>``'s command as dvc.yaml writes it, with ``${profile}`` and ``${key}`` (the group: the
+    train stage loops over params.yaml's declared ``groups:``) filled in."""
+    train = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]["train"]
+    names = declaration(load_params(root / "params.yaml")).names()
+    if group not in names:
+        raise ValueError(f"group {group!r} has no train stage in dvc.yaml: allowed {', '.join(names)}")
+    return " ".join(train["do"]["cmd"].split()).replace("${profile}", profile).replace("${key}", group)
 
 
 def not_current(profile: str, group: str, fingerprint: str, params: dict | None = None,
                 root: Path = PROJECT_ROOT) -> list[str]:
     """The runs of ``group`` whose results JSON is not current (missing, another config, unproven code)."""
-    from .sweep import group_specs, spec_config
     params = params or load_params(root / "params.yaml")
     out = []
     for spec in group_specs(profile, group, params):
         cfg = spec_config(profile, spec, params).validate()
-        if not reuse.results_current(root / "reports" / profile / "results" / group / f"{cfg.name()}.json", cfg,
-                                     fingerprint, root):
+        if not results_current(results_dir(profile, group, root) / f"{cfg.name()}.json", cfg, fingerprint, root):
             out.append(cfg.name())
     return out
 
@@ -58,7 +61,6 @@ def refresh(profile: str, groups: Sequence[str] = (), root: Path = PROJECT_ROOT,
     """Re-execute and ``dvc commit`` the train stage of each group (default: every group with a results folder);
     the groups done. Raises ValueError, before running anything, when a group has a run that is not current or
     ``profile`` is not the one dvc.yaml's stages run (params.yaml ``profile``)."""
-    from .sweep import group_names
     params = load_params(root / "params.yaml")
     if params.get("profile") != profile:
         raise ValueError(f"profile {profile!r}: dvc.yaml's stages run params.yaml's profile "
@@ -67,7 +69,7 @@ def refresh(profile: str, groups: Sequence[str] = (), root: Path = PROJECT_ROOT,
     unknown = [g for g in groups if g not in names]
     if unknown:
         raise ValueError(f"group(s) {', '.join(unknown)} not in profile {profile}: allowed {', '.join(names)}")
-    groups = list(groups) or [g for g in names if (root / "reports" / profile / "results" / g).is_dir()]
+    groups = list(groups) or [g for g in names if results_dir(profile, g, root).is_dir()]
     fingerprint = code_fingerprint(root)
     stale = {g: not_current(profile, g, fingerprint, params, root) for g in groups}
     stale = {g: runs for g, runs in stale.items() if runs}

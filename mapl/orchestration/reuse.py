@@ -27,6 +27,7 @@ fingerprint keeps them from surviving a code change. After a code change proven 
 
     python -m mapl.reuse          # the fingerprint of this checkout's training code, and its files
     python -m mapl.reuse adopt ../retrain cpu long     # take another checkout's finished runs (see adopt)
+    python -m mapl.reuse adopt ../s0 ../s1 cpu blocks  # a group whose seeds finished in two checkouts
     python -m mapl.reuse compare ../retrain cpu long   # after `dvc repro -s train@long`: same numbers?
     python -m mapl.reuse prove ../retrain cpu          # other training code, the same numbers? (equivalence.py)
     python -m mapl.reuse refresh cpu [GROUP ...]       # after a proven change: record train stages (refresh.py)
@@ -38,32 +39,20 @@ from pathlib import Path
 from typing import Sequence
 
 from ..base.io import read_json_object
-from ..core.config import PROJECT_ROOT, RunConfig, config_hash
+from ..core.config import PROJECT_ROOT, RunConfig, config_hash, load_params
 from ..core.fingerprint import code_fingerprint, source_files
-from .equivalence import COMPARED, differences, proven
+from .currency import results_current, same_code
+from .equivalence import COMPARED, differences
+from .groups import group_specs, results_dir, spec_config
 
+# same_code and results_current (mapl.orchestration.currency) stay importable from here: the frozen-trunk study,
+# whose text is part of its runs' currency, reads them as reuse.results_current
 __all__ = ["ACTIONS", "DONE", "COMPARED", "current_twin", "same_code", "results_current", "checkpoint_files",
-           "checkpoint_step", "decide", "runs_to_adopt", "mark_code", "stamp_results", "adopt", "compare_results", "main"]
+           "checkpoint_step", "decide", "runs_to_adopt", "mark_code", "stamp_results", "finished_in", "adopt",
+           "compare_results", "compare_adopted", "main"]
 
 ACTIONS = ("current", "copied", "restore", "resume", "train")
 DONE = ("current", "copied")            # the actions after which the run has its results: nothing to run
-
-
-def same_code(stamp: str | None, fingerprint: str, root: Path = PROJECT_ROOT) -> bool:
-    """Whether training code ``stamp`` computes what ``fingerprint`` computes: it is that code, or ``root``'s
-    ``reports/code-equivalence.json`` holds the proof (old ``stamp``, new ``fingerprint``)."""
-    return stamp == fingerprint or (stamp is not None and proven(stamp, fingerprint, root) is not None)
-
-
-def results_current(out: Path, cfg: RunConfig, fingerprint: str, root: Path = PROJECT_ROOT) -> bool:
-    """The results JSON at ``out`` is this config's, complete, and from this training code (``root``: the
-    checkout whose proofs count, :func:`same_code`)."""
-    res = read_json_object(out)
-    if res is None:
-        return False
-    prov = res.get("provenance") or {}
-    return (prov.get("config_hash") == config_hash(cfg) and res.get("steps") == cfg.train.steps
-            and same_code(prov.get("code_fingerprint"), fingerprint, root))
 
 
 def checkpoint_files(ckpt: Path) -> list[Path]:
@@ -159,51 +148,71 @@ def stamp_results(out: Path, fingerprint: str) -> None:
     atomic_write_json(out, res)
 
 
-# ---- adopting runs trained in another checkout ----------------------------------------------------
-# A long retrain runs in a second checkout (a git worktree on its own branch) while main moves on. Its
-# finished runs join main through DVC: their checkpoints are copied here (adopt), `dvc repro -s
-# train@<group>` restores every run from them (decide -> "restore"), and the restored results are
-# compared with the ones the other checkout wrote (compare_results). Only checkpoints written by this
-# training code are taken, so a run is never adopted from code that computes other numbers.
+# ---- adopting runs trained in other checkouts ----------------------------------------------------
+# A long retrain runs in a second checkout (a git worktree on its own branch) while main moves on; a group's
+# seeds may be split across machines, each checkout training some of its runs (`python -m mapl.sweep --group
+# blocks --seeds 1`). The finished runs join main through DVC: their checkpoints are copied here (adopt, from
+# every checkout that holds some of them), `dvc repro -s train@<group>` restores every run from them (decide
+# -> "restore"), and the restored results are compared with the ones each checkout wrote (compare_results).
+# Only checkpoints written by this training code are taken, so a run is never adopted from code that
+# computes other numbers.
 
 
-def adopt(src_root: Path, profile: str, names: Sequence[str], fingerprint: str,
+def finished_in(sources: Sequence[Path], profile: str, group: str, name: str) -> Path | None:
+    """The first checkout of ``sources`` whose results folder of ``group`` holds run ``name``'s results JSON
+    (the run finished there), or None."""
+    return next((Path(src) for src in sources
+                 if read_json_object(results_dir(profile, group, Path(src)) / f"{name}.json") is not None), None)
+
+
+def _adoptable(src: Path, profile: str, name: str, fingerprint: str, dest_root: Path) -> list[Path]:
+    """The checkpoint files of run ``name`` in checkout ``src`` (and its code stamp), if this training code (or
+    code proven to compute the same numbers) wrote them; else ValueError naming the run."""
+    src_ck = src / "checkpoints" / profile
+    code = src_ck / f"{name}.code"
+    stamp = code.read_text().strip() if code.exists() else None
+    if not same_code(stamp, fingerprint, dest_root):
+        raise ValueError(f"{name}: its checkpoint in {src} was written by training code {stamp or '(unknown)'}, "
+                         f"not this checkout's {fingerprint}, and no proof that the two compute the same "
+                         f"numbers (python -m mapl.reuse prove {src} {profile})")
+    ckpts = checkpoint_files(src_ck / f"{name}.pt")
+    if not ckpts:
+        raise ValueError(f"{name}: no checkpoint in {src_ck}")
+    return [*ckpts, code]
+
+
+def adopt(sources: Sequence[Path], profile: str, names: Sequence[str], fingerprint: str,
           dest_root: Path = PROJECT_ROOT, group: str = "") -> list[Path]:
-    """Copy the checkpoints of the finished runs ``names`` from the checkout ``src_root`` into this one's
-    ``checkpoints/<profile>/``. Every run must have its results JSON in ``src_root``'s results folder of
-    ``group`` and a checkpoint stamped with ``fingerprint`` (this training code), or with training code
-    that ``dest_root``'s ``reports/code-equivalence.json`` proves computes the same numbers
-    (:func:`same_code`; the stamp is copied as it is: it names the code that wrote the checkpoint);
-    otherwise nothing is copied and :class:`ValueError` names the first run that fails. Returns the files
-    copied."""
+    """Copy the checkpoints of the finished runs ``names`` into this checkout's ``checkpoints/<profile>/``, each
+    from the first checkout of ``sources`` where it finished (:func:`finished_in`; a group's runs may be spread
+    over several, and ``dest_root`` itself may be one: its runs are checked and stay where they are). Every
+    run must have finished in one of them, with a checkpoint stamped with ``fingerprint`` (this training
+    code) or with training code that ``dest_root``'s ``reports/code-equivalence.json`` proves computes the
+    same numbers (:func:`same_code`; the stamp is copied as it is: it names the code that wrote the
+    checkpoint); otherwise nothing is copied and :class:`ValueError` names the first run that fails.
+    Returns the files copied."""
     import shutil
-    src_ck, dest_ck = Path(src_root) / "checkpoints" / profile, Path(dest_root) / "checkpoints" / profile
-    src_res = Path(src_root) / "reports" / profile / "results" / group
+    dest_root = Path(dest_root)
+    dest_ck = dest_root / "checkpoints" / profile
     files = []
     for name in names:
-        if read_json_object(src_res / f"{name}.json") is None:
-            raise ValueError(f"{name}: no results JSON in {src_res}: the run has not finished there")
-        code = src_ck / f"{name}.code"
-        stamp = code.read_text().strip() if code.exists() else None
-        if not same_code(stamp, fingerprint, dest_root):
-            raise ValueError(f"{name}: its checkpoint was written by training code {stamp or '(unknown)'}, "
-                             f"not this checkout's {fingerprint}, and no proof that the two compute the same "
-                             f"numbers (python -m mapl.reuse prove {src_root} {profile})")
-        ckpts = checkpoint_files(src_ck / f"{name}.pt")
-        if not ckpts:
-            raise ValueError(f"{name}: no checkpoint in {src_ck}")
-        files += [*ckpts, code]
+        src = finished_in(sources, profile, group, name)
+        if src is None:
+            folders = " or ".join(str(results_dir(profile, group, Path(s))) for s in sources)
+            raise ValueError(f"{name}: no results JSON in {folders}: the run has not finished there")
+        found = _adoptable(src, profile, name, fingerprint, dest_root)
+        if src.resolve() != dest_root.resolve():
+            files += found
     dest_ck.mkdir(parents=True, exist_ok=True)
     for f in files:
         shutil.copy2(f, dest_ck / f.name)
     return [dest_ck / f.name for f in files]
 
 
-def runs_to_adopt(cfgs: Sequence[RunConfig], results_dir: Path, fingerprint: str,
-                  root: Path = PROJECT_ROOT) -> list[str]:
-    """The runs of a group (``cfgs``, results in ``results_dir``) whose checkpoints must be adopted: all but
+def runs_to_adopt(cfgs: Sequence[RunConfig], folder: Path, fingerprint: str, root: Path = PROJECT_ROOT) -> list[str]:
+    """The runs of a group (``cfgs``, results in ``folder``) whose checkpoints must be adopted: all but
     those another group of this checkout holds current (:func:`current_twin`), which the stage copies."""
-    return [c.name() for c in cfgs if current_twin(Path(results_dir) / f"{c.name()}.json", c, fingerprint, root) is None]
+    return [c.name() for c in cfgs if current_twin(Path(folder) / f"{c.name()}.json", c, fingerprint, root) is None]
 
 
 def compare_results(src_dir: Path, dest_dir: Path, names: Sequence[str]) -> list[str]:
@@ -219,12 +228,24 @@ def compare_results(src_dir: Path, dest_dir: Path, names: Sequence[str]) -> list
     return out
 
 
-USAGE = ("usage: python -m mapl.reuse                                  (the training-code fingerprint and its files)\n"
-         "       python -m mapl.reuse adopt CHECKOUT PROFILE GROUP     (copy GROUP's finished checkpoints from CHECKOUT)\n"
-         "       python -m mapl.reuse compare CHECKOUT PROFILE GROUP   (restored results here vs CHECKOUT's)\n"
-         "       python -m mapl.reuse prove CHECKOUT PROFILE [STEPS]   (CHECKOUT's training code computes this one's "
+def compare_adopted(sources: Sequence[Path], profile: str, group: str, names: Sequence[str],
+                    dest_root: Path = PROJECT_ROOT) -> list[str]:
+    """:func:`compare_results` of each run against the checkout of ``sources`` where it finished."""
+    here, out = results_dir(profile, group, dest_root), []
+    for name in names:
+        src = finished_in(sources, profile, group, name)
+        out += (compare_results(results_dir(profile, group, src), here, [name]) if src is not None
+                else [f"{name}: results missing in every checkout ({', '.join(map(str, sources))})"])
+    return out
+
+
+USAGE = ("usage: python -m mapl.reuse                                      (the training-code fingerprint and its files)\n"
+         "       python -m mapl.reuse adopt CHECKOUT... PROFILE GROUP      (copy GROUP's finished checkpoints from the "
+         "checkouts, each run from the first where it finished)\n"
+         "       python -m mapl.reuse compare CHECKOUT... PROFILE GROUP    (restored results here vs the checkouts')\n"
+         "       python -m mapl.reuse prove CHECKOUT PROFILE [STEPS]       (CHECKOUT's training code computes this one's "
          "numbers? recorded if so)\n"
-         "       python -m mapl.reuse refresh PROFILE [GROUP ...]    (after a proven-equivalent code change: "
+         "       python -m mapl.reuse refresh PROFILE [GROUP ...]        (after a proven-equivalent code change: "
          "re-execute and `dvc commit` each train stage whose runs are all current, training nothing)")
 
 
@@ -239,32 +260,40 @@ def main(argv=None) -> int:
         return _prove(*args[1:])
     if args[0] == "refresh" and len(args) >= 2:
         return _refresh(args[1], args[2:])
-    if len(args) != 4 or args[0] not in ("adopt", "compare"):
+    if len(args) < 4 or args[0] not in ("adopt", "compare"):
         print(USAGE, file=sys.stderr)
         return 2
-    from .sweep import group_specs, spec_config
-    from ..core.config import load_params
-    what, src, profile, group = args[0], Path(args[1]), args[2], args[3]
+    what, sources, profile, group = args[0], [Path(a) for a in args[1:-2]], args[-2], args[-1]
     try:
-        params = load_params()
-        cfgs = [spec_config(profile, s, params).validate() for s in group_specs(profile, group, params)]
-        names = [cfg.name() for cfg in cfgs]
-        if what == "adopt":
-            fingerprint = code_fingerprint()
-            taken = runs_to_adopt(cfgs, PROJECT_ROOT / "reports" / profile / "results" / group, fingerprint)
-            shared = [n for n in names if n not in taken]
-            copied = adopt(src, profile, taken, fingerprint, group=group)
-            print(f"adopted {len(taken)} run(s) of {profile}/{group} from {src} ({len(copied)} files; {len(shared)} "
-                  f"more are another group's here and are copied); now `dvc repro -s train@{group}` restores them, "
-                  f"then `python -m mapl.reuse compare {src} {profile} {group}`")
-            return 0
-        diffs = compare_results(src / "reports" / profile / "results" / group,
-                                PROJECT_ROOT / "reports" / profile / "results" / group, names)
-        print("\n".join(diffs) if diffs else f"{len(names)} run(s) of {profile}/{group}: the same numbers as in {src}")
-        return 1 if diffs else 0
+        return (_adopt if what == "adopt" else _compare)(sources, profile, group)
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+
+
+def _group_configs(profile: str, group: str) -> list[RunConfig]:
+    params = load_params()
+    return [spec_config(profile, s, params).validate() for s in group_specs(profile, group, params)]
+
+
+def _adopt(sources: list[Path], profile: str, group: str) -> int:
+    cfgs, fingerprint = _group_configs(profile, group), code_fingerprint()
+    taken = runs_to_adopt(cfgs, results_dir(profile, group), fingerprint)
+    shared = len(cfgs) - len(taken)
+    copied = adopt(sources, profile, taken, fingerprint, group=group)
+    where = ", ".join(f"{sum(finished_in(sources, profile, group, n) == src for n in taken)} from {src}" for src in sources)
+    print(f"adopted {len(taken)} run(s) of {profile}/{group} ({where}; {len(copied)} files; {shared} more are another "
+          f"group's here and are copied); now `dvc repro -s train@{group}` restores them, then "
+          f"`python -m mapl.reuse compare {' '.join(map(str, sources))} {profile} {group}`")
+    return 0
+
+
+def _compare(sources: list[Path], profile: str, group: str) -> int:
+    names = [c.name() for c in _group_configs(profile, group)]
+    diffs = compare_adopted(sources, profile, group, names)
+    print("\n".join(diffs) if diffs else
+          f"{len(names)} run(s) of {profile}/{group}: the same numbers as in {', '.join(map(str, sources))}")
+    return 1 if diffs else 0
 
 
 def _prove(checkout: str, profile: str, steps: str = "6") -> int:

@@ -1,7 +1,7 @@
 """Run groups from params.yaml: every run trained once, reused when it can be, with live progress.
 
-A profile lists run groups (``profiles.<p>.groups.<name>``: a list of run specs) and how runs start
-(``profiles.<p>.launcher``):
+A profile lists the runs of every declared group (``profiles.<p>.groups.<name>``; their specs, defaults
+and seeds: :mod:`mapl.orchestration.groups`) and how runs start (``profiles.<p>.launcher``):
 
 * ``{kind: pool, jobs: 2}`` (micro, cpu): each run is one process of the single-process pipeline,
   ``jobs`` side by side with one thread each (two 1-thread runs use 2 cores better than one 2-thread run);
@@ -22,8 +22,11 @@ seconds of work ``run 3 of 11 tiny-P4-ssn-8x-s0 step 120/300 loss 4.512 ETA 0:42
 the group's count and ETA.
 
     python -m mapl.sweep --profile cpu --group main          # train one group (reports/cpu/results/main)
+    python -m mapl.sweep --profile cpu --group blocks --seeds 1   # only its seed-1 runs (seeds split across machines;
+                                                             # python -m mapl.reuse adopt joins them)
     python -m mapl.sweep --profile cpu --estimate            # runs per group, estimated wall time
-    python -m mapl.sweep --check                             # every profile and run of params.yaml valid? (DVC's first stage)
+    python -m mapl.sweep --check                             # every profile and run of params.yaml valid? (DVC's first stage;
+                                                             # mapl.orchestration.validate)
     python -m mapl.sweep --profile cpu --group tune --jobs 1
 """
 from __future__ import annotations
@@ -36,17 +39,18 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ..core.config import (METHODS, PROJECT_ROOT, ConfigError, RunConfig, RVQConfig, build, check_fields, config_hash,
-                           load_params, load_run_config, setting)
+from ..core.config import PROJECT_ROOT, ConfigError, RunConfig, build, check_fields, config_hash, load_params, setting
 from ..core.fingerprint import code_fingerprint
 from . import reuse
+from .groups import check_names, group_names, group_specs, results_dir, run_name, runs_of_seeds, spec_config
 from .progress import (LAUNCH_OVERHEAD_S, UNPREPARED_EVAL_TOKENS, GroupClock, StepProgress, emit, estimate_core_seconds,
                        estimate_group, eval_split_guessed, hms, named_warnings)
 
-__all__ = ["LAUNCHERS", "LauncherConfig", "Job", "group_names", "group_specs", "launcher_config", "run_name", "measured_text",
-           "failure_summary", "spec_config", "check_params", "plan_group", "estimate_text", "results_dir",
-           "check_names", "checkpoint_path", "launch_args", "prepare_data", "status_table", "stage_table",
-           "run_many", "write_stamp"]
+# group_names ... spec_config (mapl.orchestration.groups) stay importable from here: notebooks/train.ipynb (a dep of
+# every train stage) and the frozen-trunk study (whose text is part of its runs' currency) read them as sweep's
+__all__ = ["LAUNCHERS", "LauncherConfig", "Job", "group_names", "group_specs", "runs_of_seeds", "launcher_config",
+           "run_name", "measured_text", "failure_summary", "spec_config", "plan_group", "estimate_text", "results_dir",
+           "check_names", "checkpoint_path", "launch_args", "prepare_data", "status_table", "stage_table", "run_many"]
 
 LAUNCHERS = ("pool", "accelerate", "torchrun")
 @dataclass(frozen=True)
@@ -75,110 +79,12 @@ class Job:
         return self.cfg.name()
 
 
-def results_dir(profile: str, group: str, root: Path = PROJECT_ROOT) -> Path:
-    """``reports/<profile>/results/<group>``: profiles never write into each other's folders."""
-    return Path(root) / "reports" / profile / "results" / group
-
-
-def _profile_section(profile: str, params: dict | None) -> dict:
-    """``params.yaml``'s section of ``profile``; an unknown profile is refused in one line."""
-    params = params or load_params()
-    if profile not in params["profiles"]:
-        raise ConfigError(f"profile={profile!r} is invalid: allowed {sorted(params['profiles'])}")
-    return params["profiles"][profile] or {}
-
-
-def group_names(profile: str, params: dict | None = None) -> list[str]:
-    return list(_profile_section(profile, params).get("groups") or {})
-
-
-def group_specs(profile: str, group: str, params: dict | None = None) -> list[dict]:
-    groups = _profile_section(profile, params).get("groups") or {}
-    if group not in groups:
-        raise ConfigError(f"group={group!r} is invalid for profile {profile!r}: allowed {sorted(groups)}")
-    return [dict(s) for s in (groups[group] or [])]
-
-
 def launcher_config(profile: str, params: dict | None = None) -> LauncherConfig:
     params = params or load_params()
     where = f"profiles.{profile}.launcher"
     launcher = build(LauncherConfig, (params["profiles"][profile] or {}).get("launcher") or {}, where)
     check_fields(launcher, where)
     return launcher
-
-
-def run_name(cfg: RunConfig, profile_steps: int) -> str:
-    """model[-d<width>]-P<stages>-method[-<ratio>x][-proj-<kind>][-anchor-<kind>][-ar<anchor rank>][-sync-<mode>]
-    [-scale-<mode>][-<steps>steps]-s<seed>:
-    a variant or budget appears only where it differs from the method's default or the profile's steps."""
-    c, default = cfg.compressor.resolved(), METHODS[cfg.compressor.method]
-    parts = [cfg.model, *([f"d{cfg.model_overrides['d_model']}"] if "d_model" in cfg.model_overrides else []),
-             f"P{cfg.stages}", c.method]
-    if default["projector"]:
-        parts.append(f"{c.ratio:g}x")
-        if c.projector.kind != default["projector"]:
-            parts.append(f"proj-{c.projector.kind}")
-    if c.anchor.kind != default["anchor"]:
-        parts.append(f"anchor-{c.anchor.kind}")
-    if c.anchor.rank:                          # an explicit anchor rank (e.g. "uncompressed + anchors")
-        parts.append(f"ar{c.anchor.rank}")
-    if c.method == "mapl-rvq" and c.rvq.sync != RVQConfig().sync:
-        parts.append(f"sync-{c.rvq.sync}")
-    if c.method == "mapl-rvq" and c.rvq.scale != RVQConfig().scale:
-        parts.append(f"scale-{c.rvq.scale}")
-    if cfg.train.steps != profile_steps:
-        parts.append(f"{cfg.train.steps}steps")
-    return "-".join([*parts, f"s{cfg.train.seed}"])
-
-
-def spec_config(profile: str, spec: dict, params: dict | None = None) -> RunConfig:
-    """The RunConfig of one spec, named by ``name`` or :func:`run_name`."""
-    params = params or load_params()
-    over = dict(spec)
-    name = over.pop("name", "")
-    cfg = load_run_config(profile, over, params=params)
-    return replace(cfg, run_name=name or run_name(cfg, load_run_config(profile, params=params).train.steps))
-
-
-def check_names(profile: str, params: dict | None = None) -> None:
-    """One name, one config, across every group of the profile (names are checkpoint file names)."""
-    params = params or load_params()
-    seen: dict[str, tuple[str, str]] = {}
-    for group in group_names(profile, params):
-        for spec in group_specs(profile, group, params):
-            cfg = spec_config(profile, spec, params)
-            h = config_hash(cfg)
-            if seen.setdefault(cfg.name(), (h, group))[0] != h:
-                raise ConfigError(f"run name {cfg.name()!r} is used for two different configs (groups "
-                                  f"{seen[cfg.name()][1]!r} and {group!r}); give one of them a `name:`")
-
-
-def check_params(params: dict | None = None) -> str:
-    """Every profile of params.yaml as training reads it: the profile's own settings, its launcher and
-    every run of every group, validated (as far as can be without the data) and named uniquely; the
-    top-level ``profile:`` must name one. Raises ``ConfigError`` (one line naming the key); returns a
-    summary line. DVC's first stage (``validate``), so a bad value never reaches a stage that DVC
-    clears the outputs of before running it."""
-    params = params or load_params()
-    profiles = params["profiles"]
-    if params.get("profile") not in profiles:
-        raise ConfigError(f"profile={params.get('profile')!r} (the top-level `profile:` of params.yaml) is invalid: "
-                          f"allowed {sorted(profiles)}")
-    runs = 0
-    for profile in profiles:
-        load_run_config(profile, params=params).validate()
-        launcher_config(profile, params)
-        for group in group_names(profile, params):
-            for i, spec in enumerate(group_specs(profile, group, params)):
-                try:
-                    spec_config(profile, spec, params).validate()
-                except ConfigError as e:
-                    raise ConfigError(f"profiles.{profile}.groups.{group}[{i}] ({spec}): {e}") from None
-                runs += 1
-        check_names(profile, params)
-        from .frozen_trunk import settings as frozen_trunk_settings      # it builds on this module
-        frozen_trunk_settings(profile, params)
-    return f"params.yaml: {len(profiles)} profiles, {runs} runs in their groups, every setting valid"
 
 
 def checkpoint_path(profile: str, name: str) -> Path:
@@ -460,13 +366,3 @@ def run_many(profile: str, specs: list[dict], out_dir: Path, jobs: int = 0, log=
     if failed:
         raise RuntimeError(f"{len(failed)} run(s) failed: " + "; ".join(f"{s['run']}: {s['error']}" for s in failed))
     return sorted(status, key=lambda s: s["k"])
-
-
-STAMP_TEXT = ("params.yaml passed `python -m mapl.sweep --check` (DVC's validate stage; the same text every time, so "
-              "that a params edit reruns only the stages whose params changed)\n")
-
-
-def write_stamp(path: Path) -> None:
-    from ..base.io import atomic_write_text
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(path, STAMP_TEXT)

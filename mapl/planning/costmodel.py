@@ -38,7 +38,7 @@ from ..core.engine import build_optimizers
 from ..core.link import floor_time, get_profile, IDEAL, schedule_ops, simulate, StepMeasurement
 from ..core.stages import build_staged_model
 from ..orchestration.progress import eval_tokens
-from ..orchestration.sweep import group_specs, spec_config
+from ..orchestration.groups import group_names, group_specs, spec_config
 
 __all__ = ["GPUSpec", "H100", "H200", "DEFAULT_MFU", "StageCompute", "BoundaryBytes", "Case", "Prediction",
            "stage_flops", "flop_compute", "measured_compute", "boundary_bytes", "wire_ratio", "build_case",
@@ -348,7 +348,7 @@ def gpu_hours(profile: str = "paper", gpu: GPUSpec = H100, groups: Sequence[str]
     """GPU-hours of every run of ``profile``'s groups (default all), totals and wall-clock on ``n_gpus``.
     Runs use 1F1B (GPipe does not fit paper micro-batches: mapl.core.memory); the link inside a node is free."""
     params = params or load_params()
-    groups = list(groups or params["profiles"][profile].get("groups", {}))
+    groups = list(groups or group_names(profile, params))
     cache, rows = {}, []
     for g in groups:
         for spec in group_specs(profile, g, params):

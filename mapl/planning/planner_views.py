@@ -15,7 +15,7 @@ from typing import Sequence
 
 from ..core.config import load_run_config
 from ..core.link import LinkProfile
-from ..orchestration.sweep import group_specs
+from ..orchestration.groups import group_specs
 from ..report.rows import at_projection_ratio
 from ..report.studies import headline_ratio
 from .costmodel import boundary_bytes, build_case, measured_compute, wire_ratio

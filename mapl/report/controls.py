@@ -203,8 +203,8 @@ def _learned_fixed(rows: Sequence[dict]) -> tuple[dict, list[dict], int | None]:
 
 
 def learned_fixed_table(rows: Sequence[dict]) -> Table:
-    """SPEL against the fixed random projector at the paper's ablation ratio (groups ``learned_fixed_4x``: seeds
-    0-3, ``learned_fixed_4x_b``: seeds 4-7; one study, :data:`mapl.report.rows.STUDY_OF_GROUP`)."""
+    """SPEL against the fixed random projector at the paper's ablation ratio (group ``learned_fixed_4x``, seeds
+    0-7)."""
     sums, comps, steps = _learned_fixed(rows)
     body = _summary_rows(sums, ["none", "mapl-fixed", "mapl"])
     caption = ("MAPL with its learned projector (SPEL) and with a fixed random orthonormal one, at the projection "
@@ -311,8 +311,7 @@ def _blocks(rows: Sequence[dict]) -> tuple[dict, list[dict], int | None]:
 
 
 def blocks_table(rows: Sequence[dict]) -> Table:
-    """The headline's methods with several blocks per stage (groups ``blocks``: seed 0, ``blocks_b``: seed 1; P = 4
-    and P = 8)."""
+    """The headline's methods with several blocks per stage (group ``blocks``, seeds 0 and 1; P = 4 and P = 8)."""
     sums, comps, steps = _blocks(rows)
     body = _summary_rows(sums, sorted(sums, key=lambda k: (sums[k]["stages"], ["none", "ssn", "mapl"].index(sums[k]["name"]))))
     caption = ("None, SSN and MAPL on a model with several blocks per stage (the paper has 2-4), at P = 4 and "

@@ -95,7 +95,7 @@ def metrics(rows: Sequence[dict]) -> dict:
               for c in comparisons(sections["long"])}
     if paired:
         out["long_paired"] = paired
-    groups = {budget_steps(rows, g, model): g for g in ("longer", "long", "tokens", "main")}
+    groups = {budget_steps(rows, g, model): g for g in ("long", "tokens", "main")}
 
     def budget_name(point: dict) -> str:
         return groups.get(point["steps"], f"steps{point['steps']}")

@@ -4,8 +4,9 @@
 
 A row holds, from one results JSON:
 
-* ``run``, ``group`` (its folder under the results directory: main, seeds, ablations, long, longer,
-  tokens, width, rvq_sync, tune, tune2, ...), ``profile``, ``config_hash``
+* ``run``, ``group`` (the study of its folder under the results directory, as params.yaml's ``groups:``
+  declares it: main, seeds, ablations, long, tokens, width, rvq_sync, tune, tune2, ...; a folder no group
+  declares is a study of its own), ``profile``, ``config_hash``
 * ``model`` (the preset, with any shape overrides in brackets: ``tiny[d_model=64,ffn_hidden=192]``),
   ``base_model`` (the preset alone), ``d_model`` (uncompressed bytes per token / 2), ``stages`` (P)
 * ``method``, ``projector``, ``anchor``, ``rvq_sync`` (mapl-rvq only), ``variant`` (the method plus
@@ -33,40 +34,45 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter, defaultdict
+from functools import lru_cache
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from ..core.config import METHODS
+from ..base.declared_groups import Declaration, declaration
+from ..core.config import METHODS, PROJECT_ROOT, load_params
 
-__all__ = ["GROUP_ORDER", "TUNING_GROUPS", "OTHER_CORPUS_GROUPS", "STUDY_OF_GROUP", "study_groups", "METHOD_ORDER", "KEY",
+__all__ = ["declared", "study_role", "study_groups", "METHOD_ORDER", "KEY",
            "ResultsError", "results_dir", "row_from_result", "eval_set", "load_results", "select",
            "total_bytes_per_token", "variant_of", "is_reference", "is_default", "run_key", "group_runs", "sort_key",
            "report_selections", "main_model", "budget_steps", "at_projection_ratio", "at_best_validation", "train_split_tokens"]
 
-# groups whose runs exist to choose settings (scored on the selection set), never pooled into a result
-TUNING_GROUPS = ("tune", "tune2", "lr_check")
-# where a configuration appears in two studies, the first study here keeps it (the others are dropped); rows carry
-# their study (STUDY_OF_GROUP below), so a group that belongs to another study never needs a place of its own
-GROUP_ORDER = ("main", "seeds", "ablations", "long", "longer", "tokens", "width", "rvq_sync", "rvq_scaled", "lr_check",
-               "tune", "tune2", "decompose", "decompose_capacity", "learned_fixed_4x", "corpus", "blocks")
 METHOD_ORDER = ("none", "int8", "ssn", "mapl", "mapl-rvq")
 KEY = ("model", "stages", "method", "wire_ratio", "projector", "anchor", "anchor_rank", "rvq_sync", "rvq_scale",
        "data_source", "steps", "seed")
-# groups on another corpus (issue 26): their own tables read them; every other table leaves them out
-OTHER_CORPUS_GROUPS = ("corpus",)
-# A DVC group is a unit of compute, a study a unit of analysis. The headline's two variants (MAPL+VQ,
-# the fixed projector) each train in a stage of their own so that each result lands as soon as its runs
-# are done; every table reads them with the primary contrast (none, SSN, MAPL: group long) as one study.
-# Group first holds three of main's runs, trained first for a table in minutes (main copies them): they are main's.
-# Issue 26's two long studies are split by seed into groups that each fit one session's compute.
-STUDY_OF_GROUP = {"first": "main", "long_rvq": "long", "long_fixed": "long", "learned_fixed_4x_b": "learned_fixed_4x",
-                  "blocks_b": "blocks"}
+
+
+def declared() -> Declaration:
+    """The run groups as this checkout's params.yaml declares them (``groups:``: each one's study and role, in
+    the report's order; :mod:`mapl.base.declared_groups`), read again only when the file changes."""
+    path = PROJECT_ROOT / "params.yaml"
+    stat = path.stat()
+    return _declared_at(str(path), stat.st_mtime_ns, stat.st_size)
+
+
+@lru_cache(maxsize=4)
+def _declared_at(path: str, mtime_ns: int, size: int) -> Declaration:
+    return declaration(load_params(Path(path)))
+
+
+def study_role(study: str) -> str:
+    """How the report reads a study's rows (``reported``, ``tuning``, ``other-corpus``): its groups' role."""
+    return declared().role_of_study(study)
 
 
 def study_groups(study: str) -> str:
-    """The DVC groups of a study, for captions: "group blocks" or "groups blocks and blocks_b"."""
-    groups = [study, *(g for g, s in STUDY_OF_GROUP.items() if s == study)]
-    return f"group {study}" if len(groups) == 1 else f"groups {', '.join(groups[:-1])} and {groups[-1]}"
+    """The DVC groups of a study, for captions: "group blocks" or "groups long, long_rvq and long_fixed"."""
+    groups = declared().groups_of(study) or (study,)
+    return f"group {groups[0]}" if len(groups) == 1 else f"groups {', '.join(groups[:-1])} and {groups[-1]}"
 
 
 def results_dir(profile: str, root: str | Path = "") -> Path:
@@ -205,8 +211,9 @@ def _min_over_boundaries(diagnostics, key: str) -> float | None:
     return min(values) if values else None
 
 
-def _group_rank(group: str) -> tuple:
-    return (GROUP_ORDER.index(group) if group in GROUP_ORDER else len(GROUP_ORDER), group)
+def _study_rank(study: str, order: tuple[str, ...]) -> tuple:
+    """Where a configuration is in two studies, the first declared keeps it; undeclared folders come last."""
+    return (order.index(study) if study in order else len(order), study)
 
 
 class ResultsError(ValueError):
@@ -259,20 +266,21 @@ def load_results(root: str | Path, results: str | Path = "reports/results", dedu
     file that cannot be used (unreadable, truncated, empty, a non-finite loss) is refused with
     :class:`ResultsError` naming it: leaving it out would silently change every table it is in. ``dedupe``: one row per
     :func:`run_key` and profile among the runs on the report's validation slice (eval_offset 0): where
-    a configuration appears in two groups, or an ad-hoc run repeats one with other hyperparameters,
-    the first of :data:`GROUP_ORDER` (then the others by name) keeps it. Runs on the tuning slice
-    differ by their learning rates only and are all kept."""
+    a configuration appears in two studies, or an ad-hoc run repeats one with other hyperparameters,
+    the first study params.yaml declares (then the others by name) keeps it. Runs on the tuning slice or
+    of a tuning study differ by their learning rates only and are all kept."""
     base = Path(root) / results
-    found = []
+    found, groups = [], declared()
     for path in sorted(base.rglob("*.json")) if base.is_dir() else []:
         res = _read(path)
         if res is not None:
             folder = path.parent.relative_to(base).as_posix() if path.parent != base else ""
-            found.append(row_from_result(res, STUDY_OF_GROUP.get(folder, folder)))
-    found.sort(key=lambda r: (_group_rank(r["group"]), r["run"]))
+            found.append(row_from_result(res, groups.study_of(folder)))
+    order = groups.studies()
+    found.sort(key=lambda r: (_study_rank(r["group"], order), r["run"]))
     rows, seen = [], set()
     for r in found:
-        reported = not r["eval_offset"] and r["group"] not in TUNING_GROUPS
+        reported = not r["eval_offset"] and groups.role_of_study(r["group"]) != "tuning"
         key = (r["profile"], *run_key(r)) if dedupe and reported else (r["group"], r["run"])
         if key not in seen:
             seen.add(key)
@@ -290,16 +298,15 @@ def sort_key(r: dict) -> tuple:
 def select(rows: Iterable[dict], profile: str | None = None, eval_offset: int | None = 0, tuning: bool = False,
            other_corpus: bool = False, **eq) -> list[dict]:
     """Rows of ``profile`` (None: any) evaluated at ``eval_offset`` (None: any; the default 0 leaves
-    the old tuning slice out), without the groups of :data:`TUNING_GROUPS` unless ``tuning`` and of
-    :data:`OTHER_CORPUS_GROUPS` unless ``other_corpus``, with
+    the old tuning slice out), without the studies of role ``tuning`` unless ``tuning`` and of role
+    ``other-corpus`` unless ``other_corpus`` (params.yaml ``groups:``), with
     ``row[k] == v`` for every keyword; rows without a val loss are dropped."""
-    out = []
+    out, groups = [], declared()
+    left_out = {*(() if tuning else ("tuning",)), *(() if other_corpus else ("other-corpus",))}
     for r in rows:
         if r.get("val_loss") is None or (profile and r["profile"] != profile):
             continue
-        if not tuning and r.get("group") in TUNING_GROUPS:
-            continue
-        if not other_corpus and r.get("group") in OTHER_CORPUS_GROUPS:
+        if groups.role_of_study(r.get("group", "")) in left_out:
             continue
         if eval_offset is not None and (r.get("eval_offset") or 0) != eval_offset:
             continue

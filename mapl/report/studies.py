@@ -293,7 +293,7 @@ def _study_row(key_cells: list, p: dict) -> list:
 
 def token_table(rows: Sequence[dict], best: bool = False, train_tokens: int | None = None) -> Table:
     """The token axis: each method's Δ% and the paired SSN - MAPL gap at every training budget of
-    the main model (groups main, tokens, long, longer). ``best``: at each run's best validation loss
+    the main model (groups main, tokens, long). ``best``: at each run's best validation loss
     (:func:`mapl.report.rows.at_best_validation`) instead of its final one; ``train_tokens``: the
     training split's size, for an epochs column."""
     scored = at_best_validation(rows) if best else list(rows)

@@ -12,7 +12,7 @@ import statistics
 from typing import Sequence
 
 from . import paper
-from .rows import TUNING_GROUPS, budget_steps, is_default, main_model, sort_key
+from .rows import budget_steps, is_default, main_model, sort_key, study_role
 from .stats import delta_pct, reference_loss, summarize, t_interval
 from .style import fmt_ratio, label, variant_label
 from .table import DASH, Table, fmt, fmt_ci, fmt_int, fmt_pct, fmt_pm
@@ -335,7 +335,7 @@ def tuning_table(rows_all: Sequence[dict]) -> Table:
                f"method family; stage 2 (``tune2``): one step past the best cell along each knob where it sat on "
                f"the grid's edge, plus one run on a third knob. Judged on {_scored_on(tune)}, which no reported "
                f"number uses.")
-    reported = [r for r in rows_all if not r["eval_offset"] and r["group"] not in TUNING_GROUPS]
+    reported = [r for r in rows_all if not r["eval_offset"] and study_role(r["group"]) != "tuning"]
     return Table("tuning", "Tuning protocol", header, body, caption,
                  _tuning_takeaway(tune, reported) if tune else NO_RUNS.format("tune"))
 

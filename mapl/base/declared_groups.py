@@ -1,0 +1,114 @@
+"""The run groups as params.yaml declares them, once: each group's study and role, in the report's order.
+
+params.yaml's top-level ``groups:`` maps every run group to ``{study, role}``. A group is DVC's unit of
+compute (one ``train@<group>`` stage, one results folder); a study is the report's unit of analysis, and
+one study may span groups (the headline and its two variants, trained in stages of their own). The
+role says how the report treats a group's runs:
+
+* ``reported``: read into its study's tables;
+* ``preview``: a few of its study's runs, trained first so that a table shows in minutes; the study's
+  reported group copies them (``mapl.orchestration.reuse``: "copied"), and the report reads each once;
+* ``tuning``: runs that choose settings on the selection split; never pooled into a result;
+* ``other-corpus``: runs on another corpus; only their own study's tables and ledger rows read them.
+
+The declaration's order is the order of dvc.yaml's train stages (``foreach: ${groups}``), of
+``python -m mapl.sweep --estimate`` and of the report's studies (where a configuration is in two
+studies, the first keeps it). The report reads a study by its role, so a study's groups share one role,
+a preview group aside. Each profile lists its runs per group under ``profiles.<p>.groups``
+(:mod:`mapl.orchestration.groups`). This module reads a params dict and nothing else: the report, the
+orchestration and a training run's imports all reach it without importing each other.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, fields
+
+from .settings import ConfigError, build, check_fields, setting
+
+__all__ = ["ROLES", "GroupDeclaration", "Declaration", "declaration"]
+
+ROLES = ("reported", "preview", "tuning", "other-corpus")
+NAME = re.compile(r"[a-z][a-z0-9_]*")        # a DVC stage item, a folder and a notebook name
+WHERE = "groups"                             # the declaration's key in params.yaml
+
+
+@dataclass(frozen=True)
+class GroupDeclaration:
+    """One group's entry: the study the report reads it into and how (:data:`ROLES`)."""
+    study: str = setting("")
+    role: str = setting("reported", choices=ROLES)
+
+
+@dataclass(frozen=True)
+class Declaration:
+    """Every declared group, in order (:func:`declaration` validates it)."""
+    groups: dict[str, GroupDeclaration]
+
+    def names(self) -> tuple[str, ...]:
+        return tuple(self.groups)
+
+    def study_of(self, group: str) -> str:
+        """The study of ``group``; a folder no group declares (an ad-hoc run's) is a study of its own."""
+        entry = self.groups.get(group)
+        return entry.study if entry else group
+
+    def studies(self) -> tuple[str, ...]:
+        """Every study, in the order of its first group."""
+        return tuple(dict.fromkeys(g.study for g in self.groups.values()))
+
+    def groups_of(self, study: str) -> tuple[str, ...]:
+        return tuple(name for name, g in self.groups.items() if g.study == study)
+
+    def role_of_study(self, study: str) -> str:
+        """The role the report reads ``study`` by: its groups' (a preview group's aside); ``reported`` for a
+        study nothing declares."""
+        roles = [g.role for g in self.groups.values() if g.study == study and g.role != "preview"]
+        return roles[0] if roles else "reported"
+
+
+def declaration(params: dict) -> Declaration:
+    """params.yaml's ``groups:``, validated: every error is one line naming the field and what is allowed."""
+    raw = params.get(WHERE)
+    if not isinstance(raw, dict) or not raw:
+        raise ConfigError(f"params.yaml `{WHERE}:` = {raw!r} is invalid: declare every run group once, as "
+                          "`name: {study: ..., role: ...}`")
+    groups = {}
+    for name, entry in raw.items():
+        groups[_checked_name(name, f"{WHERE}: group name")] = _entry(name, entry)
+    _check_roles(groups)
+    return Declaration(groups)
+
+
+def _checked_name(name, what: str) -> str:
+    if not isinstance(name, str) or not NAME.fullmatch(name):
+        raise ConfigError(f"{what} {name!r} is invalid: lower-case letters, digits and _, starting with a letter")
+    return name
+
+
+def _entry(name: str, entry) -> GroupDeclaration:
+    where = f"{WHERE}.{name}"
+    keys = [f.name for f in fields(GroupDeclaration)]
+    missing = [k for k in keys if not isinstance(entry, dict) or k not in entry]
+    if missing:
+        raise ConfigError(f"{where} = {entry!r} is invalid: every group declares {' and '.join(keys)} "
+                          f"(missing {', '.join(missing)})")
+    decl = build(GroupDeclaration, entry, where)
+    check_fields(decl, where)
+    _checked_name(decl.study, f"{where}.study:")
+    return decl
+
+
+def _check_roles(groups: dict[str, GroupDeclaration]) -> None:
+    """A study's groups share one role, a preview group aside; a preview's study has a reported group."""
+    first_role: dict[str, tuple[str, str]] = {}
+    for name, g in groups.items():
+        if g.role == "preview":
+            continue
+        other = first_role.setdefault(g.study, (g.role, name))
+        if other[0] != g.role:
+            raise ConfigError(f"{WHERE}.{name}.role={g.role!r} is invalid: study {g.study!r} is read as "
+                              f"{other[0]!r} (group {other[1]}); a study's groups share one role, a preview aside")
+    for name, g in groups.items():
+        if g.role == "preview" and first_role.get(g.study, ("",))[0] != "reported":
+            raise ConfigError(f"{WHERE}.{name}.role='preview' is invalid: study {g.study!r} has no reported group "
+                              "to copy its runs (a preview is a few runs of its study's reported group)")

@@ -1,0 +1,139 @@
+"""params.yaml's group declaration (mapl.base.declared_groups) and a profile's run specs (mapl.orchestration.groups):
+every group declared once with its study and role, runs written with defaults and seeds, one-line errors, and the
+committed results of every cpu run still the results of its spec; fast: nothing here trains."""
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+import mapl.sweep
+from mapl.base.declared_groups import ROLES, declaration
+from mapl.core.config import ConfigError, config_hash, load_params
+from mapl.orchestration import groups as G
+from mapl.orchestration import sweep
+from mapl.report.rows import declared, study_groups, study_role
+
+PARAMS = load_params()
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _declared(**entries):
+    return declaration({"groups": entries})
+
+
+def test_the_declaration_gives_each_group_its_study_and_role_in_the_report_order():
+    d = declaration(PARAMS)
+    assert d.names()[:2] == ("first", "main") and d.names()[-1] == "blocks"
+    assert [d.study_of(g) for g in ("first", "long_rvq", "long_fixed", "learned_fixed_4x")] == [
+        "main", "long", "long", "learned_fixed_4x"]
+    assert d.studies() == ("main", "seeds", "ablations", "long", "tokens", "width", "rvq_sync", "lr_check", "tune",
+                           "tune2", "decompose", "decompose_capacity", "learned_fixed_4x", "corpus", "blocks")
+    assert {s for s in d.studies() if d.role_of_study(s) == "tuning"} == {"lr_check", "tune", "tune2"}
+    assert {s for s in d.studies() if d.role_of_study(s) == "other-corpus"} == {"corpus"}
+    assert d.role_of_study("main") == "reported" and d.groups_of("main") == ("first", "main")
+    assert d.study_of("adhoc") == "adhoc" and d.role_of_study("adhoc") == "reported"     # an undeclared folder
+    # the report reads the same declaration
+    assert declared() == d and study_role("tune") == "tuning"
+    assert study_groups("long") == "groups long, long_rvq and long_fixed" and study_groups("blocks") == "group blocks"
+
+
+@pytest.mark.parametrize("entries,says", [
+    ({}, r"^params\.yaml `groups:` = \{\} is invalid: declare every run group once"),
+    ({"a": {"study": "a"}}, r"^groups\.a = \{'study': 'a'\} is invalid: every group declares study and role \(missing role\)$"),
+    ({"a": {"study": "a", "role": "final"}}, r"^groups\.a\.role='final' is invalid: allowed: 'reported', 'preview'"),
+    ({"a": {"study": "a", "role": "reported", "seeds": [1]}}, r"^groups\.a: unknown key\(s\) \['seeds'\]"),
+    ({"A-b": {"study": "a", "role": "reported"}}, r"^groups: group name 'A-b' is invalid: lower-case letters"),
+    ({"a": {"study": "", "role": "reported"}}, r"^groups\.a\.study: '' is invalid"),
+    ({"a": {"study": "s", "role": "reported"}, "b": {"study": "s", "role": "tuning"}},
+     r"^groups\.b\.role='tuning' is invalid: study 's' is read as 'reported' \(group a\); a study's groups share one role"),
+    ({"a": {"study": "s", "role": "preview"}, "b": {"study": "s", "role": "tuning"}},
+     r"^groups\.a\.role='preview' is invalid: study 's' has no reported group"),
+])
+def test_a_bad_declaration_is_one_line_naming_the_field(entries, says):
+    with pytest.raises(ConfigError, match=says):
+        _declared(**entries)
+
+
+def test_every_role_is_one_some_group_has():
+    assert {g.role for g in declaration(PARAMS).groups.values()} == set(ROLES)
+
+
+def test_defaults_and_seeds_expand_to_runs_seed_by_seed():
+    entry = {"seeds": [2, 0], "defaults": {"train.steps": 3000, "method": "none"},
+             "runs": [{"method": "ssn", "ratio": 8}, {"name": "x-s{seed}", "train.steps": 50}]}
+    assert G.located_runs(entry, "g") == [
+        ("g.runs[0] seed 2", {"train.steps": 3000, "method": "ssn", "ratio": 8, "train.seed": 2}),
+        ("g.runs[1] seed 2", {"train.steps": 50, "method": "none", "name": "x-s2", "train.seed": 2}),
+        ("g.runs[0] seed 0", {"train.steps": 3000, "method": "ssn", "ratio": 8, "train.seed": 0}),
+        ("g.runs[1] seed 0", {"train.steps": 50, "method": "none", "name": "x-s0", "train.seed": 0})]
+    assert G.located_runs({"defaults": {"train.steps": 40}, "runs": [{"method": "none", "train.seed": 3}]}, "g") == [
+        ("g.runs[0]", {"train.steps": 40, "method": "none", "train.seed": 3})]
+    assert G.located_runs([{"method": "none"}], "g") == [("g[0]", {"method": "none"})]
+    assert G.located_runs([], "g") == [] and G.located_runs(None, "g") == []
+
+
+@pytest.mark.parametrize("entry,says", [
+    ({"runs": [{"method": "none"}], "seed": [1]}, r"^g: unknown key\(s\) \['seed'\]; allowed: \['runs', 'defaults', 'seeds'\]"),
+    ({"runs": []}, r"^g\.runs = \[\] is invalid: must be a non-empty list of run specs$"),
+    ({"runs": [{"method": "none"}], "seeds": [1, 1]}, r"^g\.seeds = \[1, 1\] is invalid: must be a non-empty list of distinct"),
+    ({"runs": [{"method": "none"}], "seeds": [-1]}, r"^g\.seeds = \[-1\] is invalid"),
+    ({"runs": [{"method": "none", "train.seed": 1}], "seeds": [0]},
+     r"^g\.runs\[0\]\.train\.seed is invalid: the group's `seeds:` sets it$"),
+    ({"runs": [{"method": "none"}], "defaults": {"train.seed": 1}, "seeds": [0]},
+     r"^g\.defaults\.train\.seed is invalid: the group's `seeds:` sets it$"),
+    ({"runs": [{"name": "x", "method": "none"}], "seeds": [0, 1]},
+     r"^g\.runs\[0\]\.name = 'x' is invalid: the group has 2 seeds"),
+    ({"runs": [{"name": "x-s{seed}", "method": "none"}]},
+     r"^g\.runs\[0\]\.name = 'x-s\{seed\}' is invalid: \{seed\} names a seed"),
+    ([{"name": "x-s{seed}"}], r"^g\[0\]\.name = 'x-s\{seed\}' is invalid"),
+    (["none"], r"^g\[0\] = 'none' is invalid: must be a mapping"),
+    ({"runs": [{"method": "none"}], "defaults": [1]}, r"^g\.defaults = \[1\] is invalid: must be a mapping"),
+])
+def test_a_bad_group_entry_is_one_line_naming_the_field(entry, says):
+    with pytest.raises(ConfigError, match=says):
+        G.located_runs(entry, "g")
+
+
+def test_every_profile_lists_exactly_the_declared_groups():
+    params = copy.deepcopy(PARAMS)
+    params["profiles"]["micro"]["groups"]["extra"] = []
+    with pytest.raises(ConfigError, match=r"^profiles\.micro\.groups\.extra is invalid: not declared in params\.yaml"):
+        G.group_names("micro", params)
+    params = copy.deepcopy(PARAMS)
+    del params["profiles"]["micro"]["groups"]["blocks"]
+    with pytest.raises(ConfigError, match=r"^profiles\.micro\.groups lacks blocks: every profile lists every declared group"):
+        G.group_specs("micro", "main", params)
+
+
+def test_a_group_split_by_seed_trains_only_the_runs_of_those_seeds(monkeypatch):
+    specs = G.group_specs("cpu", "blocks", PARAMS)
+    one = G.runs_of_seeds("cpu", specs, [1], PARAMS)
+    assert len(one) == 5 and {G.spec_config("cpu", s, PARAMS).train.seed for s in one} == {1}
+    with pytest.raises(ConfigError, match=r"^--seeds 5 is invalid: no run of the group has it \(its seeds: 0, 1\)$"):
+        G.runs_of_seeds("cpu", specs, [5], PARAMS)
+    called = {}
+    monkeypatch.setattr(sweep, "run_many", lambda profile, specs, out, *a, **k: called.update(specs=specs, out=out))
+    assert mapl.sweep.main(["--profile", "cpu", "--group", "blocks", "--seeds", "1", "--quiet"]) == 0
+    assert called["specs"] == one and called["out"] == G.results_dir("cpu", "blocks")
+
+
+def test_a_bad_seeds_option_is_refused_by_argparse(capsys):
+    with pytest.raises(SystemExit) as stop:
+        mapl.sweep.main(["--group", "blocks", "--seeds", "one"])
+    assert stop.value.code == 2 and "--seeds: 'one' is invalid: comma-separated integers >= 0" in capsys.readouterr().err
+
+
+def test_every_committed_cpu_result_is_the_result_of_its_spec():
+    """Each run of every cpu group has its results JSON in its group's folder, of the config its spec resolves to
+    (config hash and steps), and each folder holds its group's runs only: an edit of params.yaml that changes a
+    run's config, or leaves a result in a folder no group has, shows here before DVC retrains anything."""
+    results = ROOT / "reports" / "cpu" / "results"
+    assert sorted(p.name for p in results.iterdir() if p.is_dir()) == sorted(G.group_names("cpu", PARAMS))
+    for group in G.group_names("cpu", PARAMS):
+        cfgs = [G.spec_config("cpu", s, PARAMS).validate() for s in G.group_specs("cpu", group, PARAMS)]
+        for cfg in cfgs:
+            res = json.loads((results / group / f"{cfg.name()}.json").read_text())
+            assert (res["provenance"]["config_hash"], res["steps"]) == (config_hash(cfg), cfg.train.steps), cfg.name()
+        held = {p.name for p in (results / group).glob("*.json") if not p.name.endswith(".memory.json")}
+        assert held == {f"{c.name()}.json" for c in cfgs}, group
