@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Callable, NamedTuple, Sequence
+from typing import Callable, NamedTuple, Protocol, Sequence
 
 from . import paper
 from .controls import study_comparison, study_configurations
@@ -31,8 +31,8 @@ from .studies import comparisons, headline_summaries, tested_comparisons, width_
 from .style import variant_label
 from .table import DASH, Table, fmt_ci, fmt_int, fmt_pct
 
-__all__ = ["VERDICTS", "MIN_SEEDS", "BYTES_REPRODUCED", "PaperSide", "Evidence", "Claim", "CLAIMS", "RULES", "evaluate",
-           "claims", "claims_table"]
+__all__ = ["VERDICTS", "MIN_SEEDS", "BYTES_REPRODUCED", "PaperSide", "PaperSource", "Evidence", "Reading", "Claim",
+           "CLAIMS", "RULES", "evaluate", "claims", "claims_table"]
 
 VERDICTS = ("reproduced", "not reproduced", "not testable here")
 MIN_SEEDS = 3            # fewer seeds than this: no verdict (an interval on 2 seeds has 1 degree of freedom)
@@ -48,6 +48,11 @@ class PaperSide(NamedTuple):
     text: str
     low: float | None = None
     high: float | None = None
+
+
+class PaperSource(Protocol):
+    """Where a claim's paper side comes from."""
+    def side(self) -> PaperSide: ...
 
 
 @dataclass(frozen=True)
@@ -133,6 +138,11 @@ class Evidence:
         """The rows a study is read from: with the other corpus's groups where the study is on another corpus."""
         other = study_role(study) == "other-corpus" and self.corpus_rows is not None
         return self.corpus_rows if other else self.rows
+
+
+class Reading(Protocol):
+    """What of ours a claim reads, from the evidence (a summary, a comparison, or what its rule needs)."""
+    def measure(self, ev: Evidence): ...
 
 
 @dataclass(frozen=True)
@@ -228,8 +238,8 @@ class Claim:
     ``rule`` of its verdict (:data:`RULES`), how the ours cell names what it reads (``label``; with
     ``label_measured``, the measured configuration's own name where there is one) and the ``table`` to see."""
     claim: str
-    paper: object                    # .side() -> PaperSide
-    reads: object                    # .measure(Evidence) -> what the rule reads
+    paper: PaperSource
+    reads: Reading
     rule: str
     table: str
     label: str = ""
