@@ -1,11 +1,12 @@
 """params.yaml's group declaration (mapl.base.declared_groups) and a profile's run specs (mapl.orchestration.groups):
-every group declared once with its study and role, runs written with defaults and seeds, one-line errors, and the
+every group declared once with its study and role, named budgets merged into runs, one-line errors, and the
 committed results of every cpu run still the results of its spec; fast: nothing here trains."""
 import copy
 import json
 from pathlib import Path
 
 import pytest
+import yaml
 
 import mapl.sweep
 from mapl.base.declared_groups import ROLES, declaration
@@ -16,6 +17,7 @@ from mapl.report.rows import declared, study_groups, study_role
 
 PARAMS = load_params()
 ROOT = Path(__file__).resolve().parents[1]
+PARAMS_TEXT = (ROOT / "params.yaml").read_text()
 
 
 def _declared(**entries):
@@ -59,40 +61,41 @@ def test_every_role_is_one_some_group_has():
     assert {g.role for g in declaration(PARAMS).groups.values()} == set(ROLES)
 
 
-def test_defaults_and_seeds_expand_to_runs_seed_by_seed():
-    entry = {"seeds": [2, 0], "defaults": {"train.steps": 3000, "method": "none"},
-             "runs": [{"method": "ssn", "ratio": 8}, {"name": "x-s{seed}", "train.steps": 50}]}
-    assert G.located_runs(entry, "g") == [
-        ("g.runs[0] seed 2", {"train.steps": 3000, "method": "ssn", "ratio": 8, "train.seed": 2}),
-        ("g.runs[1] seed 2", {"train.steps": 50, "method": "none", "name": "x-s2", "train.seed": 2}),
-        ("g.runs[0] seed 0", {"train.steps": 3000, "method": "ssn", "ratio": 8, "train.seed": 0}),
-        ("g.runs[1] seed 0", {"train.steps": 50, "method": "none", "name": "x-s0", "train.seed": 0})]
-    assert G.located_runs({"defaults": {"train.steps": 40}, "runs": [{"method": "none", "train.seed": 3}]}, "g") == [
-        ("g.runs[0]", {"train.steps": 40, "method": "none", "train.seed": 3})]
-    assert G.located_runs([{"method": "none"}], "g") == [("g[0]", {"method": "none"})]
-    assert G.located_runs([], "g") == [] and G.located_runs(None, "g") == []
+def test_a_named_budget_is_merged_into_runs_and_a_run_keeps_its_own_keys():
+    """YAML's merge key resolves `<<: *name`: every reader sees plain specs, and a run's own value wins."""
+    params = yaml.safe_load(PARAMS_TEXT.replace("      long:\n        - {<<: *steps_3000, method: none, train.seed: 0}",
+                                                "      long:\n        - {<<: *steps_3000, method: none, train.seed: 0,"
+                                                " train.steps: 7}", 1))
+    runs = G.group_specs("cpu", "long", params)
+    assert runs[0] == {"train.steps": 7, "train.warmup_steps": 300, "train.eval_every": 250, "method": "none",
+                       "train.seed": 0}
+    assert runs[1] == {**PARAMS["budgets"]["steps_3000"], "method": "ssn", "ratio": 8, "train.seed": 0}
+    assert {G.spec_config("cpu", spec, PARAMS).train.steps for spec in G.group_specs("cpu", "tokens", PARAMS)} == {1000}
+    assert PARAMS["frozen_trunk"]["cpu"]["trunk"] == {**PARAMS["budgets"]["steps_1000"], "method": "none"}
+
+
+@pytest.mark.parametrize("budgets,says", [
+    ([1], r"^budgets = \[1\] is invalid: a mapping of name -> run settings"),
+    ({"b": {}}, r"^budgets\.b = \{\} is invalid: a non-empty mapping of run settings"),
+    ({"b": {"name": "x", "train.steps": 5}}, r"^budgets\.b = .* is invalid: a non-empty mapping of run settings \(no `name`"),
+    ({"b": {"train.stepz": 5}}, r"^budgets\.b \(\{'train.stepz': 5\}\): 'train.stepz': train has no key 'stepz'"),
+    ({"b": {"train.steps": "many"}}, r"^budgets\.b \(\{'train.steps': 'many'\}\): train\.steps='many' is invalid"),
+])
+def test_a_bad_budget_is_one_line_naming_it(budgets, says):
+    with pytest.raises(ConfigError, match=says):
+        G.check_budgets({**PARAMS, "budgets": budgets})
 
 
 @pytest.mark.parametrize("entry,says", [
-    ({"runs": [{"method": "none"}], "seed": [1]}, r"^g: unknown key\(s\) \['seed'\]; allowed: \['runs', 'defaults', 'seeds'\]"),
-    ({"runs": []}, r"^g\.runs = \[\] is invalid: must be a non-empty list of run specs$"),
-    ({"runs": [{"method": "none"}], "seeds": [1, 1]}, r"^g\.seeds = \[1, 1\] is invalid: must be a non-empty list of distinct"),
-    ({"runs": [{"method": "none"}], "seeds": [-1]}, r"^g\.seeds = \[-1\] is invalid"),
-    ({"runs": [{"method": "none", "train.seed": 1}], "seeds": [0]},
-     r"^g\.runs\[0\]\.train\.seed is invalid: the group's `seeds:` sets it$"),
-    ({"runs": [{"method": "none"}], "defaults": {"train.seed": 1}, "seeds": [0]},
-     r"^g\.defaults\.train\.seed is invalid: the group's `seeds:` sets it$"),
-    ({"runs": [{"name": "x", "method": "none"}], "seeds": [0, 1]},
-     r"^g\.runs\[0\]\.name = 'x' is invalid: the group has 2 seeds"),
-    ({"runs": [{"name": "x-s{seed}", "method": "none"}]},
-     r"^g\.runs\[0\]\.name = 'x-s\{seed\}' is invalid: \{seed\} names a seed"),
-    ([{"name": "x-s{seed}"}], r"^g\[0\]\.name = 'x-s\{seed\}' is invalid"),
-    (["none"], r"^g\[0\] = 'none' is invalid: must be a mapping"),
-    ({"runs": [{"method": "none"}], "defaults": [1]}, r"^g\.defaults = \[1\] is invalid: must be a mapping"),
+    ({"runs": [{"method": "none"}]}, r"^g = \{'runs': .*\} is invalid: a group is a list of run specs \(\[\] trains none\)$"),
+    (["none"], r"^g\[0\] = 'none' is invalid: a run spec is a mapping of settings"),
+    ([{"method": "none"}, {"name": ""}], r"^g\[1\]\.name = '' is invalid: must be a non-empty string$"),
 ])
-def test_a_bad_group_entry_is_one_line_naming_the_field(entry, says):
+def test_a_bad_group_entry_is_one_line_naming_the_run(entry, says):
     with pytest.raises(ConfigError, match=says):
         G.located_runs(entry, "g")
+    assert G.located_runs([{"method": "none"}], "g") == [("g[0]", {"method": "none"})]
+    assert G.located_runs([], "g") == [] and G.located_runs(None, "g") == []
 
 
 def test_every_profile_lists_exactly_the_declared_groups():

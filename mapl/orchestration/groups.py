@@ -1,20 +1,18 @@
 """A profile's run groups: the run specs of each group, their configs and their names.
 
 params.yaml declares every group once (top-level ``groups:``, :mod:`mapl.base.declared_groups`: study, role,
-order); each profile lists every declared group under ``profiles.<p>.groups`` (an empty list trains
-nothing). A group's entry is either a list of run specs, or a mapping
+order); each profile lists every declared group under ``profiles.<p>.groups``, a list of run specs (an empty
+list trains nothing). A spec is a dict of overrides for :func:`mapl.core.config.load_run_config` (``method``,
+``ratio``, ``projector``, ``anchor``, ``train.seed``, ``model.d_model``, ...) plus an optional ``name``
+(default: :func:`run_name`). A budget (steps, warm-up, evaluation cadence) is written once under
+``budgets:`` and merged into a spec with YAML's merge key (``{<<: *steps_3000, method: none}``; the spec's
+own keys win): the YAML parser resolves it, so this module, DVC's params (``profiles.<p>.groups.<group>``:
+a budget's edit reruns exactly the groups that merge it) and ``mapl.data``'s grid all read plain specs.
+A group's seeds may be split across machines: :func:`runs_of_seeds` keeps the runs of some seeds.
 
-    runs:      the run specs
-    defaults:  settings merged into every run (a run's own value wins), e.g. the budget
-    seeds:     each run once per seed, seed by seed (runs x seeds); a run's ``name`` then holds ``{seed}``
-
-A spec is a dict of overrides for :func:`mapl.core.config.load_run_config` (``method``, ``ratio``,
-``projector``, ``anchor``, ``train.seed``, ``model.d_model``, ...) plus an optional ``name`` (default:
-:func:`run_name`). Everything a group's runs resolve to is inside its own entry, so DVC's train stage
-(params ``profiles.<p>.groups.<group>``) reruns exactly the group whose runs changed.
-
-This is the bottom of the orchestration package: reuse, refresh, the sweep and the frozen-trunk study all
-read groups from here, and it imports none of them.
+This is the bottom of the orchestration package: reuse, refresh, the sweep, the validator and the planning
+layer read groups from here (the frozen-trunk study and notebooks/train.ipynb through the sweep, which
+re-exports them), and it imports none of them.
 """
 from __future__ import annotations
 
@@ -24,13 +22,10 @@ from pathlib import Path
 from ..base.declared_groups import declaration
 from ..core.config import METHODS, PROJECT_ROOT, ConfigError, RunConfig, RVQConfig, config_hash, load_params, load_run_config
 
-__all__ = ["GROUP_KEYS", "SEED_FIELD", "results_dir", "group_names", "group_entry", "located_runs", "group_runs",
-           "group_specs", "runs_of_seeds", "run_name", "spec_config", "check_names"]
+__all__ = ["BUDGETS", "results_dir", "group_names", "group_entry", "located_runs", "group_runs", "group_specs",
+           "runs_of_seeds", "check_budgets", "run_name", "spec_config", "check_names"]
 
-GROUP_KEYS = ("runs", "defaults", "seeds")
-SEED_FIELD = "train.seed"
-SEED_PLACEHOLDER = "{seed}"
-
+BUDGETS = "budgets"                  # params.yaml's named budgets, merged into run specs by YAML (`<<: *name`)
 
 def results_dir(profile: str, group: str, root: Path = PROJECT_ROOT) -> Path:
     """``reports/<profile>/results/<group>``: profiles never write into each other's folders."""
@@ -62,74 +57,30 @@ def group_names(profile: str, params: dict | None = None) -> list[str]:
 
 
 def group_entry(profile: str, group: str, params: dict | None = None):
-    """``profiles.<profile>.groups.<group>`` as written (a list of specs, a mapping, or empty)."""
+    """``profiles.<profile>.groups.<group>`` as written (a list of specs, or empty)."""
     groups = _profile_groups(profile, params or load_params())
     if group not in groups:
         raise ConfigError(f"group={group!r} is invalid for profile {profile!r}: allowed {sorted(groups)}")
     return groups[group]
 
 
-def _mapping(value, where: str) -> dict:
-    if not isinstance(value, dict):
-        raise ConfigError(f"{where} = {value!r} is invalid: must be a mapping of settings (e.g. {{method: mapl, ratio: 8}})")
-    return value
-
-
-def _seeds(value, where: str) -> list[int]:
-    ok = (isinstance(value, list) and value and len(set(value)) == len(value)
-          and all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in value))
-    if not ok:
-        raise ConfigError(f"{where}.seeds = {value!r} is invalid: must be a non-empty list of distinct integers >= 0")
-    return value
-
-
-def _seeded(run: dict, seed: int, where: str) -> dict:
-    """``run`` at ``seed``: ``train.seed`` set, ``{seed}`` in its name filled in."""
-    if SEED_FIELD in run:
-        raise ConfigError(f"{where}.{SEED_FIELD} is invalid: the group's `seeds:` sets it")
-    name = run.get("name")
-    return {**run, SEED_FIELD: seed, **({"name": name.replace(SEED_PLACEHOLDER, str(seed))} if name else {})}
+def _spec(spec, where: str) -> dict:
+    if not isinstance(spec, dict):
+        raise ConfigError(f"{where} = {spec!r} is invalid: a run spec is a mapping of settings (e.g. {{method: mapl, "
+                          "ratio: 8}})")
+    name = spec.get("name")
+    if name is not None and (not isinstance(name, str) or not name):
+        raise ConfigError(f"{where}.name = {name!r} is invalid: must be a non-empty string")
+    return dict(spec)
 
 
 def located_runs(entry, where: str) -> list[tuple[str, dict]]:
-    """(where the run is written, its spec) of every run of a group's entry (the module docstring): a list as
-    it is; a mapping's runs with its defaults merged in, once per seed (seed by seed) when it has ``seeds``."""
+    """(where the run is written, its spec) of every run of a group's entry (a list of specs; empty or None: none)."""
     if not entry:
         return []
-    if isinstance(entry, list):
-        located = [(f"{where}[{i}]", dict(_mapping(spec, f"{where}[{i}]"))) for i, spec in enumerate(entry)]
-        for at, spec in located:
-            _check_name(spec.get("name"), None, f"{at}.name")
-        return located
-    unknown = sorted(set(_mapping(entry, where)) - set(GROUP_KEYS))
-    if unknown:
-        raise ConfigError(f"{where}: unknown key(s) {unknown}; allowed: {list(GROUP_KEYS)} (or a list of run specs)")
-    runs = entry.get("runs")
-    if not isinstance(runs, list) or not runs:
-        raise ConfigError(f"{where}.runs = {runs!r} is invalid: must be a non-empty list of run specs")
-    defaults = dict(_mapping(entry.get("defaults") or {}, f"{where}.defaults"))
-    merged = [(f"{where}.runs[{i}]", {**defaults, **_mapping(run, f"{where}.runs[{i}]")}) for i, run in enumerate(runs)]
-    seeds = _seeds(entry["seeds"], where) if "seeds" in entry else None
-    for at, run in merged:
-        _check_name(run.get("name"), seeds, f"{at}.name")
-    if seeds is None:
-        return merged
-    if SEED_FIELD in defaults:
-        raise ConfigError(f"{where}.defaults.{SEED_FIELD} is invalid: the group's `seeds:` sets it")
-    return [(f"{at} seed {seed}", _seeded(run, seed, at)) for seed in seeds for at, run in merged]
-
-
-def _check_name(name, seeds: list[int] | None, where: str) -> None:
-    """A run named in a group of several seeds names each seed's run apart (``{seed}``); only there."""
-    if name is None:
-        return
-    if not isinstance(name, str) or not name:
-        raise ConfigError(f"{where} = {name!r} is invalid: must be a non-empty string")
-    if seeds is None and SEED_PLACEHOLDER in name:
-        raise ConfigError(f"{where} = {name!r} is invalid: {SEED_PLACEHOLDER} names a seed, and the group has no `seeds:`")
-    if seeds is not None and len(seeds) > 1 and SEED_PLACEHOLDER not in name:
-        raise ConfigError(f"{where} = {name!r} is invalid: the group has {len(seeds)} seeds, so the name must hold "
-                          f"{SEED_PLACEHOLDER} (one name per run)")
+    if not isinstance(entry, list):
+        raise ConfigError(f"{where} = {entry!r} is invalid: a group is a list of run specs ([] trains none)")
+    return [(f"{where}[{i}]", _spec(spec, f"{where}[{i}]")) for i, spec in enumerate(entry)]
 
 
 def group_runs(profile: str, group: str, params: dict | None = None) -> list[tuple[str, dict]]:
@@ -153,6 +104,23 @@ def runs_of_seeds(profile: str, specs: list[dict], seeds: list[int], params: dic
         raise ConfigError(f"--seeds {','.join(map(str, absent))} is invalid: no run of the group has it "
                           f"(its seeds: {', '.join(map(str, sorted(set(have)))) or 'none'})")
     return [spec for spec, seed in zip(specs, have) if seed in seeds]
+
+
+def check_budgets(params: dict) -> None:
+    """Each named budget is a non-empty mapping of run settings that resolves for the default profile (the runs
+    that merge it are checked as runs too); one line naming the budget and the setting."""
+    budgets = params.get(BUDGETS) or {}
+    if not isinstance(budgets, dict):
+        raise ConfigError(f"{BUDGETS} = {budgets!r} is invalid: a mapping of name -> run settings "
+                          "(e.g. steps_3000: &steps_3000 {train.steps: 3000})")
+    for name, budget in budgets.items():
+        if not isinstance(budget, dict) or not budget or "name" in budget:
+            raise ConfigError(f"{BUDGETS}.{name} = {budget!r} is invalid: a non-empty mapping of run settings "
+                              "(no `name`: a budget is shared by many runs)")
+        try:
+            load_run_config(params["profile"], budget, params=params)
+        except ConfigError as e:
+            raise ConfigError(f"{BUDGETS}.{name} ({budget}): {e}") from None
 
 
 def run_name(cfg: RunConfig, profile_steps: int) -> str:

@@ -1,16 +1,16 @@
 """Record train stages whose runs are all current after a change of the training code proven not to change
-any number (``python -m mapl.reuse prove``; ``reports/code-equivalence.json``), or an edit of a group's entry
-in params.yaml that leaves every run's config as it was (its runs written with ``defaults:`` and ``seeds:``).
+any number (``python -m mapl.reuse prove``; ``reports/code-equivalence.json``), or an edit of a group in
+params.yaml that leaves every run's config as it was (two groups merged into one, their results moved with them).
 
 Such a change makes DVC see ``train@<group>`` stages as changed (their deps are the training sources, their
 params the group's entry), and ``dvc repro`` deletes a stage's outputs before it runs the stage: every
 committed run would train again, hours of work that would reproduce the same numbers. Instead, for each
 group whose every run is current (:func:`mapl.orchestration.currency.results_current` accepts
-proven-equivalent code), this runs the
-stage's own command from ``dvc.yaml`` on the results as committed (the notebook re-executes and trains
-nothing) and then ``dvc commit -f train@<group>``. A group with any run that is not current is refused
-before anything runs: that one needs ``dvc repro``. DVC has no option to keep a stage's outputs for a
-single rerun (only ``persist``, which would also keep results of runs removed from a group), hence this.
+proven-equivalent code), this runs the stage's own command from ``dvc.yaml`` on the results as committed
+(the notebook re-executes and trains nothing) and then ``dvc commit -f train@<group>``. A group with any run
+that is not current is refused before anything runs: that one needs ``dvc repro``. DVC has no option to keep
+a stage's outputs for a single rerun (only ``persist``, which would also keep results of runs removed from a
+group), hence this.
 
     python -m mapl.reuse refresh cpu                 # every group of the profile with results
     python -m mapl.reuse refresh cpu long decompose  # these groups only

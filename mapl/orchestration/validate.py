@@ -3,8 +3,8 @@
 DVC removes a stage's outputs before its command runs, so one bad value would delete a group's committed
 results and fail inside a notebook. ``python -m mapl.sweep --check --stamp reports/params-valid.txt`` runs
 :func:`check_params` first; every other stage depends on the stamp it writes. The check reads every part
-of the file that training reads: the group declaration, each profile's settings, launcher and runs, and the
-frozen-trunk studies; so this module sits above the sweep and the frozen-trunk study, and nothing in
+of the file that training reads: the group declaration, the named budgets, each profile's settings, launcher
+and runs, and the frozen-trunk studies; so this module sits above the sweep and the frozen-trunk study, and nothing in
 orchestration imports it.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 from ..base.declared_groups import declaration
 from ..core.config import ConfigError, load_params, load_run_config
 from .frozen_trunk import settings as frozen_trunk_settings
-from .groups import check_names, group_names, group_runs, spec_config
+from .groups import check_budgets, check_names, group_names, group_runs, spec_config
 from .sweep import launcher_config
 
 __all__ = ["STAMP_TEXT", "check_params", "write_stamp"]
@@ -24,8 +24,8 @@ STAMP_TEXT = ("params.yaml passed `python -m mapl.sweep --check` (DVC's validate
 
 
 def check_params(params: dict | None = None) -> str:
-    """Every profile of params.yaml as training reads it: the declared groups, the profile's own settings, its
-    launcher and every run of every group, validated (as far as can be without the data) and named uniquely;
+    """Every profile of params.yaml as training reads it: the declared groups, the named budgets, the profile's own
+    settings, its launcher and every run of every group, validated (as far as can be without the data) and named uniquely;
     the top-level ``profile:`` must name one. Raises ``ConfigError`` (one line naming the key); returns a
     summary line."""
     params = params or load_params()
@@ -34,6 +34,7 @@ def check_params(params: dict | None = None) -> str:
         raise ConfigError(f"profile={params.get('profile')!r} (the top-level `profile:` of params.yaml) is invalid: "
                           f"allowed {sorted(profiles)}")
     declared = declaration(params)
+    check_budgets(params)
     runs = 0
     for profile in profiles:
         load_run_config(profile, params=params).validate()
