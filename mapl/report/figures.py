@@ -393,7 +393,7 @@ def axis_figure(points: Sequence[dict], xkey: str, xlabel: str, variants: Sequen
         _log2_axis(ax_g)
         ax_g.set_xticks(xs)
         ssn, mapl = variant_label("ssn"), variant_label("mapl")
-        ax_g.set(xlabel=xlabel, ylabel=f"{ssn} Δ − {mapl} Δ (percentage points)")
+        ax_g.set(xlabel=xlabel, ylabel=f"{ssn} Δ − {mapl} Δ (% points)")
         ax_g.set_title(f"paired {ssn} − {mapl} (> 0: {mapl} ahead)", fontsize=10)
         _zero_line(ax_g)
         ax_g.grid(alpha=0.3)
@@ -495,7 +495,7 @@ def gap_curves_figure(gap: dict, generalisation: dict, title: str = "") -> Figur
         ax_g.fill_between(gap["steps"], gap["lo"], gap["hi"], color=NEUTRAL["fill"], alpha=0.3, lw=0,
                           label=bars_text("ci95", "band"))
         ax_g.axhline(0, color=NEUTRAL["reference"], lw=0.8)
-        ax_g.set(xlabel=STEP_LABEL, ylabel=f"{ssn} Δ − {mapl} Δ (percentage points)",
+        ax_g.set(xlabel=STEP_LABEL, ylabel=f"{ssn} Δ − {mapl} Δ (% points)",
                  title=f"paired gap (> 0: {mapl} ahead)")
         ax_g.legend(fontsize=7)
         ax_g.grid(alpha=0.3)
@@ -521,7 +521,7 @@ def paper_scatter_figure(cells: Sequence[dict], model: str | None = None) -> Fig
     its number keyed in the legend beside the axes (names next to clustered points would overlap); the dashed
     diagonal is where the two agree."""
     fig, (ax,) = new_figure(1, 7.4, 4.0)
-    ax.set_title("Our Δ% against the paper's, per cell" + (f" ({model})" if model else ""))
+    fig.suptitle("Our Δ% against the paper's, per cell" + (f" ({model})" if model else ""))
     if not cells:
         empty_note(ax, "no cell with a paper entry")
         return fig
@@ -542,7 +542,7 @@ def paper_scatter_figure(cells: Sequence[dict], model: str | None = None) -> Fig
     ax.set(xlabel="paper Δ val loss (%; Table 1 / App. C, its scale)",
            ylabel="our Δ val loss (%)" + (f", {model}" if model else ""))
     ax.grid(alpha=0.3)
-    fig.legend(handles + [diagonal, bars_handle()], labels + ["ours = paper", bars_text("sd")], loc="outside right upper",
+    fig.legend(handles + [diagonal, bars_handle()], labels + ["ours = paper", bars_text("sd")], loc="outside right center",
                fontsize=7, title="hollow: main budget; filled: headline", title_fontsize=7)
     place_labels(ax, [(c["paper"], c["ours"]) for c in order], [str(i) for i in range(1, len(order) + 1)],
                  [style(c["variant"])["color"] for c in order], fontsize=7)
