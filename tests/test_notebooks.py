@@ -288,6 +288,22 @@ def test_no_two_stages_share_an_output_in_any_profile():
                     f"profile {profile}: {a} ({pa}) and {b} ({pb}) overlap"
 
 
+def test_every_committed_figure_is_a_declared_plot():
+    """`dvc plots show` lists a stage's `plots:` only: every committed PNG under reports/<profile>/ (the params.yaml
+    profile's, and the paper case's) lies in one, and no stage declares a folder both as an output and as plots."""
+    profile = load_params(ROOT / "params.yaml")["profile"]
+    plots, outs = [], []
+    for st in DVC["stages"].values():
+        st = st.get("do", st)
+        plots += [next(iter(o)).replace("${profile}", profile) for o in st.get("plots", [])]
+        outs += [next(iter(o)).replace("${profile}", profile) for o in st.get("outs", [])]
+    pngs = sorted(p.relative_to(ROOT).as_posix() for sub in (profile, "paper") for p in (ROOT / "reports" / sub).rglob("*.png"))
+    assert pngs, "no committed figures"
+    for png in pngs:
+        assert any(png.startswith(d.rstrip("/") + "/") for d in plots), f"{png} is in no stage's plots"
+        assert not any(png.startswith(d.rstrip("/") + "/") for d in outs), f"{png} is also under an outs folder"
+
+
 def test_train_deps_are_the_fingerprinted_sources():
     """dvc.yaml's train deps and mapl.core.fingerprint.TRAIN_SOURCES are one list (what 'the training code' is)."""
     deps = [p for p in DVC["stages"]["train"]["do"]["deps"] if "$" not in p and not p.startswith("notebooks/")
