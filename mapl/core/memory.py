@@ -12,7 +12,7 @@ Where the numbers come from:
 
 * parameters, buffers and who optimises what are *counted*, not tabulated: every stage is built on the
   ``meta`` device (no memory, exact shapes), pruned as the pipeline prunes it, and handed to
-  :func:`mapl.core.engine.build_optimizers` (the receiver's copy of a learned projector is excluded, as in the
+  :func:`mapl.core.optimizer_recipe.build_optimizers` (the receiver's copy of a learned projector is excluded, as in the
   runtime). State per optimizer: Muon and SPEL one momentum buffer, AdamW two moments (+ a step scalar);
 * activations are analytic per token and exact for this code base (``tests/test_memory.py`` checks them
   against the tensors autograd saves). A block saves, in elements per token (d width, q = heads x
@@ -273,7 +273,7 @@ def build_meta_stage(cfg: RunConfig, vocab: int, s: int):
     """Stage s as the runtime holds it, built on the meta device (exact shapes, no memory): the pruned
     StagedModel, its optimizers and the receiver-side compressor (None on stage 0)."""
     from .stages import build_staged_model
-    from .engine import build_optimizers
+    from .optimizer_recipe import build_optimizers
     with torch.device("meta"):
         sm = build_staged_model(cfg, vocab).prune_to_stage(s)
     comp_in = sm.boundaries[str(s - 1)] if s > 0 else None

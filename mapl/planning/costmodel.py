@@ -34,8 +34,8 @@ import torch
 from ..base.io import atomic_write_text, check_writable
 from ..core.compress.base import spec_bytes
 from ..core.config import config_hash, load_params, RunConfig
-from ..core.engine import build_optimizers
 from ..core.link import floor_time, get_profile, IDEAL, schedule_ops, simulate, StepMeasurement
+from ..core.optimizer_recipe import build_optimizers
 from ..core.stages import build_staged_model
 from ..orchestration.progress import eval_tokens
 from ..orchestration.sweep import group_specs, spec_config
@@ -114,7 +114,7 @@ def _matmul_weights(module: torch.nn.Module) -> int:
 
 def _meta_model(cfg: RunConfig, vocab: int):
     """The whole StagedModel of ``cfg`` on the meta device (exact shapes, no memory) and the ids of the
-    parameters Muon owns (mapl.core.engine.build_optimizers decides), cached per configuration."""
+    parameters Muon owns (mapl.core.optimizer_recipe.build_optimizers decides), cached per configuration."""
     key = (config_hash(cfg), vocab)
     if key not in _META:
         with torch.device("meta"):
