@@ -28,7 +28,7 @@ from .loop import Evaluation, LoopState, NonFiniteError, StepOutcome
 from .optimizer_recipe import build_optimizers, set_lr
 from .results import build_results, describe_boundary
 from .runtime.boundary_sync import meter_local_step
-from .stages import StagedModel, build_staged_model
+from .stages import build_staged_model
 from .wire import ByteMeter
 
 __all__ = ["RunData", "resolve_data_dir", "open_run_data", "batch_weight", "build_optimizers", "set_lr", "autocast_ctx",
@@ -62,7 +62,7 @@ def resolve_data_dir(cfg: RunConfig) -> Path:
 
 def open_run_data(cfg: RunConfig) -> RunData:
     """The run's token shards, verified against the manifest and the config (training never builds
-    data: ``python -m mapl.data`` does), and its evaluation batches."""
+    data: ``mapl data`` does), and its evaluation batches."""
     ds = mdata.open_dataset(cfg.data, resolve_data_dir(cfg), profile=cfg.profile)
     t = cfg.train
     room = len(ds.val) - t.seq_len - 1

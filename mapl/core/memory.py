@@ -6,7 +6,7 @@ optimizer state, activations alive at the peak, the embedding/head/logits workin
 state and wire buffers. The runtime prints it before a run starts and refuses a plan that does not fit
 (:func:`check_plan`)::
 
-    python -m mapl.memory --profile paper --model 1B --stages 4 --schedule 1f1b --device-gib 139.8
+    mapl memory --profile paper --model 1B --stages 4 --schedule 1f1b --device-gib 139.8
 
 Where the numbers come from:
 
@@ -498,7 +498,7 @@ def check_plan(plan: MemoryPlan, device_bytes: float, reserve_frac: float = 0.10
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m mapl.memory", description="Print the memory plan per stage.")
+    ap = argparse.ArgumentParser(prog="mapl memory", description="Print the memory plan per stage.")
     ap.add_argument("--profile", default="paper")
     ap.add_argument("--model"), ap.add_argument("--method"), ap.add_argument("--ratio", type=float)
     ap.add_argument("--stages", type=int), ap.add_argument("--schedule", choices=["gpipe", "1f1b"])

@@ -1,13 +1,13 @@
 """The DVC pipeline on any profile in a temporary copy of this checkout, so nothing here changes.
 
-    python -m mapl.workspace smoke              # micro profile up to the report and plan, then a second repro that must
+    mapl workspace smoke                        # micro profile up to the report and plan, then a second repro that must
                                                 # do nothing; this checkout's `git status` must not change (make smoke)
-    python -m mapl.workspace repro --profile paper-smoke --copy-back
+    mapl workspace repro --profile paper-smoke --copy-back
                                                 # a non-default profile; then reports/paper-smoke/ is copied here
-    python -m mapl.workspace verify             # re-execute the report from the committed results; fail on
+    mapl workspace verify                       # re-execute the report from the committed results; fail on
                                                 # any difference in tables, figures or metrics (make verify)
-    python -m mapl.workspace smoke --keep       # keep the copy for a look (its path is printed)
-    python -m mapl.workspace repro --profile paper --dir ../mapl-paper --copy-back
+    mapl workspace smoke --keep                 # keep the copy for a look (its path is printed)
+    mapl workspace repro --profile paper --dir ../mapl-paper --copy-back
                                                 # a lasting workspace: rerun the same command to resume
 
 The copy holds every file git would commit here (tracked files, and untracked ones .gitignore does
@@ -296,7 +296,7 @@ def verify(profile: str = "", root: Path = PROJECT_ROOT, keep: bool = False, cap
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m mapl.workspace", description=__doc__,
+    ap = argparse.ArgumentParser(prog="mapl workspace", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     sm = sub.add_parser("smoke", help="every stage on the micro profile; second repro a no-op; checkout untouched")
