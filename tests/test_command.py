@@ -89,11 +89,12 @@ def test_importing_an_old_module_names_its_new_place():
 
 
 def test_the_launcher_starts_ranks_with_the_new_command():
-    """Ranks run ``python -m mapl.cli pipeline``: a launch of the old spelling prints its note once, not per rank."""
+    """Ranks run ``python -m mapl.cli.pipeline`` (a launcher takes a module): a launch of the old spelling prints
+    its note once, not per rank."""
     from mapl.orchestration.launch import launcher_command, RANK_COMMAND
-    assert RANK_COMMAND == ("-m", "mapl.cli", "pipeline")
+    assert RANK_COMMAND == ("-m", "mapl.cli.pipeline")
     cmd = launcher_command("torchrun", 2, 29500, [*RANK_COMMAND, "--stages", "2"])
-    assert cmd[-5:] == ["-m", "mapl.cli", "pipeline", "--stages", "2"]
+    assert cmd[-4:] == ["-m", "mapl.cli.pipeline", "--stages", "2"]
 
 
 # ---- the real command line ---------------------------------------------------------------------------------
@@ -137,7 +138,7 @@ def test_the_old_spelling_of_a_command_line_warns_once_and_keeps_its_exit_code()
 @pytest.mark.process
 @pytest.mark.full          # two torch imports for one refusal; make test runs the old spelling of `mapl train` (above)
 def test_the_old_spelling_of_the_pipeline_starts_its_ranks_with_the_new_command(tmp_path):
-    """One rank started, by ``python -m mapl.cli pipeline``: the note is the launcher's alone, and the rank's
+    """One rank started, by ``python -m mapl.cli.pipeline``: the note is the launcher's alone, and the rank's
     refusal names the new commands."""
     p = _run([sys.executable, "-m", "mapl.pipeline", "--profile", "micro", "--stages", "1", "--no-progress",
               "--out", str(tmp_path / "r.json"), "--ckpt", str(tmp_path / "r.pt")], OMP_NUM_THREADS="1")

@@ -1,4 +1,4 @@
-"""Every fault of issue 15, through the real command line: ONE table (``FAULTS``), one test.
+"""Every fault a run can meet, through the real command line: ONE table (``FAULTS``), one test.
 
 Each row runs ``mapl <command>`` as a subprocess on the micro profile (a small local
 byte-level corpus: nothing is downloaded, ``../shared/data`` is not needed) in a folder of its own,
@@ -760,8 +760,8 @@ FAULTS = [
           setup=seed("--method mapl --ratio 4 --steps 2"),
           recover=(f"{T} --method mapl --ratio 4 --steps 6 --resume-with-changes {IO}",),
           recovered=results_steps(6, resumed=True)),
-    Fault("non-finite-checkpoint-every-step", "NaN/Inf with a checkpoint after every step (issue 15's case: the "
-          "diverging update leaves huge but finite weights; the NaN shows one step later)",
+    Fault("non-finite-checkpoint-every-step", "NaN/Inf with a checkpoint after every step (the diverging update "
+          "leaves huge but finite weights; the NaN shows one step later)",
           f"{T} --method mapl --ratio 4 --steps 6 --set train.lr_muon=1e30 --set train.checkpoint_every=1 "
           f"--resume-with-changes {IO}", 4,
           r"^error: non-finite training loss nan at step \d+; first non-finite value: stage \d .*\. The last good "

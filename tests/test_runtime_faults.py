@@ -88,7 +88,7 @@ def test_stage_processes_stop_when_their_launcher_is_killed(corpus, tmp_path):
             "--ckpt", str(ckpt)]
     parent = subprocess.Popen([sys.executable, "-c", (
         "import json, os, subprocess, sys\n"
-        "procs = [subprocess.Popen([sys.executable, '-m', 'mapl.cli', 'pipeline', *sys.argv[1:]], env=dict(os.environ, "
+        "procs = [subprocess.Popen([sys.executable, '-m', 'mapl.cli.pipeline', *sys.argv[1:]], env=dict(os.environ, "
         "RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE='2', MASTER_ADDR='127.0.0.1', MASTER_PORT=os.environ['PORT'])) "
         "for r in range(2)]\n"
         "print(json.dumps([p.pid for p in procs]), flush=True)\n"

@@ -542,7 +542,7 @@ TORCHRUN_BANNER = """\
 error: rank 2: timed out after 60 s waiting for stage 1 during step 1 (forward of micro-batch 0)
 error: rank 1: rank 2 stopped answering during step 1
 ============================================================
-mapl.cli FAILED
+mapl.cli.pipeline FAILED
 ------------------------------------------------------------
 Failures:
 [1]:

@@ -6,12 +6,12 @@ writes per-rank checkpoints and exits 130; rerun the command to resume)::
 
     mapl pipeline --profile micro --method mapl --ratio 4 --stages 2 [--replicas 2]
 
-Under a launcher (the same command as the module ``mapl.cli``; the process count is P x R)::
+Under a launcher (the same command as the module ``mapl.cli.pipeline``; the process count is P x R)::
 
     ACCELERATE_USE_CPU=true accelerate launch --multi_gpu --num_processes 2 --num_machines 1 \\
         --mixed_precision no --dynamo_backend no --main_process_port 29555 \\
-        -m mapl.cli pipeline --profile micro --method mapl --ratio 4 --stages 2
-    torchrun --standalone --nproc_per_node 2 -m mapl.cli pipeline --profile micro --stages 2
+        -m mapl.cli.pipeline --profile micro --method mapl --ratio 4 --stages 2
+    torchrun --standalone --nproc_per_node 2 -m mapl.cli.pipeline --profile micro --stages 2
 
 Several machines: accelerate's ``--num_processes`` is the TOTAL over machines; one-GPU nodes still need
 ``--multi_gpu``; each machine runs the same command with its ``--machine_rank`` (``--num_machines N
@@ -154,3 +154,7 @@ def main(argv=None) -> int:
     except (ValueError, FileNotFoundError) as e:
         return report(e, prog=PROG, debug=debug)
     return _rank(extra, args, debug)
+
+
+if __name__ == "__main__":          # launchers start a module: `torchrun ... -m mapl.cli.pipeline ...`
+    sys.exit(main())

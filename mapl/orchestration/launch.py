@@ -39,8 +39,8 @@ __all__ = ["LaunchResult", "launch", "launch_machines", "free_port", "child_env"
 
 INTERRUPTED = 130          # exit code of a graceful stop (a signal: the step finished, checkpoints written)
 LAUNCHERS = ("direct", "accelerate", "torchrun")
-# what every rank runs, after the interpreter (or a launcher's -m): `mapl pipeline` without needing the script on PATH
-RANK_COMMAND = ("-m", "mapl.cli", "pipeline")
+# what every rank runs after the interpreter (or as a launcher's module): `mapl pipeline`, with no script needed on PATH
+RANK_COMMAND = ("-m", "mapl.cli.pipeline")
 
 
 @dataclass

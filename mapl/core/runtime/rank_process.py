@@ -166,6 +166,6 @@ def _deadline(seconds: float, rank: int):
 
 def _launch_hint(stages: int) -> str:
     return (f". Launch P x R processes: `mapl pipeline ... --stages {stages}` starts them itself; or "
-            f"`torchrun --standalone --nproc_per_node {stages} -m mapl.cli pipeline ...`, or `ACCELERATE_USE_CPU=true "
+            f"`torchrun --standalone --nproc_per_node {stages} -m mapl.cli.pipeline ...`, or `ACCELERATE_USE_CPU=true "
             f"accelerate launch --multi_gpu --num_processes {stages} --num_machines 1 --mixed_precision no "
-            f"--dynamo_backend no -m mapl.cli pipeline ...` (`accelerate launch --cpu` silently starts ONE process)")
+            f"--dynamo_backend no -m mapl.cli.pipeline ...` (`accelerate launch --cpu` silently starts ONE process)")
