@@ -12,10 +12,11 @@
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
+MAPL   := $(VENV)/bin/mapl
 STAMP  := $(VENV)/.mapl-installed
 
 export DVC_NO_ANALYTICS := 1
-# dvc.yaml's commands call python/papermill from PATH: the project's venv comes first
+# dvc.yaml's commands call mapl/papermill from PATH: the project's venv comes first
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 export PYTHONHASHSEED := 0
 
@@ -41,16 +42,16 @@ repro-all: install
 
 # runs per group and the wall-time estimate of the default profile
 estimate: install
-	$(PY) -m mapl.sweep --estimate
+	$(MAPL) sweep --estimate
 
 smoke: install
-	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m mapl.workspace smoke
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(MAPL) workspace smoke
 
 verify: install
-	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m mapl.workspace verify
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(MAPL) workspace verify
 
 paper-smoke: install
-	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m mapl.workspace repro --profile paper-smoke --copy-back
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(MAPL) workspace repro --profile paper-smoke --copy-back
 
 lint: install
 	$(VENV)/bin/ruff check .

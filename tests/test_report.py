@@ -18,7 +18,7 @@ DEFAULTS = {"none": (None, "none"), "int8": (None, "none"), "ssn": ("fixed-share
 
 def result(method="none", ratio=1, seed=0, steps=300, loss=4.0, projector=None, anchor=None, stages=4, model="tiny",
            profile="cpu", eval_offset=0, name=None, overrides=None, d=D, sync="stream", lr_muon=0.02, lr_embed=0.03):
-    """A results dict shaped like mapl.train's, with exact declared wire totals."""
+    """A results dict shaped like `mapl train`'s, with exact declared wire totals."""
     projector = projector or DEFAULTS[method][0]
     anchor = anchor or DEFAULTS[method][1]
     fwd = {"none": 2 * d, "int8": d + 2}.get(method, 2 * d / ratio / (2 if method == "mapl-rvq" else 1))

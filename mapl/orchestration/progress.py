@@ -7,7 +7,7 @@ the terminal even from the worker processes of a notebook's kernel (ipykernel ec
     run 3 of 11 tiny-P4-ssn-8x-s0 step 120/300 loss 4.512 ETA 0:42
     group main: run 3 of 11 tiny-P4-ssn-8x-s0 val 4.1386; 4 of 11 done in 4:10, ETA 7:12
 
-The estimate is calibrated on one quiet core (see ``CORE_S_PER_TOKEN_PARAM``); ``python -m mapl.sweep
+The estimate is calibrated on one quiet core (see ``CORE_S_PER_TOKEN_PARAM``); ``mapl sweep
 --estimate`` prints it per group.
 """
 from __future__ import annotations

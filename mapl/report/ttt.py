@@ -39,7 +39,7 @@ def load_bench(path: str | Path, profile: str | None = None) -> list[dict]:
     other than ``profile``: ``[]``): ``{"methods": [...]}``,
     ``{"measurements": [...]}`` or a plain list; an entry holds ``method``, ``ratio`` (wire ratio;
     optional for ``none``) and ``timing`` (a ``mapl.core.link.StepMeasurement.to_dict()``) or
-    ``pipeline.timing`` (a ``mapl.pipeline`` results dict). Returns ``{"method", "wire_ratio",
+    ``pipeline.timing`` (a ``mapl pipeline`` results dict). Returns ``{"method", "wire_ratio",
     "measurement"}`` dicts; entries of another shape are skipped."""
     from ..core.link import StepMeasurement
     path = Path(path)
