@@ -88,3 +88,53 @@ def test_a_generated_block_is_not_prose(tmp_path):
     doc = tmp_path / "doc.md"
     doc.write_text("<!-- generated:x -->\n| 7.5 (t.md) |\n<!-- /generated:x -->\n")
     assert check_document(doc, tmp_path) == []
+
+
+# ---- generated blocks ------------------------------------------------------------------------------------------
+
+
+def test_every_generated_block_equals_its_source():
+    from mapl.cli import docs
+    assert docs.main(["--check"]) == 0, "a generated block differs from its source: run `mapl docs`"
+
+
+def test_a_stale_block_is_refused_in_one_line(tmp_path, capsys, monkeypatch):
+    from mapl.cli import docs
+    for rel in docs.DOCUMENTS:
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("no blocks here\n")
+    tables = tmp_path / "reports" / "cpu" / "tables"
+    tables.mkdir(parents=True)
+    (tables / "claims.csv").write_text((ROOT / "reports/cpu/tables/claims.csv").read_text())
+    stale = "<!-- generated:claims -->\n| a hand-edited ledger |\n<!-- /generated:claims -->\n"
+    (tmp_path / "README.md").write_text(stale)
+    monkeypatch.setattr(docs, "PROJECT_ROOT", tmp_path)
+    assert docs.main(["--check"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "README.md" in err[0] and "mapl docs" in err[0]
+    assert (tmp_path / "README.md").read_text() == stale           # --check writes nothing
+    assert docs.main([]) == 0 and "hand-edited" not in (tmp_path / "README.md").read_text()
+
+
+def test_the_claims_block_is_the_ledger_row_by_row():
+    import csv
+    from mapl.report.docblocks import claims_block
+    rows = list(csv.DictReader((ROOT / "reports/cpu/tables/claims.csv").open()))
+    block = claims_block(ROOT).splitlines()[2:]
+    assert len(block) == len(rows)
+    for line, row in zip(block, rows):
+        assert row["paper's claim"] in line and f"**{row['verdict']}**" in line
+
+
+def test_the_documented_estimate_ignores_what_this_machine_prepared(tmp_path, monkeypatch):
+    from mapl.orchestration import progress
+
+    class Cfg:      # only what _prepared_val_tokens reads
+        data = object()
+    folder = tmp_path / "data" / "corpus"
+    folder.mkdir(parents=True)
+    monkeypatch.setattr("mapl.data.default_data_dir", lambda data: folder)
+    monkeypatch.setattr("mapl.data.read_manifest", lambda f: {"splits": {"val": {"tokens": 1234}}})
+    assert progress._prepared_val_tokens(Cfg) == 1234
+    with progress.committed_data_only():
+        assert progress._prepared_val_tokens(Cfg) is None

@@ -36,6 +36,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "costmodel": ("costmodel", "GPU-hour estimate of a profile's run groups"),
     "memory": ("memory", "the memory plan per pipeline stage; refuses one that exceeds --device-gib"),
     "peer": ("peer", "the peer systems' published cost on this artifact's link model"),
+    "docs": ("docs", "write the documents' generated blocks from their sources; --check compares only"),
 }
 
 

@@ -16,7 +16,7 @@ from typing import Callable
 
 import yaml
 
-__all__ = ["BlockError", "blocks_in", "replace_block", "claims_block", "headline_block", "stages_block",
+__all__ = ["BlockError", "blocks_in", "replace_block", "claims_block", "headline_block", "notebook_parameters", "stages_block",
            "benchmarks_block", "RENDERERS"]
 
 _MARK = "<!-- generated:{0} -->", "<!-- /generated:{0} -->"
@@ -74,17 +74,34 @@ def headline_block(root: Path, profile: str = "cpu") -> str:
     return f"Headline (`reports/{profile}/tables/headline.md`, Δ% ± sd over seeds and its 95 % interval):\n\n{body}"
 
 
+def notebook_parameters(notebook: Path) -> list[str]:
+    """The names its ``parameters``-tagged cell assigns (what papermill's ``-p`` may set)."""
+    import json
+    for cell in json.loads(notebook.read_text())["cells"]:
+        if "parameters" in cell.get("metadata", {}).get("tags", []):
+            tree = ast.parse("".join(cell["source"]))
+            return [t.id for node in tree.body if isinstance(node, ast.Assign) for t in node.targets
+                    if isinstance(t, ast.Name)]
+    return []
+
+
 def stages_block(root: Path) -> str:
-    """The DVC stages with what each does (``desc:``) and what it writes (``outs``), from dvc.yaml."""
+    """The DVC stages: the notebook each executes with its parameters, what it does (``desc:``), what it writes."""
     stages = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]
     rows = []
     for name, stage in stages.items():
         body = stage.get("do", stage)
         label = f"`{name}@<group>`" if "foreach" in stage else f"`{name}`"
-        outs = [next(iter(o)) if isinstance(o, dict) else o for o in body.get("outs", [])]
-        outs += [next(iter(o)) if isinstance(o, dict) else o for o in body.get("plots", []) + body.get("metrics", [])]
-        rows.append([label, " ".join(body.get("desc", "").split()), ", ".join(f"`{o}`" for o in outs)])
-    return _table(["stage", "what it does", "writes"], rows)
+        cmd = " ".join(body["cmd"]) if isinstance(body["cmd"], list) else body["cmd"]
+        found = re.search(r"papermill (notebooks/[\w.]+\.ipynb)", cmd)
+        notebook = ""
+        if found:
+            names = ", ".join(f"`{p}`" for p in notebook_parameters(root / found.group(1)))
+            notebook = f"`{found.group(1)}` ({names})"
+        outs = [next(iter(o)) if isinstance(o, dict) else o
+                for key in ("outs", "plots", "metrics") for o in body.get(key, [])]
+        rows.append([label, notebook, " ".join(body.get("desc", "").split()), ", ".join(f"`{o}`" for o in outs)])
+    return _table(["stage", "notebook (parameters)", "what it does", "writes"], rows)
 
 
 def _script_doc(path: Path) -> tuple[str, str]:
