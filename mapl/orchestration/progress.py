@@ -24,7 +24,8 @@ from ..core.config import RunConfig
 from ..core.model_config import count_params
 
 __all__ = ["CORE_S_PER_TOKEN_PARAM", "RVQ_SLOWDOWN", "RUN_OVERHEAD_S", "LAUNCH_OVERHEAD_S", "UNPREPARED_EVAL_TOKENS",
-           "estimate_core_seconds", "eval_tokens", "eval_split_guessed", "committed_data_only", "estimate_group", "hms", "emit", "StepProgress",
+           "estimate_core_seconds", "eval_tokens", "eval_split_guessed",
+           "committed_data_only", "estimate_group", "hms", "emit", "StepProgress",
            "named_warnings", "GroupClock"]
 
 # one 300-step run of `tiny` (1.37M parameters, 16 x 128 tokens per step, 6 evaluations of 65,536 tokens)
