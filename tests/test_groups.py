@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-import mapl.sweep
+import mapl.cli.sweep
 from mapl.base.declared_groups import ROLES, declaration
 from mapl.core.config import ConfigError, config_hash, load_params
 from mapl.orchestration import groups as G
@@ -117,13 +117,13 @@ def test_a_group_split_by_seed_trains_only_the_runs_of_those_seeds(monkeypatch):
         G.runs_of_seeds("cpu", specs, [5], PARAMS)
     called = {}
     monkeypatch.setattr(sweep, "run_many", lambda profile, specs, out, *a, **k: called.update(specs=specs, out=out))
-    assert mapl.sweep.main(["--profile", "cpu", "--group", "blocks", "--seeds", "1", "--quiet"]) == 0
+    assert mapl.cli.sweep.main(["--profile", "cpu", "--group", "blocks", "--seeds", "1", "--quiet"]) == 0
     assert called["specs"] == one and called["out"] == G.results_dir("cpu", "blocks")
 
 
 def test_a_bad_seeds_option_is_refused_by_argparse(capsys):
     with pytest.raises(SystemExit) as stop:
-        mapl.sweep.main(["--group", "blocks", "--seeds", "one"])
+        mapl.cli.sweep.main(["--group", "blocks", "--seeds", "one"])
     assert stop.value.code == 2 and "--seeds: 'one' is invalid: comma-separated integers >= 0" in capsys.readouterr().err
 
 

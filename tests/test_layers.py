@@ -1,6 +1,7 @@
-"""The package's layers: imports point one way, and the training fingerprint is the numerical layers.
+"""The package's layers: imports point one way, no two modules import each other (directly or round a
+longer circle), and the training fingerprint is the numerical layers.
 
-    base < data < core < report < orchestration < planning < commands
+    base < data < core < report < orchestration < planning < commands (mapl/cli)
 
 * ``mapl/base``: I/O, the CLI error policy, typed config fields and their validator (no number).
 * ``mapl/data``: corpus, tokenizer, batches (decides the tokens: fingerprinted).
@@ -9,10 +10,12 @@
 * ``mapl/report``: tables and figures from results JSON.
 * ``mapl/orchestration``: run groups, reuse, progress, workspaces, launching.
 * ``mapl/planning``: cost model, planner, peer systems (read results and orchestration's groups).
-* commands: ``python -m mapl.<name>`` modules (argparse and one call), and the data package's CLI.
+* ``mapl/cli``: the commands, ``mapl <name>`` (argparse and one call into a layer).
 
 A module may import its own layer or a lower one, at module level or inside a function; an import that
-points up is a cycle waiting to happen and is listed with its file and line.
+points up is a cycle waiting to happen and is listed with its file and line. Within a layer the imports
+form no circle either (a circle is one module that cannot be read, tested or moved without the others):
+every cycle is named with the file and line of each of its imports.
 """
 from __future__ import annotations
 
@@ -23,8 +26,8 @@ from mapl.core.fingerprint import TRAIN_SOURCES
 
 ROOT = Path(__file__).resolve().parents[1]
 LAYERS = ["base", "data", "core", "report", "orchestration", "planning", "commands"]
-COMMANDS = {"mapl.train", "mapl.pipeline", "mapl.sweep", "mapl.frozen_trunk", "mapl.workspace", "mapl.costmodel", "mapl.planner",
-            "mapl.peer", "mapl.reuse", "mapl.memory", "mapl.data.cli", "mapl.data.__main__"}
+PACKAGES = {"base": "base", "data": "data", "core": "core", "report": "report", "orchestration": "orchestration",
+            "planning": "planning", "cli": "commands"}          # mapl/<folder> -> its layer
 
 
 def module_name(path: Path) -> str:
@@ -33,15 +36,12 @@ def module_name(path: Path) -> str:
 
 
 def layer(module: str) -> int:
-    if module in COMMANDS:
-        return LAYERS.index("commands")
     parts = module.split(".")
     if module == "mapl":
-        return LAYERS.index("base")               # the package's __init__: the version, no imports
-    if len(parts) >= 2 and parts[1] in LAYERS:
-        return LAYERS.index(parts[1])
-    raise AssertionError(f"{module} is in no layer: put it under one of mapl/{{{','.join(LAYERS[:-1])}}} "
-                         "or make it a command")
+        return LAYERS.index("base")               # the package's __init__: the version and the base layer's hook
+    if len(parts) >= 2 and parts[1] in PACKAGES:
+        return LAYERS.index(PACKAGES[parts[1]])
+    raise AssertionError(f"{module} is in no layer: put it under one of mapl/{{{','.join(PACKAGES)}}}")
 
 
 def imports(path: Path):
@@ -103,54 +103,105 @@ def test_the_fingerprint_is_the_numerical_layers():
     assert TRAIN_SOURCES == ("mapl/__init__.py", "mapl/core", "mapl/data", "pyproject.toml")
 
 
-def import_graph(package: str) -> dict[str, set[str]]:
-    """Module -> the modules of ``package`` it imports (module level or inside a function), for every module of it."""
-    graph: dict[str, set[str]] = {}
+# ---- import cycles ------------------------------------------------------------------------------------------
+def import_graph() -> dict[str, dict[str, str]]:
+    """module -> {imported mapl module: 'file:line' of the first such import}, every import counted
+    (module level and inside functions; ``from m import f`` is an import of m)."""
+    graph = {}
     for path in package_files():
-        name = module_name(path)
-        if name.startswith(package + "."):
-            graph[name] = {t for _, t in imports(path) if t.startswith(package + ".") and t != name}
+        module = module_name(path)
+        edges = graph.setdefault(module, {})
+        for line, target in imports(path):
+            while target.startswith("mapl") and not _is_module(target):    # an attribute of a mapl module
+                target = target.rpartition(".")[0]
+            if target.startswith("mapl") and target != module:
+                edges.setdefault(target, f"{path.relative_to(ROOT)}:{line}")
     return graph
 
 
-def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """The import cycles of ``graph``: each group of modules that reach one another (sorted), Tarjan's algorithm."""
-    index, low, stack, on_stack, found = {}, {}, [], set(), []
+def circles(graph: dict[str, dict[str, str]]) -> list[set[str]]:
+    """The strongly connected sets of two or more modules: each module of one reaches every other."""
+    order, low, stack, on_stack, found = {}, {}, [], set(), []
 
-    def visit(v: str) -> None:
-        index[v] = low[v] = len(index)
+    def visit(v):                                   # Tarjan's algorithm; the package is a few hundred modules
+        order[v] = low[v] = len(order)
         stack.append(v)
         on_stack.add(v)
-        for w in sorted(graph.get(v, ())):
-            if w not in index:
+        for w in graph.get(v, {}):
+            if w not in order:
                 visit(w)
                 low[v] = min(low[v], low[w])
             elif w in on_stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            group = []
+                low[v] = min(low[v], order[w])
+        if low[v] == order[v]:
+            members = set()
             while True:
                 w = stack.pop()
                 on_stack.discard(w)
-                group.append(w)
+                members.add(w)
                 if w == v:
                     break
-            if len(group) > 1:
-                found.append(sorted(group))
-
+            if len(members) > 1:
+                found.append(members)
     for v in sorted(graph):
-        if v not in index:
+        if v not in order:
             visit(v)
-    return sorted(found)
+    return found
 
 
-def test_the_cycle_finder_sees_a_cycle():
-    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
-    assert cycles({"a": {"b"}, "b": set()}) == []
+def find_cycles(graph: dict[str, dict[str, str]]) -> list[str]:
+    """One cycle of every circle, as 'a -> b -> a (file:line, file:line)'."""
+    return sorted(_one_cycle(graph, min(members), members) for members in circles(graph))
 
 
-def test_orchestration_imports_point_one_way():
-    """Inside orchestration every import points one way (groups at the bottom; reuse, refresh, the sweep, the
-    frozen-trunk study and the validator above it): a cycle would make the order of imports decide what works."""
-    found = cycles(import_graph("mapl.orchestration"))
-    assert found == [], "import cycles inside mapl/orchestration:\n" + "\n".join(" <-> ".join(c) for c in found)
+def _one_cycle(graph: dict[str, dict[str, str]], start: str, members: set[str]) -> str:
+    """The shortest path from ``start`` back to itself inside ``members`` (breadth first)."""
+    paths, seen = [[start]], {start}
+    while paths:
+        path = paths.pop(0)
+        for w in sorted(graph[path[-1]]):
+            if w == start:
+                cycle = path + [start]
+                where = ", ".join(graph[a][b] for a, b in zip(cycle, cycle[1:]))
+                return f"{' -> '.join(cycle)} ({where})"
+            if w in members and w not in seen:
+                seen.add(w)
+                paths.append(path + [w])
+    raise AssertionError(f"{start} is on no cycle of {sorted(members)}")
+
+
+def test_no_import_cycles():
+    cycles = find_cycles(import_graph())
+    assert cycles == [], "modules that import each other (move what they share into a module below both):\n" + \
+        "\n".join(cycles)
+
+
+def test_the_cycle_finder_names_a_cycle():
+    """A circle of three, a separate pair and an edge into a circle (which is on none)."""
+    graph = {"a": {"b": "a.py:1"}, "b": {"c": "b.py:2"}, "c": {"a": "c.py:3", "d": "c.py:4"}, "d": {},
+             "e": {"f": "e.py:5", "a": "e.py:6"}, "f": {"e": "f.py:7"}}
+    assert find_cycles(graph) == ["a -> b -> c -> a (a.py:1, b.py:2, c.py:3)", "e -> f -> e (e.py:5, f.py:7)"]
+    del graph["c"]["a"]
+    assert find_cycles(graph) == ["e -> f -> e (e.py:5, f.py:7)"]
+
+
+def test_the_engine_and_the_memory_plan_do_not_import_each_other():
+    """The memory plan builds a stage's optimizers from mapl.core.optimizer_recipe, below the engine."""
+    graph = import_graph()
+    assert "mapl.core.memory" in graph["mapl.core.engine"]
+    assert "mapl.core.engine" not in graph["mapl.core.memory"]
+    assert "mapl.core.optimizer_recipe" in graph["mapl.core.memory"]
+
+
+def test_the_run_groups_sit_below_reuse_refresh_and_the_sweep():
+    """The group and run-spec functions live in mapl.orchestration.groups, which imports none of the modules that
+    read them; params.yaml's validation (it reads the frozen-trunk study too) sits above them all."""
+    graph = import_graph()
+    readers = ("reuse", "refresh", "sweep", "validate")
+    for reader in readers:
+        assert "mapl.orchestration.groups" in graph[f"mapl.orchestration.{reader}"], reader
+    below = {m for m in graph["mapl.orchestration.groups"] if m.startswith("mapl.orchestration.")}
+    assert below == set(), below
+    assert "mapl.orchestration.frozen_trunk" in graph["mapl.orchestration.validate"]
+    assert "mapl.orchestration.frozen_trunk" not in graph["mapl.orchestration.sweep"]
+    assert "mapl.orchestration.reuse" not in graph["mapl.orchestration.refresh"]

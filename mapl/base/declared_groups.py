@@ -12,7 +12,7 @@ role says how the report treats a group's runs:
 * ``other-corpus``: runs on another corpus; only their own study's tables and ledger rows read them.
 
 The declaration's order is the order of dvc.yaml's train stages (``foreach: ${groups}``), of
-``python -m mapl.sweep --estimate`` and of the report's studies (where a configuration is in two
+``mapl sweep --estimate`` and of the report's studies (where a configuration is in two
 studies, the first keeps it). The report reads a study by its role, so a study's groups share one role,
 a preview group aside. Each profile lists its runs per group under ``profiles.<p>.groups``
 (:mod:`mapl.orchestration.groups`). This module reads a params dict and nothing else: the report, the

@@ -1,5 +1,5 @@
 """Record train stages whose runs are all current after a change of the training code proven not to change
-any number (``python -m mapl.reuse prove``; ``reports/code-equivalence.json``), or an edit of a group in
+any number (``mapl reuse prove``; ``reports/code-equivalence.json``), or an edit of a group in
 params.yaml that leaves every run's config as it was (two groups merged into one, their results moved with them).
 
 Such a change makes DVC see ``train@<group>`` stages as changed (their deps are the training sources, their
@@ -12,8 +12,8 @@ that is not current is refused before anything runs: that one needs ``dvc repro`
 a stage's outputs for a single rerun (only ``persist``, which would also keep results of runs removed from a
 group), hence this.
 
-    python -m mapl.reuse refresh cpu                 # every group of the profile with results
-    python -m mapl.reuse refresh cpu long decompose  # these groups only
+    mapl reuse refresh cpu                           # every group of the profile with results
+    mapl reuse refresh cpu long decompose            # these groups only
 """
 from __future__ import annotations
 

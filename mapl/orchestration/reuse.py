@@ -25,12 +25,12 @@ checkpoints under ``checkpoints/<profile>/`` then make a rerun after a params ed
 fingerprint keeps them from surviving a code change. After a code change proven equivalent, ``refresh``
 (:mod:`mapl.orchestration.refresh`) records the stages without that deletion.
 
-    python -m mapl.reuse          # the fingerprint of this checkout's training code, and its files
-    python -m mapl.reuse adopt ../retrain cpu long     # take another checkout's finished runs (see adopt)
-    python -m mapl.reuse adopt ../s0 ../s1 cpu blocks  # a group whose seeds finished in two checkouts
-    python -m mapl.reuse compare ../retrain cpu long   # after `dvc repro -s train@long`: same numbers?
-    python -m mapl.reuse prove ../retrain cpu          # other training code, the same numbers? (equivalence.py)
-    python -m mapl.reuse refresh cpu [GROUP ...]       # after a proven change: record train stages (refresh.py)
+    mapl reuse                               # the fingerprint of this checkout's training code, and its files
+    mapl reuse adopt ../retrain cpu long     # take another checkout's finished runs (see adopt)
+    mapl reuse adopt ../s0 ../s1 cpu blocks  # a group whose seeds finished in two checkouts
+    mapl reuse compare ../retrain cpu long   # after `dvc repro -s train@long`: same numbers?
+    mapl reuse prove ../retrain cpu          # other training code, the same numbers? (equivalence.py)
+    mapl reuse refresh cpu [GROUP ...]       # after a proven change: record train stages (refresh.py)
 """
 from __future__ import annotations
 
@@ -150,7 +150,7 @@ def stamp_results(out: Path, fingerprint: str) -> None:
 
 # ---- adopting runs trained in other checkouts ----------------------------------------------------
 # A long retrain runs in a second checkout (a git worktree on its own branch) while main moves on; a group's
-# seeds may be split across machines, each checkout training some of its runs (`python -m mapl.sweep --group
+# seeds may be split across machines, each checkout training some of its runs (`mapl sweep --group
 # blocks --seeds 1`). The finished runs join main through DVC: their checkpoints are copied here (adopt, from
 # every checkout that holds some of them), `dvc repro -s train@<group>` restores every run from them (decide
 # -> "restore"), and the restored results are compared with the ones each checkout wrote (compare_results).
@@ -174,7 +174,7 @@ def _adoptable(src: Path, profile: str, name: str, fingerprint: str, dest_root: 
     if not same_code(stamp, fingerprint, dest_root):
         raise ValueError(f"{name}: its checkpoint in {src} was written by training code {stamp or '(unknown)'}, "
                          f"not this checkout's {fingerprint}, and no proof that the two compute the same "
-                         f"numbers (python -m mapl.reuse prove {src} {profile})")
+                         f"numbers (mapl reuse prove {src} {profile})")
     ckpts = checkpoint_files(src_ck / f"{name}.pt")
     if not ckpts:
         raise ValueError(f"{name}: no checkpoint in {src_ck}")
@@ -239,13 +239,13 @@ def compare_adopted(sources: Sequence[Path], profile: str, group: str, names: Se
     return out
 
 
-USAGE = ("usage: python -m mapl.reuse                                      (the training-code fingerprint and its files)\n"
-         "       python -m mapl.reuse adopt CHECKOUT... PROFILE GROUP      (copy GROUP's finished checkpoints from the "
+USAGE = ("usage: mapl reuse                                 (the training-code fingerprint and its files)\n"
+         "       mapl reuse adopt CHECKOUT... PROFILE GROUP (copy GROUP's finished checkpoints from the "
          "checkouts, each run from the first where it finished)\n"
-         "       python -m mapl.reuse compare CHECKOUT... PROFILE GROUP    (restored results here vs the checkouts')\n"
-         "       python -m mapl.reuse prove CHECKOUT PROFILE [STEPS]       (CHECKOUT's training code computes this one's "
+         "       mapl reuse compare CHECKOUT... PROFILE GROUP (restored results here vs the checkouts')\n"
+         "       mapl reuse prove CHECKOUT PROFILE [STEPS]  (CHECKOUT's training code computes this one's "
          "numbers? recorded if so)\n"
-         "       python -m mapl.reuse refresh PROFILE [GROUP ...]        (after a proven-equivalent code change: "
+         "       mapl reuse refresh PROFILE [GROUP ...]     (after a proven-equivalent code change: "
          "re-execute and `dvc commit` each train stage whose runs are all current, training nothing)")
 
 
@@ -284,7 +284,7 @@ def _adopt(sources: list[Path], profile: str, group: str) -> int:
     where = ", ".join(f"{sum(finished_in(sources, profile, group, n) == src for n in taken)} from {src}" for src in sources)
     print(f"adopted {len(taken)} run(s) of {profile}/{group} ({where}; {len(copied)} files; {shared} more are another "
           f"group's here and are copied); now `dvc repro -s train@{group}` restores them, then "
-          f"`python -m mapl.reuse compare {' '.join(map(str, sources))} {profile} {group}`")
+          f"`mapl reuse compare {' '.join(map(str, sources))} {profile} {group}`")
     return 0
 
 

@@ -1,7 +1,7 @@
 """params.yaml as a whole, validated before DVC touches an output (dvc.yaml's first stage, ``validate``).
 
 DVC removes a stage's outputs before its command runs, so one bad value would delete a group's committed
-results and fail inside a notebook. ``python -m mapl.sweep --check --stamp reports/params-valid.txt`` runs
+results and fail inside a notebook. ``mapl sweep --check --stamp reports/params-valid.txt`` runs
 :func:`check_params` first; every other stage depends on the stamp it writes. The check reads every part
 of the file that training reads: the group declaration, the named budgets, each profile's settings, launcher
 and runs, and the frozen-trunk studies; so this module sits above the sweep and the frozen-trunk study, and nothing in
@@ -19,6 +19,8 @@ from .sweep import launcher_config
 
 __all__ = ["STAMP_TEXT", "check_params", "write_stamp"]
 
+# a DVC output every stage depends on: its text names the old spelling of `mapl sweep --check` because a new text
+# would make DVC rerun every stage
 STAMP_TEXT = ("params.yaml passed `python -m mapl.sweep --check` (DVC's validate stage; the same text every time, so "
               "that a params edit reruns only the stages whose params changed)\n")
 
