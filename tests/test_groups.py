@@ -121,10 +121,20 @@ def test_a_group_split_by_seed_trains_only_the_runs_of_those_seeds(monkeypatch):
     assert called["specs"] == one and called["out"] == G.results_dir("cpu", "blocks")
 
 
-def test_a_bad_seeds_option_is_refused_by_argparse(capsys):
+@pytest.mark.parametrize("text,seeds", [("1", [1]), ("0,1", [0, 1]), ("4-7", [4, 5, 6, 7]), ("0,4-5", [0, 4, 5])])
+def test_the_seeds_option_takes_lists_and_ranges(text, seeds, monkeypatch):
+    called = {}
+    monkeypatch.setattr(sweep, "runs_of_seeds", lambda profile, specs, asked, params: called.update(seeds=asked) or [])
+    monkeypatch.setattr(sweep, "run_many", lambda *a, **k: [])
+    assert mapl.cli.sweep.main(["--profile", "cpu", "--group", "blocks", "--seeds", text, "--quiet"]) == 0
+    assert called["seeds"] == seeds
+
+
+@pytest.mark.parametrize("text", ["one", "4-", "-1", "7-4", "1,,2"])
+def test_a_bad_seeds_option_is_refused_by_argparse(text, capsys):
     with pytest.raises(SystemExit) as stop:
-        mapl.cli.sweep.main(["--group", "blocks", "--seeds", "one"])
-    assert stop.value.code == 2 and "--seeds: 'one' is invalid: comma-separated integers >= 0" in capsys.readouterr().err
+        mapl.cli.sweep.main(["--group", "blocks", "--seeds", text])
+    assert stop.value.code == 2 and f"--seeds: {text!r} is invalid: seeds >= 0 and ranges" in capsys.readouterr().err
 
 
 def test_every_committed_cpu_result_is_the_result_of_its_spec():

@@ -26,11 +26,14 @@ def estimate(profile: str, params: dict) -> str:
 
 
 def _seed_list(text: str) -> list[int]:
-    """``--seeds 0,1`` -> [0, 1]; anything else is argparse's one-line error."""
-    parts = text.split(",")
-    if not all(p.strip().isdigit() for p in parts):
-        raise argparse.ArgumentTypeError(f"{text!r} is invalid: comma-separated integers >= 0, e.g. 1 or 0,1")
-    return [int(p) for p in parts]
+    """``--seeds 0,1`` -> [0, 1], ``--seeds 4-7`` -> [4, 5, 6, 7]; anything else is argparse's one-line error."""
+    seeds = []
+    for part in text.split(","):
+        low, dash, high = part.strip().partition("-")
+        if not (low.isdigit() and (not dash or (high.isdigit() and int(high) >= int(low)))):
+            raise argparse.ArgumentTypeError(f"{text!r} is invalid: seeds >= 0 and ranges, e.g. 1, 0,1 or 4-7")
+        seeds += range(int(low), int(high or low) + 1)
+    return seeds
 
 
 def main(argv=None) -> int:
@@ -39,7 +42,7 @@ def main(argv=None) -> int:
     ap.add_argument("--profile", help="params.yaml profile (default: its `profile:`)")
     ap.add_argument("--group", help="run group in profiles.<profile>.groups")
     ap.add_argument("--seeds", type=_seed_list,
-                    help="with --group: only its runs of these seeds, e.g. 1 or 0,1 (a group's seeds split across machines)")
+                    help="with --group: only its runs of these seeds, e.g. 1, 0,1 or 4-7 (a group's seeds split across machines)")
     ap.add_argument("--estimate", action="store_true", help="print runs and estimated wall time per group; train nothing")
     ap.add_argument("--check", action="store_true", help="validate every profile and run of params.yaml; train nothing")
     ap.add_argument("--stamp", type=Path, help="with --check: then write this file (DVC's validate stage output)")
