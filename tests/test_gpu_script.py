@@ -142,6 +142,23 @@ def test_budget_guard_skips_and_records(tmp_path, tiny_corpus):
     assert "speed/tiny/mapl`: skipped" in (tmp_path / "gpu.md").read_text()
 
 
+@pytest.mark.process
+def test_without_a_carried_corpus_part_a_runs_on_random_tokens_and_part_b_is_skipped(tmp_path):
+    """``--synthetic``: the paper's vocabulary of random ids (none on disk), part B recorded as skipped;
+    ``--dry`` makes its byte corpus outside ``--out``: only the run's own files land there."""
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--dry", "--synthetic", "--out", str(tmp_path), "--budget-s",
+                           "0.5"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    recs = _records(tmp_path / "gpu.jsonl")
+    assert recs[0]["corpus"]["source"] == gpu_corpus.SYNTHETIC_SOURCE and recs[0]["corpus"]["vocab"] == 256
+    quality = next(r for r in recs if r.get("item") == "quality")
+    assert quality["kind"] == "skipped" and "synthetic corpus" in quality["reason"]
+    assert {p.name for p in tmp_path.iterdir()} <= {"gpu.jsonl", "gpu.md", "gpu-loss.png"}
+    train, val, manifest = gpu_corpus.synthetic_corpus(32000)
+    assert train.dtype == np.uint16 and int(train.max()) < 32000 and manifest["vocab_size"] == 32000
+    assert len(train) // (16 * 2048) >= 4                     # part A's warm-up and three timed batches, unseen
+
+
 def test_run_item_keeps_going_after_an_error(tmp_path):
     rec = gpu_common.Recorder(tmp_path / "r.jsonl")
     budget = gpu_common.Budget(100.0)
