@@ -324,6 +324,8 @@ class _Records:
     def __init__(self, out: Path, jsonl: Path | None):
         self.out, self.jsonl = out, jsonl
         (jsonl.parent if jsonl else out).mkdir(parents=True, exist_ok=True)
+        if jsonl is not None:
+            jsonl.write_text("", encoding="utf-8")          # this call's records only
 
     def item(self, rec: dict) -> None:
         if self.jsonl is None:
@@ -369,6 +371,9 @@ def parse_args(argv=None):
     ap.add_argument("--items", default=",".join(ITEMS), help=f"comma-separated subset of {', '.join(ITEMS)}")
     ap.add_argument("--search-kernel", default="auto",
                     help=f"compressor.rvq.search_kernel of the pipeline items: {', '.join(RVQ_SEARCH_KERNELS)}")
+    ap.add_argument("--shape", default=None, metavar="BxT",
+                    help="sequences x tokens of the pipeline items (default 2x2048; --small 2x32): a CPU measurement "
+                         "at the paper's width, e.g. --device cpu --items boundary-error --shape 1x256")
     a = ap.parse_args(argv)
     items = [i for i in a.items.split(",") if i]
     bad = [i for i in items if i not in ITEMS]
@@ -381,14 +386,24 @@ def parse_args(argv=None):
     if a.device == "cuda" and not torch.cuda.is_available():
         ap.error("--device cuda: no CUDA device here; use --device cpu --small for the CPU rehearsal")
     a.items = items
+    a.shape = _parse_shape(ap, a.shape)
     return a
+
+
+def _parse_shape(ap, text: str | None) -> tuple[int, int] | None:
+    if text is None:
+        return None
+    parts = text.lower().split("x")
+    if len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        ap.error(f"--shape {text} is invalid: write sequences x tokens, e.g. 1x256")
+    return int(parts[0]), int(parts[1])
 
 
 def main(argv=None, log=print) -> int:
     a = parse_args(argv)
     device, s = torch.device(a.device), _settings(a.small)
     records = _Records(a.out, a.jsonl)
-    pipe = dict(s["pipe"], search_kernel=a.search_kernel)
+    pipe = dict(s["pipe"], search_kernel=a.search_kernel, **({"shape": a.shape} if a.shape else {}))
     jobs = {"saved-bytes": lambda: saved_bytes(device, s["presets"], s["lengths"]),
             "rvq-kernel": lambda: rvq_kernel(device, **s["rvq"]),
             "host-reads": lambda: host_reads(device, **pipe),

@@ -131,3 +131,7 @@ def test_bad_arguments_are_one_line_and_exit_2(capsys):
     with pytest.raises(SystemExit) as e:
         gpu_check.parse_args(["--device", "cpu", "--search-kernel", "triton"])
     assert e.value.code == 2 and "--search-kernel triton is invalid: allowed auto, matmul, fused" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        gpu_check.parse_args(["--device", "cpu", "--shape", "2by32"])
+    assert e.value.code == 2 and "--shape 2by32 is invalid: write sequences x tokens" in capsys.readouterr().err
+    assert gpu_check.parse_args(["--device", "cpu", "--shape", "1x256"]).shape == (1, 256)
