@@ -29,7 +29,9 @@ Every measurement runs at a short sequence on a randomly initialised model: shap
 decide each of these numbers. ``--search-kernel`` sets ``compressor.rvq.search_kernel`` of the
 ``host-reads`` and ``boundary-error`` models (``fused`` on a CPU rehearses what ``auto`` picks on a GPU);
 ``--jsonl FILE`` appends each item's record to one JSON-lines file instead of one file per item (a
-device call that brings back few files). Exit 0 when every item was measured, 1 when one failed (its
+device call that brings back few files); ``--shape BxT`` sets the pipeline items' micro-batch (the paper
+profile's ``norm_cast`` choice was measured on CPU with ``--device cpu --items boundary-error --shape 1x256``,
+reports/bench/norm-cast-cpu.jsonl). Exit 0 when every item was measured, 1 when one failed (its
 error is in its record), 2 for bad arguments.
 """
 from __future__ import annotations
