@@ -105,11 +105,12 @@ def test_bad_arguments_are_one_line_and_exit_2(capsys):
         assert e.value.code == 2 and says in capsys.readouterr().err
 
 
+@pytest.mark.process
 def test_the_tree_size_is_what_git_would_copy(tmp_path):
     """With git: tracked and unignored untracked files (the device tool's rule); without: every file but caches."""
     got = gpu_loan.tree_size(ROOT)
-    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True,
-                            text=True, check=True).stdout.split()
+    listed = [f for f in subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT,
+                                        capture_output=True, text=True, check=True).stdout.split("\0") if f]
     assert got["files"] == sum((ROOT / f).is_file() for f in listed) and got["how"].startswith("git")
     (tmp_path / "a.txt").write_text("x" * 10)
     (tmp_path / "__pycache__").mkdir()

@@ -505,3 +505,47 @@ def test_evaluation_in_micro_batches_equals_the_whole_batch_and_is_opt_in(micro_
     assert config_hash(load_run_config("micro", {"train.eval_micro_batch_size": 2})) != config_hash(plain)
     with pytest.raises(ConfigError, match=r"^train\.eval_micro_batch_size=-1 is invalid: must be >= 0"):
         load_run_config("micro", {"train.eval_micro_batch_size": -1}).validate()
+
+
+# ---- evaluation reads the device once per evaluation set ---------------------------------------------------
+class _OneRankTransport:
+    """The transport calls a one-stage evaluation makes: nothing to send, an all-reduce over one rank."""
+
+    def during(self, what: str):
+        return contextlib.nullcontext()
+
+    def all_reduce(self, tensor, what: str, group=None) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass
+
+
+def test_the_runtimes_evaluation_sums_on_the_device_and_reads_it_once():
+    """The last stage's pieces (here 1-sequence pieces of three batches, the last one smaller) are summed on
+    the device in float64, as the host summed them before: one read per evaluation set, the same number."""
+    from types import SimpleNamespace
+
+    from mapl.core.engine import batch_weight, eval_pieces
+    from mapl.core.runtime.worker import PipelineEngine
+    from mapl.core.stages import build_staged_model
+    cfg = load_run_config("micro", {"stages": 1, "method": "none", "train.eval_micro_batch_size": 1}).validate(256)
+    torch.manual_seed(0)
+    sm = build_staged_model(cfg, 256)
+    gen = torch.Generator().manual_seed(0)
+    batches = [tuple(torch.randint(0, 256, (n, 32), generator=gen) for _ in range(2)) for n in (3, 3, 2)]
+    engine = PipelineEngine.__new__(PipelineEngine)              # the one stage of a one-stage pipeline
+    engine.sm, engine.cfg, engine.R, engine.stage, engine.P, engine.tx = sm, cfg, 1, 0, 1, _OneRankTransport()
+    engine.topo = SimpleNamespace(replica=0, first=True, last=True, device=torch.device("cpu"))
+    with counting_host_reads() as reads:
+        got = engine._validation_loss(0, batches, "evaluation")
+    assert reads.counts == {"tolist": 1}
+    sm.eval()
+    total, weight = 0.0, 0.0
+    with torch.no_grad():
+        for x, y in batches:
+            bw = batch_weight(y, batches)
+            for xi, yi, share in eval_pieces(x, y, 1):
+                total += float(sm(xi, yi)) * (bw * share)       # what the host summed, piece by piece
+            weight += bw
+    assert got == total / max(1.0, weight)
