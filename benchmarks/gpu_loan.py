@@ -219,6 +219,18 @@ def _stop(proc: subprocess.Popen) -> int:
     return proc.wait()
 
 
+def _summarize_cut_run(out: Path, say: Console) -> None:
+    """gpu.md (and the figure) from the JSON lines of a gpu phase that did not end by itself: what it measured
+    before the cut, summarised here as ``python benchmarks/gpu.py --summarize`` would."""
+    if not (out / "gpu.jsonl").is_file():
+        return
+    try:
+        from gpu_summary import write_summary
+        say(f"== gpu: summary of the records written before the end: {write_summary(out / 'gpu.jsonl')}")
+    except Exception as e:  # noqa: BLE001 -- the records are what matters; the summary can be rebuilt here later
+        say(f"== gpu: no summary ({type(e).__name__}: {e}); rebuild it with python benchmarks/gpu.py --summarize")
+
+
 class LoanRecord:
     """``loan.json``: the facts, the plan and each phase's outcome, rewritten atomically after each step."""
 
@@ -311,6 +323,8 @@ def main(argv=None) -> int:
             say(f"== gpu: {phase.notes[-1]}")
         else:
             run_phase(phase, say)
+            if phase.name == "gpu" and phase.rc != 0:
+                _summarize_cut_run(args.out, say)
         done.append(phase)
         record.write(done + phases[len(done):])
     wall = round(time.monotonic() - started, 1)

@@ -97,6 +97,29 @@ def test_the_plan_gives_the_gpu_phase_what_the_check_leaves_and_falls_back_to_ra
     assert "--small" in check.argv and "fused" in check.argv and "--dry" in gpu.argv
 
 
+@pytest.mark.process
+def test_a_phase_past_its_limit_is_killed_and_what_it_wrote_is_summarised(tmp_path):
+    """A child that overruns its limit is stopped (its process group: SIGTERM, then SIGKILL); its output came
+    through line by line, and the JSON lines it wrote before the cut still give gpu.md."""
+    import time
+    child = ("import json, sys, time\n"
+             "f = open(sys.argv[1], 'w')\n"
+             "f.write(json.dumps({'kind': 'env', 'device': 'fake', 'torch': '0', 'budget_s': 1}) + '\\n'); f.flush()\n"
+             "print('measuring', flush=True)\n"
+             "time.sleep(120)\n")
+    phase = gpu_loan.Phase("gpu", [sys.executable, "-c", child, str(tmp_path / "gpu.jsonl")], limit_s=5)
+    lines: list[str] = []
+
+    def say(line):
+        lines.append(line.rstrip("\n"))
+    started = time.monotonic()
+    gpu_loan.run_phase(phase, say)
+    assert phase.timed_out and phase.rc != 0 and time.monotonic() - started < 30
+    assert "measuring" in lines and lines[-1].startswith("== gpu: exit") and "(time limit)" in lines[-1]
+    gpu_loan._summarize_cut_run(tmp_path, say)
+    assert "cut off" in (tmp_path / "gpu.md").read_text()
+
+
 def test_bad_arguments_are_one_line_and_exit_2(capsys):
     for args, says in ((["--phases", "check,train"], "--phases check,train is invalid"),
                        (["--budget-s", "0"], "--budget-s 0 is invalid: must be > 0")):
