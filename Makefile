@@ -6,20 +6,22 @@
 #   make verify       re-execute the report from the committed results in a temporary copy; fail on any difference
 #   make repro-all    retrain every run of the cpu profile (prints the plan and its estimate first)
 #   make paper-smoke  the paper code path at paper shapes on CPU, in a temporary copy; results land in reports/paper-smoke/
+#   make docs         rewrite the documents' generated blocks from their sources (a test runs `mapl docs --check`)
 #   make lint         ruff (rules and their reasons in pyproject.toml [tool.ruff]); seconds
 #   make test-all     `make test`, then the `full` tests: every test once (CI runs it, .ci/run)
 #   make test-fast    the in-process unit tests only
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
+MAPL   := $(VENV)/bin/mapl
 STAMP  := $(VENV)/.mapl-installed
 
 export DVC_NO_ANALYTICS := 1
-# dvc.yaml's commands call python/papermill from PATH: the project's venv comes first
+# dvc.yaml's commands call mapl/papermill from PATH: the project's venv comes first
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 export PYTHONHASHSEED := 0
 
-.PHONY: install repro repro-all smoke verify paper-smoke estimate lint test test-all test-full test-fast clean-venv
+.PHONY: install repro repro-all smoke verify paper-smoke estimate docs lint test test-all test-full test-fast clean-venv
 
 install: $(STAMP)
 
@@ -41,16 +43,20 @@ repro-all: install
 
 # runs per group and the wall-time estimate of the default profile
 estimate: install
-	$(PY) -m mapl.sweep --estimate
+	$(MAPL) sweep --estimate
+
+# rewrite the documents' generated blocks (the ledger, the headline, the stage and benchmark tables, the estimate)
+docs: install
+	$(MAPL) docs
 
 smoke: install
-	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m mapl.workspace smoke
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(MAPL) workspace smoke
 
 verify: install
-	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m mapl.workspace verify
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(MAPL) workspace verify
 
 paper-smoke: install
-	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m mapl.workspace repro --profile paper-smoke --copy-back
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(MAPL) workspace repro --profile paper-smoke --copy-back
 
 lint: install
 	$(VENV)/bin/ruff check .

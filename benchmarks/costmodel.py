@@ -55,7 +55,7 @@ def _cli(over: dict) -> list[str]:
 
 def run_cell(args, width: int, method: str, ratio: float, bw: float, lat_ms: float, tmp: Path) -> dict:
     over = cell_overrides(args, width, method, ratio)
-    # one results file per cell: a run never replaces another config's results (mapl.train's guard)
+    # one results file per cell: a run never replaces another config's results (`mapl train`'s guard)
     stem = f"cell-d{width}-{method}-{ratio:g}x-{bw:g}bps-{lat_ms:g}ms"
     out, ckpt = tmp / f"{stem}.json", tmp / f"{stem}.pt"
     cli = ["--profile", args.profile, *_cli(over), "--no-progress", "--fresh", "--out", str(out), "--ckpt", str(ckpt),
@@ -146,7 +146,7 @@ def main(argv=None) -> int:
     comm = [abs(c["error"]) for c in cells if c["comm_fraction"] >= 0.25]
     bench = {"profile": args.profile, "stages": args.stages, "layers": args.layers, "schedule": args.schedule,
              "micro_batches": args.micro_batches, "micro_batch_size": args.micro_batch_size, "seq_len": args.seq_len,
-             "steps": args.steps, "runtime": "mapl.pipeline --link-delay", "load_before": load_before,
+             "steps": args.steps, "runtime": "mapl pipeline --link-delay", "load_before": load_before,
              "load_after": ", ".join(f"{x:.2f}" for x in os.getloadavg()), "wall_s": time.time() - t0, "cells": cells,
              "max_abs_error": max(abs(c["error"]) for c in cells), "max_abs_error_comm25": max(comm) if comm else None}
     atomic_write_json(args.out_json, bench)

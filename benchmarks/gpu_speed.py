@@ -4,7 +4,7 @@ One GPU holds every stage, so each stage is measured in turn in one process, as 
 would run it: stage s's forward (``StagedModel.stage_forward`` under bf16 autocast; the last stage is
 ``StagedModel.stage_loss`` with the profile's ``train.loss_chunk_tokens``, exactly the runtime's call:
 the head's cross-entropy in chunks whose logits are recomputed in backward), the sender's ``pack``
-and the receiver's ``unpack`` of its message (outside autocast, as mapl/pipeline.py calls them), then,
+and the receiver's ``unpack`` of its message (outside autocast, as the pipeline's workers call them), then,
 in reverse, each stage's backward from the unpacked gradient and ``pack_grad``/``unpack_grad`` of the
 gradient it sends back; then every stage's own optimizer step (its clipping norm, its optimizers, its
 projector sync). Every timed block is bracketed by ``torch.cuda.synchronize``. One untimed pass +

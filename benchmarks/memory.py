@@ -98,7 +98,7 @@ def _warm_up(cfg) -> None:
 
 def worker(spec: dict) -> None:
     """One rank: baseline, setup, reset the peak, train, report (called in a fresh process). Runs the
-    stage as ``python -m mapl.pipeline`` does (mapl.core.runtime.rank.run_rank); "setup" is
+    stage as ``mapl pipeline`` does (mapl.core.runtime.rank.run_rank); "setup" is
     ``PipelineEngine._build_model`` (full-model build, pruning to the stage, its optimizers)."""
     import torch.distributed as dist
     from mapl.core.runtime import worker as rw
@@ -135,7 +135,7 @@ def derived_data(tmp: Path) -> Path:
     """The cpu profile's shards under a manifest declaring V = 32000 (ids < 2048 are valid ids of it)."""
     src = ROOT / "data" / "shakespeare-bpe2048"
     if not (src / "manifest.json").exists():
-        raise SystemExit(f"{src} is missing: run `python -m mapl.data --profile cpu` first")
+        raise SystemExit(f"{src} is missing: run `mapl data --profile cpu` first")
     dst = tmp / f"shakespeare-bpe2048-as-v{VOCAB}"
     dst.mkdir(parents=True)
     for name in ("train.bin", "val.bin", "tokenizer.json"):
@@ -207,7 +207,7 @@ def paper_table() -> str:
     from mapl.core.memory import check_plan
     lines = ["# Memory plan at the paper's shapes (bf16 autocast, fp32 residual; P = 4; 32 micro-batches of "
              "16 x 2048 tokens; MAPL at the paper's ratio)", "",
-             "Peak stage per configuration (`python -m mapl.memory --profile paper --model M --schedule S "
+             "Peak stage per configuration (`mapl memory --profile paper --model M --schedule S "
              "[--checkpointing]`). Fits: after a 10% reserve.", "",
              "| model | schedule | checkpointing | peak stage | activations | head | total (GiB) | H100 80 GB | H200 |",
              "|---|---|---|---|---|---|---|---|---|"]

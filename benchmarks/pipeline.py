@@ -213,7 +213,8 @@ def overlap_markdown(b: dict) -> str:
 # ---- parity of the blocking transport ---------------------------------------------------------------
 def parity_grid(args) -> dict:
     """Every method at P 2/4 x GPipe/1F1B with the blocking transport vs the single-process loop."""
-    from mapl.train import config_from_args, parse_args, run
+    from mapl.cli.train import config_from_args, parse_args
+    from mapl.core.run import run
     rows = []
     with tempfile.TemporaryDirectory(prefix="mapl-bench-parity-") as tmp:
         for method in [m.strip() for m in args.methods.split(",") if m.strip()]:

@@ -29,7 +29,7 @@ METHODS = {"none": {}, "ssn": {"ratio": 8}, "mapl": {"ratio": 8}}
 
 def one_run(method: str, precision: str, steps: int, profile: str, seed: int, threads: int) -> dict:
     from mapl.core.config import load_run_config
-    from mapl.train import run
+    from mapl.core.run import run
     over = {"method": method, **METHODS[method], "train.precision": precision, "train.steps": steps,
             "train.eval_every": steps, "train.seed": seed, "train.threads": threads,
             "run_name": f"precision-{method}-{precision}-s{seed}-t{threads}"}

@@ -95,7 +95,7 @@ def _script(args: list[str], tmp: Path) -> dict:
 def test_costmodel_benchmark_runs_micro_cells_on_the_runtime(tmp_path):
     """benchmarks/costmodel.py reads the runtime's results (pipeline section of mapl.core.runtime.measure)."""
     if not _prepared("micro"):
-        pytest.skip("micro data not prepared (python -m mapl.data --profile micro)")
+        pytest.skip("micro data not prepared (mapl data --profile micro)")
     bench = _script(["benchmarks/costmodel.py", "--profile", "micro", "--widths", "64", "--bandwidths", "10e6",
                      "--latencies-ms", "1", "--mapl-width", "64", "--mapl-ratio", "4", "--seq-len", "32", "--steps", "3"],
                     tmp_path)
@@ -110,7 +110,7 @@ def test_costmodel_benchmark_runs_micro_cells_on_the_runtime(tmp_path):
 def test_memory_benchmark_hooks_the_runtime_stage_build(tmp_path):
     """benchmarks/memory.py measures each rank around PipelineEngine._build_model (mapl.core.runtime.worker)."""
     if not (ROOT / "data" / "shakespeare-bpe2048" / "manifest.json").exists():
-        pytest.skip("cpu data not prepared (python -m mapl.data --profile cpu)")
+        pytest.skip("cpu data not prepared (mapl data --profile cpu)")
     bench = _script(["benchmarks/memory.py", "--model", "micro", "--stages", "2", "--cases", "1f1b:mapl", "--steps", "2",
                      "--seq-len", "32", "--micro-batches", "2", "--micro-batch-size", "1"], tmp_path)
     (case,) = bench["cases"]

@@ -151,7 +151,7 @@ def test_project_errors_map_to_their_codes():
 def test_label_names_the_rank(capsys):
     def fail(argv):
         raise FloatingPointError("non-finite boundary activation at step 7")
-    assert run_cli(fail, [], prog="python -m mapl.pipeline", label="rank 2 (stage 2)") == EXIT_NON_FINITE
+    assert run_cli(fail, [], prog="mapl pipeline", label="rank 2 (stage 2)") == EXIT_NON_FINITE
     assert capsys.readouterr().err == "error: rank 2 (stage 2): non-finite boundary activation at step 7\n"
     assert error_line(KeyboardInterrupt(), label="rank 1") == "interrupted: rank 1"
     assert run_cli(lambda argv: None, ["--debug"], prog="p") == 0
@@ -165,9 +165,9 @@ def test_label_names_the_rank(capsys):
 ])
 def test_train_cli_refuses_a_bad_config_before_importing_torch(tmp_path, args, message):
     """A bad flag or setting costs the CLI's start-up, not a torch import (the fault table's config rows)."""
-    code = ("import sys, mapl.train as t\ncode = t.main(sys.argv[1:])\n"
+    code = ("import sys\nfrom mapl.cli import main\ncode = main(sys.argv[1:])\n"
             "print('torch imported' if 'torch' in sys.modules else 'no torch')\nsys.exit(code)")
-    p = subprocess.run([sys.executable, "-c", code, "--profile", "micro", *args, "--out", str(tmp_path / "r.json"),
+    p = subprocess.run([sys.executable, "-c", code, "train", "--profile", "micro", *args, "--out", str(tmp_path / "r.json"),
                         "--ckpt", str(tmp_path / "r.pt")], cwd=ROOT, text=True, capture_output=True, timeout=600,
                        env={**os.environ, "PYTHONPATH": str(ROOT), "MAPL_DEBUG": "0"})
     assert p.returncode == EXIT_USER_ERROR and p.stderr.startswith(message), p.stderr
@@ -177,12 +177,12 @@ def test_train_cli_refuses_a_bad_config_before_importing_torch(tmp_path, args, m
 
 @pytest.mark.process
 def test_sweep_check_and_estimate_need_no_torch(tmp_path):
-    """DVC's first stage (`python -m mapl.sweep --check`) and `--estimate` read params.yaml and the configs
+    """DVC's first stage (`mapl sweep --check`) and `--estimate` read params.yaml and the configs
     only: no torch import (count_params is arithmetic on the config, mapl/core/model_config.py)."""
-    code = ("import sys, mapl.sweep as s\ncode = s.main(sys.argv[1:])\n"
+    code = ("import sys\nfrom mapl.cli import main\ncode = main(sys.argv[1:])\n"
             "print('torch imported' if 'torch' in sys.modules else 'no torch')\nsys.exit(code)")
-    for args, rc in [(["--check", "--stamp", str(tmp_path / "valid.txt")], 0), (["--estimate"], 0),
-                     (["--profile", "nope", "--estimate"], 2)]:
+    for args, rc in [(["sweep", "--check", "--stamp", str(tmp_path / "valid.txt")], 0), (["sweep", "--estimate"], 0),
+                     (["sweep", "--profile", "nope", "--estimate"], 2)]:
         p = subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT, text=True, capture_output=True, timeout=600,
                            env={**os.environ, "PYTHONPATH": str(ROOT), "MAPL_DEBUG": "0"})
         assert p.returncode == rc, p.stderr

@@ -29,7 +29,7 @@ import mapl.data.build
 import mapl.data.downloads
 import mapl.data.stream
 import mapl.data.verify
-import mapl.data.cli as data_cli
+import mapl.cli.data as data_cli
 from mapl.data import DataConfig, DataError, MissingDataError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -207,7 +207,7 @@ def test_flipped_byte_is_refused_with_both_hashes_and_nothing_is_rebuilt(tmp_pat
             attempt()
         msg = str(e.value)
         assert "train.bin: sha256 mismatch" in msg and expected in msg and actual in msg and "\n" not in msg
-        assert f"`python -m mapl.data --profile {profile} --rebuild`" in msg
+        assert f"`mapl data --profile {profile} --rebuild`" in msg
     assert snapshot(tmp_path / "out") == before                        # nothing rebuilt, nothing deleted
 
 
@@ -225,7 +225,7 @@ def test_missing_shard_is_refused_and_the_manifest_kept(tmp_path, monkeypatch):
     with pytest.raises(MissingDataError, match=r"nowhere: no prepared dataset.*--profile cpu`.*dvc repro prepare"):
         D.open_dataset(cfg, tmp_path / "nowhere", profile="cpu")
     (tmp_path / "empty").mkdir()
-    with pytest.raises(MissingDataError, match=r"manifest\.json is missing.*python -m mapl\.data"):
+    with pytest.raises(MissingDataError, match=r"manifest\.json is missing.*mapl data"):
         D.load_split(tmp_path / "empty", "train")
 
 
@@ -559,7 +559,7 @@ def test_real_sympy_sdist_when_cached():
     """The pinned sdist's module count, when it is in the cache (never downloads here)."""
     path = D.default_cache_dir() / D.SYMPY_TARBALL
     if not path.exists():
-        pytest.skip(f"{path} absent (python -m mapl.data --source sympy-code fetches it)")
+        pytest.skip(f"{path} absent (mapl data --source sympy-code fetches it)")
     docs = D.sympy_documents(D.fetch_sympy())
     assert len(docs) > 1000 and sum(len(d.text) for d in docs) > 20_000_000
 
@@ -744,14 +744,14 @@ def test_offline_parquet_and_mistral_route(tmp_path, monkeypatch):
 @pytest.mark.process
 def test_no_data_module_imports_mapl_config(tmp_path):
     """mapl.core.config imports mapl.data, so mapl.data must not import mapl.core.config when imported."""
-    names = sorted(p.stem for p in (ROOT / "mapl" / "data").glob("*.py") if p.stem != "__main__")
+    names = sorted(p.stem for p in (ROOT / "mapl" / "data").glob("*.py"))
     code = ("import importlib, sys\n"
             f"for n in {names!r}: importlib.import_module('mapl.data.' + n if n != '__init__' else 'mapl.data')\n"
             "print(sorted(m for m in sys.modules if m.startswith('mapl')))\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120,
                        env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert r.returncode == 0, r.stderr
-    assert "mapl.core.config" not in r.stdout and "mapl.data.cli" in r.stdout
+    assert "mapl.core.config" not in r.stdout and "mapl.data.build" in r.stdout
     for path in (ROOT / "mapl" / "data").glob("*.py"):                  # and no module-level import of it
         for node in ast.parse(path.read_text()).body:
             if isinstance(node, ast.ImportFrom):

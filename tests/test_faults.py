@@ -1,6 +1,6 @@
-"""Every fault of issue 15, through the real command line: ONE table (``FAULTS``), one test.
+"""Every fault a run can meet, through the real command line: ONE table (``FAULTS``), one test.
 
-Each row runs ``python -m mapl.<entry point>`` as a subprocess on the micro profile (a small local
+Each row runs ``mapl <command>`` as a subprocess on the micro profile (a small local
 byte-level corpus: nothing is downloaded, ``../shared/data`` is not needed) in a folder of its own,
 and checks what a user sees and keeps:
 
@@ -15,7 +15,7 @@ and checks what a user sees and keeps:
     folder's own verification stamps and lock files);
 (d) where the row has one, its recovery command then succeeds (exit 0).
 
-The table is also the source of FAILURE_MODES.md (``python tests/test_faults.py > FAILURE_MODES.md``;
+The table is also the source of docs/failure-modes.md (``python tests/test_faults.py > docs/failure-modes.md``;
 a test keeps the two in step). Rows with ``bug`` are known bugs in training sources this change may
 not touch: a strict xfail whose failure is raised as ``KnownBug`` on exactly the listed properties
 (every other property still fails the test as usual). Rows marked ``slow`` start the multi-process
@@ -52,6 +52,7 @@ from typing import Callable
 import pytest
 
 PROJECT = Path(__file__).resolve().parents[1]
+MAPL = [sys.executable, "-m", "mapl.cli"]          # the `mapl` command
 NOBODY = 65534
 
 
@@ -65,7 +66,7 @@ class Ctx:
     """One row's folder (the command's working directory) and what the checks found."""
     dir: Path
     data: Path                      # the prepared data folder the run reads
-    glob: str                       # the corpus files (for data.paths and `python -m mapl.data`)
+    glob: str                       # the corpus files (for data.paths and `mapl data`)
     bug: frozenset
     seeds: Path                     # finished runs, trained once per session (``seed``)
     pythonpath: Path = PROJECT
@@ -88,18 +89,20 @@ class Ctx:
             raise KnownBug("\n".join(m for _, m in self.failures))
 
     def argv(self, cmd: str) -> list[str]:
-        """``"mapl.train @run --steps 2"`` -> the subprocess argv; ``@run`` is the micro profile on the
-        local corpus; ``{dir}``, ``{data}``, ``{glob}``, ``{project}`` (this checkout) are filled in."""
-        module, *args = shlex.split(cmd)
+        """``"mapl train @run --steps 2"`` -> the subprocess argv; ``@run`` is the micro profile on the
+        local corpus; ``{dir}``, ``{data}``, ``{glob}``, ``{project}`` (this checkout) are filled in. ``mapl``
+        is run as ``python -m mapl.cli`` (what its script runs), so the code is ``pythonpath``'s."""
+        mapl, command, *args = shlex.split(cmd)
+        assert mapl == "mapl", f"{cmd}: a row's command is `mapl <command> ...`"
         run = ["--profile", "micro", "--set", "data.source=text", "--set", f"data.paths={json.dumps([self.glob])}",
                "--set", "data.tokenizer=byte", "--set", f"data_dir={self.data}", "--set", "train.threads=1",
                "--no-progress"]
         out = []
         for a in args:
             out += run if a == "@run" else [a.format(dir=self.dir, data=self.data, glob=self.glob, project=PROJECT)]
-        if module in ("mapl.train", "mapl.pipeline"):     # never the project's default output folders
+        if command in ("train", "pipeline"):     # never the project's default output folders
             assert "--out" in out and "--ckpt" in out, f"{cmd}: give --out and --ckpt"
-        return [sys.executable, "-m", module, *out]
+        return [*MAPL, command, *out]
 
     def env(self, extra: dict | None = None) -> dict:
         env = {k: v for k, v in os.environ.items()
@@ -185,16 +188,16 @@ def check_stderr(ctx: Ctx, err: str, mode: str, line) -> None:
 
 # ---- what rows set up ---------------------------------------------------------------------------------
 def seed(*flags: str) -> Callable[[Ctx], None]:
-    """Setup: r.json and r.pt of a finished run of ``mapl.train @run <flags>`` in the row's folder
+    """Setup: r.json and r.pt of a finished run of ``mapl train @run <flags>`` in the row's folder
     (trained once per session, in this process, with the config the CLI builds from the same flags)."""
     def setup(ctx: Ctx) -> None:
         import torch
-        import mapl.train as mtrain
+        import mapl.cli.train as mtrain
         from mapl.core.run import run
         where = ctx.seeds / hashlib.sha256(json.dumps([str(ctx.data), *flags]).encode()).hexdigest()[:16]
         if not (where / "r.json").exists():
             where.mkdir(parents=True, exist_ok=True)
-            args = ctx.argv(f"mapl.train @run {' '.join(flags)} --out r.json --ckpt r.pt")[3:-4]
+            args = ctx.argv(f"mapl train @run {' '.join(flags)} --out r.json --ckpt r.pt")[len(MAPL) + 1:-4]
             threads = torch.get_num_threads()
             try:
                 run(mtrain.config_from_args(mtrain.parse_args(args)), out=where / "r.json",
@@ -506,10 +509,10 @@ class Fault:
     cmd: str                        # "<module> <args>" (see Ctx.argv)
     code: int
     line: str | tuple               # regex(es) the stderr line(s) must match
-    shows: str                      # the message as the user reads it (FAILURE_MODES.md)
-    happens: str                    # what the command does (FAILURE_MODES.md)
-    kept: str                       # what stays on disk (FAILURE_MODES.md)
-    fix: str                        # how to go on (FAILURE_MODES.md)
+    shows: str                      # the message as the user reads it (docs/failure-modes.md)
+    happens: str                    # what the command does (docs/failure-modes.md)
+    kept: str                       # what stays on disk (docs/failure-modes.md)
+    fix: str                        # how to go on (docs/failure-modes.md)
     stderr: str = "one"             # one | usage | ranks
     setup: Callable | None = None
     during: Callable | None = None
@@ -523,18 +526,18 @@ class Fault:
     as_nobody: bool = False         # the command drops root (folder permissions apply)
     own_data: bool = False          # a private copy of the prepared data in <folder>/data
     timeout: float = 600             # seconds per command (a loaded 2-core machine can starve the pipeline)
-    exit_text: str = ""             # FAILURE_MODES.md's exit cell, when not just ``code``
+    exit_text: str = ""             # docs/failure-modes.md's exit cell, when not just ``code``
     slow: bool = False
     before_torch: bool = False      # the command ends before importing torch: in `make test` (else `full`)
     bug: tuple = ()                 # properties known to fail: code, stderr, files, recover
     reason: str = ""                # the bug, for the xfail
 
 
-T = "mapl.train @run"
+T = "mapl train @run"
 IO = "--out r.json --ckpt r.pt"
-MP = "mapl.pipeline @run --out {dir}/r.json --ckpt {dir}/r.pt"
+MP = "mapl pipeline @run --out {dir}/r.json --ckpt {dir}/r.pt"
 TOO_LONG = "--set train.eval_every=1 --set train.eval_tokens=64 --set train.checkpoint_every=100000"
-REBUILD = "mapl.data --out data --source text --paths {glob} --tokenizer byte --rebuild"
+REBUILD = "mapl data --out data --source text --paths {glob} --tokenizer byte --rebuild"
 ERR = "error: "
 HASH = "[0-9a-f]{64}"
 
@@ -592,18 +595,18 @@ FAULTS = [
           "error: train.eval_offset=100000000 is invalid: the validation split has N tokens, so it must be <= M ...",
           "refused once the data is opened, before the model is built", "nothing written", "fix the value"),
     Fault("bad-flag", "an unknown flag (`--bogus`)", f"{T} --bogus {IO}", 2,
-          r"^python -m mapl\.train: error: unrecognized arguments: --bogus$",
-          "usage: ... / python -m mapl.train: error: unrecognized arguments: --bogus",
+          r"^mapl train: error: unrecognized arguments: --bogus$",
+          "usage: ... / mapl train: error: unrecognized arguments: --bogus",
           "argparse refuses it", "nothing written", "`--help` lists the flags", stderr="usage", before_torch=True),
     Fault("bad-choice", "a flag value outside its choices (`--method zip`)", f"{T} --method zip {IO}", 2,
-          r"^python -m mapl\.train: error: argument --method: invalid choice: 'zip' \(choose from .*mapl.*\)$",
-          "usage: ... / python -m mapl.train: error: argument --method: invalid choice: 'zip' (choose from ...)",
+          r"^mapl train: error: argument --method: invalid choice: 'zip' \(choose from .*mapl.*\)$",
+          "usage: ... / mapl train: error: argument --method: invalid choice: 'zip' (choose from ...)",
           "argparse refuses it", "nothing written", "pick one of the listed values", stderr="usage", slow=True,
           before_torch=True),
     Fault("unknown-profile", "a profile params.yaml does not define (`--profile gpu`)",
           f"{T.replace('@run', '@run --profile gpu')} {IO}",
-          2, r"^python -m mapl\.train: error: argument --profile: invalid choice: 'gpu' \(choose from .*micro.*\)$",
-          "usage: ... / python -m mapl.train: error: argument --profile: invalid choice: 'gpu' (choose from ...)",
+          2, r"^mapl train: error: argument --profile: invalid choice: 'gpu' \(choose from .*micro.*\)$",
+          "usage: ... / mapl train: error: argument --profile: invalid choice: 'gpu' (choose from ...)",
           "argparse refuses it", "nothing written", "use a profile of params.yaml", stderr="usage", before_torch=True),
     Fault("params-missing", "params.yaml missing", f"{T} {IO}", 2,
           r"^error: .*/proj/params\.yaml not found: the profiles live in the project's params\.yaml \(run from a "
@@ -634,71 +637,71 @@ FAULTS = [
     # ---- data ------------------------------------------------------------------------------------------
     Fault("data-not-prepared", "the profile's data folder was never prepared",
           f"{T.replace('@run', '@run --set data_dir=nodata')} {IO}", 2,
-          r"^error: nodata: no prepared dataset \(the folder is missing\); prepare it with `python -m mapl\.data "
+          r"^error: nodata: no prepared dataset \(the folder is missing\); prepare it with `mapl data "
           r"--profile micro` \(or `dvc repro prepare`\)$",
-          "error: <dir>: no prepared dataset (the folder is missing); prepare it with `python -m mapl.data "
+          "error: <dir>: no prepared dataset (the folder is missing); prepare it with `mapl data "
           "--profile P` (or `dvc repro prepare`)", "refused before the model is built; nothing is downloaded or "
-          "built by training", "nothing written", "`python -m mapl.data --profile P`"),
+          "built by training", "nothing written", "`mapl data --profile P`"),
     Fault("shard-corrupt", "a byte flipped in train.bin", f"{T} {IO}", 2,
           rf"^error: data/train\.bin: sha256 mismatch: manifest\.json expects {HASH}, the file has {HASH} \(corrupt, "
-          r"or from another preparation\); rebuild it with `python -m mapl\.data --profile micro --rebuild`$",
+          r"or from another preparation\); rebuild it with `mapl data --profile micro --rebuild`$",
           "error: <dir>/train.bin: sha256 mismatch: manifest.json expects <sha256>, the file has <sha256> (corrupt, "
-          "or from another preparation); rebuild it with `python -m mapl.data --profile P --rebuild`",
+          "or from another preparation); rebuild it with `mapl data --profile P --rebuild`",
           "refused with both hashes; nothing is rebuilt or deleted", "the shard as it is, the manifest",
-          "`python -m mapl.data --profile P --rebuild`, then the same command", own_data=True,
+          "`mapl data --profile P --rebuild`, then the same command", own_data=True,
           setup=flip_byte("data/train.bin"), recover=(REBUILD, f"{T} {IO}")),
     Fault("shard-missing", "train.bin deleted (no network needed: training never builds data)", f"{T} {IO}", 2,
           rf"^error: data/train\.bin is missing \(manifest\.json lists it with sha256 {HASH}\); rebuild the folder "
-          r"with `python -m mapl\.data --profile micro --rebuild`$",
+          r"with `mapl data --profile micro --rebuild`$",
           "error: <dir>/train.bin is missing (manifest.json lists it with sha256 <sha256>); rebuild the folder with "
-          "`python -m mapl.data --profile P --rebuild`", "refused; the manifest is kept",
-          "manifest.json and the other files", "`python -m mapl.data --profile P --rebuild`",
+          "`mapl data --profile P --rebuild`", "refused; the manifest is kept",
+          "manifest.json and the other files", "`mapl data --profile P --rebuild`",
           own_data=True, setup=remove("data/train.bin")),
     Fault("shard-truncated", "a shard shorter than the manifest says", f"{T} {IO}", 2,
           r"^error: data/train\.bin has \d+ bytes, manifest\.json says \d+ \(truncated or replaced\); rebuild it with "
-          r"`python -m mapl\.data --profile micro --rebuild`$",
+          r"`mapl data --profile micro --rebuild`$",
           "error: <dir>/train.bin has N bytes, manifest.json says M (truncated or replaced); rebuild it with "
-          "`python -m mapl.data --profile P --rebuild`", "refused", "the shard as it is, the manifest",
-          "`python -m mapl.data --profile P --rebuild`", own_data=True, setup=truncate("data/train.bin"), slow=True),
+          "`mapl data --profile P --rebuild`", "refused", "the shard as it is, the manifest",
+          "`mapl data --profile P --rebuild`", own_data=True, setup=truncate("data/train.bin"), slow=True),
     Fault("manifest-corrupt", "manifest.json is not JSON", f"{T} {IO}", 2,
           r"^error: data/manifest\.json is not a valid manifest \(JSONDecodeError: .*\); rebuild the folder with "
-          r"`python -m mapl\.data --profile micro --rebuild`$",
-          "error: <dir>/manifest.json is not a valid manifest (...); rebuild the folder with `python -m mapl.data "
+          r"`mapl data --profile micro --rebuild`$",
+          "error: <dir>/manifest.json is not a valid manifest (...); rebuild the folder with `mapl data "
           "--profile P --rebuild`", "refused", "every file as it is",
-          "`python -m mapl.data --profile P --rebuild`", own_data=True, setup=write("data/manifest.json", "{"),
+          "`mapl data --profile P --rebuild`", own_data=True, setup=write("data/manifest.json", "{"),
           slow=True),
     Fault("shard-truncated-mid-run", "a shard truncated in place while a run reads it (was SIGBUS)",
           f"{T} --steps 300 {TOO_LONG} {IO}", 2,
           r"^error: data/train\.bin: \d+ bytes missing at byte \d+: the file has 64 bytes, its manifest says \d+ "
-          r"\(truncated or replaced while in use\); rebuild it with `python -m mapl\.data --profile micro --rebuild`$",
+          r"\(truncated or replaced while in use\); rebuild it with `mapl data --profile micro --rebuild`$",
           "error: <dir>/train.bin: N bytes missing at byte B: the file has 64 bytes, its manifest says M (truncated "
-          "or replaced while in use); rebuild it with `python -m mapl.data --profile P --rebuild`",
-          "the next read fails with one line", "the checkpoints written before", "`python -m mapl.data --profile P "
+          "or replaced while in use); rebuild it with `mapl data --profile P --rebuild`",
+          "the next read fails with one line", "the checkpoints written before", "`mapl data --profile P "
           "--rebuild`, then the same command", own_data=True, during=truncate_after(r"step 3/300 ", "data/train.bin"),
           changes=("data/train.bin",)),
-    Fault("data-cli-corrupt-shard", "`python -m mapl.data` on a folder with a corrupt shard",
-          "mapl.data --out data --source text --paths {glob} --tokenizer byte", 2,
-          rf"^python -m mapl\.data: error: data/train\.bin: sha256 mismatch: manifest\.json expects {HASH}",
-          "python -m mapl.data: error: data/train.bin: sha256 mismatch: manifest.json expects <sha256>, ...",
+    Fault("data-cli-corrupt-shard", "`mapl data` on a folder with a corrupt shard",
+          "mapl data --out data --source text --paths {glob} --tokenizer byte", 2,
+          rf"^mapl data: error: data/train\.bin: sha256 mismatch: manifest\.json expects {HASH}",
+          "mapl data: error: data/train.bin: sha256 mismatch: manifest.json expects <sha256>, ...",
           "refused; nothing is rebuilt without --rebuild", "the shard as it is, the manifest",
           "the same command with `--rebuild`", own_data=True, setup=flip_byte("data/train.bin"), before_torch=True),
-    Fault("data-cli-unknown-profile", "`python -m mapl.data --profile` with an unknown profile",
-          "mapl.data --profile gpu", 2,
-          r"^python -m mapl\.data: error: profile='gpu' is invalid: allowed: \[.*'micro'.*\]$",
-          "usage: ... / python -m mapl.data: error: profile='gpu' is invalid: allowed: [...]",
+    Fault("data-cli-unknown-profile", "`mapl data --profile` with an unknown profile",
+          "mapl data --profile gpu", 2,
+          r"^mapl data: error: profile='gpu' is invalid: allowed: \[.*'micro'.*\]$",
+          "usage: ... / mapl data: error: profile='gpu' is invalid: allowed: [...]",
           "refused", "nothing written", "use a profile of params.yaml", stderr="usage", slow=True, before_torch=True),
-    Fault("data-parquet-empty", "a 0-byte parquet file given to `python -m mapl.data` (was: a pyarrow traceback)",
-          "mapl.data --out prepared --source parquet --paths empty.parquet --tokenizer byte", 2,
-          r"^python -m mapl\.data: error: empty\.parquet is not a readable parquet file \(Parquet file size is 0 "
+    Fault("data-parquet-empty", "a 0-byte parquet file given to `mapl data` (was: a pyarrow traceback)",
+          "mapl data --out prepared --source parquet --paths empty.parquet --tokenizer byte", 2,
+          r"^mapl data: error: empty\.parquet is not a readable parquet file \(Parquet file size is 0 "
           r"bytes\): it is empty, truncated or damaged; replace it \(data\.paths\) and run the same command$",
-          "python -m mapl.data: error: <file> is not a readable parquet file (Parquet file size is 0 bytes): it is "
+          "mapl data: error: <file> is not a readable parquet file (Parquet file size is 0 bytes): it is "
           "empty, truncated or damaged; replace it (data.paths) and run the same command",
           "refused when the file is opened; no work folder is left", "every file", "replace the file",
           setup=write("empty.parquet", b""), before_torch=True),
     Fault("data-parquet-corrupt", "a corrupt parquet file (not parquet, or truncated)",
-          "mapl.data --out prepared --source parquet --paths bad.parquet --tokenizer byte", 2,
-          r"^python -m mapl\.data: error: bad\.parquet is not a readable parquet file \(Parquet magic bytes not found ",
-          "python -m mapl.data: error: <file> is not a readable parquet file (Parquet magic bytes not found in "
+          "mapl data --out prepared --source parquet --paths bad.parquet --tokenizer byte", 2,
+          r"^mapl data: error: bad\.parquet is not a readable parquet file \(Parquet magic bytes not found ",
+          "mapl data: error: <file> is not a readable parquet file (Parquet magic bytes not found in "
           "footer. ...): it is empty, truncated or damaged; ...", "refused when the file is opened",
           "every file", "replace the file", setup=write("bad.parquet", b"PAR1" + bytes(range(200))), slow=True,
           before_torch=True),
@@ -757,8 +760,8 @@ FAULTS = [
           setup=seed("--method mapl --ratio 4 --steps 2"),
           recover=(f"{T} --method mapl --ratio 4 --steps 6 --resume-with-changes {IO}",),
           recovered=results_steps(6, resumed=True)),
-    Fault("non-finite-checkpoint-every-step", "NaN/Inf with a checkpoint after every step (issue 15's case: the "
-          "diverging update leaves huge but finite weights; the NaN shows one step later)",
+    Fault("non-finite-checkpoint-every-step", "NaN/Inf with a checkpoint after every step (the diverging update "
+          "leaves huge but finite weights; the NaN shows one step later)",
           f"{T} --method mapl --ratio 4 --steps 6 --set train.lr_muon=1e30 --set train.checkpoint_every=1 "
           f"--resume-with-changes {IO}", 4,
           r"^error: non-finite training loss nan at step \d+; first non-finite value: stage \d .*\. The last good "
@@ -803,7 +806,7 @@ FAULTS = [
           "refused before any work", "everything", "fix the path", setup=write("afile", "x"), slow=True, before_torch=True),
     Fault("outputs-locked", "a second run on the same `--out`/`--ckpt` while the first runs",
           f"{T} --steps 2 {IO}", 2,
-          r"^error: r\.(json|pt) is in use by PID \d+ \(.*mapl\.train.*\): wait for that run to finish, stop it, or "
+          r"^error: r\.(json|pt) is in use by PID \d+ \(.*mapl(\.cli)? train.*\): wait for that run to finish, stop it, or "
           r"choose another output path$",
           "error: <path> is in use by PID <pid> (<its command line>): wait for that run to finish, stop it, or "
           "choose another output path", "the second run is refused at start", "the first run's files and locks",
@@ -827,7 +830,7 @@ FAULTS = [
           "or pass --replace-results to replace it", "refused before the first step", "everything",
           "another `--out`", setup=write("notes.json", '{"my": "notes"}'), slow=True),
     Fault("pipeline-results-other-config", "the multi-process pipeline on the `--out` of a finished run of another "
-          "config", "mapl.pipeline @run --steps 2 --seed 1 --out {dir}/r.json --ckpt {dir}/other.pt", 2,
+          "config", "mapl pipeline @run --steps 2 --seed 1 --out {dir}/r.json --ckpt {dir}/other.pt", 2,
           r"^error: --out .*/r\.json holds the results of another config \(train\.seed 0 -> 1\): ",
           "error: --out <path> holds the results of another config (train.seed 0 -> 1): ...",
           "refused before any rank starts (ranks started by a launcher: rank 0 refuses and every rank exits 2 with "
@@ -989,12 +992,12 @@ FAULTS = [
           recover=(f"{MP} --method mapl --ratio 4 --steps 6 --set train.checkpoint_every=1 --resume-with-changes",),
           recovered=results_steps(6, resumed=True), slow=True),
     Fault("pipeline-relative-paths", "relative `--out`/`--ckpt` for the self-launched pipeline",
-          f"mapl.pipeline @run --steps 2 --out {REL}/r.json --ckpt {REL}/r.pt", 0, (), "(progress lines)",
+          f"mapl pipeline @run --steps 2 --out {REL}/r.json --ckpt {REL}/r.pt", 0, (), "(progress lines)",
           "the ranks run in the caller's working folder", "results and per-rank checkpoints where the paths say",
           "—", stderr="ranks", after=outputs_in_the_working_folder, creates=(f"{REL}/*",), slow=True),
     # ---- the report --------------------------------------------------------------------------------------
     Fault("report-results-truncated", "a truncated results JSON among the runs the report reads (was: left out "
-          "without a word: Table 1's MAPL 8x row lost a seed)", "mapl.planner res", 2,
+          "without a word: Table 1's MAPL 8x row lost a seed)", "mapl plan res", 2,
           r"^error: .*/res/main/b\.json is not valid JSON \(truncated\? .*\): the report would leave this run out of "
           r"every table; rerun that run \(e\.g\. `dvc repro train@<group>`\), or move the file out of the results "
           r"folder$",
@@ -1003,13 +1006,13 @@ FAULTS = [
           "the report (`mapl.report.load_results`: the report notebook, the planner) refuses before any table",
           "every file", "rerun the run, or move the file away",
           setup=both(seed("--steps 2"), results_folder(lambda p: os.truncate(p, p.stat().st_size // 2))), before_torch=True),
-    Fault("report-results-empty", "an empty (0-byte) results JSON", "mapl.planner res", 2,
+    Fault("report-results-empty", "an empty (0-byte) results JSON", "mapl plan res", 2,
           r"^error: .*/res/main/b\.json is empty: the report would leave this run out of every table; ",
           "error: <results>/<group>/<run>.json is empty: the report would leave this run out of every table; ...",
           "refused before any table", "every file", "rerun the run, or move the file away",
           setup=both(seed("--steps 2"), results_folder(lambda p: os.truncate(p, 0))), slow=True, before_torch=True),
     Fault("report-results-nan", "a results JSON whose val_loss is NaN (was: an AttributeError traceback)",
-          "mapl.planner res", 2,
+          "mapl plan res", 2,
           r"^error: .*/res/main/b\.json: val_loss is nan, not a finite number: the file is damaged or was not "
           r"written by a finished run; ",
           "error: <results>/<group>/<run>.json: val_loss is nan, not a finite number: the file is damaged or was not "
@@ -1017,34 +1020,34 @@ FAULTS = [
           "rerun the run, or move the file away", setup=both(seed("--steps 2"), results_folder(_nan_val_loss)),
           before_torch=True),
     # ---- the cost model ----------------------------------------------------------------------------------
-    Fault("costmodel-mfu-zero", "`python -m mapl.costmodel --mfu 0` (was: a ZeroDivisionError traceback)",
-          "mapl.costmodel --profile micro --mfu 0", 2,
+    Fault("costmodel-mfu-zero", "`mapl costmodel --mfu 0` (was: a ZeroDivisionError traceback)",
+          "mapl costmodel --profile micro --mfu 0", 2,
           r"^error: --mfu 0 is invalid: must be in \(0, 1\] \(the fraction of the peak sustained while computing\)$",
           "error: --mfu 0 is invalid: must be in (0, 1] (the fraction of the peak sustained while computing)",
           "refused before the estimate", "nothing written", "fix the value"),
-    Fault("costmodel-peak-zero", "`python -m mapl.costmodel --peak-tflops 0`", "mapl.costmodel --profile micro "
+    Fault("costmodel-peak-zero", "`mapl costmodel --peak-tflops 0`", "mapl costmodel --profile micro "
           "--peak-tflops 0", 2, r"^error: --peak-tflops 0 is invalid: must be a finite number > 0$",
           "error: --peak-tflops 0 is invalid: must be a finite number > 0", "refused before the estimate",
           "nothing written", "fix the value", slow=True),
-    Fault("costmodel-out-unwritable", "`python -m mapl.costmodel --out` where it cannot be written (was: a traceback "
-          "after the estimate)", "mapl.costmodel --profile micro --out afile/gpu-hours.md", 2,
+    Fault("costmodel-out-unwritable", "`mapl costmodel --out` where it cannot be written (was: a traceback "
+          "after the estimate)", "mapl costmodel --profile micro --out afile/gpu-hours.md", 2,
           r"^error: cannot create the folder of afile/gpu-hours\.md: .*\(a (file is where its folder should be|parent "
           r"of it is a file, not a folder)\)$",
           "error: cannot create the folder of <path>: File exists (a file is where its folder should be)",
           "refused before the estimate (the output is written atomically)", "everything", "fix the path",
           setup=write("afile", "x"), slow=True),
     # ---- orchestration: sweep, workspace -----------------------------------------------------------------
-    Fault("sweep-unknown-group", "a group params.yaml does not define", "mapl.sweep --profile micro --group nope", 2,
+    Fault("sweep-unknown-group", "a group params.yaml does not define", "mapl sweep --profile micro --group nope", 2,
           r"^error: group='nope' is invalid for profile 'micro': allowed \[.*'main'.*\]$",
           "error: group='nope' is invalid for profile 'micro': allowed [...]", "refused before any run starts",
           "nothing written", "use a group of the profile", before_torch=True),
-    Fault("sweep-unknown-profile", "`mapl.sweep --estimate` on an unknown profile",
-          "mapl.sweep --profile nope --estimate", 2, r"^error: profile='nope' is invalid: allowed \[",
+    Fault("sweep-unknown-profile", "`mapl sweep --estimate` on an unknown profile",
+          "mapl sweep --profile nope --estimate", 2, r"^error: profile='nope' is invalid: allowed \[",
           "error: profile='nope' is invalid: allowed [...]", "refused before any run starts", "nothing written",
           "use a profile of params.yaml", slow=True, before_torch=True),
     Fault("params-checked-before-dvc", "`dvc repro` with a bad value in params.yaml (`profiles.micro.train.steps: "
           "many`; was: DVC deleted the group's committed results, then a papermill traceback)",
-          "mapl.sweep --check --stamp params-valid.txt", 2,
+          "mapl sweep --check --stamp params-valid.txt", 2,
           r"^error: profiles\.micro\.train\.steps='many' is invalid: must be an integer$",
           "error: profiles.micro.train.steps='many' is invalid: must be an integer",
           "DVC's first stage (`validate`: every profile and every run of every group) fails; every other stage "
@@ -1052,7 +1055,7 @@ FAULTS = [
           "`reports/params-valid.txt` is gone)", "fix params.yaml, rerun `dvc repro`",
           setup=params_yaml(_set_in("profiles.micro.train.steps", "many")), before_torch=True),
     Fault("params-bad-group-spec", "a bad value in one run of a group (`ratio: x`)",
-          "mapl.sweep --check --stamp params-valid.txt", 2,
+          "mapl sweep --check --stamp params-valid.txt", 2,
           r"^error: profiles\.micro\.groups\.main\[1\] \(\{'method': 'ssn', 'ratio': 'x'\}\): compressor\.ratio='x' "
           r"is invalid: must be a (finite )?number",
           "error: profiles.micro.groups.main[1] ({'method': 'ssn', 'ratio': 'x'}): compressor.ratio='x' is invalid: ...",
@@ -1060,32 +1063,32 @@ FAULTS = [
           "fix params.yaml, rerun `dvc repro`",
           setup=params_yaml(_set_in("profiles.micro.groups.main", [{"method": "none"}, {"method": "ssn", "ratio": "x"}])),
           slow=True, before_torch=True),
-    Fault("workspace-dir-not-empty", "`mapl.workspace repro --dir` on a folder that holds other files (was: they "
+    Fault("workspace-dir-not-empty", "`mapl workspace repro --dir` on a folder that holds other files (was: they "
           "were overwritten, then `git init`, `git add -A`, `git commit` in it)",
-          "mapl.workspace repro --profile micro --dir mine", 2,
+          "mapl workspace repro --profile micro --dir mine", 2,
           r"^error: --dir .*/mine exists, is not empty and is no mapl workspace \(no \.git/mapl-workspace\): the copy "
           r"would overwrite its files and commit them; choose a new or empty folder$",
           "error: --dir <path> exists, is not empty and is no mapl workspace (no .git/mapl-workspace): the copy would "
           "overwrite its files and commit them; choose a new or empty folder",
           "refused before anything is copied (a workspace made before, marked `.git/mapl-workspace`, is refreshed "
           "and resumes)", "everything", "a new or empty folder", setup=write("mine/README.md", "my notes\n"), before_torch=True),
-    Fault("workspace-dir-checkout", "`mapl.workspace repro --dir` naming the checkout (or a folder above it; was: "
-          "a SameFileError traceback)", "mapl.workspace repro --profile micro --dir {project}", 2,
+    Fault("workspace-dir-checkout", "`mapl workspace repro --dir` naming the checkout (or a folder above it; was: "
+          "a SameFileError traceback)", "mapl workspace repro --profile micro --dir {project}", 2,
           r"^error: --dir .* is this checkout or a folder above it: the copy would overwrite the checkout; choose a new "
           r"folder outside it, e.g\. \.\./mapl-<profile>$",
           "error: --dir <path> is this checkout or a folder above it: the copy would overwrite the checkout; choose a "
           "new folder outside it, e.g. ../mapl-<profile>", "refused before anything is copied (a folder inside the "
           "checkout too)", "everything", "a new folder outside the checkout", slow=True, before_torch=True),
-    Fault("workspace-sigterm", "SIGTERM to `mapl.workspace smoke` (or verify, repro) while DVC runs in the copy (was: "
-          "the temporary copy and `dvc repro` in it were left behind)", "mapl.workspace smoke", 130,
+    Fault("workspace-sigterm", "SIGTERM to `mapl workspace smoke` (or verify, repro) while DVC runs in the copy (was: "
+          "the temporary copy and `dvc repro` in it were left behind)", "mapl workspace smoke", 130,
           r"^interrupted: SIGTERM received: the commands in the copy were stopped; the temporary copy was removed$",
           "interrupted: SIGTERM received: the commands in the copy were stopped; the temporary copy was removed",
           "every process below it gets SIGTERM (training runs write their checkpoints), SIGKILL 30 s later; the "
           "temporary copy is removed (kept with `--keep`; a `--dir` workspace is kept and resumes)",
           "nothing new (no temporary copy)", "rerun the command", setup=lambda ctx: (ctx.dir / "tmp").mkdir(),
           env={"TMPDIR": "tmp"}, during=signal_tree_after(r"Running stage"), after=tree_gone, slow=True),
-    Fault("workspace-unknown-profile", "`mapl.workspace repro/verify` on an unknown profile",
-          "mapl.workspace repro --profile nope", 2,
+    Fault("workspace-unknown-profile", "`mapl workspace repro/verify` on an unknown profile",
+          "mapl workspace repro --profile nope", 2,
           r"^error: --profile 'nope' is invalid: allowed: \[.*'micro'.*\] \(params\.yaml\)$",
           "error: --profile 'nope' is invalid: allowed: [...] (params.yaml)", "refused before anything is copied",
           "nothing written", "use a profile of params.yaml", before_torch=True),
@@ -1123,10 +1126,12 @@ def _row_folder(f: Fault, tmp_path: Path):
 
 
 def _nobody_argv(argv: list[str]) -> list[str]:
-    """``python -m mapl.train ...`` as the unprivileged user (imports first, as root, then seteuid)."""
-    code = ("import os, sys\nimport mapl.train as t\nif os.geteuid() == 0:\n    os.seteuid(%d)\n"
-            "sys.exit(t.main(sys.argv[1:]))" % NOBODY)
-    return [argv[0], "-c", code, *argv[3:]]
+    """``mapl <command> ...`` as the unprivileged user (the command's module imported first, as root, then
+    seteuid)."""
+    code = ("import importlib, os, sys\nfrom mapl.cli import COMMANDS, main\n"
+            "importlib.import_module('mapl.cli.' + COMMANDS[sys.argv[1]][0])\n"
+            "if os.geteuid() == 0:\n    os.seteuid(%d)\nsys.exit(main(sys.argv[1:]))" % NOBODY)
+    return [argv[0], "-c", code, *argv[len(MAPL):]]
 
 
 def test_the_table_names_are_unique_and_every_row_is_documented():
@@ -1226,7 +1231,7 @@ def _run_row(f: Fault, ctx: Ctx) -> None:
             f.recovered(ctx, "", "")
 
 
-# ---- FAILURE_MODES.md ----------------------------------------------------------------------------------
+# ---- docs/failure-modes.md ----------------------------------------------------------------------------------
 def failure_modes_md() -> str:
     """The Markdown table of every row that is no known bug (what the tests prove)."""
     from mapl.base.cli import EXIT_CODES
@@ -1234,7 +1239,7 @@ def failure_modes_md() -> str:
     def cell(s: str) -> str:
         return s.replace("|", "\\|")
     lines = ["# Failure modes", "",
-             "Generated from `tests/test_faults.py` (`python tests/test_faults.py > FAILURE_MODES.md`): every row is "
+             "Generated from `tests/test_faults.py` (`python tests/test_faults.py > docs/failure-modes.md`): every row is "
              "a test that runs the command on the micro profile and checks the exit code, the message (no "
              "traceback), that no file was lost or overwritten and no temp file is left, and the recovery where "
              "one is given.", "",
@@ -1243,10 +1248,10 @@ def failure_modes_md() -> str:
     for f in FAULTS:
         if f.bug:
             continue
-        command = f"`python -m {f.cmd.split()[0]}`"
+        command = f"`mapl {f.cmd.split()[1]}`"
         lines.append(f"| {cell(f.fault)} | {command} | {cell(f.happens)} | `` {cell(f.shows)} `` | "
                      f"{f.exit_text or f.code} | {cell(f.kept)} | {cell(f.fix)} |")
-    lines += ["", "Exit codes (`mapl.base.cli`, every `python -m mapl.*` command):", "", "| code | meaning |", "|---|---|"]
+    lines += ["", "Exit codes (`mapl.base.cli`, every `mapl` command):", "", "| code | meaning |", "|---|---|"]
     lines += [f"| {code} | {cell(text)} |" for code, text in sorted(EXIT_CODES.items())]
     lines += ["", NCCL_TIMEOUTS]
     return "\n".join(lines) + "\n"
@@ -1267,8 +1272,8 @@ NCCL_TIMEOUTS = (
 
 
 def test_failure_modes_md_is_the_table():
-    path = PROJECT / "FAILURE_MODES.md"
-    assert path.read_text() == failure_modes_md(), "regenerate: python tests/test_faults.py > FAILURE_MODES.md"
+    path = PROJECT / "docs" / "failure-modes.md"
+    assert path.read_text() == failure_modes_md(), "regenerate: python tests/test_faults.py > docs/failure-modes.md"
 
 
 if __name__ == "__main__":

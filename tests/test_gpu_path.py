@@ -33,7 +33,7 @@ def test_comm_timeout_is_a_setting_outside_the_hash_with_minutes_in_the_paper_pr
 
 
 def test_the_timeout_flag_and_its_env_variable_set_the_config_field(monkeypatch):
-    from mapl import pipeline, train
+    from mapl.cli import pipeline, train
     extra, args, _ = pipeline._parse(["--profile", "micro", "--timeout", "120"])
     assert train.config_from_args(args).train.comm_timeout_s == 120.0
     monkeypatch.setenv("MAPL_PG_TIMEOUT", "45")
@@ -127,11 +127,12 @@ def test_more_stage_processes_than_local_gpus_is_refused_in_one_line(monkeypatch
 
 
 def test_the_pipeline_refuses_before_starting_ranks_on_too_few_gpus(monkeypatch, tmp_path, capsys):
-    from mapl import pipeline
+    from mapl.cli import pipeline
+    from mapl.orchestration import pipeline_launch
     _gpus(monkeypatch, 4)
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     started = []
-    monkeypatch.setattr(pipeline, "launch", lambda *a, **k: started.append(a))
+    monkeypatch.setattr(pipeline_launch, "launch", lambda *a, **k: started.append(a))
     code = pipeline.main(["--profile", "micro", "--stages", "4", "--replicas", "2",
                           "--out", str(tmp_path / "r.json"), "--ckpt", str(tmp_path / "r.pt")])
     err = capsys.readouterr().err.strip()

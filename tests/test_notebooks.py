@@ -25,7 +25,7 @@ DVC = yaml.safe_load((ROOT / "dvc.yaml").read_text())
 VALIDATED = "reports/params-valid.txt"      # the validate stage's stamp: every other stage depends on it
 # modules a training run imports that cannot change its numbers (so they are not training sources)
 # Layers that compute no number (see tests/test_layers.py), and the command a training run starts from.
-NUMBER_FREE = ("mapl/base/", "mapl/orchestration/", "mapl/train.py")
+NUMBER_FREE = ("mapl/base/", "mapl/orchestration/", "mapl/cli/")
 
 
 def _needs_tools():
@@ -119,7 +119,7 @@ def test_nbval_on_executed_micro_notebooks(smoke):
     dest, _ = smoke
     nbs = [f"reports/micro/notebooks/{n}.ipynb" for n in ("data", "train-main", "frozen_trunk", "report", "when_it_pays")]
     p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--nbval-lax",
-                        "--nbval-current-env", "--rootdir", str(dest), *nbs], cwd=dest, env=workspace.tool_env(ROOT),
+                        "--nbval-current-env", "--rootdir", str(dest), *nbs], cwd=dest, env=workspace.tool_env(ROOT, dest),
                        capture_output=True, text=True, timeout=900)
     assert p.returncode == 0 and " passed" in p.stdout, p.stdout[-3000:] + p.stderr[-2000:]
     assert not (dest / "reports" / "micro" / "notebooks" / "reports").exists()     # no side files from a wrong cwd
@@ -130,7 +130,7 @@ def test_nbval_on_executed_micro_notebooks(smoke):
 def test_dvc_rerun_of_a_group_restores_its_runs(smoke):
     """DVC clears the group's results before a rerun; the runs come back from their checkpoints."""
     dest, _ = smoke
-    workspace.dvc(["repro", "--force", "--single-item", "train@seeds"], dest, workspace.tool_env(ROOT), capture=True)
+    workspace.dvc(["repro", "--force", "--single-item", "train@seeds"], dest, workspace.tool_env(ROOT, dest), capture=True)
     text = _text(dest / "reports" / "micro" / "notebooks" / "train-seeds.ipynb")
     assert "2 run(s): 0 current, 0 copied, 2 to restore" in text and text.count("restored from its checkpoint") == 2
 
@@ -144,8 +144,8 @@ def test_paper_smoke_rehearsal_150M(tmp_path):
     pytest.importorskip("accelerate")
     pytest.importorskip("mapl.core.memory", reason="the launcher checks each run's memory plan (mapl.core.memory, planner)")
     dest = workspace.make_copy(tmp_path / "w", "paper-smoke", ROOT)
-    p = subprocess.run([sys.executable, "-m", "mapl.sweep", "--group", "main"], cwd=dest, env=workspace.tool_env(ROOT),
-                       capture_output=True, text=True, timeout=3000)
+    p = subprocess.run([sys.executable, "-m", "mapl.cli", "sweep", "--group", "main"], cwd=dest,
+                       env=workspace.tool_env(ROOT, dest), capture_output=True, text=True, timeout=3000)
     assert p.returncode == 0, p.stderr[-4000:]
     results = sorted(p for p in (dest / "reports" / "paper-smoke" / "results" / "main").glob("*.json")
                      if not p.name.endswith(".memory.json"))
@@ -229,15 +229,15 @@ def test_dvc_yaml_stages():
             allowed = {"plan-paper": ("reports/paper/",), "validate": (VALIDATED,)}.get(
                 name, ("reports/${profile}/", "data/${profile}."))
             assert path.startswith(allowed), f"{name}: {path} is not per profile"
-    assert "python -m mapl.sweep --estimate --profile ${profile}" in stages["prepare"]["cmd"][0]
+    assert "mapl sweep --estimate --profile ${profile}" in stages["prepare"]["cmd"][0]
 
 
 def test_every_stage_waits_for_params_yaml_to_be_validated():
     """DVC removes a stage's outputs before its command runs: every stage depends on the validate stage's
-    stamp, so DVC runs `python -m mapl.sweep --check` first and stops there on a bad value."""
+    stamp, so DVC runs `mapl sweep --check` first and stops there on a bad value."""
     from mapl.orchestration.sweep import STAMP_TEXT
     assert _outs(DVC["stages"]["validate"]) == [VALIDATED]
-    assert DVC["stages"]["validate"]["cmd"] == f"python -m mapl.sweep --check --stamp {VALIDATED}"
+    assert DVC["stages"]["validate"]["cmd"] == f"mapl sweep --check --stamp {VALIDATED}"
     assert set(DVC["stages"]["validate"]["params"]) == {"profile", "profiles", "frozen_trunk"}
     for name, st in DVC["stages"].items():
         if name != "validate":
@@ -260,7 +260,7 @@ def test_dvc_repro_with_a_bad_params_value_touches_no_output(tmp_path):
     outputs = sorted(p for p in (dest / "reports").rglob("*") if p.is_file() and p != dest / VALIDATED) + \
         sorted(dest.glob("data/*.json"))
     before = {p: p.read_bytes() for p in outputs}
-    p = subprocess.run([str(Path(sys.executable).parent / "dvc"), "repro"], cwd=dest, env=workspace.tool_env(ROOT),
+    p = subprocess.run([str(Path(sys.executable).parent / "dvc"), "repro"], cwd=dest, env=workspace.tool_env(ROOT, dest),
                        capture_output=True, text=True, timeout=600)
     log = p.stdout + p.stderr
     assert p.returncode != 0
@@ -288,6 +288,22 @@ def test_no_two_stages_share_an_output_in_any_profile():
                     f"profile {profile}: {a} ({pa}) and {b} ({pb}) overlap"
 
 
+def test_every_committed_figure_is_a_declared_plot():
+    """`dvc plots show` lists a stage's `plots:` only: every committed PNG under reports/<profile>/ (the params.yaml
+    profile's, and the paper case's) lies in one, and no stage declares a folder both as an output and as plots."""
+    profile = load_params(ROOT / "params.yaml")["profile"]
+    plots, outs = [], []
+    for st in DVC["stages"].values():
+        st = st.get("do", st)
+        plots += [next(iter(o)).replace("${profile}", profile) for o in st.get("plots", [])]
+        outs += [next(iter(o)).replace("${profile}", profile) for o in st.get("outs", [])]
+    pngs = sorted(p.relative_to(ROOT).as_posix() for sub in (profile, "paper") for p in (ROOT / "reports" / sub).rglob("*.png"))
+    assert pngs, "no committed figures"
+    for png in pngs:
+        assert any(png.startswith(d.rstrip("/") + "/") for d in plots), f"{png} is in no stage's plots"
+        assert not any(png.startswith(d.rstrip("/") + "/") for d in outs), f"{png} is also under an outs folder"
+
+
 def test_train_deps_are_the_fingerprinted_sources():
     """dvc.yaml's train deps and mapl.core.fingerprint.TRAIN_SOURCES are one list (what 'the training code' is)."""
     deps = [p for p in DVC["stages"]["train"]["do"]["deps"] if "$" not in p and not p.startswith("notebooks/")
@@ -302,8 +318,8 @@ def test_training_imports_only_fingerprinted_modules():
     """Every mapl module a training run imports is a training source (mapl/core, mapl/data) or in a
     layer that computes no number (base, orchestration, the command): a module put elsewhere would let
     the reuse of checkpoints survive a change to it."""
-    # mapl.train imports the engine only when a run starts: import what run() imports too
-    code = ("import sys, pkgutil, importlib, mapl.train, mapl.core.engine, mapl.core.loop, "
+    # `mapl train` imports the engine only when a run starts: import what run() imports too
+    code = ("import sys, pkgutil, importlib, mapl.cli.train, mapl.core.engine, mapl.core.loop, "
             "mapl.orchestration.sweep, mapl.core.compress\n"
             "for m in pkgutil.walk_packages(mapl.core.compress.__path__, 'mapl.core.compress.'): "
             "importlib.import_module(m.name)\n"

@@ -1,4 +1,4 @@
-"""The multi-process pipeline (mapl.pipeline, mapl/core/runtime) and the link emulator (mapl.core.link).
+"""The multi-process pipeline (mapl pipeline, mapl/core/runtime) and the link emulator (mapl.core.link).
 
 Multi-process tests launch real processes on CPU/gloo (micro profile, a small text corpus written
 here, so nothing is downloaded) and compare per-step losses with the single-process loop
@@ -20,11 +20,12 @@ from pathlib import Path
 import pytest
 import torch
 
-import mapl.train as mtrain
+import mapl.cli.train as mtrain
 from mapl.core.run import run
 from mapl.core.link import (IDEAL, PROFILES, LinkProfile, StepMeasurement, estimate, floor_time, get_profile, simulate,
                        step_time, steps_to_target, time_to_target)
-from mapl.pipeline import launch, rank_ckpt_path
+from mapl.core.runtime.rank_checkpoints import rank_ckpt_path
+from mapl.orchestration.launch import launch
 
 PROJECT = Path(__file__).resolve().parents[1]
 

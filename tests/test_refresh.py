@@ -1,4 +1,4 @@
-"""`python -m mapl.reuse refresh`: after a proven-equivalent change of the training code, a train stage whose
+"""`mapl reuse refresh`: after a proven-equivalent change of the training code, a train stage whose
 runs are all current is re-executed and `dvc commit`ted instead of `dvc repro`, which would delete its results
 and retrain them."""
 import json

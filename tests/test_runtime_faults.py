@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from mapl.pipeline import launch, rank_ckpt_path
+from mapl.core.runtime.rank_checkpoints import rank_ckpt_path
+from mapl.orchestration.launch import launch
 from mapl.orchestration.launch import free_port
 
 from test_pipeline import base_args
@@ -34,11 +35,11 @@ def _env(**extra) -> dict:
 
 
 def test_ctrl_c_on_the_self_launched_pipeline_stops_every_rank_and_the_launcher_with_130(corpus, tmp_path):
-    """`python -m mapl.pipeline` without a launcher starts its ranks itself. SIGINT to that command (as
+    """`mapl pipeline` without a launcher starts its ranks itself. SIGINT to that command (as
     Ctrl-C) stops both ranks after the same step: one line per rank, exit 130 from the ranks and the
     command, no traceback, per-rank checkpoints of the same step; the same command then resumes."""
     ckpt = tmp_path / "r.pt"
-    cmd = [sys.executable, "-m", "mapl.pipeline", *base_args(corpus, "mapl", 2), "--set", "train.eval_every=1",
+    cmd = [sys.executable, "-m", "mapl.cli", "pipeline", *base_args(corpus, "mapl", 2), "--set", "train.eval_every=1",
            "--set", "train.eval_tokens=64", "--out", str(tmp_path / "r.json"), "--ckpt", str(ckpt)]
     p = subprocess.Popen(cmd, cwd=PROJECT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
     for line in p.stdout:
@@ -87,7 +88,7 @@ def test_stage_processes_stop_when_their_launcher_is_killed(corpus, tmp_path):
             "--ckpt", str(ckpt)]
     parent = subprocess.Popen([sys.executable, "-c", (
         "import json, os, subprocess, sys\n"
-        "procs = [subprocess.Popen([sys.executable, '-m', 'mapl.pipeline', *sys.argv[1:]], env=dict(os.environ, "
+        "procs = [subprocess.Popen([sys.executable, '-m', 'mapl.cli.pipeline', *sys.argv[1:]], env=dict(os.environ, "
         "RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE='2', MASTER_ADDR='127.0.0.1', MASTER_PORT=os.environ['PORT'])) "
         "for r in range(2)]\n"
         "print(json.dumps([p.pid for p in procs]), flush=True)\n"

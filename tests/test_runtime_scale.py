@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from mapl.pipeline import launch
+from mapl.orchestration.launch import launch
 from mapl.orchestration.launch import launch_machines
 
 from test_pipeline import base_args, reference

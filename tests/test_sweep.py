@@ -15,7 +15,7 @@ from mapl.core import fingerprint
 from mapl.orchestration import reuse, sweep
 from mapl.core.config import ConfigError, config_hash, load_params
 from mapl.orchestration.progress import GroupClock, StepProgress, estimate_core_seconds, estimate_group, hms, named_warnings
-from mapl.train import config_from_args, parse_args
+from mapl.cli.train import config_from_args, parse_args
 
 PARAMS = load_params()
 ROOT = Path(__file__).resolve().parents[1]
@@ -542,7 +542,7 @@ TORCHRUN_BANNER = """\
 error: rank 2: timed out after 60 s waiting for stage 1 during step 1 (forward of micro-batch 0)
 error: rank 1: rank 2 stopped answering during step 1
 ============================================================
-mapl.pipeline FAILED
+mapl.cli.pipeline FAILED
 ------------------------------------------------------------
 Failures:
 [1]:

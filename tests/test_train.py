@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from mapl.core.run import run
-from mapl.train import main
+from mapl.cli.train import main
 
 
 def _losses(res):

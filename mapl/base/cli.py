@@ -1,7 +1,7 @@
-"""The one error policy of every ``python -m mapl.*`` entry point: exit codes and one-line errors.
+"""The one error policy of every ``mapl`` command: exit codes and one-line errors.
 
     if __name__ == "__main__":
-        sys.exit(run_cli(main, prog="python -m mapl.train"))
+        sys.exit(run_cli(main, prog="mapl train"))
 
 A user error (an invalid flag or config value, a missing or corrupt input, an unwritable output)
 prints ONE line ``error: ...`` naming what to fix, never a traceback; ``--debug`` (or

@@ -12,7 +12,7 @@ Every file a run writes (results JSON, checkpoints) goes through this module, so
 * two runs never write the same outputs at once (``OutputLock``), and one run never gives the same
   file twice (results and checkpoint must differ).
 
-Typical use in an entry point (``python -m mapl.train --out r.json --ckpt r.pt``)::
+Typical use in an entry point (``mapl train --out r.json --ckpt r.pt``)::
 
     check_writable(out); check_writable(ckpt)          # before any data or model is touched
     with OutputLock(results=out, checkpoint=ckpt):      # refused if another run holds either path
@@ -309,7 +309,7 @@ def _acquire(path: Path, waiting_for: str | None = None) -> int:
 
 
 def _read_holder(lock: Path) -> str:
-    """'PID 1234 (python -m mapl.train ...)' from a held sidecar (the holder writes it just after locking)."""
+    """'PID 1234 (mapl train ...)' from a held sidecar (the holder writes it just after locking)."""
     for _ in range(20):
         with contextlib.suppress(OSError):
             pid, _, cmd = lock.read_text().partition("\n")

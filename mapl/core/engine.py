@@ -1,5 +1,5 @@
 """The single-process pipeline (``LocalEngine``) and what every engine shares: the run's data, the
-optimizer recipe, the learning-rate scaling and mixed precision.
+optimizer recipe and the learning-rate scaling (from ``mapl.core.optimizer_recipe``), mixed precision.
 
 ``LocalEngine`` runs all P stages in this process, in order; every boundary goes through its wire
 (``WireTransfer``: pack/unpack both ways), so it computes bit for bit what the multi-process runtime
@@ -20,13 +20,15 @@ import torch
 
 from . import checkpoint
 from .. import data as mdata
-from .compress.base import StiefelParameter
 from .config import ConfigError, RunConfig
 from .diagnostics import boundary_diagnostics
 from .loop import Evaluation, LoopState, NonFiniteError, StepOutcome
+# the recipe is a module of its own so the memory plan can build a stage's optimizers without the engine (which
+# reads the memory plan); its names stay part of this module's API for the engines' other callers
+from .optimizer_recipe import build_optimizers, set_lr
 from .results import build_results, describe_boundary
 from .runtime.boundary_sync import meter_local_step
-from .stages import StagedModel, build_staged_model
+from .stages import build_staged_model
 from .wire import ByteMeter
 
 __all__ = ["RunData", "resolve_data_dir", "open_run_data", "batch_weight", "build_optimizers", "set_lr", "autocast_ctx",
@@ -60,7 +62,7 @@ def resolve_data_dir(cfg: RunConfig) -> Path:
 
 def open_run_data(cfg: RunConfig) -> RunData:
     """The run's token shards, verified against the manifest and the config (training never builds
-    data: ``python -m mapl.data`` does), and its evaluation batches."""
+    data: ``mapl data`` does), and its evaluation batches."""
     ds = mdata.open_dataset(cfg.data, resolve_data_dir(cfg), profile=cfg.profile)
     t = cfg.train
     room = len(ds.val) - t.seq_len - 1
@@ -92,61 +94,6 @@ def eval_pieces(x: torch.Tensor, y: torch.Tensor, seqs: int):
     for i in range(0, len(x), step):
         yi = y[i:i + step]
         yield x[i:i + step], yi, yi.numel() / y.numel()
-
-
-# ---- the optimizer recipe ---------------------------------------------------------------------------
-def _param_groups(sm: StagedModel) -> dict[str, list]:
-    groups = {k: [] for k in ("muon", "stiefel", "unconstrained", "embed", "head", "anchor", "other")}
-    for name, p in sm.named_parameters():
-        if not p.requires_grad:
-            continue
-        if isinstance(p, StiefelParameter):
-            groups["stiefel"].append(p)
-        elif name.startswith("boundaries."):         # a learned projector without the constraint (ablation)
-            groups["unconstrained"].append(p)
-        elif name.startswith("model.layers.") and p.ndim == 2:
-            groups["muon"].append(p)
-        elif name.startswith("model.tok_embeddings"):
-            groups["embed"].append(p)
-        elif name.startswith("model.output"):
-            groups["head"].append(p)
-        elif name.startswith("anchors."):
-            groups["anchor"].append(p)
-        else:
-            groups["other"].append(p)
-    return groups
-
-
-def build_optimizers(sm: StagedModel, cfg: RunConfig, exclude: set[int] | None = None) -> list[torch.optim.Optimizer]:
-    """The paper's recipe: Muon for 2-D hidden weights; AdamW for embeddings, head, norms, anchors;
-    SPEL for Stiefel projectors. ``exclude``: ids of parameters some other process owns."""
-    t, pc, spel = cfg.train, cfg.compressor.projector, cfg.compressor.spel
-    groups = {k: [p for p in v if id(p) not in (exclude or set())] for k, v in _param_groups(sm).items()}
-    opts = []
-    muon_params = groups["muon"] + (groups["unconstrained"] if pc.unconstrained_optimizer == "muon" else [])
-    if muon_params:
-        opts.append(torch.optim.Muon(muon_params, lr=t.lr_muon, weight_decay=t.weight_decay, momentum=t.muon_momentum))
-    adam = [{"params": groups["embed"], "lr": t.lr_embed}, {"params": groups["head"], "lr": t.lr_head},
-            {"params": groups["anchor"], "lr": t.lr_anchor or t.lr_embed}, {"params": groups["other"], "lr": t.lr_adam}]
-    if pc.unconstrained_optimizer == "adamw":
-        adam.append({"params": groups["unconstrained"], "lr": pc.lr_mult * t.lr_muon})
-    adam = [g for g in adam if g["params"]]
-    if adam:
-        opts.append(torch.optim.AdamW(adam, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0))
-    if groups["stiefel"]:
-        from .optim import SPEL
-        opts.append(SPEL(groups["stiefel"], lr=pc.lr_mult * t.lr_muon, momentum=spel.momentum,
-                         polar=spel.polar, polar_steps=spel.polar_steps))
-    for opt in opts:
-        for g in opt.param_groups:
-            g["peak_lr"] = g["lr"]
-    return opts
-
-
-def set_lr(opts, factor: float) -> None:
-    for opt in opts:
-        for g in opt.param_groups:
-            g["lr"] = g["peak_lr"] * factor
 
 
 def autocast_ctx(cfg: RunConfig, device: torch.device):

@@ -2,7 +2,7 @@
 
 Checkpoints and results are stamped with :func:`code_fingerprint`; ``mapl.orchestration.reuse`` reuses
 a run only under the same fingerprint, and dvc.yaml's train stages depend on the same folders. Printed
-by ``python -m mapl.reuse``.
+by ``mapl reuse``.
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 A pipeline step is a fixed sequence of compute operations per stage (the schedule: GPipe or 1F1B,
 ``mapl.core.runtime.schedule.schedule_ops``) joined by messages between neighbouring stages. Given the compute time of every
-operation (measured once by ``mapl.pipeline``) and the bytes of every message (metered), the virtual
+operation (measured once by ``mapl pipeline``) and the bytes of every message (metered), the virtual
 clock replays the step on any link and returns its duration, with no wall clock and no randomness.
 
 The model (``simulate``):
@@ -167,7 +167,7 @@ class StepMeasurement:
 
     @classmethod
     def from_results(cls, results: dict, schedule: str | None = None) -> "StepMeasurement":
-        """From a ``mapl.pipeline`` results dict (its ``pipeline.timing`` block)."""
+        """From a ``mapl pipeline`` results dict (its ``pipeline.timing`` block)."""
         tm = results["pipeline"]["timing"]
         return cls(schedule or results["pipeline"]["schedule"], tm["fwd_s"], tm["bwd_s"], tm["fwd_bytes"],
                    tm["bwd_bytes"], tm["opt_s"], tm["state_fwd_bytes"], tm["state_bwd_bytes"], tm.get("collective", True))

@@ -6,13 +6,13 @@ optimizer state, activations alive at the peak, the embedding/head/logits workin
 state and wire buffers. The runtime prints it before a run starts and refuses a plan that does not fit
 (:func:`check_plan`)::
 
-    python -m mapl.memory --profile paper --model 1B --stages 4 --schedule 1f1b --device-gib 139.8
+    mapl memory --profile paper --model 1B --stages 4 --schedule 1f1b --device-gib 139.8
 
 Where the numbers come from:
 
 * parameters, buffers and who optimises what are *counted*, not tabulated: every stage is built on the
   ``meta`` device (no memory, exact shapes), pruned as the pipeline prunes it, and handed to
-  :func:`mapl.core.engine.build_optimizers` (the receiver's copy of a learned projector is excluded, as in the
+  :func:`mapl.core.optimizer_recipe.build_optimizers` (the receiver's copy of a learned projector is excluded, as in the
   runtime). State per optimizer: Muon and SPEL one momentum buffer, AdamW two moments (+ a step scalar);
 * activations are analytic per token and exact for this code base (``tests/test_memory.py`` checks them
   against the tensors autograd saves). A block saves, in elements per token (d width, q = heads x
@@ -283,7 +283,7 @@ def build_meta_stage(cfg: RunConfig, vocab: int, s: int):
     """Stage s as the runtime holds it, built on the meta device (exact shapes, no memory): the pruned
     StagedModel, its optimizers and the receiver-side compressor (None on stage 0)."""
     from .stages import build_staged_model
-    from .engine import build_optimizers
+    from .optimizer_recipe import build_optimizers
     with torch.device("meta"):
         sm = build_staged_model(cfg, vocab).prune_to_stage(s)
     comp_in = sm.boundaries[str(s - 1)] if s > 0 else None
@@ -511,7 +511,7 @@ def check_plan(plan: MemoryPlan, device_bytes: float, reserve_frac: float = 0.10
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m mapl.memory", description="Print the memory plan per stage.")
+    ap = argparse.ArgumentParser(prog="mapl memory", description="Print the memory plan per stage.")
     ap.add_argument("--profile", default="paper")
     ap.add_argument("--model"), ap.add_argument("--method"), ap.add_argument("--ratio", type=float)
     ap.add_argument("--stages", type=int), ap.add_argument("--schedule", choices=["gpipe", "1f1b"])

@@ -1,6 +1,6 @@
 """One run in this process: the checks on its output paths, then every stage in order through the loop.
 
-``python -m mapl.train`` (the command) and the sweep's pool workers call :func:`run`; the multi-process
+``mapl train`` (the command) and the sweep's pool workers call :func:`run`; the multi-process
 pipeline runs the same loop per rank (``mapl.core.runtime.rank``).
 """
 from __future__ import annotations

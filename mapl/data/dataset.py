@@ -4,7 +4,7 @@
     >>> x, y = ds.batch(step=123, batch_size=16, seq_len=128, seed=0)
     >>> val = ds.eval_batches(batch_size=32, seq_len=128, max_tokens=65536)
 
-Only ``python -m mapl.data`` (the DVC ``prepare`` stage) creates data. A training process, on any
+Only ``mapl data`` (the DVC ``prepare`` stage) creates data. A training process, on any
 host and any rank, calls :func:`open_dataset`, which checks the folder against its manifest and
 against ``cfg`` (see :mod:`mapl.data.verify`: a full hash once per host, a stat stamp after that)
 and raises a one-line ``DataError`` naming the file and the command that fixes it.

@@ -18,5 +18,5 @@ class MissingDataError(DataError, FileNotFoundError):
 
 def prepare_command(profile: str | None = None, rebuild: bool = False) -> str:
     """The command that (re)creates a profile's data, quoted for error messages."""
-    cmd = f"python -m mapl.data --profile {profile or '<profile>'}" + (" --rebuild" if rebuild else "")
+    cmd = f"mapl data --profile {profile or '<profile>'}" + (" --rebuild" if rebuild else "")
     return f"`{cmd}`" if rebuild else f"`{cmd}` (or `dvc repro prepare`)"

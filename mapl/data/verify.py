@@ -15,7 +15,7 @@ only if ``stat`` did not change while hashing, and only when the file's last cha
 ``_RACY_S`` seconds old (a filesystem with coarse timestamps could otherwise hide a write made in
 the same tick, the "racy git" problem). Processes of one host that start together take a lock,
 so one hashes and the others reuse its stamp. What a stamp cannot see (bit rot below the
-filesystem, a changed clock) is what ``python -m mapl.data --verify`` is for: a full re-hash.
+filesystem, a changed clock) is what ``mapl data --verify`` is for: a full re-hash.
 The size is checked against the manifest before anything else, so a truncated shard is named as such.
 """
 from __future__ import annotations

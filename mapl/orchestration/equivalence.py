@@ -10,7 +10,7 @@ when all are bit-identical does it record the pair (old fingerprint, new fingerp
 ``reports/code-equivalence.json``, with what was compared; ``reuse.adopt`` then takes the old code's
 checkpoints and stamps them with the new fingerprint. Nothing is recorded on a difference.
 
-    python -m mapl.reuse prove ../retrain cpu      # 8 configurations x 2 checkouts, 6 steps each
+    mapl reuse prove ../retrain cpu                # 8 configurations x 2 checkouts, 6 steps each
 """
 from __future__ import annotations
 
@@ -42,23 +42,31 @@ CONFIGURATIONS: dict[str, list[str]] = {
 COMPARED = ("train_loss_curve", "val_loss_curve", "select_loss_curve", "val_loss", "select_loss", "n_params", "wire")
 
 
-def _in_checkout(root: Path, args: list[str]) -> subprocess.CompletedProcess:
-    """``python -m <args>`` with the checkout at ``root``'s own code (its folder first on the import path)."""
-    return subprocess.run([sys.executable, "-m", *args], cwd=root, capture_output=True, text=True,
+def _command(root: Path, name: str) -> list[str]:
+    """``mapl <name>`` as the checkout at ``root`` spells it after ``python``: ``-m mapl.cli <name>``, or, in a
+    checkout from before the ``mapl`` command (a long retrain's), its module ``-m mapl.<name>``."""
+    if (root / "mapl" / "cli" / "__main__.py").is_file():
+        return ["-m", "mapl.cli", name]
+    return ["-m", f"mapl.{name}"]
+
+
+def _in_checkout(root: Path, command: str, args: list[str]) -> subprocess.CompletedProcess:
+    """``mapl <command> <args>`` with the checkout at ``root``'s own code (its folder first on the import path)."""
+    return subprocess.run([sys.executable, *_command(root, command), *args], cwd=root, capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": str(root)})
 
 
 def checkout_fingerprint(root: Path) -> str:
     """The training-code fingerprint of the checkout at ``root``, computed by that checkout's own code."""
-    r = _in_checkout(root, ["mapl.reuse"])
+    r = _in_checkout(root, "reuse", [])
     if r.returncode != 0 or not r.stdout.strip():
-        raise ValueError(f"{root}: `python -m mapl.reuse` failed there ({r.stderr.strip()[-300:]})")
+        raise ValueError(f"{root}: `mapl reuse` failed there ({r.stderr.strip()[-300:]})")
     return r.stdout.split()[0]
 
 
 def _train(root: Path, args: list[str], out: Path) -> dict:
-    r = _in_checkout(root, ["mapl.train", *args, "--fresh", "--no-progress", "--out", str(out),
-                            "--ckpt", str(out.with_suffix(".pt"))])
+    r = _in_checkout(root, "train", [*args, "--fresh", "--no-progress", "--out", str(out),
+                                     "--ckpt", str(out.with_suffix(".pt"))])
     if r.returncode != 0:
         raise ValueError(f"{root}: {' '.join(args)} failed (exit {r.returncode}): {r.stderr.strip()[-400:]}")
     return json.loads(out.read_text())

@@ -1,8 +1,8 @@
-"""Starting the P x R stage processes of ``python -m mapl.pipeline``: directly, or under accelerate or
-torchrun. Tests, benchmarks, the sweep and the pipeline CLI itself (run without a launcher) use it.
+"""Starting the P x R stage processes of ``mapl pipeline``: directly, or under accelerate or torchrun.
+Tests, benchmarks, the sweep and the pipeline command itself (run without a launcher) use it.
 
     launch(["--profile", "micro", "--stages", "2"], nprocs=2, launcher="accelerate")
-    python -m mapl.pipeline --profile micro --stages 2          # no launcher: starts its 2 ranks itself
+    mapl pipeline --profile micro --stages 2                     # no launcher: starts its 2 ranks itself
 
 launcher:
 
@@ -15,13 +15,12 @@ launcher:
   ``--num_processes`` is the total over all machines.
 * ``torchrun``: ``torchrun --standalone`` (one machine) or ``--nnodes/--node_rank/--rdzv-endpoint``.
 
-Every rank writes its exit status to ``$MAPL_STATUS_DIR/rank<r>.json``; when every rank stopped
-gracefully (a signal: checkpoints written) the result's ``returncode`` is 130 even where the
-launcher itself reports a failure (torchrun/accelerate exit 1 with a ChildFailedError then).
+Every rank writes its exit status to ``$MAPL_STATUS_DIR/rank<r>.json`` (``mapl.core.runtime.rank_status``);
+when every rank stopped gracefully (a signal: checkpoints written) the result's ``returncode`` is 130 even
+where the launcher itself reports a failure (torchrun/accelerate exit 1 with a ChildFailedError then).
 """
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -33,12 +32,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..core.config import PROJECT_ROOT
+from ..core.runtime.rank_status import read_statuses
 
-__all__ = ["LaunchResult", "launch", "launch_machines", "free_port", "child_env", "write_status", "read_statuses",
-           "launcher_command", "INTERRUPTED"]
+__all__ = ["LaunchResult", "launch", "launch_machines", "free_port", "child_env", "launcher_command", "RANK_COMMAND",
+           "INTERRUPTED"]
 
 INTERRUPTED = 130          # exit code of a graceful stop (a signal: the step finished, checkpoints written)
 LAUNCHERS = ("direct", "accelerate", "torchrun")
+# what every rank runs after the interpreter (or as a launcher's module): `mapl pipeline`, with no script needed on PATH
+RANK_COMMAND = ("-m", "mapl.cli.pipeline")
 
 
 @dataclass
@@ -74,26 +76,6 @@ def child_env(env: dict | None = None) -> dict:
     return e
 
 
-def write_status(rank: int, status: str, code: int, message: str = "") -> None:
-    """Called by each rank as it exits (no-op without ``MAPL_STATUS_DIR``)."""
-    folder = os.environ.get("MAPL_STATUS_DIR")
-    if folder:
-        path = Path(folder) / f"rank{rank}.json"
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"status": status, "code": code, "message": message}))
-        os.replace(tmp, path)
-
-
-def read_statuses(folder: Path) -> dict[int, dict]:
-    out = {}
-    for f in Path(folder).glob("rank*.json"):
-        try:
-            out[int(f.stem[4:])] = json.loads(f.read_text())
-        except (ValueError, OSError):
-            continue
-    return out
-
-
 def launcher_command(launcher: str, nprocs: int, port: int, module_args: list[str], *, machines: int = 1,
                      machine_rank: int = 0, host: str = "127.0.0.1") -> list[str]:
     """The command line of ``launcher`` for ``nprocs`` processes in all (over ``machines`` machines)."""
@@ -122,7 +104,7 @@ def _outcome(rank_codes: list[int], statuses: dict, nprocs: int, launcher_code: 
 def launch(cfg_args: list[str], nprocs: int, port: int | None = None, *, launcher: str = "accelerate",
            env: dict | None = None, timeout: float | None = None, cwd: Path | None = None,
            stream: bool = False, grace_s: float | None = None) -> LaunchResult:
-    """Run ``python -m mapl.pipeline <cfg_args>`` as ``nprocs`` processes and wait for them.
+    """Run ``mapl pipeline <cfg_args>`` as ``nprocs`` processes and wait for them.
     ``stream``: the ranks write to this process's stdout/stderr (the CLI); else output is captured.
     ``grace_s`` (direct launcher): once any rank has ended, the others have this long to end too, else
     they are stopped (SIGTERM, SIGKILL 5 s later; listed in ``stopped``): a stopped or hung rank
@@ -132,7 +114,7 @@ def launch(cfg_args: list[str], nprocs: int, port: int | None = None, *, launche
     port = port or free_port()
     status_dir = tempfile.mkdtemp(prefix="mapl-status-")
     env = child_env({**(env or {}), "MAPL_STATUS_DIR": status_dir})
-    module_args = ["-m", "mapl.pipeline", *map(str, cfg_args)]
+    module_args = [*RANK_COMMAND, *map(str, cfg_args)]
     t0 = time.time()
     if launcher == "direct":
         res = _run_direct([sys.executable, *module_args], nprocs, port, env, cwd or PROJECT_ROOT, timeout, stream,
@@ -158,7 +140,7 @@ def launch_machines(cfg_args: list[str], nprocs: int, machines: int, *, launcher
     port = free_port()
     status_dir = tempfile.mkdtemp(prefix="mapl-status-")
     env = child_env({**(env or {}), "MAPL_STATUS_DIR": status_dir})
-    module_args = ["-m", "mapl.pipeline", *map(str, cfg_args)]
+    module_args = [*RANK_COMMAND, *map(str, cfg_args)]
     t0 = time.time()
     cmds = [launcher_command(launcher, nprocs, port, module_args, machines=machines, machine_rank=k)
             for k in range(machines)]

@@ -7,11 +7,12 @@ the terminal even from the worker processes of a notebook's kernel (ipykernel ec
     run 3 of 11 tiny-P4-ssn-8x-s0 step 120/300 loss 4.512 ETA 0:42
     group main: run 3 of 11 tiny-P4-ssn-8x-s0 val 4.1386; 4 of 11 done in 4:10, ETA 7:12
 
-The estimate is calibrated on one quiet core (see ``CORE_S_PER_TOKEN_PARAM``); ``python -m mapl.sweep
+The estimate is calibrated on one quiet core (see ``CORE_S_PER_TOKEN_PARAM``); ``mapl sweep
 --estimate`` prints it per group.
 """
 from __future__ import annotations
 
+import contextvars
 import json
 import os
 import time
@@ -23,7 +24,8 @@ from ..core.config import RunConfig
 from ..core.model_config import count_params
 
 __all__ = ["CORE_S_PER_TOKEN_PARAM", "RVQ_SLOWDOWN", "RUN_OVERHEAD_S", "LAUNCH_OVERHEAD_S", "UNPREPARED_EVAL_TOKENS",
-           "estimate_core_seconds", "eval_tokens", "eval_split_guessed", "estimate_group", "hms", "emit", "StepProgress",
+           "estimate_core_seconds", "eval_tokens", "eval_split_guessed",
+           "committed_data_only", "estimate_group", "hms", "emit", "StepProgress",
            "named_warnings", "GroupClock"]
 
 # one 300-step run of `tiny` (1.37M parameters, 16 x 128 tokens per step, 6 evaluations of 65,536 tokens)
@@ -66,16 +68,34 @@ def eval_split_guessed(cfg: RunConfig) -> bool:
     return not cfg.train.eval_tokens and not cfg.data.val_tokens and _prepared_val_tokens(cfg) is None
 
 
+# set by committed_data_only(): price from committed stamps alone, as a fresh clone does
+_COMMITTED_ONLY = contextvars.ContextVar("committed_data_only", default=False)
+
+
+@contextmanager
+def committed_data_only():
+    """Within the block, split sizes come from committed stamps only, never from a folder prepared on this
+    machine: an estimate that must read the same everywhere (the one the documents print, held by a test)
+    then does not depend on which corpora this machine happens to have prepared."""
+    token = _COMMITTED_ONLY.set(True)
+    try:
+        yield
+    finally:
+        _COMMITTED_ONLY.reset(token)
+
+
 def _prepared_val_tokens(cfg: RunConfig) -> int | None:
     """The validation split's size from its prepared folder's manifest, else from a committed profile stamp of
     the same folder (``data/<profile>.manifest.json``, a copy of that manifest: a fresh clone then prices the
-    profile's own corpus as a machine that has prepared it does); None when neither is here."""
+    profile's own corpus as a machine that has prepared it does); None when neither is here. Within
+    :func:`committed_data_only` the prepared folder is not read."""
     from ..data import default_data_dir, read_manifest      # the estimate runs before torch is needed
     folder = default_data_dir(cfg.data)
-    try:
-        return int(read_manifest(folder)["splits"]["val"]["tokens"])
-    except (OSError, ValueError, KeyError):
-        pass
+    if not _COMMITTED_ONLY.get():
+        try:
+            return int(read_manifest(folder)["splits"]["val"]["tokens"])
+        except (OSError, ValueError, KeyError):
+            pass
     for stamp in sorted(folder.parent.glob("*.manifest.json")):
         try:
             manifest = json.loads(stamp.read_text())

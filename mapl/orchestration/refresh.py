@@ -1,5 +1,5 @@
 """Record train stages whose runs are all current after a change of the training code proven not to change
-any number (``python -m mapl.reuse prove``; ``reports/code-equivalence.json``).
+any number (``mapl reuse prove``; ``reports/code-equivalence.json``).
 
 Such a change makes DVC see every ``train@<group>`` stage as changed (its deps are the training sources), and
 ``dvc repro`` deletes a stage's outputs before it runs the stage: every committed run would train again,
@@ -10,8 +10,8 @@ nothing) and then ``dvc commit -f train@<group>``. A group with any run that is 
 before anything runs: that one needs ``dvc repro``. DVC has no option to keep a stage's outputs for a
 single rerun (only ``persist``, which would also keep results of runs removed from a group), hence this.
 
-    python -m mapl.reuse refresh cpu                 # every group of the profile with results
-    python -m mapl.reuse refresh cpu long decompose  # these groups only
+    mapl reuse refresh cpu                           # every group of the profile with results
+    mapl reuse refresh cpu long decompose            # these groups only
 """
 from __future__ import annotations
 

@@ -25,11 +25,11 @@ checkpoints under ``checkpoints/<profile>/`` then make a rerun after a params ed
 fingerprint keeps them from surviving a code change. After a code change proven equivalent, ``refresh``
 (:mod:`mapl.orchestration.refresh`) records the stages without that deletion.
 
-    python -m mapl.reuse          # the fingerprint of this checkout's training code, and its files
-    python -m mapl.reuse adopt ../retrain cpu long     # take another checkout's finished runs (see adopt)
-    python -m mapl.reuse compare ../retrain cpu long   # after `dvc repro -s train@long`: same numbers?
-    python -m mapl.reuse prove ../retrain cpu          # other training code, the same numbers? (equivalence.py)
-    python -m mapl.reuse refresh cpu [GROUP ...]       # after a proven change: record train stages (refresh.py)
+    mapl reuse                    # the fingerprint of this checkout's training code, and its files
+    mapl reuse adopt ../retrain cpu long               # take another checkout's finished runs (see adopt)
+    mapl reuse compare ../retrain cpu long             # after `dvc repro -s train@long`: same numbers?
+    mapl reuse prove ../retrain cpu                    # other training code, the same numbers? (equivalence.py)
+    mapl reuse refresh cpu [GROUP ...]                 # after a proven change: record train stages (refresh.py)
 """
 from __future__ import annotations
 
@@ -188,7 +188,7 @@ def adopt(src_root: Path, profile: str, names: Sequence[str], fingerprint: str,
         if not same_code(stamp, fingerprint, dest_root):
             raise ValueError(f"{name}: its checkpoint was written by training code {stamp or '(unknown)'}, "
                              f"not this checkout's {fingerprint}, and no proof that the two compute the same "
-                             f"numbers (python -m mapl.reuse prove {src_root} {profile})")
+                             f"numbers (mapl reuse prove {src_root} {profile})")
         ckpts = checkpoint_files(src_ck / f"{name}.pt")
         if not ckpts:
             raise ValueError(f"{name}: no checkpoint in {src_ck}")
@@ -219,12 +219,12 @@ def compare_results(src_dir: Path, dest_dir: Path, names: Sequence[str]) -> list
     return out
 
 
-USAGE = ("usage: python -m mapl.reuse                                  (the training-code fingerprint and its files)\n"
-         "       python -m mapl.reuse adopt CHECKOUT PROFILE GROUP     (copy GROUP's finished checkpoints from CHECKOUT)\n"
-         "       python -m mapl.reuse compare CHECKOUT PROFILE GROUP   (restored results here vs CHECKOUT's)\n"
-         "       python -m mapl.reuse prove CHECKOUT PROFILE [STEPS]   (CHECKOUT's training code computes this one's "
+USAGE = ("usage: mapl reuse                                  (the training-code fingerprint and its files)\n"
+         "       mapl reuse adopt CHECKOUT PROFILE GROUP     (copy GROUP's finished checkpoints from CHECKOUT)\n"
+         "       mapl reuse compare CHECKOUT PROFILE GROUP   (restored results here vs CHECKOUT's)\n"
+         "       mapl reuse prove CHECKOUT PROFILE [STEPS]   (CHECKOUT's training code computes this one's "
          "numbers? recorded if so)\n"
-         "       python -m mapl.reuse refresh PROFILE [GROUP ...]    (after a proven-equivalent code change: "
+         "       mapl reuse refresh PROFILE [GROUP ...]    (after a proven-equivalent code change: "
          "re-execute and `dvc commit` each train stage whose runs are all current, training nothing)")
 
 
@@ -256,7 +256,7 @@ def main(argv=None) -> int:
             copied = adopt(src, profile, taken, fingerprint, group=group)
             print(f"adopted {len(taken)} run(s) of {profile}/{group} from {src} ({len(copied)} files; {len(shared)} "
                   f"more are another group's here and are copied); now `dvc repro -s train@{group}` restores them, "
-                  f"then `python -m mapl.reuse compare {src} {profile} {group}`")
+                  f"then `mapl reuse compare {src} {profile} {group}`")
             return 0
         diffs = compare_results(src / "reports" / profile / "results" / group,
                                 PROJECT_ROOT / "reports" / profile / "results" / group, names)

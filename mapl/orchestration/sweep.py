@@ -21,10 +21,10 @@ Progress goes to stderr (fd 2, so it reaches the terminal through papermill's ke
 seconds of work ``run 3 of 11 tiny-P4-ssn-8x-s0 step 120/300 loss 4.512 ETA 0:42``, and after each run
 the group's count and ETA.
 
-    python -m mapl.sweep --profile cpu --group main          # train one group (reports/cpu/results/main)
-    python -m mapl.sweep --profile cpu --estimate            # runs per group, estimated wall time
-    python -m mapl.sweep --check                             # every profile and run of params.yaml valid? (DVC's first stage)
-    python -m mapl.sweep --profile cpu --group tune --jobs 1
+    mapl sweep --profile cpu --group main                    # train one group (reports/cpu/results/main)
+    mapl sweep --profile cpu --estimate                      # runs per group, estimated wall time
+    mapl sweep --check                                       # every profile and run of params.yaml valid? (DVC's first stage)
+    mapl sweep --profile cpu --group tune --jobs 1
 """
 from __future__ import annotations
 
@@ -206,7 +206,7 @@ def plan_group(profile: str, specs: list[dict], out_dir: Path, params: dict | No
 def estimate_text(profile: str, params: dict | None = None) -> str:
     """Runs per group and their wall time on this machine (:func:`mapl.orchestration.progress.estimate_core_seconds`),
     printed before any work starts (dvc.yaml's prepare stage). Profiles launched on GPUs are estimated in
-    GPU-hours by the planning layer instead (``python -m mapl.sweep --estimate``: mapl/orchestration/sweep.py)."""
+    GPU-hours by the planning layer instead (``mapl sweep --estimate``: mapl/orchestration/sweep.py)."""
     params = params or load_params()
     launcher = launcher_config(profile, params)
     workers = launcher.jobs if launcher.kind == "pool" else 1
@@ -295,7 +295,7 @@ def _run_pool(jobs: list[Job], workers: int, every_s: float, fingerprint: str, c
 
 
 def launch_args(job: Job, profile: str) -> list[str]:
-    """The command line of one run for ``python -m mapl.pipeline`` (the spec as ``--set`` values)."""
+    """The command line of one run for ``mapl pipeline`` (the spec as ``--set`` values)."""
     sets = [f"{k}={v}" for k, v in job.spec.items() if k != "name"] + [f"run_name={job.name}"]
     return ["--profile", profile, *[a for s in sets for a in ("--set", s)], "--out", str(job.out),
             "--ckpt", str(job.ckpt), "--no-progress"]
@@ -462,6 +462,8 @@ def run_many(profile: str, specs: list[dict], out_dir: Path, jobs: int = 0, log=
     return sorted(status, key=lambda s: s["k"])
 
 
+# a DVC output every stage depends on: its text names the old spelling of `mapl sweep --check` because a new text
+# would make DVC rerun every stage
 STAMP_TEXT = ("params.yaml passed `python -m mapl.sweep --check` (DVC's validate stage; the same text every time, so "
               "that a params edit reruns only the stages whose params changed)\n")
 

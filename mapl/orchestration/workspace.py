@@ -1,13 +1,13 @@
 """The DVC pipeline on any profile in a temporary copy of this checkout, so nothing here changes.
 
-    python -m mapl.workspace smoke              # micro profile up to the report and plan, then a second repro that must
+    mapl workspace smoke                        # micro profile up to the report and plan, then a second repro that must
                                                 # do nothing; this checkout's `git status` must not change (make smoke)
-    python -m mapl.workspace repro --profile paper-smoke --copy-back
+    mapl workspace repro --profile paper-smoke --copy-back
                                                 # a non-default profile; then reports/paper-smoke/ is copied here
-    python -m mapl.workspace verify             # re-execute the report from the committed results; fail on
+    mapl workspace verify                       # re-execute the report from the committed results; fail on
                                                 # any difference in tables, figures or metrics (make verify)
-    python -m mapl.workspace smoke --keep       # keep the copy for a look (its path is printed)
-    python -m mapl.workspace repro --profile paper --dir ../mapl-paper --copy-back
+    mapl workspace smoke --keep                 # keep the copy for a look (its path is printed)
+    mapl workspace repro --profile paper --dir ../mapl-paper --copy-back
                                                 # a lasting workspace: rerun the same command to resume
 
 The copy holds every file git would commit here (tracked files, and untracked ones .gitignore does
@@ -106,13 +106,18 @@ def checkout_files(root: Path = PROJECT_ROOT) -> list[str]:
     return sorted({p for p in out.split("\0") if p and (Path(root) / p).is_file()})
 
 
-def tool_env(root: Path = PROJECT_ROOT) -> dict:
-    """The environment of DVC in the copy: this venv first on PATH (DVC's commands call python and
-    papermill), offline Hugging Face, no DVC analytics, raw downloads shared with ``root``."""
+def tool_env(root: Path = PROJECT_ROOT, checkout: Path | None = None) -> dict:
+    """The environment of DVC in the copy ``checkout``: this venv first on PATH (DVC's commands call ``mapl``
+    and papermill), offline Hugging Face, no DVC analytics, raw downloads shared with ``root``. The copy is
+    first on PYTHONPATH: the venv's ``mapl`` script is installed from ``root`` and would import its code (and
+    read and write ``root``'s params.yaml, data and reports) where the copy's must run."""
     venv_bin = str(Path(sys.executable).parent)
     env = {**os.environ, "PATH": venv_bin + os.pathsep + os.environ.get("PATH", ""), "DVC_NO_ANALYTICS": "1",
            "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1",
            **_GIT_ID}
+    if checkout is not None:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(Path(checkout).resolve()), os.environ.get("PYTHONPATH"))
+                                            if p)
     env.setdefault("MAPL_CACHE_DIR", str(Path(root) / "data" / "raw"))
     return env
 
@@ -131,7 +136,7 @@ def make_copy(dest: Path, profile: str, root: Path = PROJECT_ROOT, env: dict | N
     if n != 1:
         raise WorkspaceError(f"{params}: no top-level `profile:` line to set to {profile!r}")
     params.write_text(text)
-    env = env or tool_env(root)
+    env = env or tool_env(root, dest)
     _run(["git", "init", "-q"], dest, env, capture=True)
     (dest / MARKER).write_text(f"{Path(root).resolve()}\n")     # inside .git: not part of the copy's tree
     for cmd in (["git", "add", "-A"], ["git", "commit", "-q", "--allow-empty", "-m", f"workspace: {profile}"]):
@@ -165,8 +170,8 @@ def dvc(args: list[str], cwd: Path, env: dict, capture: bool = False) -> str:
 def _new_copy(profile: str, root: Path, into: Path | None = None) -> tuple[Path, dict]:
     """A fresh temporary copy, or ``into`` (created or refreshed: what DVC, the shards and the
     checkpoints left there stay, so an interrupted long run resumes)."""
-    env = tool_env(root)
     dest = Path(into) if into else Path(tempfile.mkdtemp(prefix=f"mapl-{profile}-"))
+    env = tool_env(root, dest)
     try:
         make_copy(dest, profile, root, env)
     except BaseException:                # a failed or interrupted copy: a temporary one is not left behind
@@ -296,7 +301,7 @@ def verify(profile: str = "", root: Path = PROJECT_ROOT, keep: bool = False, cap
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m mapl.workspace", description=__doc__,
+    ap = argparse.ArgumentParser(prog="mapl workspace", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     sm = sub.add_parser("smoke", help="every stage on the micro profile; second repro a no-op; checkout untouched")

@@ -34,8 +34,8 @@ import torch
 from ..base.io import atomic_write_text, check_writable
 from ..core.compress.base import spec_bytes
 from ..core.config import config_hash, load_params, RunConfig
-from ..core.engine import build_optimizers
 from ..core.link import floor_time, get_profile, IDEAL, schedule_ops, simulate, StepMeasurement
+from ..core.optimizer_recipe import build_optimizers
 from ..core.stages import build_staged_model
 from ..orchestration.progress import eval_tokens
 from ..orchestration.sweep import group_specs, spec_config
@@ -114,7 +114,7 @@ def _matmul_weights(module: torch.nn.Module) -> int:
 
 def _meta_model(cfg: RunConfig, vocab: int):
     """The whole StagedModel of ``cfg`` on the meta device (exact shapes, no memory) and the ids of the
-    parameters Muon owns (mapl.core.engine.build_optimizers decides), cached per configuration."""
+    parameters Muon owns (mapl.core.optimizer_recipe.build_optimizers decides), cached per configuration."""
     key = (config_hash(cfg), vocab)
     if key not in _META:
         with torch.device("meta"):
@@ -168,7 +168,7 @@ def flop_compute(cfg: RunConfig, gpu: GPUSpec, vocab_size: int | None = None, ch
 
 
 def measured_compute(timing: dict, source: str = "measured") -> StageCompute:
-    """Compute measured by ``mapl.pipeline``: its ``pipeline.timing`` block (or a StepMeasurement dict)."""
+    """Compute measured by ``mapl pipeline``: its ``pipeline.timing`` block (or a StepMeasurement dict)."""
     return StageCompute([list(r) for r in timing["fwd_s"]], [list(r) for r in timing["bwd_s"]],
                         list(timing["opt_s"]), source)
 
@@ -379,12 +379,12 @@ def format_gpu_hours(rep: dict) -> str:
 
 
 def main(argv=None) -> int:
-    """``python -m mapl.costmodel [--profile paper] [--mfu 0.35] [--out reports/tables/gpu-hours.md]``: print
+    """``mapl costmodel [--profile paper] [--mfu 0.35] [--out reports/tables/gpu-hours.md]``: print
     the GPU-hour estimate of a profile's run groups (run this before ``dvc exp run -S profile=paper``)."""
     import argparse
     import sys
     from pathlib import Path
-    ap = argparse.ArgumentParser(prog="python -m mapl.costmodel", description="GPU-hour estimate of a profile's runs.")
+    ap = argparse.ArgumentParser(prog="mapl costmodel", description="GPU-hour estimate of a profile's runs.")
     ap.add_argument("--profile", default="paper")
     ap.add_argument("--groups", help="comma-separated run groups (default: all of the profile's)")
     ap.add_argument("--mfu", type=float, default=DEFAULT_MFU, help="fraction of the bf16 peak while computing")

@@ -6,7 +6,7 @@ baseline 100.475 s/step and 2925 steps to val 3.276, ReparamSSN (k = 160) 19.889
 net 1.62x. :func:`peer_comparison` puts those conditions into :mod:`mapl.planning.costmodel` (shapes, micro-batches,
 bytes from our compressors at their width and rank) and compares::
 
-    python -m mapl.peer            # writes reports/bench/peer-protocolnanogpt.json and reports/tables/peer.md
+    mapl peer                      # writes reports/bench/peer-protocolnanogpt.json and reports/tables/peer.md
 """
 from __future__ import annotations
 from ..core.config import load_run_config, PROJECT_ROOT

@@ -9,7 +9,7 @@ variant's) steps to reach uncompressed's best loss (lowest point of its curve) +
 each training length, with its spread over seeds; :func:`steps_ratio_table` sets the lengths side by side
 and :func:`ratio_trend` follows the ratio along one run::
 
-    python -m mapl.planner reports/cpu/results          # the table of steps ratios per training length
+    mapl plan reports/cpu/results                       # the table of steps ratios per training length
 
 The conversion. At a fixed model size, ``L(D) = L_inf + B D^-beta`` (D tokens). If a method's final loss
 sits ``delta`` above uncompressed after D0 tokens and the method behaves like uncompressed training on
@@ -320,11 +320,11 @@ def steps_report(runs: Sequence[dict], target_pct: float = 2.0) -> str:
 
 
 def main(argv=None) -> int:
-    """``python -m mapl.planner [RESULTS_DIR] [--target-pct 2]``: the steps-to-target ratio of every method and
+    """``mapl plan [RESULTS_DIR] [--target-pct 2]``: the steps-to-target ratio of every method and
     variant against uncompressed, per training length (paired by seed), and along the longest runs."""
     import argparse
     import sys
-    ap = argparse.ArgumentParser(prog="python -m mapl.planner", description=main.__doc__)
+    ap = argparse.ArgumentParser(prog="mapl plan", description=main.__doc__)
     ap.add_argument("results", nargs="?", default="reports/cpu/results", type=Path)
     ap.add_argument("--target-pct", type=float, default=2.0, help="target: uncompressed's best loss + this %%")
     a = ap.parse_args(argv)

@@ -16,8 +16,12 @@ from typing import Sequence
 from ..core.config import load_run_config
 from ..core.link import LinkProfile
 from ..orchestration.sweep import group_specs
+from ..report.figures import new_figure, save_figure
 from ..report.rows import at_projection_ratio
 from ..report.studies import headline_ratio
+from ..report.style import NEUTRAL, SPEEDUP_CMAP
+from ..report.style import label as style_label
+from ..report.style import style as method_kw
 from .costmodel import boundary_bytes, build_case, measured_compute, wire_ratio
 from .planner import (common_target, crossover_interval, load_runs, main_model_runs, paper_steps_ratios, ratio_key,
                       speedup_grid, steps_ratios, time_to_target_rows)
@@ -25,7 +29,7 @@ from .planner import (common_target, crossover_interval, load_runs, main_model_r
 __all__ = ["MEASURED_VARIANTS", "measured_sources", "at_headline_ratio", "pick_measured", "measured_steps", "measured_text",
            "bench_profile", "bench_cases", "flop_cases", "run_ratios", "profile_steps", "target_text",
            "paper_cases", "paper_steps", "bandwidth_grid", "plan", "bandwidth_text", "crossover_table", "crossover_summary",
-           "label", "heatmap_figure", "curve_figure"]
+           "label", "display_name", "method_style", "heatmap_figure", "curve_figure"]
 
 
 def _bench_config(profile: str, entry: dict):
@@ -325,24 +329,41 @@ def crossover_summary(res: dict, model: str = "") -> list[dict]:
             for (m, other), c in res["crossovers"].items()]
 
 
-def _axes(n: int, width: float = 4.2, height: float = 3.4):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, n, figsize=(width * n, height), squeeze=False)
-    return fig, list(axes[0])
+def _method_and_ratio(name: str) -> tuple[str, float | None]:
+    """('mapl', 8.0) for a plan's method name 'mapl 8x' (:func:`label`: the tables' and CSV's key, kept as it is);
+    ('none', None) for 'none'."""
+    method, _, ratio = name.partition(" ")
+    return method, float(ratio.rstrip("x")) if ratio else None
+
+
+def display_name(name: str) -> str:
+    """The report's display name of a plan's method name: 'MAPL 8×' for 'mapl 8x' (mapl.report.style)."""
+    return style_label(*_method_and_ratio(name))
+
+
+def method_style(name: str) -> dict:
+    """The report's colour and marker of a plan's method name (mapl.report.style)."""
+    return method_kw(_method_and_ratio(name)[0])
+
+
+def _headline(what: str, title: str, fig) -> str:
+    """``what`` over the caller's ``title``, each line wrapped to the figure's width (a paper case names its GPU)."""
+    import textwrap
+    chars = int(fig.get_figwidth() * 12)              # characters of a 10-point title per inch, with a margin
+    lines = [what] + [part for line in title.splitlines() for part in textwrap.wrap(line, chars)]
+    return "\n".join(lines)
 
 
 def heatmap_figure(grid: dict, bandwidths: Sequence[float], latencies: Sequence[float], title: str = "",
                    reference: str = "none", path: str | Path | None = None):
     """Speedup of time to target against ``reference`` over bandwidth x latency, one panel per method;
-    the white contour is speedup 1 (the crossover). None when no method besides ``reference`` is in the grid."""
+    the contour is speedup 1 (the crossover). None when no method besides ``reference`` is in the grid."""
     import numpy as np
     from matplotlib.colors import LogNorm
     methods = [m for m in grid if m != reference]
     if not methods:
         return None
-    fig, axes = _axes(len(methods))
+    fig, axes = new_figure(len(methods), max(3.0, 5.0 / len(methods)), 3.4)
     x, y = np.array(bandwidths) / 1e6, np.array(latencies) * 1e3
     # the colour scale from the data, symmetric about 1 in log: between x1.25 and x100 either way
     logs = [np.abs(np.log10(np.array(grid[m], dtype=float))) for m in methods]
@@ -350,21 +371,22 @@ def heatmap_figure(grid: dict, bandwidths: Sequence[float], latencies: Sequence[
     vmax = 10 ** min(2.0, max(math.log10(1.25), spread))
     for ax, m in zip(axes, methods):
         z = np.array(grid[m])
-        im = ax.pcolormesh(x, y, z, norm=LogNorm(vmin=1 / vmax, vmax=vmax), cmap="RdBu", shading="nearest")
+        im = ax.pcolormesh(x, y, z, norm=LogNorm(vmin=1 / vmax, vmax=vmax), cmap=SPEEDUP_CMAP, shading="nearest")
         if z.min() < 1 < z.max() and min(z.shape) >= 2:          # contour needs a 2 x 2 grid
-            ax.contour(x, y, z, levels=[1.0], colors="white", linewidths=1.5)
-        ax.set_xscale("log"), ax.set_xlabel("bandwidth (Mbit/s)")
+            ax.contour(x, y, z, levels=[1.0], colors=NEUTRAL["contour"], linewidths=1.5)
+        ax.set_xscale("log"), ax.set_xlabel("link bandwidth (Mbit/s, log)")
         if ax is axes[0]:
-            ax.set_ylabel("latency (ms)")
-        ax.set_title(f"{m}: speedup vs {reference}")
+            ax.set_ylabel("one-way latency (ms)")
+        ax.set_title(display_name(m), color=method_style(m)["color"])
     ladder = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2, 5, 10, 20, 50, 100) if vmax >= 4 else (0.5, 0.67, 0.8, 1.0, 1.25, 1.5, 2)
     ticks = [t for t in ladder if 1 / vmax <= t <= vmax]
-    bar = fig.colorbar(im, ax=axes, shrink=0.8, ticks=ticks)
+    bar = fig.colorbar(im, ax=axes, shrink=0.85, ticks=ticks)
     bar.ax.minorticks_off()
-    bar.ax.set_yticklabels([f"{t:g}x" for t in ticks])
-    fig.suptitle(title, y=1.03 + 0.07 * title.count("\n"))
+    bar.ax.set_yticklabels([f"{t:g}×" for t in ticks], fontsize=8)
+    bar.set_label(f"speedup over {display_name(reference)}\n(> 1: faster; {NEUTRAL['contour']} line: 1)", fontsize=8)
+    fig.suptitle(_headline(f"Speedup of time to target over {display_name(reference)}", title, fig), fontsize=10)
     if path:
-        fig.savefig(path, dpi=120, bbox_inches="tight")
+        save_figure(fig, path)
     return fig
 
 
@@ -375,21 +397,33 @@ def curve_figure(curves: dict, bandwidths: Sequence[float], rel_err: float, cros
     when there is no curve."""
     if not curves:
         return None
-    fig, (ax,) = _axes(1, 6.5, 4.2)
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+    fig, (ax,) = new_figure(1, 6.4, 4.2)
     x = [b / 1e6 for b in bandwidths]
     largest = max(max(hi) for _, _, hi in curves.values())
     unit, scale = next((u, k) for u, k in (("h", 3600.0), ("min", 60.0), ("s", 1.0), ("ms", 1e-3))
                        if largest >= 3 * k or u == "ms")
+    crossed = False
     for m, (lo, mid, hi) in curves.items():
-        line, = ax.plot(x, [v / scale for v in mid], label=m)
+        colour = method_style(m)["color"]
+        ax.plot(x, [v / scale for v in mid], color=colour, lw=1.4, label=display_name(m))
         ax.fill_between(x, [v * (1 - rel_err) / scale for v in lo], [v * (1 + rel_err) / scale for v in hi],
-                        color=line.get_color(), alpha=0.2)
+                        color=colour, alpha=0.2, lw=0)
         for bw in (crossovers or {}).get(m, []):
             if bw:
-                ax.axvline(bw / 1e6, color=line.get_color(), ls=":", lw=1)
+                ax.axvline(bw / 1e6, color=colour, ls=":", lw=1)
+                crossed = True
     ax.set_xscale("log"), ax.set_yscale("log")
-    ax.set_xlabel("bandwidth (Mbit/s)"), ax.set_ylabel(f"time to target ({unit})"), ax.grid(alpha=0.3)
-    ax.legend(fontsize=8), ax.set_title(title)
+    ax.set_xlabel("link bandwidth (Mbit/s, log)"), ax.set_ylabel(f"time to target ({unit}, log)"), ax.grid(alpha=0.3)
+    handles, labels = ax.get_legend_handles_labels()
+    handles.append(Patch(color=NEUTRAL["fill"], alpha=0.3, lw=0))
+    labels.append(f"band: steps-to-target range, step time ±{100 * rel_err:.0f} %")
+    if crossed:
+        handles.append(Line2D([], [], color=NEUTRAL["guide"], ls=":", lw=1))
+        labels.append("crossover against uncompressed")
+    ax.legend(handles, labels, fontsize=7, loc="best")
+    ax.set_title(_headline("Time to target against link bandwidth", title, fig), fontsize=10)
     if path:
-        fig.savefig(path, dpi=120, bbox_inches="tight")
+        save_figure(fig, path)
     return fig

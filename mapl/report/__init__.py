@@ -12,7 +12,8 @@ The logic behind ``notebooks/report.ipynb``::
 Modules: :mod:`~mapl.report.rows` (the row schema, loading, selection, budgets),
 :mod:`~mapl.report.stats` (Δ%, summaries over seeds, paired t-intervals),
 :mod:`~mapl.report.paper` (the paper's numbers, from ``reports/paper-numbers.csv``),
-:mod:`~mapl.report.style` (labels, one colour and marker per method), :mod:`~mapl.report.table`
+:mod:`~mapl.report.style` (display names, one colour and marker per method, what error bars show; the
+planner's figures use it too), :mod:`~mapl.report.table`
 (the Table type and its writers), :mod:`~mapl.report.tables` (main-budget tables),
 :mod:`~mapl.report.studies` (headline with paired comparisons, token and width axes),
 :mod:`~mapl.report.controls` (issue 26's studies: the decomposition, learned vs fixed at 4x, the corpus, blocks),

@@ -22,7 +22,7 @@ from typing import Sequence
 from .rows import at_projection_ratio, budget_steps, study_groups
 from .stats import paired, summarize, t_interval
 from .studies import gap_sentence, tested_comparisons
-from .style import fmt_ratio, variant_label
+from .style import NEUTRAL, STUDY_ARM_LABELS, bars_handle, bars_text, fmt_ratio, variant_label
 from .table import DASH, Table, fmt, fmt_ci, fmt_int, fmt_pm
 
 __all__ = ["DECOMPOSITION", "DECOMPOSITION_COMPARISONS", "study_summaries", "study_comparisons", "tested_family",
@@ -47,9 +47,7 @@ DECOMPOSITION_COMPARISONS = (
     ("mapl-fixed-shared", "mapl", "per-boundary learned subspaces against one shared fixed one"),
     ("none", "none+anchors", "the anchors' capacity without compression"),
 )
-NAMES = {"none": "Uncompressed", "none+anchors": "Uncompressed + anchors", "ssn": "SSN", "ssn+anchors": "SSN + anchors",
-         "ssn+anchors, matched": "SSN + anchors, parameter-matched", "mapl-fixed-shared": "MAPL, one shared fixed subspace",
-         "mapl": "MAPL"}
+NAMES = STUDY_ARM_LABELS            # the arms' display names live with every other name (mapl.report.style)
 
 
 def _group_budget(rows: Sequence[dict], group: str) -> tuple[str | None, int | None, list[int]]:
@@ -334,6 +332,17 @@ def _forest_entries(rows: Sequence[dict], corpus_rows: Sequence[dict] | None) ->
     return out
 
 
+def _forest_label(study: str, c: dict) -> str:
+    """A forest row's name with the level its interval is read at (a single seed has none)."""
+    level = f" [{100 * c['level']:.1f} %]" if c["ci"] and c.get("level") else ""
+    return f"{study}: {_name(c['a'])} − {_name(c['b'])}{level}"
+
+
+def _dot(reading: str):
+    from matplotlib.lines import Line2D
+    return Line2D([], [], ls="none", marker="o", color=NEUTRAL[reading])
+
+
 def controls_plot(rows: Sequence[dict], corpus_rows: Sequence[dict] | None = None):
     """Every comparison of issue 26's studies as a forest plot: the mean paired difference of Δ% (positive: B
     ahead) with its interval at the level the study reads it (Holm within a study), one line per comparison."""
@@ -350,11 +359,16 @@ def controls_plot(rows: Sequence[dict], corpus_rows: Sequence[dict] | None = Non
         lo, hi = c["ci"] if c["ci"] else (c["mean"], c["mean"])
         resolved = c["ci"] is not None and (lo > 0 or hi < 0)
         ax.errorbar([c["mean"]], [y], xerr=[[c["mean"] - lo], [hi - c["mean"]]], fmt="o", capsize=3,
-                    color="#1f77b4" if resolved else "0.45")
-    ax.axvline(0, color="0.3", linestyle=":", linewidth=1)
+                    color=NEUTRAL["resolved" if resolved else "unresolved"])
+    ax.axvline(0, color=NEUTRAL["guide"], linestyle=":", linewidth=1)
     ax.set_yticks(range(len(entries)))
-    ax.set_yticklabels([f"{study}: {_name(c['a'])} − {_name(c['b'])}" for study, c in reversed(entries)], fontsize=8)
-    ax.set_xlabel("paired difference of Δ% (points; positive: B ahead)")
+    ax.set_yticklabels([_forest_label(study, c) for study, c in reversed(entries)], fontsize=8)
+    ax.set_xlabel("A − B, paired difference of Δ%\n(percentage points; > 0: B ahead)")
+    fig.suptitle("Control studies: paired comparisons A − B, mean over seeds")
+    ax.grid(alpha=0.3, axis="x")
+    fig.legend([_dot("resolved"), _dot("unresolved"), bars_handle()],
+               ["interval excludes 0", "interval includes 0", f"{bars_text('holm')} [level]"],
+               loc="outside lower center", ncol=3, fontsize=7)
     resolved = [f"{study}: {_name(c['a'])} − {_name(c['b'])}" for study, c in entries
                 if c["ci"] is not None and (c["ci"][0] > 0 or c["ci"][1] < 0)]
     takeaway = (f"{len(resolved)} of {len(entries)} comparisons resolved at their level"

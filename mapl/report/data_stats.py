@@ -11,6 +11,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from .figures import new_figure, save_figure
+from .style import NEUTRAL
 from .table import DASH, fmt
 
 __all__ = ["data_summary_table", "token_byte_lengths", "token_length_histogram", "token_length_figure"]
@@ -60,7 +61,8 @@ def token_length_figure(hist: dict[int, int], path: str | Path | None = None) ->
     """Bar chart of :func:`token_length_histogram` (share of tokens per length)."""
     fig, (ax,) = new_figure(1, 5.0, 3.0)
     total = sum(hist.values()) or 1
-    ax.bar(list(hist), [100 * v / total for v in hist.values()], color="#1f77b4")
-    ax.set(xlabel="token length (bytes)", ylabel="% of tokens")
+    ax.bar(list(hist), [100 * v / total for v in hist.values()], color=NEUTRAL["bar"])
+    ax.set(xlabel="token length (bytes of text)", ylabel="share of validation tokens (%)",
+           title="Validation tokens by length")
     ax.grid(alpha=0.3, axis="y")
     return save_figure(fig, path)

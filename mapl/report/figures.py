@@ -2,30 +2,38 @@
 global state is never touched, so the notebook's inline backend plays no part).
 
 Every method keeps one colour and one marker everywhere (:mod:`mapl.report.style`); legends name
-methods and ratios, never run ids; error bars show the std over seeds wherever there are seeds, or
-the 95% t interval where the caption says so. Each function returns a :class:`Figure`; the captions
-and takeaways are in :mod:`mapl.report.plots`.
+methods and ratios, never run ids; every error bar and band says what it shows (the sd over seeds, or
+the 95 % t interval of the mean where the figure compares). Each figure has a title and labelled axes
+with units; labels next to points are placed where they overlap nothing (:func:`place_labels`). Each
+function returns a :class:`Figure`; the captions and takeaways are in :mod:`mapl.report.plots`.
 """
 from __future__ import annotations
 
 import io
+import math
 from collections import defaultdict
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.collections import LineCollection
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 from matplotlib.ticker import NullFormatter, ScalarFormatter
+from matplotlib.transforms import Bbox
 
 from ..base.io import atomic_write_bytes
 from .rows import group_runs, sort_key
-from .style import fmt_ratio, label, linestyle, style, variant_label
+from .stats import t_interval
+from .style import NEUTRAL, bars_handle, bars_text, figure_label, fmt_ratio, linestyle, style, variant_label
 
-__all__ = ["new_figure", "save_figure", "png_bytes", "empty_note", "pareto_figure", "loss_curves_figure",
-           "axis_figure", "health_figure", "gap_curves_figure", "paper_scatter_figure"]
+__all__ = ["new_figure", "new_grid", "save_figure", "png_bytes", "empty_note", "place_labels", "pareto_figure",
+           "loss_curves_figure", "axis_figure", "health_figure", "gap_curves_figure", "paper_scatter_figure"]
 
-LINESTYLES = ("-", "--", ":", "-.")
+DELTA_LABEL = "Δ val loss vs uncompressed (%)"
+STEP_LABEL = "optimizer step"
+LOSS_LABEL = "loss (nats / token)"
 
 
 def new_figure(ncols: int = 1, width: float = 5.0, height: float = 3.8) -> tuple[Figure, list]:
@@ -33,6 +41,14 @@ def new_figure(ncols: int = 1, width: float = 5.0, height: float = 3.8) -> tuple
     fig = Figure(figsize=(width * ncols, height), layout="constrained")
     FigureCanvasAgg(fig)
     return fig, list(fig.subplots(1, ncols, squeeze=False)[0])
+
+
+def new_grid(nrows: int, ncols: int, width: float, height: float, **subplots) -> tuple[Figure, np.ndarray]:
+    """A figure of ``nrows`` x ``ncols`` panels in ``width`` x ``height`` inches (the whole figure), on the Agg
+    canvas; ``subplots``: e.g. ``sharex``, ``sharey``."""
+    fig = Figure(figsize=(width, height), layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig, fig.subplots(nrows, ncols, squeeze=False, **subplots)
 
 
 def png_bytes(fig: Figure, dpi: int = 120) -> bytes:
@@ -52,7 +68,7 @@ def save_figure(fig: Figure, path: str | Path | None) -> Figure:
 
 def empty_note(ax, text: str = "no runs") -> None:
     """Blank the axes with one line of grey text."""
-    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, color="0.35", wrap=True)
+    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, color=NEUTRAL["note"], wrap=True)
     ax.set_xticks([]), ax.set_yticks([])
 
 
@@ -62,57 +78,196 @@ def _log2_axis(ax) -> None:
     ax.xaxis.set_minor_formatter(NullFormatter())
 
 
-def _setup_name(variant: str, model: str, stages: int, steps: int, several_setups: bool, several_budgets: bool) -> str:
-    """A line's legend entry: the method, then its model and P where there are several, and its budget where
-    budgets differ (blocks' mini trains 1,000 steps beside tiny's 300)."""
-    where = [f"{model}, P={stages}"] if several_setups else []
-    where += [f"{steps:,} steps"] if several_budgets else []
-    return variant_label(variant) + (f" ({', '.join(where)})" if where else "")
+def _zero_line(ax) -> None:
+    ax.axhline(0.0, color=NEUTRAL["reference"], lw=0.8)
 
 
-def pareto_figure(sums: Sequence[dict]) -> Figure:
-    """Δ% against forward bytes (left) and total bytes (right) per token and boundary, one line per
-    method (per model and P where there are several); error bars: std over seeds; each point
-    labelled with its wire ratio; the title names the budget when all lines share one."""
-    fig, axes = new_figure(2, 5.2, 4.0)
-    lines = defaultdict(list)
-    for s in sums:
-        lines[(s["model"], s["stages"], s["variant"])].append(s)
-    setups = sorted({(m, p) for m, p, _ in lines}, key=str)
-    budgets = sorted({s["steps"] for s in sums})
-    for i, ((model, stages, variant), pts) in enumerate(sorted(lines.items(), key=lambda kv: sort_key(kv[1][0]))):
-        ls = LINESTYLES[setups.index((model, stages)) % len(LINESTYLES)]
-        name = _setup_name(variant, model, stages, pts[0]["steps"], len(setups) > 1, len(budgets) > 1)
-        for ax, xkey in zip(axes, ("fwd_bytes_per_token", "total_bytes_per_token")):
-            pts_x = sorted((s for s in pts if s[xkey]), key=lambda s: -s[xkey])
-            if not pts_x:
-                continue
-            err = [s["delta_std"] or 0.0 for s in pts_x]
-            y = [0.0 if s["method"] == "none" else (s["delta_pct"] if s["delta_pct"] is not None else np.nan)
-                 for s in pts_x]
-            ax.errorbar([s[xkey] for s in pts_x], y, yerr=err if any(err) else None, capsize=3, ls=ls, ms=6,
-                        label=name, **style(variant))
-            for s, yy in zip(pts_x, y):
-                ax.annotate(fmt_ratio(s["wire_ratio"]), (s[xkey], yy), fontsize=7, color=style(variant)["color"],
-                            xytext=(5, 4) if i % 2 else (5, -10), textcoords="offset points")
-    titles = ("forward payload only", "total: both directions, ids, projector + codebook sync")
-    xlabels = ("forward bytes / token / boundary (log)", "total bytes / token / boundary (log)")
-    for ax, xlabel, title in zip(axes, xlabels, titles):
-        if not sums:
-            empty_note(ax, "no runs in group main")
+# ---- labels next to points, placed where they overlap nothing -----------------------------------------------
+# candidate offsets (points) in order of preference: right, above-right, below-right, above, below, left side
+_RADII = (4.0, 10.0, 17.0, 26.0, 38.0)
+_ANGLES = (0, 35, -35, 90, -90, 145, -145, 180)
+_MARKER_PT = 4.5          # half the side of the square each marker keeps free
+_FREE = 0.5               # px²: an overlap below this is rounding in the box arithmetic, not a collision
+_AMBIGUOUS = 400.0        # px²: the cost of a label nearer another point than its own (as a small overlap)
+
+
+def _obstacles(ax, renderer) -> list[Bbox]:
+    """Display-space boxes of what a label must not cover: every marker, every error bar, every text of ``ax``."""
+    boxes, half = [], _MARKER_PT * ax.figure.dpi / 72
+    for line in ax.get_lines():
+        if line.get_marker() in (None, "", "None", " ") or not line.get_visible():
             continue
-        _log2_axis(ax)
-        ax.set(xlabel=xlabel, ylabel="Δ% val loss vs uncompressed", title=title)
-        ax.axhline(0.0, color="0.6", lw=0.8)
-        ax.grid(alpha=0.3)
-    if sums and len(setups) > 1:                           # one line per method and setup: below the panels, not on the points
-        fig.legend(*axes[1].get_legend_handles_labels(), fontsize=8, loc="outside lower center", ncol=3)
-    elif sums:
-        axes[1].legend(fontsize=8, loc="best")
-    fig.suptitle("Loss against communication, token-matched" + (f" ({budgets[0]:,} steps)" if len(budgets) == 1 else ""))
+        for x, y in line.get_transform().transform(line.get_xydata()):
+            if np.isfinite(x) and np.isfinite(y):
+                boxes.append(Bbox([[x - half, y - half], [x + half, y + half]]))
+    for coll in ax.collections:
+        if isinstance(coll, LineCollection):
+            for seg in coll.get_segments():
+                if len(seg):
+                    pts = coll.get_transform().transform(seg)
+                    if np.isfinite(pts).all():
+                        boxes.append(Bbox([pts.min(0) - 1, pts.max(0) + 1]))
+    boxes += [t.get_window_extent(renderer) for t in ax.texts if t.get_visible() and t.get_text()]
+    return boxes
+
+
+def _overlap(a: Bbox, b: Bbox) -> float:
+    w = min(a.x1, b.x1) - max(a.x0, b.x0)
+    h = min(a.y1, b.y1) - max(a.y0, b.y0)
+    return w * h if w > 0 and h > 0 else 0.0
+
+
+def _distance(box: Bbox, xy) -> float:
+    dx = max(box.x0 - xy[0], 0.0, xy[0] - box.x1)
+    dy = max(box.y0 - xy[1], 0.0, xy[1] - box.y1)
+    return math.hypot(dx, dy)
+
+
+def _nearer_other(box: Bbox, anchors: Sequence, own: int) -> bool:
+    """Whether a label at ``box`` sits nearer another labelled point than its own (a reader would pair it wrongly)."""
+    mine = _distance(box, anchors[own])
+    return any(a is not None and j != own and _distance(box, a) < mine for j, a in enumerate(anchors))
+
+
+def _alignment(angle: float) -> tuple[str, str]:
+    c, s = math.cos(math.radians(angle)), math.sin(math.radians(angle))
+    return ("left" if c > 0.3 else "right" if c < -0.3 else "center",
+            "bottom" if s > 0.3 else "top" if s < -0.3 else "center")
+
+
+def place_labels(ax, points: Sequence[tuple[float, float]], texts: Sequence[str], colours: Sequence[str] | None = None,
+                 fontsize: float = 7) -> list:
+    """Write ``texts[i]`` next to ``points[i]`` (data coordinates), each at the first offset (nearest first:
+    right, above, below, left) where it covers no marker, error bar, text or earlier label and stays inside the
+    axes; where none is free, the offset that covers least. A label moved past the nearest ring gets a thin
+    leader line. Deterministic: the same figure places the same labels. Call it after the axes' limits and
+    scales are final (the placement is in display space); the figure's layout is fixed here, so a later draw
+    keeps every label where it was checked."""
+    fig = ax.figure
+    fig.canvas.draw()                                 # run the layout once: the transforms are final from here on
+    fig.set_layout_engine("none")
+    renderer = fig.canvas.get_renderer()
+    frame = ax.get_window_extent(renderer).padded(-2)
+    taken = _obstacles(ax, renderer)
+    anchors = [ax.transData.transform((x, y)) if np.isfinite(x) and np.isfinite(y) else None for x, y in points]
+    placed = []
+    for i, ((x, y), text) in enumerate(zip(points, texts)):
+        if anchors[i] is None:
+            continue
+        colour = colours[i] if colours else NEUTRAL["note"]
+        best = None
+        for radius in _RADII:
+            for angle in _ANGLES:
+                dx, dy = radius * math.cos(math.radians(angle)), radius * math.sin(math.radians(angle))
+                ha, va = _alignment(angle)
+                ann = ax.annotate(text, (x, y), xytext=(dx, dy), textcoords="offset points", ha=ha, va=va,
+                                  fontsize=fontsize, color=colour)
+                box = ann.get_window_extent(renderer)
+                ann.remove()
+                outside = max(0.0, box.width * box.height - _overlap(box, frame))
+                cost = sum(_overlap(box, t) for t in taken) + 10 * outside + _AMBIGUOUS * _nearer_other(box, anchors, i)
+                if best is None or cost < best[0]:
+                    best = (cost, dx, dy, ha, va, radius, box)
+                if cost < _FREE:
+                    break
+            if best[0] < _FREE:
+                break
+        _, dx, dy, ha, va, radius, box = best
+        leader = {"arrowprops": {"arrowstyle": "-", "color": colour, "lw": 0.5, "shrinkA": 0, "shrinkB": 2}} \
+            if radius > _RADII[1] else {}
+        placed.append(ax.annotate(text, (x, y), xytext=(dx, dy), textcoords="offset points", ha=ha, va=va,
+                                  fontsize=fontsize, color=colour, **leader))
+        taken.append(box)
+    return placed
+
+
+# ---- loss against communication ---------------------------------------------------------------------------
+def _bars(s: dict, kind: str) -> tuple[float, float] | None:
+    """(below, above) the mean Δ% of a summary: the sd over seeds (``kind="sd"``) or the 95 % t interval of the
+    mean (``"ci95"``); None with one seed."""
+    if kind == "ci95":
+        ci = t_interval(list((s.get("deltas") or {}).values()))
+        return None if ci is None else (s["delta_pct"] - ci[0], ci[1] - s["delta_pct"])
+    return None if not s["delta_std"] else (s["delta_std"], s["delta_std"])
+
+
+def _setups(sums: Sequence[dict], main: str | None) -> list[tuple]:
+    """(model, P, steps) of the summaries, the main model's first."""
+    return sorted({(s["model"], s["stages"], s["steps"]) for s in sums}, key=lambda k: (k[0] != main, str(k[0]), k[1], k[2]))
+
+
+def _pareto_panel(ax, sums: Sequence[dict], xkey: str, bars: str) -> tuple[list, list, list]:
+    """One setup's Δ% against ``xkey``: a line per variant through its ratios; returns the points, their wire
+    ratios and colours, labelled once the figure's layout is final (:func:`place_labels`)."""
+    lines = defaultdict(list)
+    for s in sorted(sums, key=sort_key):
+        if s[xkey]:
+            lines[s["variant"]].append(s)
+    points, texts, colours = [], [], []
+    for variant, pts in lines.items():
+        pts = sorted(pts, key=lambda s: -s[xkey])
+        y = [0.0 if s["method"] == "none" else (s["delta_pct"] if s["delta_pct"] is not None else np.nan) for s in pts]
+        err = [_bars(s, bars) if s["method"] != "none" else None for s in pts]
+        yerr = np.array([e or (0.0, 0.0) for e in err]).T if any(err) else None
+        ax.errorbar([s[xkey] for s in pts], y, yerr=yerr, capsize=3, ms=6, lw=1.0,
+                    label=figure_label(variant, None), **style(variant))
+        points += [(s[xkey], yy) for s, yy in zip(pts, y)]
+        texts += [fmt_ratio(s["wire_ratio"]) for s in pts]
+        colours += [style(variant)["color"]] * len(pts)
+    _log2_axis(ax)
+    _span_an_octave(ax, [x for x, _ in points])
+    _zero_line(ax)
+    ax.grid(alpha=0.3)
+    return points, texts, colours
+
+
+def _span_an_octave(ax, xs: Sequence[float]) -> None:
+    """Widen a log2 x range to hold a power of two with room on both sides: a panel whose points sit within one
+    octave (one setup's methods at one ratio) would otherwise have no tick label at all."""
+    xs = [x for x in xs if x and np.isfinite(x)]
+    if not xs:
+        return
+    lo, hi = min(xs) / 1.4, max(xs) * 1.4
+    if math.floor(math.log2(hi)) < math.ceil(math.log2(lo)):
+        below = 2.0 ** math.floor(math.log2(lo))
+        lo, hi = below / 1.2, max(hi, below * 1.2)
+    ax.set_xlim(lo, hi)
+
+
+def pareto_figure(sums: Sequence[dict], bars: str = "sd", main: str | None = None) -> Figure:
+    """Δ% against forward bytes (left) and total bytes (right) per token and boundary: one row of panels per
+    setup (model, P, budget; ``main``'s first), each titled with it; one line per variant through its ratios,
+    each point labelled with its wire ratio; error bars ``bars``: the sd over seeds, or the 95 % t interval of
+    the mean (``"ci95"``); one legend below the panels."""
+    setups = _setups(sums, main) or [None]
+    fig, grid = new_grid(len(setups), 2, 7.4, 2.5 * len(setups) + 1.3)
+    columns = (("fwd_bytes_per_token", "forward bytes / token / boundary (log₂)", "forward payload"),
+               ("total_bytes_per_token", "total bytes / token / boundary (log₂)", "total: both directions, ids, sync"))
+    ratio_labels = {}
+    for row, setup in zip(grid, setups):
+        for ax, (xkey, xlabel, what) in zip(row, columns):
+            if setup is None:
+                empty_note(ax, "no runs in group main")
+                continue
+            model, stages, steps = setup
+            mine = [s for s in sums if (s["model"], s["stages"], s["steps"]) == setup]
+            ratio_labels[ax] = _pareto_panel(ax, mine, xkey, bars)
+            ax.set(xlabel=xlabel, ylabel=DELTA_LABEL)
+            ax.set_title(f"{model}, P={stages}, {steps:,} steps\n{what}", fontsize=9)
+    fig.suptitle("Loss against communication, token-matched")
+    if sums:
+        handles = {}
+        for ax in grid.flat:
+            handles.update(zip(*reversed(ax.get_legend_handles_labels())))
+        labels = list(handles) + [bars_text(bars)]
+        fig.legend([handles[k] for k in handles] + [bars_handle()], labels, loc="outside lower center",
+                   ncol=min(3, len(labels)), fontsize=8)
+        for ax, (points, texts, colours) in ratio_labels.items():
+            place_labels(ax, points, texts, colours)
     return fig
 
 
+# ---- loss curves -----------------------------------------------------------------------------------------
 def _smooth(y: Sequence[float], k: int) -> np.ndarray:
     y = np.asarray(y, dtype=float)
     return y if k <= 1 or len(y) < k else np.convolve(y, np.ones(k) / k, mode="valid")
@@ -131,14 +286,16 @@ def _mean_curve(runs: Sequence[dict], key: str) -> tuple[np.ndarray, np.ndarray,
 def loss_curves_figure(rows: Sequence[dict], smooth: int | None = None, title: str = "") -> Figure:
     """Train loss (moving mean over ``smooth`` steps; default: 1/30 of the budget, at least 10) and
     val loss against step, one line per configuration (the mean over its seeds, the band their
-    range); colour and marker by method, line style by wire ratio."""
-    fig, (ax_t, ax_v) = new_figure(2, 5.2, 4.0)
+    range); colour and marker by method, line style by wire ratio; the legend below the panels."""
+    fig, (ax_t, ax_v) = new_figure(2, 3.8, 3.6)
     smooth = smooth or max(10, max((r["steps"] or 0 for r in rows), default=0) // 30)
     groups = group_runs(sorted(rows, key=sort_key))
+    several_seeds = False
     for runs in groups.values():
         r = runs[0]
-        name = label(r["variant"], r["wire_ratio"], r["projection_ratio"])
+        name = figure_label(r["variant"], r["wire_ratio"], r["projection_ratio"])
         name += f", {len(runs)} seeds" if len(runs) > 1 else ""
+        several_seeds |= len(runs) > 1
         kw = {**style(r["variant"]), "ls": linestyle(r["wire_ratio"]), "lw": 1.2}
         steps, mean, lo, hi = _mean_curve(runs, "train_loss_curve")
         if len(steps):
@@ -156,13 +313,15 @@ def loss_curves_figure(rows: Sequence[dict], smooth: int | None = None, title: s
         if not groups:
             empty_note(ax)
             continue
-        ax.set(xlabel="optimizer step", ylabel="loss", title=sub)
+        ax.set(xlabel=STEP_LABEL, ylabel=LOSS_LABEL, title=sub)
         ax.grid(alpha=0.3)
     if groups:
-        ax_v.legend(fontsize=7, ncol=2 if len(groups) > 6 else 1)
+        handles, labels = ax_v.get_legend_handles_labels()
+        fig.legend(handles, labels, loc="outside lower center", ncol=3, fontsize=7,
+                   title=("line: mean over seeds; " + bars_text("range", "band")) if several_seeds else None,
+                   title_fontsize=7)
         _zoom_to_tail(ax_t, [ln.get_ydata() for ln in ax_t.get_lines()])
-    if title:
-        fig.suptitle(title)
+    fig.suptitle(title or "Loss curves")
     return fig
 
 
@@ -174,6 +333,7 @@ def _zoom_to_tail(ax, ys) -> None:
         ax.set_ylim(lo - 0.02 * (hi - lo), hi + 0.05 * (hi - lo))
 
 
+# ---- the token and width axes ----------------------------------------------------------------------------
 def _delta_series(ax, points: Sequence[dict], xkey: str, v: str, jitter: float) -> None:
     """One variant's Δ% against ``xkey``; a budget where it has no run leaves a gap in its line (NaN),
     so no line is drawn across a missing point."""
@@ -186,18 +346,28 @@ def _delta_series(ax, points: Sequence[dict], xkey: str, v: str, jitter: float) 
     err = [(p["sums"][v]["delta_std"] or 0.0) if p in have else np.nan for p in span]
     s0 = have[0]["sums"][v]
     ax.errorbar([p[xkey] * jitter for p in span], ys, yerr=err, capsize=3, ms=6,
-                label=label(v, s0["wire_ratio"], s0["projection_ratio"]), **style(v))
+                label=figure_label(v, s0["wire_ratio"], s0["projection_ratio"]), **style(v))
+
+
+def _delta_axes(ax, xs: Sequence[float], xlabel: str, title: str) -> None:
+    _log2_axis(ax)
+    ax.set_xticks(xs)
+    ax.set(xlabel=xlabel, ylabel=DELTA_LABEL)
+    ax.set_title(title, fontsize=10)
+    _zero_line(ax)
+    ax.grid(alpha=0.3)
 
 
 def axis_figure(points: Sequence[dict], xkey: str, xlabel: str, variants: Sequence[str], title: str,
                 empty: str, separate: Sequence[str] = ()) -> Figure:
-    """Panels against ``xkey`` (log2): each variant's Δ% (mean, error bars = std over seeds; the
+    """Panels against ``xkey`` (log2): each variant's Δ% (mean, error bars = sd over seeds; the
     variants in ``separate`` in a panel of their own, so one unstable method does not set the scale
     of the others), and the paired SSN - MAPL gap (mean; error bars = 95% t interval where there are
     2+ seeds; dots = the per-seed differences)."""
-    fig, axes = new_figure(3 if separate else 2, 5.2, 3.9)
+    fig, axes = new_figure(3 if separate else 2, 3.4 if separate else 3.8, 3.5)
     ax_d, ax_g = axes[0], axes[-1]
     ax_s = axes[1] if separate else None
+    fig.suptitle(title)
     if not points:
         for ax in axes:
             empty_note(ax, empty)
@@ -208,111 +378,172 @@ def axis_figure(points: Sequence[dict], xkey: str, xlabel: str, variants: Sequen
         _delta_series(ax_s if v in separate else ax_d, points, xkey, v, jitter)
     if ax_s is not None:
         if ax_s.get_lines():
-            _log2_axis(ax_s)
-            ax_s.set_xticks(xs)
-            ax_s.set(xlabel=xlabel, ylabel="Δ% val loss vs uncompressed", title="MAPL+VQ (own scale)")
-            ax_s.axhline(0.0, color="0.6", lw=0.8)
-            ax_s.grid(alpha=0.3)
-            ax_s.legend(fontsize=8)
+            _delta_axes(ax_s, xs, xlabel, f"{variant_label('mapl-rvq')} (own scale)")
         else:
-            empty_note(ax_s, "no MAPL+VQ runs")
+            empty_note(ax_s, f"no {variant_label('mapl-rvq')} runs")
     gaps = [(p[xkey], p["gap"]) for p in points if p["gap"]]
     for x, g in gaps:
         ax_g.scatter([x] * g["n"], g["diffs"], s=14, color=style("ssn")["color"], alpha=0.45, lw=0)
     if gaps:
         mean = [g["mean"] for _, g in gaps]
         err = np.array([[g["mean"] - g["ci"][0], g["ci"][1] - g["mean"]] if g["ci"] else [0.0, 0.0] for _, g in gaps]).T
-        ax_g.errorbar([x for x, _ in gaps], mean, yerr=err, capsize=4, color="0.15", marker="o", ms=6,
-                      label="mean (bars: 95% t interval)")
-        ax_g.legend(fontsize=8)
+        ax_g.errorbar([x for x, _ in gaps], mean, yerr=err, capsize=4, color=NEUTRAL["ink"], marker="o", ms=6,
+                      label="mean over seeds")
+        ax_g.scatter([], [], s=14, color=style("ssn")["color"], alpha=0.45, lw=0, label="one seed")
+        _log2_axis(ax_g)
+        ax_g.set_xticks(xs)
+        ssn, mapl = variant_label("ssn"), variant_label("mapl")
+        ax_g.set(xlabel=xlabel, ylabel=f"{ssn} Δ − {mapl} Δ (% points)")
+        ax_g.set_title(f"paired {ssn} − {mapl} (> 0: {mapl} ahead)", fontsize=10)
+        _zero_line(ax_g)
+        ax_g.grid(alpha=0.3)
     else:
         empty_note(ax_g, "no point with both SSN and MAPL")
-    for ax, ylabel, sub in ((ax_d, "Δ% val loss vs uncompressed", "each method's Δ% (bars: std over seeds)"),
-                            (ax_g, "SSN Δ% − MAPL Δ% (points)", "paired SSN − MAPL gap (> 0: MAPL ahead)")):
-        if ax is ax_g and not gaps:
-            continue
-        _log2_axis(ax)
-        ax.set_xticks(xs)
-        ax.set(xlabel=xlabel, ylabel=ylabel, title=sub)
-        ax.axhline(0.0, color="0.6", lw=0.8)
-        ax.grid(alpha=0.3)
-    ax_d.legend(fontsize=8)
-    fig.suptitle(title)
+    _delta_axes(ax_d, xs, xlabel, "each method's Δ%")
+    _axis_legend(fig, [ax for ax in axes if ax is not ax_g], ax_g if gaps else None)
     return fig
+
+
+def _axis_legend(fig, delta_axes: Sequence, gap_axes) -> None:
+    """One legend below the panels (inside, it covers points whatever the corner): the methods and what their
+    bars are, then the gap panel's entries and what its bars are."""
+    handles, labels = [], []
+    for ax in delta_axes:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            if lab not in labels:
+                handles.append(h), labels.append(lab)
+    handles.append(bars_handle()), labels.append(f"Δ% panels, {bars_text('sd')}")
+    if gap_axes is not None:
+        h, lab = gap_axes.get_legend_handles_labels()
+        handles += h + [bars_handle()]
+        labels += [f"gap: {x}" for x in lab] + [f"gap, {bars_text('ci95')}"]
+    fig.legend(handles, labels, loc="outside lower center", ncol=3, fontsize=7)
+
+
+# ---- boundary health -------------------------------------------------------------------------------------
+def _configurations(runs: Sequence[dict]) -> dict[tuple, list[dict]]:
+    """(variant, wire ratio, projection ratio) -> its runs, in the report's method order."""
+    out = defaultdict(list)
+    for r in sorted(runs, key=sort_key):
+        out[(r["variant"], r["wire_ratio"], r["projection_ratio"])].append(r)
+    return dict(out)
+
+
+def _health_series(r: dict, p: int) -> tuple[list, list]:
+    pts = [(h["step"], h["boundaries"][p]["train_max"]) for h in r["health_readings"]
+           if p < len(h["boundaries"]) and h["boundaries"][p].get("train_max") is not None]
+    return (list(zip(*pts)) if pts else ([], []))
+
+
+def _wrap(text: str, width: int = 22) -> str:
+    """Break a row label at ', ' or ' (' once it is longer than ``width``, so rows stay narrow."""
+    if len(text) <= width:
+        return text
+    for sep in (", ", " ("):
+        cut = text.rfind(sep, 0, width + 1)
+        if cut > 0:
+            return text[:cut + (1 if sep == ", " else 0)] + "\n" + text[cut + len(sep) - (1 if sep == " (" else 0):].lstrip()
+    return text
 
 
 def health_figure(runs: Sequence[dict], title: str = "") -> Figure:
-    """Boundary health: max |z| of training messages against step (log scale), one panel per boundary,
-    one line per run (colour and marker: method; line style: seed)."""
+    """Boundary health as small multiples: one row of panels per configuration (variant and wire ratio), one
+    column per boundary, every seed a thin line in the configuration's colour, a tick on the top edge at the
+    step of a seed's first outlier warning; the y scale (log) shared by every panel, the legend below them."""
+    configs = _configurations(runs)
     n_b = max((len(r["health_readings"][0]["boundaries"]) for r in runs if r["health_readings"]), default=1)
-    fig, axes = new_figure(n_b, 4.0, 3.6)
-    for p, ax in enumerate(axes):
-        for r in runs:
-            pts = [(h["step"], h["boundaries"][p]["train_max"]) for h in r["health_readings"]
-                   if h["boundaries"][p].get("train_max") is not None]
-            if not pts:
-                continue
-            kw = {**style(r["variant"]), "ls": LINESTYLES[r["seed"] % len(LINESTYLES)], "lw": 1.0}
-            x, y = zip(*pts)
-            ax.plot(x, y, markevery=max(1, len(x) // 5), ms=4,
-                    label=f"{label(r['variant'], r['wire_ratio'], r['projection_ratio'])} s{r['seed']}", **kw)
-        ax.set_yscale("log")
-        ax.set(xlabel="optimizer step", title=f"boundary {p}", ylabel="max |z| (training messages)" if p == 0 else "")
-        ax.grid(alpha=0.3, which="both")
-        if not runs:
-            empty_note(ax, "no run recorded its boundary health")
-    if runs:
-        axes[-1].legend(fontsize=6)
-    if title:
-        fig.suptitle(title)
+    fig, grid = new_grid(max(1, len(configs)), n_b, 7.0, 0.8 * max(1, len(configs)) + 1.3, sharex=True, sharey=True)
+    fig.suptitle(title or "Boundary health")
+    if not configs:
+        empty_note(grid[0][0], "no run recorded its boundary health")
+        return fig
+    for row, ((variant, wire, proj), mine) in zip(grid, configs.items()):
+        colour = style(variant)["color"]
+        for p, ax in enumerate(row):
+            for r in mine:
+                x, y = _health_series(r, p)
+                ax.plot(x, y, color=colour, lw=0.6, alpha=0.8)
+                if r.get("first_warning_step") is not None:     # the run's, not a boundary's: a tick on the top edge
+                    ax.plot([r["first_warning_step"]], [1.0], transform=ax.get_xaxis_transform(), ls="none",
+                            marker="v", ms=4, color=NEUTRAL["ink"], clip_on=False)
+            ax.set_yscale("log")
+            ax.grid(alpha=0.3, which="major")
+            ax.tick_params(labelsize=7)
+        seeds = f"{len(mine)} seed{'s' if len(mine) > 1 else ''}"
+        row[0].set_ylabel(f"{_wrap(figure_label(variant, wire, proj))}\n({seeds})", rotation=0, ha="right",
+                          va="center", fontsize=7, color=colour)
+    for p, ax in enumerate(grid[0]):
+        ax.set_title(f"boundary {p}", fontsize=9)
+    for ax in grid[-1]:
+        ax.set_xlabel(STEP_LABEL, fontsize=8)
+    fig.supylabel("largest |z| of a training message (activation units, log)", fontsize=8)
+    fig.legend([Line2D([], [], color=NEUTRAL["note"], lw=0.6),
+                Line2D([], [], ls="none", marker="v", ms=4, color=NEUTRAL["ink"])],
+               ["one seed (the row's colour)", "a seed's first outlier warning (its step)"],
+               loc="outside lower center", ncol=2, fontsize=7)
     return fig
 
 
+# ---- the in-run gap --------------------------------------------------------------------------------------
 def gap_curves_figure(gap: dict, generalisation: dict, title: str = "") -> Figure:
-    """Left: the paired in-run gap (``gap``: {"steps", "mean", "lo", "hi"}, points) against step.
-    Right: validation − training loss per method (``generalisation``: variant -> (steps, mean))."""
-    fig, (ax_g, ax_o) = new_figure(2, 5.2, 4.0)
+    """Left: the paired in-run gap (``gap``: {"steps", "mean", "lo", "hi"}, points) against step, its 95 %
+    interval as a band. Right: validation − training loss per method (``generalisation``: variant -> (steps, mean))."""
+    fig, (ax_g, ax_o) = new_figure(2, 3.8, 3.4)
+    ssn, mapl = variant_label("ssn"), variant_label("mapl")
     if len(gap.get("steps", [])):
-        ax_g.plot(gap["steps"], gap["mean"], color="black", marker="o", ms=4, lw=1.2, label="mean over seeds")
-        ax_g.fill_between(gap["steps"], gap["lo"], gap["hi"], color="grey", alpha=0.25, lw=0, label="95% t interval")
-        ax_g.axhline(0, color="grey", lw=0.8)
-        ax_g.set(xlabel="optimizer step", ylabel="Δ%(SSN) − Δ%(MAPL), points", title="paired gap during training")
+        ax_g.plot(gap["steps"], gap["mean"], color=NEUTRAL["ink"], marker="o", ms=4, lw=1.2, label="mean over seeds")
+        ax_g.fill_between(gap["steps"], gap["lo"], gap["hi"], color=NEUTRAL["fill"], alpha=0.3, lw=0,
+                          label=bars_text("ci95", "band"))
+        ax_g.axhline(0, color=NEUTRAL["reference"], lw=0.8)
+        ax_g.set(xlabel=STEP_LABEL, ylabel=f"{ssn} Δ − {mapl} Δ (% points)",
+                 title=f"paired gap (> 0: {mapl} ahead)")
         ax_g.legend(fontsize=7)
         ax_g.grid(alpha=0.3)
     else:
         empty_note(ax_g, "fewer than 2 paired seeds")
     for variant, (steps, mean) in generalisation.items():
-        ax_o.plot(steps, mean, ms=4, lw=1.2, label=variant_label(variant), **style(variant))
+        ax_o.plot(steps, mean, ms=4, lw=1.2, label=variant_label(variant, figure=True), **style(variant))
     if generalisation:
-        ax_o.set(xlabel="optimizer step", ylabel="val − train loss", title="generalisation gap")
-        ax_o.axhline(0, color="grey", lw=0.8)
+        ax_o.set(xlabel=STEP_LABEL, ylabel="val − train loss (nats / token)", title="val − train (mean over seeds)")
+        ax_o.axhline(0, color=NEUTRAL["reference"], lw=0.8)
         ax_o.legend(fontsize=7)
         ax_o.grid(alpha=0.3)
     else:
         empty_note(ax_o)
-    if title:
-        fig.suptitle(title)
+    fig.suptitle(title or f"{ssn} − {mapl} gap during training")
     return fig
 
 
+# ---- ours against the paper ------------------------------------------------------------------------------
 def paper_scatter_figure(cells: Sequence[dict], model: str | None = None) -> Figure:
-    """Our Δ% (y, error bars: std over seeds) against the paper's Δ% (x) for the same method and
-    projection ratio; one marker per method, filled at the headline budget, hollow at the main one;
-    the diagonal is where they would agree."""
-    fig, (ax,) = new_figure(1, 5.6, 4.4)
+    """Our Δ% (y, error bars: sd over seeds) against the paper's Δ% (x) for the same method and projection
+    ratio; one marker per method, filled at the headline budget, hollow at the main one; each point numbered,
+    its number keyed in the legend beside the axes (names next to clustered points would overlap); the dashed
+    diagonal is where the two agree."""
+    fig, (ax,) = new_figure(1, 7.4, 4.0)
+    fig.suptitle("Our Δ% against the paper's, per cell" + (f" ({model})" if model else ""))
     if not cells:
         empty_note(ax, "no cell with a paper entry")
         return fig
-    for c in cells:
+    order = list(cells)
+    handles, labels = [], []
+    for i, c in enumerate(order, 1):
         kw = style(c["variant"])
         hollow = {"mfc": "none"} if c["budget"] == "main" else {}
-        ax.errorbar([c["paper"]], [c["ours"]], yerr=[c["std"] or 0.0], capsize=3, ms=7, ls="none",
-                    **{k: v for k, v in kw.items() if k not in ("ls",)}, **hollow)
-        ax.annotate(c["label"], (c["paper"], c["ours"]), fontsize=6, xytext=(4, 3), textcoords="offset points")
-    hi = max(max(c["paper"] for c in cells), max(c["ours"] for c in cells)) * 1.1
-    ax.plot([0, hi], [0, hi], color="0.6", lw=0.8, ls="--", label="ours = paper")
-    ax.set(xlabel="paper Δ% (Table 1 / App. C, its scale)", ylabel="our Δ%" + (f" ({model})" if model else ""),
-           title="our Δ% against the paper's, per cell")
+        ax.errorbar([c["paper"]], [c["ours"]], yerr=[c["std"] or 0.0], capsize=3, ms=7, ls="none", **kw, **hollow)
+        handles.append(Line2D([], [], ls="none", ms=6, **kw, **hollow))
+        labels.append(f"{i}  {c['label']}")
+    hi_x = max(c["paper"] for c in cells) * 1.08
+    hi_y = max(c["ours"] + (c["std"] or 0.0) for c in cells) * 1.2
+    lo_y = min(0.0, min(c["ours"] - (c["std"] or 0.0) for c in cells) * 1.2)
+    diagonal, = ax.plot([0, hi_x], [0, hi_x], color=NEUTRAL["reference"], lw=0.8, ls="--")
+    ax.set_xlim(0, hi_x)
+    ax.set_ylim(lo_y, hi_y)
+    ax.set(xlabel="paper Δ val loss (%; Table 1 / App. C, its scale)",
+           ylabel="our Δ val loss (%)" + (f", {model}" if model else ""))
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    fig.legend(handles + [diagonal, bars_handle()], labels + ["ours = paper", bars_text("sd")], loc="outside right center",
+               fontsize=7, title="hollow: main budget; filled: headline", title_fontsize=7)
+    place_labels(ax, [(c["paper"], c["ours"]) for c in order], [str(i) for i in range(1, len(order) + 1)],
+                 [style(c["variant"])["color"] for c in order], fontsize=7)
     return fig

@@ -15,6 +15,7 @@ from typing import Sequence
 
 from .controls import study_comparisons, tested_family
 from .stats import t_interval
+from .style import NEUTRAL, PROJECTOR_LABELS, PROJECTOR_VARIANTS, bars_handle, bars_text, style
 from .table import DASH, Table, fmt, fmt_ci, fmt_int, fmt_pm
 
 __all__ = ["FROZEN_PROJECTORS", "FROZEN_COMPARISONS", "load_frozen", "load_frozen_tuning", "setting_label",
@@ -22,7 +23,7 @@ __all__ = ["FROZEN_PROJECTORS", "FROZEN_COMPARISONS", "load_frozen", "load_froze
            "frozen_plot"]
 
 FROZEN_PROJECTORS = ("spel", "fixed", "unconstrained")
-NAMES = {"spel": "SPEL (learned)", "fixed": "fixed random basis", "unconstrained": "unconstrained (learned)"}
+NAMES = PROJECTOR_LABELS             # display names live with every other name (mapl.report.style)
 # (A, B, what the difference isolates), read A − B (positive: B ahead)
 FROZEN_COMPARISONS = (("fixed", "spel", "learning the subspace, without co-adaptation"),
                       ("unconstrained", "spel", "the Stiefel constraint, without co-adaptation"))
@@ -161,21 +162,29 @@ def frozen_plot(runs: Sequence[dict]):
     from .figures import empty_note, new_figure
     from .plots import Plot
     fig, (ax,) = new_figure(1, width=6.0, height=3.8)
-    caption = ("Validation loss while only the boundaries train on the frozen trunk (mean over seeds; step 0: "
-               "boundaries inserted, untrained); dotted: the trunk itself, uncompressed.")
+    caption = ("Validation loss while only the boundaries train on the frozen trunk (mean over seeds, bars ±1 sd; "
+               "step 0: boundaries inserted, untrained); dotted: the trunk itself, uncompressed.")
     sums = frozen_summaries(runs)
     if not sums:
         empty_note(ax, "the frozen-trunk study has not run")
         return Plot("frozen-trunk", caption, NO_RUNS, fig, empty=True)
-    for proj in sums:
+    for i, proj in enumerate(sums):
         mine = [r for r in runs if r["projector"] == proj]
         steps = [0] + [s for s, _ in mine[0]["val_loss_curve"]]
         curves = [[r["val_before"]] + [v for _, v in r["val_loss_curve"]] for r in mine]
-        ax.plot(steps, [statistics.fmean(vals) for vals in zip(*curves)], marker="o", label=NAMES[proj])
-    ax.axhline(next(iter(sums.values()))["trunk_loss"], color="0.3", linestyle=":", linewidth=1, label="trunk")
+        sd = [statistics.stdev(vals) if len(vals) > 1 else 0.0 for vals in zip(*curves)]
+        shift = 0.012 * steps[-1] * (i - (len(sums) - 1) / 2)    # side by side, so the bars do not hide each other
+        ax.errorbar([x + shift for x in steps], [statistics.fmean(vals) for vals in zip(*curves)],
+                    yerr=sd if len(mine) > 1 else None, capsize=3, ms=5, lw=1.2,
+                    label=f"{NAMES[proj]} ({len(mine)} seeds)", **style(PROJECTOR_VARIANTS[proj]))
+    ax.axhline(next(iter(sums.values()))["trunk_loss"], color=NEUTRAL["guide"], linestyle=":", linewidth=1,
+               label="trunk (uncompressed)")
     ax.set_xlabel("boundary-training step")
-    ax.set_ylabel("validation loss")
-    ax.legend(fontsize=8)
+    ax.set_ylabel("validation loss (nats / token)")
+    ax.set_title("Boundaries trained on a frozen trunk")
+    ax.grid(alpha=0.3)
+    handles, labels = ax.get_legend_handles_labels()
+    ax.legend(handles + [bars_handle()], labels + [bars_text("sd")], fontsize=8)
     best = min(sums.values(), key=lambda s: s["delta_pct"])
     takeaway = f"lowest mean Δ% after {fmt_int(best['steps'])} steps: {NAMES[best['name']]} ({best['delta_pct']:+.2f} %)."
     return Plot("frozen-trunk", caption, takeaway, fig)

@@ -16,7 +16,7 @@ from .figures import (axis_figure, gap_curves_figure, health_figure, loss_curves
                       pareto_figure, save_figure)
 from .rows import at_best_validation, budget_steps, is_reference, main_model, run_key
 from .studies import STUDY_VARIANTS, headline_ratio, headline_summaries, token_points, width_points
-from .style import fmt_ratio, label
+from .style import BARS, figure_label, fmt_ratio, label, variant_label
 from .stats import t_interval
 from .table import fmt, fmt_int
 from .tables import table1_summaries
@@ -58,13 +58,16 @@ def pareto_plot(rows: Sequence[dict], group: str | None = None) -> Plot:
     sums = table1_summaries(rows) if group is None else headline_summaries(rows, group)
     budget = ("each model's main budget" if group is None
               else f"the budget of group {group} ({fmt_int(sums[0]['steps'] if sums else 0)} steps)")
-    caption = (f"Δ% of validation loss against bytes per token and boundary at {budget}, token-matched; error "
-               "bars: std over seeds; point labels: wire ratio (2d / forward bytes). Left: the forward payload, as "
-               "the paper counts it. Right: total = (forward + backward + token ids + projector exchange + codebook "
-               "sync) bytes of the run / (training tokens × boundaries).")
+    # the main budget has two seeds, where a 95 % interval is ±9 sd wide and says nothing; the headline has eight
+    # and is read as a comparison, so its bars are the interval of the mean
+    bars = "sd" if group is None else "ci95"
+    caption = (f"Δ% of validation loss against bytes per token and boundary at {budget}, token-matched, one row of "
+               f"panels per model, P and budget; error bars: {BARS[bars]}; point labels: wire ratio (2d / forward "
+               "bytes). Left: the forward payload, as the paper counts it. Right: total = (forward + backward + token "
+               "ids + projector exchange + codebook sync) bytes of the run / (training tokens × boundaries).")
     takeaway = _bytes_takeaway(sums, headline_ratio(rows)) if sums else f"no runs in group {group or 'main'}."
-    return Plot("pareto" if group is None else f"pareto-{group}", caption, takeaway, pareto_figure(sums),
-                empty=not sums)
+    return Plot("pareto" if group is None else f"pareto-{group}", caption, takeaway,
+                pareto_figure(sums, bars, main_model(rows)), empty=not sums)
 
 
 def curves_plot(rows: Sequence[dict], group: str) -> Plot:
@@ -102,9 +105,9 @@ def tokens_plot(rows: Sequence[dict], takeaway: str, best: bool = False) -> Plot
                       f"Token axis at projection ratio {fmt_ratio(ratio)}"
                       + (", best validation loss per run" if best else ""), "fewer than two budgets with runs",
                       separate=("mapl-rvq", "mapl-rvq-scaled"))
-    caption = ("Left: each method's Δ% against the training budget (mean; bars: std over seeds; no line across a "
+    caption = ("Left: each method's Δ% against the training budget (mean; bars: ±1 sd over seeds; no line across a "
                "budget a method did not run). Middle: MAPL+VQ on its own scale. Right: the paired SSN − MAPL "
-               "difference of Δ% (positive: MAPL ahead), its mean with the Student t 95% interval and every seed "
+               "difference of Δ% (positive: MAPL ahead), its mean with the Student t 95 % interval and every seed "
                "as a dot." + (" Every run is scored at its best step, chosen on the selection set (early "
                               "stopping)." if best else ""))
     return Plot("tokens-best" if best else "tokens", caption, takeaway, fig, empty=len(points) < 2)
@@ -117,8 +120,8 @@ def width_plot(rows: Sequence[dict], takeaway: str) -> Plot:
     fig = axis_figure(points, "d", "model width d (log)", STUDY_VARIANTS[1:],
                       f"Width axis at projection ratio {fmt_ratio(headline_ratio(rows))}, {fmt_int(steps)} steps",
                       "no runs in group width")
-    caption = ("Left: each method's Δ% against the model width d at the main budget (bars: std over seeds where "
-               "there are several). Right: the paired SSN − MAPL gap per width.")
+    caption = ("Left: each method's Δ% against the model width d at the main budget (bars: ±1 sd over seeds where "
+               "there are several). Right: the paired SSN − MAPL gap per width (bars: 95 % t interval of the mean).")
     return Plot("width", caption, takeaway, fig, empty=len(points) < 2)
 
 
@@ -128,9 +131,10 @@ def health_plot(rows: Sequence[dict], group: str = "long") -> Plot:
     model = main_model(rows)
     steps = budget_steps(rows, group, model)
     runs = [r for r in rows if r["steps"] == steps and r["model"] == model and r.get("health_recorded")]
-    title = f"Boundary health at {steps:,} steps" if steps else "Boundary health"
-    caption = ("Largest |z| of a training message per boundary, read every train.health_every steps (log scale); "
-               "one line per run at the long budget that recorded it; the outlier warning fires when a reading "
+    title = f"Boundary health, {model}, {steps:,} steps" if steps else "Boundary health"
+    caption = ("Largest |z| of a training message, read every train.health_every steps (log scale): one row of panels "
+               "per configuration at the long budget that recorded it, one column per boundary, one thin line per "
+               "seed; a tick on the top edge marks the step of a seed's first outlier warning, which fires when a reading "
                "exceeds train.health_warn_factor x the median of every earlier reading (readings in the first 3 "
                "learning-rate warmups not judged).")
     if not runs:
@@ -212,7 +216,9 @@ def gap_curves_plot(rows: Sequence[dict], group: str = "long") -> Plot:
         takeaway = f"fewer than two seeds with none, SSN and MAPL in group {group}: no paired gap."
     # the headline's figure keeps its name; another group's (the corpus study's) gets its own file
     name = "gap-curves" if group == "long" else f"gap-curves-{group.replace('_', '-')}"
-    return Plot(name, caption, takeaway, gap_curves_figure(gap, _generalisation(by_variant)), empty=not gap)
+    title = (f"{variant_label('ssn')} − {variant_label('mapl')} gap during training, group {group} ({model}, "
+             f"{fmt_int(steps)} steps)")
+    return Plot(name, caption, takeaway, gap_curves_figure(gap, _generalisation(by_variant), title), empty=not gap)
 
 
 def paper_scatter_plot(rows: Sequence[dict]) -> Plot:
@@ -234,10 +240,10 @@ def paper_scatter_plot(rows: Sequence[dict]) -> Plot:
             if p is None:
                 continue
             cells.append({"variant": s["variant"], "budget": budget, "paper": p["delta_pct"], "ours": s["delta_pct"],
-                          "std": s["delta_std"], "label": f"{label(s['variant'], s['wire_ratio'], s['projection_ratio'])}"
-                                                           f", {fmt_int(s['steps'])}"})
+                          "std": s["delta_std"], "label": f"{figure_label(s['variant'], s['wire_ratio'], s['projection_ratio'])}"
+                                                           f", {fmt_int(s['steps'])} steps"})
     caption = (f"Each of our cells of the main model ({model}; the main budget hollow, the headline budget filled; "
-               "bars: std over seeds) at the "
+               "bars: ±1 sd over seeds; each point numbered, its cell named in the key) at the "
                "paper's Δ% for the same method and projection ratio (Table 1 at its matching scale; the fixed "
                "projector: Appendix C at 4×). On the dashed line the two agree.")
     ssn = [c for c in cells if c["variant"] == "ssn"]

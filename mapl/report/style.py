@@ -1,15 +1,25 @@
-"""Names, labels and the fixed plot style of every method: one colour and one marker each, never reused.
+"""The one plot style of the report and the planner: display names, one colour and one marker per method
+and variant (never reused), the neutral colours of guides and notes, and what an error bar means.
 
 A figure's legend names a method and its ratio on the wire (``MAPL+VQ 16× (proj. 8×)``), never a
-run id; the line style encodes the wire ratio where one panel holds several ratios of a method.
+run id; the line style encodes the wire ratio where one panel holds several ratios of a method. Every
+error bar or band says what it is (:data:`BARS`): the sd over seeds where the point is a spread, a 95 %
+interval of the mean where the point is a comparison. No other module holds a colour or a method's
+display name (tests/test_report.py checks the colours).
 
     >>> label("mapl-rvq", 16, 8)
     'MAPL+VQ 16× (proj. 8×)'
+    >>> bars_text("ci95")
+    'bars: 95 % t interval of the mean'
 """
 from __future__ import annotations
 
-__all__ = ["METHOD_LABELS", "VARIANT_LABELS", "STYLE", "RATIO_LINESTYLE", "variant_label", "label", "style",
-           "linestyle", "fmt_ratio"]
+from matplotlib.lines import Line2D
+
+__all__ = ["METHOD_LABELS", "VARIANT_LABELS", "STUDY_VARIANT_LABELS", "FIGURE_LABELS", "STUDY_ARM_LABELS",
+           "PROJECTOR_LABELS", "PROJECTOR_VARIANTS", "STYLE", "RATIO_LINESTYLE", "NEUTRAL", "SPEEDUP_CMAP", "BARS",
+           "variant_label", "label", "figure_label", "style", "colour", "linestyle", "fmt_ratio", "bars_text",
+           "bars_handle"]
 
 METHOD_LABELS = {"none": "Uncompressed", "int8": "int8", "ssn": "SSN", "mapl": "MAPL", "mapl-rvq": "MAPL+VQ"}
 VARIANT_LABELS = {
@@ -23,7 +33,21 @@ VARIANT_LABELS = {
     "mapl-rvq-sync-mirrored": "MAPL+VQ, mirrored codebooks",
     "mapl-rvq-scaled": "MAPL+VQ, per-token scale",
 }
-# variant -> (colour, marker): every colour and every marker appears once (tests check it)
+# the variants only the decomposition study trains (mapl.report.controls.DECOMPOSITION), named in figures; the
+# tables print their ids, as the committed tables do (naming them there is a change of tables, not of style)
+STUDY_VARIANT_LABELS = {"none-anchor-factorized": "Uncompressed + anchors", "ssn-anchor-factorized": "SSN + anchors",
+                        "mapl-fixed-shared": "MAPL, one shared fixed subspace"}
+FIGURE_LABELS = {**VARIANT_LABELS, **STUDY_VARIANT_LABELS}
+# the decomposition study's arm names (mapl.report.controls.DECOMPOSITION) -> display name; the parameter-matched
+# arm shares its variant with "ssn+anchors" and is told apart by name only
+STUDY_ARM_LABELS = {"none": "Uncompressed", "none+anchors": "Uncompressed + anchors", "ssn": "SSN",
+                    "ssn+anchors": "SSN + anchors", "ssn+anchors, matched": "SSN + anchors, parameter-matched",
+                    "mapl-fixed-shared": "MAPL, one shared fixed subspace", "mapl": "MAPL"}
+# the frozen-trunk study's projectors (mapl.report.frozen) -> display name, and the variant whose colour they take
+PROJECTOR_LABELS = {"spel": "SPEL (learned)", "fixed": "fixed random basis", "unconstrained": "unconstrained (learned)"}
+PROJECTOR_VARIANTS = {"spel": "mapl", "fixed": "mapl-fixed", "unconstrained": "mapl-unconstrained"}
+# variant -> (colour, marker): every colour and every marker appears once (tests check it). Families share a hue
+# where they can: MAPL blues, SSN reds, MAPL+VQ greens, uncompressed black and greys.
 STYLE = {
     "none": ("#000000", "o"),
     "int8": ("#7f7f7f", "s"),
@@ -38,9 +62,34 @@ STYLE = {
     "mapl-rvq-sync-full": ("#bcbd22", ">"),
     "mapl-rvq-sync-mirrored": ("#393b79", "p"),
     "mapl-rvq-scaled": ("#006d2c", "d"),
+    "none-anchor-factorized": ("#525252", "8"),
+    "ssn-anchor-factorized": ("#f4a582", "H"),
+    "mapl-fixed-shared": ("#6baed6", "x"),
 }
 # wire ratio -> line style, for the panels that show several ratios of one method
 RATIO_LINESTYLE = ((1.5, "-"), (6.0, "-"), (12.0, "--"), (24.0, ":"), (float("inf"), "-."))
+# the colours that belong to no method: guides, notes, backgrounds, and a comparison's two readings
+NEUTRAL = {
+    "ink": "0.15",          # a mean drawn without a method (a paired gap), a number key
+    "reference": "0.6",     # the zero line, the diagonal where two quantities agree
+    "guide": "0.3",         # dotted guides: a trunk's loss, no difference
+    "note": "0.35",         # the one-line note of an empty panel; annotations
+    "fill": "0.5",          # the band of an interval drawn without a method
+    "shade": "0.92",        # a panel region set apart (methods that never reach the target)
+    "resolved": "0.0",      # an interval that excludes 0
+    "unresolved": "0.6",    # an interval that includes 0
+    "bar": "0.45",          # a histogram of no method
+    "contour": "white",     # the speedup-1 contour on the speedup colour map
+}
+# speedup of time to target: red where the method is slower, blue where it is faster (diverging about 1)
+SPEEDUP_CMAP = "RdBu"
+# what an error bar or band shows; the figure says which (legend entry, axis label or title)
+BARS = {
+    "sd": "±1 sd over seeds",
+    "ci95": "95 % t interval of the mean",
+    "range": "min–max over seeds",
+    "holm": "t interval of the mean at the study's Holm-adjusted level",
+}
 
 
 def fmt_ratio(x: float | None) -> str:
@@ -48,15 +97,16 @@ def fmt_ratio(x: float | None) -> str:
     return "—" if x is None else f"{x:g}×"
 
 
-def variant_label(variant: str) -> str:
-    """Display name of a variant (unknown ones: the id itself)."""
-    return VARIANT_LABELS.get(variant, variant)
+def variant_label(variant: str, figure: bool = False) -> str:
+    """Display name of a variant (unknown ones: the id itself); ``figure``: the decomposition study's arms
+    named too (:data:`FIGURE_LABELS`)."""
+    return (FIGURE_LABELS if figure else VARIANT_LABELS).get(variant, variant)
 
 
-def label(variant: str, wire_ratio: float | None, projection_ratio: float | None = None) -> str:
+def label(variant: str, wire_ratio: float | None, projection_ratio: float | None = None, figure: bool = False) -> str:
     """Legend label: the variant's name and its wire ratio, with the projection ratio d/r where the
-    two differ (MAPL+VQ); the uncompressed run has no ratio."""
-    name = variant_label(variant)
+    two differ (MAPL+VQ); the uncompressed run has no ratio. ``figure``: as :func:`variant_label`'s."""
+    name = variant_label(variant, figure)
     if variant == "none" or wire_ratio is None:
         return name
     text = f"{name} {fmt_ratio(wire_ratio)}"
@@ -65,18 +115,43 @@ def label(variant: str, wire_ratio: float | None, projection_ratio: float | None
     return text
 
 
+def figure_label(variant: str, wire_ratio: float | None, projection_ratio: float | None = None) -> str:
+    """A figure's legend label (:func:`label` with every variant of :data:`STYLE` named; an uncompressed arm,
+    anchors or not, has no ratio)."""
+    return label(variant, None if _method_of(variant) == "none" else wire_ratio, projection_ratio, figure=True)
+
+
+def _method_of(variant: str) -> str:
+    """The method a variant id starts with (the longest match: ``mapl-rvq-…`` is MAPL+VQ's); ``none`` else."""
+    return next((m for m in sorted(METHOD_LABELS, key=len, reverse=True) if variant.startswith(m)), "none")
+
+
 def style(variant: str) -> dict:
     """Matplotlib keywords (colour, marker) of a variant; one outside :data:`STYLE` takes its
     method's colour with a hollow marker."""
     if variant in STYLE:
-        colour, marker = STYLE[variant]
-        return {"color": colour, "marker": marker}
-    method = next((m for m in sorted(METHOD_LABELS, key=len, reverse=True) if variant.startswith(m)), "none")
-    colour, marker = STYLE[method]
-    return {"color": colour, "marker": marker, "markerfacecolor": "none"}
+        colour_, marker = STYLE[variant]
+        return {"color": colour_, "marker": marker}
+    colour_, marker = STYLE[_method_of(variant)]
+    return {"color": colour_, "marker": marker, "markerfacecolor": "none"}
+
+
+def colour(variant: str) -> str:
+    """The colour of a variant (its method's for one outside :data:`STYLE`)."""
+    return style(variant)["color"]
 
 
 def linestyle(wire_ratio: float | None) -> str:
     """Line style by wire ratio: solid up to 6×, dashed to 12×, dotted to 24×, dash-dot beyond."""
     x = wire_ratio or 1.0
     return next(ls for bound, ls in RATIO_LINESTYLE if x <= bound)
+
+
+def bars_text(kind: str, what: str = "bars") -> str:
+    """``bars: ±1 sd over seeds``: what an error bar (``what="band"``: a shaded band) of ``kind`` in :data:`BARS` shows."""
+    return f"{what}: {BARS[kind]}"
+
+
+def bars_handle() -> Line2D:
+    """A legend handle that looks like an error bar without a method: the entry :func:`bars_text` labels."""
+    return Line2D([], [], color=NEUTRAL["ink"], marker="|", markersize=11, markeredgewidth=1.2, ls="none")

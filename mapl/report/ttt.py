@@ -27,7 +27,7 @@ from . import paper
 from .figures import empty_note, new_figure
 from .plots import Plot
 from .rows import METHOD_ORDER, at_best_validation, is_reference, main_model
-from .style import label, style
+from .style import NEUTRAL, label, style
 from .table import DASH, Table, fmt_int
 
 __all__ = ["load_bench", "common_target", "on_target_set", "method_curve", "time_to_target_rows", "time_to_target_table",
@@ -39,7 +39,7 @@ def load_bench(path: str | Path, profile: str | None = None) -> list[dict]:
     other than ``profile``: ``[]``): ``{"methods": [...]}``,
     ``{"measurements": [...]}`` or a plain list; an entry holds ``method``, ``ratio`` (wire ratio;
     optional for ``none``) and ``timing`` (a ``mapl.core.link.StepMeasurement.to_dict()``) or
-    ``pipeline.timing`` (a ``mapl.pipeline`` results dict). Returns ``{"method", "wire_ratio",
+    ``pipeline.timing`` (a ``mapl pipeline`` results dict). Returns ``{"method", "wire_ratio",
     "measurement"}`` dicts; entries of another shape are skipped."""
     from ..core.link import StepMeasurement
     path = Path(path)
@@ -227,9 +227,9 @@ def _draw_panel(ax, lines: dict, lat: float) -> None:
     if times and never:                     # the curves stay below the band; no time labels inside it
         lo, hi = min(times) / 1.3, max(times) * 1.3
         ax.set_ylim(lo, math.exp(math.log(lo) + (math.log(hi) - math.log(lo)) / band))
-        ax.add_patch(Rectangle((0, band), 1, 1 - band, transform=ax.transAxes, color="0.92", zorder=0, lw=0))
-        ax.text(0.01, band + 0.005, "never reach the target", transform=ax.transAxes, fontsize=7, color="0.3",
-                va="bottom")
+        ax.add_patch(Rectangle((0, band), 1, 1 - band, transform=ax.transAxes, color=NEUTRAL["shade"], zorder=0, lw=0))
+        ax.text(0.01, band + 0.005, "never reach the target", transform=ax.transAxes, fontsize=7,
+                color=NEUTRAL["guide"], va="bottom")
     limit = max(times) * 1.3 if times else math.inf
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}" if v <= limit else ""))
     ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}" if v <= limit and f"{v:g}"[0] in "235" else ""))

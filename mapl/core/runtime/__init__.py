@@ -12,8 +12,10 @@ Read in this order:
 * ``boundary_sync`` receiver-side gradients, learned state and checksums (shared with ``mapl.core.engine``);
 * ``same_run``   before any work: every rank's resolved config, shared options, data and code
   fingerprints compared (ranks started for different runs all refuse, naming the fields);
-* ``rank_checkpoints``, ``measure``, ``faults``, ``topology``, ``rank`` (one rank from start to end),
-  ``launch`` (starting the ranks directly, under accelerate or torchrun, or on several "machines").
+* ``rank_checkpoints``, ``measure``, ``faults``, ``topology``, ``rank`` (one rank from an initialised
+  process group to its results), ``rank_process`` (the rank's process: its process group, the same-run
+  check, its exit code) and ``rank_status`` (how it tells its launcher why it ended).
 
-The CLI is ``python -m mapl.pipeline`` (mapl/pipeline.py).
+The command is ``mapl pipeline`` (``mapl.cli.pipeline``, flags only); starting its ranks, directly or under
+accelerate or torchrun, is orchestration's (``mapl.orchestration.launch``, ``pipeline_launch``).
 """

@@ -1,4 +1,4 @@
-"""What one rank of ``python -m mapl.pipeline`` does, from an initialised process group to its results:
+"""What one rank of ``mapl pipeline`` does, from an initialised process group to its results:
 compile what the first step would (before any timed wait), open the (prepared) data, make the groups
 and the transport, print the memory plan, build the stage (``PipelineEngine``), resume, and run the
 one training loop.

@@ -17,7 +17,7 @@ from pathlib import Path
 from .. import checkpoint
 from ..loop import LoopState, NonFiniteError
 
-__all__ = ["rank_ckpt_path", "stage_slot", "RankCheckpoints"]
+__all__ = ["rank_ckpt_path", "stage_slot", "all_stage_files", "RankCheckpoints"]
 
 
 def rank_ckpt_path(ckpt: Path, stage: int, prev: bool = False) -> Path:
@@ -31,6 +31,11 @@ def rank_ckpt_path(ckpt: Path, stage: int, prev: bool = False) -> Path:
 def stage_slot(ckpt: Path, stage: int, writer: bool = True) -> checkpoint.CheckpointSlot:
     """Stage ``stage``'s checkpoint files: current, previous and unconfirmed."""
     return checkpoint.CheckpointSlot(rank_ckpt_path(ckpt, stage), rank_ckpt_path(ckpt, stage, prev=True), writer)
+
+
+def all_stage_files(ckpt: Path, stages: int) -> list[Path]:
+    """Every checkpoint file of every stage (what a run's output checks cover before it starts)."""
+    return [p for s in range(stages) for p in stage_slot(ckpt, s).files()]
 
 
 class RankCheckpoints:

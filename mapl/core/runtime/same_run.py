@@ -1,6 +1,6 @@
 """Before any work, the ranks of one pipeline prove they were started for the same run.
 
-Every rank of ``python -m mapl.pipeline`` builds its config from its own command line and its own
+Every rank of ``mapl pipeline`` builds its config from its own command line and its own
 params.yaml, opens its own prepared data and runs its own copy of the code. On several machines any
 of these can differ, and nothing later notices: a different seed on one rank trains silently (the
 results claim rank 0's config), a different ratio or method breaks at the first message (a shape

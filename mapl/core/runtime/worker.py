@@ -35,8 +35,9 @@ import torch
 import torch.nn.functional as F
 
 from ..config import RunConfig
-from ..engine import RunData, autocast_ctx, batch_weight, build_optimizers, check_projectors, eval_pieces, set_lr
+from ..engine import RunData, autocast_ctx, batch_weight, check_projectors, eval_pieces
 from ..loop import Evaluation, LoopState, StepOutcome
+from ..optimizer_recipe import build_optimizers, set_lr
 from ..results import build_results, describe_boundary
 from ..stages import build_staged_model
 from ..wire import ByteMeter

@@ -1,6 +1,6 @@
-"""Train one run in one process: every pipeline stage in order, every boundary through its wire.
+"""``mapl train``: one run in one process: every pipeline stage in order, every boundary through its wire.
 
-    python -m mapl.train --profile cpu --method mapl --ratio 8 --out reports/results/mapl-8x.json
+    mapl train --profile cpu --method mapl --ratio 8 --out reports/results/mapl-8x.json
 
 Rerunning the same command resumes from the checkpoint (``--ckpt``, default checkpoints/<run>.pt);
 ``--fresh`` starts over (the checkpoint; a results JSON of another config at ``--out`` is replaced only
@@ -11,27 +11,28 @@ Exit codes (``mapl.base.cli``): 0 done, 1 a bug (traceback), 2 invalid settings,
 line; ``--debug`` adds the traceback), 4 non-finite values (the last good checkpoint is kept), 130
 interrupted.
 
-The multi-process pipeline (one process per stage) is ``python -m mapl.pipeline``; both run the same
+The multi-process pipeline (one process per stage) is ``mapl pipeline``; both run the same
 loop (mapl/core/loop.py). ``--help`` documents every flag; profiles live in params.yaml.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 # No torch at import: the CLI parses and validates its flags and config (mapl.core.config needs no torch) before
 # run() imports the engine, so a bad flag costs a start-up, not a torch import.
-from .base.cli import add_debug_flag, run_cli
-from .core.config import METHODS, PROJECT_ROOT, RunConfig, load_params, load_run_config, parse_set
-from .core.run import check_output_paths, run
+from ..base.cli import add_debug_flag, run_cli
+from ..core.config import METHODS, PROJECT_ROOT, RunConfig, load_params, load_run_config, parse_set
+from ..core.run import check_output_paths, run
 
-__all__ = ["main", "parse_args", "add_run_arguments", "config_from_args"]
+__all__ = ["main", "parse_args", "add_run_arguments", "config_from_args", "PROG"]
+
+PROG = "mapl train"
 
 # ---- CLI ------------------------------------------------------------------------------------------
 def add_run_arguments(ap: argparse.ArgumentParser, params: dict) -> None:
-    """The flags both CLIs (mapl.train, mapl.pipeline) share."""
+    """The flags both commands (``mapl train``, ``mapl pipeline``) share."""
     ap.add_argument("--profile", default=params.get("profile", "cpu"), choices=sorted(params.get("profiles", {})),
                     help="settings from params.yaml (default: %(default)s)")
     ap.add_argument("--model", help="model preset: micro, tiny, mini, 150M, 500M, 1B")
@@ -58,7 +59,7 @@ def add_run_arguments(ap: argparse.ArgumentParser, params: dict) -> None:
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m mapl.train", description=__doc__,
+    ap = argparse.ArgumentParser(prog=PROG, description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     add_run_arguments(ap, load_params())
     return ap.parse_args(argv)
@@ -83,7 +84,7 @@ def _main(argv: list[str]) -> int:
     ckpt = args.ckpt or PROJECT_ROOT / "checkpoints" / f"{cfg.name()}.pt"
     check_output_paths(out, ckpt)
     if args.fresh:
-        from .core.checkpoint import CheckpointSlot   # torch: after the config and paths are validated
+        from ..core.checkpoint import CheckpointSlot   # torch: after the config and paths are validated
         CheckpointSlot(ckpt).remove()
     res = run(cfg, out=out, ckpt=ckpt, progress=not args.no_progress, resume_with_changes=args.resume_with_changes,
               replace_results=args.replace_results)
@@ -94,8 +95,4 @@ def _main(argv: list[str]) -> int:
 def main(argv=None) -> int:
     """The CLI; exit codes and one-line errors as ``mapl.base.cli`` documents (0, 2 user error, 4 non-finite,
     130 interrupted with the checkpoint written; ``--debug`` shows tracebacks)."""
-    return run_cli(_main, argv, prog="python -m mapl.train")
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return run_cli(_main, argv, prog=PROG)

@@ -1,15 +1,17 @@
-"""``python -m mapl.data``: prepare a dataset (the DVC ``prepare`` stage), check one, or rebuild one.
+"""``mapl data``: prepare a dataset (the DVC ``prepare`` stage), check one, or rebuild one.
 
-    python -m mapl.data --profile cpu                     # params.yaml profile's data settings
-    python -m mapl.data --profile paper                   # resumable; progress and ETA every 10 s
-    python -m mapl.data --profile cpu --verify            # re-hash every file (ignore this host's stamps)
-    python -m mapl.data --profile cpu --rebuild           # replace the prepared folder
-    python -m mapl.data --source text --paths 'corpus/*.txt' --doc-split blank-line --tokenizer byte
-    python -m mapl.data --source parquet --paths 'data/raw/dclm/**/*.parquet' --tokenizer mistral \\
-        --val-tokens 5000000                              # the paper's offline route
+    mapl data --profile cpu                     # params.yaml profile's data settings
+    mapl data --profile paper                   # resumable; progress and ETA every 10 s
+    mapl data --profile cpu --verify            # re-hash every file (ignore this host's stamps)
+    mapl data --profile cpu --rebuild           # replace the prepared folder
+    mapl data --source text --paths 'corpus/*.txt' --doc-split blank-line --tokenizer byte
+    mapl data --source parquet --paths 'data/raw/dclm/**/*.parquet' --tokenizer mistral \\
+        --val-tokens 5000000                    # the paper's offline route
 
 Exit codes: 0 done, 2 a data problem (one line: the file and the fix) or an invalid setting,
 130 interrupted (run the same command again: a streamed preparation resumes).
+
+The command only (flags, messages, the grid's budget notes); what prepares the data is :mod:`mapl.data`.
 """
 from __future__ import annotations
 
@@ -21,18 +23,21 @@ import time
 from dataclasses import fields
 from pathlib import Path
 
-from .config import DOC_SPLITS, SOURCES, TOKENIZERS, DataConfig, effective_token_config, token_config
-from .dataset import default_data_dir
 from ..base.io import OutputError
-from .errors import DataError
-from .build import prepare
+from ..core.config import load_params, load_run_config
+from ..data.build import prepare
+from ..data.config import DOC_SPLITS, SOURCES, TOKENIZERS, DataConfig, effective_token_config, token_config
+from ..data.dataset import default_data_dir
+from ..data.errors import DataError
 
-__all__ = ["build_parser", "config_from_args", "main"]
+__all__ = ["build_parser", "config_from_args", "main", "PROG"]
+
+PROG = "mapl data"
 
 
 def build_parser() -> argparse.ArgumentParser:
     d = DataConfig()
-    p = argparse.ArgumentParser(prog="python -m mapl.data",
+    p = argparse.ArgumentParser(prog=PROG,
                                 description=__doc__.split("\n\n")[0].replace("``", ""),
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--profile", default=None, help="take the data settings of this params.yaml profile "
@@ -62,7 +67,6 @@ def config_from_args(args: argparse.Namespace) -> DataConfig:
 
 
 def _profile_data(profile: str) -> DataConfig:
-    from ..core.config import load_run_config          # late import: mapl.core.config imports mapl.data
     return load_run_config(profile).data
 
 
@@ -72,7 +76,6 @@ def same_tokens(a: DataConfig, b: DataConfig) -> bool:
 
 def grid_need(profile: str) -> tuple[int, str]:
     """The most train tokens one run of the profile reads (steps x batch x context), and which run."""
-    from ..core.config import load_params, load_run_config
     params = load_params()
     base = load_run_config(profile, params=params)
     t = base.train
@@ -131,10 +134,10 @@ def main(argv: list[str] | None = None) -> int:
         manifest = prepare(cfg, out, Path(args.cache_dir) if args.cache_dir else None, rebuild=args.rebuild,
                            profile=args.profile, full_verify=args.verify, progress_every_s=args.progress_every)
     except (DataError, OutputError, OSError) as e:
-        print(f"python -m mapl.data: error: {e}", file=sys.stderr)
+        print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("python -m mapl.data: interrupted; run the same command again to resume", file=sys.stderr)
+        print(f"{PROG}: interrupted; run the same command again to resume", file=sys.stderr)
         return 130
     print(summary(manifest, out))
     if args.profile:

@@ -1,20 +1,26 @@
-"""``python -m mapl.frozen_trunk``: the frozen-trunk study of a profile (params.yaml ``frozen_trunk``; DVC stage
+"""``mapl frozen-trunk``: the frozen-trunk study of a profile (params.yaml ``frozen_trunk``; DVC stage
 ``frozen_trunk``). The command only; what it runs is :mod:`mapl.orchestration.frozen_trunk` (its docstring is
 ``--help``). Errors are one line (:func:`mapl.base.cli.run_cli`; ``--debug`` for the traceback)."""
 from __future__ import annotations
 
 import argparse
-import sys
 
-from .base.cli import add_debug_flag, run_cli
-from .core.config import load_params
-from .orchestration import frozen_trunk
+from ..base.cli import add_debug_flag, run_cli
+from ..core.config import load_params
+from ..orchestration import frozen_trunk
 
-__all__ = ["main"]
+__all__ = ["main", "PROG"]
+
+PROG = "mapl frozen-trunk"
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m mapl.frozen_trunk", description=frozen_trunk.__doc__,
+    """The command; errors are one line (``mapl.base.cli.run_cli``)."""
+    return run_cli(_main, argv, prog=PROG)
+
+
+def _main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog=PROG, description=frozen_trunk.__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--profile", help="params.yaml profile (default: its `profile:`)")
     ap.add_argument("--jobs", type=int, default=0, help="boundary runs side by side (default: the profile's launcher.jobs)")
@@ -23,7 +29,3 @@ def main(argv=None) -> int:
     params = load_params()
     frozen_trunk.run_study(args.profile or params["profile"], params, jobs=args.jobs)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(run_cli(main, prog="python -m mapl.frozen_trunk"))

@@ -1,4 +1,4 @@
-"""``python -m mapl.sweep``: train a run group of params.yaml, estimate it, or validate params.yaml.
+"""``mapl sweep``: train a run group of params.yaml, estimate it, or validate params.yaml.
 
 The command only; what it runs is :mod:`mapl.orchestration.sweep` (its docstring is ``--help``). The
 GPU-hours estimate of a profile launched on GPUs comes from the planning layer (:mod:`mapl.planning.costmodel`),
@@ -10,8 +10,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from .core.config import load_params
-from .orchestration import sweep
+from ..core.config import load_params
+from ..orchestration import sweep
 
 __all__ = ["main", "estimate"]
 
@@ -20,13 +20,13 @@ def estimate(profile: str, params: dict) -> str:
     """``--estimate``: GPU-hours for a profile launched on GPUs, wall time on this machine for the rest."""
     launcher = sweep.launcher_config(profile, params)
     if launcher.kind != "pool" and launcher.gpus:
-        from .planning.costmodel import format_gpu_hours, gpu_hours
+        from ..planning.costmodel import format_gpu_hours, gpu_hours
         return format_gpu_hours(gpu_hours(profile, n_gpus=(launcher.gpus,), params=params))
     return sweep.estimate_text(profile, params)
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m mapl.sweep", description=sweep.__doc__,
+    ap = argparse.ArgumentParser(prog="mapl sweep", description=sweep.__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--profile", help="params.yaml profile (default: its `profile:`)")
     ap.add_argument("--group", help="run group in profiles.<profile>.groups")
@@ -59,7 +59,3 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,132 @@
+"""Blocks of the documents that are written by code from their source, never by hand.
+
+A document marks such a block ``<!-- generated:NAME -->`` … ``<!-- /generated:NAME -->``; ``mapl docs`` fills
+it from its source and ``mapl docs --check`` (a test) fails when the text differs, so the README's ledger
+cannot drift from ``claims.md``, nor the notebooks' table from ``dvc.yaml``. Each block's renderer here reads
+committed files only (tables, ``dvc.yaml``, the benchmark scripts' docstrings); the run-time estimate block,
+which needs the orchestration layer, is rendered by the command (:mod:`mapl.cli.docs`).
+"""
+from __future__ import annotations
+
+import ast
+import csv
+import re
+from pathlib import Path
+from typing import Callable
+
+import yaml
+
+__all__ = ["BlockError", "blocks_in", "replace_block", "claims_block", "headline_block", "notebook_parameters", "stages_block",
+           "benchmarks_block", "RENDERERS"]
+
+_MARK = "<!-- generated:{0} -->", "<!-- /generated:{0} -->"
+_BLOCK = re.compile(r"<!-- generated:([\w-]+) -->")
+
+
+class BlockError(ValueError):
+    """A document's generated block is malformed or its source is missing (one line, naming both)."""
+
+
+def blocks_in(text: str) -> list[str]:
+    """The names of the generated blocks of ``text``, in order."""
+    return _BLOCK.findall(text)
+
+
+def replace_block(text: str, name: str, content: str) -> str:
+    """``text`` with block ``name``'s body replaced by ``content`` (the markers kept)."""
+    start, end = (m.format(name) for m in _MARK)
+    if text.count(start) != 1 or text.count(end) != 1 or text.index(start) > text.index(end):
+        raise BlockError(f"block {name!r}: expected one {start} followed by one {end}")
+    head, rest = text.split(start)
+    _, tail = rest.split(end)
+    return f"{head}{start}\n{content.rstrip()}\n{end}{tail}"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ").strip()
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _read_csv(path: Path) -> list[dict[str, str]]:
+    if not path.is_file():
+        raise BlockError(f"{path}: missing (run `dvc repro` to write it)")
+    with path.open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def claims_block(root: Path, profile: str = "cpu") -> str:
+    """The claims ledger, one line per claim: the claim, the paper's number, ours with its table, the verdict."""
+    rows = _read_csv(root / "reports" / profile / "tables" / "claims.csv")
+    return _table(["the paper's claim", "paper", "ours (table)", "verdict"],
+                  [[r["paper's claim"], r["paper"], r["ours (table)"], f"**{r['verdict']}**"] for r in rows])
+
+
+def headline_block(root: Path, profile: str = "cpu") -> str:
+    """The headline table's rows, the columns a reader compares (headline.md has them all)."""
+    rows = _read_csv(root / "reports" / profile / "tables" / "headline.csv")
+    keep = ["method", "wire ratio", "total B/tok", "seeds", "val loss", "Δ%", "Δ% 95% CI", "paper Δ%"]
+    body = _table(keep, [[r[k] for k in keep] for r in rows])
+    return f"Headline (`reports/{profile}/tables/headline.md`, Δ% ± sd over seeds and its 95 % interval):\n\n{body}"
+
+
+def notebook_parameters(notebook: Path) -> list[str]:
+    """The names its ``parameters``-tagged cell assigns (what papermill's ``-p`` may set)."""
+    import json
+    for cell in json.loads(notebook.read_text())["cells"]:
+        if "parameters" in cell.get("metadata", {}).get("tags", []):
+            tree = ast.parse("".join(cell["source"]))
+            return [t.id for node in tree.body if isinstance(node, ast.Assign) for t in node.targets
+                    if isinstance(t, ast.Name)]
+    return []
+
+
+def stages_block(root: Path) -> str:
+    """The DVC stages: the notebook each executes with its parameters, what it does (``desc:``), what it writes."""
+    stages = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]
+    rows = []
+    for name, stage in stages.items():
+        body = stage.get("do", stage)
+        label = f"`{name}@<group>`" if "foreach" in stage else f"`{name}`"
+        cmd = " ".join(body["cmd"]) if isinstance(body["cmd"], list) else body["cmd"]
+        found = re.search(r"papermill (notebooks/[\w.]+\.ipynb)", cmd)
+        notebook = ""
+        if found:
+            names = ", ".join(f"`{p}`" for p in notebook_parameters(root / found.group(1)))
+            notebook = f"`{found.group(1)}` ({names})"
+        outs = [next(iter(o)) if isinstance(o, dict) else o
+                for key in ("outs", "plots", "metrics") for o in body.get(key, [])]
+        rows.append([label, notebook, " ".join(body.get("desc", "").split()), ", ".join(f"`{o}`" for o in outs)])
+    return _table(["stage", "notebook (parameters)", "what it does", "writes"], rows)
+
+
+def _script_doc(path: Path) -> tuple[str, str]:
+    doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+    lines = doc.splitlines()
+    summary = lines[0].strip() if lines else ""
+    usage = next((ln.strip().split("#")[0].strip() for ln in lines if ln.strip().startswith("python benchmarks/")), "")
+    return summary, usage
+
+
+def benchmarks_block(root: Path) -> str:
+    """Every benchmark script with its docstring's first line and first usage line (parts of gpu.py excluded)."""
+    rows = []
+    for path in sorted((root / "benchmarks").glob("*.py")):
+        summary, usage = _script_doc(path)
+        if not summary:
+            raise BlockError(f"{path}: a benchmark script needs a docstring (its first line is its table row)")
+        if usage:
+            rows.append([f"`{path.name}`", summary, f"`{usage}`"])
+    return _table(["script", "what it answers", "command"], rows)
+
+
+RENDERERS: dict[str, Callable[[Path], str]] = {
+    "claims": claims_block,
+    "headline": headline_block,
+    "stages": stages_block,
+    "benchmarks": benchmarks_block,
+}
