@@ -1,5 +1,7 @@
 """GPU measurements for a short loan of one H200: speed at the paper shape, quality at the paper's width.
 
+Writes: ``<out>/gpu.jsonl``, ``gpu.md``, ``gpu-loss.png``.
+
 Part A (benchmarks/gpu_speed.py): per-stage forward/backward, pack/unpack per boundary, optimizer step
 and memory, for none, int8, ssn, mapl, mapl-rvq at 150M (P = 4, r = 256) and none, mapl at 1B, at
 16 x 2048-token micro-batches, V = 32000, bf16 autocast; fed to the link model (mapl/core/link.py) for the

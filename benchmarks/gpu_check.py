@@ -1,4 +1,6 @@
-"""One call on one GPU that answers issue 22's open questions before a paper run: ~1-2 minutes on an H200.
+"""One call on one GPU before a paper run: does the memory plan, the RVQ kernel, the wire and bf16 hold on CUDA?
+
+Writes: ``<out>/check-<name>.json`` as each is measured, ``<out>/check.json``.
 
     python benchmarks/gpu_check.py --out reports/gpu                       # on the GPU
     python benchmarks/gpu_check.py --device cpu --small --out /tmp/check   # the same code path on CPU, micro shapes

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The one call of a GPU loan, from the repository root (docs/gpu.md says what it runs and what each output
-# decides):
+# The one call of a GPU loan, from the repository root: gpu_check.py, then gpu.py with the time left, in 8 minutes.
+#
+# Writes: $OUT/loan.log, loan.json, check.jsonl, gpu.jsonl, gpu.md, gpu-loss.png (docs/gpu.md says what each decides).
 #
 #   bash benchmarks/gpu_loan.sh                  # on the device: every result under $OUT, 480 s in all
 #   bash benchmarks/gpu_loan.sh --budget-s 300   # a shorter rerun
