@@ -1,5 +1,7 @@
 """Compressor cost on one CPU thread: per-op times, overhead against a stage's step, wire efficiency, memory.
 
+Writes: ``reports/bench/compress.json``, ``reports/tables/compress.md``.
+
     python benchmarks/compress.py                 # full grid, ~10 min on 1 core (writes the two reports)
     python benchmarks/compress.py --quick         # tiny shapes, seconds (the test suite runs this)
     python benchmarks/compress.py --paper-shape   # RVQ pack at d=1024, r=256, 16 x 2048 tokens; SPEL at r=256; GPU estimates

@@ -1,5 +1,7 @@
 """Validate the step-time model (mapl.planning.costmodel) against the multi-process runtime in real-delay mode.
 
+Writes: ``reports/bench/costmodel-validation.json``, ``reports/tables/costmodel-validation.md``.
+
 For every cell of widths x bandwidths x latencies (method none, plus MAPL at one width) a short real
 pipeline run (P processes on gloo, ``--link-delay``: each message arrives when it would over that link)
 measures the step time; the cost model predicts it from the run's own measured compute (per stage and

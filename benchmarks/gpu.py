@@ -1,5 +1,7 @@
 """GPU measurements for a short loan of one H200: speed at the paper shape, quality at the paper's width.
 
+Writes: ``<out>/gpu.jsonl``, ``gpu.md``, ``gpu-loss.png``.
+
 Part A (benchmarks/gpu_speed.py): per-stage forward/backward, pack/unpack per boundary, optimizer step
 and memory, for none, int8, ssn, mapl, mapl-rvq at 150M (P = 4, r = 256) and none, mapl at 1B, at
 16 x 2048-token micro-batches, V = 32000, bf16 autocast; fed to the link model (mapl/core/link.py) for the
@@ -9,13 +11,17 @@ same batches of a corpus that no window of the run repeats (benchmarks/gpu_corpu
 
     python benchmarks/gpu.py --prepare                     # here, once: fetch + tokenize part B's corpus
     python benchmarks/gpu.py --out reports/gpu             # on the GPU: ~7 min (budget 420 s)
+    python benchmarks/gpu.py --synthetic --out reports/gpu # no corpus carried: part A on random tokens, no part B
     python benchmarks/gpu.py --dry --out /tmp/gpu          # the same code path on CPU, tiny shapes
     python benchmarks/gpu.py --summarize reports/gpu/gpu.jsonl    # gpu.md again, from the JSON lines alone
 
+benchmarks/gpu_loan.sh is the one device call that runs this after benchmarks/gpu_check.py (docs/gpu.md).
+
 Every measurement is one JSON line in ``<out>/gpu.jsonl``, flushed as soon as it is measured; at the
 end ``gpu.md`` (and ``gpu-loss.png``) summarise them. A time budget skips (and records) the items
-that would not finish; part B sizes itself to the time left. benchmarks/README.md says how to run it
-on the device machine.
+that would not finish; part B sizes itself to the time left. Nothing else is written under ``--out``
+(the dry run's corpus is made in a temporary folder). benchmarks/README.md says how to run it on the
+device machine.
 """
 from __future__ import annotations
 
@@ -25,6 +31,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -34,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch
 
 from gpu_common import ROOT, Budget, Recorder, free_device, open_corpus, sync
-from gpu_corpus import CORPUS_DIR, corpus_size_bytes, prepare_corpus
+from gpu_corpus import CORPUS_DIR, SYNTHETIC_SOURCE, corpus_size_bytes, prepare_corpus, synthetic_corpus
 from gpu_quality import run_quality
 from gpu_speed import measure_speed, speed_items
 from gpu_summary import write_summary
@@ -53,7 +60,10 @@ def parse_args(argv=None):
     ap.add_argument("--dry", action="store_true", help="CPU rehearsal at tiny shapes (tests, CI)")
     ap.add_argument("--data", type=Path, default=None,
                     help=f"prepared corpus (default {CORPUS_DIR.relative_to(ROOT)}; --dry: a byte corpus of the "
-                         "repository's Markdown, made in <out>/dry-data)")
+                         "repository's Markdown, made in a temporary folder)")
+    ap.add_argument("--synthetic", action="store_true",
+                    help="random tokens at the paper's vocabulary instead of a corpus: part A's speed and memory "
+                         "only (part B is skipped: it needs text)")
     ap.add_argument("--budget-s", type=float, default=None, help="wall-clock budget (default 420; --dry 120)")
     ap.add_argument("--parts", default="A,B", help="A (speed), B (quality) or A,B")
     ap.add_argument("--reps", type=int, default=None, help="timed passes per speed item (default 3; --dry 2)")
@@ -65,13 +75,15 @@ def parse_args(argv=None):
     bad = set(args.parts.upper().split(",")) - {"A", "B"}
     if bad:
         ap.error(f"--parts={args.parts!r} is invalid: allowed A, B or A,B")
+    if args.synthetic and args.data:
+        ap.error("--synthetic and --data exclude each other: random tokens, or a prepared corpus")
     return args
 
 
-def dry_corpus(out: Path) -> Path:
+def dry_corpus(scratch: Path) -> Path:
     """A byte-level corpus of the repository's own Markdown (no download), one document per paragraph."""
     from mapl import data as mdata
-    target = out / "dry-data"
+    target = scratch / "dry-data"
     cfg = mdata.DataConfig(source="text", paths=(str(ROOT / "*.md"), str(ROOT / "benchmarks" / "*.md")),
                            tokenizer="byte", doc_split="blank-line")
     mdata.prepare(cfg, target)
@@ -147,8 +159,10 @@ def run_item(rec, budget, item: str, estimate_s: float, reserve_s: float, fn, de
     return fields
 
 
-def open_data(args):
-    data_dir = args.data or (dry_corpus(args.out) if args.dry else CORPUS_DIR)
+def open_data(args, scratch: Path):
+    if args.synthetic:
+        return SYNTHETIC_SOURCE, *synthetic_corpus(256 if args.dry else PAPER_VOCAB)
+    data_dir = args.data or (dry_corpus(scratch) if args.dry else CORPUS_DIR)
     try:
         train, val, manifest = open_corpus(data_dir)
     except FileNotFoundError:
@@ -167,13 +181,19 @@ def run(args) -> int:
     budget = Budget(args.budget_s or (120.0 if args.dry else 420.0))
     if args.dry:
         torch.set_num_threads(1)     # tiny ops: on a shared CPU a second intra-op thread only adds contention
-    data_dir, train, val, manifest = open_data(args)
+    with tempfile.TemporaryDirectory(prefix="gpu-dry-") as scratch:
+        return measure(args, device, budget, *open_data(args, Path(scratch)))
+
+
+def measure(args, device, budget, data_dir, train, val, manifest) -> int:
+    """Parts A and B as the budget allows, each record written as it is measured; then the summary."""
     rec = Recorder(args.out / "gpu.jsonl")
     ctx = {"dry": args.dry, "device": device, "vocab": int(manifest["vocab_size"]),
            "reps": args.reps or (2 if args.dry else 3), "final_reserve_s": FINAL_RESERVE_S[args.dry]}
     rec.write("env", **environment(args, device, budget, data_dir, manifest, train))
     parts = set(args.parts.upper().split(","))
-    reserve_b = QUALITY_MIN_S[args.dry] + ctx["final_reserve_s"] if "B" in parts else ctx["final_reserve_s"]
+    runs_b = "B" in parts and manifest.get("source") != SYNTHETIC_SOURCE
+    reserve_b = QUALITY_MIN_S[args.dry] + ctx["final_reserve_s"] if runs_b else ctx["final_reserve_s"]
     if "A" in parts:
         run_item(rec, budget, "ceiling", ESTIMATES["ceiling"], reserve_b,
                  lambda: measure_ceiling(device, args.dry), device)
@@ -183,7 +203,9 @@ def run(args) -> int:
             got = run_item(rec, budget, it["item"], est, reserve_b, lambda it=it: measure_speed(it, train, ctx), device)
             if got is not None:
                 seen[it["model"]] = got["item_s"]
-    if "B" in parts:
+    if "B" in parts and not runs_b:
+        rec.write("skipped", item="quality", reason="synthetic corpus (no prepared corpus carried): part B needs text")
+    elif runs_b:
         if budget.allows(QUALITY_MIN_S[args.dry], ctx["final_reserve_s"]):
             try:
                 run_quality(ctx, train, val, budget, rec, args.quality_steps or (8 if args.dry else None))

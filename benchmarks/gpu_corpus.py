@@ -34,13 +34,16 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+import numpy as np
+
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from mapl import data as mdata
 
-__all__ = ["CORPUS_DIR", "RAW_TEXT_DIR", "corpus_data_config", "prepare_corpus", "SOURCES"]
+__all__ = ["CORPUS_DIR", "RAW_TEXT_DIR", "corpus_data_config", "prepare_corpus", "SOURCES", "SYNTHETIC_SOURCE",
+           "synthetic_corpus"]
 
 CORPUS_DIR = ROOT / "data" / "gpu-corpus"                 # the shards part B reads (carried to the GPU)
 RAW_TEXT_DIR = Path("data") / "raw" / "gpu-corpus"        # cleaned text, one file per document (relative: the
@@ -189,6 +192,20 @@ def prepare_corpus(cache: Path | None = None, out: Path = CORPUS_DIR) -> dict:
     (out / "SOURCES.json").write_text(json.dumps({**json.loads(stamp.read_text()), "data_config": {
         "paths": list(corpus_data_config().paths), "tokenizer": "mistral", "val_fraction": 0.02}}, indent=1) + "\n")
     return manifest
+
+
+SYNTHETIC_SOURCE = "synthetic"
+SYNTHETIC_TOKENS = (1 << 20, 1 << 16)                    # train, val: 2 MiB of uint16 ids in memory, nothing on disk
+
+
+def synthetic_corpus(vocab: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray, dict]:
+    """(train, val, manifest) of uniformly random token ids: what part A needs when no prepared corpus was
+    carried (its speed and memory depend on shapes, not on text; 1M train tokens hold its batches as
+    unseen windows). The manifest says ``source: synthetic``, so part B, which needs text, is skipped."""
+    gen = np.random.default_rng([seed, vocab])
+    train, val = (gen.integers(0, vocab, n, dtype=np.int64).astype(np.uint16) for n in SYNTHETIC_TOKENS)
+    splits = {name: {"tokens": int(len(a)), "sha256": None} for name, a in (("train", train), ("val", val))}
+    return train, val, {"vocab_size": vocab, "source": SYNTHETIC_SOURCE, "splits": splits}
 
 
 def corpus_size_bytes(out: Path = CORPUS_DIR) -> int:

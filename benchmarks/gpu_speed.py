@@ -1,13 +1,22 @@
 """Part A of benchmarks/gpu.py: speed at the paper shape, stage by stage, on one GPU.
 
 One GPU holds every stage, so each stage is measured in turn in one process, as a pipeline process
-would run it: stage s's forward (``StagedModel.stage_forward`` under bf16 autocast; the last stage
-includes the loss), the sender's ``pack`` and the receiver's ``unpack`` of its message (outside
-autocast, as the pipeline's workers call them), then, in reverse, each stage's backward from the
-unpacked gradient and ``pack_grad``/``unpack_grad`` of the gradient it sends back; then every
-stage's own optimizer step (its clipping norm, its optimizers, its projector sync). Every timed
-block is bracketed by ``torch.cuda.synchronize``. One untimed pass + optimizer step first: CUDA
-context, kernel selection, optimizer state and RVQ's k-means codebook init stay out of the numbers.
+would run it: stage s's forward (``StagedModel.stage_forward`` under bf16 autocast; the last stage is
+``StagedModel.stage_loss`` with the profile's ``train.loss_chunk_tokens``, exactly the runtime's call:
+the head's cross-entropy in chunks whose logits are recomputed in backward), the sender's ``pack``
+and the receiver's ``unpack`` of its message (outside autocast, as the pipeline's workers call them), then,
+in reverse, each stage's backward from the unpacked gradient and ``pack_grad``/``unpack_grad`` of the
+gradient it sends back; then every stage's own optimizer step (its clipping norm, its optimizers, its
+projector sync). Every timed block is bracketed by ``torch.cuda.synchronize``. One untimed pass +
+optimizer step first: CUDA context, kernel selection, optimizer state and RVQ's k-means codebook init
+stay out of the numbers.
+
+The untimed pass is also the probe (``plan_check``, any device): per stage the bytes autograd saves for
+the backward (distinct storages, parameters and buffers excluded) against the memory plan's per
+micro-batch activations and head terms (``mapl.core.memory``), and the FLOPs of its forward and backward
+(``torch.utils.flop_counter``; no attention FLOPs on a CPU, whose SDPA has no formula) against the cost
+model's (``mapl.planning.costmodel.stage_flops``) and the head's recompute, which the cost model does not
+count: a chunked loss's backward runs the head's matmul once more.
 
 Per-stage memory (CUDA only): ``retained`` = bytes a micro-batch's forward leaves alive for its
 backward, ``fwd_peak``/``bwd_peak`` = the highest allocation during the stage's forward (above its
@@ -18,18 +27,23 @@ pipeline process. ``process_peak`` is the real peak of this one process holding 
 """
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 
 import torch
-import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode
 
 from gpu_common import (H200_PEAK_BF16, autocast, build_model, epoch_batch, free_device, link_estimate, run_config,
                         stage_of_parameter, stage_optimizers, sync, timed)
 from mapl.core.compress.base import payload_bytes
+from mapl.core.memory import memory_plan
 from mapl.core.model import ModelConfig
+from mapl.planning.costmodel import stage_flops
 
-__all__ = ["speed_items", "measure_speed", "model_flops_per_token"]
+__all__ = ["speed_items", "measure_speed", "model_flops_per_token", "pipeline_pass", "plan_check", "DRY_LOSS_CHUNK"]
+
+DRY_LOSS_CHUNK = 16          # the dry run's loss chunk: its 2 x 32-token micro-batch in 4 chunks (the paper: 4,096)
 
 
 def speed_items(dry: bool) -> list[dict]:
@@ -54,6 +68,8 @@ def speed_config(item: dict, dry: bool):
     over = {"model": item["model"], "stages": sh["stages"], "method": item["method"], "ratio": item["ratio"],
             "train.batch_size": sh["mb"] * sh["micro_batches"], "train.micro_batches": sh["micro_batches"],
             "train.seq_len": sh["seq_len"], "train.schedule": sh["schedule"], "train.precision": "bf16"}
+    if dry:                                           # the paper profile's own chunk; the micro profile has none
+        over["train.loss_chunk_tokens"] = DRY_LOSS_CHUNK
     if item["model"] == "1B":                         # the paper's 1B learning rates (timing does not depend on them)
         over.update({"train.lr_muon": 0.01, "train.lr_adam": 0.005, "train.lr_embed": 0.005, "train.lr_head": 0.005})
     return run_config("micro" if dry else "paper", over)
@@ -93,8 +109,57 @@ class _Memory:
         return peak - base, torch.cuda.memory_allocated(self.device) - base
 
 
-def pipeline_pass(sm, ids, targets, cfg, device) -> dict:
-    """One micro-batch forward through stages 0..P-1 and backward through P-1..0, every op timed."""
+class _Probe:
+    """What the untimed pass measures per stage: the bytes one micro-batch keeps for its backward (what
+    autograd saves, and the received input and sent output the runtime holds, distinct storages, parameters
+    and buffers excluded: as tests/test_memory.py counts them) and the FLOPs of forward and backward."""
+
+    def __init__(self, sm, P: int):
+        self.static = {t.untyped_storage().data_ptr() for t in [*sm.parameters(), *sm.buffers()]}
+        self.kept: list[dict[int, int]] = [{} for _ in range(P)]
+        self.fwd_flops, self.bwd_flops = [0] * P, [0] * P
+
+    @property
+    def saved(self) -> list[int]:
+        return [sum(n for ptr, n in kept.items() if ptr not in self.static) for kept in self.kept]
+
+    def hold(self, s: int, *tensors) -> None:
+        """Tensors the runtime keeps for stage s's backward beside autograd's (its input, its output)."""
+        for t in tensors:
+            if t is not None:
+                self.kept[s][t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+
+    @contextlib.contextmanager
+    def forward(self, s: int):
+        def pack(t):
+            self.hold(s, t)
+            return t
+        with FlopCounterMode(display=False) as flops, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            yield
+        self.fwd_flops[s] = flops.get_total_flops()
+
+    @contextlib.contextmanager
+    def backward(self, s: int):
+        with FlopCounterMode(display=False) as flops:
+            yield
+        self.bwd_flops[s] = flops.get_total_flops()
+
+
+def _probing(probe: _Probe | None, what: str, s: int):
+    return getattr(probe, what)(s) if probe is not None else contextlib.nullcontext()
+
+
+def stage_output(sm, s: int, inp, ids, targets, cfg):
+    """Stage s as the runtime runs it: ``stage_forward``, the last stage ``stage_loss`` with the config's
+    ``train.loss_chunk_tokens`` (mapl/core/runtime/worker.py ``_forward``)."""
+    if s == sm.n_stages - 1:
+        return sm.stage_loss(s, inp, ids, targets, cfg.train.loss_chunk_tokens)
+    return sm.stage_forward(s, inp, ids)
+
+
+def pipeline_pass(sm, ids, targets, cfg, device, probe: _Probe | None = None) -> dict:
+    """One micro-batch forward through stages 0..P-1 and backward through P-1..0, every op timed (with a
+    ``probe``, each stage's forward and backward measured as well: the untimed pass only)."""
     P, comps, mem = sm.n_stages, sm.compressors(), _Memory(device)
     t, fwd_b, bwd_b = {}, [0] * (P - 1), [0] * (P - 1)
     retained, fwd_peak, bwd_peak = [None] * P, [None] * P, [None] * P
@@ -106,12 +171,12 @@ def pipeline_pass(sm, ids, targets, cfg, device) -> dict:
                 z = comps[s - 1].unpack(msgs[s - 1], outs[s - 1].dtype)
             ins[s] = z.detach().requires_grad_(True)
         base = mem.begin()
-        with timed(device, t, f"fwd{s}"):
+        with timed(device, t, f"fwd{s}"), _probing(probe, "forward", s):
             with autocast(cfg, device):
-                out = sm.stage_forward(s, ins[s], ids)
-                if s == P - 1:
-                    out = F.cross_entropy(out.float().reshape(-1, out.shape[-1]), targets.reshape(-1))
+                out = stage_output(sm, s, ins[s], ids, targets, cfg)
         fwd_peak[s], retained[s] = mem.end(base)
+        if probe is not None:
+            probe.hold(s, ins[s], out if s < P - 1 else None)
         outs[s] = out
         if s < P - 1:
             with timed(device, t, f"pack{s}"):
@@ -125,7 +190,7 @@ def pipeline_pass(sm, ids, targets, cfg, device) -> dict:
             with timed(device, t, f"unpack_grad{s}"):
                 grad = comps[s].unpack_grad(grad_msg, outs[s].dtype)
         base = mem.begin()
-        with timed(device, t, f"bwd{s}"):
+        with timed(device, t, f"bwd{s}"), _probing(probe, "backward", s):
             outs[s].backward(grad)
         bwd_peak[s], _ = mem.end(base)
         if s > 0:
@@ -210,7 +275,8 @@ def measure_speed(item: dict, corpus, ctx) -> dict:
     batches = [epoch_batch(corpus, sh["mb"], sh["seq_len"], seed=1, step=i) for i in range(ctx["reps"] + 1)]
     batches = [(x.to(device), y.to(device)) for x, y in batches]
     t0 = time.perf_counter()
-    pipeline_pass(sm, *batches[0], cfg, device)                 # warm-up: kernels, k-means init, optimizer state
+    probe = _Probe(sm, P)
+    pipeline_pass(sm, *batches[0], cfg, device, probe)          # warm-up: kernels, k-means init, optimizer state
     optimizer_steps(sm, stage_opts, cfg, device)
     sync(device)
     warmup_s = time.perf_counter() - t0
@@ -228,10 +294,28 @@ def measure_speed(item: dict, corpus, ctx) -> dict:
     memory = _memory_record(passes[-1], static_bytes(sm, stage_opts), P, sh["micro_batches"], peak)
     rec = _derived(item, cfg, sm, timing, sh, ctx)
     rec.update({"build_s": build_s, "warmup_s": warmup_s, "reps": len(passes), "timing": timing, "memory": memory,
-                "losses": [p["loss"] for p in passes]})
+                "losses": [p["loss"] for p in passes], "plan_check": plan_check(cfg, vocab, probe, device)})
     del sm, stage_opts, passes, batches
     free_device(device)
     return rec
+
+
+def plan_check(cfg, vocab: int, probe: _Probe, device: torch.device) -> dict:
+    """The probe against the plans, per stage: saved bytes against the memory plan's per micro-batch
+    activations + head (``(activations + head) / alive``), forward and backward FLOPs against the cost
+    model's, and the head recompute of a chunked loss (``2 d V`` per token, last stage, backward)."""
+    plan = memory_plan(cfg, vocab, device=device.type)
+    model = stage_flops(cfg, vocab)
+    mc, t = cfg.model_config(vocab), cfg.train
+    tokens = (t.batch_size // t.micro_batches) * t.seq_len
+    chunked = 0 < t.loss_chunk_tokens < tokens
+    recompute = [0] * (cfg.stages - 1) + [2 * mc.d_model * mc.vocab_size * tokens if chunked else 0]
+    plan_saved = [(st.activations + st.head) // max(1, st.alive) for st in plan.stages]
+    return {"precision": plan.precision, "saved_bytes": probe.saved, "plan_saved_bytes": plan_saved,
+            "saved_over_plan": [m / p if p else None for m, p in zip(probe.saved, plan_saved)],
+            "fwd_flops": probe.fwd_flops, "bwd_flops": probe.bwd_flops,
+            "model_fwd_flops": [f["fwd"] for f in model], "model_bwd_flops": [f["bwd"] for f in model],
+            "head_recompute_flops": recompute, "attention_flops_counted": device.type == "cuda"}
 
 
 def _memory_record(last: dict, static: list[int], P: int, M: int, process_peak) -> dict:

@@ -1,5 +1,7 @@
 """The memory plan (mapl.core.memory) against measured peak memory per process, at the real 150M shape.
 
+Writes: ``reports/bench/memory-plan.json``, ``reports/tables/memory-plan.md``.
+
 Runs the multi-process pipeline on CPU (P = 4 processes, gloo) at d = 1024, 8 layers, V = 32000 with
 short sequences, for a few steps, per (schedule, method) case. In each process: RSS before the model is
 built (after imports and process-group setup) is the baseline; after setup (full-model build, then

@@ -1,5 +1,7 @@
 """Side by side with PyTorch's own pipeline engine: our runtime against ``torch.distributed.pipelining``.
 
+Writes: ``reports/bench/peer-pipelining.json``, ``reports/tables/peer-pipelining.md``.
+
 The same model split into the same stages (our ``StagedModel`` stage modules), the same initial weights
 and the same micro-batches, trained by (a) our runtime (``mapl.core.runtime.worker.PipelineEngine``) and
 (b) ``torch.distributed.pipelining`` (``PipelineStage`` with ``ScheduleGPipe`` / ``Schedule1F1B``), on

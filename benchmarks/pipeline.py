@@ -1,5 +1,7 @@
 """Multi-process pipeline benchmark: per-stage compute, bytes per boundary, step time on slow links.
 
+Writes: ``reports/bench/pipeline.json``, ``reports/tables/pipeline.md``.
+
 For each method (none, int8, ssn, mapl at 8x, mapl-rvq at 8x overall if it runs) a short real
 multi-process run (cpu profile, P = 4 processes, gloo) measures each stage's forward/backward compute
 per micro-batch and the bytes of every message (measured and declared). The link emulator

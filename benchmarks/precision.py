@@ -1,5 +1,7 @@
 """fp32 vs bf16 autocast: does mixed precision move the losses we compare methods by?
 
+Writes: ``reports/bench/precision.json``, ``reports/tables/precision.md``.
+
 Trains none / ssn / mapl on the cpu profile (tiny LLaMA, P = 4, 8x for the projections) once in fp32
 and once under ``torch.autocast(bfloat16)`` (``train.precision=bf16``: matmuls in bf16, the residual
 stream in fp32, bf16 on the wire either way), one run at a time, and reports the final validation

@@ -1,4 +1,6 @@
-"""Why MAPL+RVQ blew up on seed 1 (issue 21): branch the run at step 1,200 and change one thing per branch.
+"""Why MAPL+RVQ blew up on seed 1: branch the run at step 1,200 and change one thing per branch.
+
+Writes: ``reports/bench/rvq-branches.json``, ``reports/tables/rvq-branches.md``.
 
 The cpu profile's ``tiny-P4-mapl-rvq-8x-3000steps-s1`` grows activation outliers at boundary 1 from
 ~step 1,300 and diverges after step 2,370. Training is deterministic (same seed, same machine: same

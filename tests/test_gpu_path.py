@@ -1,17 +1,20 @@
 """CPU proofs of what the GPU path needs from the runtime (issue 22): the communication timeout is a
 validated setting (minutes in the paper profile), the compiled RVQ search is warmed before the first
-timed wait, P x R beyond the local GPUs is refused, TF32 stays off inside SPEL, the wire reads the
-host at most once per message (mapl-rvq's header; none for the other methods), timings come from
-the device where it has clocks."""
+timed wait, P x R beyond the local GPUs is refused, TF32 stays off inside SPEL, the wire never reads
+the host per message (mapl-rvq's receiver included), timings come from the device where it has clocks."""
 from __future__ import annotations
 
 import contextlib
 import re
+import sys
+from pathlib import Path
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+from host_reads import counting_host_reads
 from mapl.core.config import ConfigError, config_hash, load_run_config
 from mapl.core.runtime.topology import Topology
 from test_memory import _saved_bytes
@@ -138,63 +141,18 @@ def test_the_pipeline_refuses_before_starting_ranks_on_too_few_gpus(monkeypatch,
     assert not list(tmp_path.iterdir())
 
 
-# ---- host reads per micro-batch: none for the stateless wires, the header once for mapl-rvq ----------
-# ATen ops that read device values on the host: scalar reads (item, int/float/bool of a tensor,
-# indexing with a 0-d tensor), data-dependent output shapes, and bincount (CUDA's reads min and max).
-HOST_READ_OPS = frozenset({"_local_scalar_dense", "nonzero", "equal", "bincount", "masked_select", "_unique2",
-                           "unique_dim", "unique_consecutive", "repeat_interleave"})
-_INDEX_OPS = frozenset({"index", "index_put", "index_put_", "_index_put_impl_"})
-
-
-class HostReads(TorchDispatchMode):
-    """Counts host reads (``HOST_READ_OPS``; ``tolist``/``numpy`` bypass the dispatcher on a CPU and
-    are counted by the ``host_reads`` fixture's patch) in the ops run under it, by op name."""
-
-    def __init__(self):
-        super().__init__()
-        self.ops: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = func._overloadpacket.__name__
-        if name in HOST_READ_OPS:
-            self.ops.append(name)
-        elif name in _INDEX_OPS and any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in args[1]):
-            self.ops.append(f"{name}[bool mask]")                   # a nonzero on the host inside
-        return func(*args, **(kwargs or {}))
-
-
-@pytest.fixture
-def host_reads(monkeypatch):
-    """``with host_reads() as c:`` counts the host reads run inside into ``c.ops``."""
-    active: list[HostReads] = []
-    def counted(name: str, real):
-        def read(self, *a, **k):
-            for counter in active:
-                counter.ops.append(name)
-            return real(self, *a, **k)
-        return read
-    for name in ("tolist", "numpy"):
-        monkeypatch.setattr(torch.Tensor, name, counted(name, getattr(torch.Tensor, name)))
-
-    @contextlib.contextmanager
-    def counting():
-        counter = HostReads()
-        active.append(counter)
-        try:
-            with counter:
-                yield counter
-        finally:
-            active.remove(counter)
-    return counting
-
-
-def test_the_host_read_counter_sees_every_kind_of_read(host_reads):
+# ---- host reads per micro-batch: none for any wire ---------------------------------------------------
+# The counter (benchmarks/host_reads.py) sees scalar reads (item, int/float/bool of a tensor, indexing with
+# a 0-d tensor), data-dependent output shapes, bincount (CUDA's reads min and max), and tolist/numpy, which
+# read a CPU tensor without dispatching an op.
+def test_the_host_read_counter_sees_every_kind_of_read():
     t = torch.arange(6.0)
-    with host_reads() as c:
+    with counting_host_reads() as c:
         int(t[2]), float(t.sum()), bool(t[1] > 0), t[t[3].long().view(())]
         t.nonzero(), torch.bincount(t.long(), minlength=8), t.tolist(), t[t > 2]
         t.mul(2).amax()                                          # device-side work reads nothing
-    assert c.ops == ["_local_scalar_dense"] * 4 + ["nonzero", "bincount", "tolist", "index[bool mask]"]
+    assert c.counts == {"_local_scalar_dense": 3, "__bool__": 1, "nonzero": 1, "bincount": 1, "tolist": 1,
+                        "index[bool mask]": 1}
 
 
 def _boundary_micro_batch(comp, x: torch.Tensor) -> None:
@@ -211,10 +169,11 @@ def _boundary_micro_batch(comp, x: torch.Tensor) -> None:
 @pytest.mark.parametrize("method,rvq", [("none", {}), ("int8", {}), ("ssn", {}), ("mapl", {}),
                                         ("mapl-rvq", {}), ("mapl-rvq", {"scale": "token"}),
                                         ("mapl-rvq", {"sync": "full"}), ("mapl-rvq", {"sync": "mirrored"})])
-def test_host_reads_per_micro_batch_are_none_or_the_rvq_header_once(method, rvq, host_reads):
-    """On a GPU a host read waits for the stream: the wire of every method is read-free, mapl-rvq's
-    receiver reads the 3-value header once per message (T, the sender's version and op), in training
-    (the k-means init message, EMA steps with revivals) and in evaluation."""
+def test_no_wire_reads_the_host_per_micro_batch(method, rvq):
+    """On a GPU a host read waits for the stream: no method's wire reads the host, mapl-rvq's receiver
+    included (it no longer reads the 3-value header: T from the codes, the op it expects, the version applied
+    on the device), in training (the k-means init message, EMA steps with revivals) and in evaluation; the
+    version bookkeeping still follows the sender's."""
     from mapl.core.compress import build_boundary
     from mapl.core.config import CompressorConfig, RVQConfig
     D = 32
@@ -224,18 +183,17 @@ def test_host_reads_per_micro_batch_are_none_or_the_rvq_header_once(method, rvq,
         comp.rvq.dead_code_threshold = comp.recv.dead_code_threshold = 1e9    # every code is dead: revive each message
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(2, 24, D, generator=gen, requires_grad=True)
-    allowed = 1 if method == "mapl-rvq" else 0
     for _ in range(3):                                         # k-means init, then EMA updates and revivals
-        with host_reads() as c:
+        with counting_host_reads() as c:
             _boundary_micro_batch(comp, x)
-        assert len(c.ops) <= allowed, c.ops
+        assert c.total == 0, c.counts
     comp.eval()
-    with torch.no_grad(), host_reads() as c:
+    with torch.no_grad(), counting_host_reads() as c:
         _boundary_micro_batch(comp, x)
-    assert len(c.ops) <= allowed, c.ops
+    assert c.total == 0, c.counts
     if method == "mapl-rvq":
-        assert c.ops == ["tolist"] and comp.rvq.host_version == int(comp.rvq.version) == 3
-        assert comp.sync._seen == int(comp.sync.seen_version) and comp.check_sync()["ok"]
+        assert comp.rvq.host_version == int(comp.rvq.version) == int(comp.sync.seen_version) == 3
+        assert comp.check_sync()["ok"]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: its sync debug mode flags every host sync")
@@ -548,3 +506,47 @@ def test_evaluation_in_micro_batches_equals_the_whole_batch_and_is_opt_in(micro_
     assert config_hash(load_run_config("micro", {"train.eval_micro_batch_size": 2})) != config_hash(plain)
     with pytest.raises(ConfigError, match=r"^train\.eval_micro_batch_size=-1 is invalid: must be >= 0"):
         load_run_config("micro", {"train.eval_micro_batch_size": -1}).validate()
+
+
+# ---- evaluation reads the device once per evaluation set ---------------------------------------------------
+class _OneRankTransport:
+    """The transport calls a one-stage evaluation makes: nothing to send, an all-reduce over one rank."""
+
+    def during(self, what: str):
+        return contextlib.nullcontext()
+
+    def all_reduce(self, tensor, what: str, group=None) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass
+
+
+def test_the_runtimes_evaluation_sums_on_the_device_and_reads_it_once():
+    """The last stage's pieces (here 1-sequence pieces of three batches, the last one smaller) are summed on
+    the device in float64, as the host summed them before: one read per evaluation set, the same number."""
+    from types import SimpleNamespace
+
+    from mapl.core.engine import batch_weight, eval_pieces
+    from mapl.core.runtime.worker import PipelineEngine
+    from mapl.core.stages import build_staged_model
+    cfg = load_run_config("micro", {"stages": 1, "method": "none", "train.eval_micro_batch_size": 1}).validate(256)
+    torch.manual_seed(0)
+    sm = build_staged_model(cfg, 256)
+    gen = torch.Generator().manual_seed(0)
+    batches = [tuple(torch.randint(0, 256, (n, 32), generator=gen) for _ in range(2)) for n in (3, 3, 2)]
+    engine = PipelineEngine.__new__(PipelineEngine)              # the one stage of a one-stage pipeline
+    engine.sm, engine.cfg, engine.R, engine.stage, engine.P, engine.tx = sm, cfg, 1, 0, 1, _OneRankTransport()
+    engine.topo = SimpleNamespace(replica=0, first=True, last=True, device=torch.device("cpu"))
+    with counting_host_reads() as reads:
+        got = engine._validation_loss(0, batches, "evaluation")
+    assert reads.counts == {"tolist": 1}
+    sm.eval()
+    total, weight = 0.0, 0.0
+    with torch.no_grad():
+        for x, y in batches:
+            bw = batch_weight(y, batches)
+            for xi, yi, share in eval_pieces(x, y, 1):
+                total += float(sm(xi, yi)) * (bw * share)       # what the host summed, piece by piece
+            weight += bw
+    assert got == total / max(1.0, weight)

@@ -142,6 +142,23 @@ def test_budget_guard_skips_and_records(tmp_path, tiny_corpus):
     assert "speed/tiny/mapl`: skipped" in (tmp_path / "gpu.md").read_text()
 
 
+@pytest.mark.process
+def test_without_a_carried_corpus_part_a_runs_on_random_tokens_and_part_b_is_skipped(tmp_path):
+    """``--synthetic``: the paper's vocabulary of random ids (none on disk), part B recorded as skipped;
+    ``--dry`` makes its byte corpus outside ``--out``: only the run's own files land there."""
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--dry", "--synthetic", "--out", str(tmp_path), "--budget-s",
+                           "0.5"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    recs = _records(tmp_path / "gpu.jsonl")
+    assert recs[0]["corpus"]["source"] == gpu_corpus.SYNTHETIC_SOURCE and recs[0]["corpus"]["vocab"] == 256
+    quality = next(r for r in recs if r.get("item") == "quality")
+    assert quality["kind"] == "skipped" and "synthetic corpus" in quality["reason"]
+    assert {p.name for p in tmp_path.iterdir()} <= {"gpu.jsonl", "gpu.md", "gpu-loss.png"}
+    train, val, manifest = gpu_corpus.synthetic_corpus(32000)
+    assert train.dtype == np.uint16 and int(train.max()) < 32000 and manifest["vocab_size"] == 32000
+    assert len(train) // (16 * 2048) >= 4                     # part A's warm-up and three timed batches, unseen
+
+
 def test_run_item_keeps_going_after_an_error(tmp_path):
     rec = gpu_common.Recorder(tmp_path / "r.jsonl")
     budget = gpu_common.Budget(100.0)
@@ -193,6 +210,32 @@ def test_user_errors_are_one_line(tmp_path):
         assert proc.returncode == 1 and says in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-1000:]
 
 
+def test_part_a_runs_the_runtimes_last_stage_and_matches_the_plans_on_cpu():
+    """Part A's last stage is the runtime's ``stage_loss`` with the profile's loss chunk (the dry run's
+    chunk cuts its micro-batch in 4): what each stage keeps for its backward is the memory plan's per
+    micro-batch term (within 3 %, as tests/test_memory.py holds it), and the FLOPs are the cost model's
+    (the CPU's SDPA counts none) with the head's matmul run once more in the last stage's backward. The
+    full-logits cross-entropy part A used to time keeps log-softmax's V-wide output and recomputes nothing."""
+    import gpu_speed
+    import torch
+    train = np.random.default_rng(0).integers(0, 256, 20_000).astype(np.uint16)
+    ctx = {"dry": True, "device": torch.device("cpu"), "vocab": 256, "reps": 1, "final_reserve_s": 1.0}
+    item = {"item": "speed/micro/none", "model": "micro", "method": "none", "ratio": 1.0}
+    cfg = gpu_speed.speed_config(item, True).validate(256)
+    assert cfg.train.loss_chunk_tokens == gpu_speed.DRY_LOSS_CHUNK < cfg.train.batch_size // 4 * cfg.train.seq_len
+    check = gpu_speed.measure_speed(item, train, ctx)["plan_check"]
+    assert all(abs(r - 1) < 0.03 for r in check["saved_over_plan"]), check["saved_over_plan"]
+    mc, P = cfg.model_config(256), cfg.stages
+    tokens = 2 * cfg.train.seq_len
+    layers = mc.n_layers // P
+    attention = 4 * cfg.train.seq_len * mc.n_heads * mc.head_dim * tokens * layers      # uncounted on a CPU
+    recompute = [0] * (P - 1) + [2 * mc.d_model * mc.vocab_size * tokens]
+    assert check["head_recompute_flops"] == recompute and recompute[-1] > 0
+    assert [f + attention for f in check["fwd_flops"]] == check["model_fwd_flops"]
+    assert [b - 2 * f for b, f in zip(check["bwd_flops"], check["fwd_flops"])] == recompute
+    assert [b + 2 * attention - r for b, r in zip(check["bwd_flops"], recompute)] == check["model_bwd_flops"]
+
+
 def test_the_gpu_items_are_valid_paper_configs():
     """What the H200 run builds (no model is built here): every config validates at V = 32000."""
     import gpu_quality
@@ -203,6 +246,7 @@ def test_the_gpu_items_are_valid_paper_configs():
         assert (cfg.train.batch_size, cfg.train.micro_batches, cfg.train.seq_len, cfg.stages) == (512, 32, 2048, 4)
         assert cfg.compressor.rank(mc.d_model) == (mc.d_model if it["method"] in ("none", "int8") else 256)
         assert cfg.train.precision == "bf16" and cfg.train.schedule == "1f1b"
+        assert cfg.train.loss_chunk_tokens == gpu_common.run_config("paper", {}).train.loss_chunk_tokens > 0
     for method, ratio in gpu_quality.QUALITY_METHODS:
         cfg = gpu_quality.quality_config(method, ratio, False, 200).validate(32000)
         assert cfg.model_config(32000).d_model == 1024 and cfg.train.batch_size // cfg.train.micro_batches == 16

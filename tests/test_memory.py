@@ -298,9 +298,14 @@ def test_norm_cast_once_saves_two_bf16_copies_per_block_not_five(preset):
     assert once == pytest.approx(block_activation_bytes_per_token(mc, "bf16", "once"), rel=0.03)
 
 
-def test_norm_cast_is_opt_in_and_changes_nothing_in_fp32():
+def test_norm_cast_is_opt_in_and_changes_no_forward():
+    """``once`` is the paper profile's (bf16 on GPUs), not the CPU profiles': in fp32 nothing is cast, and under
+    bf16 the forward is the same bits (autocast's per-linear cast of a norm output is the same rounding); only
+    the backward differs, the input gradients summed in bf16 before the one cast back (benchmarks/gpu_check.py
+    ``boundary-error`` measures that gradient against fp32's)."""
     from mapl.core.config import ConfigError, config_hash
-    assert load_run_config("cpu").train.norm_cast == load_run_config("paper").train.norm_cast == "per-linear"
+    assert load_run_config("cpu").train.norm_cast == load_run_config("micro").train.norm_cast == "per-linear"
+    assert load_run_config("paper").train.norm_cast == "once" and load_run_config("paper").train.precision == "bf16"
     plain = load_run_config("micro")
     assert config_hash(load_run_config("micro", {"train.norm_cast": "per-linear"})) == config_hash(plain)
     assert config_hash(load_run_config("micro", {"train.norm_cast": "once"})) != config_hash(plain)
@@ -319,7 +324,7 @@ def test_norm_cast_is_opt_in_and_changes_nothing_in_fp32():
             with torch.autocast("cpu", dtype=torch.bfloat16):
                 out[once, "bf16"] = blk(x, cos, sin)
     assert torch.equal(out[False, "fp32"], out[True, "fp32"])                 # bitwise: nothing to cast
-    torch.testing.assert_close(out[True, "bf16"], out[False, "bf16"], rtol=0.02, atol=0.02)
+    assert torch.equal(out[True, "bf16"], out[False, "bf16"])                 # bitwise: the same rounding, once
     sm = build_staged_model(load_run_config("micro", {"train.norm_cast": "once"}), 256)
     assert all(b.cast_norm_once for b in sm.model.layers.values())
     assert not any(b.cast_norm_once for b in build_staged_model(plain, 256).model.layers.values())

@@ -352,12 +352,40 @@ def test_no_codebook_change_in_eval(mode):
     assert not same_state(sender, state(c), sender.keys()), "training must change them: the test can fail"
 
 
-def test_a_malformed_header_is_refused():
+def test_a_malformed_header_is_reported_by_the_next_check():
+    """The receiver reads no header on the host: T comes from the codes' length, and a header that
+    disagrees is flagged on the device and reported by the next check_sync."""
     c = make().eval()
     payload = c.pack(torch.randn(2, 6, 8))
+    assert c.check_sync()["ok"]
     payload[1][2] = 7                                  # T does not match the codes' length
-    with pytest.raises(ValueError, match="header says T=7"):
+    assert c.unpack(payload, torch.float32).shape == (2, 6, 8)
+    with pytest.raises(RuntimeError, match="header disagreed"):
+        c.check_sync()
+    assert c.check_sync(raise_on_error=False)["bad_header"]
+
+
+def test_a_sub_byte_layout_reads_its_header_and_refuses_a_bad_one():
+    """Under 8 bits per token several T pack into the same row length: the header's T is read (and checked)."""
+    c = make(r=1, d=4, groups=1, rounds=1, codebook_size=4).eval()     # 2 bits per token
+    payload = c.pack(torch.randn(2, 5, 1))
+    assert c.unpack(payload, torch.float32).shape == (2, 5, 1)
+    payload[1][2] = 9                                  # 18 bits: 3 bytes, not the codes' 2
+    with pytest.raises(ValueError, match="header says T=9"):
         c.unpack(payload, torch.float32)
+
+
+def test_a_receiver_of_a_wrong_op_is_flagged_under_mirrored_sync():
+    """Mirrored sync repeats the sender's update from the op the receiver expects: a header with another op
+    (here: evaluation's 'none' arriving at a training receiver) is a desync the check reports."""
+    sender = make(sync="mirrored").train()
+    receiver = copy.deepcopy(sender)
+    receiver.unpack(sender.pack(torch.randn(2, 6, 8)), torch.float32)
+    assert receiver.check_sync()["ok"]
+    sender.eval()
+    receiver.unpack(sender.pack(torch.randn(2, 6, 8)), torch.float32)
+    rep = receiver.check_sync(raise_on_error=False)
+    assert rep["bad_header"] and rep["desync"] and not rep["ok"]          # the op, and the version gap it made
 
 
 def test_wire_transfer_forward_is_the_receiver_decode():

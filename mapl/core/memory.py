@@ -33,7 +33,9 @@ Where the numbers come from:
 * the last stage keeps log-softmax's fp32 output (V per token) for every micro-batch alive, and while
   one micro-batch runs the loss it briefly holds the logits and their gradients besides; with
   ``train.loss_chunk_tokens`` (chunked cross-entropy, logits recomputed in backward) nothing V-wide is
-  kept, and the V-wide tensors of one chunk are the transient;
+  kept, and the V-wide tensors of one chunk are the transient; the chunks' checkpoints keep their input,
+  the final norm's fp32 output (under bf16 in place of its bf16 copy), and the head's bf16 weight copy
+  is made anew in each chunk's forward and recompute (a transient, not one per micro-batch alive);
 * wire buffers: the runtime releases each send one communication batch later, so a stage holds at most
   two sends at once (``sends_held="batch"``; ``"step"``: every send of the step, as the runtime did
   before), plus one receive per direction;
@@ -166,15 +168,23 @@ def head_activation_bytes_per_token(mc: ModelConfig, precision: str) -> tuple[in
     return 10 * d + 4 + 4 * V, 10 * V             # one norm: x, x/rms fp32, rstd, one bf16 output copy
 
 
+def _loss_chunked(tokens: int, chunk: int) -> bool:
+    """Whether ``train.loss_chunk_tokens`` = ``chunk`` cuts a micro-batch of ``tokens`` tokens into chunks."""
+    return 0 < chunk < tokens
+
+
 def _head_terms(mc: ModelConfig, precision: str, tokens: int, chunk: int) -> tuple[int, int]:
     """(saved per micro-batch, transient) bytes of the head and loss over ``tokens`` tokens. A chunked
-    loss (``chunk`` < tokens) keeps nothing V-wide (each chunk's logits are recomputed in backward) and
-    holds one chunk's V-wide tensors, log-softmax's output included, while that chunk runs."""
+    loss (``chunk`` < tokens) keeps nothing V-wide (each chunk's logits are recomputed in backward): its
+    checkpoints keep the norm's fp32 output (bf16: 2 bytes per value more than the bf16 copy a plain head
+    keeps); while one chunk runs it holds that chunk's V-wide tensors, log-softmax's output included, and
+    under bf16 the head's weight copy (made in each chunk's forward and recompute)."""
     saved, transient = head_activation_bytes_per_token(mc, precision)
-    if not chunk or chunk >= tokens:
+    if not _loss_chunked(tokens, chunk):
         return saved * tokens, transient * tokens
-    v_saved = 4 * mc.vocab_size
-    return (saved - v_saved) * tokens, (v_saved + transient) * chunk
+    v_saved, bf16 = 4 * mc.vocab_size, precision == "bf16"
+    kept = saved - v_saved + (2 * mc.d_model if bf16 else 0)
+    return kept * tokens, (v_saved + transient) * chunk + (2 * mc.d_model * mc.vocab_size if bf16 else 0)
 
 
 def _weight_bytes(module: torch.nn.Module) -> int:
@@ -347,12 +357,15 @@ def _stage_plan(cfg: RunConfig, vocab: int, s: int, precision: str, checkpointin
     blk = block_activation_bytes_per_token(mc, precision, t.norm_cast) * tokens
     n_blocks = len(st.layers)
     weights = 0
+    # the head's bf16 weight copy, kept per micro-batch in flight unless the loss is chunked (then a transient)
+    head_copy = (2 * mc.d_model * mc.vocab_size if precision == "bf16" and s == P - 1
+                 and not _loss_chunked(tokens, t.loss_chunk_tokens) else 0)
     if precision == "bf16":          # autocast's bf16 weight copies, one set per micro-batch in flight
-        weights = st.detail["stage_weight_bf16"] + (2 * mc.d_model * mc.vocab_size if s == P - 1 else 0)
+        weights = st.detail["stage_weight_bf16"] + head_copy
     if checkpointing:                # a checkpointed block keeps its fp32 input; one block is recomputed at a time
         per_mb = n_blocks * mc.d_model * 4 * tokens
         one_block = blk + (weights // max(1, n_blocks) if weights else 0)
-        weights = 2 * mc.d_model * mc.vocab_size if (precision == "bf16" and s == P - 1) else 0
+        weights = head_copy
     else:
         per_mb, one_block = n_blocks * blk, blk
     edge, ids = _boundary_terms(sm, s, P, tokens, matmul_bytes)

@@ -42,11 +42,16 @@ def rope_tables(head_dim: int, seq_len: int, theta: float, device=None) -> tuple
 
 
 def _apply_rope(x, cos, sin):
-    # x: (B, H, T, hd); rotate pairs (x1, x2) of the two halves (LLaMA's "rotate_half" layout)
+    """Rotate pairs (x1, x2) of the two halves of x (B, H, T, hd) (LLaMA's "rotate_half" layout), computed in
+    fp32. Each half is written straight into an output of x's dtype: under bf16 autocast no fp32 copy of the
+    whole rotated q or k is made (a torch.cat would build one, then cast it); the same values and layout."""
     x1, x2 = x.float().chunk(2, dim=-1)
     cos, sin = cos[: x.shape[-2]], sin[: x.shape[-2]]
-    out = torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
-    return out.type_as(x)
+    out = x.new_empty(x.shape)                  # contiguous, as torch.cat's output: SDPA sees the same layout
+    half = x.shape[-1] // 2
+    out[..., :half] = x1 * cos - x2 * sin
+    out[..., half:] = x1 * sin + x2 * cos
+    return out
 
 
 class Attention(nn.Module):

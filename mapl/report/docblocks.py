@@ -104,24 +104,36 @@ def stages_block(root: Path) -> str:
     return _table(["stage", "notebook (parameters)", "what it does", "writes"], rows)
 
 
-def _script_doc(path: Path) -> tuple[str, str]:
-    doc = ast.get_docstring(ast.parse(path.read_text())) or ""
-    lines = doc.splitlines()
-    summary = lines[0].strip() if lines else ""
-    usage = next((ln.strip().split("#")[0].strip() for ln in lines if ln.strip().startswith("python benchmarks/")), "")
-    return summary, usage
+def _script_doc(path: Path) -> list[str]:
+    """A benchmark's own documentation: a Python script's docstring, a shell script's leading comment block."""
+    if path.suffix == ".py":
+        return (ast.get_docstring(ast.parse(path.read_text())) or "").splitlines()
+    lines = path.read_text().splitlines()[1:]                         # past the shebang
+    head = [ln for ln in lines[:next((i for i, ln in enumerate(lines) if not ln.startswith("#")), len(lines))]]
+    return [ln[2:] if ln.startswith("# ") else ln.lstrip("#") for ln in head]
+
+
+def _benchmark_row(path: Path) -> list[str] | None:
+    """(script, what it answers, command, writes) from the script's documentation. A benchmark says what it
+    writes on a ``Writes:`` line; a script without one is a part of another or a helper, and is not listed."""
+    doc = _script_doc(path)
+    writes = next((ln.strip()[len("Writes:"):].strip().rstrip(".") for ln in doc if ln.strip().startswith("Writes:")), "")
+    if not writes:
+        return None
+    runs_itself = re.compile(rf"^\s*(?:nice\s+)?(?:python|bash) benchmarks/{re.escape(path.name)}\b")
+    usage = next((ln.split("#")[0].strip() for ln in doc if runs_itself.match(ln)), None)
+    summary = next((ln.strip() for ln in doc if ln.strip()), "")
+    if usage is None or summary.startswith("Writes:"):
+        raise BlockError(f"{path}: a benchmark's documentation needs a first line (what it answers) and a usage line "
+                         f"`python benchmarks/{path.name} ...`")
+    return [f"`{path.name}`", summary.replace("``", "`"), f"`{usage.replace('nice ', '')}`", writes.replace("``", "`")]
 
 
 def benchmarks_block(root: Path) -> str:
-    """Every benchmark script with its docstring's first line and first usage line (parts of gpu.py excluded)."""
-    rows = []
-    for path in sorted((root / "benchmarks").glob("*.py")):
-        summary, usage = _script_doc(path)
-        if not summary:
-            raise BlockError(f"{path}: a benchmark script needs a docstring (its first line is its table row)")
-        if usage:
-            rows.append([f"`{path.name}`", summary, f"`{usage}`"])
-    return _table(["script", "what it answers", "command"], rows)
+    """Every benchmark script: what it answers, how it runs and what it writes, from its own documentation."""
+    paths = sorted([*(root / "benchmarks").glob("*.py"), *(root / "benchmarks").glob("*.sh")])
+    rows = [row for row in map(_benchmark_row, paths) if row]
+    return _table(["script", "what it answers", "command", "writes"], rows)
 
 
 RENDERERS: dict[str, Callable[[Path], str]] = {

@@ -341,12 +341,13 @@ class PipelineEngine:
     def _validation_loss(self, step: int, batches: list, what: str) -> float:
         """This stage's part of one evaluation: the program ``schedule.eval_program`` over this replica's
         share of ``batches`` in pieces, interpreted in order; the last stage sums the pieces' token-weighted
-        losses (as ``LocalEngine.evaluate``, mapl.core.engine.batch_weight), every stage joins the all-reduce."""
+        losses (as ``LocalEngine.evaluate``, mapl.core.engine.batch_weight) on the device, in float64 as the
+        host would, so the evaluation reads the device once, after the all-reduce every stage joins."""
         sm, dev = self.sm, self.topo.device
         was = sm.training
         sm.eval()
         pieces = _eval_pieces(batches[self.topo.replica::self.R], batches, self.cfg.train.eval_micro_batch_size)
-        total, weight, inbox, outbox = 0.0, 0.0, {}, {}
+        total, weight, inbox, outbox = torch.zeros((), dtype=torch.float64, device=dev), 0.0, {}, {}
         vec = torch.zeros(2, dtype=torch.float64, device=dev)
         for action in eval_program(self.P, self.stage, len(pieces)):
             m = _micro_batch(action)
@@ -354,12 +355,12 @@ class PipelineEngine:
             where = f" (batch {piece.batch}, {_describe(action)})" if piece else ""
             with self.tx.during(f"{what} after step {step}{where}"):
                 if isinstance(action, Barrier):
-                    vec = torch.tensor([total, weight], dtype=torch.float64, device=dev)
+                    vec = torch.stack([total, torch.tensor(weight, dtype=torch.float64, device=dev)])
                     self.tx.all_reduce(vec, "validation loss")
                 elif isinstance(action, Compute):
                     loss = self._validation_piece(piece, inbox.pop(m, None), outbox)
                     if loss is not None:            # the last stage
-                        total += loss * piece.weight
+                        total += loss.double() * piece.weight
                         if piece.ends_batch:
                             weight += piece.batch_weight
                 elif action.transfers[0].op is Op.RECV:
@@ -371,11 +372,12 @@ class PipelineEngine:
                         # held at once (the whole validation set's, 19 GiB at 1B uncompressed)
                         self.tx.flush()
         sm.train(was)
-        return float(vec[0]) / max(1.0, float(vec[1]))
+        total, weight = vec.tolist()                # the evaluation's one host read
+        return total / max(1.0, weight)
 
-    def _validation_piece(self, piece: "_EvalPiece", received, outbox: dict) -> float | None:
-        """One evaluation micro-batch through this stage: its mean loss on the last stage, else its message
-        for stage s+1 (into ``outbox``)."""
+    def _validation_piece(self, piece: "_EvalPiece", received, outbox: dict) -> torch.Tensor | None:
+        """One evaluation micro-batch through this stage: its mean loss on the last stage (a 0-d tensor, left on
+        the device), else its message for stage s+1 (into ``outbox``)."""
         dev = self.topo.device
         ids, z_in = (piece.x.to(dev) if self.topo.first else None), None
         if received is not None:
@@ -384,10 +386,10 @@ class PipelineEngine:
         chunk = self.cfg.train.loss_chunk_tokens
         with autocast_ctx(self.cfg, dev):
             if self.topo.last and chunk:
-                return float(self.sm.stage_loss(self.stage, z_in, ids, piece.y.to(dev), chunk))
+                return self.sm.stage_loss(self.stage, z_in, ids, piece.y.to(dev), chunk)
             out = self.sm.stage_forward(self.stage, z_in, ids)
         if self.topo.last:
-            return float(F.cross_entropy(out.float().reshape(-1, out.shape[-1]), piece.y.to(dev).reshape(-1)))
+            return F.cross_entropy(out.float().reshape(-1, out.shape[-1]), piece.y.to(dev).reshape(-1))
         outbox[piece.index] = self.msg.fwd_message(out, ids, None)
         return None
 

@@ -22,7 +22,7 @@ import torch.nn as nn
 
 from .search import SEARCH_KERNELS, first_argmin_, residual_search, search_tiles, tile_budget
 
-__all__ = ["ResidualVQ", "OP_NONE", "OP_EMA", "OP_INIT", "codebook_bits", "to_device_async", "bincount"]
+__all__ = ["ResidualVQ", "OP_NONE", "OP_EMA", "OP_INIT", "codebook_bits", "to_device_async", "bincount", "DeviceFlag"]
 
 # What a forward message says happened to the sender's codebooks (header field 1).
 OP_NONE, OP_EMA, OP_INIT = 0, 1, 2
@@ -37,6 +37,25 @@ def to_device_async(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     if device.type != "cuda":
         return t.to(device)
     return t.pin_memory().to(device, non_blocking=True)
+
+
+class DeviceFlag:
+    """A flag raised by device-side comparisons and read on the host only when asked (a check after an
+    evaluation, a checkpoint): a receiver detects a bad message without waiting for it per message."""
+
+    def __init__(self, value: bool = False):
+        self._host, self._device = bool(value), None
+
+    def raise_if(self, condition: torch.Tensor) -> None:
+        """Raise the flag where the 0-d bool ``condition`` holds (queued on its device, nothing read)."""
+        self._device = condition if self._device is None else self._device | condition
+
+    def read(self) -> bool:
+        """The flag: one host read if a device-side condition is pending, none otherwise."""
+        if self._device is not None:
+            self._host |= bool(self._device)
+            self._device = None
+        return self._host
 
 
 def bincount(flat: torch.Tensor, n: int) -> torch.Tensor:

@@ -12,7 +12,7 @@ import torch
 
 from ..base import Compressor, _check_direction, spec_bytes, tensor_checksum
 from ..bitpack import pack_bits_rows, packed_nbytes, unpack_bits_rows
-from .codebook import OP_NONE, ResidualVQ, codebook_bits, to_device_async
+from .codebook import OP_EMA, OP_INIT, OP_NONE, DeviceFlag, ResidualVQ, codebook_bits, to_device_async
 from .settings import RVQSettings
 from .sync import make_sync
 
@@ -56,9 +56,13 @@ class RVQCompressor(Compressor):
     receiver copy. So message i is decoded with what messages < i delivered. The very first training message, whose indices come
     from the pre-k-means codebooks, is decoded with the equally pre-k-means receiver copy.
 
-    Host reads: ``unpack`` reads the header (one device-to-host copy per message); ``pack`` and
-    ``payload_spec`` read nothing (host-side mirrors of versions and cursors, fixed-shape revivals,
-    counts without ``bincount``; tests/test_gpu_path.py counts them).
+    Host reads: none per message (tests/test_gpu_path.py and benchmarks/gpu_check.py count them). ``pack``
+    and ``payload_spec`` keep host-side mirrors of versions and cursors, fixed-shape revivals, counts
+    without ``bincount``. ``unpack`` never reads the header: T follows from the codes' row length (a layout
+    of at least 8 bits per token; below that the header is read, one device-to-host copy per message), the
+    op is the one the receiver expects (:meth:`_expected_op`), the version is applied on the device; the
+    header is compared with what the receiver used on the device too, and a disagreement (a lost, reordered
+    or corrupted message) is reported by :meth:`check_sync`.
 
     ``search_with`` (config default ``"receiver"``): searches the sender's *shadow* of the receiver
     copy (the sender applies its own sync tensors of message i to the shadow at pack i+1, so the
@@ -98,6 +102,8 @@ class RVQCompressor(Compressor):
         self.search_with = "sender" if q.sync == "mirrored" else q.search_with
         self.max_staleness = self.sync.default_max_staleness() if q.max_staleness is None else int(q.max_staleness)
         self._pending: _PendingSync | None = None
+        self._bad_header = DeviceFlag()     # a received header disagreed with what the receiver used
+        self._expected: dict = {}           # (op, T, device) -> the header fields a receiver expects, on the device
         self._stats = {"microbatches": 0, "sync_bytes": 0, "data_bytes": 0, "tokens": 0,
                        "rel_mse": float("nan"), "batch_perplexity": float("nan")}
         self._outlier = None     # health window: quantisation error of each message's largest-|z| token
@@ -253,16 +259,45 @@ class RVQCompressor(Compressor):
         codes, scales, header, sync = payload[0], payload[1:n], payload[n], payload[n + 1:]
         G, R, bits = self.rvq.groups, self.rvq.rounds, self.rvq.bits
         B, nb = codes.shape
-        version, op, T = header.tolist()                  # the message's one host read
-        if packed_nbytes(T * G * R, bits) != nb:
-            raise ValueError(f"RVQ message header says T={T}, but the codes hold {nb} bytes per sequence")
+        T = self._message_tokens(nb, header)
+        op = self._expected_op()
+        self._check_header(header, op, T)
         idx = unpack_bits_rows(codes, bits, T * G * R).view(B, T, G, R)
         z_q = self.recv.lookup(idx).to(dtype)             # always the receiver's copy
         if scales:
             z_q = z_q * scales[0].to(dtype).unsqueeze(-1)
         if self.training:                                 # evaluation messages carry no sync (see pack)
-            self.sync.apply(self.recv, version, op, sync, idx)
+            self.sync.apply(self.recv, header[0], op, sync, idx)
         return z_q
+
+    def _message_tokens(self, nb: int, header: torch.Tensor) -> int:
+        """T of a message whose codes hold ``nb`` bytes per sequence: ``ceil(T * bits_per_token / 8)`` is
+        one-to-one for >= 8 bits per token, so T is the row length's; a narrower layout reads the header."""
+        per_token = self.rvq.bits_per_token
+        if per_token >= 8:
+            return 8 * nb // per_token
+        T = int(header[2])                                # the one host read of a sub-byte layout
+        if packed_nbytes(T * self.rvq.groups * self.rvq.rounds, self.rvq.bits) != nb:
+            raise ValueError(f"RVQ message header says T={T}, but the codes hold {nb} bytes per sequence")
+        return T
+
+    def _expected_op(self) -> int:
+        """The codebook op of the next message as the sender makes it: none in evaluation; in training the
+        k-means init until the receiver copy holds one (the sender initialises at its first training
+        message), an EMA step after. The receiver applies this op and checks the header's on the device."""
+        if not self.training:
+            return OP_NONE
+        return OP_INIT if not self.recv.host_initted else OP_EMA
+
+    def _check_header(self, header: torch.Tensor, op: int, T: int) -> None:
+        """Queue the comparison of the header's [op, T] with what this receiver uses (no host read); only
+        mirrored sync computes from the op, so only there does a different op count."""
+        key = (op, T, header.device)
+        if key not in self._expected:
+            self._expected[key] = to_device_async(torch.tensor([op, T], dtype=torch.int64, device="cpu"),
+                                                  header.device)
+        differs = header[1:] != self._expected[key]
+        self._bad_header.raise_if(differs.any() if self.sync.name == "mirrored" else differs[1])
 
     # ---- wire: backward (the gradient on z, not quantised) -----------------------------------
     def pack_grad(self, g: torch.Tensor) -> list[torch.Tensor]:
@@ -312,12 +347,14 @@ class RVQCompressor(Compressor):
         (meaningful where one object plays both sides, as in the single-process pipeline)."""
         s = self.staleness()
         crc_s, crc_r = self.codebook_checksums()
-        desync = self.sync.desync
-        rep = {"staleness": s, "max_staleness": self.max_staleness, "desync": desync,
+        desync, bad_header = self.sync.desync, self._bad_header.read()
+        rep = {"staleness": s, "max_staleness": self.max_staleness, "desync": desync, "bad_header": bad_header,
                "sender_crc": crc_s, "receiver_crc": crc_r, "identical": crc_s == crc_r}
-        rep["ok"] = s <= self.max_staleness and not desync
+        rep["ok"] = s <= self.max_staleness and not desync and not bad_header
         if raise_on_error and not rep["ok"]:
-            why = "mirrored version gap" if desync else f"staleness {s} > max_staleness {self.max_staleness}"
+            why = ("mirrored version gap" if desync else
+                   "a message header disagreed with the receiver (token count or codebook op: a lost, reordered "
+                   "or corrupted message)" if bad_header else f"staleness {s} > max_staleness {self.max_staleness}")
             raise RuntimeError(f"RVQ codebook sync ({self.sync.name}): {why}")
         return rep
 

@@ -21,16 +21,22 @@ Two kernels find the nearest codeword (``compressor.rvq.search_kernel``):
   device) and per "one token or more", warmed before training (:func:`warm_fused_search`).
 * ``auto`` (default): matmul on a CPU (the cpu profile's numbers), fused on a GPU.
 
+Under a (non-infrastructure) ``TorchDispatchMode`` -- a host-read counter, a FLOP counter, a memory probe
+-- the search runs the matmul kernel whatever the setting: dynamo does not compile a frame under such a
+mode, the ``fullgraph`` kernel then raises, and the failed frame stays failed for every later call in the
+process (:func:`fused_allowed`).
+
 Both are exact searches; they can differ only on exact distance ties computed with different rounding.
 """
 from __future__ import annotations
 
 import torch
+from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
 from ...config import RVQ_SEARCH_KERNELS
 
 __all__ = ["SEARCH_KERNELS", "CPU_TILE_BYTES", "GPU_TILE_BYTES", "residual_search", "search_tiles", "tile_budget",
-           "first_argmin_", "uses_fused", "search_transient_bytes", "warm_fused_search"]
+           "first_argmin_", "uses_fused", "fused_allowed", "search_transient_bytes", "warm_fused_search"]
 
 SEARCH_KERNELS = RVQ_SEARCH_KERNELS
 CPU_TILE_BYTES = 4 << 20          # the "auto" tile budget (bytes of one tile's distance block) on a CPU
@@ -108,6 +114,13 @@ def uses_fused(kernel: str, device: torch.device | str) -> bool:
     return kernel == "fused" or (kernel == "auto" and torch.device(device).type == "cuda")
 
 
+def fused_allowed() -> bool:
+    """Whether the compiled kernel may run now: not under a non-infrastructure dispatch mode, where dynamo
+    skips the frame and ``fullgraph=True`` turns the skip into an error that poisons the frame for the
+    rest of the process (torch 2.11-2.13)."""
+    return not is_in_torch_dispatch_mode(include_infra_modes=False)
+
+
 def search_transient_bytes(n_tokens: int, groups: int, rounds: int, K: int, ds: int, *, kernel: str = "auto",
                            tile_bytes: int = 0, device: torch.device | str = "cpu", itemsize: int = 4) -> int:
     """Peak bytes :func:`residual_search` allocates for one call with ``return_residual`` (as a pack does)
@@ -146,7 +159,7 @@ def residual_search(x: torch.Tensor, C: torch.Tensor, *, kernel: str = "auto", t
     R, K, dev, dt = C.shape[1], C.shape[2], x.device, x.dtype
     xt = x.transpose(0, 1)                                              # (G, N, ds) view
     Cr = [C[:, r].contiguous() for r in range(R)]                       # (G, K, ds) per round
-    fused = uses_fused(kernel, dev)
+    fused = uses_fused(kernel, dev) and fused_allowed()       # under a dispatch mode: matmul (module docstring)
     nearest = _nearest(Cr, fused)
     idx = torch.empty(N, G, R, dtype=torch.int64, device=dev)
     resid = torch.empty(N, G, ds, dtype=dt, device=dev) if return_residual else None

@@ -20,8 +20,12 @@ fixed shapes independent of the message's (B, T):
 
 A strategy is a module so that its receiver-side bookkeeping (the version each codeword was last
 written at, the newest sender version heard of) and the stream's permutation travel in checkpoints.
-Its scalar state (the newest version heard of, the stream's cursor) has host-side mirrors, so a
-message is applied without reading the device (read from the buffers once after a checkpoint load).
+A message is applied without reading the device: the sender's version (header field 0) is written
+into that bookkeeping on the device, the op is the one the receiver expects (the first training
+message carries the k-means init, every later one an EMA step), the stream's cursor has a host-side
+mirror, and a mirrored version gap raises a :class:`~.codebook.DeviceFlag` that :attr:`desync` reads
+when asked (after an evaluation, at a checkpoint). The versions are read on the host only by
+:meth:`staleness`.
 """
 from __future__ import annotations
 
@@ -31,7 +35,7 @@ import torch
 import torch.nn as nn
 
 from ...seeds import derive_seed
-from .codebook import OP_INIT, ResidualVQ, to_device_async
+from .codebook import OP_INIT, DeviceFlag, ResidualVQ, to_device_async
 
 __all__ = ["CodebookSync", "StreamSync", "FullSync", "MirroredSync", "SYNC_STRATEGIES", "make_sync"]
 
@@ -51,15 +55,18 @@ class CodebookSync(nn.Module):
         self.dtype = q.codebooks.dtype
         self.register_buffer("code_version", torch.zeros(G, R, K, dtype=torch.int64, device="cpu"))
         self.register_buffer("seen_version", torch.zeros((), dtype=torch.int64, device="cpu"))
-        self._seen = 0             # host mirror of seen_version
-        self.desync = False        # a mirrored version gap was seen (a lost or reordered message)
+        self._gap = DeviceFlag()   # a mirrored version gap (a lost or reordered message), raised on the device
+
+    @property
+    def desync(self) -> bool:
+        """Whether a mirrored version gap was seen (reads the device flag once if a message raised it)."""
+        return self._gap.read()
 
     def get_extra_state(self):
         return {"desync": self.desync}
 
     def set_extra_state(self, state) -> None:
-        self.desync = bool(state["desync"])
-        self._seen = int(self.seen_version)            # after load_state_dict's buffers: read once
+        self._gap = DeviceFlag(state["desync"])
 
     def default_max_staleness(self) -> int:
         return 0
@@ -74,21 +81,31 @@ class CodebookSync(nn.Module):
         raise NotImplementedError
 
     @torch.no_grad()
-    def apply(self, receiver: ResidualVQ, version: int, op: int, tensors: list[torch.Tensor],
+    def apply(self, receiver: ResidualVQ, version: int | torch.Tensor, op: int, tensors: list[torch.Tensor],
               idx: torch.Tensor) -> None:
-        """Apply one message's sync tensors to the receiver copy (idempotent for stream and full)."""
-        self._write(receiver, version, op, tensors, idx)
+        """Apply one message's sync tensors to the receiver copy (idempotent for stream and full).
+        ``version``: the sender's codebook version, a host int (the sender's shadow) or the message header's
+        0-d device tensor (a receiver: applied on the device, never read)."""
+        v = self._version_tensor(version)
+        self._write(receiver, v, op, tensors, idx)
         if op == OP_INIT:
             receiver.mark_initted()
-        self._seen = max(version, self._seen)
-        self.seen_version.fill_(self._seen)
+        self.seen_version.copy_(torch.maximum(self.seen_version, v))
 
-    def _write(self, receiver: ResidualVQ, version: int, op: int, tensors: list[torch.Tensor], idx: torch.Tensor):
+    def _version_tensor(self, version: int | torch.Tensor) -> torch.Tensor:
+        """``version`` as a 0-d int64 tensor beside the bookkeeping buffers (no host sync either way)."""
+        dev = self.seen_version.device
+        if isinstance(version, torch.Tensor):
+            return version.to(device=dev, dtype=torch.int64)
+        return to_device_async(torch.tensor(version, dtype=torch.int64, device="cpu"), dev)
+
+    def _write(self, receiver: ResidualVQ, version: torch.Tensor, op: int, tensors: list[torch.Tensor],
+               idx: torch.Tensor):
         raise NotImplementedError
 
     def staleness(self, receiver: ResidualVQ) -> int:
-        """Versions the receiver copy is behind the newest sender version it has heard of."""
-        return self._seen - int(self.code_version.min())
+        """Versions the receiver copy is behind the newest sender version it has heard of (one host read)."""
+        return int(self.seen_version - self.code_version.min())
 
 
 class StreamSync(CodebookSync):
@@ -154,7 +171,7 @@ class StreamSync(CodebookSync):
         rc = receiver.codebooks
         p = pos.long().to(rc.device)
         rc.scatter_(2, p.unsqueeze(-1).expand(*p.shape, rc.shape[-1]), val.to(rc))
-        self.code_version.scatter_(2, p, version)
+        self.code_version.scatter_(2, p, version.expand(p.shape))
 
 
 class FullSync(CodebookSync):
@@ -168,7 +185,7 @@ class FullSync(CodebookSync):
 
     def _write(self, receiver, version, op, tensors, idx):
         receiver.codebooks.copy_(tensors[0])
-        self.code_version.fill_(version)
+        self.code_version.copy_(version.expand(self.code_version.shape))
 
 
 class MirroredSync(CodebookSync):
@@ -194,12 +211,11 @@ class MirroredSync(CodebookSync):
         stat, rpos, rval = tensors
         rc = receiver.codebooks
         receiver.mirror(op, stat.to(rc), rpos.to(rc.device), rval.to(rc), idx)
-        if receiver.host_version != version:
-            self.desync = True
+        self._gap.raise_if(receiver.version.to(version.device) != version)    # read by `desync`, when asked
         self.code_version.fill_(receiver.host_version)
 
     def staleness(self, receiver: ResidualVQ) -> int:
-        return self._seen - receiver.host_version
+        return int(self.seen_version) - receiver.host_version
 
 
 SYNC_STRATEGIES: dict[str, type[CodebookSync]] = {c.name: c for c in (StreamSync, FullSync, MirroredSync)}
