@@ -204,6 +204,21 @@ def test_runs_of_code_proven_to_compute_the_same_numbers_are_reused(tmp_path):
     assert reuse.decide(cfg, out, ckpt, "code-c", root=root) == ("train", 0) and not ckpt.exists()
 
 
+def test_a_chain_of_proofs_keeps_older_results_current(tmp_path):
+    """Proofs code-a -> code-b -> code-c make code-a's results current under code-c (each proof is
+    bit-identity on the same configurations); a chain broken in the middle, or pointing the other way, does not."""
+    cfg = sweep.spec_config("micro", {"method": "mapl", "ratio": 4}, PARAMS).validate()
+    out, ckpt = tmp_path / "r.json", tmp_path / "r.pt"
+    root = tmp_path / "checkout"
+    (root / "reports").mkdir(parents=True)
+    proofs = root / "reports" / "code-equivalence.json"
+    proofs.write_text(json.dumps({"proofs": [{"old": "code-a", "new": "code-b"}, {"old": "code-b", "new": "code-c"}]}))
+    _results(out, cfg, "code-a")
+    assert reuse.decide(cfg, out, ckpt, "code-c", root=root) == ("current", cfg.train.steps)
+    proofs.write_text(json.dumps({"proofs": [{"old": "code-a", "new": "code-b"}, {"old": "code-c", "new": "code-b"}]}))
+    assert reuse.decide(cfg, out, ckpt, "code-c", root=root) == ("train", 0)
+
+
 def test_a_run_current_in_another_group_is_copied_not_trained(tmp_path):
     """A run two groups share (same name, config and training code) is copied from the group that has it,
     byte for byte; a twin of another config, of other code, or in the same folder is never taken."""
@@ -473,7 +488,7 @@ def test_other_training_code_is_proven_to_compute_the_same_numbers_before_it_is_
     assert seen == ["mapl-8x: bit-identical", "mapl-rvq-8x-token-scale: bit-identical"]
     fps = (equivalence.checkout_fingerprint(old), equivalence.checkout_fingerprint(new))
     assert fps[0] != fps[1] and (rec["old"], rec["new"]) == fps
-    assert equivalence.proven(*fps, root=new) == rec and equivalence.proven(fps[1], fps[0], root=new) is None
+    assert equivalence.proven(*fps, root=new) == [rec] and equivalence.proven(fps[1], fps[0], root=new) is None
     model = old / "mapl" / "core" / "model.py"
     model.write_text(model.read_text().replace("self.eps = eps", "self.eps = eps * 100"))
     before = (new / equivalence.EQUIVALENCE_FILE).read_text()

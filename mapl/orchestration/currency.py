@@ -19,7 +19,7 @@ __all__ = ["same_code", "results_current"]
 
 def same_code(stamp: str | None, fingerprint: str, root: Path = PROJECT_ROOT) -> bool:
     """Whether training code ``stamp`` computes what ``fingerprint`` computes: it is that code, or ``root``'s
-    ``reports/code-equivalence.json`` holds the proof (old ``stamp``, new ``fingerprint``)."""
+    ``reports/code-equivalence.json`` holds a proof, or a chain of proofs, from ``stamp`` to ``fingerprint``."""
     return stamp == fingerprint or (stamp is not None and proven(stamp, fingerprint, root) is not None)
 
 

@@ -80,9 +80,23 @@ def differences(a: dict, b: dict) -> list[str]:
     return out
 
 
-def proven(old: str, new: str, root: Path = PROJECT_ROOT) -> dict | None:
-    """The record proving training code ``old`` computes what ``new`` computes, or None."""
-    return next((r for r in _records(root) if r["old"] == old and r["new"] == new), None)
+def proven(old: str, new: str, root: Path = PROJECT_ROOT) -> list[dict] | None:
+    """The records proving training code ``old`` computes what ``new`` computes, or None: one proof, or a chain
+    of them (old -> a -> ... -> new). Each proof is bit-identity on the same configurations, so a chain of them
+    is bit-identity between its ends; without the chain, results of code two refactors back would go stale
+    although every step between was proven."""
+    records = _records(root)
+    paths, seen = [(old, [])], {old}
+    while paths:                                   # breadth first: the shortest chain
+        code, chain = paths.pop(0)
+        for r in records:
+            if r["old"] != code or r["new"] in seen:
+                continue
+            if r["new"] == new:
+                return [*chain, r]
+            seen.add(r["new"])
+            paths.append((r["new"], [*chain, r]))
+    return None
 
 
 def _records(root: Path) -> list[dict]:
