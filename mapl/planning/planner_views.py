@@ -29,6 +29,7 @@ from .planner import (common_target, crossover_interval, load_runs, main_model_r
 __all__ = ["MEASURED_VARIANTS", "measured_sources", "at_headline_ratio", "pick_measured", "measured_steps", "measured_text",
            "bench_profile", "bench_cases", "flop_cases", "run_ratios", "profile_steps", "target_text",
            "paper_cases", "paper_steps", "bandwidth_grid", "plan", "bandwidth_text", "crossover_table", "crossover_summary",
+           "crossover_takeaway",
            "label", "display_name", "method_style", "heatmap_figure", "curve_figure"]
 
 
@@ -327,6 +328,23 @@ def crossover_summary(res: dict, model: str = "") -> list[dict]:
     return [{"model": model, "method": m, "against": other, "latency_ms": 1000 * res["latency_s"],
              "crossover_bps": c["mid"], "low_bps": c["low"], "high_bps": c["high"]}
             for (m, other), c in res["crossovers"].items()]
+
+
+def crossover_takeaway(results: Sequence[tuple[str, dict]]) -> str:
+    """One sentence per view: below which bandwidth each method reaches the target before uncompressed (its
+    range in brackets), and which never get there; the notebook's closing line, computed from the plan."""
+    sentences = []
+    for group, res in results:
+        against = [(m, c) for (m, other), c in res["crossovers"].items() if other == "none"]
+        parts = [f"{display_name(m)} below {bandwidth_text(c['mid'])} ({_range_text(c)})" for m, c in against]
+        head = f"{group}: " if group else ""
+        if parts:
+            sentences.append(f"{head}first to the target at {1000 * res['latency_s']:g} ms latency: " + "; ".join(parts))
+        else:
+            sentences.append(f"{head}no method reaches the target before uncompressed on any link shown")
+        if res["never"]:
+            sentences[-1] += f" (never within their runs: {', '.join(map(str, res['never']))})"
+    return "Takeaway: " + ". ".join(sentences) + "."
 
 
 def _method_and_ratio(name: str) -> tuple[str, float | None]:
