@@ -217,6 +217,11 @@ def test_a_chain_of_proofs_keeps_older_results_current(tmp_path):
     assert reuse.decide(cfg, out, ckpt, "code-c", root=root) == ("current", cfg.train.steps)
     proofs.write_text(json.dumps({"proofs": [{"old": "code-a", "new": "code-b"}, {"old": "code-c", "new": "code-b"}]}))
     assert reuse.decide(cfg, out, ckpt, "code-c", root=root) == ("train", 0)
+    # a study's composite stamp: its own part must match exactly, its code part be proven
+    from mapl.orchestration.currency import same_code
+    proofs.write_text(json.dumps({"proofs": [{"old": "code-a", "new": "code-b"}]}))
+    assert same_code("code-a+study1", "code-b+study1", root) and not same_code("code-a+study1", "code-b+study2", root)
+    assert not same_code("code-x+study1", "code-b+study1", root)
 
 
 def test_a_run_current_in_another_group_is_copied_not_trained(tmp_path):

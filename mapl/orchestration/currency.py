@@ -19,8 +19,17 @@ __all__ = ["same_code", "results_current"]
 
 def same_code(stamp: str | None, fingerprint: str, root: Path = PROJECT_ROOT) -> bool:
     """Whether training code ``stamp`` computes what ``fingerprint`` computes: it is that code, or ``root``'s
-    ``reports/code-equivalence.json`` holds a proof, or a chain of proofs, from ``stamp`` to ``fingerprint``."""
-    return stamp == fingerprint or (stamp is not None and proven(stamp, fingerprint, root) is not None)
+    ``reports/code-equivalence.json`` holds a proof, or a chain of proofs, from ``stamp`` to ``fingerprint``. A
+    composite stamp ``<code>+<study>`` matches when the study parts are equal and the code parts proven."""
+    if stamp == fingerprint:
+        return True
+    if stamp is None:
+        return False
+    # a study that computes numbers outside the fingerprinted sources stamps "<code>+<its own hash>"
+    # (mapl.orchestration.frozen_trunk.study_fingerprint): its own part must match, its code part be proven
+    code, _, own = stamp.partition("+")
+    new_code, _, new_own = fingerprint.partition("+")
+    return own == new_own and proven(code, new_code, root) is not None
 
 
 def results_current(out: Path, cfg: RunConfig, fingerprint: str, root: Path = PROJECT_ROOT) -> bool:

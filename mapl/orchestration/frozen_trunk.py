@@ -26,7 +26,7 @@ writes its results JSON as soon as it ends, so an interrupted study resumes wher
 candidates of the first seed under ``tune/``, ``tuning.json``, and one ``frozen-<run>.json`` per seed and
 projector (the first seed's: a copy of its winning candidate; read by :mod:`mapl.report.frozen`).
 
-    mapl frozen-trunk --profile cpu               # the profile's study (DVC stage frozen_trunk)
+    python -m mapl.frozen_trunk --profile cpu     # the profile's study (DVC stage frozen_trunk)
 """
 from __future__ import annotations
 
