@@ -64,3 +64,34 @@ def test_refresh_refuses_another_profile_and_an_unknown_group(tmp_path, capsys):
     assert reuse.main(["refresh", "paper"]) == 2                     # the checkout's params.yaml runs cpu
     err = capsys.readouterr().err
     assert err.startswith("error: profile 'paper'") and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_the_frozen_trunk_stage_is_refreshed_only_with_current_runs_and_every_trunk_here(tmp_path, monkeypatch):
+    from mapl.orchestration import frozen_trunk
+    assert R._frozen_stamp(PROJECT_ROOT) == frozen_trunk.study_fingerprint()     # one stamp, computed in two places
+    monkeypatch.setattr(R, "code_fingerprint", lambda root: "f00d")
+    _root(tmp_path)
+    folder = tmp_path / "reports" / "micro" / "frozen-trunk"
+    (tmp_path / "mapl" / "orchestration").mkdir(parents=True)
+    (tmp_path / "mapl" / "orchestration" / "frozen_trunk.py").write_text("# the study\n")
+    stamp = R._frozen_stamp(tmp_path)
+    calls = []
+    with pytest.raises(ValueError, match="frozen_trunk: no boundary run in reports/micro/frozen-trunk"):
+        R.refresh("micro", ["frozen_trunk"], root=tmp_path, run=calls.append, log=lambda m: None)
+    folder.mkdir(parents=True)
+    (folder / "frozen-a-s0.json").write_text(json.dumps({"provenance": {"code_fingerprint": stamp},
+                                                         "trunk": {"run": "trunk-s0"}}))
+    with pytest.raises(ValueError, match=r"the checkpoint of trunk trunk-s0 is not here.*nothing was run"):
+        R.refresh("micro", ["frozen_trunk"], root=tmp_path, run=calls.append, log=lambda m: None)
+    (tmp_path / "checkpoints" / "micro").mkdir(parents=True)
+    (tmp_path / "checkpoints" / "micro" / "trunk-s0.pt").write_bytes(b"")
+    (folder / "frozen-b-s0.json").write_text(json.dumps({"provenance": {"code_fingerprint": "f00d+other"},
+                                                         "trunk": {"run": "trunk-s0"}}))
+    with pytest.raises(ValueError, match=r"frozen-b-s0.json was trained by code not proven equivalent"):
+        R.refresh("micro", ["frozen_trunk"], root=tmp_path, run=calls.append, log=lambda m: None)
+    assert calls == []
+    (folder / "frozen-b-s0.json").unlink()
+    assert R.refresh("micro", ["frozen_trunk"], root=tmp_path, run=calls.append, log=lambda m: None) == ["frozen_trunk"]
+    assert calls == ["mkdir -p reports/micro/notebooks && papermill notebooks/frozen_trunk.ipynb "
+                     "reports/micro/notebooks/frozen_trunk.ipynb -p profile micro --no-progress-bar",
+                     "dvc commit -f frozen_trunk"]

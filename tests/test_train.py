@@ -232,6 +232,18 @@ def test_checkpoint_with_missing_keys_is_one_line(micro_cfg, tmp_path):
     saved = torch.load(tmp_path / "c.pt", weights_only=True)
 
 
+def test_a_checkpoint_holding_nan_is_refused_on_load_naming_the_file_and_tensor(micro_cfg, tmp_path):
+    from mapl.core.checkpoint import CheckpointError
+    ck = tmp_path / "c.pt"
+    run(micro_cfg("none", **{"train.steps": 2}), ckpt=ck, progress=False, log=lambda *a: None)
+    saved = torch.load(ck, weights_only=True)
+    name = next(k for k, v in saved["model"].items() if v.is_floating_point())
+    saved["model"][name].view(-1)[0] = float("nan")
+    torch.save(saved, ck)
+    with pytest.raises(CheckpointError, match=rf"checkpoint {ck} holds non-finite values in model\.{name}"):
+        run(micro_cfg("none", **{"train.steps": 4}), ckpt=ck, progress=False, log=lambda *a: None)
+
+
 def test_output_paths_are_checked_before_any_work(micro_cfg, tmp_path, monkeypatch):
     import mapl.data as D
     from mapl.base.io import OutputError

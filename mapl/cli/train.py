@@ -24,6 +24,7 @@ from pathlib import Path
 # run() imports the engine, so a bad flag costs a start-up, not a torch import.
 from ..base.cli import add_debug_flag, run_cli
 from ..core.config import METHODS, PROJECT_ROOT, RunConfig, load_params, load_run_config, parse_set
+from ..core.model_config import PRESETS
 from ..core.run import check_output_paths, run
 
 __all__ = ["main", "parse_args", "add_run_arguments", "config_from_args", "PROG"]
@@ -35,7 +36,7 @@ def add_run_arguments(ap: argparse.ArgumentParser, params: dict) -> None:
     """The flags both commands (``mapl train``, ``mapl pipeline``) share."""
     ap.add_argument("--profile", default=params.get("profile", "cpu"), choices=sorted(params.get("profiles", {})),
                     help="settings from params.yaml (default: %(default)s)")
-    ap.add_argument("--model", help="model preset: micro, tiny, mini, 150M, 500M, 1B")
+    ap.add_argument("--model", help="model preset: " + ", ".join(PRESETS))
     ap.add_argument("--method", choices=sorted(METHODS), help="boundary compressor")
     ap.add_argument("--ratio", type=float, help="compression ratio d/r for projection methods (4, 8, 16, ...)")
     ap.add_argument("--projector", help="ablation: spel | fixed | unconstrained | fixed-shared")

@@ -180,7 +180,28 @@ def read(path: Path) -> dict:
     if missing:
         raise CheckpointError(f"checkpoint {path} lacks {missing}: it is damaged or was not written by mapl; delete "
                               "it or use --fresh")
+    bad = _first_nonfinite_saved(ck)
+    if bad is not None:     # save() never writes one; a file edited or damaged on disk must not resume a run
+        raise CheckpointError(f"checkpoint {path} holds non-finite values in {bad}: it was not written that way by "
+                              "mapl (a damaged or edited file); delete it or use --fresh")
     return ck
+
+
+def _first_nonfinite_saved(ck: dict) -> str | None:
+    """The first model or optimizer tensor of a loaded checkpoint holding NaN/Inf (None if all finite)."""
+    def tensors(obj, name):
+        if isinstance(obj, torch.Tensor):
+            yield name, obj
+        elif isinstance(obj, dict):
+            for k, v in obj.items():
+                yield from tensors(v, f"{name}.{k}" if name else str(k))
+        elif isinstance(obj, (list, tuple)):
+            for i, v in enumerate(obj):
+                yield from tensors(v, f"{name}[{i}]")
+    for name, t in tensors({"model": ck.get("model"), "optimizers": ck.get("optimizers")}, ""):
+        if t.is_floating_point() and t.numel() and not bool(torch.isfinite(t).all()):
+            return name
+    return None
 
 
 def checkpoint_step(ck: dict) -> int:

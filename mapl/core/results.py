@@ -107,6 +107,8 @@ def build_results(cfg: RunConfig, state, boundaries: list[dict], meter: ByteMete
         "tokens_per_s": tokens / max(1e-9, state.train_wall),
         "n_params": n_params,
         "unigram_entropy": splits.get("val", {}).get("unigram_entropy"),
+        # the training split's size, so a table can state the epochs a run read without the data folder
+        "train_split_tokens": splits.get("train", {}).get("tokens"),
         "resumed_with_changes": state.resumed_with_changes,
         # the early warning's trajectories: each boundary's max |z| / RMS (training and evaluation messages)
         # and, for RVQ, its codebooks, every train.health_every steps and at every evaluation

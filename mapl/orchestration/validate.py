@@ -4,7 +4,7 @@ DVC removes a stage's outputs before its command runs, so one bad value would de
 results and fail inside a notebook. ``mapl sweep --check --stamp reports/params-valid.txt`` runs
 :func:`check_params` first; every other stage depends on the stamp it writes. The check reads every part
 of the file that training reads: the group declaration, the named budgets, each profile's settings, launcher
-and runs, and the frozen-trunk studies; so this module sits above the sweep and the frozen-trunk study, and nothing in
+and runs, the frozen-trunk studies and the scale ladder's budget rule; so this module sits above the sweep and the frozen-trunk study, and nothing in
 orchestration imports it.
 """
 from __future__ import annotations
@@ -15,6 +15,7 @@ from ..base.declared_groups import declaration
 from ..core.config import ConfigError, load_params, load_run_config
 from .frozen_trunk import settings as frozen_trunk_settings
 from .groups import check_budgets, check_names, group_names, group_runs, spec_config
+from .ladder import check_ladder
 from .sweep import launcher_config
 
 __all__ = ["STAMP_TEXT", "check_params", "write_stamp"]
@@ -50,6 +51,7 @@ def check_params(params: dict | None = None) -> str:
                 runs += 1
         check_names(profile, params)
         frozen_trunk_settings(profile, params)
+        check_ladder(profile, params)
     return (f"params.yaml: {len(declared.names())} groups in {len(declared.studies())} studies, {len(profiles)} "
             f"profiles, {runs} runs in their groups, every setting valid")
 

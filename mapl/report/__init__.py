@@ -17,6 +17,7 @@ planner's figures use it too), :mod:`~mapl.report.table`
 (the Table type and its writers), :mod:`~mapl.report.tables` (main-budget tables),
 :mod:`~mapl.report.studies` (headline with paired comparisons, token and width axes),
 :mod:`~mapl.report.controls` (issue 26's studies: the decomposition, learned vs fixed at 4x, the corpus, blocks),
+:mod:`~mapl.report.ladder` (the scale ladder: the gap per rung and its slope in ln(parameters)),
 :mod:`~mapl.report.claims` (the claims ledger),
 :mod:`~mapl.report.figures` and :mod:`~mapl.report.plots` (drawing; captions and takeaways),
 :mod:`~mapl.report.ttt` (time to target on a simulated link), :mod:`~mapl.report.metrics`
@@ -34,6 +35,7 @@ from .controls import *
 from .data_stats import *
 from .figures import *
 from .frozen import *
+from .ladder import *
 from .metrics import *
 from .paper import *
 from .plots import *
@@ -47,6 +49,6 @@ from .tables import *
 from .ttt import *
 
 # (the functions ``metrics`` and ``style`` shadow their modules here: read the modules from sys.modules)
-_MODULES = ("rows", "stats", "paper", "style", "table", "tables", "studies", "controls", "frozen", "claims", "figures",
+_MODULES = ("rows", "stats", "paper", "style", "table", "tables", "studies", "controls", "frozen", "ladder", "claims", "figures",
             "plots", "ttt", "metrics", "render", "data_stats")
 __all__ = [name for mod in _MODULES for name in sys.modules[f"{__name__}.{mod}"].__all__]

@@ -161,7 +161,7 @@ def row_from_result(res: dict, group: str = "") -> dict:
         "wire_ratio": _round(res.get("ratio", 1.0)),
         "projection_ratio": _round(res.get("nominal_ratio")) if projector else None,
         "seed": prov.get("seed", _get(cfg, "train.seed") or 0), "steps": res.get("steps"),
-        "tokens": res.get("tokens"), "eval_offset": _get(cfg, "train.eval_offset") or 0, "eval_set": eval_set(cfg),
+        "tokens": res.get("tokens"), "train_split_tokens": res.get("train_split_tokens"), "eval_offset": _get(cfg, "train.eval_offset") or 0, "eval_set": eval_set(cfg),
         "val_loss": res.get("val_loss"),
         "val_loss_curve": res.get("val_loss_curve") or [], "train_loss_curve": res.get("train_loss_curve") or [],
         "data_source": _get(cfg, "data.source") or "", "anchor_rank": _get(cfg, "compressor.anchor.rank") or 0,

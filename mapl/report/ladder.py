@@ -1,0 +1,249 @@
+"""The scale ladder: does MAPL's lead over SSN grow with model size?
+
+Rungs are the ``ladder-d<d>`` presets (8 layers, two blocks per stage at P = 4; only the width changes), each
+trained on the code corpus at the same tokens per non-embedding parameter (params.yaml ``ladder``), each
+method's learning rate tuned at that rung and budget (study ``ladder_tune``). Per rung: none, SSN 8× and MAPL 8×
+on paired seeds, Δ% against the same seed's uncompressed run, and the paired SSN − MAPL gap.
+
+The primary contrast of the study, named before its runs (``PRIMARY_SLOPE``): the slope of the paired gap
+against ln(non-embedding parameters), fitted by least squares over every (rung, seed) gap, with its 95 % t
+interval (n − 2 degrees of freedom; seeds of different rungs are independent runs). A line extrapolated to the
+paper's 150M is drawn on the figure and labelled as such; it is never a verdict.
+"""
+from __future__ import annotations
+
+import math
+import re
+import statistics
+from typing import Sequence
+
+from ..core.model_config import PRESETS, count_params
+from .rows import declared
+from .stats import paired, summarize, t_interval, t_quantile
+from .style import BARS, NEUTRAL, colour, variant_label
+from .table import DASH, Table, fmt, fmt_ci, fmt_int, fmt_pm
+
+__all__ = ["LADDER_STUDY", "PRIMARY_SLOPE", "PAPER_SIZES", "rung_params", "ladder_rungs", "gap_slope", "ladder_table",
+           "ladder_tuning_table", "ladder_plot", "ladder_slope_comparison"]
+
+LADDER_STUDY = "ladder"
+# The scale ladder's one primary contrast, named in params.yaml and the README before its first run
+PRIMARY_SLOPE = "slope of the paired SSN − MAPL gap (points of Δ%) per unit of ln(non-embedding parameters), at 8×"
+_RUNG = re.compile(r"^ladder-d(\d+)$")
+# the paper's sizes on the same axis: the non-embedding parameters of our presets of those names (their d is the
+# paper's; the rest is our choice, mapl/core/model_config.py)
+PAPER_SIZES = {name: count_params(PRESETS[name], include_embeddings=False) for name in ("150M", "500M", "1B")}
+
+
+def rung_params(model: str) -> int | None:
+    """Non-embedding parameters of a ladder preset (None for another model)."""
+    return count_params(PRESETS[model], include_embeddings=False) if _RUNG.match(model or "") else None
+
+
+def ladder_rungs(rows: Sequence[dict]) -> list[dict]:
+    """Per rung with runs of the ladder study (smallest first): ``model``, ``d``, ``params`` (non-embedding),
+    ``steps``, ``tokens``, ``sums`` (variant -> summary over seeds) and ``gap`` (paired SSN − MAPL, or None)."""
+    groups = set(declared().groups_of(LADDER_STUDY))
+    mine = [r for r in rows if r["group"] in groups and _RUNG.match(r["model"] or "")]
+    out = []
+    for model in sorted({r["model"] for r in mine}, key=rung_params):
+        pool = [r for r in mine if r["model"] == model and r["method"] in ("none", "ssn", "mapl")
+                and r["variant"] in ("none", "ssn", "mapl")]
+        sums = {s["variant"]: s for s in summarize(pool, rows)}
+        gap = None
+        if "ssn" in sums and "mapl" in sums:
+            p = paired(sums["ssn"]["deltas"], sums["mapl"]["deltas"])
+            gap = {"a": sums["ssn"], "b": sums["mapl"], **p} if p else None
+        steps = max(r["steps"] for r in pool) if pool else None
+        split = {r.get("train_split_tokens") for r in pool} - {None}
+        out.append({"model": model, "d": int(_RUNG.match(model).group(1)), "params": rung_params(model),
+                    "steps": steps, "tokens": max((r["tokens"] or 0) for r in pool) if pool else None,
+                    "train_split_tokens": split.pop() if len(split) == 1 else None,
+                    "sums": sums, "gap": gap, "geometry": _geometry(pool)})
+    return out
+
+
+def _geometry(pool: Sequence[dict]) -> dict | None:
+    """MAPL's captured boundary energy and the best rank-r basis's (PCA), mean over boundaries and seeds."""
+    caps, pcas = [], []
+    for r in pool:
+        if r["variant"] != "mapl":
+            continue
+        diags = [d for d in r.get("boundary_diagnostics") or [] if "captured_energy" in d]
+        caps += [d["captured_energy"] for d in diags]
+        pcas += [d["pca_energy"] for d in diags]
+    return {"captured": statistics.fmean(caps), "pca": statistics.fmean(pcas)} if caps else None
+
+
+def gap_slope(rungs: Sequence[dict], level: float = 0.95) -> dict | None:
+    """Least-squares slope of every (rung, seed) paired gap on ln(non-embedding parameters): ``slope``,
+    ``intercept``, ``ci`` (t interval, n − 2 df), ``n`` (gaps), ``rungs``, ``level``; None with fewer than two
+    rungs or three gaps."""
+    pts = [(math.log(r["params"]), d) for r in rungs if r["gap"] for d in r["gap"]["diffs"]]
+    xs = {x for x, _ in pts}
+    if len(xs) < 2 or len(pts) < 3:
+        return None
+    n = len(pts)
+    mx, my = statistics.fmean(x for x, _ in pts), statistics.fmean(y for _, y in pts)
+    sxx = sum((x - mx) ** 2 for x, _ in pts)
+    slope = sum((x - mx) * (y - my) for x, y in pts) / sxx
+    intercept = my - slope * mx
+    resid = sum((y - intercept - slope * x) ** 2 for x, y in pts)
+    se = math.sqrt(resid / (n - 2) / sxx) if n > 2 else float("nan")
+    half = t_quantile(0.5 + level / 2, n - 2) * se
+    return {"slope": slope, "intercept": intercept, "se": se, "ci": (slope - half, slope + half), "n": n,
+            "rungs": len(xs), "level": level, "mean_x": mx, "sxx": sxx, "resid_var": resid / (n - 2)}
+
+
+def ladder_slope_comparison(rows: Sequence[dict]) -> dict | None:
+    """The slope as a comparison the claims ledger reads (``mean``, ``ci``, ``n``, ``level``, ``diffs`` absent:
+    a slope is no family member), with the rungs' span."""
+    rungs = ladder_rungs(rows)
+    fit = gap_slope(rungs)
+    if fit is None:
+        return None
+    span = [r for r in rungs if r["gap"]]
+    return {"mean": fit["slope"], "ci": fit["ci"], "n": fit["n"], "level": fit["level"], "std": None,
+            "rungs": fit["rungs"], "params": (span[0]["params"], span[-1]["params"]),
+            "steps": (span[0]["steps"], span[-1]["steps"])}
+
+
+def _epochs(r: dict) -> str:
+    return f"{r['tokens'] / r['train_split_tokens']:.2f}" if r["train_split_tokens"] and r["tokens"] else DASH
+
+
+def ladder_table(rows: Sequence[dict]) -> Table:
+    """One row per rung: its size and budget (tokens per parameter, epochs of the corpus), each method's Δ%, the
+    paired gap, MAPL's captured boundary energy against the best rank-r basis, and bytes per token."""
+    rungs = ladder_rungs(rows)
+    body = []
+    for r in rungs:
+        s, g = r["sums"], r["gap"]
+        none = s.get("none")
+        body.append([r["model"], r["d"], f"{r['params'] / 1e6:.2f}M", fmt_int(r["steps"]),
+                     f"{r['tokens'] / r['params']:.2f}" if r["tokens"] else DASH, _epochs(r),
+                     ",".join(map(str, none["seeds"])) if none else DASH,
+                     fmt_pm(none["val_loss"], none["val_loss_std"]) if none else DASH,
+                     *(fmt_pm(s[v]["delta_pct"], s[v]["delta_std"], 2, pct=True) if v in s else DASH
+                       for v in ("ssn", "mapl")),
+                     fmt_pm(g["mean"], g["std"], 2) if g else DASH, fmt_ci(g["ci"]) if g else DASH,
+                     f"{r['geometry']['captured']:.3f} / {r['geometry']['pca']:.3f}" if r["geometry"] else DASH,
+                     " / ".join(fmt(s[v]["total_bytes_per_token"], 1) for v in ("ssn", "mapl") if v in s) or DASH])
+    fit = gap_slope(rungs)
+    caption = ("The scale ladder (study ladder): the ladder-d presets (8 layers, P = 4: two blocks per stage) on the "
+               "code corpus, every rung at the same tokens per non-embedding parameter and each method at the "
+               "learning rate tuned at that rung (ladder-tuning.md). Δ%: mean ± sd over seeds against the same "
+               "seed's uncompressed run; gap: paired SSN − MAPL (points; > 0: MAPL ahead) with its 95 % t interval; "
+               "energy: MAPL's captured boundary energy / the best rank-r basis's (mean over boundaries and seeds); "
+               "bytes: all bytes per token of SSN / MAPL; epochs: training tokens over the training split.")
+    if not body:
+        takeaway = "no runs of the scale ladder yet (params.yaml ladder; docs/reproducing.md)."
+    elif fit is None:
+        takeaway = "fewer than two rungs with paired SSN and MAPL runs: no slope yet."
+    else:
+        takeaway = (f"Slope of the SSN − MAPL gap per ln(parameters): {fit['slope']:+.2f} points, 95% interval "
+                    f"{fmt_ci(fit['ci'])} ({fit['n']} paired seeds on {fit['rungs']} rungs, "
+                    f"{rungs[0]['params'] / 1e6:.2f}M-{rungs[-1]['params'] / 1e6:.2f}M parameters).")
+    header = ["rung", "d", "params (non-emb.)", "steps", "tokens/param", "epochs", "seeds", "none val loss",
+              "SSN Δ%", "MAPL Δ%", "gap SSN − MAPL", "gap 95% CI", "MAPL energy / best", "B/tok SSN / MAPL"]
+    return Table("ladder", "Scale ladder: the SSN − MAPL gap against model size", header, body, caption, takeaway)
+
+
+def ladder_plot(rows: Sequence[dict], paper_rows: Sequence[dict] = ()):
+    """Left: Δ% of SSN and MAPL against non-embedding parameters (log x) with 95 % intervals, the paper's three
+    sizes marked (``paper_rows``: Table 1's Δ% at P = 4, drawn at those sizes). Right: the paired gap per rung with
+    its interval, the fitted slope, and its extrapolation to 150M drawn dashed and labelled."""
+    from .figures import empty_note, new_figure
+    from .plots import Plot
+    rungs = [r for r in ladder_rungs(rows) if r["sums"]]
+    fig, (ax, gap_ax) = new_figure(2, width=5.2, height=4.0)
+    caption = (f"Left: Δ% of SSN and MAPL at 8× against non-embedding parameters (log scale), error bars: "
+               f"{BARS['ci95']}; crosses: the paper's Table 1 at 150M, 500M and 1B (P = 4), placed at those presets' "
+               "non-embedding parameters. Right: the paired "
+               f"SSN − MAPL gap per rung ({BARS['ci95']}), the least-squares line in ln(parameters) with its 95 % "
+               "band, and that line extended to 150M (dashed): an extrapolation, not a measurement.")
+    if not rungs:
+        for a in (ax, gap_ax):
+            empty_note(a, "no runs of the scale ladder yet")
+        return Plot("ladder", caption, "no runs of the scale ladder yet.", fig, empty=True)
+    for k, v in enumerate(("ssn", "mapl")):
+        pts = [(r["params"], r["sums"][v]) for r in rungs if v in r["sums"]]
+        xs = [p * (1.0 + 0.04 * (k - 0.5)) for p, _ in pts]
+        ys = [s["delta_pct"] for _, s in pts]
+        cis = [t_interval(list(s["deltas"].values())) for _, s in pts]
+        err = [[y - (c[0] if c else y) for y, c in zip(ys, cis)], [(c[1] if c else y) - y for y, c in zip(ys, cis)]]
+        ax.errorbar(xs, ys, yerr=err, fmt="o-", capsize=3, color=colour(v), label=f"{variant_label(v)} (ours)")
+        paper = [(PAPER_SIZES[p["scale"]], p["value"]) for p in paper_rows if p["method"] == v]
+        if paper:
+            ax.scatter(*zip(*paper), marker="x", color=colour(v), label=f"{variant_label(v)} (paper)")
+    ax.set_xscale("log")
+    ax.set_xlabel("non-embedding parameters (log)")
+    ax.set_ylabel("Δ% of validation loss (%)")
+    ax.axhline(0, color=NEUTRAL["reference"], linewidth=0.8)
+    ax.set_title("Δ% against model size")
+    ax.legend(fontsize=7)
+    gaps = [r for r in rungs if r["gap"]]
+    for r in gaps:
+        g = r["gap"]
+        lo, hi = g["ci"] if g["ci"] else (g["mean"], g["mean"])
+        gap_ax.errorbar([r["params"]], [g["mean"]], yerr=[[g["mean"] - lo], [hi - g["mean"]]], fmt="o", capsize=3,
+                        color=NEUTRAL["ink"])
+        gap_ax.scatter([r["params"]] * g["n"], g["diffs"], color=NEUTRAL["fill"], s=10)
+    fit = gap_slope(rungs)
+    if fit:
+        _slope_line(gap_ax, fit, [r["params"] for r in gaps])
+    gap_ax.axhline(0, color=NEUTRAL["guide"], linestyle=":", linewidth=1)
+    gap_ax.set_xscale("log")
+    gap_ax.set_xlabel("non-embedding parameters (log)")
+    gap_ax.set_ylabel("SSN − MAPL (points; > 0: MAPL ahead)")
+    gap_ax.set_title("paired gap and its slope")
+    fig.suptitle("Scale ladder at 8×")
+    takeaway = (f"Slope {fit['slope']:+.2f} points per ln(parameters), 95% interval {fmt_ci(fit['ci'])}."
+                if fit else "fewer than two rungs with paired runs: no slope yet.")
+    return Plot("ladder", caption, takeaway, fig)
+
+
+def _slope_line(ax, fit: dict, measured: Sequence[float]) -> None:
+    """The fitted line over the measured rungs with its 95 % band, and dashed out to 150M."""
+    import numpy as np
+    tq = t_quantile(0.5 + fit["level"] / 2, fit["n"] - 2)
+    lo_x, hi_x = math.log(min(measured)), math.log(max(measured))
+    for x0, x1, style, name in ((lo_x, hi_x, "-", "least-squares fit"),
+                                (hi_x, math.log(PAPER_SIZES["150M"]), "--", f"extrapolated to 150M ({PAPER_SIZES['150M'] / 1e6:.0f}M non-emb.; not measured)")):
+        xs = np.linspace(x0, x1, 40)
+        ys = fit["intercept"] + fit["slope"] * xs
+        half = tq * np.sqrt(fit["resid_var"] * (1 / fit["n"] + (xs - fit["mean_x"]) ** 2 / fit["sxx"]))
+        ax.plot(np.exp(xs), ys, style, color=NEUTRAL["ink"], linewidth=1, label=name)
+        ax.fill_between(np.exp(xs), ys - half, ys + half, color=NEUTRAL["fill"], alpha=0.15 if style == "-" else 0.07)
+    ax.legend(fontsize=7)
+
+
+def ladder_tuning_table(rows_all: Sequence[dict]) -> Table:
+    """Every run of the ladder's tuning (study ``ladder_tune``): per rung and method, each Muon learning rate's
+    selection-split loss at the rung's budget, the winner marked, and whether it lies inside the grid."""
+    groups = set(declared().groups_of("ladder_tune"))
+    tune = [r for r in rows_all if r["group"] in groups]
+    body, edges = [], []
+    for model in sorted({r["model"] for r in tune}, key=lambda m: rung_params(m) or 0):
+        for method in ("none", "ssn", "mapl"):
+            cells = sorted((r for r in tune if r["model"] == model and r["method"] == method),
+                           key=lambda r: r["lr_muon"] or 0)
+            scored = [r for r in cells if r.get("select_loss") is not None]
+            if not scored:
+                continue
+            best = min(scored, key=lambda r: r["select_loss"])
+            inside = best is not scored[0] and best is not scored[-1]
+            if not inside:
+                edges.append(f"{model} {variant_label(method)}")
+            for r in cells:
+                body.append([model, variant_label(method), f"{r['lr_muon']:g}", fmt_int(r["steps"]),
+                             fmt(r.get("select_loss")), fmt(r["val_loss"]), "✓" if r is best else "",
+                             ("inside" if inside else "on the edge") if r is best else ""])
+    caption = ("Each method's Muon learning rate at each rung, trained at the rung's budget on seed 0 and judged on "
+               "the selection windows (odd windows of the validation split; no reported number uses them); the "
+               "other learning rates are the tiny model's tuned ones. The winner of each rung is run on every seed.")
+    takeaway = ((f"{len(body)} tuning runs; every winner inside its grid." if not edges else
+                 f"{len(body)} tuning runs; winners on the grid's edge (to widen): {', '.join(edges)}.")
+                if body else "no tuning runs of the scale ladder yet.")
+    header = ["rung", "method", "lr_muon", "steps", "selection loss", "val loss", "chosen", "winner"]
+    return Table("ladder-tuning", "Scale ladder: learning rates tuned per rung", header, body, caption, takeaway)

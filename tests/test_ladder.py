@@ -1,0 +1,167 @@
+"""The scale ladder: the code corpus (pinned sdists, dedup by file, split by module, a manifest naming every
+source), the budget rule params.yaml is held to, and the study's analysis (the paired gap per rung and its slope
+in ln(parameters))."""
+from __future__ import annotations
+
+import copy
+import io
+import math
+import tarfile
+from pathlib import Path
+
+import pytest
+
+import mapl.data as D
+import mapl.data.code_corpus as CC
+from mapl import report as R
+from mapl.base.settings import ConfigError
+from mapl.core.config import load_params
+from mapl.core.model_config import PRESETS, count_params
+from mapl.data import DataConfig, DataError
+from mapl.orchestration.ladder import check_ladder, ladder_settings, ladder_steps
+from mapl.report.ladder import gap_slope, ladder_rungs, ladder_table, rung_params
+
+
+def _sdist(path: Path, files: dict[str, str | bytes]) -> str:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for name, text in files.items():
+            data = text if isinstance(text, bytes) else text.encode()
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(buf.getvalue())
+    import hashlib
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _packages(cache: Path) -> tuple:
+    """Two fake sdists: a module shared by both (dropped the second time), empty files, a non-UTF-8 fixture."""
+    shared = "def shared():\n    return 1\n" * 10
+    a = {"alpha-1.0/alpha/__init__.py": "", "alpha-1.0/alpha/core.py": "class Core:\n    pass\n" * 30,
+         "alpha-1.0/alpha/util.py": shared, "alpha-1.0/tests/test_core.py": "def test():\n    assert True\n" * 20,
+         "alpha-1.0/README.txt": "not code"}
+    b = {"beta-2.0/beta/__init__.py": "\n", "beta-2.0/beta/graph.py": "def walk(g):\n    yield from g\n" * 25,
+         "beta-2.0/beta/vendored.py": shared, "beta-2.0/beta/latin1.py": "x = 'caf\xe9'\n".encode("latin-1")}
+    return (CC.CodePackage("alpha==1.0", "alpha-1.0.tar.gz", _sdist(cache / "alpha-1.0.tar.gz", a), "MIT"),
+            CC.CodePackage("beta==2.0", "beta-2.0.tar.gz", _sdist(cache / "beta-2.0.tar.gz", b), "BSD-3-Clause"))
+
+
+def test_the_code_corpus_keeps_each_distinct_module_once_named_by_package(tmp_path, monkeypatch):
+    packages = _packages(tmp_path)
+    monkeypatch.setattr(D.downloads, "pip_download", lambda *a, **k: pytest.fail("pip called despite cached sdists"))
+    docs = CC.code_documents(CC.fetch_code_packages(tmp_path, packages))
+    assert [d.name for d in docs] == ["alpha/alpha/core.py", "alpha/alpha/util.py", "alpha/tests/test_core.py",
+                                      "beta/beta/graph.py"]      # empty, duplicate and non-UTF-8 files dropped
+    inventory = CC.code_inventory(docs, packages)
+    assert [(x["package"], x["licence"], x["modules"]) for x in inventory] == [("alpha==1.0", "MIT", 3),
+                                                                               ("beta==2.0", "BSD-3-Clause", 1)]
+    assert all(len(x["sha256"]) == 64 for x in inventory)
+
+
+def test_a_damaged_sdist_is_one_line_naming_the_file(tmp_path):
+    bad = tmp_path / "alpha-1.0.tar.gz"
+    bad.write_bytes(b"not a tarball")
+    with pytest.raises(DataError, match=r"alpha-1.0.tar.gz: not a readable sdist of alpha==1.0 .*delete it"):
+        CC.code_documents([(CC.CodePackage("alpha==1.0", bad.name, "0" * 64, "MIT"), bad)])
+
+
+def test_the_prepared_code_corpus_splits_by_module_and_its_manifest_names_every_source(tmp_path, monkeypatch):
+    packages = _packages(tmp_path / "cache")
+    monkeypatch.setattr(CC, "CODE_PACKAGES", packages)
+    monkeypatch.setenv("MAPL_CACHE_DIR", str(tmp_path / "cache"))
+    cfg = DataConfig(source="python-code", tokenizer="byte", val_fraction=0.25).validate()
+    assert D.dataset_dir_name(cfg).startswith("python-code-byte")
+    m = D.prepare(cfg, tmp_path / "out")
+    assert m["splits"]["val"]["documents"] == 1 and m["splits"]["train"]["documents"] == 3
+    assert [s["package"] for s in m["sources"]] == ["alpha==1.0", "beta==2.0"]
+    assert "alpha==1.0 (MIT)" in m["source"] and "one document per module" in m["source"]
+    docs = CC.code_documents(CC.fetch_code_packages(tmp_path / "cache", packages))
+    train, val = D.split_documents(docs, 0.25, 0)
+    assert not {d.name for d in train} & {d.name for d in val}      # whole modules: none on both sides
+
+
+def test_the_pinned_packages_are_pinned():
+    assert len({p.name for p in CC.CODE_PACKAGES}) == len(CC.CODE_PACKAGES)
+    assert all("==" in p.spec and len(p.sha256) == 64 and p.licence for p in CC.CODE_PACKAGES)
+    assert CC.CODE_PACKAGES[0].spec == D.SYMPY_SPEC          # the sympy corpus is the first part of this one
+
+
+# ---- the budget rule -------------------------------------------------------------------------------------------
+def test_the_budget_rule_gives_every_rung_the_same_tokens_per_parameter():
+    st = ladder_settings()
+    assert st.rungs and all(r in PRESETS for r in st.rungs)
+    params = [count_params(PRESETS[r], include_embeddings=False) for r in st.rungs]
+    assert params[-1] / params[0] >= 6                       # the span the study needs
+    for rung, n in zip(st.rungs, params):
+        steps = ladder_steps(rung, st.tokens_per_param, 2048)
+        assert abs(steps * 2048 / n - st.tokens_per_param) < 0.01
+        assert PRESETS[rung].n_layers % st.stages == 0 and PRESETS[rung].n_layers // st.stages >= 2
+
+
+def _with_ladder_run(**over) -> dict:
+    params = copy.deepcopy(load_params())
+    spec = {"name": "ladder-d64-P4-none-mu0.02-s0", "model": "ladder-d64", "method": "none", "train.lr_muon": 0.02,
+            "data.source": "python-code", "data.val_fraction": 0.01, "data.sampling": "epochs",
+            "train.steps": ladder_steps("ladder-d64", 2, 2048), **over}
+    params["profiles"]["cpu"]["groups"]["ladder"] = [spec]
+    return params
+
+
+def test_a_ladder_run_off_the_budget_rule_is_refused_naming_it():
+    assert check_ladder("cpu", _with_ladder_run()) == 1
+    with pytest.raises(ConfigError, match=r"ladder\[0\].*train.steps=400 breaks the ladder's budget rule: 2 tokens "
+                                          r"per non-embedding parameter on ladder-d64 is 393 steps"):
+        check_ladder("cpu", _with_ladder_run(**{"train.steps": 400}))
+    with pytest.raises(ConfigError, match=r"data.sampling='uniform' is invalid for the ladder"):
+        check_ladder("cpu", _with_ladder_run(**{"data.sampling": "uniform"}))
+    with pytest.raises(ConfigError, match=r"model='mini' is not a rung"):
+        check_ladder("cpu", _with_ladder_run(model="mini"))
+
+
+# ---- the analysis ------------------------------------------------------------------------------------------------
+def _ladder_row(model, method, seed, loss, group="ladder"):
+    from tests.test_report import result
+    d = PRESETS[model].d_model
+    res = result(method, 8 if method != "none" else 1, seed=seed, steps=ladder_steps(model, 2, 2048), loss=loss,
+                 model=model, name=f"{model}-{method}-s{seed}", d=d)
+    return {**R.row_from_result({**res, "train_split_tokens": 23_907_284}, group), "data_source": "python-code"}
+
+
+def _ladder_rows(gaps: dict[str, float], seeds=range(4)):
+    rows = []
+    for model, gap in gaps.items():
+        for s in seeds:
+            none = 3.0 - 0.1 * math.log(rung_params(model)) + 0.01 * s
+            mapl = none * 1.02
+            ssn = mapl + none * (gap + 0.05 * (s - 1.5)) / 100          # the paired gap in points, with a seed spread
+            rows += [_ladder_row(model, "none", s, none), _ladder_row(model, "ssn", s, ssn),
+                     _ladder_row(model, "mapl", s, mapl)]
+    return rows
+
+
+def test_the_slope_recovers_a_gap_that_grows_with_ln_params():
+    models = ("ladder-d64", "ladder-d128", "ladder-d192")
+    true = 0.8
+    gaps = {m: 1.0 + true * math.log(rung_params(m) / rung_params(models[0])) for m in models}
+    rungs = ladder_rungs(_ladder_rows(gaps))
+    assert [r["model"] for r in rungs] == list(models)
+    assert [r["gap"]["n"] for r in rungs] == [4, 4, 4]
+    assert [round(r["gap"]["mean"], 6) for r in rungs] == [pytest.approx(gaps[m], abs=1e-6) for m in models]
+    fit = gap_slope(rungs)
+    assert fit["slope"] == pytest.approx(true, abs=1e-6) and fit["n"] == 12 and fit["rungs"] == 3
+    assert fit["ci"][0] < true < fit["ci"][1]
+    flat = gap_slope(ladder_rungs(_ladder_rows({m: 1.0 for m in models})))
+    assert flat["ci"][0] < 0 < flat["ci"][1]
+    assert gap_slope(ladder_rungs(_ladder_rows({"ladder-d64": 1.0}))) is None        # one rung: no slope
+
+
+def test_the_ladder_table_states_budget_epochs_and_the_slope():
+    models = ("ladder-d64", "ladder-d128")
+    table = ladder_table(_ladder_rows({m: 1.0 for m in models}))
+    assert [b[0] for b in table.body] == list(models)
+    assert [b[4] for b in table.body] == ["2.00", "2.00"]                  # tokens per parameter, the rule's
+    assert all(float(b[5]) < 1 for b in table.body)                       # every rung under one epoch
+    assert "Slope of the SSN − MAPL gap per ln(parameters): " in table.takeaway
+    assert "no runs of the scale ladder yet" in ladder_table([]).takeaway
