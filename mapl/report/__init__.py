@@ -17,7 +17,8 @@ planner's figures use it too), :mod:`~mapl.report.table`
 (the Table type and its writers), :mod:`~mapl.report.tables` (main-budget tables),
 :mod:`~mapl.report.studies` (headline with paired comparisons, token and width axes),
 :mod:`~mapl.report.controls` (issue 26's studies: the decomposition, learned vs fixed at 4x, the corpus, blocks),
-:mod:`~mapl.report.claims` (the claims ledger),
+:mod:`~mapl.report.claims` (the claims ledger), :mod:`~mapl.report.exhibits` (the exhibits a reviewer reads
+first: the primary contrast per seed, learned against fixed, where the order holds),
 :mod:`~mapl.report.figures` and :mod:`~mapl.report.plots` (drawing; captions and takeaways),
 :mod:`~mapl.report.ttt` (time to target on a simulated link), :mod:`~mapl.report.metrics`
 (metrics.json and macros), :mod:`~mapl.report.render` (the notebook's glue) and
@@ -32,6 +33,7 @@ import sys
 from .claims import *
 from .controls import *
 from .data_stats import *
+from .exhibits import *
 from .figures import *
 from .frozen import *
 from .metrics import *
@@ -47,6 +49,6 @@ from .tables import *
 from .ttt import *
 
 # (the functions ``metrics`` and ``style`` shadow their modules here: read the modules from sys.modules)
-_MODULES = ("rows", "stats", "paper", "style", "table", "tables", "studies", "controls", "frozen", "claims", "figures",
+_MODULES = ("rows", "stats", "paper", "style", "table", "tables", "studies", "controls", "frozen", "claims", "exhibits", "figures",
             "plots", "ttt", "metrics", "render", "data_stats")
 __all__ = [name for mod in _MODULES for name in sys.modules[f"{__name__}.{mod}"].__all__]
