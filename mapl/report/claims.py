@@ -378,8 +378,8 @@ def _delta_cell(s: dict | None, level: float = 0.95) -> tuple[str, object]:
     if s is None or s["delta_pct"] is None:
         return DASH, None
     ci = t_interval(list(s["deltas"].values()), level) if s["n"] >= MIN_SEEDS else None
-    shown = f" ({_pct(level)})" if ci and level != 0.95 else ""
-    return (f"{fmt_pct(s['delta_pct'])} {fmt_ci(ci)}{shown} (n = {s['n']}, {fmt_int(s['steps'])} steps, "
+    shown = f"{_pct(level)}, " if ci and level != 0.95 else ""
+    return (f"{fmt_pct(s['delta_pct'])} {fmt_ci(ci)} ({shown}n = {s['n']}, {fmt_int(s['steps'])} steps, "
             f"{s['wire_ratio']:g}× on the wire, {s['total_bytes_per_token']:.1f} B/token in all)"), ci
 
 
