@@ -108,22 +108,73 @@ def test_exact_tests_match_their_textbook_values():
     assert wilcoxon_p([0.5, 0.5, 0.5]) == 0.25 and wilcoxon_p([0, 0]) is None    # 3 seeds cannot reach 0.05
     adj = holm([0.01, 0.04, 0.03, None])
     assert [a["p_adj"] for a in adj[:3]] == pytest.approx([0.03, 0.06, 0.06]) and adj[3]["p_adj"] is None
-    assert [a["level"] for a in adj[:3]] == pytest.approx([1 - 0.05 / 3, 0.95, 1 - 0.05 / 2])
+    assert [a["rejected"] for a in adj[:3]] == [True, False, False]
 
 
-@pytest.mark.parametrize("ci,verdict", [((0.3, 2.5), "reproduced"), ((-0.5, 0.8), "not reproduced"),
-                                        ((-2.0, -0.1), "not reproduced"), (None, "not testable here")])
-def test_an_ordering_claim_needs_the_interval_on_its_side(ci, verdict):
+def test_holm_reads_at_the_bonferroni_level_after_its_first_non_rejection():
+    """Holm stops at the first p it does not reject: that test and every later one get the level 1 - alpha/m,
+    never the step level 1 - alpha/(m - k) that assumes the earlier nulls false (the earlier code did)."""
+    from mapl.report.stats import holm
+    stopped = holm([0.01, 0.04, 0.03, None])            # 0.01 <= 0.05/3 rejected; 0.03 > 0.05/2: Holm stops
+    assert [a["level"] for a in stopped[:3]] == pytest.approx([1 - 0.05 / 3] * 3)
+    every = holm([0.001, 0.01, 0.02])                    # each rejected at its step: the step levels
+    assert [a["level"] for a in every] == pytest.approx([1 - 0.05 / 3, 1 - 0.05 / 2, 0.95])
+    assert all(a["rejected"] for a in every)
+    first = holm([0.2, 0.3])                             # the smallest not rejected: all at Bonferroni
+    assert [a["level"] for a in first] == pytest.approx([0.975, 0.975]) and not any(a["rejected"] for a in first)
+
+
+@pytest.mark.parametrize("ci,size,verdict", [
+    ((0.3, 2.5), None, "reproduced"), ((-0.5, 0.8), None, "inconclusive"), ((-2.0, -0.1), None, "contradicted"),
+    (None, None, "not testable here"),
+    ((1.03, 2.15), 5, "contradicted"),                   # the order holds, the claimed lead of 5 points does not
+    ((0.3, 6.0), 5, "reproduced"), ((6.0, 7.0), 5, "reproduced"), ((-0.5, 6.0), 5, "inconclusive"),
+    ((-0.92, 0.36), 0.35, "inconclusive"), ((-0.9, 0.30), 0.35, "contradicted")])
+def test_an_ordering_claim_tests_its_sign_and_its_size(ci, size, verdict):
     from mapl.report.claims import _order_verdict
     c = None if ci is None else {"n": 8, "ci": ci, "level": 0.95}
-    assert _order_verdict(c)[0] == verdict
+    got, reason = _order_verdict(c, size)
+    assert got == verdict
+    if ci is not None:
+        assert reason.startswith("sign: ") and (("; size: " in reason) == (size is not None))
 
 
-@pytest.mark.parametrize("ci,verdict", [((2.6, 3.6), "not reproduced"), ((1.0, 9.0), "reproduced"),
+@pytest.mark.parametrize("ci,verdict", [((2.6, 3.6), "contradicted"), ((1.0, 9.0), "inconclusive"),
+                                        ((9.0, 12.0), "reproduced"), ((8.0, 16.0), "inconclusive"),
                                         (None, "not testable here")])
-def test_a_range_claim_needs_the_interval_to_meet_the_range(ci, verdict):
+def test_a_range_claim_is_reproduced_only_inside_and_contradicted_only_outside(ci, verdict):
     from mapl.report.claims import _range_verdict
     assert _range_verdict(ci, 8.37, 15.05)[0] == verdict
+
+
+@pytest.mark.parametrize("n,deltas,verdict", [
+    (2, [1.0, 1.2], "not testable here"),                 # no verdict from two seeds, whatever they say
+    (3, [0.5, 1.5, 3.5], "inconclusive"),                 # wide: the old rule read "reproduced" (it met ≤ 2 %)
+    (3, [1.0, 1.1, 1.2], "reproduced"),                   # tight and inside
+    (3, [3.0, 3.1, 3.2], "contradicted")])                # tight and outside
+def test_few_seeds_make_a_range_row_inconclusive_never_reproduced(n, deltas, verdict):
+    from mapl.report.claims import AbstractBound, Claim, HeadlineConfiguration, PaperSide, _range_row
+    spec = Claim("MAPL ≤ 2 %", AbstractBound("mapl"), HeadlineConfiguration(("mapl",)), "range", "t.md", "MAPL")
+    s = {"delta_pct": sum(deltas) / n, "deltas": dict(enumerate(deltas)), "n": n, "steps": 3000, "wire_ratio": 8,
+         "total_bytes_per_token": 74.0, "variant": "mapl"}
+    assert _range_row(spec, PaperSide("≤ 2 %", None, 2.0), s)["verdict"] == verdict
+
+
+def test_the_rows_of_one_claim_are_one_family_read_at_holms_levels():
+    """The learned-vs-fixed claim read at 8x, at 4x and on the frozen trunk is one family of three: the frozen row's
+    tiny p is rejected first (step level 1 - 0.05/3); Holm stops at the next, so the other two read at 1 - 0.05/3."""
+    from mapl.report.claims import Claim, Stated, StudyContrast, family_levels
+    def spec(fam, rule="order"):
+        return Claim("c", Stated("x"), StudyContrast("s"), rule, "t.md", family=fam)
+    specs = [spec("lf"), spec("lf"), spec("lf"), spec(""), spec("r", "range"), spec("r", "range")]
+    measured = [{"n": 8, "diffs": [0.1, -0.3, 0.4, 0.2, -0.1, 0.3, 0.0, 0.2]},
+                {"n": 8, "diffs": [-0.1, -0.5, 0.2, -0.4, 0.1, -0.3, -0.6, 0.0]},
+                {"n": 3, "diffs": [11.5, 11.9, 12.3]}, {"n": 8, "diffs": [1.0, 2.0, 1.5, 1.2, 1.8, 1.1, 2.2, 1.9]},
+                {"n": 8}, {"n": 2}]
+    levels = family_levels(specs, measured)
+    assert levels[:3] == [(pytest.approx(1 - 0.05 / 3), 3)] * 3
+    assert levels[3] == (0.95, 1)                         # a family of one (the primary contrast's case)
+    assert levels[4] == (0.95, 1) and levels[5] == (0.95, 1)  # two seeds have no interval: not counted in m
 
 
 def test_a_claim_with_no_runs_says_so_rather_than_too_few_seeds():

@@ -18,7 +18,8 @@ planner's figures use it too), :mod:`~mapl.report.table`
 :mod:`~mapl.report.studies` (headline with paired comparisons, token and width axes),
 :mod:`~mapl.report.controls` (issue 26's studies: the decomposition, learned vs fixed at 4x, the corpus, blocks),
 :mod:`~mapl.report.ladder` (the scale ladder: the gap per rung and its slope in ln(parameters)),
-:mod:`~mapl.report.claims` (the claims ledger),
+:mod:`~mapl.report.claims` (the claims ledger), :mod:`~mapl.report.exhibits` (the exhibits a reviewer reads
+first: the primary contrast per seed, learned against fixed, where the order holds),
 :mod:`~mapl.report.figures` and :mod:`~mapl.report.plots` (drawing; captions and takeaways),
 :mod:`~mapl.report.ttt` (time to target on a simulated link), :mod:`~mapl.report.metrics`
 (metrics.json and macros), :mod:`~mapl.report.render` (the notebook's glue) and
@@ -33,6 +34,7 @@ import sys
 from .claims import *
 from .controls import *
 from .data_stats import *
+from .exhibits import *
 from .figures import *
 from .frozen import *
 from .ladder import *
@@ -49,6 +51,7 @@ from .tables import *
 from .ttt import *
 
 # (the functions ``metrics`` and ``style`` shadow their modules here: read the modules from sys.modules)
-_MODULES = ("rows", "stats", "paper", "style", "table", "tables", "studies", "controls", "frozen", "ladder", "claims", "figures",
+_MODULES = ("rows", "stats", "paper", "style", "table", "tables", "studies", "controls", "frozen", "ladder", "claims",
+            "exhibits", "figures",
             "plots", "ttt", "metrics", "render", "data_stats")
 __all__ = [name for mod in _MODULES for name in sys.modules[f"{__name__}.{mod}"].__all__]

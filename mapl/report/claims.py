@@ -8,13 +8,21 @@ the width axis) and the rule that gives its verdict. :func:`evaluate` turns one 
 The verdict rules are :data:`RULES` (one function each), the same for every row of a kind, so a reader can
 check them:
 
-* a claimed *range* of Δ% (MAPL ≤ 2 %, MAPL+VQ ≤ 3 %, SSN's Table 1 span): **reproduced** when our
-  95% interval of Δ% meets the range, **not reproduced** when it lies wholly outside;
-* a claimed *ordering* (A ahead of B): **reproduced** when the paired interval of the difference
-  excludes 0 on the claimed side, **not reproduced** otherwise (the reason says whether the interval
-  includes 0 or excludes it on the other side);
-* **not testable here** when we have fewer than 3 seeds of the runs, or the claim is about a scale
-  this machine cannot train (the reason says which).
+Three outcomes, symmetric in how much data there is (more seeds can move a row either way):
+
+* a claimed *range* of Δ% (MAPL ≤ 2 %, MAPL+VQ ≤ 3 %, SSN's Table 1 span): **reproduced** when our interval
+  of Δ% lies inside the range, **contradicted** when it lies wholly outside, **inconclusive** when it straddles
+  a bound;
+* a claimed *order* (B ahead of A), read from the paired difference A − B: **reproduced** when the interval
+  excludes 0 on the claimed side and does not lie below the claimed size (where the paper states one: "by over
+  5 %", an ablation's lead), **contradicted** when it lies wholly on the other side of 0 or wholly below the
+  claimed size, **inconclusive** otherwise; the sign and the size are tested and reported separately;
+* **not testable here** when we have fewer than 3 seeds of the runs, or the claim is about a scale this
+  machine cannot train (the reason says which).
+
+Multiplicity: the rows of one paper claim are one family (:attr:`Claim.family`: the learned-vs-fixed claim read
+at 8× and at 4× is one claim); an order family's intervals are read at Holm's levels over its rows
+(:func:`mapl.report.stats.holm`), a family of one at 95 %, and ``claims.md`` shows each row's family and level.
 """
 from __future__ import annotations
 
@@ -26,15 +34,16 @@ from . import paper
 from .controls import study_comparison, study_configurations
 from .frozen import frozen_comparison
 from .rows import main_model, study_role
-from .stats import paired, summarize, t_interval
+from .stats import holm, paired, summarize, t_interval, t_test_p
 from .studies import comparisons, headline_summaries, tested_comparisons, width_points
 from .style import variant_label
 from .table import DASH, Table, fmt_ci, fmt_int, fmt_pct
 
-__all__ = ["VERDICTS", "MIN_SEEDS", "BYTES_REPRODUCED", "PaperSide", "PaperSource", "Evidence", "Reading", "Claim",
+__all__ = ["VERDICTS", "REPRODUCED", "CONTRADICTED", "INCONCLUSIVE", "NOT_TESTABLE", "MIN_SEEDS", "BYTES_REPRODUCED", "PaperSide", "PaperSource", "Evidence", "Reading", "Claim",
            "CLAIMS", "RULES", "evaluate", "claims", "claims_table"]
 
-VERDICTS = ("reproduced", "not reproduced", "not testable here")
+VERDICTS = ("reproduced", "contradicted", "inconclusive", "not testable here")
+REPRODUCED, CONTRADICTED, INCONCLUSIVE, NOT_TESTABLE = VERDICTS
 MIN_SEEDS = 3            # fewer seeds than this: no verdict (an interval on 2 seeds has 1 degree of freedom)
 BYTES_REPRODUCED = 1.8   # "RVQ halves the bytes again": reproduced when all bytes fall at least this much
 
@@ -44,10 +53,12 @@ NOT_RUN = "not run: no results of it among the runs"
 
 # ---- the paper's side of a claim ---------------------------------------------------------------------------------
 class PaperSide(NamedTuple):
-    """The paper's cell of a row and, for a claimed range of Δ%, its bounds (None: open on that side)."""
+    """The paper's cell of a row; for a claimed range of Δ%, its bounds (None: open on that side); for a claimed
+    order, the lead it claims in points of Δ% (``size``, None where the paper states none)."""
     text: str
     low: float | None = None
     high: float | None = None
+    size: float | None = None
 
 
 class PaperSource(Protocol):
@@ -81,12 +92,14 @@ class Table1Span:
 
 @dataclass(frozen=True)
 class AbstractGap:
-    """The abstract's smallest gap to ``method``."""
+    """The abstract's smallest lead over ``method`` ("by over 5 %", points or relative: at our losses the two
+    agree to 1 %), the size an order claim is tested against; ``template`` formats it."""
     method: str
+    template: str = "by over {:g} % (abstract)"
 
     def side(self) -> PaperSide:
         gap = paper.paper_value("abstract", "gap_min", method=self.method)
-        return PaperSide(f"by over {gap['value']:g} % (abstract)" if gap else DASH)
+        return PaperSide(self.template.format(gap["value"]), size=gap["value"]) if gap else PaperSide(DASH)
 
 
 @dataclass(frozen=True)
@@ -105,7 +118,8 @@ class AblationPair:
         if not (pa and pb):
             return PaperSide(DASH)
         return PaperSide(f"{self.name_a} {fmt_pct(pa['value'])} vs {self.name_b} {fmt_pct(pb['value'])} "
-                         f"({self.source}, {pa['scale']}, {pa['projection_ratio']:g}×)")
+                         f"({self.source}, {pa['scale']}, {pa['projection_ratio']:g}×)",
+                         size=round(pa["value"] - pb["value"], 6))
 
 
 @dataclass(frozen=True)
@@ -185,10 +199,11 @@ class StudyConfiguration:
 
 @dataclass(frozen=True)
 class FrozenTrunkContrast:
-    """fixed − SPEL on the frozen trunk (:func:`mapl.report.frozen.frozen_comparison`)."""
+    """``projector`` − SPEL on the frozen trunk (:func:`mapl.report.frozen.frozen_comparison`)."""
+    projector: str = "fixed"
 
     def measure(self, ev: Evidence) -> dict | None:
-        return frozen_comparison(ev.frozen_rows or [])
+        return frozen_comparison(ev.frozen_rows or [], self.projector)
 
 
 @dataclass(frozen=True)
@@ -236,7 +251,9 @@ class WidthGaps:
 class Claim:
     """One row of the ledger, as data: the paper's ``claim``, its ``paper`` side, what of ours it ``reads``, the
     ``rule`` of its verdict (:data:`RULES`), how the ours cell names what it reads (``label``; with
-    ``label_measured``, the measured configuration's own name where there is one) and the ``table`` to see."""
+    ``label_measured``, the measured configuration's own name where there is one), the ``table`` to see and the
+    ``family`` of rows that read one paper claim (empty: a family of its own), whose intervals are read at
+    multiplicity-adjusted levels (:func:`family_levels`)."""
     claim: str
     paper: PaperSource
     reads: Reading
@@ -244,25 +261,42 @@ class Claim:
     table: str
     label: str = ""
     label_measured: bool = False
+    family: str = ""
+
+    @property
+    def family_name(self) -> str:
+        return self.family or self.claim
 
 
 _LEARNED_FIXED = AblationPair("projector_ablation", "fixed", "spel", "fixed", "learned", "App. C")
 _RVQ = HeadlineConfiguration(("mapl-rvq-scaled", "mapl-rvq"))
 
+_MAPL_AHEAD_OF_SSN = "MAPL ahead of SSN, in the paper's regime"
+_SSN_RANGE, _MAPL_RANGE = "SSN loses 8-15 %", "MAPL costs at most ~2 %"
+_LEARNED_BEATS_FIXED, _STIEFEL = "a learned subspace beats a fixed one", "the Stiefel constraint helps"
+
 CLAIMS: tuple[Claim, ...] = (
     Claim("MAPL at 4-8× costs at most ~2 % of validation loss", AbstractBound("mapl"),
-          HeadlineConfiguration(("mapl",)), "range", "headline.md", "MAPL"),
+          HeadlineConfiguration(("mapl",)), "range", "headline.md", "MAPL", family=_MAPL_RANGE),
     Claim("SSN loses 8-15 % at the same ratios", Table1Span("ssn"), HeadlineConfiguration(("ssn",)), "range",
-          "headline.md", "SSN"),
+          "headline.md", "SSN", family=_SSN_RANGE),
+    # the primary contrast was named before its runs: a family of its own, read at 95 %
     Claim("MAPL is ahead of SSN at equal compression (primary contrast, named in advance)", AbstractGap("ssn"),
           HeadlineContrast("ssn", "mapl"), "order", "headline-paired.md", "SSN − MAPL"),
     Claim("a learned subspace (SPEL) beats a fixed random one (at the headline's 8×)", _LEARNED_FIXED,
-          HeadlineContrast("mapl-fixed", "mapl"), "order", "headline-paired.md", "fixed − MAPL"),
+          HeadlineContrast("mapl-fixed", "mapl"), "order", "headline-paired.md", "fixed − MAPL",
+          family=_LEARNED_BEATS_FIXED),
     Claim("a learned subspace (SPEL) beats a fixed random one (at the ablation's 4×)", _LEARNED_FIXED,
-          StudyContrast("learned_fixed_4x"), "order", "learned-fixed-4x.md", "fixed − MAPL"),
+          StudyContrast("learned_fixed_4x"), "order", "learned-fixed-4x.md", "fixed − MAPL",
+          family=_LEARNED_BEATS_FIXED),
     Claim("a learned subspace (SPEL) beats a fixed random one on a trained, frozen trunk (no co-adaptation: only A_p "
           "and the anchors train)", Stated("implied by App. C (measured there under joint training)"),
-          FrozenTrunkContrast(), "order", "frozen-trunk-paired.md", "fixed − SPEL, frozen trunk"),
+          FrozenTrunkContrast("fixed"), "order", "frozen-trunk-paired.md", "fixed − SPEL, frozen trunk",
+          family=_LEARNED_BEATS_FIXED),
+    Claim("the Stiefel constraint helps (a learned projector without it is worse; on a frozen trunk)",
+          AblationPair("projector_ablation", "unconstrained", "spel", "unconstrained", "SPEL", "App. C"),
+          FrozenTrunkContrast("unconstrained"), "order", "frozen-trunk-paired.md",
+          "unconstrained − SPEL, frozen trunk", family=_STIEFEL),
     Claim("MAPL+VQ (twice MAPL's forward compression) costs at most ~3 %",
           AbstractBound("mapl-rvq", "16× at ≤ {:g} % (abstract)"), _RVQ, "range", "headline.md", "MAPL+VQ",
           label_measured=True),
@@ -275,57 +309,77 @@ CLAIMS: tuple[Claim, ...] = (
           Stated("implied: learned per-boundary subspaces and anchors together (§1.3, App. C, App. G)"),
           StudyContrast("decompose"), "order", "decompose-paired.md", "SSN + anchors − MAPL"),
     Claim("MAPL is ahead of SSN on a corpus seen at most once (the paper's regime)",
-          Stated("Table 1 (DCLM, 20 tokens per parameter: under one pass)"), StudyContrast("corpus"), "order",
-          "corpus.md", "SSN − MAPL"),
+          AbstractGap("ssn", "by over {:g} % (abstract), on DCLM at 20 tokens per parameter: under one pass "
+                             "(Table 1)"),
+          StudyContrast("corpus"), "order", "corpus.md", "SSN − MAPL", family=_MAPL_AHEAD_OF_SSN),
     # the two range claims again in the paper's regime (a corpus seen under once): the headline's are on a corpus
     # seen 3.6 times, where the uncompressed reference overfits
     Claim("SSN loses 8-15 % (on a corpus seen at most once)", Table1Span("ssn"), StudyConfiguration("corpus", "ssn"),
-          "range", "corpus.md", "SSN"),
+          "range", "corpus.md", "SSN", family=_SSN_RANGE),
     Claim("MAPL costs at most ~2 % (on a corpus seen at most once)", AbstractBound("mapl"),
-          StudyConfiguration("corpus", "mapl"), "range", "corpus.md", "MAPL"),
+          StudyConfiguration("corpus", "mapl"), "range", "corpus.md", "MAPL", family=_MAPL_RANGE),
     Claim("MAPL is ahead of SSN with several blocks per stage (the paper's models)",
-          Stated("Table 1 (P = 4 and 8 on 150M-1B models)"), StudyContrast("blocks"), "order", "blocks.md",
-          "SSN − MAPL at P = 4"),
+          AbstractGap("ssn", "by over {:g} % (abstract), at P = 4 and 8 on 150M-1B models (Table 1)"),
+          StudyContrast("blocks"), "order", "blocks.md", "SSN − MAPL at P = 4", family=_MAPL_AHEAD_OF_SSN),
     Claim("the SSN − MAPL gap grows with model scale (150M to 1B)", Stated("Table 1 (150M, 500M, 1B)"), WidthGaps(),
           "scale", "width.md"),
 )
 
 
 # ---- the rules: a verdict and the ours cell from what a claim reads ---------------------------------------------
-def _range_verdict(ci, low: float | None, high: float | None, n: int = MIN_SEEDS) -> tuple[str, str]:
+def _pct(level: float) -> str:
+    return f"{100 * level:.3g}%"
+
+
+def _range_verdict(ci, low: float | None, high: float | None, n: int = MIN_SEEDS, level: float = 0.95
+                   ) -> tuple[str, str]:
+    """A claimed range [``low``, ``high``] of Δ% against our interval ``ci`` (read at ``level``)."""
     if ci is None:
-        return VERDICTS[2], NOT_RUN if n == 0 else f"fewer than {MIN_SEEDS} seeds"
+        return NOT_TESTABLE, NOT_RUN if n == 0 else f"fewer than {MIN_SEEDS} seeds"
     above = high is not None and ci[0] > high
     below = low is not None and ci[1] < low
     if above or below:
-        return VERDICTS[1], f"our 95% interval lies wholly {'above' if above else 'below'} the claimed range"
-    outside = (low is not None and ci[0] < low) or (high is not None and ci[1] > high)
-    if outside:   # the rule's verdict, but a reader should see that the interval does not pin the claim down
-        return VERDICTS[0], ("our 95% interval meets the claimed range but reaches outside it: consistent with the "
-                             "claim, not a confirmation of it")
-    return VERDICTS[0], "our 95% interval meets the claimed range"
+        return CONTRADICTED, f"our {_pct(level)} interval lies wholly {'above' if above else 'below'} the claimed range"
+    out_low, out_high = low is not None and ci[0] < low, high is not None and ci[1] > high
+    if out_low or out_high:
+        bound = "both bounds" if out_low and out_high else "lower bound" if out_low else "upper bound"
+        return INCONCLUSIVE, (f"our {_pct(level)} interval straddles the claimed range's {bound}: neither inside "
+                              "nor outside it")
+    return REPRODUCED, f"our {_pct(level)} interval lies inside the claimed range"
 
 
-def _order_verdict(c: dict | None) -> tuple[str, str]:
-    """``c``: a tested comparison A − B (positive: B ahead), the claim being 'B ahead of A'."""
+def _order_verdict(c: dict | None, size: float | None = None) -> tuple[str, str]:
+    """``c``: a tested comparison A − B (positive: B ahead), the claim being 'B ahead of A' (by at least ``size``
+    points of Δ% where the paper states a lead). The sign and the size are tested on the same interval."""
     if c is None:
-        return VERDICTS[2], NOT_RUN
+        return NOT_TESTABLE, NOT_RUN
     if c["n"] < MIN_SEEDS or c["ci"] is None:
-        return VERDICTS[2], f"fewer than {MIN_SEEDS} paired seeds"
+        return NOT_TESTABLE, f"fewer than {MIN_SEEDS} paired seeds"
     low, high = c["ci"]
-    level = f"{100 * c['level']:.3g}%"
+    interval = f"the paired {_pct(c['level'])} interval"
     if low > 0:
-        return VERDICTS[0], f"the paired {level} interval excludes 0 on the claimed side"
-    if high < 0:
-        return VERDICTS[1], f"the paired {level} interval excludes 0 on the other side: the order is reversed"
-    return VERDICTS[1], f"the paired {level} interval includes 0: no difference resolved"
+        sign = f"sign: {interval} excludes 0 on the claimed side"
+    elif high < 0:
+        sign = f"sign: {interval} excludes 0 on the other side (the order is reversed)"
+    else:
+        sign = f"sign: {interval} includes 0 (the order is not resolved)"
+    short = size is not None and high < size
+    if size is None:
+        sized = ""
+    elif short:
+        sized = f"; size: it lies wholly below the claimed lead of {size:g} points"
+    else:
+        sized = f"; size: it {'lies above' if low > size else 'includes'} the claimed lead of {size:g} points"
+    verdict = CONTRADICTED if high < 0 or short else REPRODUCED if low > 0 else INCONCLUSIVE
+    return verdict, sign + sized
 
 
-def _delta_cell(s: dict | None) -> tuple[str, object]:
+def _delta_cell(s: dict | None, level: float = 0.95) -> tuple[str, object]:
     if s is None or s["delta_pct"] is None:
         return DASH, None
-    ci = t_interval(list(s["deltas"].values())) if s["n"] >= MIN_SEEDS else None
-    return (f"{fmt_pct(s['delta_pct'])} {fmt_ci(ci)} (n = {s['n']}, {fmt_int(s['steps'])} steps, "
+    ci = t_interval(list(s["deltas"].values()), level) if s["n"] >= MIN_SEEDS else None
+    shown = f"{_pct(level)}, " if ci and level != 0.95 else ""
+    return (f"{fmt_pct(s['delta_pct'])} {fmt_ci(ci)} ({shown}n = {s['n']}, {fmt_int(s['steps'])} steps, "
             f"{s['wire_ratio']:g}× on the wire, {s['total_bytes_per_token']:.1f} B/token in all)"), ci
 
 
@@ -333,26 +387,26 @@ def _comparison_cell(c: dict | None) -> str:
     if c is None:
         return DASH
     # one seed has no interval and no test level (Holm leaves it out): the cell says n and the budget only
-    level = f"{100 * c['level']:.3g}%, " if c.get("level") is not None else ""
+    level = f"{_pct(c['level'])}, " if c.get("level") is not None and c.get("ci") else ""
     return (f"{c['mean']:+.2f} points {fmt_ci(c['ci'])} ({level}n = {c['n']}, "
             f"{fmt_int(c['a']['steps'])} steps)")
 
 
-def _range_row(spec: Claim, side: PaperSide, s: dict | None) -> dict:
-    """A claimed range of Δ%, read from one configuration's summary ``s``."""
-    cell, ci = _delta_cell(s)
-    verdict, reason = _range_verdict(ci, side.low, side.high, s["n"] if s else 0)
+def _range_row(spec: Claim, side: PaperSide, s: dict | None, level: float = 0.95) -> dict:
+    """A claimed range of Δ%, read from one configuration's summary ``s`` at the family's ``level``."""
+    cell, ci = _delta_cell(s, level)
+    verdict, reason = _range_verdict(ci, side.low, side.high, s["n"] if s else 0, level)
     label = variant_label(s["variant"]) if spec.label_measured and s else spec.label
     return {"ours": f"{label}: {cell}", "verdict": verdict, "reason": reason}
 
 
-def _order_row(spec: Claim, side: PaperSide, c: dict | None) -> dict:
-    """A claimed order "B ahead of A", read from the comparison A − B."""
-    verdict, reason = _order_verdict(c)
+def _order_row(spec: Claim, side: PaperSide, c: dict | None, level: float = 0.95) -> dict:
+    """A claimed order "B ahead of A", read from the comparison A − B (its interval already at the family's level)."""
+    verdict, reason = _order_verdict(c, side.size)
     return {"ours": f"{spec.label}: {_comparison_cell(c)}", "verdict": verdict, "reason": reason}
 
 
-def _bytes_row(spec: Claim, side: PaperSide, pair: tuple[dict, dict] | None) -> dict | None:
+def _bytes_row(spec: Claim, side: PaperSide, pair: tuple[dict, dict] | None, level: float = 0.95) -> dict | None:
     """All bytes per token of MAPL over the compressed variant's; no row without both."""
     if pair is None:
         return None
@@ -360,43 +414,87 @@ def _bytes_row(spec: Claim, side: PaperSide, pair: tuple[dict, dict] | None) -> 
     fwd = m["fwd_bytes_per_token"] / s["fwd_bytes_per_token"]
     total = m["total_bytes_per_token"] / s["total_bytes_per_token"]
     return {"ours": f"MAPL / {variant_label(s['variant'])} bytes per token: forward {fwd:.2f}×, all {total:.2f}×",
-            "verdict": VERDICTS[0] if total >= BYTES_REPRODUCED else VERDICTS[1],
+            "verdict": REPRODUCED if total >= BYTES_REPRODUCED else CONTRADICTED,
             "reason": (f"all bytes (both directions, token ids, projector and codebook exchange) fall {total:.2f}×: "
                        f"the gradient and the token ids are not quantised; the forward payload alone falls "
-                       f"{fwd:.2f}×. Verdict on all bytes, reproduced from {BYTES_REPRODUCED:g}×")}
+                       f"{fwd:.2f}×. Verdict on all bytes (a count, no interval), reproduced from "
+                       f"{BYTES_REPRODUCED:g}×")}
 
 
-def _scale_row(spec: Claim, side: PaperSide, measured: tuple[str, str]) -> dict:
+def _scale_row(spec: Claim, side: PaperSide, measured: tuple[str, str], level: float = 0.95) -> dict:
     """A claim about a scale this machine cannot train: what the width axis shows, never a verdict."""
     widths, span = measured
-    return {"ours": f"SSN − MAPL by width: {widths or DASH}", "verdict": VERDICTS[2],
+    return {"ours": f"SSN − MAPL by width: {widths or DASH}", "verdict": NOT_TESTABLE,
             "reason": (f"our models have {span} parameters, 30-1,000× below the paper's smallest; "
                        "the width axis is one seed at 300 steps")}
 
 
-RULES: dict[str, Callable[[Claim, PaperSide, object], dict | None]] = {
+RULES: dict[str, Callable[..., dict | None]] = {
     "range": _range_row, "order": _order_row, "bytes": _bytes_row, "scale": _scale_row}
 
 
-def evaluate(spec: Claim, ev: Evidence) -> dict | None:
-    """The ledger row of one specification: ``claim``, ``paper``, ``ours``, ``verdict``, ``reason``, ``table``;
-    None where its rule has nothing to say without the runs (the bytes ratio without both configurations)."""
+# ---- multiplicity: one family per paper claim --------------------------------------------------------------------
+def _has_interval(measured) -> bool:
+    return isinstance(measured, dict) and measured.get("n", 0) >= MIN_SEEDS
+
+
+def family_levels(specs: Sequence[Claim], measured: Sequence) -> list[tuple[float, int]]:
+    """(level, family size m) of each row: an order family's intervals at Holm's levels over its rows' paired t
+    tests of 0 (:func:`mapl.report.stats.holm`: step-down levels while it rejects, then the Bonferroni level); a
+    range family's at the Bonferroni level 1 − 0.05/m; a family of one at 95 %. Only rows with an interval (at
+    least :data:`MIN_SEEDS` seeds) count in m."""
+    out = [(0.95, 1)] * len(specs)
+    families: dict[str, list[int]] = {}
+    for i, spec in enumerate(specs):
+        if spec.rule in ("order", "range") and _has_interval(measured[i]):
+            families.setdefault(spec.family_name, []).append(i)
+    for members in families.values():
+        m = len(members)
+        if m == 1:
+            continue
+        if specs[members[0]].rule == "order":
+            tested = holm([t_test_p(measured[i]["diffs"]) for i in members])
+            out = [(tested[members.index(i)]["level"], m) if i in members else o for i, o in enumerate(out)]
+        else:
+            out = [(1 - 0.05 / m, m) if i in members else o for i, o in enumerate(out)]
+    return out
+
+
+def _at_level(c: dict | None, level: float) -> dict | None:
+    """Comparison ``c`` with its interval re-read at ``level`` (its study table may read it in another family)."""
+    if c is None or c.get("n", 0) < 2:
+        return c
+    return {**c, "level": level, "ci": t_interval(c["diffs"], level)}
+
+
+def evaluate(spec: Claim, ev: Evidence, measured=None, level: float = 0.95, family_size: int = 1) -> dict | None:
+    """The ledger row of one specification: ``claim``, ``paper``, ``ours``, ``verdict``, ``reason``, ``table``,
+    ``family`` (its name and size) and ``level``; None where its rule has nothing to say without the runs (the
+    bytes ratio without both configurations). ``measured``: what it reads (default: read now); ``level``: the
+    family's level for its interval (:func:`family_levels`)."""
     side = spec.paper.side()
-    row = RULES[spec.rule](spec, side, spec.reads.measure(ev))
+    measured = spec.reads.measure(ev) if measured is None else measured
+    if spec.rule == "order":
+        measured = _at_level(measured, level)
+    row = RULES[spec.rule](spec, side, measured, level)
     if row is None:
         return None
     return {"claim": spec.claim, "paper": side.text, "ours": row["ours"], "verdict": row["verdict"],
-            "reason": row["reason"], "table": spec.table}
+            "reason": row["reason"], "table": spec.table, "family": spec.family_name, "family_size": family_size,
+            "level": level if spec.rule in ("order", "range") else None}
 
 
 def claims(rows: Sequence[dict], corpus_rows: Sequence[dict] | None = None,
            frozen_rows: Sequence[dict] | None = None) -> list[dict]:
-    """The ledger's rows (:func:`evaluate` of each of :data:`CLAIMS`). ``corpus_rows``: the rows with the other
-    corpus's groups too (:func:`mapl.report.rows.select` ``other_corpus``), for the corpus study's rows;
-    ``frozen_rows``: the frozen-trunk study's runs (:func:`mapl.report.frozen.load_frozen`), for its row
-    (without them: not run)."""
+    """The ledger's rows (:func:`evaluate` of each of :data:`CLAIMS`, at its family's level). ``corpus_rows``: the
+    rows with the other corpus's groups too (:func:`mapl.report.rows.select` ``other_corpus``), for the corpus
+    study's rows; ``frozen_rows``: the frozen-trunk study's runs (:func:`mapl.report.frozen.load_frozen`), for its
+    rows (without them: not run)."""
     ev = Evidence(rows, corpus_rows, frozen_rows)
-    return [row for spec in CLAIMS if (row := evaluate(spec, ev)) is not None]
+    measured = [spec.reads.measure(ev) for spec in CLAIMS]
+    levels = family_levels(CLAIMS, measured)
+    return [row for spec, m, (level, size) in zip(CLAIMS, measured, levels)
+            if (row := evaluate(spec, ev, m, level, size)) is not None]
 
 
 def _param_span(rows: Sequence[dict]) -> str:
@@ -408,21 +506,32 @@ def _param_span(rows: Sequence[dict]) -> str:
     return f"{min(counts) / 1e6:.2f}-{max(counts) / 1e6:.2f}M"
 
 
+def _family_cell(c: dict) -> str:
+    if c["level"] is None:
+        return DASH
+    if c["family_size"] == 1:
+        return f"its own · {_pct(c['level'])}"
+    return f"{c['family']} ({c['family_size']} rows) · {_pct(c['level'])}"
+
+
 def claims_table(rows: Sequence[dict], corpus_rows: Sequence[dict] | None = None,
                  frozen_rows: Sequence[dict] | None = None) -> Table:
     """The ledger as a table (``claims.md``), first in the report and the README (``corpus_rows``,
     ``frozen_rows``: :func:`claims`)."""
     ledger = claims(rows, corpus_rows, frozen_rows)
-    header = ["paper's claim", "paper", "ours (table)", "verdict", "why"]
-    body = [[c["claim"], c["paper"], f"{c['ours']} ({c['table']})", c["verdict"], c["reason"]] for c in ledger]
+    header = ["paper's claim", "paper", "ours (table)", "verdict", "why", "family · level"]
+    body = [[c["claim"], c["paper"], f"{c['ours']} ({c['table']})", c["verdict"], c["reason"], _family_cell(c)]
+            for c in ledger]
     counts = {v: sum(c["verdict"] == v for c in ledger) for v in VERDICTS}
-    takeaway = (f"{counts['reproduced']} of {len(ledger)} claims reproduced, {counts['not reproduced']} not "
-                f"reproduced, {counts['not testable here']} not testable here: "
+    takeaway = (f"{len(ledger)} claims: {counts[REPRODUCED]} reproduced, {counts[CONTRADICTED]} contradicted, "
+                f"{counts[INCONCLUSIVE]} inconclusive, {counts[NOT_TESTABLE]} not testable here: "
                 + "; ".join(f"{c['claim']}: {c['verdict']}" for c in ledger) + ".")
     caption = ("Each claim of the paper beside our measurement at the headline budget (group long) or the "
-               "study named in brackets. Verdict rule (mapl/report/claims.py): a claimed range is reproduced "
-               "when our 95% interval meets it; a claimed order when the paired interval excludes 0 on the "
-               "claimed side (exploratory comparisons at Holm-adjusted levels); fewer than 3 seeds, or a "
-               "scale we cannot train, is not testable here.")
+               "study named in brackets; a verdict holds at the model size, budget and corpus of its row. Verdict rule (mapl/report/claims.py): reproduced when our interval lies "
+               "inside a claimed range, or excludes 0 on the claimed side of an order without lying below the "
+               "lead the paper claims; contradicted when it lies wholly outside the range, on the other side of "
+               "0, or wholly below the claimed lead; inconclusive otherwise; fewer than 3 seeds, or a scale we "
+               "cannot train, is not testable here. The rows of one paper claim are one family: its intervals "
+               "at Holm's levels (orders) or Bonferroni's (ranges), a family of one at 95%.")
     return Table("claims", "Claims ledger: the paper's claims against our measurements", header, body, caption,
                  takeaway)

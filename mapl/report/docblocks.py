@@ -16,7 +16,7 @@ from typing import Callable
 
 import yaml
 
-__all__ = ["BlockError", "blocks_in", "replace_block", "claims_block", "headline_block", "notebook_parameters", "stages_block",
+__all__ = ["BlockError", "blocks_in", "replace_block", "short_ours", "claims_block", "headline_block", "notebook_parameters", "stages_block",
            "benchmarks_block", "RENDERERS"]
 
 _MARK = "<!-- generated:{0} -->", "<!-- /generated:{0} -->"
@@ -59,11 +59,25 @@ def _read_csv(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
+_BUDGET = re.compile(r"\(((?:[\d.]+%, )?n = \d+)[^)]*\)")
+
+
+def short_ours(cell: str) -> str:
+    """A ledger cell as the README prints it: the estimate, its interval, level and seeds, without the budget
+    and byte counts that ``claims.md`` gives in full.
+
+    >>> short_ours("MAPL: +1.24% [+0.80, +1.68] (n = 8, 3,000 steps, 8× on the wire, 74.0 B/token in all) (headline.md)")
+    'MAPL: +1.24% [+0.80, +1.68] (n = 8) (headline.md)'
+    """
+    return _BUDGET.sub(r"(\1)", cell)
+
+
 def claims_block(root: Path, profile: str = "cpu") -> str:
-    """The claims ledger, one line per claim: the claim, the paper's number, ours with its table, the verdict."""
+    """The claims ledger, one line per claim: the claim, the paper's number, ours with its table (short:
+    :func:`short_ours`), the verdict."""
     rows = _read_csv(root / "reports" / profile / "tables" / "claims.csv")
     return _table(["the paper's claim", "paper", "ours (table)", "verdict"],
-                  [[r["paper's claim"], r["paper"], r["ours (table)"], f"**{r['verdict']}**"] for r in rows])
+                  [[r["paper's claim"], r["paper"], short_ours(r["ours (table)"]), f"**{r['verdict']}**"] for r in rows])
 
 
 def headline_block(root: Path, profile: str = "cpu") -> str:

@@ -89,9 +89,10 @@ def _comparisons(runs: Sequence[dict]) -> list[dict]:
     return tested_family(study_comparisons(frozen_summaries(runs), FROZEN_COMPARISONS))
 
 
-def frozen_comparison(runs: Sequence[dict]) -> dict | None:
-    """fixed − SPEL on the frozen trunk, at its Holm-adjusted level (the claims ledger's row); None without runs."""
-    return next((c for c in _comparisons(runs) if c["a"]["name"] == "fixed"), None)
+def frozen_comparison(runs: Sequence[dict], projector: str = "fixed") -> dict | None:
+    """``projector`` − SPEL on the frozen trunk (fixed or unconstrained), at its study's Holm-adjusted level (the
+    claims ledger re-reads it at its own family's); None without runs."""
+    return next((c for c in _comparisons(runs) if c["a"]["name"] == projector), None)
 
 
 def frozen_table(runs: Sequence[dict]) -> Table:

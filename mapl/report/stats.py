@@ -195,14 +195,20 @@ def sign_test_p(values: Sequence[float]) -> float | None:
 
 
 def holm(pvalues: Sequence[float | None], alpha: float = 0.05) -> list[dict]:
-    """Holm's step-down adjustment for a family of tests: per test (in input order) the adjusted p
-    (monotone, capped at 1) and the level of its simultaneous interval, 1 - alpha / (m - k) for the
-    k-th smallest p (k from 0). A None p (too few seeds) stays None and is not counted in m."""
+    """Holm's step-down procedure over a family of tests: per test (in input order) the adjusted p (monotone,
+    capped at 1), whether it is ``rejected`` at ``alpha``, and the ``level`` of its interval. The k-th smallest p
+    (k from 0) is tested at alpha / (m - k) while every smaller one was rejected; its interval is read at
+    1 - alpha / (m - k) only then. Holm stops at the first p that is not rejected: that test and every later
+    one are read at the Bonferroni level 1 - alpha / m, the level that is valid whichever hypotheses are true
+    (a later test's step level would assume the earlier nulls false, which the procedure did not show).
+    A None p (too few seeds) stays None and is not counted in m."""
     ranked = sorted((p, i) for i, p in enumerate(pvalues) if p is not None)
     m = len(ranked)
-    out: list[dict] = [{"p_adj": None, "level": None} for _ in pvalues]
-    running = 0.0
+    out: list[dict] = [{"p_adj": None, "level": None, "rejected": None} for _ in pvalues]
+    running, stepping = 0.0, True
     for k, (p, i) in enumerate(ranked):
         running = max(running, min(1.0, (m - k) * p))
-        out[i] = {"p_adj": running, "level": 1 - alpha / (m - k)}
+        stepping = stepping and p <= alpha / (m - k)
+        out[i] = {"p_adj": running, "level": 1 - alpha / (m - k) if stepping else 1 - alpha / m,
+                  "rejected": stepping}
     return out
