@@ -165,3 +165,15 @@ def test_the_ladder_table_states_budget_epochs_and_the_slope():
     assert all(float(b[5]) < 1 for b in table.body)                       # every rung under one epoch
     assert "Slope of the SSN − MAPL gap per ln(parameters): " in table.takeaway
     assert "no runs of the scale ladder yet" in ladder_table([]).takeaway
+
+
+def test_the_ledger_reads_the_gaps_growth_from_the_ladders_slope():
+    models = ("ladder-d64", "ladder-d128", "ladder-d192")
+    grows = _ladder_rows({m: 1.0 + 0.8 * math.log(rung_params(m) / rung_params(models[0])) for m in models})
+    row = next(c for c in R.claims([], grows) if c["claim"].startswith("the SSN − MAPL gap grows"))
+    assert row["verdict"] == "reproduced" and row["table"] == "ladder.md"
+    assert row["ours"].startswith("slope of SSN − MAPL per ln(params): +0.80 points") and "3 rungs" in row["ours"]
+    shrinks = _ladder_rows({m: 2.0 - 0.8 * math.log(rung_params(m) / rung_params(models[0])) for m in models})
+    assert next(c for c in R.claims([], shrinks) if "grows" in c["claim"])["verdict"] == "contradicted"
+    none = next(c for c in R.claims([]) if "grows" in c["claim"])
+    assert none["verdict"] == "not testable here" and "fewer than two rungs" in none["reason"]
