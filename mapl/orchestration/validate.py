@@ -4,7 +4,8 @@ DVC removes a stage's outputs before its command runs, so one bad value would de
 results and fail inside a notebook. ``mapl sweep --check --stamp reports/params-valid.txt`` runs
 :func:`check_params` first; every other stage depends on the stamp it writes. The check reads every part
 of the file that training reads: the group declaration, the named budgets, each profile's settings, launcher
-and runs, the frozen-trunk studies and the scale ladder's budget rule; so this module sits above the sweep and the frozen-trunk study, and nothing in
+and runs, the frozen-trunk studies and the scale ladder's budget rule; so this module sits above the sweep and
+the frozen-trunk study, and nothing in
 orchestration imports it.
 """
 from __future__ import annotations

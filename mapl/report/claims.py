@@ -40,7 +40,8 @@ from .studies import comparisons, headline_summaries, tested_comparisons, width_
 from .style import variant_label
 from .table import DASH, Table, fmt_ci, fmt_int, fmt_pct
 
-__all__ = ["VERDICTS", "REPRODUCED", "CONTRADICTED", "INCONCLUSIVE", "NOT_TESTABLE", "MIN_SEEDS", "BYTES_REPRODUCED", "PaperSide", "PaperSource", "Evidence", "Reading", "Claim",
+__all__ = ["VERDICTS", "REPRODUCED", "CONTRADICTED", "INCONCLUSIVE", "NOT_TESTABLE", "MIN_SEEDS", "BYTES_REPRODUCED",
+           "PaperSide", "PaperSource", "Evidence", "Reading", "Claim",
            "CLAIMS", "RULES", "evaluate", "claims", "claims_table"]
 
 VERDICTS = ("reproduced", "contradicted", "inconclusive", "not testable here")
@@ -549,7 +550,8 @@ def claims_table(rows: Sequence[dict], corpus_rows: Sequence[dict] | None = None
                 f"{counts[INCONCLUSIVE]} inconclusive, {counts[NOT_TESTABLE]} not testable here: "
                 + "; ".join(f"{c['claim']}: {c['verdict']}" for c in ledger) + ".")
     caption = ("Each claim of the paper beside our measurement at the headline budget (group long) or the "
-               "study named in brackets; a verdict holds at the model size, budget and corpus of its row. Verdict rule (mapl/report/claims.py): reproduced when our interval lies "
+               "study named in brackets; a verdict holds at the model size, budget and corpus of its row. Verdict "
+               "rule (mapl/report/claims.py): reproduced when our interval lies "
                "inside a claimed range, or excludes 0 on the claimed side of an order without lying below the "
                "lead the paper claims; contradicted when it lies wholly outside the range, on the other side of "
                "0, or wholly below the claimed lead; inconclusive otherwise; fewer than 3 seeds, or a scale we "

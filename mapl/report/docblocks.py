@@ -16,7 +16,8 @@ from typing import Callable
 
 import yaml
 
-__all__ = ["BlockError", "blocks_in", "replace_block", "short_ours", "claims_block", "headline_block", "notebook_parameters", "stages_block",
+__all__ = ["BlockError", "blocks_in", "replace_block", "short_ours", "claims_block", "headline_block",
+           "notebook_parameters", "stages_block",
            "benchmarks_block", "RENDERERS"]
 
 _MARK = "<!-- generated:{0} -->", "<!-- /generated:{0} -->"

@@ -209,7 +209,8 @@ def _slope_line(ax, fit: dict, measured: Sequence[float]) -> None:
     tq = t_quantile(0.5 + fit["level"] / 2, fit["n"] - 2)
     lo_x, hi_x = math.log(min(measured)), math.log(max(measured))
     for x0, x1, style, name in ((lo_x, hi_x, "-", "least-squares fit"),
-                                (hi_x, math.log(PAPER_SIZES["150M"]), "--", f"extrapolated to 150M ({PAPER_SIZES['150M'] / 1e6:.0f}M non-emb.; not measured)")):
+                                (hi_x, math.log(PAPER_SIZES["150M"]), "--",
+                                 f"extrapolated to 150M ({PAPER_SIZES['150M'] / 1e6:.0f}M non-emb.; not measured)")):
         xs = np.linspace(x0, x1, 40)
         ys = fit["intercept"] + fit["slope"] * xs
         half = tq * np.sqrt(fit["resid_var"] * (1 / fit["n"] + (xs - fit["mean_x"]) ** 2 / fit["sxx"]))
