@@ -84,9 +84,12 @@ def claims_block(root: Path, profile: str = "cpu") -> str:
 def headline_block(root: Path, profile: str = "cpu") -> str:
     """The headline table's rows, the columns a reader compares (headline.md has them all)."""
     rows = _read_csv(root / "reports" / profile / "tables" / "headline.csv")
-    keep = ["method", "wire ratio", "total B/tok", "seeds", "val loss", "Δ%", "Δ% 95% CI", "paper Δ%"]
+    keep = ["method", "wire ratio", "total B/tok", "val loss", "Δ%", "Δ% 95% CI", "paper Δ%"]
     body = _table(keep, [[r[k] for k in keep] for r in rows])
-    return f"Headline (`reports/{profile}/tables/headline.md`, Δ% ± sd over seeds and its 95 % interval):\n\n{body}"
+    seeds = sorted({r["seeds"] for r in rows})
+    on = f"seeds {seeds[0]}" if len(seeds) == 1 else "seeds per row in the table"
+    return (f"Headline (`reports/{profile}/tables/headline.md`, {on}; Δ% ± sd over seeds and its 95 % "
+            f"interval):\n\n{body}")
 
 
 def notebook_parameters(notebook: Path) -> list[str]:
