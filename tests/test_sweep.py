@@ -44,7 +44,8 @@ def test_group_first_is_runs_of_main_in_every_profile():
 
 @pytest.mark.slow
 def test_cpu_groups_are_the_planned_grid():
-    sizes = {g: len(cfgs(g)) for g in GROUPS}
+    # the scale ladder's groups grow rung by rung; its budget rule holds them (tests/test_ladder.py)
+    sizes = {g: len(cfgs(g)) for g in GROUPS if not g.startswith("ladder")}
     assert sizes == {"first": 3, "main": 11, "seeds": 16, "ablations": 5, "long": 24, "long_rvq": 8, "long_fixed": 8,
                      "tokens": 6, "width": 6, "rvq_sync": 2, "lr_check": 9, "tune": 12, "tune2": 11,
                      "decompose": 15, "decompose_capacity": 6, "learned_fixed_4x": 16, "corpus": 9, "blocks": 10}
