@@ -1071,6 +1071,32 @@ FAULTS = [
           "the validate stage names the declaration's field and what is allowed, before any profile is read",
           "every output", "fix params.yaml, rerun `dvc repro`",
           setup=params_yaml(_set_in("groups.first.role", "final")), before_torch=True),
+    Fault("params-run-name-path", "a run name that is a path (`name: ../main/x`; was: accepted, and the sweep then "
+          "wrote another group's results and a checkpoint outside the checkout)",
+          "mapl sweep --check --stamp params-valid.txt", 2,
+          r"^error: profiles\.micro\.groups\.main: run name '\.\./main/x' is invalid: allowed letters, digits and "
+          r"\. _ \+ = - \(no path separator, no '\.\.': it names the run's files\)$",
+          "error: profiles.micro.groups.main: run name '../main/x' is invalid: allowed letters, digits and . _ + = - "
+          "(no path separator, no '..': it names the run's files)",
+          "the validate stage refuses the name before DVC removes any output", "every output",
+          "a plain name, rerun `dvc repro`",
+          setup=params_yaml(_set_in("profiles.micro.groups.main", [{"name": "../main/x", "method": "none"}])),
+          before_torch=True),
+    Fault("params-run-listed-twice", "one run listed twice in a group",
+          "mapl sweep --check --stamp params-valid.txt", 2,
+          r"^error: profiles\.micro\.groups\.main: run name 'micro-P2-none-s0' is listed twice; each run once per "
+          r"group$",
+          "error: profiles.micro.groups.main: run name 'micro-P2-none-s0' is listed twice; each run once per group",
+          "the validate stage refuses it (the second would overwrite the first's files)", "every output",
+          "remove the copy, rerun `dvc repro`",
+          setup=params_yaml(_set_in("profiles.micro.groups.main", [{"method": "none"}, {"method": "none"}])),
+          slow=True, before_torch=True),
+    Fault("plan-target-nan", "`mapl plan --target-pct nan` (or ≤ 0; was: a report of 'no run' for nan, of nothing "
+          "reached for a negative target)", "mapl plan res --target-pct nan", 2,
+          r"^error: --target-pct nan is invalid: must be a finite number > 0 \(percent above uncompressed's best "
+          r"loss\)$",
+          "error: --target-pct nan is invalid: must be a finite number > 0 (percent above uncompressed's best loss)",
+          "refused before any result is read", "nothing written", "fix the value", before_torch=True),
     Fault("workspace-dir-not-empty", "`mapl workspace repro --dir` on a folder that holds other files (was: they "
           "were overwritten, then `git init`, `git add -A`, `git commit` in it)",
           "mapl workspace repro --profile micro --dir mine", 2,
