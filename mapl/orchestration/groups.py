@@ -16,7 +16,6 @@ re-exports them), and it imports none of them.
 """
 from __future__ import annotations
 
-import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -157,23 +156,16 @@ def spec_config(profile: str, spec: dict, params: dict | None = None) -> RunConf
     return replace(cfg, run_name=name or run_name(cfg, load_run_config(profile, params=params).train.steps))
 
 
-RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+=-]*")     # a file name in a group's folder and in checkpoints/
-
-
 def check_names(profile: str, params: dict | None = None) -> None:
-    """Names are data: each run's name is a plain file name (no path separator, no ``..``: it names its results
-    JSON and its checkpoint), no group lists one name twice, and one name means one config across every group of
-    the profile."""
+    """Names are data: no group lists one name twice, and one name means one config across every group of the
+    profile (a name is a plain file name: :meth:`mapl.core.config.RunConfig.validate` refuses a path)."""
     params = params or load_params()
     seen: dict[str, tuple[str, str]] = {}
     for group in group_names(profile, params):
         in_group: set[str] = set()
         for spec in group_specs(profile, group, params):
             cfg = spec_config(profile, spec, params)
-            name = cfg.name()
-            if not RUN_NAME.fullmatch(name) or ".." in name:
-                raise ConfigError(f"profiles.{profile}.groups.{group}: run name {name!r} is invalid: allowed letters, "
-                                  "digits and . _ + = - (no path separator, no '..': it names the run's files)")
+            name = cfg.name()             # a plain file name: RunConfig.validate refuses a path
             if name in in_group:
                 raise ConfigError(f"profiles.{profile}.groups.{group}: run name {name!r} is listed twice; each run "
                                   "once per group")
