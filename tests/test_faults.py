@@ -594,6 +594,26 @@ FAULTS = [
              r"<= \d+ \(validation windows of train\.seq_len=32\)$",
           "error: train.eval_offset=100000000 is invalid: the validation split has N tokens, so it must be <= M ...",
           "refused once the data is opened, before the model is built", "nothing written", "fix the value"),
+    Fault("eval-tokens-beyond-data", "`eval_tokens` above the validation split (was: read as the whole split, "
+          "silently)", f"{T} --set train.eval_tokens=100000000 {IO}",
+          2, r"^error: train\.eval_tokens=100000000 is invalid: the validation split has \d+ tokens from "
+             r"train\.eval_offset=0 on, so it must be <= \d+, or 0 for the whole split$",
+          "error: train.eval_tokens=100000000 is invalid: the validation split has N tokens from train.eval_offset=0 "
+          "on, so it must be <= N, or 0 for the whole split",
+          "refused once the data is opened, before the model is built", "nothing written", "fix the value",
+          slow=True),
+    Fault("run-name-path", "a run name that is a path (`--set run_name=../x`; was: its checkpoint written "
+          "outside checkpoints/)", f"{T} --set run_name=../x {IO}", 2,
+          r"^error: run_name='\.\./x' is invalid: allowed letters, digits and \. _ \+ = - \(no path separator, no "
+          r"'\.\.': it names the run's checkpoint and results files\)$",
+          "error: run_name='../x' is invalid: allowed letters, digits and . _ + = - (no path separator, no '..': it "
+          "names the run's checkpoint and results files)", "refused before any work", "nothing written",
+          "a plain name", before_torch=True),
+    Fault("memory-device-nan", "`mapl memory --device-gib nan` (or ≤ 0; was: 'device memory nan' without the "
+          "flag's name)", "mapl memory --profile micro --device-gib nan", 2,
+          r"^error: --device-gib nan is invalid: must be a finite number > 0 \(GiB of device memory\)$",
+          "error: --device-gib nan is invalid: must be a finite number > 0 (GiB of device memory)",
+          "refused before the plan", "nothing written", "fix the value", slow=True),
     Fault("bad-flag", "an unknown flag (`--bogus`)", f"{T} --bogus {IO}", 2,
           r"^mapl train: error: unrecognized arguments: --bogus$",
           "usage: ... / mapl train: error: unrecognized arguments: --bogus",
@@ -1071,6 +1091,32 @@ FAULTS = [
           "the validate stage names the declaration's field and what is allowed, before any profile is read",
           "every output", "fix params.yaml, rerun `dvc repro`",
           setup=params_yaml(_set_in("groups.first.role", "final")), before_torch=True),
+    Fault("params-run-name-path", "a run name that is a path (`name: ../main/x`; was: accepted, and the sweep then "
+          "wrote another group's results and a checkpoint outside the checkout)",
+          "mapl sweep --check --stamp params-valid.txt", 2,
+          r"^error: profiles\.micro\.groups\.main\[0\] \(.*\): run_name='\.\./main/x' is invalid: allowed letters, "
+          r"digits and \. _ \+ = - \(no path separator, no '\.\.': it names the run's checkpoint and results files\)$",
+          "error: profiles.micro.groups.main[0] ({...}): run_name='../main/x' is invalid: allowed letters, digits and "
+          ". _ + = - (no path separator, no '..': it names the run's checkpoint and results files)",
+          "the validate stage refuses the name before DVC removes any output", "every output",
+          "a plain name, rerun `dvc repro`",
+          setup=params_yaml(_set_in("profiles.micro.groups.main", [{"name": "../main/x", "method": "none"}])),
+          before_torch=True),
+    Fault("params-run-listed-twice", "one run listed twice in a group",
+          "mapl sweep --check --stamp params-valid.txt", 2,
+          r"^error: profiles\.micro\.groups\.main: run name 'micro-P2-none-s0' is listed twice; each run once per "
+          r"group$",
+          "error: profiles.micro.groups.main: run name 'micro-P2-none-s0' is listed twice; each run once per group",
+          "the validate stage refuses it (the second would overwrite the first's files)", "every output",
+          "remove the copy, rerun `dvc repro`",
+          setup=params_yaml(_set_in("profiles.micro.groups.main", [{"method": "none"}, {"method": "none"}])),
+          slow=True, before_torch=True),
+    Fault("plan-target-nan", "`mapl plan --target-pct nan` (or ≤ 0; was: a report of 'no run' for nan, of nothing "
+          "reached for a negative target)", "mapl plan res --target-pct nan", 2,
+          r"^error: --target-pct nan is invalid: must be a finite number > 0 \(percent above uncompressed's best "
+          r"loss\)$",
+          "error: --target-pct nan is invalid: must be a finite number > 0 (percent above uncompressed's best loss)",
+          "refused before any result is read", "nothing written", "fix the value", before_torch=True),
     Fault("workspace-dir-not-empty", "`mapl workspace repro --dir` on a folder that holds other files (was: they "
           "were overwritten, then `git init`, `git add -A`, `git commit` in it)",
           "mapl workspace repro --profile micro --dir mine", 2,

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
@@ -268,6 +269,9 @@ class RunConfig:
         if self.train.seq_len > mc.max_seq_len:
             refuse("train.seq_len", self.train.seq_len, f"must be <= model.max_seq_len={mc.max_seq_len}")
         self.data.validate()
+        if self.run_name and (not _RUN_NAME.fullmatch(self.run_name) or ".." in self.run_name):
+            refuse("run_name", self.run_name, "allowed letters, digits and . _ + = - (no path separator, no '..': "
+                                              "it names the run's checkpoint and results files)")
         return replace(self, compressor=self.compressor.validate(mc.d_model))
 
     def compressor_for(self, d_model: int) -> CompressorConfig:
@@ -338,6 +342,7 @@ def load_params(path: Path | None = None) -> dict:
 
 _SECTIONS = {"train": TrainConfig, "compressor": CompressorConfig, "data": DataConfig, "model": ModelConfig}
 _TOP = {"model", "stages", "data_dir", "run_name"}
+_RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+=-]*")
 _SHORTCUTS = {"method": "compressor.method", "ratio": "compressor.ratio", "projector": "compressor.projector.kind",
               "anchor": "compressor.anchor.kind"}
 

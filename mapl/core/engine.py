@@ -69,6 +69,10 @@ def open_run_data(cfg: RunConfig) -> RunData:
     if t.eval_offset > room:
         raise ConfigError(f"train.eval_offset={t.eval_offset} is invalid: the validation split has {len(ds.val)} "
                           f"tokens, so it must be <= {max(0, room)} (validation windows of train.seq_len={t.seq_len})")
+    if t.eval_tokens > len(ds.val) - t.eval_offset:     # was read as "the whole split", silently
+        raise ConfigError(f"train.eval_tokens={t.eval_tokens} is invalid: the validation split has {len(ds.val)} "
+                          f"tokens from train.eval_offset={t.eval_offset} on, so it must be <= "
+                          f"{len(ds.val) - t.eval_offset}, or 0 for the whole split")
     sets = {part: ds.eval_batches(t.eval_batch_size, t.seq_len, t.eval_tokens, offset=t.eval_offset,
                                   select_every=t.select_every, part=part) for part in ("report", "select")}
     if not sets["report"]:

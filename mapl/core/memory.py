@@ -59,6 +59,7 @@ about 0.5-1 GiB: :func:`check_plan` keeps a margin (``reserve_frac``, default 10
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import weakref
 from dataclasses import dataclass, field, fields
@@ -523,6 +524,10 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     over = {"model": a.model, "method": a.method, "ratio": a.ratio, "stages": a.stages,
             "train.schedule": a.schedule, "train.micro_batches": a.micro_batches, "train.seq_len": a.seq_len}
+    if a.device_gib is not None and not (math.isfinite(a.device_gib) and a.device_gib > 0):
+        print(f"error: --device-gib {a.device_gib:g} is invalid: must be a finite number > 0 (GiB of device memory)",
+              file=sys.stderr)
+        return 2
     try:
         plan = memory_plan(load_run_config(a.profile, over), device=a.device,
                            checkpointing=True if a.checkpointing else None,

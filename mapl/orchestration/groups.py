@@ -157,13 +157,20 @@ def spec_config(profile: str, spec: dict, params: dict | None = None) -> RunConf
 
 
 def check_names(profile: str, params: dict | None = None) -> None:
-    """One name, one config, across every group of the profile (names are checkpoint file names)."""
+    """Names are data: no group lists one name twice, and one name means one config across every group of the
+    profile (a name is a plain file name: :meth:`mapl.core.config.RunConfig.validate` refuses a path)."""
     params = params or load_params()
     seen: dict[str, tuple[str, str]] = {}
     for group in group_names(profile, params):
+        in_group: set[str] = set()
         for spec in group_specs(profile, group, params):
             cfg = spec_config(profile, spec, params)
+            name = cfg.name()             # a plain file name: RunConfig.validate refuses a path
+            if name in in_group:
+                raise ConfigError(f"profiles.{profile}.groups.{group}: run name {name!r} is listed twice; each run "
+                                  "once per group")
+            in_group.add(name)
             h = config_hash(cfg)
-            if seen.setdefault(cfg.name(), (h, group))[0] != h:
-                raise ConfigError(f"run name {cfg.name()!r} is used for two different configs (groups "
-                                  f"{seen[cfg.name()][1]!r} and {group!r}); give one of them a `name:`")
+            if seen.setdefault(name, (h, group))[0] != h:
+                raise ConfigError(f"run name {name!r} is used for two different configs (groups "
+                                  f"{seen[name][1]!r} and {group!r}); give one of them a `name:`")

@@ -328,6 +328,10 @@ def main(argv=None) -> int:
     ap.add_argument("results", nargs="?", default="reports/cpu/results", type=Path)
     ap.add_argument("--target-pct", type=float, default=2.0, help="target: uncompressed's best loss + this %%")
     a = ap.parse_args(argv)
+    if not (math.isfinite(a.target_pct) and a.target_pct > 0):     # nan gave "no run", a negative target nothing
+        print(f"error: --target-pct {a.target_pct:g} is invalid: must be a finite number > 0 (percent above "
+              "uncompressed's best loss)", file=sys.stderr)
+        return 2
     if not a.results.is_dir():
         print(f"error: results folder {a.results} does not exist", file=sys.stderr)
         return 2
