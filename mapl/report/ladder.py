@@ -162,6 +162,7 @@ def ladder_plot(rows: Sequence[dict], paper_rows: Sequence[dict] = ()):
                "non-embedding parameters. Right: the paired "
                f"SSN − MAPL gap per rung ({BARS['ci95']}), the least-squares line in ln(parameters) with its 95 % "
                "band, and that line extended to 150M (dashed): an extrapolation, not a measurement.")
+    fig.suptitle("Scale ladder at 8×")
     if not rungs:
         for a in (ax, gap_ax):
             empty_note(a, "no runs of the scale ladder yet")
@@ -197,7 +198,6 @@ def ladder_plot(rows: Sequence[dict], paper_rows: Sequence[dict] = ()):
     gap_ax.set_xlabel("non-embedding parameters (log)")
     gap_ax.set_ylabel("SSN − MAPL (points; > 0: MAPL ahead)")
     gap_ax.set_title("paired gap and its slope")
-    fig.suptitle("Scale ladder at 8×")
     takeaway = (f"Slope {fit['slope']:+.2f} points per ln(parameters), 95% interval {fmt_ci(fit['ci'])}."
                 if fit else "fewer than two rungs with paired runs: no slope yet.")
     return Plot("ladder", caption, takeaway, fig)
