@@ -621,3 +621,18 @@ def test_a_failed_launch_is_summarised_by_the_ranks_errors_not_the_launchers_ban
     assert sweep.failure_summary("", "a\nb\nc\nd") == "b | c | d"
     # repeated lines once, and at most `limit`
     assert sweep.failure_summary("error: x\nerror: x\nerror: y", limit=1) == "error: x"
+
+
+def test_a_second_sweep_of_a_group_is_refused_at_once_naming_the_first(tmp_path, monkeypatch):
+    from mapl.base.io import OutputError, OutputLock
+    from mapl.orchestration import sweep
+    monkeypatch.setattr(sweep, "PROJECT_ROOT", tmp_path)
+    monkeypatch.setattr(sweep, "_run_many", lambda *a, **k: pytest.fail("the second sweep trained"))
+    out = tmp_path / "reports" / "micro" / "results" / "main"
+    with OutputLock(group=sweep.group_lock_path("micro", out)):          # the first sweep, holding its group
+        with pytest.raises(OutputError, match=r"^group main of profile micro is being trained by PID \d+ \(.*\): wait "
+                                              r"for it to finish or stop it"):
+            sweep.run_many("micro", [], out, group="main")
+    monkeypatch.setattr(sweep, "_run_many", lambda *a, **k: ["ran"])
+    assert sweep.run_many("micro", [], out, group="main") == ["ran"]     # free again: it runs, and lets go
+    assert not list((tmp_path / "checkpoints" / "micro").glob("*.lock"))

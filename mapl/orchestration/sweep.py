@@ -40,6 +40,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..core.config import PROJECT_ROOT, ConfigError, RunConfig, build, check_fields, config_hash, load_params, setting
+from ..base.io import OutputError, OutputLock
 from ..core.fingerprint import code_fingerprint
 from . import reuse
 from .groups import check_names, group_names, group_specs, results_dir, run_name, runs_of_seeds, spec_config
@@ -50,7 +51,8 @@ from .progress import (LAUNCH_OVERHEAD_S, UNPREPARED_EVAL_TOKENS, GroupClock, St
 # every train stage) and the frozen-trunk study (whose text is part of its runs' currency) read them as sweep's
 __all__ = ["LAUNCHERS", "LauncherConfig", "Job", "group_names", "group_specs", "runs_of_seeds", "launcher_config",
            "run_name", "measured_text", "failure_summary", "spec_config", "plan_group", "estimate_text", "results_dir",
-           "check_names", "checkpoint_path", "launch_args", "prepare_data", "status_table", "stage_table", "run_many"]
+           "check_names", "checkpoint_path", "launch_args", "prepare_data", "status_table", "stage_table", "run_many",
+           "group_lock_path"]
 
 LAUNCHERS = ("pool", "accelerate", "torchrun")
 @dataclass(frozen=True)
@@ -329,10 +331,37 @@ def stage_table(out_dir: Path) -> str:
     return "\n".join(rows) if len(rows) > 2 else ""
 
 
+def group_lock_path(profile: str, out_dir: Path) -> Path:
+    """The lock a sweep holds on a group's results folder while it runs (beside the checkpoints, git-ignored, not in
+    the folder DVC records)."""
+    return PROJECT_ROOT / "checkpoints" / profile / f"{Path(out_dir).name}.sweep"
+
+
 def run_many(profile: str, specs: list[dict], out_dir: Path, jobs: int = 0, log=print, group: str = "",
              progress_every: float = 5.0) -> list[dict]:
     """Train every spec that is not current; one status dict per spec. ``jobs``: runs side by side
-    (0 = the profile's launcher); ``progress_every``: seconds between progress lines (0 = quiet)."""
+    (0 = the profile's launcher); ``progress_every``: seconds between progress lines (0 = quiet). A second sweep
+    of the same group (or ``mapl reuse refresh`` of its stage) while this one runs is refused at once."""
+    lock = _group_lock(profile, out_dir, group)
+    try:
+        return _run_many(profile, specs, out_dir, jobs, log, group, progress_every)
+    finally:
+        lock.release()
+
+
+def _group_lock(profile: str, out_dir: Path, group: str) -> OutputLock:
+    """The group's lock, held (entered here, not in a ``with`` around the sweep: a run's own output lock refused
+    inside it must keep its own message)."""
+    try:
+        return OutputLock(group=group_lock_path(profile, out_dir)).__enter__()
+    except OutputError as e:
+        held = str(e).split(" is in use by ", 1)[-1].split(": wait for", 1)[0]
+        raise OutputError(f"group {group or Path(out_dir).name} of profile {profile} is being trained by {held}: "
+                          "wait for it to finish or stop it (a second sweep would train the same runs)") from None
+
+
+def _run_many(profile: str, specs: list[dict], out_dir: Path, jobs: int, log, group: str,
+              progress_every: float) -> list[dict]:
     params = load_params()
     launcher = launcher_config(profile, params)
     if jobs:
