@@ -1117,6 +1117,29 @@ FAULTS = [
           r"loss\)$",
           "error: --target-pct nan is invalid: must be a finite number > 0 (percent above uncompressed's best loss)",
           "refused before any result is read", "nothing written", "fix the value", before_torch=True),
+    Fault("reuse-not-a-checkout", "`mapl reuse adopt/compare/prove` given a folder that is no checkout (was: 'no "
+          "results JSON' per run for adopt, exit 1 for compare, a FileNotFoundError traceback for prove)",
+          "mapl reuse prove /nonexistent micro", 2,
+          r"^error: CHECKOUT /nonexistent is not a mapl checkout \(no params\.yaml and mapl/ there\): give the folder "
+          r"of the other checkout \(a git worktree of this repository\)$",
+          "error: CHECKOUT /nonexistent is not a mapl checkout (no params.yaml and mapl/ there): give the folder of "
+          "the other checkout (a git worktree of this repository)", "refused before anything is read or copied",
+          "nothing written", "the path of the other checkout", before_torch=True),
+    Fault("reuse-adopt-not-a-checkout", "`mapl reuse adopt` from a folder that is no checkout",
+          "mapl reuse adopt /nonexistent micro main", 2,
+          r"^error: CHECKOUT /nonexistent is not a mapl checkout", "error: CHECKOUT /nonexistent is not a mapl "
+          "checkout (...)", "refused before anything is copied", "nothing written", "the path of the other checkout",
+          slow=True, before_torch=True),
+    Fault("frozen-trunk-unknown-profile", "`mapl frozen-trunk --profile nope` (was: 'has no seeds: nothing to run', "
+          "exit 0)", "mapl frozen-trunk --profile nope", 2,
+          r"^error: --profile 'nope' is invalid: allowed \[.*'micro'.*\] \(params\.yaml\)$",
+          "error: --profile 'nope' is invalid: allowed [...] (params.yaml)", "refused before anything is written",
+          "nothing written", "use a profile of params.yaml", before_torch=True),
+    Fault("frozen-trunk-jobs-negative", "`mapl frozen-trunk --jobs -1` (was: read as the launcher's default, and the "
+          "study started)", "mapl frozen-trunk --profile micro --jobs -1", 2,
+          r"^error: --jobs -1 is invalid: must be >= 0 \(0: the profile's launcher\.jobs\)$",
+          "error: --jobs -1 is invalid: must be >= 0 (0: the profile's launcher.jobs)", "refused before any run",
+          "nothing written", "fix the value", slow=True, before_torch=True),
     Fault("workspace-dir-not-empty", "`mapl workspace repro --dir` on a folder that holds other files (was: they "
           "were overwritten, then `git init`, `git add -A`, `git commit` in it)",
           "mapl workspace repro --profile micro --dir mine", 2,

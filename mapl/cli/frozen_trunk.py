@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from ..base.cli import add_debug_flag, run_cli
-from ..core.config import load_params
+from ..core.config import ConfigError, load_params
 from ..orchestration import frozen_trunk
 
 __all__ = ["main", "PROG"]
@@ -29,5 +29,10 @@ def _main(argv: list[str]) -> int:
     add_debug_flag(ap)
     args = ap.parse_args(argv)
     params = load_params()
-    frozen_trunk.run_study(args.profile or params["profile"], params, jobs=args.jobs)
+    profile = args.profile or params["profile"]
+    if profile not in params["profiles"]:           # was: "has no seeds: nothing to run", exit 0
+        raise ConfigError(f"--profile {profile!r} is invalid: allowed {sorted(params['profiles'])} (params.yaml)")
+    if args.jobs < 0:                               # was: taken as "the profile's launcher", silently
+        raise ConfigError(f"--jobs {args.jobs} is invalid: must be >= 0 (0: the profile's launcher.jobs)")
+    frozen_trunk.run_study(profile, params, jobs=args.jobs)
     return 0

@@ -266,10 +266,21 @@ def main(argv=None) -> int:
         return 2
     what, sources, profile, group = args[0], [Path(a) for a in args[1:-2]], args[-2], args[-1]
     try:
+        _check_checkouts(sources)
         return (_adopt if what == "adopt" else _compare)(sources, profile, group)
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+
+
+def _check_checkouts(sources: Sequence[Path]) -> None:
+    """Each CHECKOUT argument is another mapl checkout (a folder with params.yaml and mapl/), not this one."""
+    for src in sources:
+        if not (src / "params.yaml").is_file() or not (src / "mapl").is_dir():
+            raise ValueError(f"CHECKOUT {src} is not a mapl checkout (no params.yaml and mapl/ there): give the folder "
+                             "of the other checkout (a git worktree of this repository)")
+        if src.resolve() == PROJECT_ROOT.resolve():
+            raise ValueError(f"CHECKOUT {src} is this checkout: give the other one, where the runs were trained")
 
 
 def _group_configs(profile: str, group: str) -> list[RunConfig]:
@@ -303,10 +314,11 @@ def _prove(checkout: str, profile: str, steps: str = "6") -> int:
         print(f"error: STEPS={steps!r} is invalid: must be an integer >= 1", file=sys.stderr)
         return 2
     try:
+        _check_checkouts([Path(checkout)])
         rec = prove(Path(checkout), profile, int(steps))
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 1
+        return 2
     print(f"training code {rec['old']} computes what {rec['new']} computes on {len(rec['configurations'])} "
           f"configurations ({rec['seconds']:.0f} s): recorded in {EQUIVALENCE_FILE}")
     return 0
