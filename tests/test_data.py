@@ -481,12 +481,12 @@ def test_hf_streaming_path_on_local_files(tmp_path, monkeypatch):
     assert bytes(np.asarray(val[: len(rows[0])], dtype=np.uint8)).decode() == rows[0]
 
 
-def write_tarball(path: Path, files: dict[str, str]) -> str:
-    """A .tar.gz holding ``files`` (member name -> text); returns its sha256."""
+def write_tarball(path: Path, files: dict[str, str | bytes]) -> str:
+    """A .tar.gz holding ``files`` (member name -> text, or bytes as they are); returns its sha256."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
         for name, text in files.items():
-            data = text.encode()
+            data = text if isinstance(text, bytes) else text.encode()
             info = tarfile.TarInfo(name)
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))

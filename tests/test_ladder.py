@@ -4,9 +4,7 @@ in ln(parameters))."""
 from __future__ import annotations
 
 import copy
-import io
 import math
-import tarfile
 from pathlib import Path
 
 import pytest
@@ -20,20 +18,7 @@ from mapl.core.model_config import PRESETS, count_params
 from mapl.data import DataConfig, DataError
 from mapl.orchestration.ladder import check_ladder, ladder_settings, ladder_steps
 from mapl.report.ladder import gap_slope, ladder_rungs, ladder_table, rung_params
-
-
-def _sdist(path: Path, files: dict[str, str | bytes]) -> str:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-        for name, text in files.items():
-            data = text if isinstance(text, bytes) else text.encode()
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(buf.getvalue())
-    import hashlib
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+from tests.test_data import write_tarball
 
 
 def _packages(cache: Path) -> tuple:
@@ -44,8 +29,8 @@ def _packages(cache: Path) -> tuple:
          "alpha-1.0/README.txt": "not code"}
     b = {"beta-2.0/beta/__init__.py": "\n", "beta-2.0/beta/graph.py": "def walk(g):\n    yield from g\n" * 25,
          "beta-2.0/beta/vendored.py": shared, "beta-2.0/beta/latin1.py": "x = 'caf\xe9'\n".encode("latin-1")}
-    return (CC.CodePackage("alpha==1.0", "alpha-1.0.tar.gz", _sdist(cache / "alpha-1.0.tar.gz", a), "MIT"),
-            CC.CodePackage("beta==2.0", "beta-2.0.tar.gz", _sdist(cache / "beta-2.0.tar.gz", b), "BSD-3-Clause"))
+    return (CC.CodePackage("alpha==1.0", "alpha-1.0.tar.gz", write_tarball(cache / "alpha-1.0.tar.gz", a), "MIT"),
+            CC.CodePackage("beta==2.0", "beta-2.0.tar.gz", write_tarball(cache / "beta-2.0.tar.gz", b), "BSD-3-Clause"))
 
 
 def test_the_code_corpus_keeps_each_distinct_module_once_named_by_package(tmp_path, monkeypatch):
@@ -110,7 +95,9 @@ def _with_ladder_run(**over) -> dict:
 
 
 def test_a_ladder_run_off_the_budget_rule_is_refused_naming_it():
-    assert check_ladder("cpu", _with_ladder_run()) == 1
+    params = _with_ladder_run()
+    tuning = len(params["profiles"]["cpu"]["groups"]["ladder_tune"])
+    assert check_ladder("cpu", params) == tuning + 1                 # every ladder run is checked, the new one too
     with pytest.raises(ConfigError, match=r"ladder\[0\].*train.steps=400 breaks the ladder's budget rule: 2 tokens "
                                           r"per non-embedding parameter on ladder-d64 is 393 steps"):
         check_ladder("cpu", _with_ladder_run(**{"train.steps": 400}))
