@@ -187,3 +187,46 @@ def test_sweep_check_and_estimate_need_no_torch(tmp_path):
                            env={**os.environ, "PYTHONPATH": str(ROOT), "MAPL_DEBUG": "0"})
         assert p.returncode == rc, p.stderr
         assert p.stdout.strip().splitlines()[-1] == "no torch", p.stdout
+
+
+# The commands that stop their own children on a signal (mapl pipeline forwards it to its ranks and leaves by
+# os._exit; mapl workspace stops the whole process tree in its copy); every other command goes through run_cli.
+OWN_SIGNAL_HANDLING = {"pipeline", "workspace"}
+
+
+def test_every_command_turns_sigterm_and_errors_into_its_exit_code():
+    """Each `mapl <command>` runs under run_cli (or stops its children itself): a command outside it died at once on
+    SIGTERM and left its spawn workers training, orphaned (was: mapl sweep, data, reuse, memory, peer)."""
+    import ast
+    import mapl.cli as cli
+    missing = []
+    for name, (module, _) in sorted(cli.COMMANDS.items()):
+        if module in OWN_SIGNAL_HANDLING:
+            continue
+        path = ROOT / "mapl" / "cli" / f"{module}.py"
+        tree = ast.parse(path.read_text())
+        main = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "main")
+        if not any(isinstance(n, ast.Call) and getattr(n.func, "id", None) == "run_cli" for n in ast.walk(main)):
+            missing.append(name)
+    assert not missing, f"commands whose main does not call run_cli: {missing}"
+
+
+def test_sigterm_to_a_sweep_is_exit_130_with_one_line(monkeypatch, capsys):
+    from mapl.cli import sweep as sweep_cli
+    from mapl.orchestration import sweep
+
+    def stopped(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)                                   # the handler raises here
+        raise AssertionError("SIGTERM did not stop the sweep")
+
+    def unhandled(signum, frame):                     # without run_cli SIGTERM would end pytest itself
+        raise AssertionError("SIGTERM reached mapl sweep outside run_cli")
+
+    monkeypatch.setattr(sweep, "run_many", stopped)
+    previous = signal.signal(signal.SIGTERM, unhandled)
+    try:
+        assert sweep_cli.main(["--profile", "micro", "--group", "main"]) == EXIT_INTERRUPTED
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert capsys.readouterr().err.strip().splitlines() == ["interrupted: signal SIGTERM"]

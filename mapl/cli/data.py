@@ -23,6 +23,7 @@ import time
 from dataclasses import fields
 from pathlib import Path
 
+from ..base.cli import run_cli
 from ..base.io import OutputError
 from ..core.config import load_params, load_run_config
 from ..data.build import prepare
@@ -120,7 +121,7 @@ def summary(m: dict, out: Path) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+def _main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -144,3 +145,8 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(budget_notes(cfg, manifest, *grid_need(args.profile))))
     print(f"  done in {time.perf_counter() - t0:.1f} s")
     return 0
+
+
+def main(argv=None) -> int:
+    """The command; a user error is one line, Ctrl-C or SIGTERM exit 130 (:func:`mapl.base.cli.run_cli`)."""
+    return run_cli(_main, argv, prog=PROG)

@@ -6,14 +6,21 @@ from __future__ import annotations
 
 import argparse
 
+from ..base.cli import run_cli
+
 __all__ = ["main", "PROG"]
 
 PROG = "mapl peer"
 
 
-def main(argv=None) -> int:
+def _main(argv=None) -> int:
     argparse.ArgumentParser(prog=PROG, description="ProtocolNanoGPT's conditions put into our cost model: writes "
                             "reports/bench/peer-protocolnanogpt.json and reports/tables/peer.md and prints the "
                             "table.").parse_args(argv)
     from ..planning.peer import main as peer_main
     return peer_main([])
+
+
+def main(argv=None) -> int:
+    """The command; a user error is one line, Ctrl-C or SIGTERM exit 130 (:func:`mapl.base.cli.run_cli`)."""
+    return run_cli(_main, argv, prog=PROG)

@@ -10,6 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from ..base.cli import run_cli
 from ..core.config import load_params
 from ..orchestration import sweep, validate
 
@@ -36,7 +37,7 @@ def _seed_list(text: str) -> list[int]:
     return seeds
 
 
-def main(argv=None) -> int:
+def _main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="mapl sweep", description=sweep.__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--profile", help="params.yaml profile (default: its `profile:`)")
@@ -74,3 +75,8 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0
+
+
+def main(argv=None) -> int:
+    """The command; a user error is one line, Ctrl-C or SIGTERM exit 130 (:func:`mapl.base.cli.run_cli`)."""
+    return run_cli(_main, argv, prog="mapl sweep")
