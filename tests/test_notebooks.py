@@ -352,3 +352,61 @@ def test_committed_notebook_cell_ids_are_unique(name):
     that differ run to run)."""
     ids = [c.get("id") for c in json.loads((ROOT / "notebooks" / f"{name}.ipynb").read_text())["cells"]]
     assert len(ids) == len(set(ids))
+
+
+# ---- papermill parameters: a name the notebook does not declare, or a value of another type, is refused ------------
+DECLARED = 'profile = ""          # a comment\njobs = 0\ntarget_pct = 2.0\nlatencies_ms = [0.0, 50.0]\n'
+
+
+@pytest.mark.parametrize("injected, message", [
+    ("methods = []", "parameter 'methods' is not one of this notebook's: allowed jobs, latencies_ms, profile, target_pct "
+     "(its parameters cell)"),
+    ("jobs = 2.5", "parameter jobs=2.5 is invalid: must be an integer like its default 0"),
+    ("profile = 3", "parameter profile=3 is invalid: must be a string like its default ''"),
+    ("target_pct = float('nan')", "parameter target_pct=nan is invalid: must be a finite number >= 0 (its default is 2.0)"),
+    ("jobs = -1", "parameter jobs=-1 is invalid: must be a finite number >= 0 (its default is 0)"),
+    ("latencies_ms = 50", "parameter latencies_ms=50 is invalid: must be a list like its default [0.0, 50.0]"),
+])
+def test_a_papermill_parameter_the_notebook_does_not_take_is_refused_naming_it(injected, message):
+    from mapl.orchestration.notebook import NotebookParameterError, check_parameters
+    namespace: dict = {}
+    exec(injected, {}, namespace)
+    with pytest.raises(NotebookParameterError) as e:
+        check_parameters(namespace, ["", DECLARED, f"# Parameters\n{injected}\n", "nb = setup(profile)"])
+    assert str(e.value) == message
+    assert e.value._render_traceback_() == [f"error: {message}"]     # the cell's error output: one line
+
+
+def test_declared_parameters_of_their_type_pass_and_nbval_has_none_to_check():
+    from mapl.orchestration.notebook import check_parameters
+    check_parameters({"jobs": 2, "target_pct": 3, "profile": "cpu"},                # an int where a float is declared
+                     ["", DECLARED, '# Parameters\njobs = 2\ntarget_pct = 3\nprofile = "cpu"\n'])
+    check_parameters({}, ["", DECLARED, "nb = setup(profile)"])                   # nbval: no injected cell
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_every_notebook_refuses_a_parameter_it_does_not_take(name, tmp_path):
+    """`papermill notebooks/<nb>.ipynb out.ipynb -p <a name it does not declare> 1` (was: run to the end, ignored)."""
+    papermill = pytest.importorskip("papermill")
+    with pytest.raises(papermill.PapermillExecutionError) as e:
+        papermill.execute_notebook(str(ROOT / "notebooks" / f"{name}.ipynb"), str(tmp_path / "out.ipynb"),
+                                   parameters={"no_such_parameter": 1}, cwd=str(ROOT), progress_bar=False)
+    assert e.value.ename == "NotebookParameterError"
+    assert e.value.evalue.startswith("parameter 'no_such_parameter' is not one of this notebook's: allowed ")
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("parameters, message", [
+    ({"case": "paper", "profile": "cpu"}, "parameter profile is not used in the paper case"),
+    ({"case": "profile", "profile": "micro", "models": ["1B"]}, "parameter models is not used in the profile case"),
+    ({"case": "profile", "profile": "cpu", "methods": []}, "parameter methods is not used: reports/bench/pipeline.json "
+                                                          "measured profile cpu"),
+])
+def test_when_it_pays_refuses_a_parameter_its_case_ignores(parameters, message, tmp_path):
+    """`-y 'methods: []'` on the measured profile changed nothing (the benchmark's methods are drawn)."""
+    papermill = pytest.importorskip("papermill")
+    with pytest.raises(papermill.PapermillExecutionError) as e:
+        papermill.execute_notebook(str(ROOT / "notebooks" / "when_it_pays.ipynb"), str(tmp_path / "out.ipynb"),
+                                   parameters=parameters, cwd=str(ROOT), progress_bar=False)
+    assert e.value.ename == "NotebookParameterError" and e.value.evalue.startswith(message), e.value.evalue

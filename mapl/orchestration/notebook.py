@@ -12,12 +12,19 @@ before that -- and then calls :func:`setup`::
 """
 from __future__ import annotations
 
+import ast
+import math
 import sys
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
-__all__ = ["ProfilePaths", "find_root", "profile_paths", "setup"]
+__all__ = ["NotebookParameterError", "ProfilePaths", "check_parameters", "find_root", "kernel_parameters", "profile_paths",
+           "setup"]
+
+# papermill's injected cell starts with this comment (papermill.translators, comment="Parameters")
+INJECTED_MARK = "# Parameters"
 
 
 @dataclass(frozen=True)
@@ -71,13 +78,94 @@ def profile_paths(profile: str, root: Path | None = None) -> ProfilePaths:
     return ProfilePaths(Path(root or find_root()), profile)
 
 
+class NotebookParameterError(ValueError):
+    """A papermill parameter the notebook does not declare, or of another type than its default. IPython shows
+    an exception by ``_render_traceback_`` when it has one: the cell's error output is this one line."""
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"error: {self}"]
+
+
+def _assigned(source: str) -> dict[str, ast.expr]:
+    """The names a cell assigns at top level, with their value expressions (a parameters cell's defaults)."""
+    out: dict[str, ast.expr] = {}
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.Assign):
+            for t in node.targets:
+                if isinstance(t, ast.Name):
+                    out[t.id] = node.value
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None:
+            out[node.target.id] = node.value
+    return out
+
+
+_WORDS = {"int": "an integer", "float": "a number", "str": "a string", "bool": "True or False", "list": "a list",
+          "dict": "a mapping"}
+
+
+def _kind(value) -> str:
+    """The type a parameter must keep: a number may be given as an int where the default is a float."""
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, (int, float)):
+        return "int" if isinstance(value, int) else "float"
+    return type(value).__name__
+
+
+def check_parameters(namespace: dict, history: Sequence[str]) -> frozenset[str]:
+    """Hold papermill's injected parameters (``-p``/``-y``) to the notebook's ``parameters`` cell: a name the cell
+    does not assign would be ignored by every later cell, and a value of another type fails far from its cause,
+    so both are refused naming the parameter; so is a number that is not finite, or negative where the default is
+    not (a count, a time, a percentage). ``history``: the kernel's executed cell sources in order; the
+    injected cell (``# Parameters``) follows the parameters cell. Nothing to check without an injected cell
+    (nbval, or a reader editing the parameters cell). Returns the names papermill set."""
+    at = [i for i, src in enumerate(history) if src.lstrip().startswith(INJECTED_MARK)]
+    if not at or at[-1] == 0:
+        return frozenset()
+    declared, given = _assigned(history[at[-1] - 1]), _assigned(history[at[-1]])
+    for name in given:
+        if name not in declared:
+            raise NotebookParameterError(f"parameter {name!r} is not one of this notebook's: allowed "
+                                         f"{', '.join(sorted(declared))} (its parameters cell)")
+        try:
+            default = ast.literal_eval(declared[name])
+        except ValueError:                       # a default that is an expression: no type to hold it to
+            continue
+        value, want = namespace.get(name), _kind(default)
+        if _kind(value) != want and not (want == "float" and _kind(value) == "int"):
+            raise NotebookParameterError(f"parameter {name}={value!r} is invalid: must be {_WORDS.get(want, want)} like "
+                                         f"its default {default!r}")
+        if want in ("int", "float") and default >= 0 and not (math.isfinite(value) and value >= 0):
+            raise NotebookParameterError(f"parameter {name}={value!r} is invalid: must be a finite number >= 0 "
+                                         f"(its default is {default!r})")
+    return frozenset(given)
+
+
+def kernel_parameters() -> tuple[dict, list[str]]:
+    """The kernel's namespace and its executed cell sources (for :func:`check_parameters`); empty outside IPython."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return {}, []
+    ip = get_ipython()
+    if ip is None:
+        return {}, []
+    return ip.user_ns, list(ip.history_manager.input_hist_raw)
+
+
 def setup(profile: str = "", root: Path | None = None) -> ProfilePaths:
-    """Root first on ``sys.path`` (this checkout's mapl, whichever copy is installed), tqdm's
-    "IProgress not found" warning off (no ipywidgets in the kernel),
-    and the folders of ``profile`` (empty: params.yaml's ``profile:``)."""
+    """Papermill's parameters checked (:func:`check_parameters`), root first on ``sys.path`` (this checkout's
+    mapl, whichever copy is installed), tqdm's "IProgress not found" warning off (no ipywidgets in the kernel),
+    and the folders of ``profile`` (empty: params.yaml's ``profile:``; another name is refused)."""
+    check_parameters(*kernel_parameters())
     root = Path(root or find_root())
     if sys.path[0] != str(root):
         sys.path.insert(0, str(root))
     warnings.filterwarnings("ignore", message="IProgress not found")
     from ..core.config import load_params
-    return ProfilePaths(root, profile or load_params(root / "params.yaml")["profile"])
+    params = load_params(root / "params.yaml")
+    profile = profile or params["profile"]
+    if profile not in params.get("profiles", {}):
+        raise NotebookParameterError(f"parameter profile={profile!r} is invalid: allowed "
+                                     f"{', '.join(params.get('profiles', {}))} (params.yaml)")
+    return ProfilePaths(root, profile)
