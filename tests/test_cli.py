@@ -230,3 +230,11 @@ def test_sigterm_to_a_sweep_is_exit_130_with_one_line(monkeypatch, capsys):
     finally:
         signal.signal(signal.SIGTERM, previous)
     assert capsys.readouterr().err.strip().splitlines() == ["interrupted: signal SIGTERM"]
+
+
+@pytest.mark.process
+def test_a_reader_that_closes_the_pipe_is_no_error():
+    """`mapl reuse | head -1` (was: a BrokenPipeError traceback reported as a bug)."""
+    p = subprocess.run(f"{sys.executable} -m mapl.cli reuse | head -1", shell=True, cwd=ROOT, text=True,
+                       capture_output=True, timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert len(p.stdout.split()) == 1 and p.stderr == "", p.stderr

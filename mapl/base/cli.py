@@ -141,6 +141,11 @@ def run_cli(main: Callable[[list[str]], int | None], argv: Sequence[str] | None 
     try:
         with _sigterm_interrupts():
             code = main(argv)
+    except BrokenPipeError:
+        # the reader of our stdout left (`mapl reuse | head -1`): nothing went wrong here and there is no one to
+        # tell; stdout goes to /dev/null so that the interpreter's final flush does not raise again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
     except (Exception, KeyboardInterrupt) as e:     # noqa: BLE001 -- the policy itself: each gets its code
         return report(e, prog=prog, label=label, debug=debug)
     return EXIT_OK if code is None else int(code)
