@@ -141,6 +141,7 @@ def run_cli(main: Callable[[list[str]], int | None], argv: Sequence[str] | None 
     try:
         with _sigterm_interrupts():
             code = main(argv)
+            sys.stdout.flush()              # a closed pipe shows here, where it is handled, not at interpreter exit
     except BrokenPipeError:
         # the reader of our stdout left (`mapl reuse | head -1`): nothing went wrong here and there is no one to
         # tell; stdout goes to /dev/null so that the interpreter's final flush does not raise again
