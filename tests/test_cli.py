@@ -65,6 +65,9 @@ CASES = [
     (["stop"], {}, EXIT_INTERRUPTED, "interrupted: stopped by signal at step 3; checkpoint c.pt written", False),
     (["sigint"], {}, EXIT_INTERRUPTED, "interrupted", False),
     (["sigterm"], {}, EXIT_INTERRUPTED, "interrupted: signal SIGTERM", False),
+    # below mapl workspace, which reports the stop of its copy once: the children stop without a line of their own
+    (["sigterm"], {"MAPL_SUPERVISED": "1"}, EXIT_INTERRUPTED, None, False),
+    (["output"], {"MAPL_SUPERVISED": "1"}, EXIT_USER_ERROR, "error: cannot write /x/r.json: Permission denied", False),
     (["bug"], {}, EXIT_BUG, "python -m tiny: unexpected ZeroDivisionError: this is a bug, please report it with "
                             "the traceback above", True),
     (["output", "--debug"], {}, EXIT_USER_ERROR, "error: cannot write /x/r.json: Permission denied", True),

@@ -35,7 +35,7 @@ from typing import Callable, Sequence
 
 __all__ = ["EXIT_OK", "EXIT_BUG", "EXIT_USER_ERROR", "EXIT_PEER_FAILED", "EXIT_NON_FINITE", "EXIT_INTERRUPTED",
            "EXIT_CODES", "USER_ERRORS", "PeerFailure", "exit_code", "error_line", "report", "run_cli",
-           "add_debug_flag", "debug_requested"]
+           "add_debug_flag", "debug_requested", "SUPERVISED_ENV"]
 
 EXIT_OK = 0
 EXIT_BUG = 1                 # Python's own code for an uncaught exception
@@ -87,6 +87,11 @@ def _message(exc: BaseException) -> str:
     return re.sub(r"\s*\n\s*", " ", text.strip()) or type(exc).__name__
 
 
+# Set by a supervisor for the commands it starts (mapl workspace, for DVC and everything below it): when it stops
+# them it says so itself, once, so their own "interrupted" lines would only repeat it.
+SUPERVISED_ENV = "MAPL_SUPERVISED"
+
+
 def error_line(exc: BaseException, label: str | None = None) -> str:
     """The one line printed for ``exc``: ``error: [label: ]message`` or ``interrupted: ...``."""
     if isinstance(exc, KeyboardInterrupt):       # a bare Ctrl-C has no message
@@ -113,7 +118,7 @@ def report(exc: BaseException, *, prog: str = "mapl", label: str | None = None, 
         traceback.print_exception(exc)
         _line(f"{prog}: unexpected {type(exc).__name__}{' on ' + label if label else ''}: this is a bug, "
               f"please report it with the traceback above")
-    else:
+    elif not (code == EXIT_INTERRUPTED and os.environ.get(SUPERVISED_ENV) == "1"):
         if debug:
             traceback.print_exception(exc)
         _line(error_line(exc, label))

@@ -40,7 +40,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from ..base.cli import EXIT_INTERRUPTED, EXIT_USER_ERROR
+from ..base.cli import EXIT_INTERRUPTED, EXIT_USER_ERROR, SUPERVISED_ENV
 from ..core.config import PROJECT_ROOT
 
 __all__ = ["SMOKE_TARGETS", "MARKER", "Stopped", "checkout_files", "tool_env", "make_copy", "check_dir", "dvc", "repro", "smoke",
@@ -114,7 +114,7 @@ def tool_env(root: Path = PROJECT_ROOT, checkout: Path | None = None) -> dict:
     venv_bin = str(Path(sys.executable).parent)
     env = {**os.environ, "PATH": venv_bin + os.pathsep + os.environ.get("PATH", ""), "DVC_NO_ANALYTICS": "1",
            "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1",
-           **_GIT_ID}
+           SUPERVISED_ENV: "1", **_GIT_ID}      # a stop of the copy is reported once, by this command
     if checkout is not None:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(Path(checkout).resolve()), os.environ.get("PYTHONPATH"))
                                             if p)
