@@ -270,6 +270,11 @@ def _nan_val_loss(path: Path) -> None:
     path.write_text(json.dumps({**res, "val_loss": float("nan")}))
 
 
+def _steps_a_string(path: Path) -> None:
+    res = json.loads(path.read_text())
+    path.write_text(json.dumps({**res, "steps": "many"}))
+
+
 def both(*setups) -> Callable[[Ctx], None]:
     def setup(ctx: Ctx) -> None:
         for s in setups:
@@ -1039,6 +1044,12 @@ FAULTS = [
           "written by a finished run; ...", "refused before any table", "every file",
           "rerun the run, or move the file away", setup=both(seed("--steps 2"), results_folder(_nan_val_loss)),
           before_torch=True),
+    Fault("report-results-wrong-type", "a results JSON with a field of the wrong type (`\"steps\": \"many\"`; was: a "
+          "TypeError traceback inside a table)", "mapl plan res", 2,
+          r"^error: .*/res/main/b\.json: steps is 'many', not an integer: the file is damaged; ",
+          "error: <results>/<group>/<run>.json: steps is 'many', not an integer: the file is damaged; ...",
+          "refused before any table", "every file", "rerun the run, or move the file away",
+          setup=both(seed("--steps 2"), results_folder(_steps_a_string)), before_torch=True),
     # ---- the cost model ----------------------------------------------------------------------------------
     Fault("costmodel-mfu-zero", "`mapl costmodel --mfu 0` (was: a ZeroDivisionError traceback)",
           "mapl costmodel --profile micro --mfu 0", 2,

@@ -229,6 +229,32 @@ def _finite(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
+# the top-level fields the tables read, with the type each must have where present (a hand-edited or foreign file
+# with ``"steps": "many"`` had failed deep inside a table with a TypeError)
+_FIELD_TYPES: dict[str, tuple[type, ...]] = {
+    "run": (str,), "method": (str,), "model": (str,), "projector": (str,), "anchor": (str,), "stages": (int,),
+    "steps": (int,), "tokens": (int,), "n_params": (int,), "train_split_tokens": (int,), "ratio": (int, float),
+    "nominal_ratio": (int, float), "select_loss": (int, float), "wall_s": (int, float), "train_wall_s": (int, float),
+    "tokens_per_s": (int, float), "wire": (dict,), "config": (dict,), "diagnostics": (dict,),
+    "boundary_diagnostics": (list,)}
+
+
+def _check_fields(path: Path, res: dict) -> None:
+    """Each field of :data:`_FIELD_TYPES` that the file has is of its type (a number also finite); ``null`` is
+    allowed where a run has no value (a ratio of the uncompressed run)."""
+    for key, types in _FIELD_TYPES.items():
+        value = res.get(key)
+        if value is None:
+            continue
+        bad = isinstance(value, bool) or not isinstance(value, types) or (
+            isinstance(value, float) and not math.isfinite(value))
+        if bad:
+            want = " or ".join("a finite number" if t is float else {"int": "an integer", "str": "a string",
+                                                                         "dict": "an object", "list": "a list"}[t.__name__]
+                               for t in types if not (t is int and float in types))
+            raise ResultsError(f"{path}: {key} is {value!r}, not {want}: the file is damaged; {_FIX}")
+
+
 def _check_losses(path: Path, res: dict) -> None:
     """val_loss and every point of both loss curves are finite numbers (a run that diverged stops
     without writing results, so anything else is a damaged file)."""
@@ -258,6 +284,7 @@ def _read(path: Path) -> dict | None:
     if not (isinstance(res, dict) and "val_loss" in res and "method" in res):
         return None
     _check_losses(path, res)
+    _check_fields(path, res)
     return res
 
 
