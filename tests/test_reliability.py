@@ -3,9 +3,17 @@ ranks that agree on what they train, validation loss independent of how it is ba
 refusal of broken results, the results-file guard, params.yaml checked before DVC, workspace folders."""
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from mapl.core.runtime import same_run
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 # ---- ranks started for the same run (mapl.core.runtime.same_run) -----------------------------------------------
@@ -240,3 +248,27 @@ def test_stopping_a_command_stops_every_process_below_it(tmp_path):
     assert len(tree) == 2
     _stop_tree(proc, grace_s=1.0)
     assert not [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+@pytest.mark.process
+def test_a_run_in_a_folder_with_spaces_and_non_ascii_letters_and_no_home(tmp_path):
+    """Environment class: a checkout or output folder named with spaces and non-ASCII letters, and ``HOME`` unset
+    (a service account, a container): the corpus is prepared, a run trains, resumes as current, and reports."""
+    where = tmp_path / "my runs é ü"
+    (where / "text").mkdir(parents=True)
+    for i in range(6):
+        (where / "text" / f"doc {i} é.txt").write_text(f"Document {i}. " + "the quick brown fox. " * 400)
+    env = {k: v for k, v in os.environ.items() if k != "HOME"}
+    env.update(PYTHONPATH=str(ROOT), MAPL_DEBUG="0", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", OMP_NUM_THREADS="1")
+    data = ["--source", "text", "--paths", str(where / "text" / "*.txt"), "--tokenizer", "byte"]
+    run = [sys.executable, "-m", "mapl.cli", "train", "--profile", "micro", "--set", "data.source=text",
+           "--set", f"data.paths={json.dumps([str(where / 'text' / '*.txt')])}", "--set", "data.tokenizer=byte",
+           "--set", f"data_dir={where / 'prepared data'}", "--set", "train.threads=1", "--steps", "2", "--no-progress",
+           "--out", str(where / "résultat 1.json"), "--ckpt", str(where / "point de reprise.pt")]
+    prep = subprocess.run([sys.executable, "-m", "mapl.cli", "data", "--out", str(where / "prepared data"), *data],
+                          cwd=where, env=env, text=True, capture_output=True, timeout=600)
+    assert prep.returncode == 0, prep.stderr[-2000:]
+    for _ in range(2):                          # the second finds the run finished and current
+        p = subprocess.run(run, cwd=where, env=env, text=True, capture_output=True, timeout=600)
+        assert p.returncode == 0, p.stderr[-2000:]
+    assert json.loads((where / "résultat 1.json").read_text())["steps"] == 2
