@@ -164,3 +164,11 @@ def test_the_ledger_reads_the_gaps_growth_from_the_ladders_slope():
     assert next(c for c in R.claims([], shrinks) if "grows" in c["claim"])["verdict"] == "contradicted"
     none = next(c for c in R.claims([]) if "grows" in c["claim"])
     assert none["verdict"] == "not testable here" and "fewer than two rungs" in none["reason"]
+
+
+def test_each_rungs_gap_joins_the_table_of_where_the_order_holds():
+    from mapl.report.exhibits import order_holds_table
+    rows = _ladder_rows({"ladder-d64": 0.0, "ladder-d128": 3.0})
+    body = [b for b in order_holds_table([], rows).body if b[0] == "the scale ladder"]
+    assert [(b[1], b[3], b[5]) for b in body] == [("ladder-d64", "Python (code)", 4), ("ladder-d128", "Python (code)", 4)]
+    assert [b[-1] for b in body] == ["not resolved", "MAPL ahead"]

@@ -16,6 +16,7 @@ from typing import Sequence
 
 from .claims import CLAIMS, MIN_SEEDS, Evidence, Claim, family_levels, _at_level, _order_verdict
 from .controls import _blocks, _corpus
+from .ladder import ladder_rungs
 from .rows import budget_steps, main_model
 from .stats import holm, t_interval, t_test_p
 from .studies import comparisons, headline_summaries, tested_comparisons, token_points, width_points
@@ -146,8 +147,13 @@ def _entries(rows: Sequence[dict], corpus_rows: Sequence[dict] | None) -> list[t
         out.append(({"model": c["a"]["model"], "corpus": "Python (code)", "P": c["a"]["stages"], "primary": False,
                      "what": "a corpus seen under once"}, c))
     for c in _blocks(rows)[1]:
-        out.append(({"model": c["a"]["model"], "corpus": "Shakespeare", "P": c["a"]["stages"], "primary": False,
-                     "what": "several blocks per stage"}, c))
+        out.append(({"model": c["a"]["model"], "corpus": "Shakespeare", "P": c["a"]["stages"],
+                     "primary": False, "what": "several blocks per stage"}, c))
+    for rung in ladder_rungs(source):            # each rung's gap; the ladder's own primary contrast is its slope
+        if rung["gap"]:
+            c = rung["gap"]
+            out.append(({"model": c["a"]["model"], "corpus": "Python (code)", "P": c["a"]["stages"], "primary": False,
+                         "what": "the scale ladder"}, c))
     return out
 
 
