@@ -42,7 +42,12 @@ log = logging.getLogger(__name__)
 
 
 class OutputError(ValueError):
-    """An output path cannot be written (or is in use); the message names the path and the cause."""
+    """An output path cannot be written (or is in use); the message names the path and the cause. ``holder``: for a
+    path in use, the process holding it (its PID and command), else None."""
+
+    def __init__(self, message: str, holder: str | None = None):
+        super().__init__(message)
+        self.holder = holder
 
 
 # errno -> what the user can do about it (the OS's own words come first in the message)
@@ -290,8 +295,9 @@ def _acquire(path: Path, waiting_for: str | None = None) -> int:
         except BlockingIOError:
             if waiting_for is None:
                 os.close(fd)
-                raise OutputError(f"{path} is in use by {_read_holder(lock)}: wait for that run to finish, stop it, "
-                                  f"or choose another output path") from None
+                holder = _read_holder(lock)
+                raise OutputError(f"{path} is in use by {holder}: wait for that run to finish, stop it, "
+                                  f"or choose another output path", holder) from None
             log.info("waiting for %s, which is %s", _read_holder(lock), waiting_for)
             fcntl.flock(fd, fcntl.LOCK_EX)
         # the holder we waited on may have unlinked the sidecar between our open and our flock:

@@ -355,8 +355,7 @@ def _group_lock(profile: str, out_dir: Path, group: str) -> OutputLock:
     try:
         return OutputLock(group=group_lock_path(profile, out_dir)).__enter__()
     except OutputError as e:
-        held = str(e).split(" is in use by ", 1)[-1].split(": wait for", 1)[0]
-        raise OutputError(f"group {group or Path(out_dir).name} of profile {profile} is being trained by {held}: "
+        raise OutputError(f"group {group or Path(out_dir).name} of profile {profile} is being trained by {e.holder}: "
                           "wait for it to finish or stop it (a second sweep would train the same runs)") from None
 
 

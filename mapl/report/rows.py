@@ -237,6 +237,8 @@ _FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "nominal_ratio": (int, float), "select_loss": (int, float), "wall_s": (int, float), "train_wall_s": (int, float),
     "tokens_per_s": (int, float), "wire": (dict,), "config": (dict,), "diagnostics": (dict,),
     "boundary_diagnostics": (list,)}
+_WANT = {(str,): "a string", (int,): "an integer", (int, float): "a finite number", (dict,): "an object",
+         (list,): "a list"}
 
 
 def _check_fields(path: Path, res: dict) -> None:
@@ -249,10 +251,7 @@ def _check_fields(path: Path, res: dict) -> None:
         bad = isinstance(value, bool) or not isinstance(value, types) or (
             isinstance(value, float) and not math.isfinite(value))
         if bad:
-            want = " or ".join("a finite number" if t is float else {"int": "an integer", "str": "a string",
-                                                                         "dict": "an object", "list": "a list"}[t.__name__]
-                               for t in types if not (t is int and float in types))
-            raise ResultsError(f"{path}: {key} is {value!r}, not {want}: the file is damaged; {_FIX}")
+            raise ResultsError(f"{path}: {key} is {value!r}, not {_WANT[types]}: the file is damaged; {_FIX}")
 
 
 def _check_losses(path: Path, res: dict) -> None:
