@@ -30,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from mapl.core.config import load_run_config
+from mapl.core.config import load_run_config, SCHEDULES
 from mapl.planning.costmodel import build_case, measured_compute
 from mapl.core.link import LinkProfile
 from mapl.orchestration.launch import launch
@@ -127,7 +127,7 @@ def main(argv=None) -> int:
     ap.add_argument("--mapl-ratio", type=float, default=8)
     ap.add_argument("--stages", type=int, default=2)
     ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--schedule", default="1f1b", choices=["gpipe", "1f1b"])
+    ap.add_argument("--schedule", default="1f1b", choices=SCHEDULES)
     ap.add_argument("--micro-batches", type=int, default=4)
     ap.add_argument("--micro-batch-size", type=int, default=2)
     ap.add_argument("--seq-len", type=int, default=128)

@@ -47,7 +47,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from mapl.core.config import load_run_config
+from mapl.core.config import load_run_config, SCHEDULES
 from mapl.base.io import atomic_write_json, atomic_write_text
 from mapl.core.link import IDEAL, LinkProfile, StepMeasurement, estimate, get_profile, step_time, steps_to_target
 from mapl.orchestration.launch import launch
@@ -255,7 +255,7 @@ def main(argv=None) -> int:
     ap.add_argument("--methods", default=",".join(METHODS), help="comma-separated (default %(default)s)")
     ap.add_argument("--profile", default="cpu")
     ap.add_argument("--stages", type=int, default=4)
-    ap.add_argument("--schedule", default="1f1b", choices=["gpipe", "1f1b"])
+    ap.add_argument("--schedule", default="1f1b", choices=SCHEDULES)
     ap.add_argument("--links", default="80Mbps,200Mbps,1Gbps", help="link profiles (default %(default)s)")
     ap.add_argument("--latency-ms", type=float, help="override every profile's latency")
     ap.add_argument("--eval-tokens", type=int, default=16384)

@@ -267,6 +267,8 @@ def test_micro_batches_alive_are_read_off_the_runtimes_compute_order():
         for s in range(P):
             assert _alive("gpipe", P, M, s) == M
             assert _alive("1f1b", P, M, s) == min(M, P - s)
+            for k in (2, 3, 4):                  # the slow-link schedules: k x the warm-up, one more alive
+                assert _alive(f"1f1b-x{k}", P, M, s) == min(M, k * (P - 1 - s) + 1)
 
 
 # ---- issue 22: cast once per norm, evaluation's peak, activation checkpointing chosen by the plan ------------

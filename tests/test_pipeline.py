@@ -238,6 +238,19 @@ def test_mapl_rvq_parity(corpus, tmp_path, nprocs, schedule, launcher, blocking)
 
 
 @pytest.mark.process
+@pytest.mark.parametrize("blocking", [True, pytest.param(False, marks=pytest.mark.full)])
+def test_deep_1f1b_for_slow_links_is_bit_identical(corpus, tmp_path, blocking):
+    """1f1b-x3 (3x 1F1B's warm-up, each gradient's receive posted with its forward's send) runs on the
+    blocking transport, where a send waits for its receive as on NCCL, and gives the single-process loop's
+    losses bit for bit: the same as 1F1B's (backwards stay in micro-batch order)."""
+    args = base_args(corpus, "mapl", 4, "1f1b-x3", micro_batches=8)
+    ref = reference(args)
+    res = run_mp(args, 4, tmp_path, "direct", extra=["--blocking-transport", "--timeout", "30"] * blocking)
+    assert_parity(res, ref, 4, "env")
+    assert res["pipeline"]["schedule"] == "1f1b-x3"
+
+
+@pytest.mark.process
 @pytest.mark.slow
 @pytest.mark.full          # 10 launches; make test runs MAPL (P = 2) and MAPL+RVQ (P = 4) on the blocking transport
 @pytest.mark.parametrize("method", ["none", "int8", "ssn", "mapl", "mapl-rvq"])

@@ -1,7 +1,7 @@
 """Pipeline schedules as stage programs, proved deadlock-free under rendezvous (NCCL-like) semantics."""
 import pytest
 
-from mapl.core.runtime.schedule import (SCHEDULES, Barrier, Comm, Compute, ScheduleError, Transfer, _nonblocking_ops,
+from mapl.core.runtime.schedule import (POSTS_AHEAD, SCHEDULES, Barrier, Comm, Compute, ScheduleError, Transfer, _nonblocking_ops,
                                         check_programs, eval_program, naive_program, schedule_ops, stage_program,
                                         step_program, step_tail)
 
@@ -144,3 +144,39 @@ def test_schedule_ops_rejects_unknown():
 def test_the_config_knows_exactly_the_registered_schedules():
     from mapl.core.config import SCHEDULES as CONFIG_SCHEDULES
     assert set(CONFIG_SCHEDULES) == set(SCHEDULES)
+
+
+# ---- the deep 1F1B schedules for slow links ---------------------------------------------------------------------
+DEEP = [s for s in sorted(SCHEDULES) if s in POSTS_AHEAD]
+
+
+@pytest.mark.parametrize("schedule", DEEP)
+@pytest.mark.parametrize("P,M", [(2, 4), (4, 8), (4, 32), (8, 16)])
+def test_deep_schedules_hold_their_warm_up_and_post_each_gradient_receive_with_its_forward(schedule, P, M):
+    """1f1b-x<k>: k (P - 1 - s) warm-up forwards on stage s (capped at M), and the batch that
+    sends F(m) posts the receive of B(m)'s gradient ahead, which a later batch waits for."""
+    k = int(schedule.rsplit("x", 1)[1])
+    for s in range(P):
+        ops = schedule_ops(schedule, P, M, s)
+        assert ops.index(("B", 0)) == min(k * (P - 1 - s) + 1, M)      # the warm-up, then one more F
+        prog = stage_program(schedule, P, M, s)
+        for i, a in enumerate(prog):
+            if isinstance(a, Comm) and a.ahead:
+                (early,) = a.ahead
+                (sent,) = [t for t in a.sends() if t.what == "fwd"]
+                assert (early.op, early.what, early.mb, early.peer) == ("recv", "bwd", sent.mb, s + 1)
+                assert any(isinstance(b, Comm) and early in b.transfers for b in prog[i + 1:])
+        assert sum(len(a.ahead) for a in prog if isinstance(a, Comm)) == (M if s < P - 1 else 0)
+
+
+@pytest.mark.parametrize("schedule", ["1f1b-x3", "1f1b-x4"])
+@pytest.mark.parametrize("P,M", [(2, 4), (4, 8), (4, 32)])
+def test_a_deep_warm_up_without_early_gradient_receives_deadlocks(schedule, P, M):
+    """Why ``Comm.ahead`` exists: stage s sends its warm-up forwards while s + 1 waits to send a gradient
+    that s receives only after them. Under rendezvous semantics that is a deadlock from 3x the warm-up on
+    (at 2x each stage's extra forwards happen to meet the neighbour's receives)."""
+    plain = [[Comm(a.transfers) if isinstance(a, Comm) else a for a in stage_program(schedule, P, M, s)]
+             for s in range(P)]
+    with pytest.raises(ScheduleError, match="deadlock"):
+        check_programs(plain)
+    check_programs([stage_program(schedule, P, M, s) for s in range(P)])

@@ -28,7 +28,7 @@ BAD_CONFIGS = [
     ({"method": "mapl", "ratio": 4, "compressor.anchor.rank": 1000}, "anchor.rank=1000"),
     ({"method": "zip"}, "method='zip'"),
     ({"model": "3B"}, "model='3B'"),
-    ({"train.schedule": "1f1b", "train.micro_batches": 1, "train.batch_size": 4}, "1F1B needs at least"),
+    ({"train.schedule": "1f1b", "train.micro_batches": 1, "train.batch_size": 4}, "1f1b needs at least"),
     ({"train.micro_batches": 3}, "must divide train.batch_size=4"),
     ({"train.steps": 0}, "train.steps=0"),
     ({"train.precision": "fp8"}, "train.precision='fp8'"),

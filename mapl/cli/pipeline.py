@@ -54,7 +54,7 @@ from pathlib import Path
 
 # No torch at import (as mapl.cli.train): the flags and the config are checked before the runtime loads.
 from ..base.cli import add_debug_flag, debug_requested, report
-from ..core.config import PROJECT_ROOT, TrainConfig
+from ..core.config import PROJECT_ROOT, SCHEDULES, TrainConfig
 from ..core.link import PROFILES
 from . import train as mtrain
 
@@ -68,7 +68,7 @@ DEFAULT_RENDEZVOUS_S = 300.0        # ranks of a several-machine launch are ofte
 def _extra_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog=PROG, add_help=False,
                                  description="Multi-process pipeline options (all `mapl train` flags apply too):")
-    ap.add_argument("--schedule", choices=["gpipe", "1f1b"], help="pipeline schedule (= --set train.schedule=...)")
+    ap.add_argument("--schedule", choices=SCHEDULES, help="pipeline schedule (= --set train.schedule=...)")
     ap.add_argument("--replicas", type=int, default=1,
                     help="data-parallel replicas when this command starts the ranks itself (P x R processes)")
     ap.add_argument("--timeout", default=os.environ.get("MAPL_PG_TIMEOUT"),

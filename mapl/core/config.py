@@ -28,7 +28,7 @@ import yaml
 
 from ..data import DataConfig
 from .model_config import PRESETS, ModelConfig
-from .runtime.schedule import SCHEDULES as SCHEDULE_REGISTRY
+from .runtime.schedule import ONE_F_ONE_B, SCHEDULES as SCHEDULE_REGISTRY
 # re-exported: callers import these from mapl.core.config
 from .seeds import DRAWS, run_base
 from ..base.settings import (ConfigError, build, check_fields, coerce, field_hints, field_type, parse_set, refuse,
@@ -227,9 +227,9 @@ class TrainConfig:
         check_fields(self, "train")
         if self.batch_size % self.micro_batches:
             refuse("train.micro_batches", self.micro_batches, f"must divide train.batch_size={self.batch_size}")
-        if self.schedule == "1f1b" and self.micro_batches < stages:
+        if self.schedule in ONE_F_ONE_B and self.micro_batches < stages:
             refuse("train.micro_batches", self.micro_batches,
-                   f"1F1B needs at least as many micro-batches as stages ({stages})")
+                   f"{self.schedule} needs at least as many micro-batches as stages ({stages})")
         return self
 
 

@@ -71,7 +71,7 @@ from torch.utils._pytree import tree_leaves
 from .compress.base import spec_bytes
 from .config import RunConfig, load_run_config
 from .model import ModelConfig
-from .runtime.schedule import schedule_ops
+from .runtime.schedule import SCHEDULES, schedule_ops
 
 __all__ = ["GiB", "StageMemory", "MemoryPlan", "memory_plan", "format_plan", "check_plan", "build_meta_stage",
            "block_activation_bytes_per_token", "head_activation_bytes_per_token", "resolve_precision",
@@ -515,7 +515,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="mapl memory", description="Print the memory plan per stage.")
     ap.add_argument("--profile", default="paper")
     ap.add_argument("--model"), ap.add_argument("--method"), ap.add_argument("--ratio", type=float)
-    ap.add_argument("--stages", type=int), ap.add_argument("--schedule", choices=["gpipe", "1f1b"])
+    ap.add_argument("--stages", type=int), ap.add_argument("--schedule", choices=list(SCHEDULES))
     ap.add_argument("--micro-batches", type=int), ap.add_argument("--seq-len", type=int)
     ap.add_argument("--device", default="cuda", help="cuda | cpu: the precision 'auto' resolves to")
     ap.add_argument("--checkpointing", action="store_true", help="activation checkpointing per block "

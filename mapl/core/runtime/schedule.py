@@ -1,6 +1,6 @@
 """Pipeline schedules as per-stage programs, and a checker that proves them deadlock-free.
 
-A schedule (GPipe, 1F1B; one registry, ``SCHEDULES``) gives each stage its compute order: ("F", m)
+A schedule (GPipe, 1F1B, and 1F1B with 2-4x its warm-up for slow links; one registry, ``SCHEDULES``) gives each stage its compute order: ("F", m)
 forward and ("B", m) backward of micro-batch m. ``stage_program`` turns it into what a stage worker
 executes: compute actions and communication *batches*. A forward on stage s > 0 needs the activation
 of stage s-1; a backward on s < P-1 needs the gradient of stage s+1; each compute produces the
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Callable
 
-__all__ = ["SCHEDULES", "schedule_ops", "Kind", "Op", "Msg", "Compute", "Transfer", "Comm", "Barrier", "Action",
+__all__ = ["SCHEDULES", "ONE_F_ONE_B", "POSTS_AHEAD", "schedule_ops", "Kind", "Op", "Msg", "Compute", "Transfer", "Comm", "Barrier", "Action",
            "stage_program", "step_tail", "step_program", "eval_program", "check_programs", "ScheduleError",
            "naive_program"]
 
@@ -64,7 +64,25 @@ def _gpipe(n_stages: int, n_micro: int, stage: int) -> list[tuple[str, int]]:
 def _one_f_one_b(n_stages: int, n_micro: int, stage: int) -> list[tuple[str, int]]:
     """Non-interleaved 1F1B (PipeDream-flush): ``P - 1 - s`` warm-up forwards, then one forward / one
     backward alternately, then the remaining backwards: at most ``P - s`` micro-batches alive."""
-    warm = min(n_stages - 1 - stage, n_micro)
+    return _warm_then_alternate(min(n_stages - 1 - stage, n_micro), n_micro)
+
+
+def _deep_one_f_one_b(depth: int) -> Callable[[int, int, int], list[tuple[Kind, int]]]:
+    """1F1B with ``depth`` times its warm-up (``depth (P - 1 - s)`` forwards before the first backward),
+    for links slower than compute. Under 1F1B stage s may run ahead of its first gradient by P - 1 - s
+    forwards, but that gradient returns only after a round trip of 2 (P - 1 - s) messages (its forward
+    down the pipe, its gradient back): on a link-bound step the forward channel idles for half of it.
+    ``depth`` 2 keeps the channel busy through the round trip when messages dominate; 3 also covers
+    compute of about a message's time. The price is memory: ``depth (P - 1 - s) + 1`` graphs alive
+    (``mapl.core.memory`` reads it off these orders), so the planner takes it only where the plan fits."""
+    def ops(n_stages: int, n_micro: int, stage: int) -> list[tuple[Kind, int]]:
+        return _warm_then_alternate(min(depth * (n_stages - 1 - stage), n_micro), n_micro)
+    ops.__doc__ = f"1F1B with {depth}x its warm-up (``_deep_one_f_one_b``)."
+    return ops
+
+
+def _warm_then_alternate(warm: int, n_micro: int) -> list[tuple[Kind, int]]:
+    """``warm`` forwards, then forward / backward alternately, then the backwards left (micro-batch order)."""
     ops = [(Kind.F, m) for m in range(warm)]
     for i in range(n_micro - warm):
         ops += [(Kind.F, warm + i), (Kind.B, i)]
@@ -72,7 +90,11 @@ def _one_f_one_b(n_stages: int, n_micro: int, stage: int) -> list[tuple[str, int
 
 
 # the one registry of schedules; config validates train.schedule against its names (this module imports no torch)
-SCHEDULES: dict[str, Callable[[int, int, int], list[tuple[Kind, int]]]] = {"gpipe": _gpipe, "1f1b": _one_f_one_b}
+SCHEDULES: dict[str, Callable[[int, int, int], list[tuple[Kind, int]]]] = {
+    "gpipe": _gpipe, "1f1b": _one_f_one_b,
+    **{f"1f1b-x{k}": _deep_one_f_one_b(k) for k in (2, 3, 4)}}
+ONE_F_ONE_B = tuple(n for n in SCHEDULES if n.startswith("1f1b"))     # need M >= P (config checks it)
+POSTS_AHEAD = tuple(n for n in ONE_F_ONE_B if n != "1f1b")            # post gradient receives early (``Comm.ahead``)
 
 
 def schedule_ops(schedule: str, n_stages: int, n_micro: int, stage: int) -> list[tuple[Kind, int]]:
@@ -103,8 +125,13 @@ class Transfer:
 
 @dataclass(frozen=True)
 class Comm:
-    """Transfers posted together; the batch ends when every one has met its counterpart."""
+    """Transfers posted together; the batch ends when every one has met its counterpart. ``ahead``:
+    receives posted with this batch but waited by the later batch that lists them in its ``transfers``
+    (the deep 1F1B schedules post each gradient's receive as soon as its forward is sent: under
+    rendezvous semantics the neighbour's send of it would otherwise wait on a receive this stage posts
+    only after its remaining warm-up forwards, while this stage waits to send those forwards)."""
     transfers: tuple[Transfer, ...]
+    ahead: tuple[Transfer, ...] = ()
 
     def recvs(self) -> list[Transfer]:
         return [t for t in self.transfers if t.op is Op.RECV]
@@ -136,13 +163,18 @@ def _makes(kind: str, m: int, s: int, P: int) -> list[Transfer]:
 
 def stage_program(schedule: str, n_stages: int, n_micro: int, stage: int) -> list[Action]:
     """Compute actions of ``schedule`` with the sends of each compute and the receives of the next one
-    fused into one ``Comm`` batch (deadlock-free under rendezvous semantics; ``check_programs``)."""
+    fused into one ``Comm`` batch (deadlock-free under rendezvous semantics; ``check_programs``). In the
+    schedules of ``POSTS_AHEAD`` the batch that sends forward F(m) also posts the receive of its gradient
+    (``Comm.ahead``), waited before B(m)."""
     program: list[Action] = []
     pending: list[Transfer] = []                 # sends produced by the previous compute
     for kind, m in schedule_ops(schedule, n_stages, n_micro, stage):
         batch = pending + _needs(kind, m, stage, n_stages)
+        early = [Transfer(Op.RECV, Msg.BWD, t.mb, t.peer) for t in pending
+                 if schedule in POSTS_AHEAD and t.what is Msg.FWD]
+        early = [t for t in early if t not in batch]
         if batch:
-            program.append(Comm(tuple(batch)))
+            program.append(Comm(tuple(batch), tuple(early)))
         program.append(Compute(kind, m))
         pending = _makes(kind, m, stage, n_stages)
     if pending:
@@ -237,13 +269,15 @@ def check_programs(programs: list[list[Action]], transport: str = "blocking") ->
     P = len(programs)
     pc = [0] * P
     matched = [set() for _ in range(P)]         # indices of the current batch's transfers already met
+    early: list[dict] = [{} for _ in range(P)]  # receives posted ahead: (what, mb, peer) -> met yet
     count = {}                                   # (src, dst) -> messages already met (FIFO position)
     rounds = 0
     while any(pc[s] < len(programs[s]) for s in range(P)):
         rounds += 1
         progressed = _advance_local(programs, pc)
-        progressed |= _match_transfers(programs, pc, matched, count)
-        progressed |= _finish(programs, pc, matched)
+        _post_ahead(programs, pc, early)
+        progressed |= _match_transfers(programs, pc, matched, count, early)
+        progressed |= _finish(programs, pc, matched, early)
         if not progressed:
             where = {s: programs[s][pc[s]] if pc[s] < len(programs[s]) else "done" for s in range(P)}
             raise ScheduleError(f"deadlock: every stage waits ({where})")
@@ -265,8 +299,17 @@ def _advance_local(programs, pc) -> bool:
     return moved
 
 
-def _match_transfers(programs, pc, matched, count) -> bool:
-    """A posted send meets the posted receive that is next in line for that pair of stages."""
+def _post_ahead(programs, pc, early) -> None:
+    """A stage standing at a batch has posted the batch's ``ahead`` receives."""
+    for s, prog in enumerate(programs):
+        if pc[s] < len(prog) and isinstance(prog[pc[s]], Comm):
+            for u in prog[pc[s]].ahead:
+                early[s].setdefault((u.what, u.mb, u.peer), False)
+
+
+def _match_transfers(programs, pc, matched, count, early) -> bool:
+    """A posted send meets the posted receive that is next in line for that pair of stages (in the
+    receiver's current batch, or posted ahead by an earlier one)."""
     moved = False
     for s, prog in enumerate(programs):
         if pc[s] >= len(prog) or not isinstance(prog[pc[s]], Comm):
@@ -275,10 +318,17 @@ def _match_transfers(programs, pc, matched, count) -> bool:
             if t.op != "send" or i in matched[s]:
                 continue
             d = t.peer
+            if early[d].get((t.what, t.mb, s)) is False and _is_next(programs, s, d, t, count):
+                early[d][(t.what, t.mb, s)] = True
+                matched[s].add(i)
+                count[(s, d)] = count.get((s, d), 0) + 1
+                moved = True
+                continue
             if pc[d] >= len(programs[d]) or not isinstance(programs[d][pc[d]], Comm):
                 continue
             for j, u in enumerate(programs[d][pc[d]].transfers):
-                if u.op == "recv" and u.peer == s and j not in matched[d] and (u.what, u.mb) == (t.what, t.mb):
+                if u.op == "recv" and u.peer == s and j not in matched[d] and (u.what, u.mb) == (t.what, t.mb) \
+                        and (u.what, u.mb, s) not in early[d]:
                     if _is_next(programs, s, d, t, count):
                         matched[s].add(i)
                         matched[d].add(j)
@@ -296,9 +346,12 @@ def _is_next(programs, s, d, t, count) -> bool:
     return seq[k] == (t.what, t.mb)
 
 
-def _finish(programs, pc, matched) -> bool:
+def _finish(programs, pc, matched, early) -> bool:
     moved = False
     for s, prog in enumerate(programs):
+        if pc[s] < len(prog) and isinstance(prog[pc[s]], Comm):   # receives met while posted ahead
+            matched[s] |= {j for j, u in enumerate(prog[pc[s]].transfers)
+                           if u.op == "recv" and early[s].get((u.what, u.mb, u.peer))}
         if pc[s] < len(prog) and isinstance(prog[pc[s]], Comm) and len(matched[s]) == len(prog[pc[s]].transfers):
             pc[s] += 1
             matched[s] = set()
@@ -317,6 +370,10 @@ def _nonblocking_ops(s: int, program: list[Action]) -> list[tuple]:
     def ids(i: int, op: str) -> list:
         return [(s, i, j) for j, t in enumerate(program[i].transfers) if t.op == op]
     comms = [i for i, a in enumerate(program) if isinstance(a, Comm)]
+
+    def later(i: int, t: Transfer) -> tuple:           # the id of an ahead receive: where it is waited
+        k = next(k for k in comms if k > i and t in program[k].transfers)
+        return (s, k, program[k].transfers.index(t))
     ops, posted, sends = [], set(), []
     for i, a in enumerate(program):
         if isinstance(a, Barrier):
@@ -328,7 +385,7 @@ def _nonblocking_ops(s: int, program: list[Action]) -> list[tuple]:
         ahead = ids(nxt, "recv") if nxt is not None and not step_end and \
             not all(t.mb < 0 for t in program[nxt].transfers) else []
         earlier = list(sends)
-        for x in ids(i, "recv") + ids(i, "send") + ahead:
+        for x in ids(i, "recv") + ids(i, "send") + ahead + [later(i, t) for t in a.ahead]:
             if x not in posted:
                 posted.add(x)
                 ops.append(("post", x))

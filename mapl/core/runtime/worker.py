@@ -218,7 +218,7 @@ class PipelineEngine:
 
     def _post_recvs(self, comm: Comm, st: "_StepState") -> None:
         lead = (self.mb_size, self.T)
-        for t in comm.recvs():
+        for t in comm.recvs() + list(comm.ahead):
             key = (t.what, t.mb)
             if key in st.inbox:
                 continue
