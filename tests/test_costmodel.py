@@ -2,13 +2,15 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
 from mapl.core.config import load_run_config
-from mapl.planning.costmodel import (BoundaryBytes, Case, GPUSpec, StageCompute, _wall_clock, boundary_bytes, build_case,
-                            gpu_hours, simulate_inbound, stage_flops)
-from mapl.core.link import IDEAL, LinkProfile, StepMeasurement
+from mapl.planning.costmodel import (PLANNER_SCHEDULES, BoundaryBytes, Case, GPUSpec, StageCompute, _wall_clock,
+                                     boundary_bytes, build_case, gpu_hours, simulate_inbound, stage_flops,
+                                     with_schedule_variants)
+from mapl.core.link import IDEAL, LinkProfile, StepMeasurement, simulate
 from mapl.planning.planner import crossover_bandwidth, crossover_interval, ratio_from_penalty, ratio_key, steps_ratios
 from mapl.core.stages import split_layers
 
@@ -351,3 +353,37 @@ def test_uncompressed_with_anchors_is_never_the_planners_reference():
     base = steps_ratios(_runs())
     control = _run("none", 0, [[100, 3.0], [200, 2.5], [300, 2.4]], variant="none-anchor-factorized")
     assert steps_ratios(_runs() + [control]) == base
+
+
+# ---- the planner's schedules for slow links ------------------------------------------------------------------------
+@pytest.mark.parametrize("P,M", [(2, 8), (4, 32), (8, 32)])
+def test_twice_the_warm_up_meets_the_flush_bound_on_a_link_bound_step(P, M):
+    """Compute free, every message one second: a synchronous step cannot beat M messages plus the first
+    forward's P - 2 further hops down and the last gradient's P - 1 back (M + 2P - 3 s). 1f1b-x2 meets it;
+    1F1B, holding at most P - s micro-batches, idles the link while it waits for gradients."""
+    link = LinkProfile("1kB/s", 8e3, 0.0)
+    bound = M + 2 * P - 3
+    steps = {}
+    for schedule in ("1f1b", "1f1b-x2", "1f1b-x3", "1f1b-x4", "gpipe"):
+        meas = StepMeasurement.uniform(schedule, P, M, 0.0, 0.0, [1000] * (P - 1), [1000] * (P - 1), collective=False)
+        steps[schedule] = simulate(meas, link).step_time
+        assert steps[schedule] >= bound - 1e-9
+    assert steps["1f1b-x2"] == pytest.approx(bound)
+    assert steps["1f1b"] > bound + (P - 2) if P > 2 else steps["1f1b"] >= bound
+
+
+def test_the_planner_takes_the_fastest_schedule_that_fits_memory():
+    cfg = _micro("mapl", **{"stages": 4, "train.micro_batches": 8, "train.batch_size": 16, "train.schedule": "1f1b"})
+    gpu = GPUSpec("test", 1e12, 0.5)
+    case = build_case(cfg, gpu=gpu, vocab_size=256)
+    roomy = with_schedule_variants(case, cfg, replace(gpu, memory_bytes=1e12), 256)
+    assert sorted(v.label for v in roomy.variants) == sorted(
+        [s for s in PLANNER_SCHEDULES if s != "1f1b"] + [f"{s} + checkpointing" for s in PLANNER_SCHEDULES])
+    assert with_schedule_variants(case, cfg, replace(gpu, memory_bytes=1e6), 256).variants == ()   # nothing fits
+    slow, fast = LinkProfile("slow", 1e5, 0.0), LinkProfile("fast", 1e12, 0.0)
+    for link in (slow, fast):
+        p = roomy.predict(link)
+        every = [case.predict(link)] + [v.predict(link) for v in roomy.variants]
+        assert p.step_s == min(q.step_s for q in every) and p.schedule in {q.schedule for q in every}
+    assert roomy.predict(slow).schedule.startswith("1f1b-x") and roomy.predict(slow).step_s < case.predict(slow).step_s
+    assert roomy.scaled(2.0).variants[0].compute.fwd_s[0][0] == 2 * roomy.variants[0].compute.fwd_s[0][0]

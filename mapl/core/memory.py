@@ -71,7 +71,7 @@ from torch.utils._pytree import tree_leaves
 from .compress.base import spec_bytes
 from .config import RunConfig, load_run_config
 from .model import ModelConfig
-from .runtime.schedule import SCHEDULES, schedule_ops
+from .runtime.schedule import POSTS_AHEAD, SCHEDULES, schedule_ops
 
 __all__ = ["GiB", "StageMemory", "MemoryPlan", "memory_plan", "format_plan", "check_plan", "build_meta_stage",
            "block_activation_bytes_per_token", "head_activation_bytes_per_token", "resolve_precision",
@@ -377,7 +377,10 @@ def _stage_plan(cfg: RunConfig, vocab: int, s: int, precision: str, checkpointin
     act_working = max(one_block, head_work if s == P - 1 else 0, st.detail["rvq_search"])
     # the optimizer step runs after the activations are freed: its temporaries count only beyond them
     st.working = max(act_working, st.detail["opt_transient"] - st.activations - st.head)
-    st.buffers = _buffer_bytes(sm, s, P, (t.batch_size // t.micro_batches, t.seq_len), t.micro_batches, sends_held)
+    # the deep 1F1B schedules post each gradient's receive with its forward's send: one per graph alive
+    grad_recvs = alive if t.schedule in POSTS_AHEAD else 1
+    st.buffers = _buffer_bytes(sm, s, P, (t.batch_size // t.micro_batches, t.seq_len), t.micro_batches, sends_held,
+                               grad_recvs)
     st.detail.update(block_bytes_per_micro_batch=blk, micro_batch_tokens=tokens)
     st.eval_peak = _eval_peak(cfg, sm, st, s, precision, device)
     return st
@@ -420,9 +423,10 @@ def _rvq_search_bytes(cfg: RunConfig, sm, s: int, tokens: int, precision: str, d
     return fp32_copy + max(search, kmeans_tile)
 
 
-def _buffer_bytes(sm, s: int, P: int, mb_shape, micro: int, sends_held: str) -> int:
+def _buffer_bytes(sm, s: int, P: int, mb_shape, micro: int, sends_held: str, grad_recvs: int = 1) -> int:
     """Send buffers held (``batch``: the runtime's two sends of any kind, this batch's and the one before;
-    ``step``: all M of each direction; ``one``: one of each) plus one receive per direction."""
+    ``step``: all M of each direction; ``one``: one of each) plus one receive per direction (``grad_recvs``
+    gradient receives where they are posted ahead)."""
     if sends_held not in ("batch", "step", "one"):
         raise ValueError(f"sends_held={sends_held!r} is invalid: allowed 'batch', 'step', 'one'")
     held = micro if sends_held == "step" else 1
@@ -431,7 +435,7 @@ def _buffer_bytes(sm, s: int, P: int, mb_shape, micro: int, sends_held: str) -> 
     if s < P - 1:                    # forward sends (+ token ids), gradient receives
         comp = sm.boundaries[str(s)]
         sends.append(_wire_bytes(comp, mb_shape, "fwd") + ids)
-        total += _wire_bytes(comp, mb_shape, "bwd")
+        total += grad_recvs * _wire_bytes(comp, mb_shape, "bwd")
     if s > 0:                        # gradient sends, forward receives
         comp = sm.boundaries[str(s - 1)]
         sends.append(_wire_bytes(comp, mb_shape, "bwd"))

@@ -131,8 +131,8 @@ class Transformer(nn.Module):
     def reset_parameters(self):
         std = self.cfg.init_std
         for name, p in self.named_parameters():
-            if p.ndim == 1:
-                continue                                   # norm gains stay 1
+            if p.ndim == 1 or p.is_meta:
+                continue                                   # norm gains stay 1; a meta model has no values to draw
             nn.init.normal_(p, 0.0, std)
             if name.endswith(("attn.wo.weight", "ffn.w2.weight")):
                 # GPT-2 scaling: residual writers shrink with depth so the stream's variance stays O(1)

@@ -247,6 +247,8 @@ def stiefel_random(d: int, r: int, seed: int | torch.Generator | None = None, *,
     """
     if not (0 < r <= d):
         raise ValueError(f"stiefel_random needs 0 < r <= d, got d={d}, r={r}")
+    if torch.device(device if device is not None else torch.empty(()).device).type == "meta":
+        return torch.empty(d, r, dtype=dtype, device="meta")   # a meta model (plans, FLOPs) needs shapes, not a QR
     gen = torch.Generator().manual_seed(seed) if isinstance(seed, int) else seed
     G = torch.randn(d, r, generator=gen, dtype=torch.float64, device=gen.device if gen is not None else "cpu")
     Q, R = torch.linalg.qr(G, mode="reduced")

@@ -42,6 +42,7 @@ from ..orchestration.groups import group_names, group_specs, spec_config
 
 __all__ = ["GPUSpec", "H100", "H200", "DEFAULT_MFU", "StageCompute", "BoundaryBytes", "Case", "Prediction",
            "stage_flops", "flop_compute", "measured_compute", "boundary_bytes", "wire_ratio", "build_case",
+           "PLANNER_SCHEDULES", "with_schedule_variants",
            "simulate_inbound", "gpu_hours", "format_gpu_hours", "main"]
 
 DEFAULT_MFU = 0.35        # kernel-level fraction of peak while a stage computes (bubbles are modelled apart)
@@ -50,10 +51,12 @@ NS_STEPS = 5              # torch.optim.Muon's Newton-Schulz iterations
 
 @dataclass(frozen=True)
 class GPUSpec:
-    """A GPU's dense bf16 peak (FLOP/s) and the MFU its kernels reach while busy."""
+    """A GPU's dense bf16 peak (FLOP/s), the MFU its kernels reach while busy, and its memory (bytes: what
+    the planner's schedules must fit, ``mapl.core.memory.check_plan``)."""
     name: str
     peak_flops: float
     mfu: float = DEFAULT_MFU
+    memory_bytes: float = 80e9
 
     def seconds(self, flops: float) -> float:
         return flops / (self.peak_flops * self.mfu)
@@ -61,7 +64,7 @@ class GPUSpec:
 
 # NVIDIA's datasheets: H100 SXM and H200 SXM, dense BF16 tensor core (the sparse figure is 2x)
 H100 = GPUSpec("NVIDIA H100 SXM, dense bf16 989 TFLOP/s", 989e12)
-H200 = GPUSpec("NVIDIA H200 SXM, dense bf16 989 TFLOP/s", 989e12)
+H200 = GPUSpec("NVIDIA H200 SXM, dense bf16 989 TFLOP/s", 989e12, memory_bytes=141e9)
 
 
 @dataclass(frozen=True)
@@ -88,6 +91,7 @@ class Prediction:
     step_s: float
     compute_s: float          # the same step on a free link: compute, bubbles, imbalance
     floor_s: float            # the busiest channel's bytes / bandwidth
+    schedule: str = ""        # the schedule that step runs (the fastest of the case's variants)
 
     @property
     def comm_fraction(self) -> float:
@@ -201,13 +205,16 @@ def wire_ratio(cfg: RunConfig, vocab_size: int | None = None) -> float:
 
 @dataclass
 class Case:
-    """One run's step, ready to replay on any link."""
+    """One run's step, ready to replay on any link. ``variants``: the same run under other schedules (and
+    activation checkpointing) that fit the device (:func:`with_schedule_variants`); ``predict`` takes the
+    fastest on each link, so the planner runs 1F1B on fast links and a deeper warm-up on slow ones."""
     name: str
     schedule: str
     compute: StageCompute
     wire: list[BoundaryBytes]
     tokens_per_step: int
     meta: dict = field(default_factory=dict)
+    variants: tuple = ()
 
     @property
     def micro_batches(self) -> int:
@@ -216,22 +223,32 @@ class Case:
     def step_time(self, link, channels: str = "duplex") -> float:
         return self.predict(link, channels).step_s
 
+    @property
+    def label(self) -> str:
+        """The schedule as the planner names it (``+ checkpointing`` when blocks are recomputed)."""
+        return self.schedule + (" + checkpointing" if self.meta.get("checkpointing") else "")
+
     def predict(self, link, channels: str = "duplex") -> Prediction:
+        """The step on ``link``: the fastest of this case and its ``variants`` (duplex channels; the inbound
+        emulator replays this case's own schedule, as ProtocolNanoGPT's does)."""
         meas = _link_measurement(self)
         if channels == "duplex":
-            return Prediction(_link_clock(meas, link), _link_clock(meas, IDEAL), floor_time(meas, link))
+            own = Prediction(_link_clock(meas, link), _link_clock(meas, IDEAL), floor_time(meas, link), self.label)
+            return min([own] + [v.predict(link) for v in self.variants], key=lambda p: p.step_s)
         if channels == "inbound":
-            return Prediction(simulate_inbound(meas, link), simulate_inbound(meas, IDEAL), floor_time(meas, link))
+            return Prediction(simulate_inbound(meas, link), simulate_inbound(meas, IDEAL), floor_time(meas, link),
+                              self.label)
         raise ValueError(f"channels={channels!r} is invalid: allowed 'duplex', 'inbound'")
 
     def with_compute(self, compute: StageCompute) -> "Case":
         return replace(self, compute=compute)
 
     def scaled(self, k: float) -> "Case":
-        """The same case with every compute time x k (e.g. another MFU: k = mfu / mfu')."""
+        """The same case with every compute time x k (e.g. another MFU: k = mfu / mfu'), variants too."""
         c = self.compute
-        return self.with_compute(StageCompute([[x * k for x in r] for r in c.fwd_s], [[x * k for x in r] for r in c.bwd_s],
-                                              [x * k for x in c.opt_s], f"{c.source} x {k:g}"))
+        return replace(self, compute=StageCompute([[x * k for x in r] for r in c.fwd_s], [[x * k for x in r] for r in c.bwd_s],
+                                                  [x * k for x in c.opt_s], f"{c.source} x {k:g}"),
+                       variants=tuple(v.scaled(k) for v in self.variants))
 
 
 def _link_measurement(case: Case):
@@ -252,7 +269,32 @@ def build_case(cfg: RunConfig, compute: StageCompute | None = None, gpu: GPUSpec
     t = cfg.train
     comp = compute or flop_compute(cfg, gpu, vocab_size, checkpointing)
     return Case(name or cfg.name(), t.schedule, comp, boundary_bytes(cfg, vocab_size), t.batch_size * t.seq_len,
-                {"method": cfg.compressor.method, "ratio": cfg.compressor.ratio, "stages": cfg.stages})
+                {"method": cfg.compressor.method, "ratio": cfg.compressor.ratio, "stages": cfg.stages,
+                 "checkpointing": checkpointing})
+
+
+# the schedules the planner weighs, shallowest first: each holds more micro-batches than the one before
+PLANNER_SCHEDULES = ("1f1b", "1f1b-x2", "1f1b-x3", "1f1b-x4")
+
+
+def with_schedule_variants(case: Case, cfg: RunConfig, gpu: GPUSpec, vocab_size: int | None = None,
+                           schedules: Sequence[str] = PLANNER_SCHEDULES) -> Case:
+    """``case`` with a variant for every schedule of ``schedules`` (with and without activation checkpointing)
+    whose memory plan fits ``gpu.memory_bytes`` (``mapl.core.memory.check_plan``, its reserve included): the
+    planner's choice of schedule. Deeper warm-ups hold more graphs, so each checkpointing setting stops at
+    the first schedule that does not fit."""
+    from ..core.memory import check_plan, memory_plan          # torch-heavy: only when variants are asked for
+    variants = []
+    for ckpt in (False, True):
+        for name in schedules:
+            var = replace(cfg, train=replace(cfg.train, schedule=name))
+            try:
+                check_plan(memory_plan(var, vocab_size, device="cuda", checkpointing=ckpt), gpu.memory_bytes)
+            except ValueError:
+                break
+            if (name, ckpt) != (case.schedule, bool(case.meta.get("checkpointing"))):
+                variants.append(build_case(var, gpu=gpu, vocab_size=vocab_size, name=case.name, checkpointing=ckpt))
+    return replace(case, variants=tuple(variants))
 
 
 def simulate_inbound(meas, link, steps: int = 4) -> float:

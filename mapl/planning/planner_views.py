@@ -22,7 +22,7 @@ from ..report.studies import headline_ratio
 from ..report.style import NEUTRAL, SPEEDUP_CMAP
 from ..report.style import label as style_label
 from ..report.style import style as method_kw
-from .costmodel import boundary_bytes, build_case, measured_compute, wire_ratio
+from .costmodel import PLANNER_SCHEDULES, boundary_bytes, build_case, measured_compute, wire_ratio, with_schedule_variants
 from .planner import (common_target, crossover_interval, load_runs, main_model_runs, paper_steps_ratios, ratio_key,
                       speedup_grid, steps_ratios, time_to_target_rows)
 
@@ -200,10 +200,12 @@ def measured_text(keys: Sequence[tuple], results_dir: str | Path, target_pct: fl
 
 
 def paper_cases(model: str, methods: Sequence[str], stages: int, micro_batches: int, micro_batch_size: int,
-                seq_len: int, gpu, ratios: dict | None = None, model_overrides: dict | None = None) -> dict:
+                seq_len: int, gpu, ratios: dict | None = None, model_overrides: dict | None = None,
+                schedules: Sequence[str] = PLANNER_SCHEDULES) -> dict:
     """(method, wire ratio) -> Case of the paper profile at ``model`` (+ ``model_overrides``) with the paper's
     ratio for that scale (or ``ratios[method]``), FLOP-based compute on ``gpu`` and 1F1B (GPipe does not fit:
-    mapl.core.memory)."""
+    mapl.core.memory), with a variant for each of ``schedules`` that fits ``gpu``'s memory (with or without
+    activation checkpointing): each link gets the fastest (``Case.predict``). ``schedules=()``: 1F1B only."""
     paper = paper_steps_ratios(model, stages)
     out = {}
     for m in methods:
@@ -213,7 +215,10 @@ def paper_cases(model: str, methods: Sequence[str], stages: int, micro_batches: 
         if m != "none":
             over["ratio"] = (ratios or {}).get(m) or paper[m]["proj_ratio"]
         cfg = load_run_config("paper", over)
-        out[ratio_key(m, wire_ratio(cfg, cfg.data.vocab_size))] = build_case(cfg, gpu=gpu, vocab_size=cfg.data.vocab_size)
+        case = build_case(cfg, gpu=gpu, vocab_size=cfg.data.vocab_size)
+        if schedules:
+            case = with_schedule_variants(case, cfg, gpu, cfg.data.vocab_size, schedules)
+        out[ratio_key(m, wire_ratio(cfg, cfg.data.vocab_size))] = case
     return out
 
 

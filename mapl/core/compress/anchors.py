@@ -28,8 +28,12 @@ class Anchor(nn.Module):
         if kind == "none":
             pass
         elif kind == "static":
-            g = torch.Generator().manual_seed(seed)
-            self.register_buffer("shift", torch.randn(vocab_size, d_model, generator=g, device=g.device) * static_std)
+            if torch.empty(()).device.type == "meta":     # a meta model (plans, FLOPs): the shape, not a draw
+                shift = torch.empty(vocab_size, d_model)
+            else:
+                g = torch.Generator().manual_seed(seed)
+                shift = torch.randn(vocab_size, d_model, generator=g, device=g.device) * static_std
+            self.register_buffer("shift", shift)
         elif kind == "full":
             self.table = nn.Parameter(torch.randn(vocab_size, d_model) * init_std)
         elif kind == "factorized":
