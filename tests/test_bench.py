@@ -116,3 +116,26 @@ def test_memory_benchmark_hooks_the_runtime_stage_build(tmp_path):
     (case,) = bench["cases"]
     assert bench["model"] == "micro" and len(case["stages"]) == 2
     assert all(s["measured_train_peak"] > 0 and s["measured_setup_peak"] > 0 for s in case["stages"])
+
+
+def test_slow_link_benchmark_models_the_planner_against_1f1b(tmp_path):
+    """benchmarks/slow_link.py --quick (model part): on every link the planner's schedule is never slower than
+    1F1B and never faster than the floor; on the slow links it is a deep warm-up."""
+    bench = _script(["benchmarks/slow_link.py", "--quick"], tmp_path)
+    rows = bench["model"]
+    assert {r["method"].split()[0] for r in rows} == {"none", "ssn", "mapl", "mapl-rvq"}
+    for r in rows:
+        assert 1.0 <= r["planner_over_floor"] <= r["one_f_one_b_over_floor"] + 1e-12
+    slow = [r for r in rows if r["link"] == "80Mbps"]
+    assert slow and all(r["planner_schedule"].startswith("1f1b-x") for r in slow)
+    assert "| planner / floor |" in (tmp_path / "b.md").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.full          # pipeline launches on a real-delay link; the deep schedule's parity runs in make test
+def test_slow_link_benchmark_measures_schedules_on_a_real_delay_link(tmp_path):
+    if not (ROOT / "data" / "shakespeare-bpe2048" / "manifest.json").exists():
+        pytest.skip("cpu data not prepared (mapl data --profile cpu)")
+    bench = _script(["benchmarks/slow_link.py", "--quick", "--measure"], tmp_path)
+    assert [r["schedule"] for r in bench["measured"]] == ["1f1b", "1f1b-x2"]
+    assert all(r["measured_step_s"] >= r["floor_s"] for r in bench["measured"])

@@ -1,0 +1,204 @@
+"""How close to the link's floor each method trains: 1F1B against the planner's schedule, modelled and measured.
+
+Writes: ``reports/bench/slow-link.json``, ``reports/tables/slow-link.md``.
+
+The floor of a step is the busiest channel's bytes over the bandwidth: no schedule can beat it. Under 1F1B a
+stage runs at most P - s micro-batches ahead of its first gradient, which returns only after a round trip of
+2 (P - 1 - s) messages, so on a slow link the channel idles for much of the step. The deep warm-ups
+(``1f1b-x2``..``x4``, mapl.core.runtime.schedule) keep it busy; the planner (``Case.predict``) takes the fastest
+that fits the GPU's memory (``with_schedule_variants``).
+
+* **Model** (seconds): the paper shapes (150M, 1B; P = 4, sequences of 2,048) on H100 and H200 memory,
+  M = 32 (the paper profile) and M = 64 (the same batch in half-size micro-batches), on four links: the
+  step and its distance to the floor under 1F1B and under the planner's choice.
+* **Measured** (minutes, ``--measure``): the same contrast on the multi-process runtime at CPU scale with a
+  real link delay (``--link-delay``, the FIFO channel rule of mapl.core.link), each method on a bandwidth
+  that gives it the 1B model's ratio of message time to compute at 200 Mb/s: a first run on a free link
+  measures compute and bytes, then each schedule runs on the slow link; measured step against the floor and
+  against the model's prediction from that run's own compute.
+
+    python benchmarks/slow_link.py                     # model only, about a minute
+    python benchmarks/slow_link.py --measure           # + the CPU runs, about 10 min on 2 idle cores
+    python benchmarks/slow_link.py --measure --quick --out-json /tmp/s.json --out-md /tmp/s.md   # seconds: it runs
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from mapl.base.io import atomic_write_json, atomic_write_text
+from mapl.core.config import load_run_config
+from mapl.core.link import LinkProfile, get_profile
+from mapl.orchestration.launch import launch
+from mapl.planning import planner_views as views
+from mapl.planning.costmodel import H100, H200, build_case, measured_compute
+
+LINKS = ("80Mbps", "200Mbps", "1Gbps", "10Gbps")
+PAPER_METHODS = ("none", "ssn", "mapl", "mapl-rvq")
+TARGET = ("1B", "200Mbps")            # the case whose link-to-compute ratio the measured runs copy
+
+
+def _row(case, link) -> dict:
+    base = replace(case, variants=()).predict(link)
+    best = case.predict(link)
+    return {"link": link.name, "bandwidth_bps": link.bandwidth_bps, "latency_s": link.latency_s,
+            "floor_s": best.floor_s, "compute_s": base.compute_s,
+            "one_f_one_b_s": base.step_s, "one_f_one_b_over_floor": base.step_s / best.floor_s,
+            "planner_s": best.step_s, "planner_over_floor": best.step_s / best.floor_s, "planner_schedule": best.schedule}
+
+
+def modelled(models, micro_batches, gpus, links) -> list[dict]:
+    rows = []
+    for gpu in gpus:
+        for model in models:
+            for M in micro_batches:
+                cases = views.paper_cases(model, PAPER_METHODS, 4, M, 512 // M, 2048, gpu)
+                for key, case in cases.items():
+                    for name in links:
+                        rows.append({"model": model, "gpu": gpu.name, "gpu_memory_gb": gpu.memory_bytes / 1e9,
+                                     "micro_batches": M, "method": views.label(key),
+                                     **_row(case, get_profile(name))})
+                print(f"model: {model} M={M} on {gpu.name}: done", file=sys.stderr, flush=True)
+    return rows
+
+
+def message_to_compute(rows: list[dict]) -> dict:
+    """Per method: the target case's time of one forward message over the link against one micro-batch's
+    compute on a stage (forward + backward), the ratio the measured runs reproduce."""
+    model, link = TARGET
+    cases = views.paper_cases(model, PAPER_METHODS, 4, 32, 16, 2048, H100, schedules=())
+    prof = get_profile(link)
+    out = {}
+    for key, case in cases.items():
+        per_mb = max(f + b for f, b in zip((r[0] for r in case.compute.fwd_s), (r[0] for r in case.compute.bwd_s)))
+        out[key[0]] = prof.transfer_s(case.wire[0].fwd) / per_mb
+    return out
+
+
+def _over(args, method: str, schedule: str) -> dict:
+    over = {"method": method, "stages": 4, "model.d_model": args.width, "model.ffn_hidden": 3 * args.width,
+            "model.n_layers": 8, "train.batch_size": args.micro_batches * args.micro_batch_size,
+            "train.micro_batches": args.micro_batches, "train.seq_len": args.seq_len, "train.steps": args.steps,
+            "train.schedule": schedule, "train.eval_every": 10 ** 6, "train.eval_tokens": 2 * args.seq_len,
+            "train.eval_batch_size": 2, "train.checkpoint_every": 10 ** 6, "train.threads": 1}
+    if method != "none":
+        over["ratio"] = 8          # MAPL+VQ: the same projection, then codes (16x on the wire, as at 1B)
+    return over
+
+
+def _run(args, over: dict, tmp: Path, stem: str, link: LinkProfile | None) -> dict:
+    out, ckpt = tmp / f"{stem}.json", tmp / f"{stem}.pt"
+    cli = ["--profile", args.profile, *sum((["--set", f"{k}={v}"] for k, v in over.items()), []), "--no-progress",
+           "--fresh", "--out", str(out), "--ckpt", str(ckpt)]
+    if link is not None:
+        cli += ["--link-delay", f"{link.bandwidth_bps:g}bps", "--link-latency-ms", f"{1000 * link.latency_s:g}"]
+    r = launch(cli, 4, launcher="direct", timeout=args.timeout)
+    if r.returncode != 0:
+        raise RuntimeError(f"{stem} failed ({r.returncode}):\n{r.stderr[-2000:]}")
+    return json.loads(out.read_text())
+
+
+def measured(args, ratios: dict) -> list[dict]:
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="mapl-bench-slowlink-") as tmp:
+        for method in args.methods:
+            over = _over(args, method, "1f1b")
+            free = _run(args, over, Path(tmp), f"{method}-free", None)["pipeline"]["timing"]
+            per_mb = max(f[0] + b[0] for f, b in zip(free["fwd_s"], free["bwd_s"]))
+            bps = free["fwd_bytes"][0] * 8 / (ratios[method] * per_mb)
+            link = LinkProfile(f"{bps / 1e6:.3g}Mbps", bps, args.latency_ms / 1000)
+            for schedule in args.schedules:
+                over = _over(args, method, schedule)
+                pipe = _run(args, over, Path(tmp), f"{method}-{schedule}", link)["pipeline"]
+                cfg = load_run_config(args.profile, over)
+                pred = build_case(cfg, measured_compute(pipe["timing"], "this run"), vocab_size=cfg.data.vocab_size).predict(link)
+                step = pipe["step_wall_s"]
+                rows.append({"method": method, "schedule": schedule, "link": link.name, "bandwidth_bps": bps,
+                             "latency_s": link.latency_s, "message_to_compute": ratios[method],
+                             "measured_step_s": step, "predicted_step_s": pred.step_s, "floor_s": pred.floor_s,
+                             "measured_over_floor": step / pred.floor_s, "error": (pred.step_s - step) / step,
+                             "timed_steps": pipe["timed_steps"]})
+                print(f"measured: {method} {schedule} on {link.name}: {step:.3f} s = {step / pred.floor_s:.2f}x floor "
+                      f"(model {pred.step_s:.3f} s)", file=sys.stderr, flush=True)
+    return rows
+
+
+def markdown(bench: dict) -> str:
+    lines = ["# Training at the link's floor: 1F1B against the planner's schedule", "",
+             "Floor: the busiest channel's bytes per step over the bandwidth. Model: the paper shapes (P = 4, "
+             "512 sequences of 2,048 per step, FLOPs at MFU 0.35 on a 989 TFLOP/s GPU); the planner takes the "
+             "fastest of 1F1B and 1F1B with 2-4x its warm-up, with or without activation checkpointing, whose "
+             "memory plan fits the GPU.", "",
+             "| model | GPU memory (GB) | M | method | link | floor (s) | 1F1B (s) | 1F1B / floor | planner (s) | "
+             "planner / floor | schedule |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in bench["model"]:
+        lines.append(f"| {r['model']} | {r['gpu_memory_gb']:g} | {r['micro_batches']} | {r['method']} | {r['link']} | "
+                     f"{r['floor_s']:.3g} | {r['one_f_one_b_s']:.3g} | {r['one_f_one_b_over_floor']:.2f} | "
+                     f"{r['planner_s']:.3g} | {r['planner_over_floor']:.2f} | {r['planner_schedule']} |")
+    if bench.get("measured"):
+        m = bench["measured_setup"]
+        lines += ["", f"## Measured at CPU scale (real link delay, {m['runtime']})", "",
+                  f"P = 4, d = {m['width']}, 8 layers, M = {m['micro_batches']} micro-batches of {m['micro_batch_size']} "
+                  f"x {m['seq_len']} tokens, {m['steps']} steps (the first not timed), latency {m['latency_ms']:g} ms; "
+                  f"each method's bandwidth gives one message {{ratio}} x a micro-batch's compute, as the 1B model at "
+                  f"200 Mb/s has. Load average before / after: {bench['load_before']} / {bench['load_after']}.", "",
+                  "| method | message / compute | link | schedule | measured (s) | model (s) | error | floor (s) | "
+                  "measured / floor |", "|---|---|---|---|---|---|---|---|---|"]
+        for r in bench["measured"]:
+            lines.append(f"| {r['method']} | {r['message_to_compute']:.2f} | {r['link']} | {r['schedule']} | "
+                         f"{r['measured_step_s']:.3f} | {r['predicted_step_s']:.3f} | {100 * r['error']:+.1f}% | "
+                         f"{r['floor_s']:.3f} | {r['measured_over_floor']:.2f} |")
+    return "\n".join(lines).replace("{ratio}", "the listed ratio") + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python benchmarks/slow_link.py", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--measure", action="store_true", help="also the CPU runs on a real-delay link")
+    ap.add_argument("--quick", action="store_true", help="a seconds-long check: 150M on H100 only, one method measured")
+    ap.add_argument("--profile", default="cpu", help="data and settings not overridden (default %(default)s)")
+    ap.add_argument("--methods", nargs="+", default=["none", "mapl", "mapl-rvq"])
+    ap.add_argument("--schedules", nargs="+", default=["1f1b", "1f1b-x2", "1f1b-x3"])
+    ap.add_argument("--width", type=int, default=128)
+    ap.add_argument("--micro-batches", type=int, default=16)
+    ap.add_argument("--micro-batch-size", type=int, default=2)
+    ap.add_argument("--seq-len", type=int, default=64)
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--latency-ms", type=float, default=1.0)
+    ap.add_argument("--timeout", type=float, default=600)
+    ap.add_argument("--out-json", type=Path, default=ROOT / "reports" / "bench" / "slow-link.json")
+    ap.add_argument("--out-md", type=Path, default=ROOT / "reports" / "tables" / "slow-link.md")
+    a = ap.parse_args(argv)
+    if a.quick:
+        a.methods, a.schedules, a.micro_batches, a.steps, a.width = ["mapl"], ["1f1b", "1f1b-x2"], 4, 2, 64
+    load_before = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    t0 = time.time()
+    rows = modelled(["150M"] if a.quick else ["150M", "1B"], [32] if a.quick else [32, 64],
+                    [H100] if a.quick else [H100, H200], LINKS)
+    bench = {"model": rows, "target": {"model": TARGET[0], "link": TARGET[1]}, "load_before": load_before}
+    if a.measure:
+        ratios = message_to_compute(rows)
+        bench["message_to_compute"] = ratios
+        bench["measured_setup"] = {"runtime": "mapl pipeline --link-delay", "width": a.width,
+                                   "micro_batches": a.micro_batches, "micro_batch_size": a.micro_batch_size,
+                                   "seq_len": a.seq_len, "steps": a.steps, "latency_ms": a.latency_ms}
+        bench["measured"] = measured(a, ratios)
+    bench["load_after"] = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    bench["wall_s"] = time.time() - t0
+    atomic_write_json(a.out_json, bench)
+    atomic_write_text(a.out_md, markdown(bench))
+    print(markdown(bench))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
