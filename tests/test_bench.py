@@ -139,3 +139,20 @@ def test_slow_link_benchmark_measures_schedules_on_a_real_delay_link(tmp_path):
     bench = _script(["benchmarks/slow_link.py", "--quick", "--measure"], tmp_path)
     assert [r["schedule"] for r in bench["measured"]] == ["1f1b", "1f1b-x2"]
     assert all(r["measured_step_s"] >= r["floor_s"] for r in bench["measured"])
+
+
+@pytest.mark.slow
+@pytest.mark.full          # P ranks in network namespaces over a shaped link (root and iproute2, else it skips)
+def test_kernel_link_benchmark_runs_a_cell_or_says_why_not(tmp_path):
+    if not (ROOT / "data" / "shakespeare-bpe2048" / "manifest.json").exists():
+        pytest.skip("cpu data not prepared (mapl data --profile cpu)")
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "benchmarks/kernel_link.py", "--quick", "--out-json", str(tmp_path / "k.json"),
+                        "--out-md", str(tmp_path / "k.md")], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    if "skipped:" in r.stderr:
+        pytest.skip(r.stderr.strip().splitlines()[-1])
+    (cell,) = json.loads((tmp_path / "k.json").read_text())["cells"]
+    assert cell["method"] == "mapl" and cell["measured_step_s"] >= cell["floor_s"] > 0
+    assert "Traceback" not in r.stderr

@@ -1,14 +1,14 @@
 """Pipeline schedules as per-stage programs, and a checker that proves them deadlock-free.
 
-A schedule (GPipe, 1F1B, and 1F1B with 2-4x its warm-up for slow links; one registry, ``SCHEDULES``) gives each stage its compute order: ("F", m)
-forward and ("B", m) backward of micro-batch m. ``stage_program`` turns it into what a stage worker
-executes: compute actions and communication *batches*. A forward on stage s > 0 needs the activation
-of stage s-1; a backward on s < P-1 needs the gradient of stage s+1; each compute produces the
-message its neighbour needs. The sends produced by one compute and the receives needed by the next
-are posted together in one batch (``Comm``), as ``torch.distributed.pipelining`` does: with
-rendezvous semantics (an NCCL send completes only once the peer has posted the matching receive;
-gloo's ``send`` behaves the same way) a lone send followed by a lone receive deadlocks 1F1B at any P
-(stage s waits to send F(m+1) while s+1 waits to send B(m) back).
+A schedule (GPipe, 1F1B, and 1F1B with 2-4x its warm-up for slow links; one registry, ``SCHEDULES``)
+gives each stage its compute order: ("F", m) forward and ("B", m) backward of micro-batch m.
+``stage_program`` turns it into what a stage worker executes: compute actions and communication
+*batches*. A forward on stage s > 0 needs the activation of stage s-1; a backward on s < P-1 needs the
+gradient of stage s+1; each compute produces the message its neighbour needs. The sends produced by one
+compute and the receives needed by the next are posted together in one batch (``Comm``), as
+``torch.distributed.pipelining`` does: with rendezvous semantics (an NCCL send completes only once the
+peer has posted the matching receive; gloo's ``send`` behaves the same way) a lone send followed by a
+lone receive deadlocks 1F1B at any P (stage s waits to send F(m+1) while s+1 waits to send B(m) back).
 
 ``check_programs`` replays the programs of all stages under exactly those semantics (every op of a
 batch is posted at once; a batch ends when each of its ops has met its counterpart; per pair of
@@ -29,9 +29,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Callable
 
-__all__ = ["SCHEDULES", "ONE_F_ONE_B", "POSTS_AHEAD", "schedule_ops", "Kind", "Op", "Msg", "Compute", "Transfer", "Comm", "Barrier", "Action",
-           "stage_program", "step_tail", "step_program", "eval_program", "check_programs", "ScheduleError",
-           "naive_program"]
+__all__ = ["SCHEDULES", "ONE_F_ONE_B", "POSTS_AHEAD", "schedule_ops", "Kind", "Op", "Msg", "Compute", "Transfer",
+           "Comm", "Barrier", "Action", "stage_program", "step_tail", "step_program", "eval_program", "check_programs",
+           "ScheduleError", "naive_program"]
 
 
 # ---- the vocabulary of programs (string enums: they compare and hash as their values) --------------
