@@ -22,6 +22,7 @@ tests share: ``stiefel_random`` (Haar init), ``ortho_error``, ``principal_angles
 """
 from __future__ import annotations
 
+import functools
 import warnings
 from contextlib import contextmanager
 from typing import Callable, Iterable, Iterator
@@ -247,14 +248,23 @@ def stiefel_random(d: int, r: int, seed: int | torch.Generator | None = None, *,
     """
     if not (0 < r <= d):
         raise ValueError(f"stiefel_random needs 0 < r <= d, got d={d}, r={r}")
-    if torch.device(device if device is not None else torch.empty(()).device).type == "meta":
-        return torch.empty(d, r, dtype=dtype, device="meta")   # a meta model (plans, FLOPs) needs shapes, not a QR
-    gen = torch.Generator().manual_seed(seed) if isinstance(seed, int) else seed
+    Q = _seeded_haar(d, r, seed) if isinstance(seed, int) else _haar(d, r, seed)
+    return Q.to(dtype=dtype, device=device if device is not None else Q.device, copy=True)
+
+
+@functools.lru_cache(maxsize=32)
+def _seeded_haar(d: int, r: int, seed: int) -> torch.Tensor:
+    """An int seed names one matrix: computed once per process and copied out (the meta builds behind memory
+    plans and FLOP counts ask for the same bases dozens of times; a 2048 x 256 float64 QR each time dominated)."""
+    return _haar(d, r, torch.Generator().manual_seed(seed))
+
+
+def _haar(d: int, r: int, gen: torch.Generator | None) -> torch.Tensor:
     G = torch.randn(d, r, generator=gen, dtype=torch.float64, device=gen.device if gen is not None else "cpu")
     Q, R = torch.linalg.qr(G, mode="reduced")
     s = torch.sign(torch.diagonal(R))
     s = torch.where(s == 0, torch.ones_like(s), s)
-    return (Q * s).to(dtype=dtype, device=device if device is not None else Q.device)
+    return Q * s
 
 
 def ortho_error(A: torch.Tensor) -> float:
