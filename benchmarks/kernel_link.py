@@ -34,11 +34,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from mapl.base.io import atomic_write_json, atomic_write_text
 from mapl.core.config import load_run_config
 from mapl.core.link import LinkProfile
 from mapl.orchestration.launch import RANK_COMMAND, child_env, free_port
 from mapl.planning.costmodel import build_case, measured_compute
+from run_shape import add_shape_arguments, set_flags, shape_overrides, write_report
 
 PREFIX = "mapl-k"                 # namespaces mapl-k0 .. mapl-k{P-1} and the bridge's mapl-kbr
 GOODPUT = 1448 / 1514             # TCP payload per Ethernet frame with timestamps (MTU 1500)
@@ -167,23 +167,12 @@ class ShapedLinks:
         return [p.returncode for p in procs], text
 
 
-def _over(args, method: str) -> dict:
-    over = {"method": method, "stages": args.stages, "model.d_model": args.width, "model.ffn_hidden": 3 * args.width,
-            "model.n_layers": 2 * args.stages, "train.batch_size": args.micro_batches * args.micro_batch_size,
-            "train.micro_batches": args.micro_batches, "train.seq_len": args.seq_len, "train.steps": args.steps,
-            "train.schedule": args.schedule, "train.eval_every": 10 ** 6, "train.eval_tokens": 2 * args.seq_len,
-            "train.eval_batch_size": 2, "train.checkpoint_every": 10 ** 6, "train.threads": 1}
-    if method != "none":
-        over["ratio"] = 8
-    return over
-
-
 def run_cell(links: ShapedLinks, args, method: str, rate: float, latency_s: float, tmp: Path) -> dict:
     links.set(rate, latency_s)
-    over = _over(args, method)
+    over = shape_overrides(args, method, args.schedule, args.stages)
     out = tmp / f"{method}-{rate:g}-{latency_s:g}.json"
-    cli = ["--profile", args.profile, *sum((["--set", f"{k}={v}"] for k, v in over.items()), []), "--no-progress",
-           "--fresh", "--out", str(out), "--ckpt", str(out.with_suffix(".pt"))]
+    cli = ["--profile", args.profile, *set_flags(over), "--no-progress", "--fresh", "--out", str(out),
+           "--ckpt", str(out.with_suffix(".pt"))]
     codes, err = links.launch(cli, args.timeout)
     if any(codes):
         raise RuntimeError(f"{method} at {rate:g} bit/s failed ({codes}):\n{err[-2000:]}")
@@ -230,20 +219,12 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python benchmarks/kernel_link.py", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="one cell (MAPL at the lowest rate, 2 steps): it runs")
-    ap.add_argument("--profile", default="cpu", help="data and settings not overridden (default %(default)s)")
     ap.add_argument("--methods", nargs="+", default=["none", "ssn", "mapl", "mapl-rvq"])
     ap.add_argument("--rates-mbps", nargs="+", type=float, default=[2.0, 8.0, 32.0])
     ap.add_argument("--latencies-ms", nargs="+", type=float, default=[0.0, 20.0])
     ap.add_argument("--stages", type=int, default=4)
     ap.add_argument("--schedule", default="1f1b")
-    ap.add_argument("--width", type=int, default=128)
-    ap.add_argument("--micro-batches", type=int, default=8)
-    ap.add_argument("--micro-batch-size", type=int, default=4)
-    ap.add_argument("--seq-len", type=int, default=128)
-    ap.add_argument("--steps", type=int, default=4)
-    ap.add_argument("--timeout", type=float, default=600)
-    ap.add_argument("--out-json", type=Path, default=ROOT / "reports" / "bench" / "kernel-link.json")
-    ap.add_argument("--out-md", type=Path, default=ROOT / "reports" / "tables" / "kernel-link.md")
+    add_shape_arguments(ap, micro_batches=8, micro_batch_size=4, seq_len=128, out="kernel-link")
     a = ap.parse_args(argv)
     if a.quick:
         a.methods, a.rates_mbps, a.latencies_ms, a.steps, a.micro_batches = ["mapl"], [2.0], [0.0], 2, 4
@@ -276,9 +257,7 @@ def main(argv=None) -> int:
              "load_after": ", ".join(f"{x:.2f}" for x in os.getloadavg()), "wall_s": time.time() - t0,
              "max_abs_error_comm25": max((abs(c["error"]) for c in comm), default=None),
              "max_abs_error_goodput_comm25": max((abs(c["error_goodput"]) for c in comm), default=None)}
-    atomic_write_json(a.out_json, bench)
-    atomic_write_text(a.out_md, markdown(bench))
-    print(markdown(bench))
+    write_report(a, bench, markdown(bench))
     return 0
 
 

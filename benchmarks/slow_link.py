@@ -35,12 +35,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from mapl.base.io import atomic_write_json, atomic_write_text
 from mapl.core.config import load_run_config
 from mapl.core.link import LinkProfile, get_profile
 from mapl.orchestration.launch import launch
 from mapl.planning import planner_views as views
 from mapl.planning.costmodel import H100, H200, build_case, measured_compute
+from run_shape import add_shape_arguments, set_flags, shape_overrides, write_report
 
 LINKS = ("80Mbps", "200Mbps", "1Gbps", "10Gbps")
 PAPER_METHODS = ("none", "ssn", "mapl", "mapl-rvq")
@@ -84,21 +84,9 @@ def message_to_compute(rows: list[dict]) -> dict:
     return out
 
 
-def _over(args, method: str, schedule: str) -> dict:
-    over = {"method": method, "stages": 4, "model.d_model": args.width, "model.ffn_hidden": 3 * args.width,
-            "model.n_layers": 8, "train.batch_size": args.micro_batches * args.micro_batch_size,
-            "train.micro_batches": args.micro_batches, "train.seq_len": args.seq_len, "train.steps": args.steps,
-            "train.schedule": schedule, "train.eval_every": 10 ** 6, "train.eval_tokens": 2 * args.seq_len,
-            "train.eval_batch_size": 2, "train.checkpoint_every": 10 ** 6, "train.threads": 1}
-    if method != "none":
-        over["ratio"] = 8          # MAPL+VQ: the same projection, then codes (16x on the wire, as at 1B)
-    return over
-
-
 def _run(args, over: dict, tmp: Path, stem: str, link: LinkProfile | None) -> dict:
     out, ckpt = tmp / f"{stem}.json", tmp / f"{stem}.pt"
-    cli = ["--profile", args.profile, *sum((["--set", f"{k}={v}"] for k, v in over.items()), []), "--no-progress",
-           "--fresh", "--out", str(out), "--ckpt", str(ckpt)]
+    cli = ["--profile", args.profile, *set_flags(over), "--no-progress", "--fresh", "--out", str(out), "--ckpt", str(ckpt)]
     if link is not None:
         cli += ["--link-delay", f"{link.bandwidth_bps:g}bps", "--link-latency-ms", f"{1000 * link.latency_s:g}"]
     r = launch(cli, 4, launcher="direct", timeout=args.timeout)
@@ -111,13 +99,13 @@ def measured(args, ratios: dict) -> list[dict]:
     rows = []
     with tempfile.TemporaryDirectory(prefix="mapl-bench-slowlink-") as tmp:
         for method in args.methods:
-            over = _over(args, method, "1f1b")
+            over = shape_overrides(args, method, "1f1b")
             free = _run(args, over, Path(tmp), f"{method}-free", None)["pipeline"]["timing"]
             per_mb = max(f[0] + b[0] for f, b in zip(free["fwd_s"], free["bwd_s"]))
             bps = free["fwd_bytes"][0] * 8 / (ratios[method] * per_mb)
             link = LinkProfile(f"{bps / 1e6:.3g}Mbps", bps, args.latency_ms / 1000)
             for schedule in args.schedules:
-                over = _over(args, method, schedule)
+                over = shape_overrides(args, method, schedule)
                 pipe = _run(args, over, Path(tmp), f"{method}-{schedule}", link)["pipeline"]
                 cfg = load_run_config(args.profile, over)
                 pred = build_case(cfg, measured_compute(pipe["timing"], "this run"), vocab_size=cfg.data.vocab_size).predict(link)
@@ -165,18 +153,10 @@ def main(argv=None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--measure", action="store_true", help="also the CPU runs on a real-delay link")
     ap.add_argument("--quick", action="store_true", help="a seconds-long check: 150M on H100 only, one method measured")
-    ap.add_argument("--profile", default="cpu", help="data and settings not overridden (default %(default)s)")
     ap.add_argument("--methods", nargs="+", default=["none", "mapl", "mapl-rvq"])
     ap.add_argument("--schedules", nargs="+", default=["1f1b", "1f1b-x2", "1f1b-x3"])
-    ap.add_argument("--width", type=int, default=128)
-    ap.add_argument("--micro-batches", type=int, default=16)
-    ap.add_argument("--micro-batch-size", type=int, default=2)
-    ap.add_argument("--seq-len", type=int, default=64)
-    ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--latency-ms", type=float, default=1.0)
-    ap.add_argument("--timeout", type=float, default=600)
-    ap.add_argument("--out-json", type=Path, default=ROOT / "reports" / "bench" / "slow-link.json")
-    ap.add_argument("--out-md", type=Path, default=ROOT / "reports" / "tables" / "slow-link.md")
+    add_shape_arguments(ap, micro_batches=16, micro_batch_size=2, seq_len=64, out="slow-link")
     a = ap.parse_args(argv)
     if a.quick:
         a.methods, a.schedules, a.micro_batches, a.steps, a.width = ["mapl"], ["1f1b", "1f1b-x2"], 4, 2, 64
@@ -194,9 +174,7 @@ def main(argv=None) -> int:
         bench["measured"] = measured(a, ratios)
     bench["load_after"] = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     bench["wall_s"] = time.time() - t0
-    atomic_write_json(a.out_json, bench)
-    atomic_write_text(a.out_md, markdown(bench))
-    print(markdown(bench))
+    write_report(a, bench, markdown(bench))
     return 0
 
 

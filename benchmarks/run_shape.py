@@ -1,0 +1,52 @@
+"""The shape of the short multi-process runs the link benchmarks time (slow_link.py, kernel_link.py): flags and overrides.
+
+One place for them, so the two benchmarks time the same kind of run: P = 4 stages of two blocks each, a width
+of d, M micro-batches, a few steps (the first not timed), no evaluation or checkpoint in between.
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def add_shape_arguments(ap: argparse.ArgumentParser, *, micro_batches: int, micro_batch_size: int, seq_len: int,
+                        out: str) -> None:
+    """The run-shape flags, and ``--out-json``/``--out-md`` to ``reports/bench/<out>.json`` and
+    ``reports/tables/<out>.md``."""
+    ap.add_argument("--profile", default="cpu", help="data and settings not overridden (default %(default)s)")
+    ap.add_argument("--width", type=int, default=128)
+    ap.add_argument("--micro-batches", type=int, default=micro_batches)
+    ap.add_argument("--micro-batch-size", type=int, default=micro_batch_size)
+    ap.add_argument("--seq-len", type=int, default=seq_len)
+    ap.add_argument("--steps", type=int, default=4, help="steps per run; the first is not timed")
+    ap.add_argument("--timeout", type=float, default=600)
+    ap.add_argument("--out-json", type=Path, default=ROOT / "reports" / "bench" / f"{out}.json")
+    ap.add_argument("--out-md", type=Path, default=ROOT / "reports" / "tables" / f"{out}.md")
+
+
+def shape_overrides(a: argparse.Namespace, method: str, schedule: str, stages: int = 4, ratio: float = 8) -> dict:
+    """``--set`` overrides of one run: two blocks per stage, the flags' shape, ``ratio`` for a compressed
+    method (MAPL+VQ: the same projection, then codes)."""
+    over = {"method": method, "stages": stages, "model.d_model": a.width, "model.ffn_hidden": 3 * a.width,
+            "model.n_layers": 2 * stages, "train.batch_size": a.micro_batches * a.micro_batch_size,
+            "train.micro_batches": a.micro_batches, "train.seq_len": a.seq_len, "train.steps": a.steps,
+            "train.schedule": schedule, "train.eval_every": 10 ** 6, "train.eval_tokens": 2 * a.seq_len,
+            "train.eval_batch_size": 2, "train.checkpoint_every": 10 ** 6, "train.threads": 1}
+    if method != "none":
+        over["ratio"] = ratio
+    return over
+
+
+def set_flags(over: dict) -> list[str]:
+    return sum((["--set", f"{k}={v}"] for k, v in over.items()), [])
+
+
+def write_report(a: argparse.Namespace, bench: dict, text: str) -> None:
+    """The measurement to ``--out-json`` and its table to ``--out-md`` (each written whole, atomically), and
+    the table to stdout."""
+    from mapl.base.io import atomic_write_json, atomic_write_text
+    atomic_write_json(a.out_json, bench)
+    atomic_write_text(a.out_md, text)
+    print(text)
