@@ -1,6 +1,6 @@
 """How close to the link's floor each method trains: 1F1B against the planner's schedule, modelled and measured.
 
-Writes: ``reports/bench/slow-link.json``, ``reports/tables/slow-link.md``.
+Writes: ``reports/bench/slow-link.json``, ``reports/tables/slow-link.md``, ``reports/bench/slow-link.png``.
 
 The floor of a step is the busiest channel's bytes over the bandwidth: no schedule can beat it. Under 1F1B a
 stage runs at most P - s micro-batches ahead of its first gradient, which returns only after a round trip of
@@ -69,6 +69,50 @@ def modelled(models, micro_batches, gpus, links) -> list[dict]:
                                      **_row(case, get_profile(name))})
                 print(f"model: {model} M={M} on {gpu.name}: done", file=sys.stderr, flush=True)
     return rows
+
+
+def curves(model: str = "1B", gpu=H100, micro_batches: int = 32, points: int = 25) -> dict:
+    """Step time against bandwidth (50 ms latency) under 1F1B and the planner's schedule, and the floor,
+    per method: the figure's data."""
+    cases = views.paper_cases(model, PAPER_METHODS, 4, micro_batches, 512 // micro_batches, 2048, gpu)
+    bws = [10 ** (7.5 + 3.5 * i / (points - 1)) for i in range(points)]          # 31.6 Mb/s .. 100 Gb/s
+    out = {"model": model, "gpu": gpu.name, "micro_batches": micro_batches, "latency_s": 0.05, "bandwidth_bps": bws,
+           "methods": {}}
+    for key, case in cases.items():
+        links = [LinkProfile(f"{b:g}", b, 0.05) for b in bws]
+        best = [case.predict(lk) for lk in links]
+        out["methods"][views.label(key)] = {
+            "method": key[0], "one_f_one_b_s": [replace(case, variants=()).predict(lk).step_s for lk in links],
+            "planner_s": [p.step_s for p in best], "planner_schedule": [p.schedule for p in best],
+            "floor_s": [p.floor_s for p in best]}
+    return out
+
+
+def figure(data: dict, path: Path) -> None:
+    """One panel per method: 1F1B, the planner's schedule and the floor against bandwidth (log-log)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from mapl.report.style import NEUTRAL, colour, variant_label
+    names = list(data["methods"])
+    fig, axes = plt.subplots(1, len(names), figsize=(3.2 * len(names), 3.2), sharey=True)
+    x = [b / 1e6 for b in data["bandwidth_bps"]]
+    for ax, name in zip(axes, names):
+        m = data["methods"][name]
+        c = colour(m["method"])
+        ax.loglog(x, m["one_f_one_b_s"], color=c, linestyle="--", label="1F1B")
+        ax.loglog(x, m["planner_s"], color=c, label="planner's schedule")
+        ax.loglog(x, m["floor_s"], color=NEUTRAL["reference"], linestyle=":", label="link floor")
+        ax.set_title(f"{variant_label(m['method'])} ({name.split()[-1] if ' ' in name else '1x'})", fontsize=9)
+        ax.set_xlabel("bandwidth (Mbit/s)")
+    axes[0].set_ylabel("step time (s)")
+    axes[0].legend(fontsize=7)
+    fig.suptitle(f"{data['model']}, P = 4, M = {data['micro_batches']}, {data['latency_s'] * 1000:g} ms latency, "
+                 f"{data['gpu']} (model)", fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def message_to_compute(rows: list[dict]) -> dict:
@@ -164,7 +208,9 @@ def main(argv=None) -> int:
     t0 = time.time()
     rows = modelled(["150M"] if a.quick else ["150M", "1B"], [32] if a.quick else [32, 64],
                     [H100] if a.quick else [H100, H200], LINKS)
-    bench = {"model": rows, "target": {"model": TARGET[0], "link": TARGET[1]}, "load_before": load_before}
+    bench = {"model": rows, "target": {"model": TARGET[0], "link": TARGET[1]}, "load_before": load_before,
+             "curves": curves("150M" if a.quick else "1B", points=5 if a.quick else 25)}
+    figure(bench["curves"], a.out_json.with_suffix(".png"))
     if a.measure:
         ratios = message_to_compute(rows)
         bench["message_to_compute"] = ratios
