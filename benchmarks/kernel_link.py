@@ -60,9 +60,16 @@ def unavailable() -> str | None:
         _sh("ip", "netns", "add", probe)
     except subprocess.CalledProcessError as e:
         return f"cannot create a network namespace: {e.stderr.strip()}"
-    try:
-        r = _sh("ip", "netns", "exec", probe, "tc", "qdisc", "add", "dev", "lo", "root", "htb", check=False)
-        return None if r.returncode == 0 else f"tc cannot add an HTB qdisc: {r.stderr.strip()}"
+    try:          # every kind of step the setup takes, once: a veth pair, its offload setting, an HTB qdisc
+        for what, cmd in (("a veth pair", ["ip", "-n", probe, "link", "add", "pa", "type", "veth", "peer", "name", "pb"]),
+                          ("segmentation offload off", ["ip", "-n", probe, "link", "set", "pa", "gso_max_size", "1500",
+                                                        "gso_max_segs", "1"]),
+                          ("an HTB qdisc", ["ip", "netns", "exec", probe, "tc", "qdisc", "add", "dev", "pa", "root",
+                                            "htb"])):
+            r = _sh(*cmd, check=False)
+            if r.returncode:
+                return f"cannot set up {what}: {r.stderr.strip()}"
+        return None
     finally:
         _sh("ip", "netns", "del", probe, check=False)
 
