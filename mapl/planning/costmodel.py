@@ -36,6 +36,7 @@ from ..core.compress.base import spec_bytes
 from ..core.config import config_hash, load_params, RunConfig
 from ..core.link import floor_time, get_profile, IDEAL, schedule_ops, simulate, StepMeasurement
 from ..core.optimizer_recipe import build_optimizers
+from ..core.runtime.schedule import ONE_F_ONE_B
 from ..core.stages import build_staged_model
 from ..orchestration.progress import eval_tokens
 from ..orchestration.groups import group_names, group_specs, spec_config
@@ -273,8 +274,8 @@ def build_case(cfg: RunConfig, compute: StageCompute | None = None, gpu: GPUSpec
                  "checkpointing": checkpointing})
 
 
-# the schedules the planner weighs, shallowest first: each holds more micro-batches than the one before
-PLANNER_SCHEDULES = ("1f1b", "1f1b-x2", "1f1b-x3", "1f1b-x4")
+# the schedules the planner weighs: the 1F1B family, shallowest first (each holds more micro-batches than the one before)
+PLANNER_SCHEDULES = ONE_F_ONE_B
 
 
 def with_schedule_variants(case: Case, cfg: RunConfig, gpu: GPUSpec, vocab_size: int | None = None,
