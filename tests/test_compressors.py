@@ -201,3 +201,44 @@ def test_seed_table_reproduces_the_offsets_the_results_were_made_with():
     comp = build_boundary(CompressorConfig(method="mapl", ratio=4).validate(D), D, 1)
     q, r = torch.linalg.qr(torch.randn(D, 16, generator=torch.Generator().manual_seed(1234 + 101), dtype=torch.float64))
     assert torch.equal(comp.basis().detach(), (q * torch.sign(torch.diagonal(r))).float())
+
+
+# ---- the int8 backward message (compressor.grad_wire) ----------------------------------------------------------
+@pytest.mark.parametrize("method", ["ssn", "mapl", "mapl-rvq"])
+def test_an_int8_backward_message_is_declared_metered_and_close(method):
+    """grad_wire=int8: r codes and one fp16 scale per token on the backward leg (r + 2 bytes, not 2r), the
+    declared spec is what pack_grad sends, the forward leg is untouched, and the gradient that arrives is
+    the int8 round trip of the one sent (small but nonzero error)."""
+    same = build_boundary(CompressorConfig(method=method, ratio=8).validate(D), D, 0).train()
+    comp = build_boundary(CompressorConfig(method=method, ratio=8, grad_wire="int8").validate(D), D, 0).train()
+    r = D // 8
+    assert comp.wire_bytes_per_token("bwd") == r + 2 and same.wire_bytes_per_token("bwd") == 2 * r
+    assert comp.wire_bytes_per_token("fwd") == same.wire_bytes_per_token("fwd")
+    assert comp.wire_efficiency_floor("bwd") == 8 * r + 16
+    g = torch.randn(3, 7, r)
+    payload = comp.pack_grad(g)
+    assert [(tuple(t.shape), t.dtype) for t in payload] == [(s, dt) for s, dt in comp.payload_spec((3, 7), "bwd")]
+    assert payload_bytes(payload) == (r + 2) * 21 and comp.payload_roles("bwd") == ["data", "data"]
+    back = comp.unpack_grad(payload, torch.float32)
+    err = (back - g).norm() / g.norm()
+    assert 1e-4 < err < 1e-2
+    assert torch.equal(same.unpack_grad(same.pack_grad(g), torch.float32), g.to(torch.bfloat16).float())
+
+
+def test_an_int8_backward_message_through_the_wire_transfer():
+    comp = build_boundary(CompressorConfig(method="mapl", ratio=8, grad_wire="int8").validate(D), D, 0)
+    z = torch.randn(4, 8, D // 8, requires_grad=True)
+    meter = ByteMeter()
+    y = WireTransfer.apply(z, comp, meter, 0)
+    g = torch.randn_like(y)
+    y.backward(g)
+    assert 1e-4 < (z.grad - g).norm() / g.norm() < 1e-2
+    assert meter.total("data", "bwd") == 32 * comp.wire_bytes_per_token("bwd") == 32 * (D // 8 + 2)
+
+
+@pytest.mark.parametrize("method", ["none", "int8"])
+def test_an_int8_backward_message_needs_a_projection(method):
+    with pytest.raises(ValueError, match="compressor.grad_wire"):
+        CompressorConfig(method=method, grad_wire="int8").validate(D)
+    with pytest.raises(ValueError, match="grad_wire"):
+        CompressorConfig(method="mapl", ratio=8, grad_wire="fp8").validate(D)

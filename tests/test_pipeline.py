@@ -384,3 +384,17 @@ def test_estimate_orders_profiles():
     assert order == sorted(order, reverse=True)
     assert all(v["floor_s"] <= v["step_s"] and v["compute_s"] <= v["step_s"] for v in est.values())
     assert StepMeasurement.from_results({"pipeline": {"schedule": "1f1b", "timing": meas.to_dict()}}).to_dict() == meas.to_dict()
+
+
+@pytest.mark.process
+@pytest.mark.full          # one 4-rank launch; the int8 backward leg's bytes and rounding are unit-tested in make test
+def test_an_int8_backward_message_runs_bit_identically_on_the_runtime(corpus, tmp_path):
+    """compressor.grad_wire=int8 on 4 gloo ranks: the receiver allocates the int8 payload from the declared
+    spec, the bytes metered are the bytes declared, and the losses are the single-process loop's."""
+    args = [*base_args(corpus, "mapl-rvq", 4, "1f1b", micro_batches=4), "--set", "compressor.grad_wire=int8"]
+    ref = reference(args)
+    res = run_mp(args, 4, tmp_path, "direct", extra=["--blocking-transport", "--timeout", "30"])
+    assert_parity(res, ref, 4, "env")
+    tokens = 2 * 32                  # one micro-batch: 2 sequences of the micro profile's 32 tokens
+    for decl in res["pipeline"]["declared_bytes_per_step"].values():
+        assert decl["bwd"] == 4 * tokens * (16 + 2)        # M = 4 messages of r = 64 / 4 int8 codes + a scale

@@ -35,7 +35,7 @@ from ..base.settings import (ConfigError, build, check_fields, coerce, field_hin
                              set_nested, setting)
 
 __all__ = ["METHODS", "PROJECTORS", "ANCHORS", "SCHEDULES", "PRECISIONS", "RVQ_SYNC_MODES", "RVQ_SEARCH_KERNELS", "RVQ_SCALES",
-           "RVQ_SEARCH_WITH",
+           "RVQ_SEARCH_WITH", "GRAD_WIRES",
            "POLAR_METHODS", "CHECKPOINTING_MODES", "NORM_CASTS",
            "ConfigError", "setting", "AnchorConfig", "ProjectorConfig", "SPELConfig", "RVQConfig",
            "CompressorConfig", "TrainConfig", "RunConfig", "PROJECT_ROOT", "RESUMABLE_FIELDS", "EXECUTION_FIELDS",
@@ -59,6 +59,7 @@ SCHEDULES = tuple(SCHEDULE_REGISTRY)          # the schedules the runtime define
 PRECISIONS = ("auto", "fp32", "bf16")
 RVQ_SYNC_MODES = ("stream", "full", "mirrored")
 RVQ_SEARCH_KERNELS = ("auto", "matmul", "fused")
+GRAD_WIRES = ("same", "int8")                              # mapl/core/compress/gradwire.py says what each does
 RVQ_SCALES = ("none", "token")                             # mapl/core/compress/rvq/settings.py says what each does
 RVQ_SEARCH_WITH = ("sender", "receiver")
 POLAR_METHODS = ("svd", "polar_express")
@@ -130,6 +131,9 @@ class CompressorConfig:
     spel: SPELConfig = setting(factory=SPELConfig)
     rvq: RVQConfig = setting(factory=RVQConfig)
     int8_block: int = setting(0, min=0)                    # 0 = one absmax scale per token, else per block
+    # the projection methods' backward message: "same" (the forward wire's float dtype, the paper's) or "int8"
+    # (absmax, one fp16 scale per token: r + 2 bytes instead of 2r; mapl.core.compress.gradwire)
+    grad_wire: str = setting("same", choices=GRAD_WIRES)
     seed: int = setting(1234, min=0)                       # base of the fixed draws (every rank derives them)
     # per-seed: the draws' base moves with train.seed (mapl.core.seeds.run_base), so seeds resample the
     # subspace too; fixed: compressor.seed for every train.seed (one random subspace for all seeds)
@@ -158,6 +162,9 @@ class CompressorConfig:
             r = c.rank(d_model)
             if r % (c.rvq.groups or max(1, r // 2)):
                 refuse("compressor.rvq.groups", c.rvq.groups, f"must divide the rank r={r}")
+        if c.grad_wire != "same" and c.projector.kind is None:
+            refuse("compressor.grad_wire", c.grad_wire, f"method {c.method!r} sends no r-wide gradient: 'same' only "
+                                                        "(int8 quantises both legs itself)")
         if c.int8_block and d_model % c.int8_block:
             refuse("compressor.int8_block", c.int8_block,
                    f"must be 0 (one scale per token) or divide d_model={d_model}")

@@ -39,7 +39,10 @@ def build_boundary(comp, d_model: int, boundary: int) -> Compressor:
         basis = stiefel_random(d_model, comp.rank(d_model), derive_seed(comp.seed, "projector", boundary))
     proj = ProjectionCompressor(d_model, basis, comp.projector.kind, comp.projector.receiver_grad,
                                 method="ssn" if comp.method == "ssn" else "mapl")
+    proj.grad_wire = comp.grad_wire
     if comp.method != "mapl-rvq":
         return proj
     from .rvq import RVQCompressor, RVQSettings           # imported here: optional heavy path
-    return RVQCompressor(proj, RVQSettings.from_config(comp.rvq), seed=derive_seed(comp.seed, "rvq", boundary))
+    rvq = RVQCompressor(proj, RVQSettings.from_config(comp.rvq), seed=derive_seed(comp.seed, "rvq", boundary))
+    rvq.grad_wire = comp.grad_wire
+    return rvq

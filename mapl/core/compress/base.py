@@ -32,6 +32,7 @@ from typing import ClassVar
 import torch
 import torch.nn as nn
 
+from . import gradwire
 from .health import BoundaryHealth
 
 __all__ = ["Compressor", "StiefelParameter", "WireTransfer", "payload_bytes", "spec_bytes", "WIRE_DTYPE",
@@ -74,6 +75,7 @@ class Compressor(nn.Module):
 
     method: ClassVar[str] = "none"
     learned: bool = False          # holds a learned projector (synced to the receiver every step)
+    grad_wire: str = "same"        # the backward message (mapl.core.compress.gradwire); build_boundary sets it
 
     def __init__(self, d_model: int):
         super().__init__()
@@ -101,10 +103,10 @@ class Compressor(nn.Module):
         return payload[0].to(dtype)
 
     def pack_grad(self, g: torch.Tensor) -> list[torch.Tensor]:
-        return [g.detach().to(self.wire_dtype).contiguous()]
+        return gradwire.pack(self.grad_wire, g, self.wire_dtype)
 
     def unpack_grad(self, payload: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
-        return payload[0].to(dtype)
+        return gradwire.unpack(self.grad_wire, payload, dtype)
 
     def payload_roles(self, direction: str) -> list[str]:
         """One role per payload tensor: "data" (the message itself) or "sync" (piggybacked shared
@@ -118,6 +120,8 @@ class Compressor(nn.Module):
         receiver that posts receives ahead says how many earlier forward messages it has posted but
         not yet unpacked (``pending``). Declarations use the stateless ``wire_bytes_per_token``,
         ``sync_bytes_per_microbatch`` and ``one_off_sync_bytes``."""
+        if direction == "bwd":
+            return gradwire.spec(self.grad_wire, lead_shape, self.code_dim, self.wire_dtype)
         return [((*lead_shape, self.code_dim), self.wire_dtype)]
 
     def wire_bytes_per_token(self, direction: str) -> float:
@@ -141,6 +145,8 @@ class Compressor(nn.Module):
         """The information floor in bits per token: what one token's message cannot do without
         (here: ``code_dim`` values in the wire dtype). Wire efficiency = floor / measured bytes."""
         _check_direction(direction)
+        if direction == "bwd":
+            return gradwire.floor_bits(self.grad_wire, self.code_dim, self.wire_dtype)
         return float(self.code_dim * torch.finfo(self.wire_dtype).bits)
 
     def _role_spec(self, lead_shape, direction: str, role: str):

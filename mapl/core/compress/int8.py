@@ -7,29 +7,10 @@ from __future__ import annotations
 
 import torch
 
+from .absmax import SCALE_DTYPE as _SCALE_DTYPE, absmax_dequantize, absmax_quantize
 from .base import Compressor, _check_direction
 
 __all__ = ["Int8Compressor", "absmax_quantize", "absmax_dequantize"]
-
-_SCALE_DTYPE = torch.float16      # 2-byte scales; absmax/127 of bf16-range activations fits fp16 comfortably
-
-
-def absmax_quantize(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """x (..., d) -> int8 codes (..., d) and scales (..., d // block) (block 0 = one scale per row)."""
-    d = x.shape[-1]
-    blk = block or d
-    xb = x.detach().float().reshape(*x.shape[:-1], d // blk, blk)
-    scale = (xb.abs().amax(dim=-1, keepdim=True) / 127.0).to(_SCALE_DTYPE).float()
-    safe = torch.where(scale > 0, scale, torch.ones_like(scale))
-    q = torch.div(xb, safe).round_().clamp_(-127, 127).to(torch.int8)    # in place: one temporary, not three
-    return q.reshape(x.shape), scale.squeeze(-1).to(_SCALE_DTYPE)
-
-
-def absmax_dequantize(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    d = q.shape[-1]
-    nb = scale.shape[-1]
-    xb = q.float().reshape(*q.shape[:-1], nb, d // nb).mul_(scale.float().unsqueeze(-1))
-    return xb.reshape(q.shape).to(dtype)
 
 
 class Int8Compressor(Compressor):

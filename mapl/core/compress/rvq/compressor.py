@@ -10,6 +10,7 @@ from typing import NamedTuple
 
 import torch
 
+from .. import gradwire
 from ..base import Compressor, _check_direction, spec_bytes, tensor_checksum
 from ..bitpack import pack_bits_rows, packed_nbytes, unpack_bits_rows
 from .codebook import OP_EMA, OP_INIT, OP_NONE, DeviceFlag, ResidualVQ, codebook_bits, to_device_async
@@ -134,7 +135,7 @@ class RVQCompressor(Compressor):
         _check_direction(direction)
         B, T = lead_shape
         if direction == "bwd":
-            return [((B, T, self.code_dim), self.grad_dtype)]
+            return gradwire.spec(self.grad_wire, (B, T), self.code_dim, self.grad_dtype)
         codes = ((B, packed_nbytes(T * self.rvq.groups * self.rvq.rounds, self.rvq.bits)), torch.uint8)
         scales = [((B, T), SCALE_DTYPE)] * self._n_scales
         return [codes, *scales, _HEADER, *self.sync.spec(with_init=self._init_is_next(pending))]
@@ -149,7 +150,7 @@ class RVQCompressor(Compressor):
     def payload_roles(self, direction: str) -> list[str]:
         _check_direction(direction)
         if direction == "bwd":
-            return ["data"]
+            return ["data"] * len(gradwire.spec(self.grad_wire, (1, 1), self.code_dim, self.grad_dtype))
         return ["data"] * (1 + self._n_scales) + ["sync"] * (1 + len(self.sync.spec()))
 
     @property
@@ -168,7 +169,7 @@ class RVQCompressor(Compressor):
         _check_direction(direction)
         if direction == "fwd":
             return float(self.rvq.bits_per_token + self._n_scales * torch.finfo(SCALE_DTYPE).bits)
-        return float(self.code_dim * torch.finfo(self.grad_dtype).bits)
+        return gradwire.floor_bits(self.grad_wire, self.code_dim, self.grad_dtype)
 
     def sync_bytes_per_microbatch(self) -> int:
         """Declared codebook-sync bytes piggybacked on every forward message (independent of B, T)."""
@@ -299,12 +300,12 @@ class RVQCompressor(Compressor):
         differs = header[1:] != self._expected[key]
         self._bad_header.raise_if(differs.any() if self.sync.name == "mirrored" else differs[1])
 
-    # ---- wire: backward (the gradient on z, not quantised) -----------------------------------
+    # ---- wire: backward (the gradient on z: grad_dtype, or int8 with compressor.grad_wire) ----------
     def pack_grad(self, g: torch.Tensor) -> list[torch.Tensor]:
-        return [g.detach().to(self.grad_dtype).contiguous()]
+        return gradwire.pack(self.grad_wire, g, self.grad_dtype)
 
     def unpack_grad(self, payload: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
-        return payload[0].to(dtype)
+        return gradwire.unpack(self.grad_wire, payload, dtype)
 
     # ---- shared state: the projector's (A after each optimizer step) ---------------------------
     @property
