@@ -75,7 +75,8 @@ RESUMABLE_FIELDS = frozenset({
 })
 # fields added after runs were committed: hashed only when set away from this default, so a run that
 # does not use one keeps its hash (it computes exactly what it did before the field existed)
-HASHED_WHEN_SET = {"train.loss_chunk_tokens": 0, "train.eval_micro_batch_size": 0, "train.norm_cast": "per-linear"}
+HASHED_WHEN_SET = {"train.loss_chunk_tokens": 0, "train.eval_micro_batch_size": 0, "train.norm_cast": "per-linear",
+                   "compressor.grad_wire": "same"}
 # how a run is executed, not what it computes: outside the config hash and every resume decision
 EXECUTION_FIELDS = ("run_name", "profile", "train.checkpoint_every", "train.threads", "train.activation_checkpointing",
                     "train.health_every", "train.health_warn_factor", "train.comm_timeout_s")
