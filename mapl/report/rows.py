@@ -9,9 +9,10 @@ A row holds, from one results JSON:
   declares is a study of its own), ``profile``, ``config_hash``
 * ``model`` (the preset, with any shape overrides in brackets: ``tiny[d_model=64,ffn_hidden=192]``),
   ``base_model`` (the preset alone), ``d_model`` (uncompressed bytes per token / 2), ``stages`` (P)
-* ``method``, ``projector``, ``anchor``, ``rvq_sync`` (mapl-rvq only), ``variant`` (the method plus
-  every setting that differs from the method's default: ``mapl-fixed``, ``mapl-anchor-none``,
-  ``mapl-rvq-sync-full``; the key of the style map and of the metrics)
+* ``method``, ``projector``, ``anchor``, ``rvq_sync`` (mapl-rvq only), ``grad_wire`` (the backward message:
+  ``same`` or ``int8``), ``variant`` (the method plus every setting that differs from the method's default:
+  ``mapl-fixed``, ``mapl-anchor-none``, ``mapl-rvq-sync-full``, ``mapl-rvq-scaled-grad-int8``; the key of the
+  style map and of the metrics)
 * the two ratios, never confused: ``wire_ratio`` = 2d / forward bytes per token (what the results
   call ``ratio``: MAPL+VQ at projection 8x is 16x on the wire) and ``projection_ratio`` = d / r (the
   config's ``compressor.ratio``; None for methods without a projector)
@@ -122,9 +123,10 @@ def _per_token(res: dict, *kinds: str) -> float | None:
 
 
 def variant_of(method: str, projector: str | None, anchor: str | None, rvq_sync: str | None = None,
-               rvq_scale: str | None = None) -> str:
+               rvq_scale: str | None = None, grad_wire: str | None = None) -> str:
     """The method plus every setting that differs from the method's default (``mapl.core.config.METHODS``):
-    ``mapl``, ``mapl-fixed``, ``mapl-anchor-static``, ``mapl-rvq-sync-mirrored``, ``mapl-rvq-scaled``."""
+    ``mapl``, ``mapl-fixed``, ``mapl-anchor-static``, ``mapl-rvq-sync-mirrored``, ``mapl-rvq-scaled``,
+    ``mapl-rvq-scaled-grad-int8`` (the backward message quantised: ``compressor.grad_wire``)."""
     default = METHODS.get(method, {})
     name = method
     if projector is not None and projector != default.get("projector"):
@@ -135,6 +137,8 @@ def variant_of(method: str, projector: str | None, anchor: str | None, rvq_sync:
         name += f"-sync-{rvq_sync}"
     if rvq_scale not in (None, "none"):
         name += "-scaled"
+    if grad_wire not in (None, "same"):
+        name += f"-grad-{grad_wire}"
     return name
 
 
@@ -150,6 +154,7 @@ def row_from_result(res: dict, group: str = "") -> dict:
     method, projector = res.get("method", "none"), res.get("projector")
     rvq_sync = _get(cfg, "compressor.rvq.sync", "compressor.rvq_sync") if method == "mapl-rvq" else None
     rvq_scale = (_get(cfg, "compressor.rvq.scale") or "none") if method == "mapl-rvq" else None
+    grad_wire = _get(cfg, "compressor.grad_wire") or "same"
     uncompressed = wire.get("uncompressed_bytes_per_token")
     return {
         "run": res.get("run", ""), "group": group, "profile": cfg.get("profile", ""),
@@ -157,7 +162,8 @@ def row_from_result(res: dict, group: str = "") -> dict:
         "model": _model_name(res, cfg), "base_model": res.get("model", ""),
         "d_model": int(uncompressed // 2) if uncompressed else None, "stages": res.get("stages"),
         "method": method, "projector": projector, "anchor": res.get("anchor"), "rvq_sync": rvq_sync,
-        "rvq_scale": rvq_scale, "variant": variant_of(method, projector, res.get("anchor"), rvq_sync, rvq_scale),
+        "rvq_scale": rvq_scale, "grad_wire": grad_wire,
+        "variant": variant_of(method, projector, res.get("anchor"), rvq_sync, rvq_scale, grad_wire),
         "wire_ratio": _round(res.get("ratio", 1.0)),
         "projection_ratio": _round(res.get("nominal_ratio")) if projector else None,
         "seed": prov.get("seed", _get(cfg, "train.seed") or 0), "steps": res.get("steps"),

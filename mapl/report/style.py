@@ -32,6 +32,8 @@ VARIANT_LABELS = {
     "mapl-rvq-sync-full": "MAPL+VQ, full codebook sync",
     "mapl-rvq-sync-mirrored": "MAPL+VQ, mirrored codebooks",
     "mapl-rvq-scaled": "MAPL+VQ, per-token scale",
+    "mapl-grad-int8": "MAPL, int8 backward",
+    "mapl-rvq-scaled-grad-int8": "MAPL+VQ, per-token scale, int8 backward",
 }
 # the variants only the decomposition study trains (mapl.report.controls.DECOMPOSITION), named in figures; the
 # tables print their ids, as the committed tables do (naming them there is a change of tables, not of style)
@@ -62,6 +64,8 @@ STYLE = {
     "mapl-rvq-sync-full": ("#bcbd22", ">"),
     "mapl-rvq-sync-mirrored": ("#393b79", "p"),
     "mapl-rvq-scaled": ("#006d2c", "d"),
+    "mapl-grad-int8": ("#08306b", "1"),
+    "mapl-rvq-scaled-grad-int8": ("#74c476", "2"),
     "none-anchor-factorized": ("#525252", "8"),
     "ssn-anchor-factorized": ("#f4a582", "H"),
     "mapl-fixed-shared": ("#6baed6", "x"),
