@@ -151,6 +151,23 @@ def test_project_errors_map_to_their_codes():
     assert set(EXIT_CODES) == {0, EXIT_BUG, EXIT_USER_ERROR, EXIT_PEER_FAILED, EXIT_NON_FINITE, EXIT_INTERRUPTED}
 
 
+def test_the_machines_os_errors_are_user_errors_with_a_hint():
+    """A read-only filesystem, a full disk, a quota or a file-size limit met by any write is the user's to fix (exit 2,
+    one line with what to do), never "a bug"; in this checkout the hint is a writable copy. Other OS errors stay bugs."""
+    import errno
+    from mapl.base.io import CHECKOUT_HINT
+    for err in (errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        assert exit_code(OSError(err, os.strerror(err), "/mnt/x")) == EXIT_USER_ERROR
+    assert exit_code(OSError(errno.EIO, "Input/output error", "/mnt/x")) == EXIT_BUG
+    assert error_line(OSError(errno.ENOSPC, "No space left on device", "/mnt/r.pt")) == (
+        "error: /mnt/r.pt: No space left on device (the disk is full: free space or choose another folder)")
+    inside = str(ROOT / "reports" / "micro")
+    assert error_line(OSError(errno.EROFS, "Read-only file system", inside)) == (
+        f"error: {inside}: Read-only file system ({CHECKOUT_HINT})")
+    assert error_line(FileNotFoundError(errno.ENOENT, "No such file or directory", inside)) == (
+        f"error: {inside}: No such file or directory")
+
+
 def test_label_names_the_rank(capsys):
     def fail(argv):
         raise FloatingPointError("non-finite boundary activation at step 7")

@@ -110,7 +110,7 @@ class Ctx:
         env.update(PYTHONPATH=str(self.pythonpath), PYTHONUNBUFFERED="1", PYTHONDONTWRITEBYTECODE="1",
                    OMP_NUM_THREADS="1", MAPL_DEBUG="0", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
                    **(extra or {}))
-        return env
+        return {k: v for k, v in env.items() if v is not None}      # None: the variable is unset (`env -u`)
 
     def start(self, cmd: str, env: dict | None = None, **kw) -> subprocess.Popen:
         return subprocess.Popen(self.argv(cmd), cwd=self.dir, env=self.env(env), text=True, stdout=subprocess.PIPE,
@@ -179,6 +179,8 @@ def check_stderr(ctx: Ctx, err: str, mode: str, line) -> None:
         ctx.expect("stderr", bool(lines) and lines[0].startswith("usage:") and
                    all(x.startswith(" ") for x in lines[1:-1]), f"not argparse's usage + one error line:\n{err}")
         lines = lines[-1:]
+    elif mode == "any":             # a command that succeeds and logs what it did (no traceback is all)
+        pass
     else:                           # "ranks": one line per rank and the launcher's summary
         stray = [x for x in lines if not re.match(r"(error|interrupted|MAPL_FAULT): ", x)]
         ctx.expect("stderr", not stray, f"stderr lines that are no rank's one-line report: {stray}")
@@ -339,6 +341,85 @@ def read_only_folder(name: str, keep: str = "old.json") -> Callable[[Ctx], None]
         (folder / keep).write_text('{"earlier": "results"}\n')
         folder.chmod(0o555)
     return setup
+
+
+def checkout_copy(ctx: Ctx) -> None:
+    """Setup: a copy of the checkout's package, params.yaml and dvc.yaml in ``proj/`` that the command imports (its
+    PROJECT_ROOT; with ``read_only``, mounted read-only for the command)."""
+    proj = ctx.dir / "proj"
+    shutil.copytree(PROJECT / "mapl", proj / "mapl", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("params.yaml", "dvc.yaml", "pyproject.toml"):
+        shutil.copy2(PROJECT / name, proj / name)
+    ctx.pythonpath = proj
+
+
+def _read_only_mount_reason() -> str | None:
+    """Why a folder cannot be mounted read-only for one command here (None: it can): a private mount namespace
+    (``unshare -m``) and a read-only bind mount need root or user namespaces."""
+    if not shutil.which("unshare"):
+        return "no `unshare` on this machine"
+    probe = tempfile.mkdtemp(prefix="mapl-ro-probe-")
+    try:
+        r = subprocess.run(["unshare", "-m", "sh", "-c", f"mount --bind -o ro {probe} {probe} && ! touch {probe}/x"],
+                           capture_output=True, text=True, timeout=30)
+        return None if r.returncode == 0 else f"a read-only bind mount is not allowed here ({r.stderr.strip()[:120]})"
+    finally:
+        shutil.rmtree(probe, ignore_errors=True)
+
+
+def _read_only_argv(folder: Path, argv: list[str]) -> list[str]:
+    """``argv`` in a private mount namespace where ``folder`` is mounted over itself read-only (EROFS, as a checkout
+    on a read-only medium or a review mount: every file readable, nothing writable; the rest of the machine as is)."""
+    return ["unshare", "-m", "sh", "-c", 'mount --bind -o ro "$0" "$0" && exec "$@"', str(folder), *argv]
+
+
+def big_corpus(ctx: Ctx) -> None:
+    """Setup: ``big/`` holding 8 text files of 2.4 MB (seconds to encode, so a signal lands mid-preparation)."""
+    import random
+    rng, words = random.Random(0), "the cat sat on a mat and a dog ran far away home".split()
+    (ctx.dir / "big").mkdir()
+    for i in range(8):
+        (ctx.dir / "big" / f"d{i}.txt").write_text(" ".join(rng.choice(words) for _ in range(600_000)))
+
+
+def signal_when_exists(rel: str, sig=signal.SIGTERM, timeout: float = 120) -> Callable:
+    """During: send ``sig`` once the file ``rel`` appears in the row's folder (the command is mid-way)."""
+    def during(p: subprocess.Popen, ctx: Ctx) -> None:
+        import time
+        end = time.monotonic() + timeout
+        while not (ctx.dir / rel).exists() and p.poll() is None and time.monotonic() < end:
+            time.sleep(0.05)
+        if p.poll() is None:
+            p.send_signal(sig)
+    return during
+
+
+def prepared(folder: str) -> Callable:
+    """Recovered: ``folder`` holds a complete preparation (its manifest) and no work folder."""
+    def check(ctx: Ctx, out: str, err: str) -> None:
+        ctx.expect("recover", (ctx.dir / folder / "manifest.json").is_file(), f"no manifest in {folder} after the rerun")
+        ctx.expect("recover", not (ctx.dir / folder / ".partial").exists(), f"{folder}/.partial left after the rerun")
+    return check
+
+
+def lone_rank(ctx: Ctx) -> None:
+    """Setup: the row's command is rank 0 of two started by hand; rank 1 is not started (it starts late, after)."""
+    from mapl.orchestration.launch import free_port
+    ctx.env_extra.update(WORLD_SIZE="2", RANK="0", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                         MASTER_PORT=str(free_port()))
+
+
+def late_rank(cmd: str, bound_s: float) -> Callable:
+    """After: rank 1 started now, after rank 0 gave up, gives up too: exit 3 within ``bound_s`` seconds, one line."""
+    def after(ctx: Ctx, out: str, err: str) -> None:
+        import time
+        start = time.monotonic()
+        r = ctx.run(cmd, env={**ctx.env_extra, "RANK": "1"}, timeout=bound_s + 60)
+        took = time.monotonic() - start
+        ctx.expect("code", r.returncode == 3, f"the late rank 1 exited {r.returncode}, not 3:\n{r.stderr[-3000:]}")
+        ctx.expect("code", took < bound_s, f"the late rank 1 took {took:.0f} s, over its bound of {bound_s:.0f} s")
+        check_stderr(ctx, r.stderr, "one", r"^error: rank 1: the process group did not form within 5 s ")
+    return after
 
 
 def params_yaml(edit: Callable[[dict], dict] | str | None) -> Callable[[Ctx], None]:
@@ -518,7 +599,7 @@ class Fault:
     happens: str                    # what the command does (docs/failure-modes.md)
     kept: str                       # what stays on disk (docs/failure-modes.md)
     fix: str                        # how to go on (docs/failure-modes.md)
-    stderr: str = "one"             # one | usage | ranks
+    stderr: str = "one"             # one | usage | ranks | any (a success that logs)
     setup: Callable | None = None
     during: Callable | None = None
     after: Callable | None = None
@@ -529,6 +610,7 @@ class Fault:
     env: dict = field(default_factory=dict)
     file_size_limit: int = 0        # RLIMIT_FSIZE of the command (bytes), like `ulimit -f`
     as_nobody: bool = False         # the command drops root (folder permissions apply)
+    read_only: str = ""             # a folder of the row's (e.g. a checkout copy) the command sees mounted read-only
     own_data: bool = False          # a private copy of the prepared data in <folder>/data
     timeout: float = 600             # seconds per command (a loaded 2-core machine can starve the pipeline)
     exit_text: str = ""             # docs/failure-modes.md's exit cell, when not just ``code``
@@ -544,6 +626,8 @@ MP = "mapl pipeline @run --out {dir}/r.json --ckpt {dir}/r.pt"
 TOO_LONG = "--set train.eval_every=1 --set train.eval_tokens=64 --set train.checkpoint_every=100000"
 REBUILD = "mapl data --out data --source text --paths {glob} --tokenizer byte --rebuild"
 ERR = "error: "
+RO_HINT = (r"\(this checkout is not writable: run in a writable copy, e\.g\. `mapl workspace repro --profile P --dir "
+           r"\.\./mapl-P`, or give output paths outside it\)$")       # mapl.base.io.CHECKOUT_HINT
 HASH = "[0-9a-f]{64}"
 
 FAULTS = [
@@ -715,6 +799,16 @@ FAULTS = [
           r"^mapl data: error: profile='gpu' is invalid: allowed: \[.*'micro'.*\]$",
           "usage: ... / mapl data: error: profile='gpu' is invalid: allowed: [...]",
           "refused", "nothing written", "use a profile of params.yaml", stderr="usage", slow=True, before_torch=True),
+    Fault("data-sigterm", "SIGTERM (or Ctrl-C) to `mapl data` while it encodes the corpus",
+          "mapl data --out prepared --source text --paths 'big/*.txt' --tokenizer byte", 130,
+          r"^mapl data: interrupted; run the same command again to resume$",
+          "mapl data: interrupted; run the same command again to resume",
+          "stops at once; the work folder (`<out>/.partial`) and the lock are removed or, for a streamed source, kept "
+          "at the last whole chunk", "nothing of the preparation (an empty output folder)",
+          "rerun the same command (a streamed source resumes from its last chunk)", stderr="any", setup=big_corpus,
+          during=signal_when_exists("prepared/.partial/val.bin"),
+          recover=("mapl data --out prepared --source text --paths 'big/*.txt' --tokenizer byte",),
+          recovered=prepared("prepared"), slow=True),
     Fault("data-parquet-empty", "a 0-byte parquet file given to `mapl data` (was: a pyarrow traceback)",
           "mapl data --out prepared --source parquet --paths empty.parquet --tokenizer byte", 2,
           r"^mapl data: error: empty\.parquet is not a readable parquet file \(Parquet file size is 0 "
@@ -824,6 +918,39 @@ FAULTS = [
           "error: cannot write <ckpt>: Permission denied (no permission to write there: choose a writable folder)",
           "refused before any work", "everything", "choose a writable folder",
           setup=read_only_folder("ro"), as_nobody=True, slow=True, before_torch=True),
+    # ---- the machine: a read-only checkout, no HOME, paths with spaces and letters beyond ASCII ---------------
+    Fault("checkout-read-only-sweep", "`mapl sweep` in a checkout on a read-only filesystem (a review mount; was: "
+          "\"group main of profile micro is being trained by None\")", "mapl sweep --profile micro --group main", 2,
+          r"^error: cannot create the folder of .*/proj/checkpoints/micro/main\.sweep: Read-only file system " + RO_HINT,
+          "error: cannot create the folder of <checkout>/checkpoints/<profile>/<group>.sweep: Read-only file system "
+          "(this checkout is not writable: run in a writable copy, e.g. `mapl workspace repro --profile P --dir "
+          "../mapl-P`, or give output paths outside it)", "refused before any run starts (the group's lock is its "
+          "first write)", "everything", "`mapl workspace repro --dir <new folder>` copies the checkout and runs there",
+          setup=checkout_copy, read_only="proj", before_torch=True),
+    Fault("checkout-read-only-frozen-trunk", "`mapl frozen-trunk` in a read-only checkout (was: an OSError "
+          "traceback)", "mapl frozen-trunk --profile micro", 2,
+          r"^error: .*/proj/reports(/micro)?: Read-only file system " + RO_HINT,
+          "error: <checkout>/reports/<profile>: Read-only file system (this checkout is not writable: ...)",
+          "refused before any run (every OS error of a read-only filesystem, a full disk or a quota is a user error "
+          "with a hint, exit 2, wherever it is met)", "everything", "run in a writable copy",
+          setup=checkout_copy, read_only="proj", slow=True, before_torch=True),
+    Fault("checkout-read-only-refresh", "`mapl reuse refresh` in a read-only checkout (was: papermill's traceback "
+          "for the first notebook)", "mapl reuse refresh cpu", 2,
+          r"^error: cannot write .*/proj/dvc\.lock: Read-only file system " + RO_HINT,
+          "error: cannot write <checkout>/dvc.lock: Read-only file system (this checkout is not writable: ...)",
+          "refused before the first notebook runs (dvc.lock and the notebooks' folder are probed first)", "everything",
+          "run in a writable copy", setup=checkout_copy, read_only="proj", slow=True, before_torch=True),
+    Fault("home-unset", "`HOME` is not set (a service account, `env -i`, a minimal container)",
+          f"{T} --steps 2 {IO}", 0, (), "—", "trains as usual: nothing of the project reads HOME", "the run's outputs",
+          "nothing to do", stderr="ranks", env={"HOME": None}, creates=("r.json", "r.pt")),
+    Fault("paths-spaces-unicode", "output and data paths with spaces and letters beyond ASCII",
+          f"{T} --steps 2 --out 'my runs/ä/r.json' --ckpt 'my runs/ä/r.pt'", 0, (), "—",
+          "trains as usual; the paths are kept as given", "the run's outputs", "nothing to do", stderr="ranks",
+          creates=("my runs/ä/r.json", "my runs/ä/r.pt"), slow=True),
+    Fault("data-paths-spaces-unicode", "`mapl data` into a folder whose path has spaces and letters beyond ASCII",
+          "mapl data --out 'données préparées/ä' --source text --paths {glob} --tokenizer byte", 0, (), "—",
+          "prepares the data as usual", "the prepared folder", "nothing to do", stderr="any",
+          creates=("données préparées/ä/*", "données préparées/ä/.*", "données préparées/ä/*/*"), before_torch=True),
     Fault("out-under-a-file", "an output path whose folder is a file", f"{T} --out afile/r.json --ckpt r.pt", 2,
           r"^error: cannot create the folder of afile/r\.json: .*\(a (file is where its folder should be|parent of "
           r"it is a file, not a folder)\)$",
@@ -969,6 +1096,15 @@ FAULTS = [
           "every rank, or choose a free port", "the rank gives up after `--rendezvous-timeout` seconds (default "
           "300; rank 0 itself fails at once: `process-group setup failed: ... EADDRINUSE`)", "nothing written",
           "free the port or choose another", setup=port_held(), slow=True),
+    Fault("pipeline-rank-late", "a rank started by hand after the others gave up waiting for it (past "
+          "`--rendezvous-timeout`)", f"{MP} --rendezvous-timeout 5", 3,
+          r"^error: rank 0: the process group did not form within 5 s \(--rendezvous-timeout; rendezvous at "
+          r"127\.0\.0\.1:\d+, 2 ranks\): a rank was not started or failed before joining",
+          "error: rank R: the process group did not form within T s (--rendezvous-timeout; ...): a rank was not started "
+          "or failed before joining, ...", "the waiting rank gives up after `--rendezvous-timeout` seconds (exit 3); the "
+          "late rank then finds no one and gives up after its own (exit 3, within 60 s here)", "nothing written",
+          "start every rank within the timeout (or raise it)", setup=lone_rank,
+          after=late_rank(f"{MP} --rendezvous-timeout 5", 60), slow=True),
     Fault("pipeline-interrupt", "Ctrl-C on the multi-process pipeline", f"{MP} {TOO_LONG}", 130,
           (r"^interrupted: rank 0 \(stage 0\): stopped after step \d+: checkpoint written",
            r"^interrupted: rank 1 \(stage 1\): stopped after step \d+: checkpoint written",
@@ -1289,6 +1425,11 @@ def _run_row(f: Fault, ctx: Ctx) -> None:
     argv = ctx.argv(f.cmd)
     if f.as_nobody:
         argv = _nobody_argv(argv)
+    if f.read_only:
+        why = _read_only_mount_reason()
+        if why:
+            pytest.skip(why)
+        argv = _read_only_argv(ctx.dir / f.read_only, argv)
     limit = f.file_size_limit
     p = subprocess.Popen(argv, cwd=ctx.dir, env=ctx.env({**f.env, **ctx.env_extra}), text=True, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE,

@@ -374,6 +374,16 @@ def test_the_estimate_shows_what_committed_runs_measured(tmp_path):
     assert sweep.measured_text(runs, tmp_path / "none") == ""
 
 
+def _checkpoint_bytes(text: str) -> bytes:
+    """A stand-in checkpoint: a zip archive (torch's format) holding ``text``."""
+    import io
+    import zipfile
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        z.writestr("data.pkl", text)
+    return buf.getvalue()
+
+
 def test_runs_are_adopted_from_another_checkout_only_when_finished_by_this_code(tmp_path):
     """reuse.adopt copies a group's checkpoints from a retrain checkout when every run finished there with this
     training code; otherwise it copies nothing and names the run. compare_results lists what differs."""
@@ -383,12 +393,12 @@ def test_runs_are_adopted_from_another_checkout_only_when_finished_by_this_code(
     res.mkdir(parents=True)
     names = ["run-a", "run-b"]
     for n in names:
-        (ck / f"{n}.pt").write_bytes(b"weights")
+        (ck / f"{n}.pt").write_bytes(_checkpoint_bytes("weights"))
         (ck / f"{n}.code").write_text("abc\n")
         (res / f"{n}.json").write_text(json.dumps({"val_loss": 3.8, "val_loss_curve": [[1, 4.0]], "method": "none"}))
     copied = reuse.adopt([src], "cpu", names, "abc", dest_root=dest, group="long")
     assert sorted(p.name for p in copied) == ["run-a.code", "run-a.pt", "run-b.code", "run-b.pt"]
-    assert (dest / "checkpoints" / "cpu" / "run-b.pt").read_bytes() == b"weights"
+    assert (dest / "checkpoints" / "cpu" / "run-b.pt").read_bytes() == _checkpoint_bytes("weights")
     with pytest.raises(ValueError, match=r"run-a: its checkpoint in .*/retrain was written by training code abc, not this "
                                          r"checkout's xyz"):
         reuse.adopt([src], "cpu", names, "xyz", dest_root=tmp_path / "other", group="long")
@@ -409,7 +419,7 @@ def _finished(checkout, group, name, stamp="abc", loss=3.8):
     ck, res = checkout / "checkpoints" / "cpu", checkout / "reports" / "cpu" / "results" / group
     ck.mkdir(parents=True, exist_ok=True)
     res.mkdir(parents=True, exist_ok=True)
-    (ck / f"{name}.pt").write_bytes(f"weights of {name}".encode())
+    (ck / f"{name}.pt").write_bytes(_checkpoint_bytes(f"weights of {name}"))
     (ck / f"{name}.code").write_text(f"{stamp}\n")
     (res / f"{name}.json").write_text(json.dumps({"val_loss": loss, "val_loss_curve": [[1, loss]], "method": "none"}))
 
@@ -426,7 +436,7 @@ def test_a_group_whose_seeds_finished_in_two_checkouts_is_adopted_from_both(tmp_
     names = ["b-s0", "c-s0", "b-s1", "c-s1"]
     copied = reuse.adopt([seed0, seed1, here], "cpu", names, "abc", dest_root=here, group="blocks")
     assert sorted(p.name for p in copied) == ["b-s0.code", "b-s0.pt", "b-s1.code", "b-s1.pt", "c-s0.code", "c-s0.pt"]
-    assert (here / "checkpoints" / "cpu" / "b-s1.pt").read_bytes() == b"weights of b-s1"
+    assert (here / "checkpoints" / "cpu" / "b-s1.pt").read_bytes() == _checkpoint_bytes("weights of b-s1")
     assert reuse.finished_in([seed0, seed1], "cpu", "blocks", "b-s1") == seed1
     with pytest.raises(ValueError, match=r"^c-s1: no results JSON in .*seed0/reports/cpu/results/blocks or .*seed1/"):
         reuse.adopt([seed0, seed1], "cpu", names, "abc", dest_root=tmp_path / "other", group="blocks")
@@ -444,6 +454,45 @@ def test_a_group_whose_seeds_finished_in_two_checkouts_is_adopted_from_both(tmp_
         "b-s1: results missing in every checkout")
 
 
+def test_a_cut_checkpoint_is_never_adopted_and_a_copy_lands_whole(tmp_path, monkeypatch):
+    """A checkpoint cut short in the other checkout (a half-finished copy there) refuses the adoption before anything
+    is copied; each file lands by rename, so an adoption stopped mid-copy leaves no cut file here."""
+    src, here = tmp_path / "retrain", tmp_path / "main"
+    _finished(src, "long", "a-s0")
+    _finished(src, "long", "b-s0")
+    ck = src / "checkpoints" / "cpu" / "b-s0.pt"
+    ck.write_bytes(ck.read_bytes()[:-30])
+    with pytest.raises(ValueError, match=r"^b-s0: .*b-s0\.pt is not a whole checkpoint \(cut short by an interrupted "
+                                         r"copy or write\?\): copy it again, or rerun the run in .*; nothing was adopted$"):
+        reuse.adopt([src], "cpu", ["a-s0", "b-s0"], "abc", dest_root=here, group="long")
+    assert not (here / "checkpoints").exists()
+    import shutil
+    real_copy = shutil.copy2
+
+    def copy_then_stop(a, b):             # the copy of the first file is interrupted after it was written
+        real_copy(a, b)
+        raise KeyboardInterrupt
+    monkeypatch.setattr(shutil, "copy2", copy_then_stop)
+    with pytest.raises(KeyboardInterrupt):
+        reuse.adopt([src], "cpu", ["a-s0"], "abc", dest_root=here, group="long")
+    assert not (here / "checkpoints" / "cpu" / "a-s0.pt").exists()      # only the hidden temp file, never a cut .pt
+
+
+def test_two_adoptions_of_one_group_or_one_beside_its_sweep_are_refused(tmp_path, monkeypatch, capsys):
+    from mapl.base.io import OutputLock
+    from mapl.orchestration import sweep
+    monkeypatch.setattr(sweep, "PROJECT_ROOT", tmp_path)
+    monkeypatch.setattr(reuse, "_group_configs", lambda profile, group: [])
+    monkeypatch.setattr(reuse, "adopt", lambda *a, **k: pytest.fail("the second adoption copied"))
+    with OutputLock(group=sweep.group_lock_path("cpu", tmp_path / "reports" / "cpu" / "results" / "long")):
+        with pytest.raises(ValueError, match=r"^group long of profile cpu is in use by PID \d+ \(.*\): wait for it to "
+                                             r"finish or stop it \(an adoption beside it would copy checkpoints"):
+            reuse._adopt([tmp_path / "other"], "cpu", "long")
+    monkeypatch.setattr(reuse, "adopt", lambda *a, **k: [])
+    assert reuse._adopt([tmp_path / "other"], "cpu", "long") == 0      # free again: it runs, and lets go
+    assert not list((tmp_path / "checkpoints" / "cpu").glob("*.lock"))
+
+
 def test_runs_of_other_training_code_are_adopted_only_with_a_proof_of_the_same_numbers(tmp_path):
     """A checkpoint stamped by training code abc joins a checkout whose code is xyz only when that checkout's
     reports/code-equivalence.json records a proof abc -> xyz (equivalence.prove); the sweep then restores it
@@ -452,7 +501,7 @@ def test_runs_of_other_training_code_are_adopted_only_with_a_proof_of_the_same_n
     ck, res = src / "checkpoints" / "cpu", src / "reports" / "cpu" / "results" / "long"
     ck.mkdir(parents=True)
     res.mkdir(parents=True)
-    (ck / "run-a.pt").write_bytes(b"weights")
+    (ck / "run-a.pt").write_bytes(_checkpoint_bytes("weights"))
     (ck / "run-a.code").write_text("abc\n")
     (res / "run-a.json").write_text(json.dumps({"val_loss": 3.8}))
     proofs = dest / "reports" / "code-equivalence.json"
@@ -630,7 +679,7 @@ def test_a_second_sweep_of_a_group_is_refused_at_once_naming_the_first(tmp_path,
     monkeypatch.setattr(sweep, "_run_many", lambda *a, **k: pytest.fail("the second sweep trained"))
     out = tmp_path / "reports" / "micro" / "results" / "main"
     with OutputLock(group=sweep.group_lock_path("micro", out)):          # the first sweep, holding its group
-        with pytest.raises(OutputError, match=r"^group main of profile micro is being trained by PID \d+ \(.*\): wait "
+        with pytest.raises(OutputError, match=r"^group main of profile micro is in use by PID \d+ \(.*\): wait "
                                               r"for it to finish or stop it"):
             sweep.run_many("micro", [], out, group="main")
     monkeypatch.setattr(sweep, "_run_many", lambda *a, **k: ["ran"])

@@ -25,6 +25,7 @@ terminates them, and each stops after its step with its checkpoint written.
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import re
 import signal
@@ -47,8 +48,8 @@ EXIT_INTERRUPTED = 130       # the shell's 128 + SIGINT
 EXIT_CODES = {
     EXIT_OK: "success",
     EXIT_BUG: "a bug (an unexpected exception): the traceback is printed; please report it",
-    EXIT_USER_ERROR: "user error (flag, config, input data, checkpoint, output path): one line `error: ...` "
-                     "names what to fix",
+    EXIT_USER_ERROR: "user error (flag, config, input data, checkpoint, output path) or the machine's (a read-only "
+                     "folder, a full disk): one line `error: ...` names what to fix",
     EXIT_PEER_FAILED: "a peer process of the multi-process pipeline failed or did not answer in time",
     EXIT_NON_FINITE: "non-finite values (NaN/Inf): the run stopped, the last good checkpoint is kept",
     EXIT_INTERRUPTED: "interrupted (Ctrl-C / SIGTERM): stopped after the step in flight, checkpoint written",
@@ -57,6 +58,9 @@ EXIT_CODES = {
 # ValueError covers ConfigError, the data helper's DataError and io.OutputError: by contract, code
 # that raises a ValueError phrases its message for the user. The OSErrors name a path the user gave.
 USER_ERRORS = (ValueError, FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
+# OS errors of the machine, not of the code, wherever a write meets them: a read-only filesystem (a checkout mounted
+# read-only), a full disk, an exhausted quota, a file-size limit. Each is the user's to fix (exit 2), with a hint.
+ENVIRONMENT_ERRNOS = (errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
 class PeerFailure(RuntimeError):
@@ -73,14 +77,16 @@ def exit_code(exc: BaseException) -> int:
         return EXIT_PEER_FAILED
     if isinstance(exc, FloatingPointError):
         return EXIT_NON_FINITE
-    if isinstance(exc, USER_ERRORS):
+    if isinstance(exc, USER_ERRORS) or isinstance(exc, OSError) and exc.errno in ENVIRONMENT_ERRNOS:
         return EXIT_USER_ERROR
     return EXIT_BUG
 
 
 def _message(exc: BaseException) -> str:
     if isinstance(exc, OSError) and exc.strerror and exc.filename:
-        text = f"{exc.filename}: {exc.strerror}"     # not "[Errno 2] No such file ...: 'x'"
+        from .io import os_error_hint            # lazily: io is not needed to report most errors
+        hint = os_error_hint(exc.filename, exc.errno) if exc.errno != errno.ENOENT else None
+        text = f"{exc.filename}: {exc.strerror}" + (f" ({hint})" if hint else "")   # not "[Errno 2] No such ...: 'x'"
     else:
         text = str(exc)
     # one line whatever the raiser wrote: a message with newlines would look like several errors

@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 
 __all__ = ["OutputError", "read_json_object", "atomic_write_text", "atomic_write_bytes", "atomic_write_json", "atomic_torch_save",
-           "check_writable", "OutputLock", "waiting_lock"]
+           "check_writable", "OutputLock", "waiting_lock", "os_error_hint"]
 
 PathLike = str | os.PathLike
 log = logging.getLogger(__name__)
@@ -65,9 +65,24 @@ _HINTS = {
 }
 
 
+# the checkout this package runs from: a path in it that cannot be written is a read-only checkout, whose way on is a
+# writable copy (a mounted review copy, a shared install), not another folder for one file
+_CHECKOUT = Path(__file__).resolve().parents[2]
+_NOT_WRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS)
+CHECKOUT_HINT = ("this checkout is not writable: run in a writable copy, e.g. `mapl workspace repro --profile P --dir "
+                 "../mapl-P`, or give output paths outside it")
+
+
+def os_error_hint(path: PathLike, err: int | None) -> str | None:
+    """What the user can do about OS error ``err`` on ``path``: a full disk, a read-only folder, this checkout."""
+    if err in _NOT_WRITABLE and Path(os.path.abspath(path)).is_relative_to(_CHECKOUT):
+        return CHECKOUT_HINT
+    return _HINTS.get(err)
+
+
 def _output_error(path: Path, e: OSError, doing: str = "cannot write") -> OutputError:
     cause = e.strerror or str(e)
-    hint = _HINTS.get(e.errno)
+    hint = os_error_hint(path, e.errno)
     return OutputError(f"{doing} {path}: {cause}" + (f" ({hint})" if hint else ""))
 
 

@@ -27,6 +27,7 @@ from typing import Callable, Sequence
 import yaml
 
 from ..base.declared_groups import declaration
+from ..base.io import check_writable
 from ..core.config import PROJECT_ROOT, load_params
 from ..core.fingerprint import code_fingerprint
 from .currency import results_current
@@ -89,6 +90,9 @@ def refresh(profile: str, groups: Sequence[str] = (), root: Path = PROJECT_ROOT,
         if missing:
             raise ValueError(f"{FROZEN_STAGE}: {missing[0]}{f' (and {len(missing) - 1} more)' if len(missing) > 1 else ''}"
                              f": `dvc repro -s {FROZEN_STAGE}` runs the study; nothing was run")
+    # both writes, checked before the first notebook runs (a read-only checkout: one line, nothing half-done)
+    for path in (root / "dvc.lock", root / "reports" / profile / "notebooks" / "refresh.ipynb"):
+        check_writable(path)
     run = run or (lambda cmd: _run(cmd, root))
     for g in groups:
         log(f"train@{g}: every run current; executing its notebook, then `dvc commit -f train@{g}`")

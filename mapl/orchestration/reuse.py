@@ -35,6 +35,7 @@ fingerprint keeps them from surviving a code change. After a code change proven 
 """
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -179,6 +180,11 @@ def _adoptable(src: Path, profile: str, name: str, fingerprint: str, dest_root: 
     ckpts = checkpoint_files(src_ck / f"{name}.pt")
     if not ckpts:
         raise ValueError(f"{name}: no checkpoint in {src_ck}")
+    import zipfile
+    for ck in ckpts:        # torch's checkpoints are zip archives: a cut one has no central directory at its end
+        if not zipfile.is_zipfile(ck):
+            raise ValueError(f"{name}: {ck} is not a whole checkpoint (cut short by an interrupted copy or write?): "
+                             f"copy it again, or rerun the run in {src}; nothing was adopted")
     return [*ckpts, code]
 
 
@@ -205,8 +211,10 @@ def adopt(sources: Sequence[Path], profile: str, names: Sequence[str], fingerpri
         if src.resolve() != dest_root.resolve():
             files += found
     dest_ck.mkdir(parents=True, exist_ok=True)
-    for f in files:
-        shutil.copy2(f, dest_ck / f.name)
+    for f in files:         # each file whole or not at all: an interrupted adoption leaves no cut checkpoint here
+        tmp = dest_ck / f".{f.name}.adopting"
+        shutil.copy2(f, tmp)
+        os.replace(tmp, dest_ck / f.name)
     return [dest_ck / f.name for f in files]
 
 
@@ -289,10 +297,16 @@ def _group_configs(profile: str, group: str) -> list[RunConfig]:
 
 
 def _adopt(sources: list[Path], profile: str, group: str) -> int:
+    from .sweep import hold_group           # lazily: the sweep imports this module
     cfgs, fingerprint = _group_configs(profile, group), code_fingerprint()
     taken = runs_to_adopt(cfgs, results_dir(profile, group), fingerprint)
     shared = len(cfgs) - len(taken)
-    copied = adopt(sources, profile, taken, fingerprint, group=group)
+    lock = hold_group(profile, results_dir(profile, group), group,
+                      "an adoption beside it would copy checkpoints under a sweep or another adoption")
+    try:
+        copied = adopt(sources, profile, taken, fingerprint, group=group)
+    finally:
+        lock.release()
     where = ", ".join(f"{sum(finished_in(sources, profile, group, n) == src for n in taken)} from {src}" for src in sources)
     print(f"adopted {len(taken)} run(s) of {profile}/{group} ({where}; {len(copied)} files; {shared} more are another "
           f"group's here and are copied); now `dvc repro -s train@{group}` restores them, then "

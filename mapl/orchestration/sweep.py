@@ -52,7 +52,7 @@ from .progress import (LAUNCH_OVERHEAD_S, UNPREPARED_EVAL_TOKENS, GroupClock, St
 __all__ = ["LAUNCHERS", "LauncherConfig", "Job", "group_names", "group_specs", "runs_of_seeds", "launcher_config",
            "run_name", "measured_text", "failure_summary", "spec_config", "plan_group", "estimate_text", "results_dir",
            "check_names", "checkpoint_path", "launch_args", "prepare_data", "status_table", "stage_table", "run_many",
-           "group_lock_path"]
+           "group_lock_path", "hold_group"]
 
 LAUNCHERS = ("pool", "accelerate", "torchrun")
 @dataclass(frozen=True)
@@ -332,9 +332,23 @@ def stage_table(out_dir: Path) -> str:
 
 
 def group_lock_path(profile: str, out_dir: Path) -> Path:
-    """The lock a sweep holds on a group's results folder while it runs (beside the checkpoints, git-ignored, not in
-    the folder DVC records)."""
+    """The lock a sweep (or ``mapl reuse adopt``) holds on a group's results folder while it runs (beside the
+    checkpoints, git-ignored, not in the folder DVC records)."""
     return PROJECT_ROOT / "checkpoints" / profile / f"{Path(out_dir).name}.sweep"
+
+
+def hold_group(profile: str, out_dir: Path, group: str = "",
+               why: str = "a second sweep would train the same runs") -> OutputLock:
+    """The group's lock, held (entered here, not in a ``with`` around the work: a run's own output lock refused
+    inside it must keep its own message); held by another process, an OutputError naming it and ``why`` not to
+    run beside it."""
+    try:
+        return OutputLock(group=group_lock_path(profile, out_dir)).__enter__()
+    except OutputError as e:
+        if e.holder is None:            # not held by another process: the lock cannot be written (a read-only checkout)
+            raise
+        raise OutputError(f"group {group or Path(out_dir).name} of profile {profile} is in use by {e.holder}: "
+                          f"wait for it to finish or stop it ({why})") from None
 
 
 def run_many(profile: str, specs: list[dict], out_dir: Path, jobs: int = 0, log=print, group: str = "",
@@ -342,21 +356,11 @@ def run_many(profile: str, specs: list[dict], out_dir: Path, jobs: int = 0, log=
     """Train every spec that is not current; one status dict per spec. ``jobs``: runs side by side
     (0 = the profile's launcher); ``progress_every``: seconds between progress lines (0 = quiet). A second sweep
     of the same group (or ``mapl reuse refresh`` of its stage) while this one runs is refused at once."""
-    lock = _group_lock(profile, out_dir, group)
+    lock = hold_group(profile, out_dir, group)
     try:
         return _run_many(profile, specs, out_dir, jobs, log, group, progress_every)
     finally:
         lock.release()
-
-
-def _group_lock(profile: str, out_dir: Path, group: str) -> OutputLock:
-    """The group's lock, held (entered here, not in a ``with`` around the sweep: a run's own output lock refused
-    inside it must keep its own message)."""
-    try:
-        return OutputLock(group=group_lock_path(profile, out_dir)).__enter__()
-    except OutputError as e:
-        raise OutputError(f"group {group or Path(out_dir).name} of profile {profile} is being trained by {e.holder}: "
-                          "wait for it to finish or stop it (a second sweep would train the same runs)") from None
 
 
 def _run_many(profile: str, specs: list[dict], out_dir: Path, jobs: int, log, group: str,
