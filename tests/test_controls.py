@@ -108,3 +108,5 @@ def test_control_run_names_are_distinct():
                      "tiny-P4-mapl-8x-proj-fixed-shared-s0"]
     # an unset anchor rank leaves every existing run's name as it was
     assert run_name(load_run_config("cpu", {"method": "mapl", "ratio": 8}), 300) == "tiny-P4-mapl-8x-s0"
+    assert run_name(load_run_config("cpu", {"method": "mapl", "ratio": 8, "compressor.grad_wire": "int8"}),
+                    300) == "tiny-P4-mapl-8x-grad-int8-s0"

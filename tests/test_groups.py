@@ -38,7 +38,8 @@ def test_the_declaration_gives_each_group_its_study_and_role_in_the_report_order
     assert d.study_of("adhoc") == "adhoc" and d.role_of_study("adhoc") == "reported"     # an undeclared folder
     # the report reads the same declaration
     assert declared() == d and study_role("tune") == "tuning"
-    assert study_groups("long") == "groups long, long_rvq and long_fixed" and study_groups("blocks") == "group blocks"
+    assert study_groups("long") == "groups long, long_rvq, long_fixed and long_gradwire"
+    assert study_groups("blocks") == "group blocks"
 
 
 @pytest.mark.parametrize("entries,says", [

@@ -160,6 +160,24 @@ def test_few_seeds_make_a_range_row_inconclusive_never_reproduced(n, deltas, ver
     assert _range_row(spec, PaperSide("≤ 2 %", None, 2.0), s)["verdict"] == verdict
 
 
+def test_the_bytes_claim_reads_the_int8_backward_where_it_was_trained():
+    """"RVQ halves the bytes again" reads all bytes: MAPL+VQ with its gradient in int8 where the headline has it
+    (the row says so), else MAPL+VQ as the paper describes it; the verdict is the count against 1.8x."""
+    from mapl.report.claims import CLAIMS, Evidence, _bytes_row
+    spec = next(c for c in CLAIMS if c.claim == "RVQ halves the bytes again")
+    def summary(variant, fwd, total):
+        return {"variant": variant, "fwd_bytes_per_token": fwd, "total_bytes_per_token": total}
+    mapl = summary("mapl", 34.0, 70.0)
+    same, int8 = summary("mapl-rvq-scaled", 19.0, 57.0), summary("mapl-rvq-scaled-grad-int8", 19.0, 38.0)
+    before, after = Evidence(rows=[]), Evidence(rows=[])
+    before.__dict__["headline"], after.__dict__["headline"] = [mapl, same], [mapl, same, int8]   # cached summaries
+    assert spec.reads.measure(before) == (same, mapl) and spec.reads.measure(after) == (int8, mapl)
+    row = _bytes_row(spec, None, (int8, mapl))
+    assert row["verdict"] == "reproduced" and "all 1.84×" in row["ours"] and "int8 backward" in row["ours"]
+    assert "the gradient is int8" in row["reason"]
+    assert _bytes_row(spec, None, (same, mapl))["verdict"] == "contradicted"
+
+
 def test_the_rows_of_one_claim_are_one_family_read_at_holms_levels():
     """The learned-vs-fixed claim read at 8x, at 4x and on the frozen trunk is one family of three: the frozen row's
     tiny p is rejected first (step level 1 - 0.05/3); Holm stops at the next, so the other two read at 1 - 0.05/3."""

@@ -132,6 +132,24 @@ def test_a_results_file_the_report_cannot_use_is_refused_naming_it(tree, content
         R.load_results(tree, R.results_dir("cpu"))
 
 
+def test_a_run_that_differs_only_in_its_backward_wire_is_another_configuration(tree):
+    """MAPL+VQ with an int8 backward is a variant of its own, never folded into the bf16 run of the same seed (was:
+    dropped as a duplicate of it by the report's dedupe)."""
+    folder = R.results_dir("cpu", tree) / "long"
+    folder.mkdir(parents=True, exist_ok=True)
+    base = {"method": "mapl-rvq", "model": "tiny", "stages": 4, "ratio": 14.2, "nominal_ratio": 8, "projector": "spel",
+            "anchor": "factorized", "steps": 3000, "val_loss": 3.86,
+            "config": {"profile": "cpu", "compressor": {"rvq": {"scale": "token"}}, "train": {"seed": 0}}}
+    same = {**base, "run": "rvq-same"}
+    int8 = {**base, "run": "rvq-int8", "val_loss": 3.85,
+            "config": {**base["config"], "compressor": {"rvq": {"scale": "token"}, "grad_wire": "int8"}}}
+    (folder / "rvq-same.json").write_text(json.dumps(same))
+    (folder / "rvq-int8.json").write_text(json.dumps(int8))
+    by = {r["run"]: r for r in R.load_results(tree, R.results_dir("cpu"))}
+    assert by["rvq-int8"]["variant"] == "mapl-rvq-scaled-grad-int8" and by["rvq-same"]["variant"] == "mapl-rvq-scaled"
+    assert R.run_key(by["rvq-int8"]) != R.run_key(by["rvq-same"])
+
+
 def test_delta_pct():
     assert R.delta_pct(3.156, 3.13) == pytest.approx(0.8307, abs=1e-4)
     assert R.delta_pct(None, 3.0) is None and R.delta_pct(3.0, None) is None

@@ -125,7 +125,7 @@ def check_budgets(params: dict) -> None:
 
 def run_name(cfg: RunConfig, profile_steps: int) -> str:
     """model[-d<width>]-P<stages>-method[-<ratio>x][-proj-<kind>][-anchor-<kind>][-ar<anchor rank>][-sync-<mode>]
-    [-scale-<mode>][-<steps>steps]-s<seed>:
+    [-scale-<mode>][-grad-<wire>][-<steps>steps]-s<seed>:
     a variant or budget appears only where it differs from the method's default or the profile's steps."""
     c, default = cfg.compressor.resolved(), METHODS[cfg.compressor.method]
     parts = [cfg.model, *([f"d{cfg.model_overrides['d_model']}"] if "d_model" in cfg.model_overrides else []),
@@ -142,6 +142,8 @@ def run_name(cfg: RunConfig, profile_steps: int) -> str:
         parts.append(f"sync-{c.rvq.sync}")
     if c.method == "mapl-rvq" and c.rvq.scale != RVQConfig().scale:
         parts.append(f"scale-{c.rvq.scale}")
+    if c.grad_wire != "same":
+        parts.append(f"grad-{c.grad_wire}")
     if cfg.train.steps != profile_steps:
         parts.append(f"{cfg.train.steps}steps")
     return "-".join([*parts, f"s{cfg.train.seed}"])

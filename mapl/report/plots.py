@@ -15,7 +15,7 @@ from . import paper
 from .figures import (axis_figure, gap_curves_figure, health_figure, loss_curves_figure, paper_scatter_figure,
                       pareto_figure, save_figure)
 from .rows import at_best_validation, budget_steps, is_reference, main_model, run_key
-from .studies import STUDY_VARIANTS, headline_ratio, headline_summaries, token_points, width_points
+from .studies import AXIS_VARIANTS, STUDY_VARIANTS, headline_ratio, headline_summaries, token_points, width_points
 from .style import BARS, figure_label, fmt_ratio, label, variant_label
 from .stats import t_interval
 from .table import fmt, fmt_int
@@ -101,7 +101,7 @@ def tokens_plot(rows: Sequence[dict], takeaway: str, best: bool = False) -> Plot
     validation loss (:func:`mapl.report.rows.at_best_validation`)."""
     points = token_points(at_best_validation(rows) if best else rows)
     ratio = headline_ratio(rows)
-    fig = axis_figure(points, "steps", "optimizer steps (log; tokens ∝ steps)", STUDY_VARIANTS[1:],
+    fig = axis_figure(points, "steps", "optimizer steps (log; tokens ∝ steps)", AXIS_VARIANTS[1:],
                       f"Token axis at projection ratio {fmt_ratio(ratio)}"
                       + (", best validation loss per run" if best else ""), "fewer than two budgets with runs",
                       separate=("mapl-rvq", "mapl-rvq-scaled"))
@@ -117,7 +117,7 @@ def width_plot(rows: Sequence[dict], takeaway: str) -> Plot:
     """The width axis (``takeaway``: the width table's)."""
     points = width_points(rows)
     steps = points[0]["steps"] if points else None
-    fig = axis_figure(points, "d", "model width d (log)", STUDY_VARIANTS[1:],
+    fig = axis_figure(points, "d", "model width d (log)", AXIS_VARIANTS[1:],
                       f"Width axis at projection ratio {fmt_ratio(headline_ratio(rows))}, {fmt_int(steps)} steps",
                       "no runs in group width")
     caption = ("Left: each method's Δ% against the model width d at the main budget (bars: ±1 sd over seeds where "

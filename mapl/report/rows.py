@@ -49,7 +49,7 @@ __all__ = ["declared", "study_role", "study_groups", "METHOD_ORDER", "KEY",
 
 METHOD_ORDER = ("none", "int8", "ssn", "mapl", "mapl-rvq")
 KEY = ("model", "stages", "method", "wire_ratio", "projector", "anchor", "anchor_rank", "rvq_sync", "rvq_scale",
-       "data_source", "steps", "seed")
+       "grad_wire", "data_source", "steps", "seed")
 
 
 def declared() -> Declaration:
@@ -371,7 +371,8 @@ def is_default(r: dict) -> bool:
 
 
 def run_key(r: dict, with_seed: bool = True) -> tuple:
-    """Grouping key: model, P, method, wire ratio, projector, anchor, rvq sync, steps[, seed]."""
+    """Grouping key: model, P, method, wire ratio, projector, anchor, anchor rank, rvq sync and scale, backward
+    wire, data source, steps[, seed] (:data:`KEY`)."""
     return tuple(r.get(k) for k in (KEY if with_seed else KEY[:-1]))
 
 

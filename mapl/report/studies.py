@@ -19,13 +19,18 @@ from .style import fmt_ratio, label, variant_label
 from .table import DASH, Table, fmt, fmt_ci, fmt_int, fmt_pct, fmt_pm
 from .tables import NO_RUNS, main_budget
 
-__all__ = ["STUDY_VARIANTS", "COMPARISONS", "headline_ratio", "headline_summaries", "comparisons", "headline_table",
-           "paired_table", "tested_comparisons", "PRIMARY", "runs_table", "token_points", "token_table", "width_points",
-           "width_table", "gap_sentence"]
+__all__ = ["AXIS_VARIANTS", "STUDY_VARIANTS", "COMPARISONS", "headline_ratio", "headline_summaries", "comparisons",
+           "headline_table", "paired_table", "tested_comparisons", "PRIMARY", "runs_table", "token_points", "token_table",
+           "width_points", "width_table", "gap_sentence"]
 
-STUDY_VARIANTS = ("none", "ssn", "mapl", "mapl-fixed", "mapl-rvq", "mapl-rvq-scaled")
-# (A, B): the paired difference Δ%(A) - Δ%(B) at the same projection ratio d/r
-COMPARISONS = (("ssn", "mapl"), ("mapl-fixed", "mapl"), ("mapl-rvq", "mapl"), ("mapl-rvq-scaled", "mapl"))
+# the variants the token and width axes train (their tables' columns), and the headline's: those and MAPL+VQ with
+# its backward message in int8 (compressor.grad_wire)
+AXIS_VARIANTS = ("none", "ssn", "mapl", "mapl-fixed", "mapl-rvq", "mapl-rvq-scaled")
+STUDY_VARIANTS = (*AXIS_VARIANTS, "mapl-rvq-scaled-grad-int8")
+# (A, B): the paired difference Δ%(A) - Δ%(B) at the same projection ratio d/r; the last: what the int8 backward
+# costs MAPL+VQ, paired on the seeds both trained
+COMPARISONS = (("ssn", "mapl"), ("mapl-fixed", "mapl"), ("mapl-rvq", "mapl"), ("mapl-rvq-scaled", "mapl"),
+               ("mapl-rvq-scaled-grad-int8", "mapl-rvq-scaled"))
 # The one contrast named before the 8-seed retrain (issue 25): SSN - MAPL at 8x and 3,000 steps, read
 # with its plain 95% interval; every other comparison is exploratory, its interval and p Holm-adjusted
 # over the exploratory family.
@@ -280,14 +285,14 @@ def _gap_trend(points: Sequence[dict], where) -> str:
 
 
 def _study_header(first: str) -> list[str]:
-    return [first, "none val loss", *(f"{variant_label(v)} Δ%" for v in STUDY_VARIANTS[1:]), "gap SSN − MAPL",
+    return [first, "none val loss", *(f"{variant_label(v)} Δ%" for v in AXIS_VARIANTS[1:]), "gap SSN − MAPL",
             "gap 95% CI"]
 
 
 def _study_row(key_cells: list, p: dict) -> list:
     gap = p["gap"]
     return [*key_cells, fmt_pm(p["sums"]["none"]["val_loss"], p["sums"]["none"]["val_loss_std"]),
-            *(_delta_cell(p["sums"].get(v)) for v in STUDY_VARIANTS[1:]),
+            *(_delta_cell(p["sums"].get(v)) for v in AXIS_VARIANTS[1:]),
             fmt_pm(gap["mean"], gap["std"], 2) if gap else DASH, fmt_ci(gap["ci"]) if gap else DASH]
 
 

@@ -64,8 +64,8 @@ STYLE = {
     "mapl-rvq-sync-full": ("#bcbd22", ">"),
     "mapl-rvq-sync-mirrored": ("#393b79", "p"),
     "mapl-rvq-scaled": ("#006d2c", "d"),
-    "mapl-grad-int8": ("#08306b", "1"),
-    "mapl-rvq-scaled-grad-int8": ("#74c476", "2"),
+    "mapl-grad-int8": ("#08306b", (4, 1, 0)),           # a four-pointed star (every filled marker is taken)
+    "mapl-rvq-scaled-grad-int8": ("#74c476", (6, 1, 0)),  # a six-pointed star
     "none-anchor-factorized": ("#525252", "8"),
     "ssn-anchor-factorized": ("#f4a582", "H"),
     "mapl-fixed-shared": ("#6baed6", "x"),
