@@ -112,6 +112,42 @@ if __name__ == "__main__":
 """
 
 
+KILLED_POOL_ENTRY = """
+import multiprocessing as mp, os, sys, time
+from mapl.orchestration.sweep import worker_init
+
+def work(path):
+    open(path, "w").write(str(os.getpid()))
+    time.sleep(120)
+
+if __name__ == "__main__":
+    with mp.get_context("spawn").Pool(1, initializer=worker_init, maxtasksperchild=1) as pool:   # as a sweep's
+        pool.map(work, [sys.argv[1]])
+"""
+
+
+@pytest.mark.process
+def test_a_sweep_killed_outright_takes_its_pool_workers_with_it(tmp_path):
+    """SIGKILL to a sweep's process (or to the notebook kernel running it, as papermill's shutdown does): its workers
+    get SIGTERM from the kernel (parent-death signal) and stop; was: they trained on, orphaned."""
+    import psutil
+    (tmp_path / "entry.py").write_text(textwrap.dedent(KILLED_POOL_ENTRY))
+    pid_file = tmp_path / "worker.pid"
+    p = subprocess.Popen([sys.executable, "entry.py", str(pid_file)], cwd=tmp_path, text=True, stderr=subprocess.PIPE,
+                         env={**os.environ, "PYTHONPATH": str(ROOT), "MAPL_DEBUG": "0"})
+    try:
+        for _ in range(600):
+            if pid_file.exists() and pid_file.read_text():
+                break
+            time.sleep(0.1)
+        worker = psutil.Process(int(pid_file.read_text()))
+        p.kill()
+        p.wait(timeout=60)
+        worker.wait(timeout=30)                          # psutil.TimeoutExpired if it lives on
+    finally:
+        p.kill()
+
+
 @pytest.mark.process
 def test_sigterm_to_the_parent_alone_stops_its_pool_workers(tmp_path):
     """`kill PID` of a sweep (was: the parent died at once and its spawn-pool workers trained on, orphaned)."""

@@ -52,7 +52,7 @@ from .progress import (LAUNCH_OVERHEAD_S, UNPREPARED_EVAL_TOKENS, GroupClock, St
 __all__ = ["LAUNCHERS", "LauncherConfig", "Job", "group_names", "group_specs", "runs_of_seeds", "launcher_config",
            "run_name", "measured_text", "failure_summary", "spec_config", "plan_group", "estimate_text", "results_dir",
            "check_names", "checkpoint_path", "launch_args", "prepare_data", "status_table", "stage_table", "run_many",
-           "group_lock_path", "hold_group"]
+           "group_lock_path", "hold_group", "worker_init"]
 
 LAUNCHERS = ("pool", "accelerate", "torchrun")
 @dataclass(frozen=True)
@@ -186,10 +186,19 @@ def _pool_worker(args) -> dict:
             "val_loss": res["val_loss"], "wall_s": round(time.time() - t0, 1)}
 
 
+def worker_init() -> None:
+    """Each pool worker stops with its sweep: SIGTERM when the process that started it dies, however it dies. A
+    sweep's parent can be killed outright (SIGKILL, the OOM killer, papermill shutting down the kernel that runs
+    ``dvc repro``'s notebook); without this its workers would train on as orphans. SIGTERM is the graceful stop:
+    the step in flight completes and the checkpoint is written."""
+    from ..core.runtime.faults import exit_with_parent
+    exit_with_parent()
+
+
 def _run_pool(jobs: list[Job], workers: int, every_s: float, fingerprint: str, clock: GroupClock | None):
     ctx = mp.get_context("spawn")    # fresh interpreters: no torch thread pools inherited from the parent
     by_k = {j.k: j for j in jobs}
-    with ctx.Pool(min(workers, len(jobs)), maxtasksperchild=1) as pool:
+    with ctx.Pool(min(workers, len(jobs)), initializer=worker_init, maxtasksperchild=1) as pool:
         for st in pool.imap_unordered(_pool_worker, [(j, every_s, fingerprint) for j in jobs]):
             if "interrupted" in st:
                 # Was: the worker's KeyboardInterrupt escaped the pool, which lost the task and started the
