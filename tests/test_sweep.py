@@ -488,6 +488,7 @@ def test_two_adoptions_of_one_group_or_one_beside_its_sweep_are_refused(tmp_path
     from mapl.base.io import OutputLock
     from mapl.orchestration import sweep
     monkeypatch.setattr(sweep, "PROJECT_ROOT", tmp_path)
+    monkeypatch.setattr(reuse, "PROJECT_ROOT", tmp_path)
     monkeypatch.setattr(reuse, "_group_configs", lambda profile, group: [])
     monkeypatch.setattr(reuse, "adopt", lambda *a, **k: pytest.fail("the second adoption copied"))
     with OutputLock(group=sweep.group_lock_path("cpu", tmp_path / "reports" / "cpu" / "results" / "long")):

@@ -20,10 +20,11 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..base.declared_groups import declaration
+from ..base.io import OutputError, OutputLock
 from ..core.config import METHODS, PROJECT_ROOT, ConfigError, RunConfig, RVQConfig, config_hash, load_params, load_run_config
 
 __all__ = ["BUDGETS", "results_dir", "group_names", "group_entry", "located_runs", "group_runs", "group_specs",
-           "runs_of_seeds", "check_budgets", "run_name", "spec_config", "check_names"]
+           "runs_of_seeds", "check_budgets", "run_name", "spec_config", "check_names", "group_lock", "hold_group_lock"]
 
 BUDGETS = "budgets"                  # params.yaml's named budgets, merged into run specs by YAML (`<<: *name`)
 
@@ -176,3 +177,22 @@ def check_names(profile: str, params: dict | None = None) -> None:
             if seen.setdefault(name, (h, group))[0] != h:
                 raise ConfigError(f"run name {name!r} is used for two different configs (groups "
                                   f"{seen[name][1]!r} and {group!r}); give one of them a `name:`")
+
+
+def group_lock(profile: str, group: str, root: Path = PROJECT_ROOT) -> Path:
+    """The lock a sweep, or ``mapl reuse adopt``, holds on a group while it runs (beside the checkpoints,
+    git-ignored, not in the folder DVC records)."""
+    return Path(root) / "checkpoints" / profile / f"{group}.sweep"
+
+
+def hold_group_lock(lock: Path, profile: str, group: str, why: str) -> OutputLock:
+    """Hold ``lock`` (entered here, not in a ``with`` around the work: a run's own output lock refused inside it
+    must keep its own message); held by another process, an OutputError naming it and ``why`` not to run beside
+    it; a lock that cannot be written (a read-only checkout) keeps its own error."""
+    try:
+        return OutputLock(group=lock).__enter__()
+    except OutputError as e:
+        if e.holder is None:
+            raise
+        raise OutputError(f"group {group} of profile {profile} is in use by {e.holder}: wait for it to finish or stop "
+                          f"it ({why})") from None

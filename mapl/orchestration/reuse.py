@@ -45,7 +45,7 @@ from ..core.config import PROJECT_ROOT, RunConfig, config_hash, load_params
 from ..core.fingerprint import code_fingerprint, source_files
 from .currency import results_current, same_code
 from .equivalence import COMPARED, differences
-from .groups import group_specs, results_dir, spec_config
+from .groups import group_lock, group_specs, hold_group_lock, results_dir, spec_config
 
 # same_code and results_current (mapl.orchestration.currency) stay importable from here: the frozen-trunk study,
 # whose text is part of its runs' currency, reads them as reuse.results_current
@@ -297,12 +297,11 @@ def _group_configs(profile: str, group: str) -> list[RunConfig]:
 
 
 def _adopt(sources: list[Path], profile: str, group: str) -> int:
-    from .sweep import hold_group           # lazily: the sweep imports this module
     cfgs, fingerprint = _group_configs(profile, group), code_fingerprint()
     taken = runs_to_adopt(cfgs, results_dir(profile, group), fingerprint)
     shared = len(cfgs) - len(taken)
-    lock = hold_group(profile, results_dir(profile, group), group,
-                      "an adoption beside it would copy checkpoints under a sweep or another adoption")
+    lock = hold_group_lock(group_lock(profile, group, PROJECT_ROOT), profile, group,
+                           "an adoption beside it would copy checkpoints under a sweep or another adoption")
     try:
         copied = adopt(sources, profile, taken, fingerprint, group=group)
     finally:

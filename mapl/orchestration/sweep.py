@@ -40,10 +40,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..core.config import PROJECT_ROOT, ConfigError, RunConfig, build, check_fields, config_hash, load_params, setting
-from ..base.io import OutputError, OutputLock
+from ..base.io import OutputLock
 from ..core.fingerprint import code_fingerprint
 from . import reuse
-from .groups import check_names, group_names, group_specs, results_dir, run_name, runs_of_seeds, spec_config
+from .groups import (check_names, group_lock, group_names, group_specs, hold_group_lock, results_dir, run_name,
+                     runs_of_seeds, spec_config)
 from .progress import (LAUNCH_OVERHEAD_S, UNPREPARED_EVAL_TOKENS, GroupClock, StepProgress, emit, estimate_core_seconds,
                        estimate_group, eval_split_guessed, hms, named_warnings)
 
@@ -341,23 +342,15 @@ def stage_table(out_dir: Path) -> str:
 
 
 def group_lock_path(profile: str, out_dir: Path) -> Path:
-    """The lock a sweep (or ``mapl reuse adopt``) holds on a group's results folder while it runs (beside the
-    checkpoints, git-ignored, not in the folder DVC records)."""
-    return PROJECT_ROOT / "checkpoints" / profile / f"{Path(out_dir).name}.sweep"
+    """The lock a sweep (or ``mapl reuse adopt``) holds on a group's results folder while it runs
+    (:func:`mapl.orchestration.groups.group_lock`)."""
+    return group_lock(profile, Path(out_dir).name, PROJECT_ROOT)
 
 
 def hold_group(profile: str, out_dir: Path, group: str = "",
                why: str = "a second sweep would train the same runs") -> OutputLock:
-    """The group's lock, held (entered here, not in a ``with`` around the work: a run's own output lock refused
-    inside it must keep its own message); held by another process, an OutputError naming it and ``why`` not to
-    run beside it."""
-    try:
-        return OutputLock(group=group_lock_path(profile, out_dir)).__enter__()
-    except OutputError as e:
-        if e.holder is None:            # not held by another process: the lock cannot be written (a read-only checkout)
-            raise
-        raise OutputError(f"group {group or Path(out_dir).name} of profile {profile} is in use by {e.holder}: "
-                          f"wait for it to finish or stop it ({why})") from None
+    """The group's lock, held; held by another process, an OutputError naming it and ``why``."""
+    return hold_group_lock(group_lock_path(profile, out_dir), profile, group or Path(out_dir).name, why)
 
 
 def run_many(profile: str, specs: list[dict], out_dir: Path, jobs: int = 0, log=print, group: str = "",
