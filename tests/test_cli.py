@@ -1,5 +1,6 @@
 """The CLI error policy (mapl/base/cli.py): each way a run can end gives its documented exit code, a user
 error is exactly one line on stderr, a bug keeps its traceback, --debug / MAPL_DEBUG=1 show it."""
+import contextlib
 import os
 import signal
 import subprocess
@@ -126,12 +127,12 @@ if __name__ == "__main__":
 """
 
 
-@pytest.mark.process
-def test_a_sweep_killed_outright_takes_its_pool_workers_with_it(tmp_path):
-    """SIGKILL to a sweep's process (or to the notebook kernel running it, as papermill's shutdown does): its workers
-    get SIGTERM from the kernel (parent-death signal) and stop; was: they trained on, orphaned."""
+@contextlib.contextmanager
+def _pool_parent(tmp_path, entry: str):
+    """``entry`` run as a script (a parent whose spawn pool runs one worker): (the parent, its worker's psutil
+    Process once the worker has started); the parent is killed on the way out."""
     import psutil
-    (tmp_path / "entry.py").write_text(textwrap.dedent(KILLED_POOL_ENTRY))
+    (tmp_path / "entry.py").write_text(textwrap.dedent(entry))
     pid_file = tmp_path / "worker.pid"
     p = subprocess.Popen([sys.executable, "entry.py", str(pid_file)], cwd=tmp_path, text=True, stderr=subprocess.PIPE,
                          env={**os.environ, "PYTHONPATH": str(ROOT), "MAPL_DEBUG": "0"})
@@ -140,34 +141,29 @@ def test_a_sweep_killed_outright_takes_its_pool_workers_with_it(tmp_path):
             if pid_file.exists() and pid_file.read_text():
                 break
             time.sleep(0.1)
-        worker = psutil.Process(int(pid_file.read_text()))
+        yield p, psutil.Process(int(pid_file.read_text()))
+    finally:
+        p.kill()
+
+
+@pytest.mark.process
+def test_a_sweep_killed_outright_takes_its_pool_workers_with_it(tmp_path):
+    """SIGKILL to a sweep's process (or to the notebook kernel running it, as papermill's shutdown does): its workers
+    get SIGTERM from the kernel (parent-death signal) and stop; was: they trained on, orphaned."""
+    with _pool_parent(tmp_path, KILLED_POOL_ENTRY) as (p, worker):
         p.kill()
         p.wait(timeout=60)
         worker.wait(timeout=30)                          # psutil.TimeoutExpired if it lives on
-    finally:
-        p.kill()
 
 
 @pytest.mark.process
 def test_sigterm_to_the_parent_alone_stops_its_pool_workers(tmp_path):
     """`kill PID` of a sweep (was: the parent died at once and its spawn-pool workers trained on, orphaned)."""
-    import psutil
-    (tmp_path / "entry.py").write_text(textwrap.dedent(POOL_ENTRY))
-    pid_file = tmp_path / "worker.pid"
-    p = subprocess.Popen([sys.executable, "entry.py", str(pid_file)], cwd=tmp_path, text=True, stderr=subprocess.PIPE,
-                         env={**os.environ, "PYTHONPATH": str(ROOT), "MAPL_DEBUG": "0"})
-    try:
-        for _ in range(600):
-            if pid_file.exists() and pid_file.read_text():
-                break
-            time.sleep(0.1)
-        worker = psutil.Process(int(pid_file.read_text()))
+    with _pool_parent(tmp_path, POOL_ENTRY) as (p, worker):
         p.send_signal(signal.SIGTERM)                    # to the parent only, not its process group
         assert p.wait(timeout=60) == EXIT_INTERRUPTED
         assert p.stderr.read().strip().splitlines()[-1] == "interrupted: signal SIGTERM"
         worker.wait(timeout=30)                          # psutil.TimeoutExpired if it trains on
-    finally:
-        p.kill()
 
 
 @pytest.mark.process
