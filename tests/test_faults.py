@@ -809,6 +809,11 @@ FAULTS = [
           during=signal_when_exists("prepared/.partial/val.bin"),
           recover=("mapl data --out prepared --source text --paths 'big/*.txt' --tokenizer byte",),
           recovered=prepared("prepared"), slow=True),
+    Fault("data-progress-nan", "`mapl data --progress-every nan` (or ≤ 0; was: taken silently)",
+          "mapl data --out prepared --source text --paths {glob} --tokenizer byte --progress-every nan", 2,
+          r"^mapl data: error: --progress-every nan is invalid: must be a finite number of seconds > 0$",
+          "mapl data: error: --progress-every nan is invalid: must be a finite number of seconds > 0",
+          "refused before anything is read", "nothing written", "fix the value", stderr="usage", before_torch=True),
     Fault("data-parquet-empty", "a 0-byte parquet file given to `mapl data` (was: a pyarrow traceback)",
           "mapl data --out prepared --source parquet --paths empty.parquet --tokenizer byte", 2,
           r"^mapl data: error: empty\.parquet is not a readable parquet file \(Parquet file size is 0 "
@@ -1208,6 +1213,11 @@ FAULTS = [
           r"^error: group='nope' is invalid for profile 'micro': allowed \[.*'main'.*\]$",
           "error: group='nope' is invalid for profile 'micro': allowed [...]", "refused before any run starts",
           "nothing written", "use a group of the profile", before_torch=True),
+    Fault("sweep-jobs-negative", "`mapl sweep --jobs -2` (was: accepted; a pool of -2 processes failed with a "
+          "traceback once a run was due)", "mapl sweep --profile micro --group main --jobs -2", 2,
+          r"^error: --jobs -2 is invalid: must be >= 0 \(0: the profile's launcher\.jobs\)$",
+          "error: --jobs -2 is invalid: must be >= 0 (0: the profile's launcher.jobs)", "refused before any run",
+          "nothing written", "fix the value", before_torch=True),
     Fault("sweep-unknown-profile", "`mapl sweep --estimate` on an unknown profile",
           "mapl sweep --profile nope --estimate", 2, r"^error: profile='nope' is invalid: allowed \[",
           "error: profile='nope' is invalid: allowed [...]", "refused before any run starts", "nothing written",

@@ -124,6 +124,8 @@ def summary(m: dict, out: Path) -> str:
 def _main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if not (math.isfinite(args.progress_every) and args.progress_every > 0):     # was: nan or -1 taken silently
+        parser.error(f"--progress-every {args.progress_every:g} is invalid: must be a finite number of seconds > 0")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
         cfg = (_profile_data(args.profile) if args.profile else config_from_args(args)).validate()

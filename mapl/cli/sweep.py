@@ -66,6 +66,8 @@ def _main(argv=None) -> int:
             return 0
         if not args.group:
             ap.error("--group is required (or --estimate)")
+        if args.jobs < 0:                           # was: a pool of -2 processes, a traceback when a run was due
+            raise ValueError(f"--jobs {args.jobs} is invalid: must be >= 0 (0: the profile's launcher.jobs)")
         specs = sweep.group_specs(profile, args.group, params)
         if args.seeds:
             specs = sweep.runs_of_seeds(profile, specs, args.seeds, params)
