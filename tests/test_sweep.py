@@ -481,7 +481,8 @@ def test_a_cut_checkpoint_is_never_adopted_and_a_copy_lands_whole(tmp_path, monk
     monkeypatch.setattr(shutil, "copy2", copy_then_stop)
     with pytest.raises(KeyboardInterrupt):
         reuse.adopt([src], "cpu", ["a-s0"], "abc", dest_root=here, group="long")
-    assert not (here / "checkpoints" / "cpu" / "a-s0.pt").exists()      # only the hidden temp file, never a cut .pt
+    assert not (here / "checkpoints" / "cpu" / "a-s0.pt").exists()      # never a cut .pt
+    assert not list((here / "checkpoints" / "cpu").iterdir())            # and no temp file left behind
 
 
 def test_two_adoptions_of_one_group_or_one_beside_its_sweep_are_refused(tmp_path, monkeypatch, capsys):

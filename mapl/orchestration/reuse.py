@@ -213,8 +213,12 @@ def adopt(sources: Sequence[Path], profile: str, names: Sequence[str], fingerpri
     dest_ck.mkdir(parents=True, exist_ok=True)
     for f in files:         # each file whole or not at all: an interrupted adoption leaves no cut checkpoint here
         tmp = dest_ck / f".{f.name}.adopting"
-        shutil.copy2(f, tmp)
-        os.replace(tmp, dest_ck / f.name)
+        try:
+            shutil.copy2(f, tmp)
+            os.replace(tmp, dest_ck / f.name)
+        except BaseException:               # an interrupt or a full disk: no half copy left behind either
+            tmp.unlink(missing_ok=True)
+            raise
     return [dest_ck / f.name for f in files]
 
 
