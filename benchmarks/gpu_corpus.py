@@ -41,6 +41,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from mapl import data as mdata
+from mapl.base.cli import fail
 
 __all__ = ["CORPUS_DIR", "RAW_TEXT_DIR", "corpus_data_config", "prepare_corpus", "SOURCES", "SYNTHETIC_SOURCE",
            "synthetic_corpus"]
@@ -91,14 +92,14 @@ def _download(cmd: list[str], cache: Path, name: str) -> Path:
         try:
             r = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True, timeout=600)
         except FileNotFoundError:
-            raise SystemExit(f"error: `{cmd[0]}` not found; fetch {src['file']} (sha256 {src['sha256']}) by other "
-                             f"means into {cache}/ and rerun") from None
+            fail(f"error: `{cmd[0]}` not found; fetch {src['file']} (sha256 {src['sha256']}) by other "
+                 f"means into {cache}/ and rerun")
         got = [p for p in Path(tmp).iterdir() if p.is_file()]
         if r.returncode != 0 or len(got) != 1:
-            raise SystemExit(f"error: `{' '.join(cmd)}` failed (exit {r.returncode}): {(r.stderr or r.stdout)[-500:]}")
+            fail(f"error: `{' '.join(cmd)}` failed (exit {r.returncode}): {(r.stderr or r.stdout)[-500:]}")
         if _sha256(got[0]) != src["sha256"]:
-            raise SystemExit(f"error: {got[0].name} has sha256 {_sha256(got[0])}, expected {src['sha256']} "
-                             f"({src['spec']})")
+            fail(f"error: {got[0].name} has sha256 {_sha256(got[0])}, expected {src['sha256']} "
+                 f"({src['spec']})")
         target = cache / src["file"]
         os.replace(got[0], target)
     return target
@@ -125,7 +126,7 @@ def _deb_member(deb: Path, member: str) -> bytes:
     """One file of a .deb (an ar archive holding data.tar.xz), with no dpkg needed."""
     blob = deb.read_bytes()
     if not blob.startswith(b"!<arch>\n"):
-        raise SystemExit(f"error: {deb} is not a Debian package (no ar header)")
+        fail(f"error: {deb} is not a Debian package (no ar header)")
     pos = 8
     while pos + 60 <= len(blob):
         name, size = blob[pos:pos + 16].decode().strip().rstrip("/"), int(blob[pos + 48:pos + 58])
@@ -134,7 +135,7 @@ def _deb_member(deb: Path, member: str) -> bytes:
             with tarfile.open(fileobj=io.BytesIO(body)) as tar:
                 return tar.extractfile(member).read()
         pos += 60 + size + (size & 1)
-    raise SystemExit(f"error: {deb} has no data.tar member")
+    fail(f"error: {deb} has no data.tar member")
 
 
 _SOURCE_TAG_LINE = re.compile(r"^\s*(\[[^\]\n]*(Webster|PJC|WordNet|Century|Pre-Raph)[^\]\n]*\]\s*)+$", re.M)

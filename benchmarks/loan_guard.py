@@ -115,7 +115,8 @@ def install(root: Path = ROOT) -> LoanImportGuard:
 def main(argv: list[str]) -> None:
     """Run ``argv[0]`` as ``__main__`` (its arguments after it) with the guard installed."""
     if not argv:
-        raise SystemExit("usage: python benchmarks/loan_guard.py SCRIPT [ARGS...]")
+        sys.stderr.write("usage: python benchmarks/loan_guard.py SCRIPT [ARGS...]\n")
+        raise SystemExit(2)        # a usage error (argparse's code); 1 is a bug
     install()
     sys.argv = list(argv)
     sys.path.insert(0, str(Path(argv[0]).resolve().parent))

@@ -39,6 +39,7 @@ sys.path.insert(0, str(ROOT))
 from mapl.core.config import load_run_config
 from mapl.core.memory import GiB, memory_plan
 from mapl.base.io import atomic_write_json
+from mapl.base.cli import EXIT_PEER_FAILED, fail
 
 # schedule:method[:heap]; ":heap" runs with glibc's default malloc (freed heap memory stays in RSS)
 CASES = ("gpipe:none", "1f1b:none", "gpipe:mapl", "1f1b:mapl-rvq", "1f1b:none:heap")
@@ -137,7 +138,7 @@ def derived_data(tmp: Path) -> Path:
     """The cpu profile's shards under a manifest declaring V = 32000 (ids < 2048 are valid ids of it)."""
     src = ROOT / "data" / "shakespeare-bpe2048"
     if not (src / "manifest.json").exists():
-        raise SystemExit(f"{src} is missing: run `mapl data --profile cpu` first")
+        fail(f"error: {src} is missing: run `mapl data --profile cpu` first")
     dst = tmp / f"shakespeare-bpe2048-as-v{VOCAB}"
     dst.mkdir(parents=True)
     for name in ("train.bin", "val.bin", "tokenizer.json"):
@@ -161,7 +162,7 @@ def run_case(args, schedule: str, method: str, heap: bool, tmp: Path, data_dir: 
         procs.append(subprocess.Popen([sys.executable, __file__, "--worker", json.dumps(spec)], env=env, cwd=ROOT))
     codes = [p.wait(timeout=args.timeout) for p in procs]
     if any(codes):
-        raise SystemExit(f"{schedule}:{method}: a rank failed (exit codes {codes})")
+        fail(f"error: {schedule}:{method}: a rank failed (exit codes {codes})", EXIT_PEER_FAILED)
     return [json.loads(Path(spec["out"]).with_suffix(f".rank{r}.json").read_text()) for r in range(args.stages)]
 
 

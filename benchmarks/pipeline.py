@@ -48,6 +48,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from mapl.core.config import load_run_config, SCHEDULES
+from mapl.base.cli import fail
 from mapl.base.io import atomic_write_json, atomic_write_text
 from mapl.core.link import IDEAL, LinkProfile, StepMeasurement, estimate, get_profile, step_time, steps_to_target
 from mapl.orchestration.launch import launch
@@ -283,13 +284,13 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="mapl-bench-pipeline-") as tmp:
         for method in [m.strip() for m in args.methods.split(",") if m.strip()]:
             if method not in METHODS:
-                raise SystemExit(f"--methods: {method!r} is unknown; allowed {sorted(METHODS)}")
+                fail(f"error: --methods: {method!r} is unknown; allowed {sorted(METHODS)}")
             print(f"{method}: {args.steps} steps, P={args.stages} ...", file=sys.stderr, flush=True)
             res = run_method(method, METHODS[method], args, Path(tmp))
             rows.append(summarize(method, res, profiles, args.curves if args.curves and args.curves.exists() else None))
             print(f"  done in {rows[-1]['bench_wall_s']:.0f} s; val {rows[-1]['val_loss']:.4f}", file=sys.stderr)
     if not rows:
-        raise SystemExit("no method ran")
+        fail("error: --methods: no method ran")
     target = args.target if args.target is not None else max(min(v for _, v in r["val_curve"]) for r in rows)
     for r in rows:
         n = steps_to_target(r["val_curve"], target)

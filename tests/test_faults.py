@@ -394,6 +394,22 @@ def signal_when_exists(rel: str, sig=signal.SIGTERM, timeout: float = 120) -> Ca
     return during
 
 
+def signal_tree_when_exists(rel: str, sig=signal.SIGINT, timeout: float = 300) -> Callable:
+    """During: once the file ``rel`` appears in the row's folder (the command is mid-way), note every process
+    below the command, then send it ``sig``; ``after`` (``tree_gone``) checks they are all gone."""
+    def during(p: subprocess.Popen, ctx: Ctx) -> None:
+        import time
+
+        import psutil
+        end = time.monotonic() + timeout
+        while not (ctx.dir / rel).exists() and p.poll() is None and time.monotonic() < end:
+            time.sleep(0.05)
+        if p.poll() is None:
+            ctx.procs_stopped.extend(psutil.Process(p.pid).children(recursive=True))
+            p.send_signal(sig)
+    return during
+
+
 def prepared(folder: str) -> Callable:
     """Recovered: ``folder`` holds a complete preparation (its manifest) and no work folder."""
     def check(ctx: Ctx, out: str, err: str) -> None:
@@ -572,6 +588,27 @@ def results_steps(steps: int, resumed: bool = False) -> Callable:
         if resumed:
             ctx.expect("recover", bool(res["resumed_with_changes"]), "the resume with changes is not recorded")
     return after
+
+
+WS_CKPT = "checkpoints/micro/micro-P2-mapl-4x-40steps-s0.pt"    # the micro profile's long[1]: 40 steps, every 10
+
+
+def interrupted_mid_run(ctx: Ctx, out: str, err: str) -> None:
+    """After (a workspace's training interrupted): no process is left, the run's checkpoint holds a step before its
+    last and it wrote no result."""
+    tree_gone(ctx, out, err)
+    checkpoint_step(f"ws/{WS_CKPT}", 10, 40)(ctx, out, err)
+    done = ctx.dir / "ws/reports/micro/results/long/micro-P2-mapl-4x-40steps-s0.json"
+    ctx.expect("files", not done.exists(), f"{done} was written: the run was not interrupted mid-way")
+
+
+def resumed_in_workspace(ctx: Ctx, out: str, err: str) -> None:
+    """Recovered: the rerun resumed the interrupted run (the sweep says so) and both runs of the group finished."""
+    said = re.search(r"(\d+) to resume", out + err)
+    ctx.expect("recover", bool(said) and int(said.group(1)) >= 1, f"the rerun resumed nothing:\n{(out + err)[-3000:]}")
+    for run in ("micro-P2-none-40steps-s0", "micro-P2-mapl-4x-40steps-s0"):
+        res = ctx.dir / f"ws/reports/micro/results/long/{run}.json"
+        ctx.expect("recover", res.is_file() and json.loads(res.read_text())["steps"] == 40, f"{res}: no 40-step result")
 
 
 REL = "fault-relative-outputs"          # a folder name the project never has
@@ -1321,6 +1358,32 @@ FAULTS = [
           "temporary copy is removed (kept with `--keep`; a `--dir` workspace is kept and resumes)",
           "nothing new (no temporary copy)", "rerun the command", setup=lambda ctx: (ctx.dir / "tmp").mkdir(),
           env={"TMPDIR": "tmp"}, during=signal_tree_after(r"Running stage"), after=tree_gone, slow=True),
+    Fault("workspace-dvc-train-sigint", "Ctrl-C to `mapl workspace repro --dir` while `dvc repro train@G` trains in "
+          "it (a run mid-way, its first checkpoint written)",
+          "mapl workspace repro --profile micro --dir ws train@long", 130,
+          r"^interrupted: SIGINT received: the commands in the copy were stopped; the workspace .*ws is kept \(rerun "
+          r"the same command to resume\)$",
+          "interrupted: SIGINT received: the commands in the copy were stopped; the workspace <dir> is kept (rerun the "
+          "same command to resume)",
+          "DVC, papermill, its kernel and the sweep's pool workers get SIGTERM (each training run writes its checkpoint "
+          "and stops), SIGKILL 30 s later; no process is left", "the workspace with its checkpoints",
+          "rerun the same command: DVC reruns the stage and the interrupted runs resume from their checkpoints",
+          stderr="any", setup=lambda ctx: (ctx.dir / "tmp").mkdir(), env={"TMPDIR": "tmp"},
+          during=signal_tree_when_exists(f"ws/{WS_CKPT}"), after=interrupted_mid_run, creates=("ws/*",),
+          recover=("mapl workspace repro --profile micro --dir ws train@long",), recovered=resumed_in_workspace,
+          slow=True),
+    Fault("workspace-unknown-stage", "`mapl workspace repro` naming a stage dvc.yaml does not have",
+          "mapl workspace repro --profile micro train@nope", 2,
+          r"^error: stage 'train@nope' is invalid: allowed \[.*'train@main'.*\] \(dvc\.yaml\)$",
+          "error: stage 'train@nope' is invalid: allowed [...] (dvc.yaml)", "refused before anything is copied",
+          "nothing written", "name a stage of `dvc stage list` (a group's training stage is train@<group>)",
+          before_torch=True),
+    Fault("workspace-verify-nothing-committed", "`mapl workspace verify` on a profile with no committed report (was: "
+          "exit 1, which reads as a bug)", "mapl workspace verify --profile micro", 2,
+          r"^error: --profile 'micro': no committed report outputs under reports/micro/ to verify$",
+          "error: --profile 'micro': no committed report outputs under reports/micro/ to verify",
+          "refused before anything is copied", "nothing written", "verify a profile whose report is committed (the "
+          "default's)", before_torch=True),
     Fault("workspace-unknown-profile", "`mapl workspace repro/verify` on an unknown profile",
           "mapl workspace repro --profile nope", 2,
           r"^error: --profile 'nope' is invalid: allowed: \[.*'micro'.*\] \(params\.yaml\)$",
@@ -1459,15 +1522,16 @@ def _run_row(f: Fault, ctx: Ctx) -> None:
     check_files(ctx, before, f.changes, f.creates)
     if f.after:
         f.after(ctx, out, err)
+    r = None
     for cmd in f.recover:
         r = ctx.run(cmd, timeout=f.timeout)
         ctx.expect("recover", r.returncode == 0, f"recovery `{cmd}` exited {r.returncode}:\n{r.stderr[-3000:]}")
-    if f.recover:
+    if r is not None:
         left = [rel for rel in snapshot(ctx.dir) if rel.endswith((".tmp", ".lock"))
-                and not _matches(rel, DATA_BOOKKEEPING)]
+                and not _matches(rel, (*DATA_BOOKKEEPING, "*/dvc.lock", "*/.dvc/tmp/rwlock.lock"))]   # DVC's own
         ctx.expect("recover", not left, f"left after the recovery: {left}")
         if f.recovered:
-            f.recovered(ctx, "", "")
+            f.recovered(ctx, r.stdout, r.stderr)          # what the last recovery command printed
 
 
 # ---- docs/failure-modes.md ----------------------------------------------------------------------------------

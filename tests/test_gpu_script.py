@@ -207,7 +207,7 @@ def test_user_errors_are_one_line(tmp_path):
         cases.append((["--out", str(tmp_path)], "no CUDA device"))
     for args, says in cases:
         proc = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=300, cwd=ROOT)
-        assert proc.returncode == 1 and says in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-1000:]
+        assert proc.returncode == 2 and says in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-1000:]
 
 
 def test_part_a_runs_the_runtimes_last_stage_and_matches_the_plans_on_cpu():

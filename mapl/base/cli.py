@@ -32,10 +32,10 @@ import signal
 import sys
 import traceback
 from contextlib import contextmanager
-from typing import Callable, Sequence
+from typing import Callable, NoReturn, Sequence
 
-__all__ = ["EXIT_OK", "EXIT_BUG", "EXIT_USER_ERROR", "EXIT_PEER_FAILED", "EXIT_NON_FINITE", "EXIT_INTERRUPTED",
-           "EXIT_CODES", "USER_ERRORS", "PeerFailure", "exit_code", "error_line", "report", "run_cli",
+__all__ = ["EXIT_OK", "EXIT_BUG", "EXIT_USER_ERROR", "EXIT_PEER_FAILED", "EXIT_NON_FINITE", "EXIT_STEP_FAILED",
+           "EXIT_INTERRUPTED", "EXIT_CODES", "fail", "USER_ERRORS", "PeerFailure", "exit_code", "error_line", "report", "run_cli",
            "add_debug_flag", "debug_requested", "SUPERVISED_ENV"]
 
 EXIT_OK = 0
@@ -43,6 +43,7 @@ EXIT_BUG = 1                 # Python's own code for an uncaught exception
 EXIT_USER_ERROR = 2          # argparse's code for a usage error: the same family
 EXIT_PEER_FAILED = 3
 EXIT_NON_FINITE = 4
+EXIT_STEP_FAILED = 5         # a supervisor's step failed: neither a bug here nor the user's input as such
 EXIT_INTERRUPTED = 130       # the shell's 128 + SIGINT
 
 EXIT_CODES = {
@@ -52,6 +53,8 @@ EXIT_CODES = {
                      "folder, a full disk): one line `error: ...` names what to fix",
     EXIT_PEER_FAILED: "a peer process of the multi-process pipeline failed or did not answer in time",
     EXIT_NON_FINITE: "non-finite values (NaN/Inf): the run stopped, the last good checkpoint is kept",
+    EXIT_STEP_FAILED: "a step that `mapl workspace` ran in its copy failed (its command and the tail of its output "
+                      "are printed), or the re-executed report differs from the committed one (each difference named)",
     EXIT_INTERRUPTED: "interrupted (Ctrl-C / SIGTERM): stopped after the step in flight, checkpoint written",
 }
 
@@ -130,6 +133,14 @@ def report(exc: BaseException, *, prog: str = "mapl", label: str | None = None, 
         _line(error_line(exc, label))
     sys.stderr.flush()
     return code
+
+
+def fail(message: str, code: int = EXIT_USER_ERROR) -> NoReturn:
+    """Leave a script with one line on stderr and a documented exit code (a user error by default).
+    ``raise SystemExit("text")`` would exit 1, which the README reserves for a bug."""
+    sys.stdout.flush()
+    _line(message)
+    raise SystemExit(code)
 
 
 def debug_requested(argv: Sequence[str]) -> bool:

@@ -33,13 +33,16 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
+import os
 import statistics
+import sys
 import threading
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..core.config import PROJECT_ROOT, ConfigError, RunConfig, build, check_fields, config_hash, load_params, setting
+from ..base.cli import EXIT_INTERRUPTED, EXIT_OK
 from ..base.io import OutputLock
 from ..core.fingerprint import code_fingerprint
 from . import reuse
@@ -166,7 +169,20 @@ def measured_text(cfgs: list[RunConfig], out_dir: Path) -> str:
 
 # ---- executing ------------------------------------------------------------------------------------
 def _pool_worker(args) -> dict:
-    job, every_s, fingerprint = args
+    """One run in a pool worker; its status goes back to the sweep. When the sweep's process is gone (it was
+    stopped with the rest of the tree, e.g. `mapl workspace` stopping DVC, papermill and the kernel at once),
+    nobody reads the status: the worker leaves quietly, where returning would print multiprocessing's
+    BrokenPipeError traceback. The checkpoint (or the results JSON) is written either way."""
+    parent = os.getppid()
+    status = _train_job(*args)
+    if os.getppid() != parent:           # re-parented: the sweep died while this run stopped or finished
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(EXIT_INTERRUPTED if "interrupted" in status else EXIT_OK)
+    return status
+
+
+def _train_job(job: Job, every_s: float, fingerprint: str) -> dict:
     import torch
     torch.set_num_threads(job.cfg.train.threads or 1)
     from ..core.run import run

@@ -21,9 +21,12 @@ marker ``.git/mapl-workspace`` says so); anything else is refused before anythin
 SIGINT or SIGTERM stops every process in the copy (SIGTERM first, so training runs write their
 checkpoints; SIGKILL after 30 s) and removes a temporary copy (not ``--keep``, not ``--dir``).
 
-Exit codes: 0 done; 1 a step in the copy failed or its outputs differ (``error: ...`` naming it);
-2 an invalid ``--profile`` or ``--dir``, a broken params.yaml or a bad flag (one line, before anything
-is copied); 130 interrupted (SIGINT/SIGTERM).
+    mapl workspace repro --profile paper --dir ../mapl-paper train@main
+                                                # only these DVC stages (and what they depend on)
+
+Exit codes: 0 done; 2 an invalid ``--profile``, ``--dir`` or stage, a broken params.yaml or a bad flag
+(one line, before anything is copied); 5 a step in the copy failed (its command and output's tail) or
+the re-executed outputs differ (each difference named); 130 interrupted (SIGINT/SIGTERM); 1 a bug.
 """
 from __future__ import annotations
 
@@ -40,10 +43,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from ..base.cli import EXIT_INTERRUPTED, EXIT_USER_ERROR, SUPERVISED_ENV
+from ..base.cli import EXIT_INTERRUPTED, EXIT_STEP_FAILED, EXIT_USER_ERROR, SUPERVISED_ENV
 from ..core.config import PROJECT_ROOT
 
-__all__ = ["SMOKE_TARGETS", "MARKER", "Stopped", "checkout_files", "tool_env", "make_copy", "check_dir", "dvc", "repro", "smoke",
+__all__ = ["SMOKE_TARGETS", "MARKER", "Stopped", "WorkspaceError", "stage_names",
+           "checkout_files", "tool_env", "make_copy", "check_dir", "dvc", "repro", "smoke",
            "compare_outputs", "verify", "main"]
 
 # what `make smoke` reproduces: the report and the planner on the profile, and everything they need
@@ -56,7 +60,7 @@ _GIT_ID = {"GIT_AUTHOR_NAME": "mapl workspace", "GIT_AUTHOR_EMAIL": "workspace@m
 
 
 class WorkspaceError(RuntimeError):
-    """A step in the copy failed or its outputs differ; the message says which."""
+    """A step in the copy failed or its outputs differ; the message says which (exit 5)."""
 
 
 class Stopped(KeyboardInterrupt):
@@ -134,7 +138,7 @@ def make_copy(dest: Path, profile: str, root: Path = PROJECT_ROOT, env: dict | N
     params = dest / "params.yaml"
     text, n = re.subn(r"(?m)^profile:\s*\S+", f"profile: {profile}", params.read_text(), count=1)
     if n != 1:
-        raise WorkspaceError(f"{params}: no top-level `profile:` line to set to {profile!r}")
+        raise ValueError(f"{params}: no top-level `profile:` line to set to {profile!r}")
     params.write_text(text)
     env = env or tool_env(root, dest)
     _run(["git", "init", "-q"], dest, env, capture=True)
@@ -189,18 +193,25 @@ def _done(dest: Path, keep: bool) -> None:
 
 
 def repro(profile: str, root: Path = PROJECT_ROOT, copy_back: bool = False, keep: bool = False,
-          capture: bool = False, extra: list[str] | None = None, into: Path | None = None) -> str:
-    """``dvc repro`` on ``profile`` in a fresh copy (or in the workspace ``into``, which is kept); with
-    ``copy_back`` replace reports/<profile>/ here by the copy's. Returns the captured output or ''."""
+          capture: bool = False, extra: list[str] | None = None, into: Path | None = None,
+          targets: list[str] | None = None) -> str:
+    """``dvc repro`` on ``profile`` in a fresh copy (or in the workspace ``into``, which is kept), of
+    ``targets`` (stage names; default all); with ``copy_back`` replace reports/<profile>/ here by the
+    copy's. Returns the captured output or ''."""
     _check_profile(profile, root)
+    targets = list(targets or [])
+    unknown = sorted(set(targets) - set(stage_names(root)))
+    if unknown:
+        raise ValueError(f"stage {unknown[0]!r} is invalid: allowed {stage_names(root)} (dvc.yaml)")
     if copy_back and profile == _default_profile(root):
-        raise WorkspaceError(f"profile {profile!r} is this checkout's default: run `dvc repro` here instead")
+        raise ValueError(f"--profile {profile!r} is this checkout's default: run `dvc repro` here instead of "
+                         "copying its reports back")
     if into is not None:
         check_dir(into, root)
     dest, env = _new_copy(profile, root, into)
     keep = keep or into is not None
     try:
-        log = dvc(["repro", *(extra or [])], dest, env, capture)
+        log = dvc(["repro", *(extra or []), *targets], dest, env, capture)
         if copy_back:
             src, target = dest / "reports" / profile, Path(root) / "reports" / profile
             shutil.rmtree(target, ignore_errors=True)
@@ -209,6 +220,22 @@ def repro(profile: str, root: Path = PROJECT_ROOT, copy_back: bool = False, keep
     finally:
         _done(dest, keep)
     return log
+
+
+def stage_names(root: Path = PROJECT_ROOT) -> list[str]:
+    """The DVC stages of dvc.yaml as ``dvc repro`` names them: ``stage``, and ``stage@item`` for each item of a
+    ``foreach`` over a list of params.yaml (the groups); ``stage`` alone there names all of its items."""
+    import yaml
+
+    from ..core.config import load_params
+    params, names = load_params(Path(root) / "params.yaml"), []
+    for name, stage in yaml.safe_load((Path(root) / "dvc.yaml").read_text())["stages"].items():
+        names.append(name)
+        over = stage.get("foreach")
+        if isinstance(over, str) and re.fullmatch(r"\$\{\w+\}", over):
+            items = params.get(over[2:-1]) or []
+            names += [f"{name}@{item}" for item in (items if isinstance(items, list) else list(items))]
+    return names
 
 
 def _default_profile(root: Path) -> str:
@@ -287,7 +314,7 @@ def verify(profile: str = "", root: Path = PROJECT_ROOT, keep: bool = False, cap
     a copy and compare its tables, figures and metrics with the committed ones; raises on a difference."""
     profile = _check_profile(profile or _default_profile(root), root)
     if not _files(Path(root), profile):
-        raise WorkspaceError(f"no committed report outputs under reports/{profile}/ to verify")
+        raise ValueError(f"--profile {profile!r}: no committed report outputs under reports/{profile}/ to verify")
     dest, env = _new_copy(profile, root)
     try:
         dvc(["repro", "--force", "--single-item", "report"], dest, env, capture)
@@ -308,6 +335,8 @@ def main(argv=None) -> int:
     rp = sub.add_parser("repro", help="dvc repro on a profile in a copy")
     rp.add_argument("--profile", required=True)
     rp.add_argument("--copy-back", action="store_true", help="copy reports/<profile>/ back into this checkout")
+    rp.add_argument("targets", nargs="*", metavar="STAGE",
+                    help="DVC stages to reproduce, e.g. train@main (default: all); what they depend on runs first")
     rp.add_argument("--dir", type=Path, help="a lasting workspace (created or refreshed, never removed): its "
                                              "checkpoints survive, so a rerun resumes (the paper profile)")
     vf = sub.add_parser("verify", help="re-execute the report from the committed results; fail on differences")
@@ -320,14 +349,15 @@ def main(argv=None) -> int:
         if args.cmd == "smoke":
             smoke(keep=args.keep)
         elif args.cmd == "repro":
-            repro(args.profile, copy_back=args.copy_back, keep=args.keep, into=args.dir)
+            repro(args.profile, copy_back=args.copy_back, keep=args.keep, into=args.dir, targets=args.targets)
         else:
             verify(args.profile, keep=args.keep)
     except ValueError as e:                          # a user error (profile, params.yaml): one line, exit 2
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USER_ERROR
-    except WorkspaceError as e:                      # a step in the copy failed or outputs differ: exit 1
-        raise SystemExit(f"error: {e}") from None
+    except WorkspaceError as e:                      # a step in the copy failed or outputs differ: exit 5
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_STEP_FAILED
     except KeyboardInterrupt as e:                   # SIGINT/SIGTERM: the tree in the copy is stopped
         kept = f"; the workspace {args.dir} is kept (rerun the same command to resume)" if getattr(args, "dir", None) \
             else "; the temporary copy was removed" if not args.keep else ""
