@@ -20,6 +20,11 @@ that fits the GPU's memory (``with_schedule_variants``).
     python benchmarks/slow_link.py                     # model only, about a minute
     python benchmarks/slow_link.py --measure           # + the CPU runs, about 10 min on 2 idle cores
     python benchmarks/slow_link.py --measure --quick --out-json /tmp/s.json --out-md /tmp/s.md   # seconds: it runs
+    python benchmarks/slow_link.py --keep-measured     # the model again; the measured part kept from --out-json
+
+The model needs no quiet machine (it is arithmetic); the measured part does, so ``--keep-measured`` refreshes the
+model (a new method, a changed cost model) without rerunning it: its rows, set-up and load averages are carried over
+as they were measured, and ``measured_kept_from`` says so.
 """
 from __future__ import annotations
 
@@ -44,6 +49,10 @@ from run_shape import add_shape_arguments, set_flags, shape_overrides, write_rep
 
 LINKS = ("80Mbps", "200Mbps", "1Gbps", "10Gbps")
 PAPER_METHODS = ("none", "ssn", "mapl", "mapl-rvq")
+# the compressed backward message (compressor.grad_wire: int8, r + 2 bytes a token instead of 2r): modelled beside the
+# bf16 gradient of the same methods
+INT8_BACKWARD = ("mapl", "mapl-rvq")
+INT8_SUFFIX = ", int8 backward"
 TARGET = ("1B", "200Mbps")            # the case whose link-to-compute ratio the measured runs copy
 
 
@@ -56,17 +65,26 @@ def _row(case, link) -> dict:
             "planner_s": best.step_s, "planner_over_floor": best.step_s / best.floor_s, "planner_schedule": best.schedule}
 
 
+def cases(model: str, micro_batches: int, gpu, **kw) -> dict:
+    """Label -> Case of the paper shape: every method with its bf16 gradient, then MAPL and MAPL+VQ with the int8
+    backward message ("mapl-rvq 16x, int8 backward")."""
+    out = {views.label(k): (k[0], c) for k, c in
+           views.paper_cases(model, PAPER_METHODS, 4, micro_batches, 512 // micro_batches, 2048, gpu, **kw).items()}
+    int8 = views.paper_cases(model, INT8_BACKWARD, 4, micro_batches, 512 // micro_batches, 2048, gpu,
+                             overrides={"compressor.grad_wire": "int8"}, **kw)
+    out.update({views.label(k) + INT8_SUFFIX: (k[0], c) for k, c in int8.items()})
+    return out
+
+
 def modelled(models, micro_batches, gpus, links) -> list[dict]:
     rows = []
     for gpu in gpus:
         for model in models:
             for M in micro_batches:
-                cases = views.paper_cases(model, PAPER_METHODS, 4, M, 512 // M, 2048, gpu)
-                for key, case in cases.items():
+                for label, (_, case) in cases(model, M, gpu).items():
                     for name in links:
                         rows.append({"model": model, "gpu": gpu.name, "gpu_memory_gb": gpu.memory_bytes / 1e9,
-                                     "micro_batches": M, "method": views.label(key),
-                                     **_row(case, get_profile(name))})
+                                     "micro_batches": M, "method": label, **_row(case, get_profile(name))})
                 print(f"model: {model} M={M} on {gpu.name}: done", file=sys.stderr, flush=True)
     return rows
 
@@ -74,15 +92,14 @@ def modelled(models, micro_batches, gpus, links) -> list[dict]:
 def curves(model: str = "1B", gpu=H100, micro_batches: int = 32, points: int = 25) -> dict:
     """Step time against bandwidth (50 ms latency) under 1F1B and the planner's schedule, and the floor,
     per method: the figure's data."""
-    cases = views.paper_cases(model, PAPER_METHODS, 4, micro_batches, 512 // micro_batches, 2048, gpu)
     bws = [10 ** (7.5 + 3.5 * i / (points - 1)) for i in range(points)]          # 31.6 Mb/s .. 100 Gb/s
     out = {"model": model, "gpu": gpu.name, "micro_batches": micro_batches, "latency_s": 0.05, "bandwidth_bps": bws,
            "methods": {}}
-    for key, case in cases.items():
+    for label, (method, case) in cases(model, micro_batches, gpu).items():
         links = [LinkProfile(f"{b:g}", b, 0.05) for b in bws]
         best = [case.predict(lk) for lk in links]
-        out["methods"][views.label(key)] = {
-            "method": key[0], "one_f_one_b_s": [replace(case, variants=()).predict(lk).step_s for lk in links],
+        out["methods"][label] = {
+            "method": method, "one_f_one_b_s": [replace(case, variants=()).predict(lk).step_s for lk in links],
             "planner_s": [p.step_s for p in best], "planner_schedule": [p.schedule for p in best],
             "floor_s": [p.floor_s for p in best]}
     return out
@@ -95,7 +112,7 @@ def figure(data: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
     from mapl.report.style import NEUTRAL, colour, variant_label
     names = list(data["methods"])
-    fig, axes = plt.subplots(1, len(names), figsize=(3.2 * len(names), 3.2), sharey=True)
+    fig, axes = plt.subplots(1, len(names), figsize=(2.9 * len(names), 3.2), sharey=True)
     x = [b / 1e6 for b in data["bandwidth_bps"]]
     for ax, name in zip(axes, names):
         m = data["methods"][name]
@@ -103,7 +120,9 @@ def figure(data: dict, path: Path) -> None:
         ax.loglog(x, m["one_f_one_b_s"], color=c, linestyle="--", label="1F1B")
         ax.loglog(x, m["planner_s"], color=c, label="planner's schedule")
         ax.loglog(x, m["floor_s"], color=NEUTRAL["reference"], linestyle=":", label="link floor")
-        ax.set_title(f"{variant_label(m['method'])} ({name.split()[-1] if ' ' in name else '1x'})", fontsize=9)
+        ratio = name.removesuffix(INT8_SUFFIX).split()[1] if " " in name else "1x"
+        ax.set_title(f"{variant_label(m['method'])} ({ratio})" + ("\nint8 backward" if name.endswith(INT8_SUFFIX) else ""),
+                     fontsize=9)
         ax.set_xlabel("bandwidth (Mbit/s)")
     axes[0].set_ylabel("step time (s)")
     axes[0].legend(fontsize=7)
@@ -192,16 +211,36 @@ def markdown(bench: dict) -> str:
     return "\n".join(lines).replace("{ratio}", "the listed ratio") + "\n"
 
 
+MEASURED_KEYS = ("message_to_compute", "measured_setup", "measured", "load_before", "load_after")
+
+
+def _measured_part(path: Path) -> dict:
+    """What a previous ``--measure`` wrote to ``path``: its measured rows with their set-up and load averages."""
+    from mapl.base.cli import fail
+    try:
+        old = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        fail(f"error: --keep-measured: {path} is not readable JSON ({e}); run with --measure")
+    if not isinstance(old, dict) or not old.get("measured"):
+        fail(f"error: --keep-measured: {path} holds no measured part; run with --measure")
+    return {**{k: old[k] for k in MEASURED_KEYS if k in old}, "measured_kept_from": str(path)}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python benchmarks/slow_link.py", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--measure", action="store_true", help="also the CPU runs on a real-delay link")
+    ap.add_argument("--keep-measured", action="store_true",
+                    help="model only; carry the measured part over from --out-json (refused if it has none)")
     ap.add_argument("--quick", action="store_true", help="a seconds-long check: 150M on H100 only, one method measured")
     ap.add_argument("--methods", nargs="+", default=["none", "mapl", "mapl-rvq"])
     ap.add_argument("--schedules", nargs="+", default=["1f1b", "1f1b-x2", "1f1b-x3"])
     ap.add_argument("--latency-ms", type=float, default=1.0)
     add_shape_arguments(ap, micro_batches=16, micro_batch_size=2, seq_len=64, out="slow-link")
     a = ap.parse_args(argv)
+    kept = _measured_part(a.out_json) if a.keep_measured else {}
+    if a.keep_measured and a.measure:
+        ap.error("--keep-measured and --measure: choose one (measure again, or keep what was measured)")
     if a.quick:
         a.methods, a.schedules, a.micro_batches, a.steps, a.width = ["mapl"], ["1f1b", "1f1b-x2"], 4, 2, 64
     load_before = ", ".join(f"{x:.2f}" for x in os.getloadavg())
@@ -220,6 +259,7 @@ def main(argv=None) -> int:
         bench["measured"] = measured(a, ratios)
     bench["load_after"] = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     bench["wall_s"] = time.time() - t0
+    bench.update(kept)
     write_report(a, bench, markdown(bench))
     return 0
 

@@ -129,6 +129,37 @@ def test_slow_link_benchmark_models_the_planner_against_1f1b(tmp_path):
     slow = [r for r in rows if r["link"] == "80Mbps"]
     assert slow and all(r["planner_schedule"].startswith("1f1b-x") for r in slow)
     assert "| planner / floor |" in (tmp_path / "b.md").read_text()
+    # the int8 backward message: MAPL+VQ's floor falls (its bf16 backward is the busiest channel); MAPL's does not
+    # (its forward, with the anchors' token ids, is at least as busy as either backward)
+    by = {(r["method"], r["link"]): r for r in rows}
+    int8 = {m.split()[0]: by[(m, "80Mbps")] for m, _ in by if m.endswith(", int8 backward")}
+    bf16 = {m.split()[0]: r for (m, link), r in by.items() if link == "80Mbps" and "int8" not in m}
+    assert sorted(int8) == ["mapl", "mapl-rvq"]
+    assert int8["mapl-rvq"]["floor_s"] < bf16["mapl-rvq"]["floor_s"]
+    assert int8["mapl"]["floor_s"] == bf16["mapl"]["floor_s"]
+    assert all(int8[m]["compute_s"] == bf16[m]["compute_s"] for m in int8)
+
+
+def test_slow_link_keep_measured_carries_the_measured_part_or_refuses(tmp_path):
+    """--keep-measured reruns the model and carries the measured rows over as measured; with nothing measured in
+    --out-json it is refused in one line (exit 2), and the file is left as it was."""
+    import subprocess
+    import sys
+    out = tmp_path / "b.json"
+    measured = {"message_to_compute": {"mapl": 1.5}, "measured_setup": {"runtime": "r", "width": 64, "micro_batches": 4,
+                "micro_batch_size": 2, "seq_len": 64, "steps": 2, "latency_ms": 1.0},
+                "measured": [{"method": "mapl", "message_to_compute": 1.5, "link": "1Mbps", "schedule": "1f1b",
+                              "measured_step_s": 2.0, "predicted_step_s": 1.9, "error": -0.05, "floor_s": 1.0,
+                              "measured_over_floor": 2.0}], "load_before": "1.00", "load_after": "2.00"}
+    out.write_text(json.dumps({"model": [], **measured}))
+    bench = _script(["benchmarks/slow_link.py", "--quick", "--keep-measured"], tmp_path)
+    assert {k: bench[k] for k in measured} == measured and bench["measured_kept_from"] == str(out) and bench["model"]
+    assert "| mapl | 1.50 | 1Mbps | 1f1b | 2.000 |" in (tmp_path / "b.md").read_text()
+    out.write_text(json.dumps({"model": []}))
+    r = subprocess.run([sys.executable, "benchmarks/slow_link.py", "--quick", "--keep-measured", "--out-json", str(out),
+                        "--out-md", str(tmp_path / "c.md")], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and "holds no measured part" in r.stderr, r.stderr
+    assert json.loads(out.read_text()) == {"model": []} and not (tmp_path / "c.md").exists()
 
 
 @pytest.mark.slow

@@ -201,17 +201,19 @@ def measured_text(keys: Sequence[tuple], results_dir: str | Path, target_pct: fl
 
 def paper_cases(model: str, methods: Sequence[str], stages: int, micro_batches: int, micro_batch_size: int,
                 seq_len: int, gpu, ratios: dict | None = None, model_overrides: dict | None = None,
-                schedules: Sequence[str] = PLANNER_SCHEDULES) -> dict:
+                schedules: Sequence[str] = PLANNER_SCHEDULES, overrides: dict | None = None) -> dict:
     """(method, wire ratio) -> Case of the paper profile at ``model`` (+ ``model_overrides``) with the paper's
     ratio for that scale (or ``ratios[method]``), FLOP-based compute on ``gpu`` and 1F1B (GPipe does not fit:
     mapl.core.memory), with a variant for each of ``schedules`` that fits ``gpu``'s memory (with or without
-    activation checkpointing): each link gets the fastest (``Case.predict``). ``schedules=()``: 1F1B only."""
+    activation checkpointing): each link gets the fastest (``Case.predict``). ``schedules=()``: 1F1B only.
+    ``overrides``: further settings of every method's config (e.g. ``{"compressor.grad_wire": "int8"}``)."""
     paper = paper_steps_ratios(model, stages)
     out = {}
     for m in methods:
         over = {"model": model, "method": m, "stages": stages, "train.micro_batches": micro_batches,
                 "train.batch_size": micro_batches * micro_batch_size, "train.seq_len": seq_len,
-                "train.schedule": "1f1b", **{f"model.{k}": v for k, v in (model_overrides or {}).items()}}
+                "train.schedule": "1f1b", **{f"model.{k}": v for k, v in (model_overrides or {}).items()},
+                **(overrides or {})}
         if m != "none":
             over["ratio"] = (ratios or {}).get(m) or paper[m]["proj_ratio"]
         cfg = load_run_config("paper", over)
