@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import pickle
 import statistics
@@ -50,6 +51,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import psutil
 import torch
 import torch.distributed as dist
 import torch.nn as nn
@@ -64,6 +66,7 @@ from mapl.orchestration.launch import child_env, free_port
 from mapl.core.runtime.topology import Topology
 from mapl.core.runtime.transport import Transport
 from mapl.core.runtime.worker import PipelineEngine
+from mapl.report.stats import t_interval, t_quantile
 
 METHODS = {"none": 1.0, "mapl": 8.0}
 REFUSED = {"int8": 1.0, "mapl-rvq": 4.0}         # checked for the note, never trained here
@@ -225,6 +228,20 @@ class _NormTap:
 
 
 # ---- one rank ----------------------------------------------------------------------------------------
+def _time_finish_step(engine: PipelineEngine) -> list[float]:
+    """Note when ``engine`` enters ``finish_step`` (after the schedule: the loss all-reduce, clipping and the
+    optimizer step, the same code for both engines). Barrier to that moment is the engines' own part of a step:
+    the shared optimizer (bf16 Newton-Schulz, about two thirds of a CPU step) would otherwise hide it."""
+    stamps: list[float] = []
+    inner = engine.finish_step
+
+    def timed(*args, **kwargs):
+        stamps.append(time.perf_counter())
+        return inner(*args, **kwargs)
+    engine.finish_step = timed
+    return stamps
+
+
 def _same_state(a: nn.Module, b: nn.Module) -> bool:
     sa, sb = a.state_dict(), b.state_dict()
     return list(sa) == list(sb) and all(torch.equal(sa[k], sb[k]) for k in sa)
@@ -246,7 +263,10 @@ def run_cell(cfg, rank: int, world: int, steps: int, data) -> dict:
     taps = {"ours": _NormTap(ours.agreement), "library": _NormTap(holder.agreement)}
     ours.agreement, holder.agreement = taps["ours"], taps["library"]
     run = {"ours": lambda k, lr: ours.train_step(k, lr).loss, "library": lib.train_step}
-    rec = {name: {"loss": [], "grad_norm": [], "time_s": []} for name in run}
+    rec = {name: {"loss": [], "grad_norm": [], "time_s": [], "schedule_s": []} for name in run}
+    entered = {}
+    for name, eng in (("ours", ours), ("library", holder)):
+        entered[name] = _time_finish_step(eng)
     for k in range(steps):
         lr = lr_factor(k, cfg)
         for name in (("ours", "library") if k % 2 == 0 else ("library", "ours")):
@@ -254,6 +274,7 @@ def run_cell(cfg, rank: int, world: int, steps: int, data) -> dict:
             t0 = time.perf_counter()
             loss = run[name](k, lr)
             rec[name]["time_s"].append(time.perf_counter() - t0)
+            rec[name]["schedule_s"].append(entered[name][-1] - t0)
             rec[name]["loss"].append(loss)
             rec[name]["grad_norm"].append(taps[name].norm)
     mine = {"stage": topo.stage, "same_initial_weights": same_init, **rec}
@@ -331,7 +352,39 @@ def summarize(cfg, ranks: list[dict], warmup: int) -> dict:
     q1, q2, q3 = statistics.quantiles(paired, n=4) if len(paired) > 1 else paired * 3
     cell["paired_ratio"] = {"median": statistics.median(paired), "q1": q1, "q3": q3}
     cell["fastest_ratio"] = min(a["step_s"][warmup:]) / min(b["step_s"][warmup:])
+    sched = {name: [max(r[name]["schedule_s"][k] for r in ranks) for k in range(len(ranks[0][name]["schedule_s"]))]
+             for name in ("ours", "library")}
+    cell["schedule_only"] = ratio_interval(sched["ours"][warmup:], sched["library"][warmup:])
+    cell["schedule_only"].update(ours_median_s=statistics.median(sched["ours"][warmup:]),
+                                 library_median_s=statistics.median(sched["library"][warmup:]))
     return cell
+
+
+Z_POWER_80 = 0.8416          # the standard normal's 0.8 quantile: 80 % power
+
+
+def ratio_interval(ours: list[float], library: list[float], level: float = 0.95) -> dict:
+    """The ratio ours / library as the geometric mean of the paired step ratios (steps run back to back), its
+    t interval, and the smallest difference this many steps would detect with 80 % power at that level
+    (``mde``: two-sided, on the log scale): ``resolves_5pct`` when it is at most 5 %."""
+    logs = [math.log(x / y) for x, y in zip(ours, library)]
+    n = len(logs)
+    lo, hi = t_interval(logs, level) if n > 1 else (float("nan"), float("nan"))
+    se = statistics.stdev(logs) / math.sqrt(n) if n > 1 else float("nan")
+    mde = math.exp((t_quantile(0.5 + level / 2, n - 1) + Z_POWER_80) * se) - 1 if n > 1 else float("nan")
+    return {"n": n, "ratio": math.exp(statistics.fmean(logs)), "ci": [math.exp(lo), math.exp(hi)], "level": level,
+            "mde": mde, "resolves_5pct": bool(mde <= 0.05)}
+
+
+def pooled_ratio(cells: list[dict], level: float = 0.95) -> dict | None:
+    """Over cells (each a :func:`ratio_interval`): the geometric mean of their ratios with a t interval across
+    cells (the cells' spread, not the steps', is what a claim about the engines must survive)."""
+    logs = [math.log(c["ratio"]) for c in cells]
+    if len(logs) < 2:
+        return None
+    lo, hi = t_interval(logs, level)
+    return {"cells": len(logs), "ratio": math.exp(statistics.fmean(logs)), "ci": [math.exp(lo), math.exp(hi)],
+            "level": level}
 
 
 def cell_configs(profile: str, method: str, P: int, schedules, micro, overrides: dict | None = None) -> list:
@@ -367,6 +420,17 @@ def _fmt_ms(s: float) -> str:
     return f"{1000 * s:.0f}"
 
 
+def _load_words(env: dict) -> str:
+    """What the machine was doing before the ranks started: quiet (its cores under 25 % busy over the 3 s before)
+    or shared; with the load averages before and at the end (the ranks' own load included) and their niceness.
+    The busy share is the measure: a 1-minute load average still counts work that stopped a minute ago."""
+    start, end, busy = env["loadavg_start"][0], env["loadavg_end"][0], env.get("cpu_busy_pct_before")
+    quiet = busy is not None and busy < 25
+    said = f"cores {busy:.0f} % busy before the runs, " if busy is not None else ""
+    return (f"**{'a quiet' if quiet else 'a shared'} machine** ({said}load average {start:.1f} before the runs, "
+            f"{end:.1f} at the end with the ranks' own; niceness {env['nice']})")
+
+
 def markdown(bench: dict) -> str:
     env = bench["env"]
     lines = [f"# Our runtime vs torch.distributed.pipelining (profile {bench['profile']}, model "
@@ -374,10 +438,9 @@ def markdown(bench: dict) -> str:
              f"Both engines train the same stage modules from the same initial weights on the same micro-batches, "
              f"{bench['steps']} steps each, alternating step by step in the same P processes (one torch thread "
              f"each); step time = the slowest rank's, barrier to end of the optimizer step, median over steps "
-             f"{bench['warmup']}..{bench['steps'] - 1} (step 0, the library's set-up, excluded). **Timings were "
-             f"taken on a shared 2-core machine** (load average {env['loadavg_start'][0]:.1f} at the start, "
-             f"{env['loadavg_end'][0]:.1f} at the end, run under nice 19); alternating means both engines saw "
-             f"the same load. torch {env['torch']}.", "",
+             f"{bench['warmup']}..{bench['steps'] - 1} (step 0, the library's set-up, excluded). Timings were "
+             f"taken on {env['cpus']} cores, {_load_words(env)}; alternating means both engines saw the same load. "
+             f"torch {env['torch']}.", "",
              "Losses: *bit-identical* means every step's loss is the same float64 on both engines; gradient "
              "norms are each stage's before clipping, compared per step and stage.", "",
              "Step time, ours / library: of the medians; *paired*: the median (and quartiles) of step k's ours / "
@@ -394,6 +457,7 @@ def markdown(bench: dict) -> str:
                      f"{gn} | {_fmt_ms(c['ours']['median_step_s'])} | {_fmt_ms(c['library']['median_step_s'])} | "
                      f"{c['step_time_ratio']:.2f} | {c['paired_ratio']['median']:.2f} [{c['paired_ratio']['q1']:.2f}, "
                      f"{c['paired_ratio']['q3']:.2f}] | {c['fastest_ratio']:.2f} |")
+    lines += schedule_only_lines(bench)
     lines += ["", f"Losses of the first cell, step by step: ours {bench['cells'][0]['ours']['loss']}, library "
               f"{bench['cells'][0]['library']['loss']}.", ""]
     if bench.get("summary"):
@@ -406,6 +470,33 @@ def markdown(bench: dict) -> str:
         lines.append(f"* {name}: " + (f"refused: {msg['refusal']}" if msg["refusal"] else
                      f"carried ({what}; the 16-bit token ids go as a second, integer output without gradient)"))
     return "\n".join(lines) + "\n"
+
+
+def schedule_only_lines(bench: dict) -> list[str]:
+    """The engines' own part of a step (barrier to the shared finish_step: the optimizer excluded), per cell and
+    pooled per method, with whether this run could resolve a 5 % difference."""
+    cells = [c for c in bench["cells"] if "schedule_only" in c]
+    if not cells:
+        return []
+    lines = ["", "## Without the optimizer step", "",
+             "The same steps timed from the barrier to the shared `finish_step` (loss all-reduce, clipping, optimizer: "
+             "the same code in both engines, about two thirds of a CPU step, which hides the engines' difference). "
+             "*ratio*: geometric mean of step k's ours / library over the timed steps, with its 95 % t interval; "
+             "*detects*: the smallest difference these steps detect with 80 % power at that level.", "",
+             "| method | schedule | P | M | ours ms | library ms | ours / library [95 % CI] | detects | 5 % resolvable |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for c in cells:
+        so = c["schedule_only"]
+        meth = c["method"] if c["method"] == "none" else f"{c['method']} {c['ratio']:g}x"
+        lines.append(f"| {meth} | {c['schedule']} | {c['stages']} | {c['micro_batches']} | "
+                     f"{_fmt_ms(so['ours_median_s'])} | {_fmt_ms(so['library_median_s'])} | {so['ratio']:.3f} "
+                     f"[{so['ci'][0]:.3f}, {so['ci'][1]:.3f}] | {100 * so['mde']:.1f} % | "
+                     f"{'yes' if so['resolves_5pct'] else 'no'} |")
+    for method, pooled in (bench.get("schedule_only_pooled") or {}).items():
+        if pooled:
+            lines += ["", f"Pooled over the {pooled['cells']} cells of {method} (interval across cells): ours / library "
+                          f"{pooled['ratio']:.3f} [{pooled['ci'][0]:.3f}, {pooled['ci'][1]:.3f}]."]
+    return lines
 
 
 def summary_line(cells: list[dict]) -> str:
@@ -456,7 +547,7 @@ def main(argv=None) -> int:
         return 2
     bench = {"profile": a.profile, "steps": a.steps, "warmup": 1, "methods": methods,
              "env": {"torch": torch.__version__, "cpus": os.cpu_count(), "loadavg_start": list(os.getloadavg()),
-                     "nice": os.nice(0)}, "cells": []}
+                     "cpu_busy_pct_before": psutil.cpu_percent(interval=3.0), "nice": os.nice(0)}, "cells": []}
     t0 = time.time()
     bench["model"] = groups[0][0].model
     for cfgs in groups:
@@ -468,6 +559,8 @@ def main(argv=None) -> int:
                   f"(max {cell['loss_max_abs_diff']:.1e}), ours/library {cell['step_time_ratio']:.2f}, paired "
                   f"{cell['paired_ratio']['median']:.2f}", flush=True)
     bench["env"]["loadavg_end"] = list(os.getloadavg())
+    bench["schedule_only_pooled"] = {m: pooled_ratio([c["schedule_only"] for c in bench["cells"] if c["method"] == m])
+                                     for m in methods}
     bench["wall_s"] = time.time() - t0
     bench["messages"] = boundary_messages(a.profile)
     bench["summary"] = summary_line(bench["cells"])
