@@ -18,6 +18,9 @@ exits 0 with the reason, writing nothing.
 
     python benchmarks/kernel_link.py                 # 4 methods x 3 rates (+ latencies if netem), ~8 min on 2 cores
     python benchmarks/kernel_link.py --quick --out-json /tmp/k.json --out-md /tmp/k.md    # one cell: it runs
+    python benchmarks/kernel_link.py --methods mapl mapl-rvq --rates-mbps 2 --latencies-ms 0 --steps 8 \
+        --set projector=fixed --out-json reports/bench/kernel-link-fixed-projector.json \
+        --out-md reports/tables/kernel-link-fixed-projector.md     # the same cells without per-step state
 """
 from __future__ import annotations
 
@@ -174,9 +177,16 @@ class ShapedLinks:
         return [p.returncode for p in procs], text
 
 
+def _setting(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"{text!r} is invalid: expected KEY=VALUE, e.g. projector=fixed")
+    return key, value
+
+
 def run_cell(links: ShapedLinks, args, method: str, rate: float, latency_s: float, tmp: Path) -> dict:
     links.set(rate, latency_s)
-    over = shape_overrides(args, method, args.schedule, args.stages)
+    over = {**shape_overrides(args, method, args.schedule, args.stages), **dict(args.set)}
     out = tmp / f"{method}-{rate:g}-{latency_s:g}.json"
     cli = ["--profile", args.profile, *set_flags(over), "--no-progress", "--fresh", "--out", str(out),
            "--ckpt", str(out.with_suffix(".pt"))]
@@ -207,6 +217,8 @@ def markdown(bench: dict) -> str:
              f"|error| where comm >= 25 %: {_pct(bench['max_abs_error_comm25'])} at the shaped rate, "
              f"{_pct(bench['max_abs_error_goodput_comm25'])} at the goodput. Load average before / after: "
              f"{bench['load_before']} / {bench['load_after']}.", ""]
+    if s.get("settings"):
+        lines += ["Every cell with " + ", ".join(f"`{k}={v}`" for k, v in s["settings"].items()) + ".", ""]
     if bench.get("skipped"):
         lines += [f"Skipped: {x}" for x in bench["skipped"]] + [""]
     lines += ["| method | Mbit/s | latency (ms) | measured (s) | model (s) | error | model at goodput (s) | error | comm |",
@@ -231,6 +243,9 @@ def main(argv=None) -> int:
     ap.add_argument("--latencies-ms", nargs="+", type=float, default=[0.0, 20.0])
     ap.add_argument("--stages", type=int, default=4)
     ap.add_argument("--schedule", default="1f1b")
+    ap.add_argument("--set", action="append", default=[], type=_setting, metavar="KEY=VALUE",
+                    help="a config setting for every cell (repeatable), e.g. projector=fixed: what a cell's error "
+                         "depends on")
     add_shape_arguments(ap, micro_batches=8, micro_batch_size=4, seq_len=128, out="kernel-link")
     a = ap.parse_args(argv)
     if a.quick:
@@ -259,7 +274,8 @@ def main(argv=None) -> int:
     comm = [c for c in cells if c["comm_fraction"] >= 0.25]
     bench = {"setup": {"profile": a.profile, "stages": a.stages, "schedule": a.schedule, "width": a.width,
                        "micro_batches": a.micro_batches, "micro_batch_size": a.micro_batch_size, "seq_len": a.seq_len,
-                       "steps": a.steps, "link": "HTB class per neighbour on each rank's veth (network namespaces)"},
+                       "steps": a.steps, "link": "HTB class per neighbour on each rank's veth (network namespaces)",
+                       "settings": dict(a.set)},
              "skipped": skipped, "cells": cells, "load_before": load_before,
              "load_after": ", ".join(f"{x:.2f}" for x in os.getloadavg()), "wall_s": time.time() - t0,
              "max_abs_error_comm25": max((abs(c["error"]) for c in comm), default=None),

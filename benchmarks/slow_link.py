@@ -18,7 +18,7 @@ that fits the GPU's memory (``with_schedule_variants``).
   against the model's prediction from that run's own compute.
 
     python benchmarks/slow_link.py                     # model only, about a minute
-    python benchmarks/slow_link.py --measure           # + the CPU runs, about 10 min on 2 idle cores
+    python benchmarks/slow_link.py --measure           # + the CPU runs (MAPL+VQ also with the int8 backward), ~10 min
     python benchmarks/slow_link.py --measure --quick --out-json /tmp/s.json --out-md /tmp/s.md   # seconds: it runs
     python benchmarks/slow_link.py --keep-measured     # the model again; the measured part kept from --out-json
 
@@ -136,7 +136,8 @@ def figure(data: dict, path: Path) -> None:
 
 def message_to_compute(rows: list[dict]) -> dict:
     """Per method: the target case's time of one forward message over the link against one micro-batch's
-    compute on a stage (forward + backward), the ratio the measured runs reproduce."""
+    compute on a stage (forward + backward), the ratio the measured runs reproduce (a method with the int8
+    backward has its bf16 twin's: the same forward message and compute)."""
     model, link = TARGET
     cases = views.paper_cases(model, PAPER_METHODS, 4, 32, 16, 2048, H100, schedules=())
     prof = get_profile(link)
@@ -145,6 +146,13 @@ def message_to_compute(rows: list[dict]) -> dict:
         per_mb = max(f + b for f, b in zip((r[0] for r in case.compute.fwd_s), (r[0] for r in case.compute.bwd_s)))
         out[key[0]] = prof.transfer_s(case.wire[0].fwd) / per_mb
     return out
+
+
+def measured_variants(methods: list[str], int8_backward: list[str]) -> list[tuple[str, str, dict]]:
+    """(label, method, extra config) of each measured run: every method with its bf16 gradient, then those of
+    ``int8_backward`` with the int8 backward message (labelled as in the model's rows)."""
+    return [(m, m, {}) for m in methods] + [(m + INT8_SUFFIX, m, {"compressor.grad_wire": "int8"})
+                                            for m in int8_backward]
 
 
 def _run(args, over: dict, tmp: Path, stem: str, link: LinkProfile | None) -> dict:
@@ -161,24 +169,25 @@ def _run(args, over: dict, tmp: Path, stem: str, link: LinkProfile | None) -> di
 def measured(args, ratios: dict) -> list[dict]:
     rows = []
     with tempfile.TemporaryDirectory(prefix="mapl-bench-slowlink-") as tmp:
-        for method in args.methods:
-            over = shape_overrides(args, method, "1f1b")
-            free = _run(args, over, Path(tmp), f"{method}-free", None)["pipeline"]["timing"]
+        for label, method, extra in measured_variants(args.methods, args.int8_backward):
+            stem = label.replace(INT8_SUFFIX, "-int8-backward")
+            over = {**shape_overrides(args, method, "1f1b"), **extra}
+            free = _run(args, over, Path(tmp), f"{stem}-free", None)["pipeline"]["timing"]
             per_mb = max(f[0] + b[0] for f, b in zip(free["fwd_s"], free["bwd_s"]))
             bps = free["fwd_bytes"][0] * 8 / (ratios[method] * per_mb)
             link = LinkProfile(f"{bps / 1e6:.3g}Mbps", bps, args.latency_ms / 1000)
             for schedule in args.schedules:
-                over = shape_overrides(args, method, schedule)
-                pipe = _run(args, over, Path(tmp), f"{method}-{schedule}", link)["pipeline"]
+                over = {**shape_overrides(args, method, schedule), **extra}
+                pipe = _run(args, over, Path(tmp), f"{stem}-{schedule}", link)["pipeline"]
                 cfg = load_run_config(args.profile, over)
                 pred = build_case(cfg, measured_compute(pipe["timing"], "this run"), vocab_size=cfg.data.vocab_size).predict(link)
                 step = pipe["step_wall_s"]
-                rows.append({"method": method, "schedule": schedule, "link": link.name, "bandwidth_bps": bps,
+                rows.append({"method": label, "schedule": schedule, "link": link.name, "bandwidth_bps": bps,
                              "latency_s": link.latency_s, "message_to_compute": ratios[method],
                              "measured_step_s": step, "predicted_step_s": pred.step_s, "floor_s": pred.floor_s,
                              "measured_over_floor": step / pred.floor_s, "error": (pred.step_s - step) / step,
                              "timed_steps": pipe["timed_steps"]})
-                print(f"measured: {method} {schedule} on {link.name}: {step:.3f} s = {step / pred.floor_s:.2f}x floor "
+                print(f"measured: {label} {schedule} on {link.name}: {step:.3f} s = {step / pred.floor_s:.2f}x floor "
                       f"(model {pred.step_s:.3f} s)", file=sys.stderr, flush=True)
     return rows
 
@@ -234,6 +243,8 @@ def main(argv=None) -> int:
                     help="model only; carry the measured part over from --out-json (refused if it has none)")
     ap.add_argument("--quick", action="store_true", help="a seconds-long check: 150M on H100 only, one method measured")
     ap.add_argument("--methods", nargs="+", default=["none", "mapl", "mapl-rvq"])
+    ap.add_argument("--int8-backward", nargs="*", default=["mapl-rvq"], choices=list(INT8_BACKWARD),
+                    help="methods also measured with the int8 backward message (default: %(default)s)")
     ap.add_argument("--schedules", nargs="+", default=["1f1b", "1f1b-x2", "1f1b-x3"])
     ap.add_argument("--latency-ms", type=float, default=1.0)
     add_shape_arguments(ap, micro_batches=16, micro_batch_size=2, seq_len=64, out="slow-link")
@@ -243,6 +254,7 @@ def main(argv=None) -> int:
         ap.error("--keep-measured and --measure: choose one (measure again, or keep what was measured)")
     if a.quick:
         a.methods, a.schedules, a.micro_batches, a.steps, a.width = ["mapl"], ["1f1b", "1f1b-x2"], 4, 2, 64
+        a.int8_backward = ["mapl"]
     load_before = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     t0 = time.time()
     rows = modelled(["150M"] if a.quick else ["150M", "1B"], [32] if a.quick else [32, 64],

@@ -168,8 +168,11 @@ def test_slow_link_benchmark_measures_schedules_on_a_real_delay_link(tmp_path):
     if not (ROOT / "data" / "shakespeare-bpe2048" / "manifest.json").exists():
         pytest.skip("cpu data not prepared (mapl data --profile cpu)")
     bench = _script(["benchmarks/slow_link.py", "--quick", "--measure"], tmp_path)
-    assert [r["schedule"] for r in bench["measured"]] == ["1f1b", "1f1b-x2"]
+    assert [(r["method"], r["schedule"]) for r in bench["measured"]] == [
+        ("mapl", "1f1b"), ("mapl", "1f1b-x2"), ("mapl, int8 backward", "1f1b"), ("mapl, int8 backward", "1f1b-x2")]
     assert all(r["measured_step_s"] >= r["floor_s"] for r in bench["measured"])
+    # the int8 twin runs on its bf16 twin's link (same forward message, same compute)
+    assert len({r["message_to_compute"] for r in bench["measured"]}) == 1
 
 
 @pytest.mark.slow
@@ -187,3 +190,19 @@ def test_kernel_link_benchmark_runs_a_cell_or_says_why_not(tmp_path):
     (cell,) = json.loads((tmp_path / "k.json").read_text())["cells"]
     assert cell["method"] == "mapl" and cell["measured_step_s"] >= cell["floor_s"] > 0
     assert "Traceback" not in r.stderr
+
+
+def test_kernel_link_settings_are_parsed_and_stated_in_the_table(load_benchmark, monkeypatch):
+    """`--set KEY=VALUE` reaches every cell's config and the table says so; a setting without `=` is refused."""
+    import argparse
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))          # its sibling run_shape
+    kl = load_benchmark("kernel_link")
+    assert kl._setting("projector=fixed") == ("projector", "fixed")
+    with pytest.raises(argparse.ArgumentTypeError, match="expected KEY=VALUE"):
+        kl._setting("projector")
+    setup = {"stages": 4, "schedule": "1f1b", "width": 128, "micro_batches": 8, "micro_batch_size": 4, "seq_len": 128,
+             "steps": 8, "settings": {"projector": "fixed"}}
+    bench = {"setup": setup, "cells": [], "skipped": [], "load_before": "0", "load_after": "0",
+             "max_abs_error_comm25": 0.05, "max_abs_error_goodput_comm25": 0.06}
+    assert "Every cell with `projector=fixed`." in kl.markdown(bench)
+    assert "Every cell with" not in kl.markdown({**bench, "setup": {**setup, "settings": {}}})
