@@ -387,3 +387,20 @@ def test_the_planner_takes_the_fastest_schedule_that_fits_memory():
         assert p.step_s == min(q.step_s for q in every) and p.schedule in {q.schedule for q in every}
     assert roomy.predict(slow).schedule.startswith("1f1b-x") and roomy.predict(slow).step_s < case.predict(slow).step_s
     assert roomy.scaled(2.0).variants[0].compute.fwd_s[0][0] == 2 * roomy.variants[0].compute.fwd_s[0][0]
+
+
+def test_the_planner_also_weighs_the_same_batch_in_more_micro_batches():
+    """Factor 2: every schedule again at 2M micro-batches of half the size (a factor that does not divide the batch
+    is skipped); their floor is the config's (the same bytes), and on a link-bound step the shorter fill and drain
+    make the planner take them, labelled with their M."""
+    cfg = _micro("mapl", **{"stages": 4, "train.micro_batches": 4, "train.batch_size": 16, "train.schedule": "1f1b"})
+    gpu = GPUSpec("test", 1e12, 0.5, memory_bytes=1e12)
+    case = build_case(cfg, gpu=gpu, vocab_size=256)
+    both = with_schedule_variants(case, cfg, gpu, 256, micro_batch_factors=(1, 2, 3))     # 3 x 4 does not divide 16
+    more = [v for v in both.variants if v.meta["more_micro_batches"]]
+    assert {v.micro_batches for v in more} == {8} and len(more) == 2 * len(PLANNER_SCHEDULES)
+    assert all(v.label.endswith(", M = 8") for v in more)
+    slow = LinkProfile("slow", 1e5, 0.0)
+    best = both.predict(slow)
+    assert best.schedule.endswith(", M = 8") and best.step_s < with_schedule_variants(case, cfg, gpu, 256).predict(slow).step_s
+    assert best.floor_s == pytest.approx(case.predict(slow).floor_s)

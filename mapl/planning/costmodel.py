@@ -43,7 +43,7 @@ from ..orchestration.groups import group_names, group_specs, spec_config
 
 __all__ = ["GPUSpec", "H100", "H200", "DEFAULT_MFU", "StageCompute", "BoundaryBytes", "Case", "Prediction",
            "stage_flops", "flop_compute", "measured_compute", "boundary_bytes", "wire_ratio", "build_case",
-           "PLANNER_SCHEDULES", "with_schedule_variants",
+           "PLANNER_SCHEDULES", "PLANNER_MICRO_BATCH_FACTORS", "with_schedule_variants",
            "simulate_inbound", "gpu_hours", "format_gpu_hours", "main"]
 
 DEFAULT_MFU = 0.35        # kernel-level fraction of peak while a stage computes (bubbles are modelled apart)
@@ -226,8 +226,10 @@ class Case:
 
     @property
     def label(self) -> str:
-        """The schedule as the planner names it (``+ checkpointing`` when blocks are recomputed)."""
-        return self.schedule + (" + checkpointing" if self.meta.get("checkpointing") else "")
+        """The schedule as the planner names it (``+ checkpointing`` when blocks are recomputed; ``, M = 64``
+        when the planner split the same batch into more micro-batches than the run's config)."""
+        return (self.schedule + (" + checkpointing" if self.meta.get("checkpointing") else "")
+                + (f", M = {self.micro_batches}" if self.meta.get("more_micro_batches") else ""))
 
     def predict(self, link, channels: str = "duplex") -> Prediction:
         """The step on ``link``: the fastest of this case and its ``variants`` (duplex channels; the inbound
@@ -276,25 +278,38 @@ def build_case(cfg: RunConfig, compute: StageCompute | None = None, gpu: GPUSpec
 
 # the schedules the planner weighs: the 1F1B family, shallowest first (each holds more micro-batches than the one before)
 PLANNER_SCHEDULES = ONE_F_ONE_B
+# ...and the micro-batch counts, as multiples of the config's M: the same batch in k times as many micro-batches
+# shortens the pipeline's fill and drain against the link's floor ((M + 2P - 3) / M when compute is free). It is
+# the same step up to the order of the float sums (not bit-identical to the config's M, unlike a schedule).
+PLANNER_MICRO_BATCH_FACTORS = (1, 2)
 
 
 def with_schedule_variants(case: Case, cfg: RunConfig, gpu: GPUSpec, vocab_size: int | None = None,
-                           schedules: Sequence[str] = PLANNER_SCHEDULES) -> Case:
+                           schedules: Sequence[str] = PLANNER_SCHEDULES,
+                           micro_batch_factors: Sequence[int] = (1,)) -> Case:
     """``case`` with a variant for every schedule of ``schedules`` (with and without activation checkpointing)
     whose memory plan fits ``gpu.memory_bytes`` (``mapl.core.memory.check_plan``, its reserve included): the
     planner's choice of schedule. Deeper warm-ups hold more graphs, so each checkpointing setting stops at
-    the first schedule that does not fit."""
+    the first schedule that does not fit. ``micro_batch_factors``: also the same batch in k x M micro-batches
+    (each k that divides the batch; :data:`PLANNER_MICRO_BATCH_FACTORS` is the planner's)."""
     from ..core.memory import check_plan, memory_plan          # torch-heavy: only when variants are asked for
     variants = []
-    for ckpt in (False, True):
-        for name in schedules:
-            var = replace(cfg, train=replace(cfg.train, schedule=name))
-            try:
-                check_plan(memory_plan(var, vocab_size, device="cuda", checkpointing=ckpt), gpu.memory_bytes)
-            except ValueError:
-                break
-            if (name, ckpt) != (case.schedule, bool(case.meta.get("checkpointing"))):
-                variants.append(build_case(var, gpu=gpu, vocab_size=vocab_size, name=case.name, checkpointing=ckpt))
+    M, batch = cfg.train.micro_batches, cfg.train.batch_size
+    for k in micro_batch_factors:
+        if k < 1 or batch % (k * M):
+            continue
+        more = replace(cfg, train=replace(cfg.train, micro_batches=k * M))
+        for ckpt in (False, True):
+            for name in schedules:
+                var = replace(more, train=replace(more.train, schedule=name))
+                try:
+                    check_plan(memory_plan(var, vocab_size, device="cuda", checkpointing=ckpt), gpu.memory_bytes)
+                except ValueError:
+                    break
+                if (name, ckpt, k) != (case.schedule, bool(case.meta.get("checkpointing")), 1):
+                    variant = build_case(var, gpu=gpu, vocab_size=vocab_size, name=case.name, checkpointing=ckpt)
+                    variant.meta["more_micro_batches"] = k > 1
+                    variants.append(variant)
     return replace(case, variants=tuple(variants))
 
 

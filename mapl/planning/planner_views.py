@@ -22,7 +22,8 @@ from ..report.studies import headline_ratio
 from ..report.style import NEUTRAL, SPEEDUP_CMAP
 from ..report.style import label as style_label
 from ..report.style import style as method_kw
-from .costmodel import PLANNER_SCHEDULES, boundary_bytes, build_case, measured_compute, wire_ratio, with_schedule_variants
+from .costmodel import (PLANNER_MICRO_BATCH_FACTORS, PLANNER_SCHEDULES, boundary_bytes, build_case, measured_compute,
+                        wire_ratio, with_schedule_variants)
 from .planner import (common_target, crossover_interval, load_runs, main_model_runs, paper_steps_ratios, ratio_key,
                       speedup_grid, steps_ratios, time_to_target_rows)
 
@@ -201,12 +202,14 @@ def measured_text(keys: Sequence[tuple], results_dir: str | Path, target_pct: fl
 
 def paper_cases(model: str, methods: Sequence[str], stages: int, micro_batches: int, micro_batch_size: int,
                 seq_len: int, gpu, ratios: dict | None = None, model_overrides: dict | None = None,
-                schedules: Sequence[str] = PLANNER_SCHEDULES, overrides: dict | None = None) -> dict:
+                schedules: Sequence[str] = PLANNER_SCHEDULES, overrides: dict | None = None,
+                micro_batch_factors: Sequence[int] = PLANNER_MICRO_BATCH_FACTORS) -> dict:
     """(method, wire ratio) -> Case of the paper profile at ``model`` (+ ``model_overrides``) with the paper's
     ratio for that scale (or ``ratios[method]``), FLOP-based compute on ``gpu`` and 1F1B (GPipe does not fit:
     mapl.core.memory), with a variant for each of ``schedules`` that fits ``gpu``'s memory (with or without
     activation checkpointing): each link gets the fastest (``Case.predict``). ``schedules=()``: 1F1B only.
-    ``overrides``: further settings of every method's config (e.g. ``{"compressor.grad_wire": "int8"}``)."""
+    ``overrides``: further settings of every method's config (e.g. ``{"compressor.grad_wire": "int8"}``).
+    ``micro_batch_factors``: the planner also weighs the same batch in k x ``micro_batches`` micro-batches."""
     paper = paper_steps_ratios(model, stages)
     out = {}
     for m in methods:
@@ -219,7 +222,7 @@ def paper_cases(model: str, methods: Sequence[str], stages: int, micro_batches: 
         cfg = load_run_config("paper", over)
         case = build_case(cfg, gpu=gpu, vocab_size=cfg.data.vocab_size)
         if schedules:
-            case = with_schedule_variants(case, cfg, gpu, cfg.data.vocab_size, schedules)
+            case = with_schedule_variants(case, cfg, gpu, cfg.data.vocab_size, schedules, micro_batch_factors)
         out[ratio_key(m, wire_ratio(cfg, cfg.data.vocab_size))] = case
     return out
 
