@@ -176,19 +176,21 @@ def measured(args, ratios: dict) -> list[dict]:
             per_mb = max(f[0] + b[0] for f, b in zip(free["fwd_s"], free["bwd_s"]))
             bps = free["fwd_bytes"][0] * 8 / (ratios[method] * per_mb)
             link = LinkProfile(f"{bps / 1e6:.3g}Mbps", bps, args.latency_ms / 1000)
-            for schedule in args.schedules:
-                over = {**shape_overrides(args, method, schedule), **extra}
-                pipe = _run(args, over, Path(tmp), f"{stem}-{schedule}", link)["pipeline"]
+            for k, schedule in ((k, sch) for k in args.micro_factors for sch in args.schedules):
+                # k > 1: the same batch in k x M micro-batches on the same link (the planner's other choice)
+                over = {**shape_overrides(args, method, schedule), **extra, "train.micro_batches": k * args.micro_batches}
+                pipe = _run(args, over, Path(tmp), f"{stem}-{schedule}-x{k}M", link)["pipeline"]
                 cfg = load_run_config(args.profile, over)
                 pred = build_case(cfg, measured_compute(pipe["timing"], "this run"), vocab_size=cfg.data.vocab_size).predict(link)
                 step = pipe["step_wall_s"]
-                rows.append({"method": label, "schedule": schedule, "link": link.name, "bandwidth_bps": bps,
+                rows.append({"method": label, "schedule": schedule, "micro_batches": k * args.micro_batches,
+                             "link": link.name, "bandwidth_bps": bps,
                              "latency_s": link.latency_s, "message_to_compute": ratios[method],
                              "measured_step_s": step, "predicted_step_s": pred.step_s, "floor_s": pred.floor_s,
                              "measured_over_floor": step / pred.floor_s, "error": (pred.step_s - step) / step,
                              "timed_steps": pipe["timed_steps"]})
-                print(f"measured: {label} {schedule} on {link.name}: {step:.3f} s = {step / pred.floor_s:.2f}x floor "
-                      f"(model {pred.step_s:.3f} s)", file=sys.stderr, flush=True)
+                print(f"measured: {label} {schedule} M={k * args.micro_batches} on {link.name}: {step:.3f} s = "
+                      f"{step / pred.floor_s:.2f}x floor (model {pred.step_s:.3f} s)", file=sys.stderr, flush=True)
     return rows
 
 
@@ -210,11 +212,13 @@ def markdown(bench: dict) -> str:
                   f"P = 4, d = {m['width']}, 8 layers, M = {m['micro_batches']} micro-batches of {m['micro_batch_size']} "
                   f"x {m['seq_len']} tokens, {m['steps']} steps (the first not timed), latency {m['latency_ms']:g} ms; "
                   f"each method's bandwidth gives one message {{ratio}} x a micro-batch's compute, as the 1B model at "
-                  f"200 Mb/s has. Load average before / after: {bench['load_before']} / {bench['load_after']}.", "",
-                  "| method | message / compute | link | schedule | measured (s) | model (s) | error | floor (s) | "
-                  "measured / floor |", "|---|---|---|---|---|---|---|---|---|"]
+                  f"200 Mb/s has; a run with 2M micro-batches carries the same batch in half-size micro-batches on its "
+                  f"method's link. Load average before / after: {bench['load_before']} / {bench['load_after']}.", "",
+                  "| method | message / compute | link | schedule | M | measured (s) | model (s) | error | floor (s) | "
+                  "measured / floor |", "|---|---|---|---|---|---|---|---|---|---|"]
         for r in bench["measured"]:
             lines.append(f"| {r['method']} | {r['message_to_compute']:.2f} | {r['link']} | {r['schedule']} | "
+                         f"{r.get('micro_batches', m['micro_batches'])} | "
                          f"{r['measured_step_s']:.3f} | {r['predicted_step_s']:.3f} | {100 * r['error']:+.1f}% | "
                          f"{r['floor_s']:.3f} | {r['measured_over_floor']:.2f} |")
     return "\n".join(lines).replace("{ratio}", "the listed ratio") + "\n"
@@ -246,6 +250,8 @@ def main(argv=None) -> int:
     ap.add_argument("--int8-backward", nargs="*", default=["mapl-rvq"], choices=list(INT8_BACKWARD),
                     help="methods also measured with the int8 backward message (default: %(default)s)")
     ap.add_argument("--schedules", nargs="+", default=["1f1b", "1f1b-x2", "1f1b-x3"])
+    ap.add_argument("--micro-factors", nargs="+", type=int, default=[1, 2],
+                    help="measure every schedule also with k x --micro-batches (the same batch; default %(default)s)")
     ap.add_argument("--latency-ms", type=float, default=1.0)
     add_shape_arguments(ap, micro_batches=16, micro_batch_size=2, seq_len=64, out="slow-link")
     a = ap.parse_args(argv)
@@ -254,7 +260,11 @@ def main(argv=None) -> int:
         ap.error("--keep-measured and --measure: choose one (measure again, or keep what was measured)")
     if a.quick:
         a.methods, a.schedules, a.micro_batches, a.steps, a.width = ["mapl"], ["1f1b", "1f1b-x2"], 4, 2, 64
-        a.int8_backward = ["mapl"]
+        a.int8_backward, a.micro_factors = ["mapl"], [1]
+    bad = [k for k in a.micro_factors if k < 1 or a.micro_batch_size % k]
+    if bad:
+        ap.error(f"--micro-factors {bad[0]} is invalid: must be >= 1 and divide --micro-batch-size "
+                 f"{a.micro_batch_size} (the same batch in k x M micro-batches)")
     load_before = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     t0 = time.time()
     rows = modelled(["150M"] if a.quick else ["150M", "1B"], [32] if a.quick else [32, 64],

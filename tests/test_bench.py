@@ -173,6 +173,17 @@ def test_slow_link_benchmark_measures_schedules_on_a_real_delay_link(tmp_path):
     assert all(r["measured_step_s"] >= r["floor_s"] for r in bench["measured"])
     # the int8 twin runs on its bf16 twin's link (same forward message, same compute)
     assert len({r["message_to_compute"] for r in bench["measured"]}) == 1
+    assert {r["micro_batches"] for r in bench["measured"]} == {4}          # --quick: the config's M only
+
+
+def test_slow_link_refuses_a_micro_batch_factor_that_does_not_split_the_micro_batch(tmp_path):
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "benchmarks/slow_link.py", "--measure", "--micro-factors", "1", "3",
+                        "--out-json", str(tmp_path / "s.json"), "--out-md", str(tmp_path / "s.md")],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "--micro-factors 3 is invalid: must be >= 1 and divide --micro-batch-size 2" in r.stderr
+    assert not (tmp_path / "s.json").exists()
 
 
 @pytest.mark.slow
