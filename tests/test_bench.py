@@ -154,7 +154,8 @@ def test_slow_link_keep_measured_carries_the_measured_part_or_refuses(tmp_path):
     out.write_text(json.dumps({"model": [], **measured}))
     bench = _script(["benchmarks/slow_link.py", "--quick", "--keep-measured"], tmp_path)
     assert {k: bench[k] for k in measured} == measured and bench["measured_kept_from"] == str(out) and bench["model"]
-    assert "| mapl | 1.50 | 1Mbps | 1f1b | 2.000 |" in (tmp_path / "b.md").read_text()
+    # a row measured before the M column: the set-up's M
+    assert "| mapl | 1.50 | 1Mbps | 1f1b | 4 | 2.000 |" in (tmp_path / "b.md").read_text()
     out.write_text(json.dumps({"model": []}))
     r = subprocess.run([sys.executable, "benchmarks/slow_link.py", "--quick", "--keep-measured", "--out-json", str(out),
                         "--out-md", str(tmp_path / "c.md")], cwd=ROOT, capture_output=True, text=True, timeout=300)
