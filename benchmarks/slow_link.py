@@ -255,9 +255,9 @@ def main(argv=None) -> int:
     ap.add_argument("--latency-ms", type=float, default=1.0)
     add_shape_arguments(ap, micro_batches=16, micro_batch_size=2, seq_len=64, out="slow-link")
     a = ap.parse_args(argv)
-    kept = _measured_part(a.out_json) if a.keep_measured else {}
     if a.keep_measured and a.measure:
         ap.error("--keep-measured and --measure: choose one (measure again, or keep what was measured)")
+    kept = _measured_part(a.out_json) if a.keep_measured else {}
     if a.quick:
         a.methods, a.schedules, a.micro_batches, a.steps, a.width = ["mapl"], ["1f1b", "1f1b-x2"], 4, 2, 64
         a.int8_backward, a.micro_factors = ["mapl"], [1]
