@@ -37,6 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from mapl.base.settings import parse_set
 from mapl.core.config import load_run_config
 from mapl.core.link import LinkProfile
 from mapl.orchestration.launch import RANK_COMMAND, child_env, free_port
@@ -177,16 +178,9 @@ class ShapedLinks:
         return [p.returncode for p in procs], text
 
 
-def _setting(text: str) -> tuple[str, str]:
-    key, sep, value = text.partition("=")
-    if not sep or not key:
-        raise argparse.ArgumentTypeError(f"{text!r} is invalid: expected KEY=VALUE, e.g. projector=fixed")
-    return key, value
-
-
 def run_cell(links: ShapedLinks, args, method: str, rate: float, latency_s: float, tmp: Path) -> dict:
     links.set(rate, latency_s)
-    over = {**shape_overrides(args, method, args.schedule, args.stages), **dict(args.set)}
+    over = {**shape_overrides(args, method, args.schedule, args.stages), **args.settings}
     out = tmp / f"{method}-{rate:g}-{latency_s:g}.json"
     cli = ["--profile", args.profile, *set_flags(over), "--no-progress", "--fresh", "--out", str(out),
            "--ckpt", str(out.with_suffix(".pt"))]
@@ -243,11 +237,15 @@ def main(argv=None) -> int:
     ap.add_argument("--latencies-ms", nargs="+", type=float, default=[0.0, 20.0])
     ap.add_argument("--stages", type=int, default=4)
     ap.add_argument("--schedule", default="1f1b")
-    ap.add_argument("--set", action="append", default=[], type=_setting, metavar="KEY=VALUE",
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="a config setting for every cell (repeatable), e.g. projector=fixed: what a cell's error "
                          "depends on")
     add_shape_arguments(ap, micro_batches=8, micro_batch_size=4, seq_len=128, out="kernel-link")
     a = ap.parse_args(argv)
+    try:
+        a.settings = parse_set(a.set)             # the `mapl train --set` parser: the same rule and message
+    except ValueError as e:
+        ap.error(str(e))
     if a.quick:
         a.methods, a.rates_mbps, a.latencies_ms, a.steps, a.micro_batches = ["mapl"], [2.0], [0.0], 2, 4
     why = unavailable()
@@ -275,7 +273,7 @@ def main(argv=None) -> int:
     bench = {"setup": {"profile": a.profile, "stages": a.stages, "schedule": a.schedule, "width": a.width,
                        "micro_batches": a.micro_batches, "micro_batch_size": a.micro_batch_size, "seq_len": a.seq_len,
                        "steps": a.steps, "link": "HTB class per neighbour on each rank's veth (network namespaces)",
-                       "settings": dict(a.set)},
+                       "settings": a.settings},
              "skipped": skipped, "cells": cells, "load_before": load_before,
              "load_after": ", ".join(f"{x:.2f}" for x in os.getloadavg()), "wall_s": time.time() - t0,
              "max_abs_error_comm25": max((abs(c["error"]) for c in comm), default=None),
