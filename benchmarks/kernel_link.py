@@ -39,9 +39,9 @@ sys.path.insert(0, str(ROOT))
 
 from mapl.base.settings import parse_set
 from mapl.core.config import load_run_config
-from mapl.core.link import LinkProfile
+from mapl.core.link import LinkProfile, simulate
 from mapl.orchestration.launch import RANK_COMMAND, child_env, free_port
-from mapl.planning.costmodel import build_case, measured_compute
+from mapl.planning.costmodel import _link_measurement, build_case, measured_compute
 from run_shape import add_shape_arguments, set_flags, shape_overrides, write_report
 
 PREFIX = "mapl-k"                 # namespaces mapl-k0 .. mapl-k{P-1} and the bridge's mapl-kbr
@@ -190,14 +190,19 @@ def run_cell(links: ShapedLinks, args, method: str, rate: float, latency_s: floa
     pipe = json.loads(out.read_text())["pipeline"]
     cfg = load_run_config(args.profile, over)
     case = build_case(cfg, measured_compute(pipe["timing"], "this run"), vocab_size=cfg.data.vocab_size)
-    nominal = case.predict(LinkProfile(f"{rate:g}bps", rate, latency_s))
+    link = LinkProfile(f"{rate:g}bps", rate, latency_s)
+    nominal = case.predict(link)
     goodput = case.predict(LinkProfile(f"{rate * GOODPUT:g}bps", rate * GOODPUT, latency_s))
+    one_step = simulate(_link_measurement(case), link, steps=1).step_time    # the replay of one step alone
     step = pipe["step_wall_s"]
     return {"method": method, "rate_bps": rate, "latency_s": latency_s, "measured_step_s": step,
             "predicted_step_s": nominal.step_s, "error": (nominal.step_s - step) / step,
+            "predicted_one_step_s": one_step, "error_one_step": (one_step - step) / step,
             "predicted_goodput_step_s": goodput.step_s, "error_goodput": (goodput.step_s - step) / step,
             "floor_s": nominal.floor_s, "comm_fraction": nominal.comm_fraction, "timed_steps": pipe["timed_steps"],
-            "fwd_bytes": [b.fwd for b in case.wire], "bwd_bytes": [b.bwd for b in case.wire]}
+            "step_walls_s": pipe["step_walls_s"],
+            "fwd_bytes": [b.fwd for b in case.wire], "bwd_bytes": [b.bwd for b in case.wire],
+            "timing": pipe["timing"]}         # the run's own measurement: the model can be replayed from it
 
 
 def markdown(bench: dict) -> str:
@@ -206,8 +211,10 @@ def markdown(bench: dict) -> str:
              f"P = {s['stages']}, {s['schedule']}, d = {s['width']}, {2 * s['stages']} layers, M = {s['micro_batches']} "
              f"micro-batches of {s['micro_batch_size']} x {s['seq_len']} tokens, {s['steps']} steps (the first not "
              f"timed), 8x for the compressed methods. Measured: the runtime's mean step over the shaped link. "
-             f"Model: mapl.planning.costmodel from the run's own compute and declared bytes, at the shaped rate and "
-             f"at TCP's goodput over it (x {GOODPUT:.3f}). Comm: the share of the step the link adds. Largest "
+             f"Model: mapl.planning.costmodel from the run's own compute and declared bytes (steps replayed back to "
+             f"back: stage 0's period), at the shaped rate and at TCP's goodput over it (x {GOODPUT:.3f}); one step: "
+             f"the same replay of a single step from an idle pipeline (its last stage's end), at the shaped rate. "
+             f"Comm: the share of the step the link adds. Largest "
              f"|error| where comm >= 25 %: {_pct(bench['max_abs_error_comm25'])} at the shaped rate, "
              f"{_pct(bench['max_abs_error_goodput_comm25'])} at the goodput. Load average before / after: "
              f"{bench['load_before']} / {bench['load_after']}.", ""]
@@ -215,13 +222,19 @@ def markdown(bench: dict) -> str:
         lines += ["Every cell with " + ", ".join(f"`{k}={v}`" for k, v in s["settings"].items()) + ".", ""]
     if bench.get("skipped"):
         lines += [f"Skipped: {x}" for x in bench["skipped"]] + [""]
-    lines += ["| method | Mbit/s | latency (ms) | measured (s) | model (s) | error | model at goodput (s) | error | comm |",
-              "|---|---|---|---|---|---|---|---|---|"]
+    lines += ["| method | Mbit/s | latency (ms) | measured (s) | model (s) | error | model at goodput (s) | error | "
+              "one step (s) | error | comm |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for c in bench["cells"]:
         lines.append(f"| {c['method']} | {c['rate_bps'] / 1e6:g} | {1000 * c['latency_s']:g} | {c['measured_step_s']:.3f} | "
                      f"{c['predicted_step_s']:.3f} | {100 * c['error']:+.1f}% | {c['predicted_goodput_step_s']:.3f} | "
-                     f"{100 * c['error_goodput']:+.1f}% | {100 * c['comm_fraction']:.0f}% |")
+                     f"{100 * c['error_goodput']:+.1f}% | {_one_step(c)} | {100 * c['comm_fraction']:.0f}% |")
     return "\n".join(lines) + "\n"
+
+
+def _one_step(c: dict) -> str:
+    if "predicted_one_step_s" not in c:           # a cell measured before the one-step column existed
+        return "– | –"
+    return f"{c['predicted_one_step_s']:.3f} | {100 * c['error_one_step']:+.1f}%"
 
 
 def _pct(x) -> str:

@@ -24,7 +24,8 @@ that fits the GPU's memory (``with_schedule_variants``).
 
 The model needs no quiet machine (it is arithmetic); the measured part does, so ``--keep-measured`` refreshes the
 model (a new method, a changed cost model) without rerunning it: its rows, set-up and load averages are carried over
-as they were measured, and ``measured_kept_from`` says so.
+as they were measured, and ``measured_kept_from`` says so; each row keeps its run's own measurement (``timing``,
+``overrides``), from which the current model predicts it again.
 """
 from __future__ import annotations
 
@@ -41,10 +42,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from mapl.core.config import load_run_config
-from mapl.core.link import LinkProfile, get_profile
+from mapl.core.link import LinkProfile, get_profile, simulate
 from mapl.orchestration.launch import launch
 from mapl.planning import planner_views as views
-from mapl.planning.costmodel import H100, H200, build_case, measured_compute
+from mapl.planning.costmodel import H100, H200, _link_measurement, build_case, measured_compute
 from run_shape import add_shape_arguments, set_flags, shape_overrides, write_report
 
 LINKS = ("80Mbps", "200Mbps", "1Gbps", "10Gbps")
@@ -180,18 +181,30 @@ def measured(args, ratios: dict) -> list[dict]:
                 # k > 1: the same batch in k x M micro-batches on the same link (the planner's other choice)
                 over = {**shape_overrides(args, method, schedule), **extra, "train.micro_batches": k * args.micro_batches}
                 pipe = _run(args, over, Path(tmp), f"{stem}-{schedule}-x{k}M", link)["pipeline"]
-                cfg = load_run_config(args.profile, over)
-                pred = build_case(cfg, measured_compute(pipe["timing"], "this run"), vocab_size=cfg.data.vocab_size).predict(link)
-                step = pipe["step_wall_s"]
-                rows.append({"method": label, "schedule": schedule, "micro_batches": k * args.micro_batches,
-                             "link": link.name, "bandwidth_bps": bps,
-                             "latency_s": link.latency_s, "message_to_compute": ratios[method],
-                             "measured_step_s": step, "predicted_step_s": pred.step_s, "floor_s": pred.floor_s,
-                             "measured_over_floor": step / pred.floor_s, "error": (pred.step_s - step) / step,
-                             "timed_steps": pipe["timed_steps"]})
-                print(f"measured: {label} {schedule} M={k * args.micro_batches} on {link.name}: {step:.3f} s = "
-                      f"{step / pred.floor_s:.2f}x floor (model {pred.step_s:.3f} s)", file=sys.stderr, flush=True)
+                row = predicted({"method": label, "schedule": schedule, "micro_batches": k * args.micro_batches,
+                                 "link": link.name, "bandwidth_bps": bps,
+                                 "latency_s": link.latency_s, "message_to_compute": ratios[method],
+                                 "measured_step_s": pipe["step_wall_s"], "timed_steps": pipe["timed_steps"],
+                                 "step_walls_s": pipe["step_walls_s"],
+                                 "overrides": over, "timing": pipe["timing"]}, args.profile)
+                rows.append(row)
+                print(f"measured: {label} {schedule} M={k * args.micro_batches} on {link.name}: "
+                      f"{row['measured_step_s']:.3f} s = {row['measured_over_floor']:.2f}x floor "
+                      f"(model {row['predicted_step_s']:.3f} s)", file=sys.stderr, flush=True)
     return rows
+
+
+def predicted(row: dict, profile: str) -> dict:
+    """``row`` with the model's step from its run's own compute (``timing``) and its config's declared bytes:
+    the steady state (steps back to back) and, beside it, the replay of one step from an idle pipeline."""
+    cfg = load_run_config(profile, row["overrides"])
+    case = build_case(cfg, measured_compute(row["timing"], "this run"), vocab_size=cfg.data.vocab_size)
+    link = LinkProfile(row["link"], row["bandwidth_bps"], row["latency_s"])
+    pred, step = case.predict(link), row["measured_step_s"]
+    one_step = simulate(_link_measurement(case), link, steps=1).step_time
+    return {**row, "predicted_step_s": pred.step_s, "floor_s": pred.floor_s, "measured_over_floor": step / pred.floor_s,
+            "error": (pred.step_s - step) / step, "predicted_one_step_s": one_step,
+            "error_one_step": (one_step - step) / step}
 
 
 def markdown(bench: dict) -> str:
@@ -214,13 +227,17 @@ def markdown(bench: dict) -> str:
                   f"each method's bandwidth gives one message {{ratio}} x a micro-batch's compute, as the 1B model at "
                   f"200 Mb/s has; a run with 2M micro-batches carries the same batch in half-size micro-batches on its "
                   f"method's link. Load average before / after: {bench['load_before']} / {bench['load_after']}.", "",
-                  "| method | message / compute | link | schedule | M | measured (s) | model (s) | error | floor (s) | "
-                  "measured / floor |", "|---|---|---|---|---|---|---|---|---|---|"]
+                  "Model: the steady state (steps replayed back to back, stage 0's period) from the run's own compute; "
+                  "one step: the replay of a single step from an idle pipeline (its last stage's end).", "",
+                  "| method | message / compute | link | schedule | M | measured (s) | model (s) | error | one step (s) | "
+                  "error | floor (s) | measured / floor |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in bench["measured"]:
+            one = (f"{r['predicted_one_step_s']:.3f} | {100 * r['error_one_step']:+.1f}%" if "predicted_one_step_s" in r
+                   else "– | –")                  # a row measured before the one-step column
             lines.append(f"| {r['method']} | {r['message_to_compute']:.2f} | {r['link']} | {r['schedule']} | "
                          f"{r.get('micro_batches', m['micro_batches'])} | "
                          f"{r['measured_step_s']:.3f} | {r['predicted_step_s']:.3f} | {100 * r['error']:+.1f}% | "
-                         f"{r['floor_s']:.3f} | {r['measured_over_floor']:.2f} |")
+                         f"{one} | {r['floor_s']:.3f} | {r['measured_over_floor']:.2f} |")
     return "\n".join(lines).replace("{ratio}", "the listed ratio") + "\n"
 
 
@@ -237,6 +254,14 @@ def _measured_part(path: Path) -> dict:
     if not isinstance(old, dict) or not old.get("measured"):
         fail(f"error: --keep-measured: {path} holds no measured part; run with --measure")
     return {**{k: old[k] for k in MEASURED_KEYS if k in old}, "measured_kept_from": str(path)}
+
+
+def repredicted(kept: dict, profile: str) -> dict:
+    """The kept measured part with the current model's predictions, for every row that kept its run's
+    measurement (``timing``); a row measured before rows kept it keeps its old prediction."""
+    if not kept:
+        return kept
+    return {**kept, "measured": [predicted(r, profile) if "timing" in r else r for r in kept["measured"]]}
 
 
 def main(argv=None) -> int:
@@ -281,7 +306,7 @@ def main(argv=None) -> int:
         bench["measured"] = measured(a, ratios)
     bench["load_after"] = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     bench["wall_s"] = time.time() - t0
-    bench.update(kept)
+    bench.update(repredicted(kept, a.profile))
     write_report(a, bench, markdown(bench))
     return 0
 

@@ -141,21 +141,34 @@ def test_slow_link_benchmark_models_the_planner_against_1f1b(tmp_path):
 
 
 def test_slow_link_keep_measured_carries_the_measured_part_or_refuses(tmp_path):
-    """--keep-measured reruns the model and carries the measured rows over as measured; with nothing measured in
-    --out-json it is refused in one line (exit 2), and the file is left as it was."""
+    """--keep-measured reruns the model and carries the measured rows over as measured (a row that kept its run's
+    measurement predicted again by the current model); with nothing measured in --out-json it is refused in one
+    line (exit 2), and the file is left as it was."""
     import subprocess
     import sys
     out = tmp_path / "b.json"
+    old_row = {"method": "mapl", "message_to_compute": 1.5, "link": "1Mbps", "schedule": "1f1b",
+               "measured_step_s": 2.0, "predicted_step_s": 1.9, "error": -0.05, "floor_s": 1.0, "measured_over_floor": 2.0}
+    over = {"method": "mapl", "ratio": 8, "stages": 4, "model.d_model": 64, "model.ffn_hidden": 192, "model.n_layers": 8,
+            "train.batch_size": 8, "train.micro_batches": 4, "train.seq_len": 64, "train.schedule": "1f1b"}
+    timing = {"fwd_s": [[0.01] * 4] * 4, "bwd_s": [[0.02] * 4] * 4, "opt_s": [0.05] * 4}
+    kept_row = {**old_row, "micro_batches": 4, "bandwidth_bps": 1e6, "latency_s": 0.001, "overrides": over,
+                "timing": timing}
     measured = {"message_to_compute": {"mapl": 1.5}, "measured_setup": {"runtime": "r", "width": 64, "micro_batches": 4,
                 "micro_batch_size": 2, "seq_len": 64, "steps": 2, "latency_ms": 1.0},
-                "measured": [{"method": "mapl", "message_to_compute": 1.5, "link": "1Mbps", "schedule": "1f1b",
-                              "measured_step_s": 2.0, "predicted_step_s": 1.9, "error": -0.05, "floor_s": 1.0,
-                              "measured_over_floor": 2.0}], "load_before": "1.00", "load_after": "2.00"}
+                "measured": [old_row, kept_row], "load_before": "1.00", "load_after": "2.00"}
     out.write_text(json.dumps({"model": [], **measured}))
     bench = _script(["benchmarks/slow_link.py", "--quick", "--keep-measured"], tmp_path)
-    assert {k: bench[k] for k in measured} == measured and bench["measured_kept_from"] == str(out) and bench["model"]
-    # a row measured before the M column: the set-up's M
-    assert "| mapl | 1.50 | 1Mbps | 1f1b | 4 | 2.000 |" in (tmp_path / "b.md").read_text()
+    assert {k: bench[k] for k in measured if k != "measured"} == {k: v for k, v in measured.items() if k != "measured"}
+    assert bench["measured_kept_from"] == str(out) and bench["model"]
+    assert bench["measured"][0] == old_row                      # no measurement kept: its prediction stays
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from slow_link import predicted
+    new_row = bench["measured"][1]
+    assert new_row == predicted(kept_row, "cpu") and new_row["predicted_step_s"] != 1.9
+    assert new_row["predicted_one_step_s"] >= new_row["predicted_step_s"] > new_row["floor_s"] > 0
+    # a row measured before the M column: the set-up's M; before the one-step column: dashes
+    assert "| mapl | 1.50 | 1Mbps | 1f1b | 4 | 2.000 | 1.900 | -5.0% | – | – |" in (tmp_path / "b.md").read_text()
     out.write_text(json.dumps({"model": []}))
     r = subprocess.run([sys.executable, "benchmarks/slow_link.py", "--quick", "--keep-measured", "--out-json", str(out),
                         "--out-md", str(tmp_path / "c.md")], cwd=ROOT, capture_output=True, text=True, timeout=300)
@@ -201,7 +214,9 @@ def test_kernel_link_benchmark_runs_a_cell_or_says_why_not(tmp_path):
         pytest.skip(r.stderr.strip().splitlines()[-1])
     (cell,) = json.loads((tmp_path / "k.json").read_text())["cells"]
     assert cell["method"] == "mapl" and cell["measured_step_s"] >= cell["floor_s"] > 0
+    assert cell["predicted_one_step_s"] > 0 and len(cell["timing"]["fwd_s"]) == 4     # the run's own measurement kept
     assert "Traceback" not in r.stderr
+    assert "| one step (s) | error |" in (tmp_path / "k.md").read_text()
 
 
 def test_kernel_link_settings_are_parsed_and_stated_in_the_table(load_benchmark, monkeypatch):
@@ -219,3 +234,9 @@ def test_kernel_link_settings_are_parsed_and_stated_in_the_table(load_benchmark,
              "max_abs_error_comm25": 0.05, "max_abs_error_goodput_comm25": 0.06}
     assert "Every cell with `projector=fixed`." in kl.markdown(bench)
     assert "Every cell with" not in kl.markdown({**bench, "setup": {**setup, "settings": {}}})
+    old_cell = {"method": "mapl", "rate_bps": 2e6, "latency_s": 0.0, "measured_step_s": 1.5, "predicted_step_s": 1.6,
+                "error": 1 / 15, "predicted_goodput_step_s": 1.65, "error_goodput": 0.1, "comm_fraction": 0.6}
+    row = kl.markdown({**bench, "cells": [old_cell]}).splitlines()[-1]      # measured before the one-step column
+    assert row.endswith("| – | – | 60% |"), row
+    new_cell = {**old_cell, "predicted_one_step_s": 1.7, "error_one_step": 0.2}
+    assert kl.markdown({**bench, "cells": [new_cell]}).splitlines()[-1].endswith("| 1.700 | +20.0% | 60% |")

@@ -7,8 +7,8 @@ from dataclasses import replace
 import pytest
 
 from mapl.core.config import load_run_config
-from mapl.planning.costmodel import (PLANNER_SCHEDULES, BoundaryBytes, Case, GPUSpec, StageCompute, _wall_clock,
-                                     boundary_bytes, build_case, gpu_hours, simulate_inbound, stage_flops,
+from mapl.planning.costmodel import (PLANNER_SCHEDULES, BoundaryBytes, Case, GPUSpec, StageCompute, _link_measurement,
+                                     _wall_clock, boundary_bytes, build_case, gpu_hours, simulate_inbound, stage_flops,
                                      with_schedule_variants)
 from mapl.core.link import IDEAL, LinkProfile, StepMeasurement, simulate
 from mapl.planning.planner import crossover_bandwidth, crossover_interval, ratio_from_penalty, ratio_key, steps_ratios
@@ -71,13 +71,16 @@ def _case(schedule, P, M, fwd, bwd, nbytes, opt=0.0, state=0.0):
 
 def test_step_time_hand_case():
     # P = 2, M = 1: F0 [0,1], message 0.5 s + 0.1 s -> F1 [1.6,2.6], B1 [2.6,4.6], gradient 0.6 s ->
-    # B0 [5.2,7.2], all-reduce 2 x 0.1 s -> 7.4, optimizer 0.5 s -> 7.9, A synced forward 0.5 + 0.1 -> 8.5
+    # B0 [5.2,7.2], all-reduce 2 x 0.1 s -> 7.4, optimizer 0.5 s -> 7.9, A synced forward 0.5 + 0.1 -> 8.5:
+    # the first step. Back to back, stage 0 starts the next at 7.9 while A is on the wire; its forward
+    # message waits for the channel until 8.9 (the F's own end), so the next step repeats: 7.9 a step
     link = LinkProfile("x", 1e9, 0.1)
     case = _case("gpipe", 2, 1, 1.0, 2.0, 62_500_000, opt=0.5, state=62_500_000)
     pred = case.predict(link)
-    assert pred.step_s == pytest.approx(8.5)
+    assert pred.step_s == pytest.approx(7.9)
+    assert simulate(_link_measurement(case), link, steps=1).step_time == pytest.approx(8.5)
     assert pred.compute_s == pytest.approx(6.5)
-    assert pred.comm_fraction == pytest.approx(1 - 6.5 / 8.5)
+    assert pred.comm_fraction == pytest.approx(1 - 6.5 / 7.9)
     # GPipe, M = 2, bandwidth-bound: the second message waits for the first on the channel
     assert _case("gpipe", 2, 2, 0.1, 0.1, 125_000_000).step_time(LinkProfile("y", 1e9, 0.0)) == pytest.approx(
         0.1 + 1 + 1 + 0.1 + 0.1 + 1 + 1 + 0.1)

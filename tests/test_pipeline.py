@@ -121,6 +121,23 @@ def test_parity_none_p2_gpipe_accelerate_with_real_link_delay(corpus, tmp_path):
 
 
 @pytest.mark.process
+@pytest.mark.full          # link-delay timing: several seconds of emulated link
+def test_step_end_compute_excludes_the_wait_for_receiver_gradients(corpus, tmp_path):
+    """MAPL P = 2 on a 64 kbit/s real-delay link: stage 0 waits about half a second a step for the receiver-side
+    gradient (4 KB), which the link model adds itself (state, bwd). The runtime's step-end compute (``opt``,
+    the model's ``opt_s``) must not hold that wait, or the model counts it twice; fed with the run's own
+    measurement, the model then predicts the measured step."""
+    args = base_args(corpus, "mapl", 2, "1f1b") + ["--set", "train.steps=5", "--set", "train.eval_every=1000"]
+    res = run_mp(args, 2, tmp_path, "torchrun", extra=["--link-delay", "64kbps@1ms"])
+    pipe = res["pipeline"]
+    rgrad_s = pipe["timing"]["state_bwd_bytes"][0] * 8 / 64e3
+    assert rgrad_s > 0.4, pipe["timing"]
+    assert max(pipe["stage_opt_s_per_step"]) < 0.25 * rgrad_s, pipe["stage_opt_s_per_step"]
+    ld = pipe["link_delay"]
+    assert abs(ld["model_step_s"] - ld["measured_step_s"]) <= 0.1 * ld["measured_step_s"], ld
+
+
+@pytest.mark.process
 @pytest.mark.full          # P = 4, 1F1B and torchrun are in make test (the MAPL+RVQ parity)
 def test_parity_none_p4_1f1b_torchrun(corpus, tmp_path):
     args = base_args(corpus, "none", 4, "1f1b", micro_batches=4)
@@ -303,14 +320,38 @@ def test_virtual_clock_step_end_state_messages_and_all_reduce():
     optimizer 0.2 s / 0.3 s. s0 F [0,1]; s1 F [1.6,2.6] B [2.6,3.6]; s0 B [4.2,5.2]. The receiver
     grad queues behind the gradient message (channel free at 4.1): arrives 4.1 + 0.25 + 0.1 = 4.45.
     All-reduce at max(5.2, 4.45) + 2 x 0.1 = 5.4; optimizers end 5.6 / 5.7; sync leaves s0 at 5.6 and
-    arrives 5.95 -> step 5.95."""
+    arrives 5.95 -> the first step 5.95.
+    Back to back, s0 starts step 2 at 5.6 while the sync is on the wire: F [5.6,6.6], its message queues
+    behind the sync (channel free at 5.85) and arrives 7.2; s1 F [7.2,8.2] B [8.2,9.2]; gradient arrives
+    9.8; s0 B [9.8,10.8]; all-reduce 11.0; s0's optimizer ends 11.2 -> period 5.6 (and so on)."""
     meas = StepMeasurement("gpipe", [[1.0], [1.0]], [[1.0], [1.0]], [500], [500], opt_s=[0.2, 0.3],
                            state_fwd_bytes=[250], state_bwd_bytes=[250])
     sim = simulate(meas, KB_LINK)
-    assert sim.step_time == pytest.approx(5.95, abs=1e-12)
+    assert sim.first_step_time == pytest.approx(5.95, abs=1e-12)
+    assert sim.step_time == pytest.approx(5.6, abs=1e-12)
+    assert simulate(meas, KB_LINK, steps=2).step_time == pytest.approx(5.6, abs=1e-12)
+    assert simulate(meas, KB_LINK, steps=1).step_time == pytest.approx(5.95, abs=1e-12)
     assert floor_time(meas, KB_LINK) == pytest.approx(0.75)
-    meas.collective = False
-    assert step_time(meas, KB_LINK) == pytest.approx(5.75, abs=1e-12)
+    meas.collective = False            # no all-reduce: the first step ends 5.75, s0's period is 5.4
+    assert simulate(meas, KB_LINK).first_step_time == pytest.approx(5.75, abs=1e-12)
+    assert step_time(meas, KB_LINK) == pytest.approx(5.4, abs=1e-12)
+
+
+def test_virtual_clock_without_step_end_state_period_is_stage0s_cycle():
+    """No state at the step's end: every channel is idle at the all-reduce, so each step repeats the first
+    except for where it starts. P = 2, M = 1, f = b = 1, 0.6 s per message (as above); optimizer 0.2 / 0.3 s.
+    s0's last backward ends at 5.2, the all-reduce at 5.4 (2 x 0.1 s latency); the first step ends at 5.7 (s1's
+    optimizer, the one-step makespan). s0 starts its next step at 5.6 and nothing it waits on depends on
+    s1's later start, so its period is 5.6."""
+    meas = StepMeasurement("gpipe", [[1.0], [1.0]], [[1.0], [1.0]], [500], [500], opt_s=[0.2, 0.3])
+    sim = simulate(meas, KB_LINK)
+    assert sim.first_step_time == pytest.approx(5.7, abs=1e-12)
+    assert sim.step_time == pytest.approx(5.6, abs=1e-12)
+    assert simulate(meas, KB_LINK, steps=1).step_time == sim.first_step_time
+    meas.opt_s = [0.3, 0.3]                           # equal optimizer steps: every step the same
+    assert simulate(meas, KB_LINK).step_time == pytest.approx(simulate(meas, KB_LINK, steps=1).step_time, abs=1e-12)
+    with pytest.raises(ValueError, match="steps must be >= 1"):
+        simulate(meas, KB_LINK, steps=0)
 
 
 def test_virtual_clock_channel_is_fifo():

@@ -18,8 +18,12 @@ The model (``simulate``):
 * after its last backward, a stage receives the receiver-side projector gradients (state, bwd);
   then one all-reduce joins all stages (global grad-norm for clipping, and the step loss): modelled
   as a reduce up the chain and a broadcast back, ``2 * sum(latencies)`` once every stage is ready;
-  then each stage runs its optimizer step and ships synced state forward (state, fwd). The step
-  ends when the last stage has applied it. Steps do not overlap (the runtime is step-synchronous).
+  then each stage runs its optimizer step and ships synced state forward (state, fwd). A stage's step
+  is over once its optimizer step has run and the state from its sender has arrived;
+* steps are replayed back to back (``STEADY_STEPS``): stage s starts the next step when its own step is
+  over, so the state still on the wire overlaps stage 0's next forward, as it does on the runtime (which
+  is step-synchronous only through the all-reduce). The step time is stage 0's mean period, the wall
+  time a training run measures per step.
 
 Times are seconds, sizes bytes, bandwidths bits per second. ``floor`` is the physical lower bound
 of the link alone: the busiest channel's bytes per step / bandwidth.
@@ -39,7 +43,7 @@ from typing import Iterable, Sequence
 from .runtime.schedule import schedule_ops
 
 __all__ = ["LinkProfile", "PROFILES", "IDEAL", "get_profile", "schedule_ops", "StepMeasurement", "SimResult",
-           "simulate", "step_time", "floor_time", "estimate", "steps_to_target", "time_to_target"]
+           "STEADY_STEPS", "simulate", "step_time", "floor_time", "estimate", "steps_to_target", "time_to_target"]
 
 # ---- link profiles ----------------------------------------------------------------------------
 @dataclass(frozen=True)
@@ -181,11 +185,19 @@ class StepMeasurement:
 # ---- the virtual clock ------------------------------------------------------------------------
 @dataclass
 class SimResult:
-    step_time: float
+    step_time: float                      # steady state: stage 0's period over back-to-back steps
     floor: float
-    compute_end: list[float]              # per stage: end of its last backward
-    events: list[tuple[int, str, int, float, float]]          # (stage, "F"/"B", micro-batch, start, end)
+    compute_end: list[float]              # per stage: end of its last backward (first step)
+    events: list[tuple[int, str, int, float, float]]          # (stage, "F"/"B", micro-batch, start, end): first step
     messages: list[tuple[int, str, int, float, float]]        # (boundary, "fwd"/"bwd"/"state_*", mb, sent, arrival)
+    first_step_time: float                # one step from an idle pipeline: the last stage's end
+
+
+# Steps replayed back to back for the steady state. A step's end state on the wire (the learned projector's
+# A_p forward) overlaps the next step's start on the runtime, so the one-step makespan over-states a step;
+# stage 0's mean period over these steps is what a training run's step wall time measures. A max-plus system
+# like this one settles within a few steps; the mean over five periods also averages a two-step cycle.
+STEADY_STEPS = 6
 
 
 class _Channel:
@@ -198,14 +210,47 @@ class _Channel:
         return self.free + self.link.latency_s
 
 
-def simulate(meas: StepMeasurement, links) -> SimResult:
-    """Replay one step of ``meas`` on ``links`` (one profile for all boundaries, or one per boundary)."""
-    P, M = meas.n_stages, meas.n_micro
+def simulate(meas: StepMeasurement, links, steps: int | None = None) -> SimResult:
+    """Replay ``meas`` on ``links`` (one profile for all boundaries, or one per boundary).
+
+    ``steps`` back-to-back steps (default ``STEADY_STEPS``): each stage starts step k + 1 once its own step k
+    is over (its optimizer step, and the synced state from its sender received), the channels keep their
+    queues. ``step_time`` is stage 0's mean period, ``first_step_time`` the first step's makespan (its last
+    stage's end); events and messages are the first step's. Without state at the step's end the two differ
+    only by the stages' unequal optimizer times: stage 0 starts its next step that much earlier."""
+    P = meas.n_stages
     links = _links(links, P - 1)
+    steps = STEADY_STEPS if steps is None else steps
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1; got {steps}")
     fwd_ch = [_Channel(lk) for lk in links]
     bwd_ch = [_Channel(lk) for lk in links]
+    free = [0.0] * P
+    stage0_ends, first = [], None
+    for _ in range(steps):
+        replay = _replay_step(meas, links, fwd_ch, bwd_ch, free)
+        first = first or replay
+        free = replay.fin
+        stage0_ends.append(replay.fin[0])
+    first_step = max(first.fin)
+    period = first_step if steps == 1 else (stage0_ends[-1] - stage0_ends[0]) / (steps - 1)
+    return SimResult(step_time=period, floor=floor_time(meas, links), compute_end=first.compute_end,
+                     events=first.events, messages=first.messages, first_step_time=first_step)
+
+
+@dataclass
+class _Replay:
+    fin: list[float]                      # per stage: its step over (free for the next one)
+    compute_end: list[float]
+    events: list
+    messages: list
+
+
+def _replay_step(meas: StepMeasurement, links, fwd_ch, bwd_ch, start: list[float]) -> _Replay:
+    """One step: stage s free from ``start[s]``; the channels carry their queues in and out."""
+    P, M = meas.n_stages, meas.n_micro
     ops = [schedule_ops(meas.schedule, P, M, s) for s in range(P)]
-    pos, free = [0] * P, [0.0] * P
+    pos, free = [0] * P, list(start)
     arr_f = [[None] * M for _ in range(P)]       # arr_f[s][m]: forward input of stage s arrived
     arr_b = [[None] * M for _ in range(P)]       # arr_b[s][m]: gradient for stage s's output arrived
     done_f = [[None] * M for _ in range(P)]
@@ -217,15 +262,15 @@ def simulate(meas: StepMeasurement, links) -> SimResult:
             while pos[s] < len(ops[s]):
                 kind, m = ops[s][pos[s]]
                 if kind == "F":
-                    dep = 0.0 if s == 0 else arr_f[s][m]
+                    dep = start[s] if s == 0 else arr_f[s][m]
                 else:
                     dep = done_f[s][m] if s == P - 1 else arr_b[s][m]
                 if dep is None:
                     break
-                start = max(free[s], dep)
-                end = start + (meas.fwd_s[s][m] if kind == "F" else meas.bwd_s[s][m])
+                begin = max(free[s], dep)
+                end = begin + (meas.fwd_s[s][m] if kind == "F" else meas.bwd_s[s][m])
                 free[s] = end
-                events.append((s, kind, m, start, end))
+                events.append((s, kind, m, begin, end))
                 if kind == "F":
                     done_f[s][m] = end
                     if s < P - 1:
@@ -257,8 +302,7 @@ def simulate(meas: StepMeasurement, links) -> SimResult:
             a = fwd_ch[p].send(done[p], meas.state_fwd_bytes[p])
             messages.append((p, "state_fwd", -1, done[p], a))
             fin[p + 1] = max(fin[p + 1], a)
-    return SimResult(step_time=max(fin), floor=floor_time(meas, links), compute_end=compute_end,
-                     events=events, messages=messages)
+    return _Replay(fin, compute_end, events, messages)
 
 
 def step_time(meas: StepMeasurement, links) -> float:

@@ -81,7 +81,8 @@ class OpTimer:
 
 class SpanClock:
     """Seconds per training step of named spans (``wait``: blocked on communication; ``opt``: the step's
-    end, optimizer included), measured where the work runs. On a GPU a span is two CUDA events on the
+    end once its sends are complete: the replicas' sum, clipping and the optimizer step, not the waits on
+    the link before it), measured where the work runs. On a GPU a span is two CUDA events on the
     current stream, i.e. what the device spent between them: kernels, or a stream waiting for an NCCL
     operation. They are read once complete (:meth:`collect`; ``block`` only at the end of the run), so
     timing adds no host sync. On a CPU: ``time.perf_counter``. Spans outside a step (setup, evaluation)
@@ -183,6 +184,7 @@ def pipeline_section(*, schedule: str, everyone: list[dict], merged: ByteMeter, 
         "stage_peak_held_sends": [r["held_sends"][0] for r in everyone[:P]],        # sends in flight at once
         "stage_peak_held_send_bytes": [r["held_sends"][1] for r in everyone[:P]],
         "step_wall_s": _mean(stage_timings[0]["wall"]),
+        "step_walls_s": list(stage_timings[0]["wall"]),       # every step's, the first (warm-up) included
         "timed_steps": max(0, len(stage_timings[0]["wall"]) - 1) or len(stage_timings[0]["wall"]),
         "bytes_per_step": {b: {d: {k: v / per_step for k, v in kinds.items()} for d, kinds in dirs.items()}
                            for b, dirs in merged.summary().items()},

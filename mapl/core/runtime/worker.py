@@ -235,12 +235,11 @@ class PipelineEngine:
         read the same all-reduce), so no rank waits on a sync the others skip. Public so that another engine
         driving this stage's model (benchmarks/peer_pipelining.py: torch's own schedules) ends its steps
         exactly as this one does."""
-        started = self.tx.clock.start()
         outcome = None
         for action in self.tail:
             with self.tx.during(f"step {step} ({_describe(action)})"):
                 if isinstance(action, Barrier):
-                    outcome = self._step_barrier(step, loss_sum, bad_in, bad_out, stop_requested, started)
+                    outcome = self._step_barrier(step, loss_sum, bad_in, bad_out, stop_requested)
                     if not math.isfinite(outcome.loss):
                         return outcome
                 elif action.transfers[0].what is Msg.RGRAD:
@@ -251,14 +250,17 @@ class PipelineEngine:
             self.tx.flush()
         return outcome
 
-    def _step_barrier(self, step: int, loss_sum, bad_in, bad_out, stop_requested, started) -> StepOutcome:
+    def _step_barrier(self, step: int, loss_sum, bad_in, bad_out, stop_requested) -> StepOutcome:
         """Every send of the step completed, the replicas' gradients summed, the one all-reduce, then (finite)
-        clipping and the optimizer step."""
+        clipping and the optimizer step. The ``opt`` span (the link model's per-stage step-end compute) starts
+        after the flush: the receiver-side gradients' exchange and the sends' completion before it are waits on
+        the link, which the model adds itself (state, bwd), so timing them here would count them twice."""
         clock = self.tx.clock
         if not self.rg_in and self.comp_in is not None:     # the receiver's copy learns from the sender only
             for p in self.comp_in.parameters():
                 p.grad = None
         self.tx.flush()
+        started = clock.start()
         self._sum_replica_grads()
         vec = self.agreement.vector(loss_sum, bad_in, bad_out, stop_requested())
         clock.stop("opt", started)
