@@ -39,9 +39,9 @@ sys.path.insert(0, str(ROOT))
 
 from mapl.base.settings import parse_set
 from mapl.core.config import load_run_config
-from mapl.core.link import LinkProfile, simulate
+from mapl.core.link import LinkProfile
 from mapl.orchestration.launch import RANK_COMMAND, child_env, free_port
-from mapl.planning.costmodel import _link_measurement, build_case, measured_compute
+from mapl.planning.costmodel import build_case, measured_compute
 from run_shape import add_shape_arguments, set_flags, shape_overrides, write_report
 
 PREFIX = "mapl-k"                 # namespaces mapl-k0 .. mapl-k{P-1} and the bridge's mapl-kbr
@@ -193,7 +193,7 @@ def run_cell(links: ShapedLinks, args, method: str, rate: float, latency_s: floa
     link = LinkProfile(f"{rate:g}bps", rate, latency_s)
     nominal = case.predict(link)
     goodput = case.predict(LinkProfile(f"{rate * GOODPUT:g}bps", rate * GOODPUT, latency_s))
-    one_step = simulate(_link_measurement(case), link, steps=1).step_time    # the replay of one step alone
+    one_step = case.one_step_time(link)    # the replay of one step alone
     step = pipe["step_wall_s"]
     return {"method": method, "rate_bps": rate, "latency_s": latency_s, "measured_step_s": step,
             "predicted_step_s": nominal.step_s, "error": (nominal.step_s - step) / step,

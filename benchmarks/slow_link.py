@@ -42,10 +42,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from mapl.core.config import load_run_config
-from mapl.core.link import LinkProfile, get_profile, simulate
+from mapl.core.link import LinkProfile, get_profile
 from mapl.orchestration.launch import launch
 from mapl.planning import planner_views as views
-from mapl.planning.costmodel import H100, H200, _link_measurement, build_case, measured_compute
+from mapl.planning.costmodel import H100, H200, build_case, measured_compute
 from run_shape import add_shape_arguments, set_flags, shape_overrides, write_report
 
 LINKS = ("80Mbps", "200Mbps", "1Gbps", "10Gbps")
@@ -201,7 +201,7 @@ def predicted(row: dict, profile: str) -> dict:
     case = build_case(cfg, measured_compute(row["timing"], "this run"), vocab_size=cfg.data.vocab_size)
     link = LinkProfile(row["link"], row["bandwidth_bps"], row["latency_s"])
     pred, step = case.predict(link), row["measured_step_s"]
-    one_step = simulate(_link_measurement(case), link, steps=1).step_time
+    one_step = case.one_step_time(link)
     return {**row, "predicted_step_s": pred.step_s, "floor_s": pred.floor_s, "measured_over_floor": step / pred.floor_s,
             "error": (pred.step_s - step) / step, "predicted_one_step_s": one_step,
             "error_one_step": (one_step - step) / step}

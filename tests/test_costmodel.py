@@ -7,8 +7,8 @@ from dataclasses import replace
 import pytest
 
 from mapl.core.config import load_run_config
-from mapl.planning.costmodel import (PLANNER_SCHEDULES, BoundaryBytes, Case, GPUSpec, StageCompute, _link_measurement,
-                                     _wall_clock, boundary_bytes, build_case, gpu_hours, simulate_inbound, stage_flops,
+from mapl.planning.costmodel import (PLANNER_SCHEDULES, BoundaryBytes, Case, GPUSpec, StageCompute, _wall_clock,
+                                     boundary_bytes, build_case, gpu_hours, simulate_inbound, stage_flops,
                                      with_schedule_variants)
 from mapl.core.link import IDEAL, LinkProfile, StepMeasurement, simulate
 from mapl.planning.planner import crossover_bandwidth, crossover_interval, ratio_from_penalty, ratio_key, steps_ratios
@@ -78,7 +78,7 @@ def test_step_time_hand_case():
     case = _case("gpipe", 2, 1, 1.0, 2.0, 62_500_000, opt=0.5, state=62_500_000)
     pred = case.predict(link)
     assert pred.step_s == pytest.approx(7.9)
-    assert simulate(_link_measurement(case), link, steps=1).step_time == pytest.approx(8.5)
+    assert case.one_step_time(link) == pytest.approx(8.5)
     assert pred.compute_s == pytest.approx(6.5)
     assert pred.comm_fraction == pytest.approx(1 - 6.5 / 7.9)
     # GPipe, M = 2, bandwidth-bound: the second message waits for the first on the channel

@@ -224,6 +224,12 @@ class Case:
     def step_time(self, link, channels: str = "duplex") -> float:
         return self.predict(link, channels).step_s
 
+    def one_step_time(self, link) -> float:
+        """This case's own schedule replayed for one step from an idle pipeline (its last stage's end), beside
+        the steady state that ``predict`` reports: what a step costs when the one before it left no state on
+        the wire."""
+        return simulate(_link_measurement(self), link, steps=1).step_time
+
     @property
     def label(self) -> str:
         """The schedule as the planner names it (``+ checkpointing`` when blocks are recomputed; ``, M = 64``
