@@ -38,11 +38,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from mapl.base.settings import parse_set
-from mapl.core.config import load_run_config
 from mapl.core.link import LinkProfile
 from mapl.orchestration.launch import RANK_COMMAND, child_env, free_port
-from mapl.planning.costmodel import build_case, measured_compute
-from run_shape import add_shape_arguments, set_flags, shape_overrides, write_report
+from run_shape import add_shape_arguments, one_step_columns, run_case, set_flags, shape_overrides, write_report
 
 PREFIX = "mapl-k"                 # namespaces mapl-k0 .. mapl-k{P-1} and the bridge's mapl-kbr
 GOODPUT = 1448 / 1514             # TCP payload per Ethernet frame with timestamps (MTU 1500)
@@ -188,8 +186,7 @@ def run_cell(links: ShapedLinks, args, method: str, rate: float, latency_s: floa
     if any(codes):
         raise RuntimeError(f"{method} at {rate:g} bit/s failed ({codes}):\n{err[-2000:]}")
     pipe = json.loads(out.read_text())["pipeline"]
-    cfg = load_run_config(args.profile, over)
-    case = build_case(cfg, measured_compute(pipe["timing"], "this run"), vocab_size=cfg.data.vocab_size)
+    case = run_case(args.profile, over, pipe["timing"])
     link = LinkProfile(f"{rate:g}bps", rate, latency_s)
     nominal = case.predict(link)
     goodput = case.predict(LinkProfile(f"{rate * GOODPUT:g}bps", rate * GOODPUT, latency_s))
@@ -227,14 +224,8 @@ def markdown(bench: dict) -> str:
     for c in bench["cells"]:
         lines.append(f"| {c['method']} | {c['rate_bps'] / 1e6:g} | {1000 * c['latency_s']:g} | {c['measured_step_s']:.3f} | "
                      f"{c['predicted_step_s']:.3f} | {100 * c['error']:+.1f}% | {c['predicted_goodput_step_s']:.3f} | "
-                     f"{100 * c['error_goodput']:+.1f}% | {_one_step(c)} | {100 * c['comm_fraction']:.0f}% |")
+                     f"{100 * c['error_goodput']:+.1f}% | {one_step_columns(c)} | {100 * c['comm_fraction']:.0f}% |")
     return "\n".join(lines) + "\n"
-
-
-def _one_step(c: dict) -> str:
-    if "predicted_one_step_s" not in c:           # a cell measured before the one-step column existed
-        return "– | –"
-    return f"{c['predicted_one_step_s']:.3f} | {100 * c['error_one_step']:+.1f}%"
 
 
 def _pct(x) -> str:

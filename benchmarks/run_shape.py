@@ -1,4 +1,5 @@
-"""The shape of the short multi-process runs the link benchmarks time (slow_link.py, kernel_link.py): flags and overrides.
+"""The shape of the short multi-process runs the link benchmarks time (slow_link.py, kernel_link.py): flags and
+overrides, and the model's prediction of such a run from its own measurement.
 
 One place for them, so the two benchmarks time the same kind of run: P = 4 stages of two blocks each, a width
 of d, M micro-batches, a few steps (the first not timed), no evaluation or checkpoint in between.
@@ -9,6 +10,21 @@ import argparse
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_case(profile: str, over: dict, timing: dict):
+    """The cost model's Case of a measured run: its config's declared bytes, the run's own compute (``timing``)."""
+    from mapl.core.config import load_run_config
+    from mapl.planning.costmodel import build_case, measured_compute
+    cfg = load_run_config(profile, over)
+    return build_case(cfg, measured_compute(timing, "this run"), vocab_size=cfg.data.vocab_size)
+
+
+def one_step_columns(row: dict) -> str:
+    """A table's "one step (s) | error" cells (dashes for a row measured before they were kept)."""
+    if "predicted_one_step_s" not in row:
+        return "– | –"
+    return f"{row['predicted_one_step_s']:.3f} | {100 * row['error_one_step']:+.1f}%"
 
 
 def add_shape_arguments(ap: argparse.ArgumentParser, *, micro_batches: int, micro_batch_size: int, seq_len: int,

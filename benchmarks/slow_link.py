@@ -41,12 +41,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from mapl.core.config import load_run_config
 from mapl.core.link import LinkProfile, get_profile
 from mapl.orchestration.launch import launch
 from mapl.planning import planner_views as views
-from mapl.planning.costmodel import H100, H200, build_case, measured_compute
-from run_shape import add_shape_arguments, set_flags, shape_overrides, write_report
+from mapl.planning.costmodel import H100, H200
+from run_shape import add_shape_arguments, one_step_columns, run_case, set_flags, shape_overrides, write_report
 
 LINKS = ("80Mbps", "200Mbps", "1Gbps", "10Gbps")
 PAPER_METHODS = ("none", "ssn", "mapl", "mapl-rvq")
@@ -197,8 +196,7 @@ def measured(args, ratios: dict) -> list[dict]:
 def predicted(row: dict, profile: str) -> dict:
     """``row`` with the model's step from its run's own compute (``timing``) and its config's declared bytes:
     the steady state (steps back to back) and, beside it, the replay of one step from an idle pipeline."""
-    cfg = load_run_config(profile, row["overrides"])
-    case = build_case(cfg, measured_compute(row["timing"], "this run"), vocab_size=cfg.data.vocab_size)
+    case = run_case(profile, row["overrides"], row["timing"])
     link = LinkProfile(row["link"], row["bandwidth_bps"], row["latency_s"])
     pred, step = case.predict(link), row["measured_step_s"]
     one_step = case.one_step_time(link)
@@ -232,12 +230,10 @@ def markdown(bench: dict) -> str:
                   "| method | message / compute | link | schedule | M | measured (s) | model (s) | error | one step (s) | "
                   "error | floor (s) | measured / floor |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in bench["measured"]:
-            one = (f"{r['predicted_one_step_s']:.3f} | {100 * r['error_one_step']:+.1f}%" if "predicted_one_step_s" in r
-                   else "– | –")                  # a row measured before the one-step column
             lines.append(f"| {r['method']} | {r['message_to_compute']:.2f} | {r['link']} | {r['schedule']} | "
                          f"{r.get('micro_batches', m['micro_batches'])} | "
                          f"{r['measured_step_s']:.3f} | {r['predicted_step_s']:.3f} | {100 * r['error']:+.1f}% | "
-                         f"{one} | {r['floor_s']:.3f} | {r['measured_over_floor']:.2f} |")
+                         f"{one_step_columns(r)} | {r['floor_s']:.3f} | {r['measured_over_floor']:.2f} |")
     return "\n".join(lines).replace("{ratio}", "the listed ratio") + "\n"
 
 
