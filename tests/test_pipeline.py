@@ -245,13 +245,24 @@ def test_killed_rank_under_accelerate_fails_the_launch_fast(corpus, tmp_path):
 @pytest.mark.parametrize("nprocs,schedule,launcher,blocking", [
     pytest.param(2, "gpipe", "accelerate", False, marks=pytest.mark.full),      # P = 4 (token scale) in make test
     (4, "1f1b", "torchrun", True)])
-def test_mapl_rvq_parity(corpus, tmp_path, nprocs, schedule, launcher, blocking):
+def test_mapl_rvq_parity(corpus, tmp_path, nprocs, schedule, launcher, blocking, load_benchmark):
+    """... and the pipeline benchmark's steady step carries the compressors' steady-state declarations: the
+    whole codebook sent once after the k-means init is metered, declared once and taken out of the mean."""
+    from mapl.planning.costmodel import boundary_bytes
     args = base_args(corpus, "mapl-rvq", nprocs, schedule, micro_batches=4 if nprocs == 4 else None)
     if nprocs == 4:                  # the per-token scale (issue 21) on the wire of a real pipeline
         args += ["--set", "compressor.rvq.scale=token"]
     ref = reference(args)
     res = run_mp(args, nprocs, tmp_path, launcher, extra=["--blocking-transport", "--timeout", "30"] * blocking)
     assert_parity(res, ref, nprocs, launcher)
+    bench = load_benchmark("pipeline")
+    once = bench.once_bytes(res)
+    assert len(once) == nprocs - 1 and all(b > 0 for b in once)
+    metered = StepMeasurement.from_results(res).fwd_bytes
+    steady = bench.steady_measurement(res).fwd_bytes
+    cfg = mtrain.config_from_args(mtrain.parse_args(args))
+    declared = [b.fwd for b in boundary_bytes(cfg, cfg.data.vocab_size)]
+    assert steady == pytest.approx(declared, rel=1e-12) and all(m > d for m, d in zip(metered, declared))
 
 
 @pytest.mark.process
