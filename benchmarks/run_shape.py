@@ -20,6 +20,30 @@ def run_case(profile: str, over: dict, timing: dict):
     return build_case(cfg, measured_compute(timing, "this run"), vocab_size=cfg.data.vocab_size)
 
 
+def host_work(pipe: dict) -> list[float]:
+    """Per stage, the seconds of a step outside every timer: the step's wall time less the stage's compute, its
+    step-end compute and its waits (a run's ``pipeline`` block). On this CPU that is per-message host work
+    (packing, posting, unpacking), serial with the stage's compute; the model's compute does not hold it."""
+    return [pipe["step_wall_s"] - c - o - w for c, o, w in zip(pipe["stage_compute_s_per_step"],
+                                                                 pipe["stage_opt_s_per_step"],
+                                                                 pipe["stage_wait_s_per_step"])]
+
+
+def with_host_work(timing: dict, host: list[float]) -> dict:
+    """``timing`` with each stage's ``host`` seconds spread evenly over its forwards and backwards (2M ops)."""
+    out = dict(timing)
+    for key in ("fwd_s", "bwd_s"):
+        out[key] = [[t + h / (2 * len(ops)) for t in ops] for ops, h in zip(timing[key], host)]
+    return out
+
+
+def host_columns(row: dict) -> str:
+    """A table's "with host work (s) | error" cells (dashes for a row measured before host work was kept)."""
+    if "predicted_with_host_s" not in row:
+        return "– | –"
+    return f"{row['predicted_with_host_s']:.3f} | {100 * row['error_with_host']:+.1f}%"
+
+
 def one_step_columns(row: dict) -> str:
     """A table's "one step (s) | error" cells (dashes for a row measured before they were kept)."""
     if "predicted_one_step_s" not in row:

@@ -45,7 +45,8 @@ from mapl.core.link import LinkProfile, get_profile
 from mapl.orchestration.launch import launch
 from mapl.planning import planner_views as views
 from mapl.planning.costmodel import H100, H200
-from run_shape import add_shape_arguments, one_step_columns, run_case, set_flags, shape_overrides, write_report
+from run_shape import (add_shape_arguments, host_columns, host_work, one_step_columns, run_case, set_flags, shape_overrides,
+                       with_host_work, write_report)
 
 LINKS = ("80Mbps", "200Mbps", "1Gbps", "10Gbps")
 PAPER_METHODS = ("none", "ssn", "mapl", "mapl-rvq")
@@ -184,7 +185,7 @@ def measured(args, ratios: dict) -> list[dict]:
                                  "link": link.name, "bandwidth_bps": bps,
                                  "latency_s": link.latency_s, "message_to_compute": ratios[method],
                                  "measured_step_s": pipe["step_wall_s"], "timed_steps": pipe["timed_steps"],
-                                 "step_walls_s": pipe["step_walls_s"],
+                                 "step_walls_s": pipe["step_walls_s"], "stage_host_s_per_step": host_work(pipe),
                                  "overrides": over, "timing": pipe["timing"]}, args.profile)
                 rows.append(row)
                 print(f"measured: {label} {schedule} M={k * args.micro_batches} on {link.name}: "
@@ -200,9 +201,14 @@ def predicted(row: dict, profile: str) -> dict:
     link = LinkProfile(row["link"], row["bandwidth_bps"], row["latency_s"])
     pred, step = case.predict(link), row["measured_step_s"]
     one_step = case.one_step_time(link)
-    return {**row, "predicted_step_s": pred.step_s, "floor_s": pred.floor_s, "measured_over_floor": step / pred.floor_s,
-            "error": (pred.step_s - step) / step, "predicted_one_step_s": one_step,
-            "error_one_step": (one_step - step) / step}
+    out = {**row, "predicted_step_s": pred.step_s, "floor_s": pred.floor_s, "measured_over_floor": step / pred.floor_s,
+           "error": (pred.step_s - step) / step, "predicted_one_step_s": one_step,
+           "error_one_step": (one_step - step) / step}
+    if "stage_host_s_per_step" in row:        # the same model with the run's untimed host work on each stage
+        hosted = run_case(profile, row["overrides"], with_host_work(row["timing"], row["stage_host_s_per_step"]))
+        out["predicted_with_host_s"] = hosted.predict(link).step_s
+        out["error_with_host"] = (out["predicted_with_host_s"] - step) / step
+    return out
 
 
 def markdown(bench: dict) -> str:
@@ -226,14 +232,17 @@ def markdown(bench: dict) -> str:
                   f"200 Mb/s has; a run with 2M micro-batches carries the same batch in half-size micro-batches on its "
                   f"method's link. Load average before / after: {bench['load_before']} / {bench['load_after']}.", "",
                   "Model: the steady state (steps replayed back to back, stage 0's period) from the run's own compute; "
-                  "one step: the replay of a single step from an idle pipeline (its last stage's end).", "",
+                  "one step: the replay of a single step from an idle pipeline (its last stage's end); with host work: "
+                  "the steady state with each stage's untimed seconds (step wall time less its compute, step-end "
+                  "compute and waits: per-message host work on this CPU) spread over its operations.", "",
                   "| method | message / compute | link | schedule | M | measured (s) | model (s) | error | one step (s) | "
-                  "error | floor (s) | measured / floor |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "error | with host work (s) | error | floor (s) | measured / floor |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in bench["measured"]:
             lines.append(f"| {r['method']} | {r['message_to_compute']:.2f} | {r['link']} | {r['schedule']} | "
                          f"{r.get('micro_batches', m['micro_batches'])} | "
                          f"{r['measured_step_s']:.3f} | {r['predicted_step_s']:.3f} | {100 * r['error']:+.1f}% | "
-                         f"{one_step_columns(r)} | {r['floor_s']:.3f} | {r['measured_over_floor']:.2f} |")
+                         f"{one_step_columns(r)} | {host_columns(r)} | {r['floor_s']:.3f} | {r['measured_over_floor']:.2f} |")
     return "\n".join(lines).replace("{ratio}", "the listed ratio") + "\n"
 
 

@@ -176,6 +176,31 @@ def test_slow_link_keep_measured_carries_the_measured_part_or_refuses(tmp_path):
     assert json.loads(out.read_text()) == {"model": []} and not (tmp_path / "c.md").exists()
 
 
+def test_slow_link_host_work_is_the_untimed_rest_of_the_step_spread_over_each_stage_operations(monkeypatch):
+    """A stage's host work is its step wall time less its compute, step-end compute and waits; the model with host
+    work adds it to the stage's forwards and backwards evenly; none of it predicts the plain model's step."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    from run_shape import host_work, with_host_work
+    from slow_link import predicted
+    pipe = {"step_wall_s": 1.0, "stage_compute_s_per_step": [0.5, 0.6], "stage_opt_s_per_step": [0.1, 0.1],
+            "stage_wait_s_per_step": [0.3, 0.2]}
+    assert host_work(pipe) == pytest.approx([0.1, 0.1])
+    timing = {"fwd_s": [[0.01] * 4] * 4, "bwd_s": [[0.02] * 4] * 4, "opt_s": [0.05] * 4}
+    hosted = with_host_work(timing, [0.08, 0.0, 0.0, 0.16])
+    assert hosted["fwd_s"][0] == pytest.approx([0.02] * 4) and hosted["bwd_s"][3] == pytest.approx([0.04] * 4)
+    assert hosted["fwd_s"][1] == timing["fwd_s"][1] and timing["fwd_s"][0] == [0.01] * 4     # the input is kept
+    over = {"method": "mapl", "ratio": 8, "stages": 4, "model.d_model": 64, "model.ffn_hidden": 192, "model.n_layers": 8,
+            "train.batch_size": 8, "train.micro_batches": 4, "train.seq_len": 64, "train.schedule": "1f1b"}
+    row = {"method": "mapl", "link": "1Mbps", "bandwidth_bps": 1e6, "latency_s": 0.001, "measured_step_s": 2.0,
+           "overrides": over, "timing": timing}
+    assert "predicted_with_host_s" not in predicted(row, "cpu")              # a row measured before host work
+    none = predicted({**row, "stage_host_s_per_step": [0.0] * 4}, "cpu")
+    assert none["predicted_with_host_s"] == pytest.approx(none["predicted_step_s"], rel=1e-12)
+    some = predicted({**row, "stage_host_s_per_step": [0.2] * 4}, "cpu")
+    assert some["predicted_with_host_s"] > some["predicted_step_s"] == none["predicted_step_s"]
+    assert some["error_with_host"] == pytest.approx((some["predicted_with_host_s"] - 2.0) / 2.0)
+
+
 @pytest.mark.slow
 @pytest.mark.full          # pipeline launches on a real-delay link; the deep schedule's parity runs in make test
 def test_slow_link_benchmark_measures_schedules_on_a_real_delay_link(tmp_path):
