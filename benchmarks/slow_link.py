@@ -21,6 +21,11 @@ that fits the GPU's memory (``with_schedule_variants``).
     python benchmarks/slow_link.py --measure           # + the CPU runs (MAPL+VQ also with the int8 backward), ~10 min
     python benchmarks/slow_link.py --measure --quick --out-json /tmp/s.json --out-md /tmp/s.md   # seconds: it runs
     python benchmarks/slow_link.py --keep-measured     # the model again; the measured part kept from --out-json
+    python benchmarks/slow_link.py --measure --stages 2 --methods mapl-rvq --micro-factors 2 \
+        --out-json reports/bench/slow-link-p2.json --out-md reports/tables/slow-link-p2.md   # one process a core
+
+The default measured runs put 4 processes on this machine's 2 cores; ``--stages 2`` is the control with one
+process a core, which separates what the runtime and the model disagree on from what sharing cores costs.
 
 The model needs no quiet machine (it is arithmetic); the measured part does, so ``--keep-measured`` refreshes the
 model (a new method, a changed cost model) without rerunning it: its rows, set-up and load averages are carried over
@@ -161,7 +166,7 @@ def _run(args, over: dict, tmp: Path, stem: str, link: LinkProfile | None) -> di
     cli = ["--profile", args.profile, *set_flags(over), "--no-progress", "--fresh", "--out", str(out), "--ckpt", str(ckpt)]
     if link is not None:
         cli += ["--link-delay", f"{link.bandwidth_bps:g}bps", "--link-latency-ms", f"{1000 * link.latency_s:g}"]
-    r = launch(cli, 4, launcher="direct", timeout=args.timeout)
+    r = launch(cli, args.stages, launcher="direct", timeout=args.timeout)
     if r.returncode != 0:
         raise RuntimeError(f"{stem} failed ({r.returncode}):\n{r.stderr[-2000:]}")
     return json.loads(out.read_text())
@@ -172,14 +177,15 @@ def measured(args, ratios: dict) -> list[dict]:
     with tempfile.TemporaryDirectory(prefix="mapl-bench-slowlink-") as tmp:
         for label, method, extra in measured_variants(args.methods, args.int8_backward):
             stem = label.replace(INT8_SUFFIX, "-int8-backward")
-            over = {**shape_overrides(args, method, "1f1b"), **extra}
+            over = {**shape_overrides(args, method, "1f1b", stages=args.stages), **extra}
             free = _run(args, over, Path(tmp), f"{stem}-free", None)["pipeline"]["timing"]
             per_mb = max(f[0] + b[0] for f, b in zip(free["fwd_s"], free["bwd_s"]))
             bps = free["fwd_bytes"][0] * 8 / (ratios[method] * per_mb)
             link = LinkProfile(f"{bps / 1e6:.3g}Mbps", bps, args.latency_ms / 1000)
             for k, schedule in ((k, sch) for k in args.micro_factors for sch in args.schedules):
                 # k > 1: the same batch in k x M micro-batches on the same link (the planner's other choice)
-                over = {**shape_overrides(args, method, schedule), **extra, "train.micro_batches": k * args.micro_batches}
+                over = {**shape_overrides(args, method, schedule, stages=args.stages), **extra,
+                        "train.micro_batches": k * args.micro_batches}
                 pipe = _run(args, over, Path(tmp), f"{stem}-{schedule}-x{k}M", link)["pipeline"]
                 row = predicted({"method": label, "schedule": schedule, "micro_batches": k * args.micro_batches,
                                  "link": link.name, "bandwidth_bps": bps,
@@ -226,7 +232,8 @@ def markdown(bench: dict) -> str:
     if bench.get("measured"):
         m = bench["measured_setup"]
         lines += ["", f"## Measured at CPU scale (real link delay, {m['runtime']})", "",
-                  f"P = 4, d = {m['width']}, 8 layers, M = {m['micro_batches']} micro-batches of {m['micro_batch_size']} "
+                  f"P = {m.get('stages', 4)}, d = {m['width']}, {2 * m.get('stages', 4)} layers, "
+                  f"M = {m['micro_batches']} micro-batches of {m['micro_batch_size']} "
                   f"x {m['seq_len']} tokens, {m['steps']} steps (the first not timed), latency {m['latency_ms']:g} ms; "
                   f"each method's bandwidth gives one message {{ratio}} x a micro-batch's compute, as the 1B model at "
                   f"200 Mb/s has; a run with 2M micro-batches carries the same batch in half-size micro-batches on its "
@@ -283,6 +290,9 @@ def main(argv=None) -> int:
     ap.add_argument("--micro-factors", nargs="+", type=int, default=[1, 2],
                     help="measure every schedule also with k x --micro-batches (the same batch; default %(default)s)")
     ap.add_argument("--latency-ms", type=float, default=1.0)
+    ap.add_argument("--stages", type=int, default=4,
+                    help="pipeline stages (processes) of the measured runs, two blocks each (default %(default)s; 2 "
+                         "gives every process its own core on this machine)")
     add_shape_arguments(ap, micro_batches=16, micro_batch_size=2, seq_len=64, out="slow-link")
     a = ap.parse_args(argv)
     if a.keep_measured and a.measure:
@@ -291,6 +301,8 @@ def main(argv=None) -> int:
     if a.quick:
         a.methods, a.schedules, a.micro_batches, a.steps, a.width = ["mapl"], ["1f1b", "1f1b-x2"], 4, 2, 64
         a.int8_backward, a.micro_factors = ["mapl"], [1]
+    if a.stages < 2:
+        ap.error(f"--stages {a.stages} is invalid: a pipeline needs at least 2")
     bad = [k for k in a.micro_factors if k < 1 or a.micro_batch_size % k]
     if bad:
         ap.error(f"--micro-factors {bad[0]} is invalid: must be >= 1 and divide --micro-batch-size "
@@ -301,11 +313,12 @@ def main(argv=None) -> int:
                     [H100] if a.quick else [H100, H200], LINKS)
     bench = {"model": rows, "target": {"model": TARGET[0], "link": TARGET[1]}, "load_before": load_before,
              "curves": curves("150M" if a.quick else "1B", points=5 if a.quick else 25)}
-    figure(bench["curves"], a.out_json.with_suffix(".png"))
+    if a.stages == 4:        # the model's figure (the paper shape, P = 4); a --stages control would only repeat it
+        figure(bench["curves"], a.out_json.with_suffix(".png"))
     if a.measure:
         ratios = message_to_compute(rows)
         bench["message_to_compute"] = ratios
-        bench["measured_setup"] = {"runtime": "mapl pipeline --link-delay", "width": a.width,
+        bench["measured_setup"] = {"runtime": "mapl pipeline --link-delay", "stages": a.stages, "width": a.width,
                                    "micro_batches": a.micro_batches, "micro_batch_size": a.micro_batch_size,
                                    "seq_len": a.seq_len, "steps": a.steps, "latency_ms": a.latency_ms}
         bench["measured"] = measured(a, ratios)

@@ -223,6 +223,24 @@ def test_slow_link_refuses_a_micro_batch_factor_that_does_not_split_the_micro_ba
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "--micro-factors 3 is invalid: must be >= 1 and divide --micro-batch-size 2" in r.stderr
     assert not (tmp_path / "s.json").exists()
+    r = subprocess.run([sys.executable, "benchmarks/slow_link.py", "--measure", "--stages", "1",
+                        "--out-json", str(tmp_path / "s.json"), "--out-md", str(tmp_path / "s.md")],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "--stages 1 is invalid: a pipeline needs at least 2" in r.stderr
+    assert not (tmp_path / "s.json").exists()
+
+
+@pytest.mark.process
+@pytest.mark.slow
+@pytest.mark.full          # pipeline launches on a real-delay link
+def test_slow_link_stages_control_measures_two_processes_and_leaves_the_model_figure_alone(tmp_path):
+    if not (ROOT / "data" / "shakespeare-bpe2048" / "manifest.json").exists():
+        pytest.skip("cpu data not prepared (mapl data --profile cpu)")
+    bench = _script(["benchmarks/slow_link.py", "--quick", "--measure", "--stages", "2"], tmp_path)
+    assert bench["measured_setup"]["stages"] == 2
+    assert all(r["overrides"]["stages"] == 2 and len(r["timing"]["fwd_s"]) == 2 for r in bench["measured"])
+    assert all(len(r["stage_host_s_per_step"]) == 2 for r in bench["measured"])
+    assert "P = 2, d = 64, 4 layers" in (tmp_path / "b.md").read_text() and not (tmp_path / "b.png").exists()
 
 
 @pytest.mark.slow
