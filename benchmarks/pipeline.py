@@ -92,21 +92,22 @@ def once_bytes(res: dict) -> list[float]:
     return out
 
 
-def steady_measurement(res: dict) -> StepMeasurement:
+def steady_measurement(res: dict, once: list[float] | None = None) -> StepMeasurement:
     """The run's step measurement with each forward message at its steady size. The meter's mean message
     spreads a one-off (``once_bytes``) over the run's steps x M; the link columns, the plan and the report's
     time to target replay a steady step, and the plan matches these bytes against the compressors'
-    steady-state declarations."""
+    steady-state declarations. ``once``: ``once_bytes(res)`` when the caller has it."""
+    once = once_bytes(res) if once is None else once
     meas = StepMeasurement.from_results(res)
     per_message = max(1, res["steps"]) * res["pipeline"]["micro_batches"] * res["pipeline"].get("replicas", 1)
-    meas.fwd_bytes = [b - once / per_message for b, once in zip(meas.fwd_bytes, once_bytes(res))]
+    meas.fwd_bytes = [b - extra / per_message for b, extra in zip(meas.fwd_bytes, once)]
     return meas
 
 
 def summarize(method: str, res: dict, profiles, curves_dir: Path | None) -> dict:
     pipe = res["pipeline"]
-    meas = steady_measurement(res)
     once = once_bytes(res)
+    meas = steady_measurement(res, once)
     est = estimate(meas, profiles)
     steps = max(1, res["steps"])
     P = res["stages"]
