@@ -144,7 +144,7 @@ def estimate_text(profile: str, params: dict | None = None) -> str:
                       f"at {UNPREPARED_EVAL_TOKENS:,} tokens" if guessed else "")
         lines.append(f"  {group:<{width}} {len(cfgs):>3} run(s)  about {hms(wall):>7} ({how}{shared}{unprepared})"
                      + (f"; {measured}" if measured else ""))
-    lines.append(f"  total about {hms(total)} (quiet machine; `threads: 1` per run"
+    lines.append(f"  total about {hms(total)} (fitted to this machine's committed runs; `threads: 1` per run"
                  + (f"; {guessed_in_all} run(s) priced without their validation split's size, above)" if guessed_in_all else ")"))
     return "\n".join(lines)
 
