@@ -32,13 +32,13 @@ __all__ = ["CORE_S_PER_TOKEN_PARAM", "STEP_S", "RVQ_SLOWDOWN", "RUN_OVERHEAD_S",
 # evaluation token a third of a training one. The two rates are a relative least-squares fit to the train_wall_s
 # of the cpu profile's committed runs (224 runs of 21 groups, d = 64-256, 300-3,000 steps, two side by side on
 # this 2-core machine, sometimes beside other work): each group's median measured / estimated (per model size)
-# lies within 0.74-1.37 but long_gradwire's (2.21); tests/test_sweep.py holds the main groups to it. A rate per
+# lies within 0.74-1.36 but long_gradwire's (1.97); tests/test_sweep.py holds the main groups to it. A rate per
 # token and parameter alone (fitted on one quiet `tiny` run before) priced the small models at half what they
 # took: the step's fixed cost (the optimizer over many small matrices, Python per micro-batch) does not grow
 # with the parameters.
 STEP_S = 0.18
 CORE_S_PER_TOKEN_PARAM = 7.4e-11
-RVQ_SLOWDOWN = 1.25                 # codebook search and EMA updates
+RVQ_SLOWDOWN = 1.5                  # codebook search and EMA updates (the 16 committed MAPL+RVQ runs: 1.03x it)
 RUN_OVERHEAD_S = 5.0                # process start, data load, diagnostics
 LAUNCH_OVERHEAD_S = 40.0            # a multi-process launch on CPU: P interpreters, each building the model
 
