@@ -146,9 +146,13 @@ def _fmt_b(x):
     return f"{x / 1024:.1f} KiB" if x >= 1024 else f"{x:.0f} B"
 
 
+def _boundary0(row: dict) -> dict:
+    """A row's bytes of boundary 0 (an int key in memory, a string once read back from the JSON)."""
+    return row["bytes_per_step"].get(0) or row["bytes_per_step"].get("0") or {}
+
+
 def _once(row: dict) -> float:
-    b = row["bytes_per_step"].get(0) or row["bytes_per_step"].get("0") or {}
-    return b.get("fwd_piggyback_once", 0)
+    return _boundary0(row).get("fwd_piggyback_once", 0)
 
 
 def _steady_piggyback(b: dict, steps: int) -> float:
@@ -168,7 +172,7 @@ def markdown(bench: dict) -> str:
     lines += ["| method | ratio | compute per stage (ms/step) | fwd data | fwd sync+ids | bwd data | state (A, grad) "
               "| measured = declared |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        b = r["bytes_per_step"].get(0) or r["bytes_per_step"].get("0") or {}
+        b = _boundary0(r)
         comp = " / ".join(f"{1000 * c:.0f}" for c in r["stage_compute_s_per_step"])
         lines.append(f"| {r['method']} | {r['ratio']:.1f}x | {comp} | {_fmt_b(b.get('fwd_data', 0))} | "
                      f"{_fmt_b(_steady_piggyback(b, r['steps']) + b.get('fwd_ids', 0))} | {_fmt_b(b.get('bwd_data', 0))} | "
