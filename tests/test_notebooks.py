@@ -217,7 +217,7 @@ def _outs(st: dict) -> list[str]:
 
 def test_dvc_yaml_stages():
     stages = DVC["stages"]
-    assert list(stages) == ["validate", "prepare", "train", "frozen_trunk", "report", "plan", "plan-paper"]
+    assert list(stages) == ["validate", "prepare", "train", "frozen_trunk", "rescore", "report", "plan", "plan-paper"]
     assert stages["train"]["foreach"] == "${groups}"            # params.yaml's declaration, in its order
     assert "${item}" not in json.dumps(stages["train"]["do"])    # a dict loop: the group's name is ${key}
     for name, st in stages.items():
@@ -225,7 +225,9 @@ def test_dvc_yaml_stages():
         assert st.get("desc"), f"stage {name} has no desc"
         for out in st.get("outs", []) + st.get("metrics", []) + st.get("plots", []):
             (path, opts), = out.items()
-            assert opts == {"cache": False}, f"{name}: {path} must be committed (cache: false)"
+            # the rescore stage's scores persist: they are its resume state (a scored run is not scored again)
+            persist = {"persist": True} if (name, path) == ("rescore", "reports/${profile}/rescore") else {}
+            assert opts == {"cache": False, **persist}, f"{name}: {path} must be committed (cache: false)"
             # plan-paper (the paper's shapes, no training) and validate (every profile's params) are the
             # profile-independent stages
             allowed = {"plan-paper": ("reports/paper/",), "validate": (VALIDATED,)}.get(
@@ -240,7 +242,7 @@ def test_every_stage_waits_for_params_yaml_to_be_validated():
     from mapl.orchestration.validate import STAMP_TEXT
     assert _outs(DVC["stages"]["validate"]) == [VALIDATED]
     assert DVC["stages"]["validate"]["cmd"] == f"mapl sweep --check --stamp {VALIDATED}"
-    assert set(DVC["stages"]["validate"]["params"]) == {"profile", "groups", "profiles", "frozen_trunk"}
+    assert set(DVC["stages"]["validate"]["params"]) == {"profile", "groups", "profiles", "frozen_trunk", "rescore"}
     for name, st in DVC["stages"].items():
         if name != "validate":
             assert VALIDATED in st.get("do", st)["deps"], f"stage {name} does not depend on {VALIDATED}"

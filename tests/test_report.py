@@ -913,3 +913,42 @@ def test_frozen_tuning_table_marks_the_candidate_chosen_on_the_selection_split(t
     table = R.frozen_tuning_table(R.load_frozen_tuning(tmp_path, "cpu"))
     assert [(b[1], b[3], b[5]) for b in table.body] == [("spec", "4.2000", ""), ("lr_mult 1", "4.0000", "✓")]
     assert table.takeaway == "SPEL (learned): lr_mult 1 chosen of 2."
+
+
+# ---- held-out rescoring (mapl.report.heldout) ------------------------------------------------------------------
+def _rescored(rows, shift):
+    """Scores of the headline's runs: each run's validation loss plus ``shift(row)``."""
+    return {r["run"]: {"val_loss": r["val_loss"], "group": r["group"],
+                       "scores": {"heldout-kjv": r["val_loss"] + shift(r)}} for r in rows if r["group"] == "long"}
+
+
+def test_heldout_deltas_are_each_seeds_own_uncompressed_run_on_the_same_windows():
+    rows = [r for r in _study_rows() if r["data_source"] == ""]
+    # every run 1.0 higher on the held-out text, SSN another 0.2: Δ% against the none run's held-out loss
+    table = R.heldout_table(rows, _rescored(rows, lambda r: 1.0 + (0.2 if r["method"] == "ssn" else 0.0)))
+    assert table.header[5:] == ["val Δ%", "held-out text (KJV) Δ%", "held-out text (KJV) loss"]
+    cells = {b[1]: b for b in table.body}
+    assert set(cells) == {"none", "ssn", "mapl"}          # only the rescored runs (group long), not decompose's
+    nones = [3.50, 3.52, 3.48]
+    ssn = [100 * (0.30 + 0.001 * s) / (n + 1.0) for s, n in enumerate(nones)]
+    assert cells["ssn"][6] == R.fmt_pm(statistics.fmean(ssn), statistics.stdev(ssn), nd=2, pct=True)
+    assert cells["none"][7] == R.fmt_pm(statistics.fmean(n + 1.0 for n in nones), statistics.stdev(nones))
+    assert f"ssn +2.89% -> {R.fmt_pct(statistics.fmean(ssn))} (held-out text (KJV))" in table.takeaway
+    # a score of another draw (its validation loss not the row's) is left out
+    stale = {k: {**v, "val_loss": v["val_loss"] + 1e-9} for k, v in _rescored(rows, lambda r: 1.0).items()}
+    assert R.heldout_table(rows, stale).body == [] and R.heldout_table(rows, {}).takeaway == R.NO_SCORES
+
+
+def test_heldout_claims_say_which_verdict_moves():
+    rows = [r for r in _study_rows() if r["data_source"] == ""]
+    same = R.heldout_claims_table(rows, rows, _rescored(rows, lambda r: 0.0))
+    assert same.body and all(b[2] == b[4] and b[5] == "no" for b in same.body) and same.takeaway.endswith("none moves.")
+    cost = next(b for b in same.body if b[0].startswith("MAPL at 4-8×"))
+    assert cost[2] == "reproduced"
+    # on the held-out text MAPL loses 0.2 more on every seed: its cost claim's verdict moves
+    moved = R.heldout_claims_table(rows, rows, _rescored(rows, lambda r: 0.2 if r["method"] == "mapl" else 0.0))
+    cost = next(b for b in moved.body if b[0].startswith("MAPL at 4-8×"))
+    assert (cost[2], cost[4], cost[5]) == ("reproduced", "contradicted", "yes")
+    assert "MAPL at 4-8× costs at most ~2 % of validation loss: reproduced -> contradicted (held-out text (KJV))" \
+        in moved.takeaway
+    assert R.heldout_claims_table(rows, rows, {}).body == []

@@ -13,7 +13,7 @@ from dataclasses import replace
 from mapl.data import take_windows
 
 from mapl.base.io import read_json_object
-from mapl.core.config import load_params
+from mapl.core.config import ConfigError, load_params
 from mapl.orchestration import groups, rescore, sweep
 
 VERSES = [("Genesis", 1, 1, "In the beginning God created the heaven and the earth."),
@@ -159,3 +159,23 @@ def test_a_held_out_text_is_cut_and_batched_as_the_validation_split_is(micro_cfg
     assert len(ours) == len(theirs) and all((a == c).all() and (b == d).all() for (a, b), (c, d) in zip(ours, theirs))
     with pytest.raises(rescore.RescoreError, match="has no window of seq_len 32"):
         rescore.cut_windows(np.arange(10), 32)
+
+
+@pytest.mark.parametrize("section, match", [
+    (["long"], r"rescore = \['long'\] is invalid: a mapping of profile -> list of its run groups"),
+    ({"nope": []}, r"rescore.nope is invalid: not a profile"),
+    ({"micro": ["nope"]}, r"rescore.micro = \['nope'\] is invalid: a list of distinct groups of profile micro"),
+    ({"micro": ["long", "long"]}, r"rescore.micro = \['long', 'long'\] is invalid"),
+])
+def test_a_bad_rescore_section_is_one_line_naming_its_key(section, match):
+    from mapl.orchestration.validate import check_params
+    params = copy.deepcopy(load_params())
+    params["rescore"] = section
+    with pytest.raises(ConfigError, match=match):
+        check_params(params)
+
+
+def test_params_yaml_lists_groups_to_rescore_on_micro_for_the_smoke():
+    params = load_params()
+    assert rescore.declared_groups("micro", params) == ["long", "ladder"]
+    assert rescore.declared_groups("paper", params) == []

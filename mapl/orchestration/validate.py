@@ -4,9 +4,8 @@ DVC removes a stage's outputs before its command runs, so one bad value would de
 results and fail inside a notebook. ``mapl sweep --check --stamp reports/params-valid.txt`` runs
 :func:`check_params` first; every other stage depends on the stamp it writes. The check reads every part
 of the file that training reads: the group declaration, the named budgets, each profile's settings, launcher
-and runs, the frozen-trunk studies and the scale ladder's budget rule; so this module sits above the sweep and
-the frozen-trunk study, and nothing in
-orchestration imports it.
+and runs, the frozen-trunk studies, the scale ladder's budget rule and the groups to rescore; so this module sits
+above the sweep and the frozen-trunk study, and nothing in orchestration imports it.
 """
 from __future__ import annotations
 
@@ -17,6 +16,7 @@ from ..core.config import ConfigError, load_params, load_run_config
 from .frozen_trunk import settings as frozen_trunk_settings
 from .groups import check_budgets, check_names, group_names, group_runs, spec_config
 from .ladder import check_ladder
+from .rescore import declared_groups as rescored_groups
 from .sweep import launcher_config
 
 __all__ = ["STAMP_TEXT", "check_params", "write_stamp"]
@@ -53,6 +53,7 @@ def check_params(params: dict | None = None) -> str:
         check_names(profile, params)
         frozen_trunk_settings(profile, params)
         check_ladder(profile, params)
+        rescored_groups(profile, params)
     return (f"params.yaml: {len(declared.names())} groups in {len(declared.studies())} studies, {len(profiles)} "
             f"profiles, {runs} runs in their groups, every setting valid")
 

@@ -18,7 +18,8 @@ planner's figures use it too), :mod:`~mapl.report.table`
 :mod:`~mapl.report.studies` (headline with paired comparisons, token and width axes),
 :mod:`~mapl.report.controls` (issue 26's studies: the decomposition, learned vs fixed at 4x, the corpus, blocks),
 :mod:`~mapl.report.ladder` (the scale ladder: the gap per rung and its slope in ln(parameters)),
-:mod:`~mapl.report.claims` (the claims ledger), :mod:`~mapl.report.exhibits` (the exhibits a reviewer reads
+:mod:`~mapl.report.claims` (the claims ledger), :mod:`~mapl.report.heldout` (finished runs rescored on
+windows no choice saw, and whether a verdict moves), :mod:`~mapl.report.exhibits` (the exhibits a reviewer reads
 first: the primary contrast per seed, learned against fixed, where the order holds),
 :mod:`~mapl.report.figures` and :mod:`~mapl.report.plots` (drawing; captions and takeaways),
 :mod:`~mapl.report.ttt` (time to target on a simulated link), :mod:`~mapl.report.metrics`
@@ -37,6 +38,7 @@ from .data_stats import *
 from .exhibits import *
 from .figures import *
 from .frozen import *
+from .heldout import *
 from .ladder import *
 from .metrics import *
 from .paper import *
@@ -51,7 +53,8 @@ from .tables import *
 from .ttt import *
 
 # (the functions ``metrics`` and ``style`` shadow their modules here: read the modules from sys.modules)
-_MODULES = ("rows", "stats", "paper", "style", "table", "tables", "studies", "controls", "frozen", "ladder", "claims",
+_MODULES = ("rows", "stats", "paper", "style", "table", "tables", "studies", "controls", "frozen", "heldout", "ladder",
+            "claims",
             "exhibits", "figures",
             "plots", "ttt", "metrics", "render", "data_stats")
 __all__ = [name for mod in _MODULES for name in sys.modules[f"{__name__}.{mod}"].__all__]

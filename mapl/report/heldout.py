@@ -1,0 +1,119 @@
+"""Finished runs re-scored on windows no run trained, selected or reported on (:mod:`mapl.orchestration.rescore`).
+
+A result's reported loss and every choice made for it come from the same held-out documents; here the same
+checkpoints are scored on a held-out text (the King James Bible, for prose corpora) and, for runs drawing
+by epochs under one epoch, on the training windows they never read. Two tables: each configuration's Δ% on
+the validation split beside its Δ% on each set (the same seeds, each against its own seed's uncompressed
+run scored on the same windows), and the claims ledger computed again on each set's scores with the same
+rules, beside the verdict on the validation split: whether any verdict moves.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Sequence
+
+from .claims import NOT_TESTABLE, claims
+from .rows import run_key
+from .stats import summarize
+from .table import DASH, Table, fmt_int, fmt_pct, fmt_pm
+
+__all__ = ["SET_LABELS", "NO_SCORES", "load_rescores", "rescored_rows", "heldout_table", "heldout_claims_table"]
+
+SET_LABELS = {"heldout-kjv": "held-out text (KJV)", "unread-train": "unread training windows"}
+NO_SCORES = ("no run group is rescored on this profile (params.yaml `rescore.<profile>` is empty; DVC stage "
+             "rescore, `mapl rescore`).")
+
+
+def load_rescores(root: str | Path, profile: str) -> dict[str, dict]:
+    """run name -> its scored entry (``val_loss``, ``scores``: set -> loss), over every group of the profile's
+    ``reports/<profile>/rescore/``; empty when none was scored."""
+    out = {}
+    for path in sorted((Path(root) / "reports" / profile / "rescore").glob("*.json")):
+        doc = json.loads(path.read_text())
+        for name, entry in (doc.get("runs") or {}).items():
+            out[name] = {**entry, "group": doc.get("group", path.stem)}
+    return out
+
+
+def rescored_rows(rows: Sequence[dict], rescores: dict[str, dict], set_name: str | None = None) -> list[dict]:
+    """The rows of the runs scored (the entry's validation loss must be the row's: a row of another draw is left
+    out), their ``val_loss`` replaced by the score on ``set_name`` (None: kept); curves dropped, so nothing
+    reads a validation curve beside a held-out loss."""
+    out = []
+    for r in rows:
+        entry = rescores.get(r["run"])
+        if not entry or entry.get("val_loss") != r.get("val_loss"):
+            continue
+        if set_name is not None and set_name not in entry["scores"]:
+            continue
+        loss = r["val_loss"] if set_name is None else entry["scores"][set_name]
+        out.append({**r, "val_loss": loss, "val_loss_curve": [], "select_loss": None, "select_loss_curve": []})
+    return out
+
+
+def _sets(rescores: dict[str, dict]) -> list[str]:
+    seen = {name for entry in rescores.values() for name in entry.get("scores", {})}
+    return [s for s in SET_LABELS if s in seen]
+
+
+def _delta(s: dict | None) -> str:
+    return DASH if s is None or s["delta_pct"] is None else fmt_pm(s["delta_pct"], s["delta_std"], nd=2, pct=True)
+
+
+def heldout_table(rows: Sequence[dict], rescores: dict[str, dict]) -> Table:
+    """Each rescored configuration: Δ% on the validation split and on each set (mean ± sd over seeds, each seed
+    against its own uncompressed run scored on the same windows)."""
+    sets = _sets(rescores)
+    header = ["group", "configuration", "model", "steps", "seeds", "val Δ%", *[f"{SET_LABELS[s]} Δ%" for s in sets],
+              *[f"{SET_LABELS[s]} loss" for s in sets]]
+    base = rescored_rows(rows, rescores)
+    by_set = {s: {run_key(x, with_seed=False): x for x in summarize(rescored_rows(rows, rescores, s))} for s in sets}
+    body, moved = [], []
+    for s in sorted(summarize(base), key=lambda x: (x["model"], x["steps"], x["method"] != "none", x["variant"])):
+        key = run_key(s, with_seed=False)
+        cells = [by_set[name].get(key) for name in sets]
+        body.append([rescores[s["runs"][0]]["group"], s["variant"], s["model"], fmt_int(s["steps"]),
+                     ",".join(map(str, s["seeds"])), _delta(s),
+                     *[_delta(c) for c in cells], *[fmt_pm(c["val_loss"], c["val_loss_std"]) if c else DASH for c in cells]])
+        for name, c in zip(sets, cells):
+            if s["method"] != "none" and c and c["delta_pct"] is not None and s["delta_pct"] is not None:
+                moved.append(f"{s['variant']} {fmt_pct(s['delta_pct'])} -> {fmt_pct(c['delta_pct'])} "
+                             f"({SET_LABELS[name]})")
+    caption = ("The same checkpoints scored on windows that no run trained, selected or reported on "
+               "(mapl/orchestration/rescore.py): a held-out text for prose corpora (the King James Bible, one chapter "
+               "in eight, in the run's tokens) and, for runs drawing by epochs under one epoch, the training windows "
+               "the run never read. Δ%: mean ± sd over seeds, each seed against its own uncompressed run scored on the "
+               "same windows; loss: mean ± sd over seeds. Each checkpoint reproduced its committed validation loss "
+               "before it was scored.")
+    takeaway = ("Δ% on the validation split -> on the held-out windows: " + "; ".join(moved) + "."
+                if moved else "no compressed configuration with its uncompressed runs is rescored.")
+    return Table("heldout", "Held-out rescoring: the same checkpoints on windows no choice saw", header,
+                 body if sets else [], caption, takeaway if sets else NO_SCORES)
+
+
+def heldout_claims_table(rows: Sequence[dict], corpus_rows: Sequence[dict], rescores: dict[str, dict]) -> Table:
+    """The claims ledger's verdicts from the rescored runs' scores on each set, beside the ledger's own (the
+    validation split); only the claims the rescored runs can test."""
+    ledger = {c["claim"]: c for c in claims(rows, corpus_rows)}
+    header = ["paper's claim", "set", "verdict (validation)", "ours (set)", "verdict (set)", "moves"]
+    body, moves = [], []
+    for name in _sets(rescores):
+        for c in claims(rescored_rows(rows, rescores, name), rescored_rows(corpus_rows, rescores, name)):
+            if c["verdict"] == NOT_TESTABLE or c["claim"] not in ledger:
+                continue
+            before = ledger[c["claim"]]["verdict"]
+            move = "yes" if c["verdict"] != before else "no"
+            if move == "yes":
+                moves.append(f"{c['claim']}: {before} -> {c['verdict']} ({SET_LABELS[name]})")
+            body.append([c["claim"], SET_LABELS[name], before, f"{c['ours']} ({c['table']})", c["verdict"], move])
+    caption = ("Each claim the rescored runs can test (3 or more seeds of what it reads), read again with the "
+               "ledger's rules (claims.md) from their scores on the held-out windows (heldout.md), beside its "
+               "verdict from the validation split. The "
+               "held-out ledger's families hold only its own rows, so its levels can differ from claims.md's.")
+    if not body:
+        why = NO_SCORES if not rescores else "the rescored runs test no claim of the ledger."
+        return Table("heldout-claims", "Held-out rescoring: whether the ledger's verdicts move", header, [], caption, why)
+    takeaway = (f"{len(body)} verdict(s) read on held-out windows; "
+                + (f"{len(moves)} move: " + "; ".join(moves) + "." if moves else "none moves."))
+    return Table("heldout-claims", "Held-out rescoring: whether the ledger's verdicts move", header, body, caption, takeaway)
