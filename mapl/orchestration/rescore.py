@@ -186,12 +186,11 @@ def rescore_dir(profile: str, root: Path = PROJECT_ROOT, make: bool = False) -> 
     return path
 
 
-def score_run(cfg: RunConfig, ckpt: Path, committed_val_loss: float, sets: dict[str, np.ndarray],
-              engine=None) -> dict:
+def score_run(cfg: RunConfig, ckpt: Path, committed_val_loss: float, sets: dict[str, np.ndarray]) -> dict:
     """Restore ``ckpt`` (the finished run ``cfg``), check it reproduces ``committed_val_loss`` exactly, and
     return ``{set: mean loss per token}`` over every window of each set."""
     from ..core.engine import LocalEngine
-    engine = engine or LocalEngine.build(cfg, ckpt)
+    engine = LocalEngine.build(cfg, ckpt)
     state = engine.resume()
     if state is None or state.step != cfg.train.steps:
         raise RescoreError(f"{ckpt}: not a finished run of {cfg.run_name} (step "
@@ -249,7 +248,7 @@ def rescore_group(profile: str, group: str, params: dict | None = None, root: Pa
                   log=print) -> dict:
     """Score every run of ``group`` on its :func:`evaluation_sets`; returns (and writes, after each run) the
     group's file."""
-    from ..core.engine import LocalEngine
+    from ..core.engine import open_run_data
     params = params or load_params()
     runs = _runs(profile, group, params, root)
     unfinished = [cfg.run_name for cfg, res in runs if res is None or res.get("val_loss") is None]
@@ -259,16 +258,18 @@ def rescore_group(profile: str, group: str, params: dict | None = None, root: Pa
     missing = set(missing_checkpoints(profile, group, params, root))
     path = rescore_dir(profile, root) / f"{group}.json"
     entries = dict((read_json_object(path) or {}).get("runs", {}))
-    todo = [(cfg, res) for cfg, res in runs if not _current(entries.get(cfg.run_name), res, cfg)]
-    absent = [cfg.run_name for cfg, _ in todo if cfg.run_name in missing]
+    todo = []
+    for cfg, res in runs:                          # each run's windows once: for the currency check and the scores
+        sets = evaluation_sets(cfg, open_run_data(cfg).dataset)
+        if not _current(entries.get(cfg.run_name), res, sets):
+            todo.append((cfg, res, sets))
+    absent = [cfg.run_name for cfg, _, _ in todo if cfg.run_name in missing]
     if absent:
         raise RescoreError(f"group {group}: {len(absent)} run(s) to score have no checkpoint here ({absent[0]}, ...): "
                            f"mapl rescore --profile {profile} --group {group} --retrain-missing")
-    for i, (cfg, res) in enumerate(todo):
+    for i, (cfg, res, sets) in enumerate(todo):
         log(f"rescore {group}: {i + 1} of {len(todo)} {cfg.run_name}")
-        engine = LocalEngine.build(cfg, sweep.checkpoint_path(profile, cfg.run_name))
-        sets = evaluation_sets(cfg, engine.data.dataset)
-        scores = score_run(cfg, sweep.checkpoint_path(profile, cfg.run_name), res["val_loss"], sets, engine)
+        scores = score_run(cfg, sweep.checkpoint_path(profile, cfg.run_name), res["val_loss"], sets)
         entries[cfg.run_name] = {"val_loss": res["val_loss"], "scores": scores,
                                  "windows": {name: len(w) for name, w in sets.items()},
                                  "digests": {name: windows_digest(w) for name, w in sets.items()}}
@@ -277,13 +278,10 @@ def rescore_group(profile: str, group: str, params: dict | None = None, root: Pa
     return read_json_object(path)
 
 
-def _current(entry: dict | None, res: dict, cfg: RunConfig) -> bool:
-    """Whether a scored entry is this result's, on the windows :func:`evaluation_sets` gives now."""
-    if not entry or entry.get("val_loss") != res["val_loss"]:
-        return False
-    from ..core.engine import open_run_data
-    sets = evaluation_sets(cfg, open_run_data(cfg).dataset)
-    return entry.get("digests") == {name: windows_digest(w) for name, w in sets.items()}
+def _current(entry: dict | None, res: dict, sets: dict[str, np.ndarray]) -> bool:
+    """Whether a scored entry is this result's, on the windows ``sets`` (:func:`evaluation_sets` now)."""
+    return bool(entry) and entry.get("val_loss") == res["val_loss"] and \
+        entry.get("digests") == {name: windows_digest(w) for name, w in sets.items()}
 
 
 def _write(path: Path, profile: str, group: str, entries: dict) -> None:
