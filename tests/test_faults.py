@@ -1334,6 +1334,18 @@ FAULTS = [
           r"^error: --jobs -1 is invalid: must be >= 0 \(0: the profile's launcher\.jobs\)$",
           "error: --jobs -1 is invalid: must be >= 0 (0: the profile's launcher.jobs)", "refused before any run",
           "nothing written", "fix the value", slow=True, before_torch=True),
+    Fault("rescore-unknown-group", "`mapl rescore --group nope` (a group the profile does not have)",
+          "mapl rescore --profile micro --group nope", 2,
+          r"^error: --group 'nope' is invalid: profile micro has groups first, main, .*$",
+          "error: --group 'nope' is invalid: profile micro has groups first, main, ...", "refused before anything is read",
+          "nothing written", "a group of the profile", slow=True),
+    Fault("rescore-untrained-group", "`mapl rescore` on a group whose runs have no results here (not trained)",
+          "mapl rescore --profile micro --group long", 2,
+          r"^error: group long of profile micro: 2 run\(s\) have no results \(micro-P2-none-40steps-s0, \.\.\.\): train "
+          r"it first \(dvc repro -s train@long\)$",
+          "error: group long of profile micro: 2 run(s) have no results (micro-P2-none-40steps-s0, ...): train it first "
+          "(dvc repro -s train@long)", "refused before any run is scored", "nothing written",
+          "train the group, then rescore it", slow=True),
     Fault("workspace-dir-not-empty", "`mapl workspace repro --dir` on a folder that holds other files (was: they "
           "were overwritten, then `git init`, `git add -A`, `git commit` in it)",
           "mapl workspace repro --profile micro --dir mine", 2,

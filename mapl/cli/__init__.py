@@ -30,7 +30,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "pipeline": ("pipeline", "train one run, one process per stage (x replicas): gloo on CPU, NCCL on GPU"),
     "sweep": ("sweep", "train a run group of params.yaml, estimate wall time, or validate params.yaml"),
     "frozen-trunk": ("frozen_trunk", "the frozen-trunk study of a profile (DVC stage frozen_trunk)"),
-    "rescore": ("rescore", "score a group's finished runs on a held-out text no run trained, selected or reported on"),
+    "rescore": ("rescore", "score finished runs on held-out windows no choice saw (DVC stage rescore)"),
     "reuse": ("reuse", "the training-code fingerprint; adopt, compare, prove or refresh finished runs"),
     "workspace": ("workspace", "smoke, verify or repro a profile in a copy of the checkout"),
     "plan": ("plan", "when compression pays: each method's steps to target against uncompressed"),
