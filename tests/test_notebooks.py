@@ -69,7 +69,7 @@ def _checked_text(nb_path: Path) -> str:
 @pytest.mark.full
 def test_smoke_runs_every_stage_into_the_micro_folders(smoke):
     dest, log = smoke
-    for stage in ["prepare", *(f"train@{g}" for g in GROUPS), "frozen_trunk", "report", "plan"]:
+    for stage in ["prepare", *(f"train@{g}" for g in GROUPS), "frozen_trunk", "rescore", "report", "plan"]:
         assert f"Running stage '{stage}'" in log, stage
     assert "Running stage 'plan-paper'" not in log
     # group first trains two of main's runs; main copies them and trains the other two
@@ -87,7 +87,12 @@ def test_smoke_runs_every_stage_into_the_micro_folders(smoke):
     res = json.loads((out / "results" / "width" / "micro-d32-P2-mapl-4x-s0.json").read_text())
     assert res["provenance"]["code_fingerprint"] == fingerprint.code_fingerprint(dest)
     assert sorted(p.name for p in (out / "notebooks").iterdir()) == sorted(
-        ["data.ipynb", "frozen_trunk.ipynb", "report.ipynb", "when_it_pays.ipynb", *(f"train-{g}.ipynb" for g in GROUPS)])
+        ["data.ipynb", "frozen_trunk.ipynb", "rescore.ipynb", "report.ipynb", "when_it_pays.ipynb",
+         *(f"train-{g}.ipynb" for g in GROUPS)])
+    # the rescore stage scored micro's prose group on the held-out text and its code group on its unread windows
+    scored = {g: json.loads((out / "rescore" / f"{g}.json").read_text())["runs"] for g in ("long", "ladder")}
+    assert len(scored["long"]) == 2 and all(set(e["scores"]) == {"heldout-kjv"} for e in scored["long"].values())
+    assert len(scored["ladder"]) == 2 and all(set(e["scores"]) == {"unread-train"} for e in scored["ladder"].values())
     for nb in (out / "notebooks").iterdir():
         assert not [o for o in _outputs(nb) if o["output_type"] == "error"], nb.name
         checked = _checked_text(nb)
@@ -118,7 +123,8 @@ def test_nbval_on_executed_micro_notebooks(smoke):
     """nbval re-executes executed notebooks with their injected parameters, from their own folder."""
     pytest.importorskip("nbval")
     dest, _ = smoke
-    nbs = [f"reports/micro/notebooks/{n}.ipynb" for n in ("data", "train-main", "frozen_trunk", "report", "when_it_pays")]
+    nbs = [f"reports/micro/notebooks/{n}.ipynb" for n in ("data", "train-main", "frozen_trunk", "rescore", "report",
+                                                          "when_it_pays")]
     p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--nbval-lax",
                         "--nbval-current-env", "--rootdir", str(dest), *nbs], cwd=dest, env=workspace.tool_env(ROOT, dest),
                        capture_output=True, text=True, timeout=900)
