@@ -156,6 +156,36 @@ def test_a_sweep_killed_outright_takes_its_pool_workers_with_it(tmp_path):
         worker.wait(timeout=30)                          # psutil.TimeoutExpired if it lives on
 
 
+DEATH_SIGNAL_ENTRY = """
+import ctypes, multiprocessing as mp, sys, threading
+from mapl.orchestration.sweep import worker_init
+
+def work(_):
+    sig = ctypes.c_int(-1)
+    ctypes.CDLL(None).prctl(2, ctypes.byref(sig), 0, 0, 0)          # PR_GET_PDEATHSIG
+    return sig.value, [t.name for t in threading.enumerate()]
+
+if __name__ == "__main__":
+    with mp.get_context("spawn").Pool(1, initializer=worker_init, maxtasksperchild=1) as pool:   # as a sweep's
+        print(pool.map(work, [0, 1], chunksize=1))
+"""
+
+
+@pytest.mark.process
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl is Linux's")
+def test_pool_workers_carry_no_thread_bound_death_signal(tmp_path):
+    """The second run's worker is spawned by the pool's worker-handler thread, which ends at every pool shutdown:
+    a parent-death signal would SIGTERM it then (was: a worker killed holding the result queue's lock hung the
+    sweep at exit). Every worker watches its parent's pid instead."""
+    (tmp_path / "entry.py").write_text(DEATH_SIGNAL_ENTRY)
+    out = subprocess.run([sys.executable, "entry.py"], cwd=tmp_path, text=True, capture_output=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(ROOT), "MAPL_DEBUG": "0"})
+    assert out.returncode == 0, out.stderr
+    workers = eval(out.stdout)                                  # noqa: S307 -- our own script's repr of a list
+    assert [sig for sig, _ in workers] == [0, 0]
+    assert all("mapl-sweep-watchdog" in names for _, names in workers)
+
+
 @pytest.mark.process
 def test_sigterm_to_the_parent_alone_stops_its_pool_workers(tmp_path):
     """`kill PID` of a sweep (was: the parent died at once and its spawn-pool workers trained on, orphaned)."""

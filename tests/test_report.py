@@ -777,6 +777,52 @@ def test_decomposition_isolates_each_ingredient_against_the_headlines_own_runs()
     assert row["verdict"] in ("reproduced", "inconclusive") and row["ours"].startswith("SSN + anchors − MAPL: +")
 
 
+def test_capacity_control_on_more_seeds_pairs_with_the_headlines_mapl_of_those_seeds():
+    rows = [r for r in _study_rows() if r["data_source"] == ""]
+    for s in range(3, 8):                  # seeds the decomposition never ran: the headline's and the control's only
+        none = 3.50 + 0.005 * s
+        rows += [_study_row("long", "none", seed=s, loss=none), _study_row("long", "ssn", 8, seed=s, loss=none + 0.1),
+                 _study_row("long", "mapl", 8, seed=s, loss=none + 0.05),
+                 _study_row("decompose_capacity", "ssn", 8, seed=s, loss=none + 0.06, anchor="factorized",
+                            overrides={"ffn_hidden": 724}, name=f"wide-s{s}")]
+    comps = {c[0]: c for c in R.decomposition_paired_table(rows).body}
+    assert comps["SSN + anchors, parameter-matched − MAPL"][2] == "0,1,2,3,4,5,6,7"
+    assert comps["SSN + anchors − MAPL"][2] == "0,1,2"          # the unwidened control has seeds 0-2 only
+    c = R.study_comparison(rows, "decompose_capacity")
+    assert c["n"] == 8 and c["a"]["name"] == "ssn+anchors, matched"
+    ledger = {c["claim"]: c for c in R.claims(rows)}
+    row = next(v for k, v in ledger.items() if k.startswith("MAPL's lead over SSN is more than its parameters"))
+    anchors = ledger["MAPL's lead over SSN is more than its anchors (SSN given MAPL's anchors still trails)"]
+    # one paper claim, two rows: one family, read at Holm's levels
+    assert row["family"] == anchors["family"] and "n = 8" in row["ours"]
+
+
+def test_ablation_rows_read_the_setting_with_the_most_seeds():
+    rows = []
+    for s in range(3):
+        none = 3.50 + 0.01 * s
+        rows += [_study_row("long", "none", seed=s, loss=none), _study_row("long", "mapl", 8, seed=s, loss=none + 0.05),
+                 _study_row("ablations_long", "mapl", 8, seed=s, loss=none + 0.08 + 0.001 * s, projector="unconstrained"),
+                 _study_row("ablations_long", "mapl", 8, seed=s, loss=none + 0.09 + 0.002 * s, anchor="none")]
+    for s in range(2):                     # the 300-step ablations: two seeds, so the 3,000-step rerun is read
+        rows += [_study_row("seeds", "none", seed=s, steps=300, loss=4.0),
+                 _study_row("seeds", "mapl", 8, seed=s, steps=300, loss=4.1),
+                 _study_row("ablations", "mapl", 8, seed=s, steps=300, loss=4.3, projector="unconstrained"),
+                 _study_row("ablations", "mapl", 8, seed=s, steps=300, loss=4.4, anchor="none")]
+    ledger = {c["claim"]: c for c in R.claims(rows)}
+    stiefel = ledger["the Stiefel constraint helps (a learned projector without it is worse; under joint training)"]
+    assert "n = 3, 3,000 steps" in stiefel["ours"] and stiefel["ours"].startswith("unconstrained − MAPL: +")
+    assert stiefel["verdict"] in ("reproduced", "contradicted")        # 3 seeds, a spread of 0.001: resolved
+    assert stiefel["family"] == ledger["the Stiefel constraint helps (a learned projector without it is worse; on a "
+                                       "frozen trunk)"]["family"]
+    anchor = ledger["the anchors matter (no anchor is worse than the factorized one)"]
+    assert "n = 3, 3,000 steps" in anchor["ours"]
+    # without the rerun the 300-step pair is read: two seeds give no verdict
+    short = [r for r in rows if r["group"] != "ablations_long"]
+    row = {c["claim"]: c for c in R.claims(short)}["the anchors matter (no anchor is worse than the factorized one)"]
+    assert "n = 2, 300 steps" in row["ours"] and row["verdict"] == "not testable here"
+
+
 def test_learned_fixed_at_4x_reads_the_ablation_ratio_only():
     rows = [r for r in _study_rows() if r["data_source"] == ""]
     table = R.learned_fixed_table(rows)
@@ -862,6 +908,21 @@ def test_lr_check_has_one_row_per_checked_cell_paired_with_the_tuned_headline_ru
     assert "μ 0.04, emb 0.3: check cell better" in table.takeaway
 
 
+def test_lr_check_keys_a_learned_projector_cell_on_its_spel_step():
+    def run(group, seed, loss, step, name):
+        r = R.row_from_result(result("mapl", 8, seed=seed, steps=3000, loss=loss, name=name), group)
+        return {**r, "select_loss": loss, "proj_lr_mult": step}
+    rows = [run("long", s, 3.70 + 0.01 * s, 0.1, f"long-s{s}") for s in range(3)]
+    rows += [run("lr_check", s, 3.75 + 0.01 * s + 0.002 * s, 0.03, f"p003-s{s}") for s in range(3)]
+    rows += [run("lr_check", s, 3.69 + 0.01 * s, 0.3, f"p03-s{s}") for s in range(3)]
+    table = R.lr_check_table(rows)
+    # the Muon and embedding LRs are the tuned ones in both checks: only SPEL's step tells the two cells apart
+    assert [(b[1], b[2]) for b in table.body] == [("0.02, 0.03, SPEL ×0.03", "0.02, 0.03, SPEL ×0.1"),
+                                                   ("0.02, 0.03, SPEL ×0.3", "0.02, 0.03, SPEL ×0.1")]
+    assert table.body[0][7] == "tuned cell better" and table.body[1][5].startswith("-0.0100")
+    assert "SPEL ×0.3: check cell better" in table.takeaway
+
+
 def _frozen_run(seed: int, projector: str, loss: float, trunk: float = 3.9) -> dict:
     return {"run": f"frozen-x-{projector}-s{seed}", "projector": projector, "ratio": 4.0, "seed": seed, "steps": 300,
             "trainable_params": 100, "val_before": 5.0, "val_loss": loss, "val_loss_curve": [[150, loss + 0.1], [300, loss]],
@@ -891,7 +952,8 @@ def test_frozen_trunk_tables_pair_by_seed_and_feed_the_ledger(tmp_path):
     assert c["level"] == pytest.approx(1 - 0.05 / 2) or c["level"] == pytest.approx(0.95)      # Holm over the two
     row = next(x for x in R.claims(_study_rows(), frozen_rows=loaded) if "fixed random one on a trained" in x["claim"])
     assert row["verdict"] == "reproduced" and row["table"] == "frozen-trunk-paired.md"
-    stiefel = next(x for x in R.claims(_study_rows(), frozen_rows=loaded) if "Stiefel" in x["claim"])
+    stiefel = next(x for x in R.claims(_study_rows(), frozen_rows=loaded)
+                   if "Stiefel" in x["claim"] and "frozen trunk" in x["claim"])
     assert stiefel["ours"].startswith("unconstrained − SPEL, frozen trunk: ") and "claimed lead of 1.72" in stiefel["reason"]
     assert next(x for x in R.claims(_study_rows()) if "frozen trunk" in x["claim"])["reason"].startswith("not run")
     assert R.frozen_plot(loaded).empty is False and R.frozen_plot([]).empty is True

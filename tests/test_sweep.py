@@ -47,8 +47,8 @@ def test_cpu_groups_are_the_planned_grid():
     # the scale ladder's groups grow rung by rung; its budget rule holds them (tests/test_ladder.py)
     sizes = {g: len(cfgs(g)) for g in GROUPS if not g.startswith("ladder")}
     assert sizes == {"first": 3, "main": 11, "seeds": 16, "ablations": 5, "long": 24, "long_rvq": 8, "long_fixed": 8,
-                     "long_gradwire": 3, "tokens": 6, "width": 6, "rvq_sync": 2, "lr_check": 9, "tune": 12, "tune2": 11,
-                     "decompose": 15, "decompose_capacity": 6, "learned_fixed_4x": 16, "corpus": 9, "blocks": 10}
+                     "long_gradwire": 3, "tokens": 6, "width": 6, "rvq_sync": 2, "lr_check": 15, "tune": 12, "tune2": 11,
+                     "decompose": 15, "decompose_capacity": 11, "learned_fixed_4x": 16, "corpus": 9, "blocks": 10}
     main = {c.name() for c in cfgs("main")}
     assert [c.name() for c in cfgs("first")] == ["tiny-P4-none-s0", "tiny-P4-ssn-8x-s0", "tiny-P4-mapl-8x-s0"]
     assert {"tiny-P4-none-s0", "tiny-P4-int8-s0", "tiny-P4-ssn-8x-s0", "tiny-P4-mapl-16x-s0", "tiny-P4-mapl-rvq-4x-s0"} <= main
@@ -81,8 +81,15 @@ def test_cpu_groups_are_the_planned_grid():
     dec = {c.name() for c in cfgs("decompose")}
     assert {c.name() for c in cfgs("long") if c.train.seed < 3} <= dec
     assert {"tiny-P4-ssn-8x-anchor-factorized-3000steps-s2", "tiny-P4-mapl-8x-proj-fixed-shared-3000steps-s2"} <= dec
+    # the capacity controls on seeds 0-2, the parameter-matched one also on 3-7 (MAPL's of those seeds are long's)
     assert {c.name() for c in cfgs("decompose_capacity")} == {f"tiny-P4-{v}-3000steps-s{s}" for s in range(3) for v in (
-        "none-anchor-factorized-ar16", "ssn-8x-anchor-factorized-f724")}
+        "none-anchor-factorized-ar16", "ssn-8x-anchor-factorized-f724")} | {
+        f"tiny-P4-ssn-8x-anchor-factorized-f724-3000steps-s{s}" for s in range(3, 8)}
+    assert {c.train.seed for c in cfgs("long") if c.compressor.method == "mapl"} == set(range(8))
+    # SPEL's step bracketed around its tuned 0.1, MAPL at its tuned LRs otherwise, seeds 0-2
+    spel = [c for c in cfgs("lr_check") if c.name().startswith("lrcheck-mapl-proj")]
+    assert sorted((c.compressor.projector.lr_mult, c.train.seed) for c in spel) == [
+        (m, s) for m in (0.03, 0.3) for s in range(3)]
     lf = cfgs("learned_fixed_4x")                                    # seed by seed: learned, fixed
     assert {(c.compressor.ratio, c.compressor.resolved().projector.kind) for c in lf} == {(4, "spel"), (4, "fixed")}
     assert [c.train.seed for c in lf] == [s for s in range(8) for _ in range(2)] and {c.train.steps for c in lf} == {3000}

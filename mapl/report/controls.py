@@ -153,6 +153,12 @@ def _decomposition(rows: Sequence[dict]) -> tuple[dict, list[dict], int | None]:
     model, steps, seeds = _group_budget(rows, "decompose")
     if model is None:
         return {}, [], None
+    # the capacity controls may run on more seeds than the decomposition (the parameter-matched control has
+    # eight); none, SSN and MAPL of those seeds are the headline's runs, and each comparison pairs on the seeds
+    # its two arms share
+    _, capacity_steps, capacity_seeds = _group_budget(rows, "decompose_capacity")
+    if capacity_steps == steps:
+        seeds = sorted(set(seeds) | set(capacity_seeds))
     sums = study_summaries(rows, DECOMPOSITION, model, steps, seeds, ratio=_group_ratio(rows, "decompose"))
     return sums, tested_family(study_comparisons(sums, DECOMPOSITION_COMPARISONS), len(DECOMPOSITION_COMPARISONS)), steps
 
@@ -184,8 +190,9 @@ PAIRED_HEADER = ["comparison (A − B)", "isolates", "seeds", "per-seed A − B 
 def decomposition_paired_table(rows: Sequence[dict]) -> Table:
     """The decomposition's paired comparisons, one exploratory family (Holm)."""
     _, comps, steps = _decomposition(rows)
-    caption = ("Differences of Δ% on the same seed (positive: B is ahead), each isolating one ingredient; the "
-               "seven are one exploratory family, each interval at its Holm-adjusted level.")
+    caption = ("Differences of Δ% on the same seed (positive: B is ahead), each isolating one ingredient, over the "
+               "seeds its two arms share; the seven are one exploratory family, each interval at its Holm-adjusted "
+               "level.")
     takeaway = ("; ".join(_sentence(c) for c in comps) + "." if comps else NO_RUNS.format("decompose"))
     return Table("decompose-paired", "Why MAPL beats SSN: paired comparisons (group decompose)",
                  PAIRED_HEADER, _paired_body(comps), caption, takeaway)
@@ -214,11 +221,14 @@ def learned_fixed_table(rows: Sequence[dict]) -> Table:
 
 
 def study_comparison(rows: Sequence[dict], study: str) -> dict | None:
-    """The comparison a study's ledger row reads: ``decompose`` SSN + anchors − MAPL, ``learned_fixed_4x``
-    fixed − MAPL, ``corpus`` and ``blocks`` SSN − MAPL (blocks: at P = 4); None without it."""
+    """The comparison a study's ledger row reads: ``decompose`` SSN + anchors − MAPL, ``decompose_capacity``
+    the same at MAPL's parameter count, ``learned_fixed_4x`` fixed − MAPL, ``corpus`` and ``blocks`` SSN − MAPL
+    (blocks: at P = 4); None without it."""
     if study == "decompose":
         comps = _decomposition(rows)[1]
         key = ("ssn+anchors", "mapl")
+    elif study == "decompose_capacity":
+        comps, key = _decomposition(rows)[1], ("ssn+anchors, matched", "mapl")
     elif study == "learned_fixed_4x":
         comps, key = _learned_fixed(rows)[1], ("mapl-fixed", "mapl")
     elif study == "corpus":
@@ -226,7 +236,8 @@ def study_comparison(rows: Sequence[dict], study: str) -> dict | None:
     elif study == "blocks":
         comps, key = [c for c in _blocks(rows)[1] if c["a"]["stages"] == 4], ("ssn", "mapl")
     else:
-        raise ValueError(f"study={study!r}: allowed 'decompose', 'learned_fixed_4x', 'corpus', 'blocks'")
+        raise ValueError(f"study={study!r}: allowed 'decompose', 'decompose_capacity', 'learned_fixed_4x', 'corpus', "
+                         "'blocks'")
     return next((c for c in comps if (c["a"]["name"], c["b"]["name"]) == key), None)
 
 

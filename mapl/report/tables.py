@@ -340,17 +340,29 @@ def tuning_table(rows_all: Sequence[dict]) -> Table:
                  _tuning_takeaway(tune, reported) if tune else NO_RUNS.format("tune"))
 
 
+def _spel_step(r: dict) -> float | None:
+    """SPEL's projector step multiplier (``compressor.projector.lr_mult``) of a run with a learned projector."""
+    return r.get("proj_lr_mult") if r["projector"] == "spel" else None
+
+
+def _cell_text(r: dict) -> str:
+    """A tuning cell as the lr-check table names it: ``μ, emb`` and, with SPEL, its projector step multiplier."""
+    step = _spel_step(r)
+    return f"{r['lr_muon']:g}, {r['lr_embed']:g}" + (f", SPEL ×{step:g}" if step is not None else "")
+
+
 def lr_check_table(rows_all: Sequence[dict]) -> Table:
     """The budget-matched check of the tuned learning rates (group ``lr_check``): each check run beside
     the headline run (group ``long``) of the same method, ratio and seed, both judged on the
     selection set at the last step; the paired difference check − tuned (negative: the check cell
-    is better, and the tuning protocol must rerun at the headline budget)."""
+    is better, and the tuning protocol must rerun at the headline budget). A cell is the Muon and embedding
+    LRs and, for a learned projector, SPEL's step multiplier (``compressor.projector.lr_mult``)."""
     checks = [r for r in rows_all if r["group"] == "lr_check"]
-    header = ["method", "check cell (μ, emb)", "tuned cell (μ, emb)", "steps", "seeds", "check − tuned (selection)",
+    header = ["method", "check cell (μ, emb[, SPEL])", "tuned cell", "steps", "seeds", "check − tuned (selection)",
               "95% CI", "reading"]
     body, sentences = [], []
     def cell_of(r: dict) -> tuple:          # one row per checked cell: a method may be checked at several
-        return r["variant"], r["wire_ratio"], r["lr_muon"], r["lr_embed"]
+        return r["variant"], r["wire_ratio"], r["lr_muon"], r["lr_embed"], _spel_step(r)
     for cell in dict.fromkeys(map(cell_of, checks)):
         variant = cell[0]
         mine = [r for r in checks if cell_of(r) == cell]
@@ -365,17 +377,18 @@ def lr_check_table(rows_all: Sequence[dict]) -> Table:
                    else "not resolved" if ci else DASH)
         name = label(variant, mine[0]["wire_ratio"])
         t0 = pairs[0][1] if pairs else None
-        body.append([name, f"{mine[0]['lr_muon']:g}, {mine[0]['lr_embed']:g}",
-                     f"{t0['lr_muon']:g}, {t0['lr_embed']:g}" if t0 else DASH, fmt_int(mine[0]["steps"]),
+        body.append([name, _cell_text(mine[0]), _cell_text(t0) if t0 else DASH, fmt_int(mine[0]["steps"]),
                      ",".join(str(a["seed"]) for a, _ in pairs),
                      fmt_pm(statistics.fmean(diffs), statistics.stdev(diffs) if len(diffs) > 1 else None, 4)
                      if diffs else DASH, fmt_ci(ci, 4) if ci else DASH, reading])
         if diffs:
-            sentences.append(f"{name} at μ {mine[0]['lr_muon']:g}, emb {mine[0]['lr_embed']:g}: {reading} "
-                             f"({len(diffs)} seeds)")
+            cell_words = f"μ {mine[0]['lr_muon']:g}, emb {mine[0]['lr_embed']:g}" + (
+                f", SPEL ×{cell[4]:g}" if cell[4] is not None else "")
+            sentences.append(f"{name} at {cell_words}: {reading} ({len(diffs)} seeds)")
     caption = ("Each method at another cell (the other method's winning knob; SSN also at the step past its "
-               "300-step winner), at the headline budget, against its tuned headline run of the same seed; losses "
-               "on the selection set at the last step.")
+               "300-step winner; MAPL also at SPEL's projector step multiplier on each side of its tuned one), at "
+               "the headline budget, against its tuned headline run of the same seed; losses on the selection set "
+               "at the last step.")
     return Table("lr-check", "Budget-matched learning-rate check", header, body, caption,
                  "; ".join(sentences) + "." if sentences else NO_RUNS.format("lr_check"))
 
