@@ -369,7 +369,10 @@ def test_ablation_ordering_claims(rows):
     swapped = [dict(r, val_loss=4.30) if r["run"] == "abl-anchor-none" else r for r in rows]
     assert "the orders differ" in R.ablation_table(swapped, "anchor").takeaway     # the paper: no anchor ahead
     proj = R.ablation_table(rows, "projector")
-    assert proj.body[0][5] == 2 and proj.body[0][9] == "+1.19%" and proj.body[0][10] == "CONFIRMED-secondary"
+    # the fixed projector has seeds 0-1, the unconstrained one seed 0: the setting's rows are read on seed 0 alone
+    assert proj.body[0][5] == 1 and proj.body[0][9] == "+1.19%" and proj.body[0][10] == "CONFIRMED-secondary"
+    unconstrained = [r for r in rows if r["projector"] == "unconstrained"]
+    assert R.ablation_table([r for r in rows if r not in unconstrained], "projector").body[0][5] == 2
     names = {"a": "A", "b": "B"}
     assert "the same order as the paper's" in R.order_sentence({"a": 1, "b": 2}, {"a": 0.5, "b": 3}, names)
     assert "the orders differ" in R.order_sentence({"a": 2, "b": 1}, {"a": 0.5, "b": 3}, names)
@@ -821,6 +824,44 @@ def test_ablation_rows_read_the_setting_with_the_most_seeds():
     short = [r for r in rows if r["group"] != "ablations_long"]
     row = {c["claim"]: c for c in R.claims(short)}["the anchors matter (no anchor is worse than the factorized one)"]
     assert "n = 2, 300 steps" in row["ours"] and row["verdict"] == "not testable here"
+
+
+def _scaled_rvq_row(group, ratio, seed, loss):
+    res = result("mapl-rvq", ratio, seed=seed, steps=3000, loss=loss)
+    res["config"]["compressor"]["rvq"]["scale"] = "token"
+    return {**R.row_from_result(res, group), "data_source": ""}
+
+
+def test_frontier_reads_every_ratio_on_the_groups_seeds_only(tmp_path):
+    rows = [r for r in _study_rows() if r["data_source"] == ""]      # long's 8x and learned_fixed_4x's MAPL 4x
+    for s in range(5, 8):                  # seeds the frontier never trained: never on its points
+        rows += [_study_row("long", "none", seed=s, loss=3.5), _study_row("long", "mapl", 8, seed=s, loss=9.0)]
+    for s, none in enumerate([3.50, 3.52, 3.48]):
+        rows += [_study_row("frontier", "ssn", 4, seed=s, loss=none + 0.07 + 0.001 * s),
+                 _scaled_rvq_row("frontier", 4, s, none + 0.04),
+                 _study_row("frontier", "ssn", 16, seed=s, loss=none + 0.20 + 0.002 * s),
+                 _study_row("frontier", "mapl", 16, seed=s, loss=none + 0.09),
+                 _scaled_rvq_row("frontier", 16, s, none + 0.15)]
+    for r in rows:                         # MAPL 16x keeps 0.85 of the boundary energy on every seed
+        if r["group"] == "frontier" and r["variant"] == "mapl":
+            r["boundary_diagnostics"] = [{"captured_energy": 0.9}, {"captured_energy": 0.8}]
+    table = R.frontier_table(rows)
+    assert table.header[-1] == "captured" and [b[-1] for b in table.body if b[-1] != "—"] == ["0.850"]
+    names = [(b[0], b[1]) for b in table.body]
+    assert names == [("Uncompressed", "—"), ("SSN", "4×"), ("MAPL", "4×"), ("MAPL+VQ, per-token scale", "4×"),
+                     ("SSN", "8×"), ("MAPL", "8×"), ("SSN", "16×"), ("MAPL", "16×"), ("MAPL+VQ, per-token scale", "16×")]
+    assert all(b[7] == "0,1,2" for b in table.body)                    # every point on the group's seeds
+    # SSN − MAPL and MAPL+VQ − MAPL at each ratio (8x has no MAPL+VQ): one Holm family of the declared six
+    assert table.takeaway.count("points ahead of") == 5
+    assert "MAPL 16× is" in table.takeaway and "MAPL+VQ, per-token scale 32× (proj. 16×)" in table.takeaway
+    mapl16 = statistics.fmean(100 * 0.09 / n for n in [3.50, 3.52, 3.48])
+    assert next(b for b in table.body if b[:2] == ["MAPL", "16×"])[9].startswith(f"{mapl16:+.2f}%")
+    plot = R.pareto_plot(rows, "frontier")
+    assert plot.name == "pareto-frontier" and not plot.empty and "SSN 4× +" in plot.takeaway
+    assert plot.save(tmp_path).exists()
+    # before the group has runs: nothing is drawn, and the table says so
+    before = [r for r in rows if r["group"] != "frontier"]
+    assert R.frontier_table(before).body == [] and R.pareto_plot(before, "frontier").empty
 
 
 def test_learned_fixed_at_4x_reads_the_ablation_ratio_only():

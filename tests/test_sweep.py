@@ -46,9 +46,22 @@ def test_group_first_is_runs_of_main_in_every_profile():
 def test_cpu_groups_are_the_planned_grid():
     # the scale ladder's groups grow rung by rung; its budget rule holds them (tests/test_ladder.py)
     sizes = {g: len(cfgs(g)) for g in GROUPS if not g.startswith("ladder")}
-    assert sizes == {"first": 3, "main": 11, "seeds": 16, "ablations": 5, "long": 24, "long_rvq": 8, "long_fixed": 8,
-                     "long_gradwire": 3, "tokens": 6, "width": 6, "rvq_sync": 2, "lr_check": 15, "tune": 12, "tune2": 11,
-                     "decompose": 15, "decompose_capacity": 11, "learned_fixed_4x": 16, "corpus": 9, "blocks": 10}
+    assert sizes == {"first": 3, "main": 11, "seeds": 16, "ablations": 5, "ablations_long": 6, "long": 24, "long_rvq": 8,
+                     "long_fixed": 8, "long_gradwire": 3, "tokens": 6, "width": 6, "rvq_sync": 2, "lr_check": 15,
+                     "tune": 12, "tune2": 11, "decompose": 15, "decompose_capacity": 11, "learned_fixed_4x": 16,
+                     "frontier": 15, "corpus": 9, "blocks": 10}
+    # the two ablations the ledger tests, at the headline's budget and seeds 0-2, paired with long's MAPL 8x
+    abl = cfgs("ablations_long")
+    assert {(c.compressor.resolved().projector.kind, c.compressor.resolved().anchor.kind) for c in abl} == {
+        ("unconstrained", "factorized"), ("spel", "none")}
+    assert {c.train.seed for c in abl} == {0, 1, 2} and {(c.train.steps, c.compressor.ratio) for c in abl} == {(3000, 8)}
+    # Figure 1 at the headline budget: what long and learned_fixed_4x lack at 4x and 16x, seed by seed
+    front = cfgs("frontier")
+    assert [c.train.seed for c in front] == sorted(c.train.seed for c in front)
+    assert {(c.compressor.method, c.compressor.ratio) for c in front} == {
+        ("ssn", 4), ("mapl-rvq", 4), ("ssn", 16), ("mapl", 16), ("mapl-rvq", 16)}
+    assert {c.compressor.rvq.scale for c in front if c.compressor.method == "mapl-rvq"} == {"token"}
+    assert {c.train.steps for c in front} == {3000}
     main = {c.name() for c in cfgs("main")}
     assert [c.name() for c in cfgs("first")] == ["tiny-P4-none-s0", "tiny-P4-ssn-8x-s0", "tiny-P4-mapl-8x-s0"]
     assert {"tiny-P4-none-s0", "tiny-P4-int8-s0", "tiny-P4-ssn-8x-s0", "tiny-P4-mapl-16x-s0", "tiny-P4-mapl-rvq-4x-s0"} <= main

@@ -6,6 +6,8 @@ row of the claims ledger (:mod:`mapl.report.claims`).
   anchors widened to MAPL's parameter count, beside none, SSN and MAPL of the same seeds. Each paired comparison
   isolates one ingredient; the seven are one Holm family whichever of the two groups has landed.
 * ``learned_fixed_4x``: SPEL against the fixed random projector at 4x (the paper's ablation ratio).
+* ``frontier``: the paper's Figure 1 at the headline budget: SSN, MAPL and MAPL+VQ at every projection ratio, on
+  the group's seeds.
 * ``corpus``: none, SSN and MAPL on a corpus seen at most once in the budget (code: :mod:`mapl.data`).
 * ``blocks``: stages of several blocks (the ``mini`` preset) at P = 4, and a P = 8 point.
 
@@ -27,7 +29,8 @@ from .table import DASH, Table, fmt, fmt_ci, fmt_int, fmt_pm
 
 __all__ = ["DECOMPOSITION", "DECOMPOSITION_COMPARISONS", "study_summaries", "study_comparisons", "tested_family",
            "decomposition_table", "decomposition_paired_table", "learned_fixed_table", "corpus_table", "blocks_table",
-           "controls_plot", "study_comparison", "study_configurations"]
+           "controls_plot", "study_comparison", "study_configurations", "FRONTIER_VARIANTS", "frontier_summaries",
+           "frontier_table"]
 
 NO_RUNS = "no runs of group {} yet (see README, 'Results')."
 
@@ -218,6 +221,67 @@ def learned_fixed_table(rows: Sequence[dict]) -> Table:
                 NO_RUNS.format("learned_fixed_4x") if not sums else "no pair with a common seed.")
     return Table("learned-fixed-4x", f"Learned against fixed subspace at 4× ({study_groups('learned_fixed_4x')})",
                  SUMMARY_HEADER, body, caption, takeaway)
+
+
+# The paper's Figure 1 at the headline budget (group ``frontier``): each method at every projection ratio the group
+# trained and at the headline's, summarised on the group's seeds only, so that every point of the frontier rests on
+# the same seeds and tokens (the headline's 8x and learned_fixed_4x's MAPL 4x have more seeds than the group)
+FRONTIER_VARIANTS = ("ssn", "mapl", "mapl-rvq-scaled")
+FRONTIER_COMPARISONS = (("ssn", "mapl"), ("mapl-rvq-scaled", "mapl"))
+
+
+def _frontier(rows: Sequence[dict]) -> tuple[list[dict], list[dict], int | None]:
+    model, steps, seeds = _group_budget(rows, "frontier")
+    if model is None:
+        return [], [], None
+    ratios = sorted({r["projection_ratio"] for r in rows if r["group"] in ("frontier", "long")
+                     and r["steps"] == steps and r["projection_ratio"] is not None})
+    sums = list(study_summaries(rows, (("none", "none", ""),), model, steps, seeds).values())
+    comps = []
+    for ratio in ratios:
+        at = study_summaries(rows, tuple((v, v, "") for v in FRONTIER_VARIANTS), model, steps, seeds, ratio=ratio)
+        sums += [at[v] for v in FRONTIER_VARIANTS if v in at]
+        comps += study_comparisons(at, [(a, b, f"at projection {fmt_ratio(ratio)}") for a, b in FRONTIER_COMPARISONS])
+    # one exploratory family over every ratio's comparisons (SSN − MAPL at 8x on these seeds included: the primary
+    # contrast is the headline's 8 seeds, read on its own in the ledger)
+    return sums, tested_family(comps, len(FRONTIER_COMPARISONS) * len(ratios)), steps
+
+
+def frontier_summaries(rows: Sequence[dict]) -> list[dict]:
+    """The frontier's summaries (group ``frontier``'s budget and seeds): the uncompressed run, then SSN, MAPL and
+    MAPL+VQ at each projection ratio; [] without runs of the group."""
+    return _frontier(rows)[0]
+
+
+def _captured(rows: Sequence[dict], s: dict) -> float | None:
+    """The boundary energy a configuration's projector keeps (``captured_energy``), mean over boundaries and the
+    summary's seeds; None without a projector or diagnostics."""
+    caps = [d["captured_energy"] for r in rows if r["variant"] == s["variant"] and r["model"] == s["model"]
+            and r["steps"] == s["steps"] and r["projection_ratio"] == s["projection_ratio"] and r["seed"] in s["seeds"]
+            for d in r.get("boundary_diagnostics") or [] if "captured_energy" in d]
+    return statistics.fmean(caps) if caps else None
+
+
+def frontier_table(rows: Sequence[dict]) -> Table:
+    """Every point of the frontier at the headline budget with the boundary energy its projector keeps, and the
+    paired comparisons at each ratio (one Holm family)."""
+    sums, comps, steps = _frontier(rows)
+    body = []
+    for s in sums:
+        row = _summary_rows({"x": s}, ["x"])[0]
+        body.append([row[0], fmt_ratio(s["projection_ratio"]) if s["projection_ratio"] else DASH, *row[3:4],
+                     fmt(s["fwd_bytes_per_token"], 0), *row[4:], fmt(_captured(rows, s), 3)])
+    header = [SUMMARY_HEADER[0], "proj. d/r", SUMMARY_HEADER[3], "fwd B/tok", *SUMMARY_HEADER[4:], "captured"]
+    caption = ("The paper's Figure 1 at the headline budget: every method at each projection ratio, on the seeds of "
+               "group frontier (runs of the same configuration in other groups, on those seeds, are read with it). "
+               "Δ% per seed against that seed's plain uncompressed run; its 95 % interval per point. captured: the "
+               "share of the boundary activation's energy the projection keeps, mean over boundaries and seeds (SSN's "
+               "trunk writes inside its subspace: 1 by construction). The paired comparisons at each ratio (takeaway) "
+               "are one exploratory family, each at its Holm-adjusted level.")
+    takeaway = ("; ".join(gap_sentence(c) for c in comps) + "." if comps else
+                NO_RUNS.format("frontier") if not sums else "no pair with a common seed.")
+    return Table("frontier", f"Loss against compression at the headline budget ({study_groups('frontier')})",
+                 header, body, caption, takeaway)
 
 
 def study_comparison(rows: Sequence[dict], study: str) -> dict | None:

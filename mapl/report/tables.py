@@ -129,6 +129,17 @@ _SHORT = {"projector": {"fixed": "fixed", "unconstrained": "unconstrained", "spe
 _ABLATION = {"projector": ("projector", "spel", "Appendix C"), "anchor": ("anchor", "factorized", "Appendix G")}
 
 
+def _on_shared_seeds(pool: Sequence[dict], field: str) -> list[dict]:
+    """The runs of each setting on the seeds every configuration (value of ``field``) of that setting has, so that
+    the means a setting's order sentence ranks are over the same seeds (the 3,000-step ablations have seeds 0-2,
+    SPEL and the fixed projector 0-7); a setting whose configurations share no seed keeps all its runs."""
+    seeds: dict[tuple, dict] = {}
+    for r in pool:
+        seeds.setdefault(_setting(r), {}).setdefault(r[field], set()).add(r["seed"])
+    shared = {k: set.intersection(*v.values()) for k, v in seeds.items()}
+    return [r for r in pool if not shared[_setting(r)] or r["seed"] in shared[_setting(r)]]
+
+
 def ablation_table(rows: Sequence[dict], kind: str) -> Table:
     """MAPL with its projector (``kind="projector"``, the paper's Appendix C) or anchor (``"anchor"``,
     Appendix G) varied, the other at MAPL's default; every setting (model, P, d/r, steps) where an
@@ -138,7 +149,8 @@ def ablation_table(rows: Sequence[dict], kind: str) -> Table:
     others = {"projector": "spel", "anchor": "factorized"}
     settings = sorted({_setting(r) for r in rows if r["group"] == "ablations" and r["method"] == "mapl"
                        and r[field] != default and r[other] == others[other]}, key=str)
-    pool = [r for r in rows if r["method"] == "mapl" and r[other] == others[other] and _setting(r) in settings]
+    pool = _on_shared_seeds([r for r in rows if r["method"] == "mapl" and r[other] == others[other]
+                             and _setting(r) in settings], field)
     sums = summarize(pool, rows)
     ref = {e["variant"]: e for e in paper.paper_ablation(kind)}
     header = [kind, "model", "P", "proj. d/r", "steps", "seeds", "val loss", "Δ%", "paper loss", "paper Δ%",
@@ -158,8 +170,8 @@ def ablation_table(rows: Sequence[dict], kind: str) -> Table:
                          + order_sentence(deltas, {k: p["delta_pct"] for k, p in ref.items()}, names))
     p0 = next(iter(ref.values()))
     caption = (f"MAPL with the {field} varied and the {other} at MAPL's default; Δ% against the uncompressed run "
-               f"of the same budget and seed, mean ± std over seeds. Paper: {source} ({p0['scale']}, P = "
-               f"{p0['stages']}, {fmt_ratio(p0['projection_ratio'])}).")
+               f"of the same budget and seed, mean ± std over the seeds every row of its setting has. Paper: {source} "
+               f"({p0['scale']}, P = {p0['stages']}, {fmt_ratio(p0['projection_ratio'])}).")
     return Table(f"ablation-{kind}", f"Ablation: {kind}", header, body, caption,
                  " ".join(sentences) if sentences else NO_RUNS.format("ablations"))
 
@@ -345,10 +357,12 @@ def _spel_step(r: dict) -> float | None:
     return r.get("proj_lr_mult") if r["projector"] == "spel" else None
 
 
-def _cell_text(r: dict) -> str:
-    """A tuning cell as the lr-check table names it: ``μ, emb`` and, with SPEL, its projector step multiplier."""
+def _cell_text(r: dict, named: bool = False) -> str:
+    """A tuning cell as the lr-check table names it: ``μ, emb`` and, with SPEL, its projector step multiplier;
+    ``named``: each value after its name, as a sentence reads it (``μ 0.02, emb 0.03, SPEL ×0.1``)."""
     step = _spel_step(r)
-    return f"{r['lr_muon']:g}, {r['lr_embed']:g}" + (f", SPEL ×{step:g}" if step is not None else "")
+    mu, emb = (f"μ {r['lr_muon']:g}", f"emb {r['lr_embed']:g}") if named else (f"{r['lr_muon']:g}", f"{r['lr_embed']:g}")
+    return f"{mu}, {emb}" + (f", SPEL ×{step:g}" if step is not None else "")
 
 
 def lr_check_table(rows_all: Sequence[dict]) -> Table:
@@ -382,9 +396,7 @@ def lr_check_table(rows_all: Sequence[dict]) -> Table:
                      fmt_pm(statistics.fmean(diffs), statistics.stdev(diffs) if len(diffs) > 1 else None, 4)
                      if diffs else DASH, fmt_ci(ci, 4) if ci else DASH, reading])
         if diffs:
-            cell_words = f"μ {mine[0]['lr_muon']:g}, emb {mine[0]['lr_embed']:g}" + (
-                f", SPEL ×{cell[4]:g}" if cell[4] is not None else "")
-            sentences.append(f"{name} at {cell_words}: {reading} ({len(diffs)} seeds)")
+            sentences.append(f"{name} at {_cell_text(mine[0], named=True)}: {reading} ({len(diffs)} seeds)")
     caption = ("Each method at another cell (the other method's winning knob; SSN also at the step past its "
                "300-step winner; MAPL also at SPEL's projector step multiplier on each side of its tuned one), at "
                "the headline budget, against its tuned headline run of the same seed; losses on the selection set "
