@@ -27,10 +27,10 @@ def _declared(**entries):
 def test_the_declaration_gives_each_group_its_study_and_role_in_the_report_order():
     d = declaration(PARAMS)
     assert d.names()[:2] == ("first", "main") and d.names()[-1] == "ladder"
-    assert [d.study_of(g) for g in ("first", "long_rvq", "long_fixed", "learned_fixed_4x")] == [
-        "main", "long", "long", "learned_fixed_4x"]
+    assert [d.study_of(g) for g in ("first", "long_rvq", "long_fixed", "learned_fixed_4x", "ablations_long")] == [
+        "main", "long", "long", "learned_fixed_4x", "ablations"]
     assert d.studies() == ("main", "seeds", "ablations", "long", "tokens", "width", "rvq_sync", "lr_check", "tune",
-                           "tune2", "decompose", "decompose_capacity", "learned_fixed_4x", "corpus", "blocks",
+                           "tune2", "decompose", "decompose_capacity", "learned_fixed_4x", "frontier", "corpus", "blocks",
                            "ladder_tune", "ladder")
     assert {s for s in d.studies() if d.role_of_study(s) == "tuning"} == {"lr_check", "tune", "tune2", "ladder_tune"}
     assert {s for s in d.studies() if d.role_of_study(s) == "other-corpus"} == {"corpus", "ladder"}

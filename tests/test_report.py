@@ -856,12 +856,12 @@ def test_frontier_reads_every_ratio_on_the_groups_seeds_only(tmp_path):
     assert "MAPL 16× is" in table.takeaway and "MAPL+VQ, per-token scale 32× (proj. 16×)" in table.takeaway
     mapl16 = statistics.fmean(100 * 0.09 / n for n in [3.50, 3.52, 3.48])
     assert next(b for b in table.body if b[:2] == ["MAPL", "16×"])[9].startswith(f"{mapl16:+.2f}%")
-    plot = R.pareto_plot(rows, "frontier")
+    plot = R.frontier_plot(rows)
     assert plot.name == "pareto-frontier" and not plot.empty and "SSN 4× +" in plot.takeaway
     assert plot.save(tmp_path).exists()
     # before the group has runs: nothing is drawn, and the table says so
     before = [r for r in rows if r["group"] != "frontier"]
-    assert R.frontier_table(before).body == [] and R.pareto_plot(before, "frontier").empty
+    assert R.frontier_table(before).body == [] and R.frontier_plot(before).empty
 
 
 def test_learned_fixed_at_4x_reads_the_ablation_ratio_only():

@@ -30,7 +30,7 @@ from .table import DASH, Table, fmt, fmt_ci, fmt_int, fmt_pm
 __all__ = ["DECOMPOSITION", "DECOMPOSITION_COMPARISONS", "study_summaries", "study_comparisons", "tested_family",
            "decomposition_table", "decomposition_paired_table", "learned_fixed_table", "corpus_table", "blocks_table",
            "controls_plot", "study_comparison", "study_configurations", "FRONTIER_VARIANTS", "frontier_summaries",
-           "frontier_table"]
+           "frontier_table", "frontier_plot"]
 
 NO_RUNS = "no runs of group {} yet (see README, 'Results')."
 
@@ -251,6 +251,13 @@ def frontier_summaries(rows: Sequence[dict]) -> list[dict]:
     """The frontier's summaries (group ``frontier``'s budget and seeds): the uncompressed run, then SSN, MAPL and
     MAPL+VQ at each projection ratio; [] without runs of the group."""
     return _frontier(rows)[0]
+
+
+def frontier_plot(rows: Sequence[dict]):
+    """The frontier as :func:`mapl.report.plots.pareto_plot` draws it (file ``pareto-frontier``): Δ% against forward
+    and total bytes, a line per method through its ratios, bars the 95 % interval of the mean."""
+    from .plots import pareto_plot
+    return pareto_plot(rows, "frontier", frontier_summaries(rows))
 
 
 def _captured(rows: Sequence[dict], s: dict) -> float | None:

@@ -12,7 +12,6 @@ from typing import Sequence
 from matplotlib.figure import Figure
 
 from . import paper
-from .controls import frontier_summaries
 from .figures import (axis_figure, gap_curves_figure, health_figure, loss_curves_figure, paper_scatter_figure,
                       pareto_figure, save_figure)
 from .rows import at_best_validation, budget_steps, is_reference, main_model, run_key
@@ -64,12 +63,12 @@ def _frontier_takeaway(sums: Sequence[dict]) -> str:
         for v, pts in by.items()) + " (Δ% at each projection ratio, mean over the group's seeds)."
 
 
-def pareto_plot(rows: Sequence[dict], group: str | None = None) -> Plot:
+def pareto_plot(rows: Sequence[dict], group: str | None = None, sums: Sequence[dict] | None = None) -> Plot:
     """Δ% against forward and total bytes per token: at the main budget (Table 1's runs), or with
-    ``group`` at that group's budget (``"long"``: the headline, every seed; ``"frontier"``: every projection ratio
-    on the frontier group's seeds; file ``pareto-<group>``)."""
-    sums = (table1_summaries(rows) if group is None else frontier_summaries(rows) if group == "frontier"
-            else headline_summaries(rows, group))
+    ``group`` at that group's budget (``"long"``: the headline, every seed; file ``pareto-<group>``); ``sums``: the
+    summaries to draw instead (``"frontier"``: every projection ratio, :func:`mapl.report.controls.frontier_plot`)."""
+    if sums is None:
+        sums = table1_summaries(rows) if group is None else headline_summaries(rows, group)
     budget = ("each model's main budget" if group is None
               else f"the budget of group {group} ({fmt_int(sums[0]['steps'] if sums else 0)} steps)")
     # the main budget has two seeds, where a 95 % interval is ±9 sd wide and says nothing; the headline has eight
