@@ -25,7 +25,7 @@ from .rows import at_projection_ratio, budget_steps, rescored_rows, study_groups
 from .stats import paired, summarize, t_interval
 from .studies import gap_sentence, tested_comparisons
 from .style import NEUTRAL, STUDY_ARM_LABELS, bars_handle, bars_text, fmt_ratio, variant_label
-from .table import DASH, Table, fmt, fmt_ci, fmt_int, fmt_pct, fmt_pm
+from .table import DASH, Table, fmt, fmt_ci, fmt_delta, fmt_int, fmt_pct, fmt_pm
 
 __all__ = ["DECOMPOSITION", "DECOMPOSITION_COMPARISONS", "study_summaries", "study_comparisons", "tested_family",
            "decomposition_table", "decomposition_paired_table", "learned_fixed_table", "corpus_table", "blocks_table",
@@ -366,18 +366,17 @@ def _train_delta(train: dict[int, float], reference: dict[int, float]) -> str:
 UNREAD = "unread-train"    # mapl.orchestration.rescore's set of the training split's windows a run never read
 
 
-def _unread_summaries(rows: Sequence[dict], sums: dict, names: Sequence[str], rescores: dict[str, dict]) -> dict:
+def _unread_summaries(pool: Sequence[dict], sums: dict, names: Sequence[str], rescores: dict[str, dict]) -> dict:
     """Configuration name -> its summary on the unread training windows (:mod:`mapl.orchestration.rescore`): the
     same checkpoints as the validation loss, each seed against its own uncompressed run scored on the same
-    windows; names without scores are left out."""
-    runs = {run for n in names for run in sums[n]["runs"]}
-    scored = {s["variant"]: s for s in summarize(rescored_rows([r for r in rows if r["run"] in runs], rescores, UNREAD))}
+    windows; names without scores are left out. ``pool``: the rows of the summaries' runs."""
+    scored = {s["variant"]: s for s in summarize(rescored_rows(pool, rescores, UNREAD))}
     return {n: scored[sums[n]["variant"]] for n in names if sums[n]["variant"] in scored}
 
 
-def _sampling_words(rows: Sequence[dict], sums: dict, names: Sequence[str]) -> str:
-    """What the train loss of the last steps is, from how the runs drew their windows and how much they read."""
-    pool = [r for r in rows if any(r["run"] in sums[n]["runs"] for n in names)]
+def _sampling_words(pool: Sequence[dict]) -> str:
+    """What the train loss of the last steps is, from how the runs (``pool``) drew their windows and how much
+    they read."""
     epochs = max((r["tokens"] / r["train_split_tokens"] for r in pool
                   if r.get("tokens") and r.get("train_split_tokens")), default=None)
     read = f"{fmt(epochs, 2)} epochs" if epochs is not None else "an unknown share of the split"
@@ -417,16 +416,18 @@ def corpus_table(rows: Sequence[dict], rescores: dict[str, dict] | None = None) 
     names = [n for n in ("none", "ssn", "mapl") if n in sums]
     train = {n: {r["seed"]: t for r in rows if r["run"] in sums[n]["runs"]
                  if (t := _final_train_loss(r)) is not None} for n in names}
-    unread = _unread_summaries(rows, sums, names, rescores or {})
+    runs = {run for n in names for run in sums[n]["runs"]}
+    pool = [r for r in rows if r["run"] in runs]
+    unread = _unread_summaries(pool, sums, names, rescores or {})
     body = []
     for row, name in zip(_summary_rows(sums, names), names):
         body.append(row + [fmt(statistics.fmean(train[name].values()), 4) if train[name] else DASH,
                            _train_delta(train[name], train.get("none", {})) if name != "none" else DASH]
-                    + ([_unread_delta(unread.get(name)) if name != "none" else DASH] if unread else []))
-    source = next((r.get("data_source") for r in rows if r["group"] == "corpus"), DASH)
+                    + ([fmt_delta(unread.get(name)) if name != "none" else DASH] if unread else []))
+    source = pool[0].get("data_source") or DASH if pool else DASH    # _corpus reads one source
     caption = (f"None, SSN and MAPL at the headline's settings on `{source}`, a corpus seen under once in the budget "
                "(the paper's regime; the cpu corpus is seen 3.6 times in 3,000 steps; its size: README, 'Choices "
-               f"where the paper is silent'). {_sampling_words(rows, sums, names)}. Train loss: the mean over the "
+               f"where the paper is silent'). {_sampling_words(pool)}. Train loss: the mean over the "
                "last 10 % of steps; train Δ%: against the same seed's uncompressed run, mean ± std over seeds."
                + (" Unread Δ%: the checkpoints of the val loss scored on as many windows of the training split as the "
                   "validation split holds, from those the run never read (heldout.md), each seed against its own "
@@ -438,10 +439,6 @@ def corpus_table(rows: Sequence[dict], rescores: dict[str, dict] | None = None) 
                 else NO_RUNS.format("corpus"))
     return Table("corpus", "A corpus that does not repeat (group corpus)",
                  SUMMARY_HEADER + ["train loss", "train Δ%"] + (["unread Δ%"] if unread else []), body, caption, takeaway)
-
-
-def _unread_delta(s: dict | None) -> str:
-    return DASH if s is None or s["delta_pct"] is None else fmt_pm(s["delta_pct"], s["delta_std"], 2, pct=True)
 
 
 def _blocks(rows: Sequence[dict]) -> tuple[dict, list[dict], int | None]:

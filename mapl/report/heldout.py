@@ -16,7 +16,7 @@ from typing import Sequence
 from .claims import NOT_TESTABLE, claims
 from .rows import rescored_rows, run_key
 from .stats import summarize
-from .table import DASH, Table, fmt_int, fmt_pct, fmt_pm
+from .table import DASH, Table, fmt_delta, fmt_int, fmt_pct, fmt_pm
 
 __all__ = ["SET_LABELS", "NO_SCORES", "load_rescores", "rescored_rows", "heldout_table", "heldout_claims_table"]
 
@@ -41,10 +41,6 @@ def _sets(rescores: dict[str, dict]) -> list[str]:
     return [s for s in SET_LABELS if s in seen]
 
 
-def _delta(s: dict | None) -> str:
-    return DASH if s is None or s["delta_pct"] is None else fmt_pm(s["delta_pct"], s["delta_std"], nd=2, pct=True)
-
-
 def heldout_table(rows: Sequence[dict], rescores: dict[str, dict]) -> Table:
     """Each rescored configuration: Δ% on the validation split and on each set (mean ± sd over seeds, each seed
     against its own uncompressed run scored on the same windows)."""
@@ -58,8 +54,8 @@ def heldout_table(rows: Sequence[dict], rescores: dict[str, dict]) -> Table:
         key = run_key(s, with_seed=False)
         cells = [by_set[name].get(key) for name in sets]
         body.append([rescores[s["runs"][0]]["group"], s["variant"], s["model"], fmt_int(s["steps"]),
-                     ",".join(map(str, s["seeds"])), _delta(s),
-                     *[_delta(c) for c in cells], *[fmt_pm(c["val_loss"], c["val_loss_std"]) if c else DASH for c in cells]])
+                     ",".join(map(str, s["seeds"])), fmt_delta(s),
+                     *[fmt_delta(c) for c in cells], *[fmt_pm(c["val_loss"], c["val_loss_std"]) if c else DASH for c in cells]])
         for name, c in zip(sets, cells):
             if s["method"] != "none" and c and c["delta_pct"] is not None and s["delta_pct"] is not None:
                 moved.append(f"{s['variant']} {fmt_pct(s['delta_pct'])} -> {fmt_pct(c['delta_pct'])} "

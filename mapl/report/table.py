@@ -20,7 +20,7 @@ from pathlib import Path
 from ..base.io import atomic_write_text
 
 __all__ = ["DASH", "Table", "to_markdown", "to_csv", "to_latex", "write_table", "fmt", "fmt_pct", "fmt_pm",
-           "fmt_ci", "fmt_int"]
+           "fmt_ci", "fmt_int", "fmt_delta"]
 
 DASH = "—"
 
@@ -51,6 +51,13 @@ def fmt_pm(mean, std, nd: int = 4, pct: bool = False) -> str:
 def fmt_ci(ci, nd: int = 2) -> str:
     """``[low, high]``; ``—`` for None."""
     return DASH if ci is None else f"[{ci[0]:+.{nd}f}, {ci[1]:+.{nd}f}]"
+
+
+def fmt_delta(summary: dict | None) -> str:
+    """A summary's Δ% as ``mean ± sd`` over its seeds (:func:`mapl.report.rows.summarize`); ``—`` without one."""
+    if summary is None or summary["delta_pct"] is None:
+        return DASH
+    return fmt_pm(summary["delta_pct"], summary["delta_std"], 2, pct=True)
 
 
 @dataclass
