@@ -875,6 +875,35 @@ def test_learned_fixed_at_4x_reads_the_ablation_ratio_only():
     assert row["table"] == "learned-fixed-4x.md" and row["verdict"] in R.VERDICTS[:3]
 
 
+def test_the_corpus_table_splits_the_validation_penalty_from_the_training_streams_on_unread_windows():
+    """Drawn by epochs under one epoch, the train loss is on windows never read; the checkpoints scored on unread
+    training windows (stage rescore) put the documents' share of the gap between the two penalties in numbers."""
+    rows = [{**r, "data_sampling": "epochs", "train_split_tokens": 10 * r["tokens"]} for r in _study_rows()
+            if r["group"] == "corpus"]
+    plain = R.corpus_table(rows)
+    assert "unread Δ%" not in plain.header and "no window is read twice" in plain.caption and "0.10 epochs" in plain.caption
+    assert "Unread" not in plain.caption and "training stream" not in plain.takeaway
+    offset = {"none": 0.00, "ssn": 0.03, "mapl": 0.01}                         # unread: SSN +3 %, MAPL +1 % of 1.0x
+    scores = {r["run"]: {"val_loss": r["val_loss"], "group": "corpus",
+                         "scores": {"unread-train": 1.00 + 0.01 * r["seed"] + offset[r["method"]]}} for r in rows}
+    table = R.corpus_table(rows, scores)
+    assert table.header[-1] == "unread Δ%" and table.body[0][-1] == "—"
+    mapl = [100 * 0.01 / (1.00 + 0.01 * s) for s in range(3)]
+    assert table.body[2][-1] == f"{statistics.fmean(mapl):+.2f}% ± {statistics.stdev(mapl):.2f}"
+    val = statistics.fmean(100 * 0.03 / (1.20 + 0.01 * s) for s in range(3))
+    tail = statistics.fmean(1.0 - i / 3000 for i in range(2700, 3000))
+    stream = statistics.fmean(100 * 0.03 / (1.20 + 0.01 * s + tail) for s in range(3))
+    u = statistics.fmean(mapl)
+    assert (f"MAPL costs {val:+.2f}% on the validation split, {u:+.2f}% on unread training windows (the same "
+            f"checkpoints) and {stream:+.2f}% on the training stream: the documents scored") in table.takeaway
+    assert f"account for {u - val:+.2f} of the {stream - val:+.2f} points" in table.takeaway
+    # a score of another draw (its validation loss differs from the row's) is never read
+    stale = {k: {**v, "val_loss": v["val_loss"] + 1e-6} for k, v in scores.items()}
+    assert R.corpus_table(rows, stale).header == plain.header
+    # drawn with replacement: the caption says the stream mixes windows read before
+    assert "mixes windows read before" in R.corpus_table(_study_rows()).caption
+
+
 def test_corpus_study_reads_its_own_corpus_and_never_leaks_into_the_headline():
     rows_all = _study_rows()
     main_rows = [r for r in rows_all if r["data_source"] == ""]

@@ -49,7 +49,7 @@ def test_cpu_groups_are_the_planned_grid():
     assert sizes == {"first": 3, "main": 11, "seeds": 16, "ablations": 5, "ablations_long": 6, "long": 24, "long_rvq": 8,
                      "long_fixed": 8, "long_gradwire": 3, "tokens": 6, "width": 6, "rvq_sync": 2, "lr_check": 15,
                      "tune": 12, "tune2": 11, "decompose": 15, "decompose_capacity": 11, "learned_fixed_4x": 16,
-                     "frontier": 15, "corpus": 9, "blocks": 10}
+                     "frontier": 15, "corpus": 15, "blocks": 10}
     # the two ablations the ledger tests, at the headline's budget and seeds 0-2, paired with long's MAPL 8x
     abl = cfgs("ablations_long")
     assert {(c.compressor.resolved().projector.kind, c.compressor.resolved().anchor.kind) for c in abl} == {
@@ -106,7 +106,10 @@ def test_cpu_groups_are_the_planned_grid():
     lf = cfgs("learned_fixed_4x")                                    # seed by seed: learned, fixed
     assert {(c.compressor.ratio, c.compressor.resolved().projector.kind) for c in lf} == {(4, "spel"), (4, "fixed")}
     assert [c.train.seed for c in lf] == [s for s in range(8) for _ in range(2)] and {c.train.steps for c in lf} == {3000}
-    assert {c.data.source for c in cfgs("corpus")} == {"sympy-code"} and len({c.train.seed for c in cfgs("corpus")}) == 3
+    # the code corpus drawn by epochs (no window read twice), none, SSN and MAPL seed by seed
+    code = cfgs("corpus")
+    assert {(c.data.source, c.data.sampling) for c in code} == {("sympy-code", "epochs")}
+    assert [c.train.seed for c in code] == [s for s in range(5) for _ in range(3)]
     blocks = cfgs("blocks")
     assert [c.train.seed for c in blocks] == [0] * 5 + [1] * 5
     assert {(c.model, c.stages) for c in blocks} == {("mini", 4), ("mini", 8)}

@@ -34,7 +34,7 @@ from . import paper
 from .controls import study_comparison, study_configurations
 from .frozen import frozen_comparison
 from .ladder import ladder_slope_comparison
-from .rows import main_model, study_role
+from .rows import MAPL_DEFAULTS, main_model, setting_of, study_role
 from .stats import holm, paired, summarize, t_interval, t_test_p
 from .studies import comparisons, headline_summaries, tested_comparisons, width_points
 from .style import variant_label
@@ -208,9 +208,6 @@ class FrozenTrunkContrast:
         return frozen_comparison(ev.frozen_rows or [], self.projector)
 
 
-_MAPL_DEFAULTS = {"projector": "spel", "anchor": "factorized"}
-
-
 @dataclass(frozen=True)
 class AblationContrast:
     """MAPL with one ingredient ablated (``field`` = ``value``: ``anchor`` none, ``projector`` unconstrained) − MAPL,
@@ -221,19 +218,17 @@ class AblationContrast:
 
     def measure(self, ev: Evidence) -> dict | None:
         rows = ev.rows
-        other = next(k for k in _MAPL_DEFAULTS if k != self.field)
+        other = next(k for k in MAPL_DEFAULTS if k != self.field)
         ablated = [r for r in rows if r["method"] == "mapl" and r[self.field] == self.value
-                   and r[other] == _MAPL_DEFAULTS[other]]
+                   and r[other] == MAPL_DEFAULTS[other]]
         if not ablated:
             return None
-        def setting(r: dict) -> tuple:
-            return r["model"], r["stages"], r["projection_ratio"], r["steps"]
         seeds: dict[tuple, set] = {}
         for r in ablated:
-            seeds.setdefault(setting(r), set()).add(r["seed"])
+            seeds.setdefault(setting_of(r), set()).add(r["seed"])
         key = max(seeds, key=lambda k: (len(seeds[k]), k[3]))
-        pool = [r for r in ablated if setting(r) == key]
-        pool += [r for r in rows if r["variant"] == "mapl" and setting(r) == key]
+        pool = [r for r in ablated if setting_of(r) == key]
+        pool += [r for r in rows if r["variant"] == "mapl" and setting_of(r) == key]
         sums = {s["variant"]: s for s in summarize(pool, rows)}
         b = sums.pop("mapl", None)
         a = next(iter(sums.values()), None)

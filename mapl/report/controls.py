@@ -21,11 +21,11 @@ from __future__ import annotations
 import statistics
 from typing import Sequence
 
-from .rows import at_projection_ratio, budget_steps, study_groups
+from .rows import at_projection_ratio, budget_steps, rescored_rows, study_groups
 from .stats import paired, summarize, t_interval
 from .studies import gap_sentence, tested_comparisons
 from .style import NEUTRAL, STUDY_ARM_LABELS, bars_handle, bars_text, fmt_ratio, variant_label
-from .table import DASH, Table, fmt, fmt_ci, fmt_int, fmt_pm
+from .table import DASH, Table, fmt, fmt_ci, fmt_int, fmt_pct, fmt_pm
 
 __all__ = ["DECOMPOSITION", "DECOMPOSITION_COMPARISONS", "study_summaries", "study_comparisons", "tested_family",
            "decomposition_table", "decomposition_paired_table", "learned_fixed_table", "corpus_table", "blocks_table",
@@ -241,7 +241,7 @@ def _frontier(rows: Sequence[dict]) -> tuple[list[dict], list[dict], int | None]
     for ratio in ratios:
         at = study_summaries(rows, tuple((v, v, "") for v in FRONTIER_VARIANTS), model, steps, seeds, ratio=ratio)
         sums += [at[v] for v in FRONTIER_VARIANTS if v in at]
-        comps += study_comparisons(at, [(a, b, f"at projection {fmt_ratio(ratio)}") for a, b in FRONTIER_COMPARISONS])
+        comps += study_comparisons(at, [(a, b, "") for a, b in FRONTIER_COMPARISONS])
     # one exploratory family over every ratio's comparisons (SSN − MAPL at 8x on these seeds included: the primary
     # contrast is the headline's 8 seeds, read on its own in the ledger)
     return sums, tested_family(comps, len(FRONTIER_COMPARISONS) * len(ratios)), steps
@@ -253,11 +253,22 @@ def frontier_summaries(rows: Sequence[dict]) -> list[dict]:
     return _frontier(rows)[0]
 
 
+def _frontier_takeaway(sums: Sequence[dict]) -> str:
+    """Each method's Δ% along its projection ratios: "SSN 4× +1.2%, 8× +3.4%; MAPL ..."."""
+    by: dict[str, list] = {}
+    for s in sums:
+        if s["method"] != "none":
+            by.setdefault(s["variant"], []).append(s)
+    return "; ".join(variant_label(v) + " " + ", ".join(
+        f"{fmt_ratio(s['projection_ratio'])} {fmt_pct(s['delta_pct'])}" for s in sorted(pts, key=lambda s: s["projection_ratio"]))
+        for v, pts in by.items()) + " (Δ% at each projection ratio, mean over the group's seeds)."
+
+
 def frontier_plot(rows: Sequence[dict]):
     """The frontier as :func:`mapl.report.plots.pareto_plot` draws it (file ``pareto-frontier``): Δ% against forward
     and total bytes, a line per method through its ratios, bars the 95 % interval of the mean."""
     from .plots import pareto_plot
-    return pareto_plot(rows, "frontier", frontier_summaries(rows))
+    return pareto_plot(rows, "frontier", frontier_summaries(rows), takeaway=_frontier_takeaway)
 
 
 def _captured(rows: Sequence[dict], s: dict) -> float | None:
@@ -352,27 +363,85 @@ def _train_delta(train: dict[int, float], reference: dict[int, float]) -> str:
     return fmt_pm(statistics.fmean(deltas), statistics.stdev(deltas) if len(deltas) > 1 else None, 2, pct=True)
 
 
-def corpus_table(rows: Sequence[dict]) -> Table:
+UNREAD = "unread-train"    # mapl.orchestration.rescore's set of the training split's windows a run never read
+
+
+def _unread_summaries(rows: Sequence[dict], sums: dict, names: Sequence[str], rescores: dict[str, dict]) -> dict:
+    """Configuration name -> its summary on the unread training windows (:mod:`mapl.orchestration.rescore`): the
+    same checkpoints as the validation loss, each seed against its own uncompressed run scored on the same
+    windows; names without scores are left out."""
+    runs = {run for n in names for run in sums[n]["runs"]}
+    scored = {s["variant"]: s for s in summarize(rescored_rows([r for r in rows if r["run"] in runs], rescores, UNREAD))}
+    return {n: scored[sums[n]["variant"]] for n in names if sums[n]["variant"] in scored}
+
+
+def _sampling_words(rows: Sequence[dict], sums: dict, names: Sequence[str]) -> str:
+    """What the train loss of the last steps is, from how the runs drew their windows and how much they read."""
+    pool = [r for r in rows if any(r["run"] in sums[n]["runs"] for n in names)]
+    epochs = max((r["tokens"] / r["train_split_tokens"] for r in pool
+                  if r.get("tokens") and r.get("train_split_tokens")), default=None)
+    read = f"{fmt(epochs, 2)} epochs" if epochs is not None else "an unknown share of the split"
+    if pool and all(r.get("data_sampling") == "epochs" for r in pool) and epochs is not None and epochs < 1:
+        return (f"Windows are drawn by epochs (each window once per epoch) and the runs read {read}, so no window is "
+                "read twice: the train loss is a loss on windows never read before, from the training split's "
+                "documents; the validation split is other documents")
+    return (f"Windows are drawn with replacement and the runs read {read}, so the train loss of the last steps "
+            "mixes windows read before with new ones")
+
+
+def _penalty_sentence(val: dict, unread: dict | None, train: dict[int, float],
+                      reference: dict[int, float]) -> str | None:
+    """One configuration's three penalties side by side and how much of the gap between the validation split and
+    the training stream the documents account for (the unread windows: the training distribution, scored at the
+    validation loss's own checkpoints)."""
+    stream = [100 * (train[s] - reference[s]) / reference[s] for s in sorted(train) if s in reference]
+    if unread is None or not stream or val["delta_pct"] is None or unread["delta_pct"] is None:
+        return None
+    v, u, t = val["delta_pct"], unread["delta_pct"], statistics.fmean(stream)
+    words = (f"{variant_label(val['variant'])} costs {fmt_pct(v)} on the validation split, {fmt_pct(u)} on unread "
+             f"training windows (the same checkpoints) and {fmt_pct(t)} on the training stream")
+    if abs(t - v) < 0.05:
+        return words + ": the three agree"
+    return (words + f": the documents scored account for {u - v:+.2f} of the {t - v:+.2f} points between the "
+            f"validation split and the training stream, the checkpoint and when the stream is read for the other "
+            f"{t - u:+.2f}")
+
+
+def corpus_table(rows: Sequence[dict], rescores: dict[str, dict] | None = None) -> Table:
     """The headline's three methods on a corpus that does not repeat within the budget (group ``corpus``):
     validation and training loss (a falling validation penalty next to a rising training one is the reference
-    overfitting, not compression getting cheaper)."""
+    overfitting, not compression getting cheaper) and, where ``rescores`` (:func:`mapl.report.load_rescores`) has
+    the runs scored, their Δ% on the training windows they never read: the training distribution at the
+    validation loss's checkpoints, which splits the validation split's penalty from the training stream's."""
     sums, comps, steps = _corpus(rows)
     names = [n for n in ("none", "ssn", "mapl") if n in sums]
     train = {n: {r["seed"]: t for r in rows if r["run"] in sums[n]["runs"]
                  if (t := _final_train_loss(r)) is not None} for n in names}
+    unread = _unread_summaries(rows, sums, names, rescores or {})
     body = []
     for row, name in zip(_summary_rows(sums, names), names):
         body.append(row + [fmt(statistics.fmean(train[name].values()), 4) if train[name] else DASH,
-                           _train_delta(train[name], train.get("none", {})) if name != "none" else DASH])
+                           _train_delta(train[name], train.get("none", {})) if name != "none" else DASH]
+                    + ([_unread_delta(unread.get(name)) if name != "none" else DASH] if unread else []))
     source = next((r.get("data_source") for r in rows if r["group"] == "corpus"), DASH)
     caption = (f"None, SSN and MAPL at the headline's settings on `{source}`, a corpus seen under once in the budget "
                "(the paper's regime; the cpu corpus is seen 3.6 times in 3,000 steps; its size: README, 'Choices "
-               "where the paper is silent'). Train loss: the mean over the last 10 % of steps (under one epoch every "
-               "batch is new, so it is a held-out loss on the training distribution; the validation split is other "
-               "documents); train Δ%: against the same seed's uncompressed run, mean ± std over seeds.")
-    takeaway = ("; ".join(_sentence(c) for c in comps) + "." if comps else NO_RUNS.format("corpus"))
-    return Table("corpus", "A corpus that does not repeat (group corpus)", SUMMARY_HEADER + ["train loss", "train Δ%"], body,
-                 caption, takeaway)
+               f"where the paper is silent'). {_sampling_words(rows, sums, names)}. Train loss: the mean over the "
+               "last 10 % of steps; train Δ%: against the same seed's uncompressed run, mean ± std over seeds."
+               + (" Unread Δ%: the checkpoints of the val loss scored on as many windows of the training split as the "
+                  "validation split holds, from those the run never read (heldout.md), each seed against its own "
+                  "uncompressed run on the same windows: unread windows of the modules training read, where the "
+                  "validation split is modules no run read." if unread else ""))
+    penalties = [p for n in names if n != "none"
+                 if (p := _penalty_sentence(sums[n], unread.get(n), train[n], train.get("none", {})))]
+    takeaway = ("; ".join(_sentence(c) for c in comps) + "." + "".join(f" {p}." for p in penalties) if comps
+                else NO_RUNS.format("corpus"))
+    return Table("corpus", "A corpus that does not repeat (group corpus)",
+                 SUMMARY_HEADER + ["train loss", "train Δ%"] + (["unread Δ%"] if unread else []), body, caption, takeaway)
+
+
+def _unread_delta(s: dict | None) -> str:
+    return DASH if s is None or s["delta_pct"] is None else fmt_pm(s["delta_pct"], s["delta_std"], 2, pct=True)
 
 
 def _blocks(rows: Sequence[dict]) -> tuple[dict, list[dict], int | None]:

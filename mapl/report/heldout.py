@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Sequence
 
 from .claims import NOT_TESTABLE, claims
-from .rows import run_key
+from .rows import rescored_rows, run_key
 from .stats import summarize
 from .table import DASH, Table, fmt_int, fmt_pct, fmt_pm
 
@@ -33,22 +33,6 @@ def load_rescores(root: str | Path, profile: str) -> dict[str, dict]:
         doc = json.loads(path.read_text())
         for name, entry in (doc.get("runs") or {}).items():
             out[name] = {**entry, "group": doc.get("group", path.stem)}
-    return out
-
-
-def rescored_rows(rows: Sequence[dict], rescores: dict[str, dict], set_name: str | None = None) -> list[dict]:
-    """The rows of the runs scored (the entry's validation loss must be the row's: a row of another draw is left
-    out), their ``val_loss`` replaced by the score on ``set_name`` (None: kept); curves dropped, so nothing
-    reads a validation curve beside a held-out loss."""
-    out = []
-    for r in rows:
-        entry = rescores.get(r["run"])
-        if not entry or entry.get("val_loss") != r.get("val_loss"):
-            continue
-        if set_name is not None and set_name not in entry["scores"]:
-            continue
-        loss = r["val_loss"] if set_name is None else entry["scores"][set_name]
-        out.append({**r, "val_loss": loss, "val_loss_curve": [], "select_loss": None, "select_loss_curve": []})
     return out
 
 

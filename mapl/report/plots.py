@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from matplotlib.figure import Figure
 
@@ -18,7 +18,7 @@ from .rows import at_best_validation, budget_steps, is_reference, main_model, ru
 from .studies import AXIS_VARIANTS, STUDY_VARIANTS, headline_ratio, headline_summaries, token_points, width_points
 from .style import BARS, figure_label, fmt_ratio, label, variant_label
 from .stats import t_interval
-from .table import fmt, fmt_int, fmt_pct
+from .table import fmt, fmt_int
 from .tables import table1_summaries
 
 __all__ = ["Plot", "pareto_plot", "curves_plot", "tokens_plot", "width_plot", "health_plot", "gap_curves_plot",
@@ -52,21 +52,12 @@ def _bytes_takeaway(sums: Sequence[dict], ratio: float | None) -> str:
             + ". The total counts the backward gradients, token ids, the projector exchange and codebook sync.")
 
 
-def _frontier_takeaway(sums: Sequence[dict]) -> str:
-    """Each method's Δ% along its projection ratios: "SSN 4× +1.2%, 8× +3.4%; MAPL ..."."""
-    by: dict[str, list] = {}
-    for s in sums:
-        if s["method"] != "none":
-            by.setdefault(s["variant"], []).append(s)
-    return "; ".join(variant_label(v) + " " + ", ".join(
-        f"{fmt_ratio(s['projection_ratio'])} {fmt_pct(s['delta_pct'])}" for s in sorted(pts, key=lambda s: s["projection_ratio"]))
-        for v, pts in by.items()) + " (Δ% at each projection ratio, mean over the group's seeds)."
-
-
-def pareto_plot(rows: Sequence[dict], group: str | None = None, sums: Sequence[dict] | None = None) -> Plot:
+def pareto_plot(rows: Sequence[dict], group: str | None = None, sums: Sequence[dict] | None = None,
+                takeaway: Callable[[Sequence[dict]], str] | None = None) -> Plot:
     """Δ% against forward and total bytes per token: at the main budget (Table 1's runs), or with
     ``group`` at that group's budget (``"long"``: the headline, every seed; file ``pareto-<group>``); ``sums``: the
-    summaries to draw instead (``"frontier"``: every projection ratio, :func:`mapl.report.controls.frontier_plot`)."""
+    summaries to draw instead and ``takeaway`` the sentence they get (the frontier's every projection ratio:
+    :func:`mapl.report.controls.frontier_plot`; default: forward against total bytes at the headline's ratio)."""
     if sums is None:
         sums = table1_summaries(rows) if group is None else headline_summaries(rows, group)
     budget = ("each model's main budget" if group is None
@@ -78,9 +69,9 @@ def pareto_plot(rows: Sequence[dict], group: str | None = None, sums: Sequence[d
                f"panels per model, P and budget; error bars: {BARS[bars]}; point labels: wire ratio (2d / forward "
                "bytes). Left: the forward payload, as the paper counts it. Right: total = (forward + backward + token "
                "ids + projector exchange + codebook sync) bytes of the run / (training tokens × boundaries).")
-    takeaway = (f"no runs in group {group or 'main'}." if not sums else _frontier_takeaway(sums) if group == "frontier"
+    sentence = (f"no runs in group {group or 'main'}." if not sums else takeaway(sums) if takeaway
                 else _bytes_takeaway(sums, headline_ratio(rows)))
-    return Plot("pareto" if group is None else f"pareto-{group}", caption, takeaway,
+    return Plot("pareto" if group is None else f"pareto-{group}", caption, sentence,
                 pareto_figure(sums, bars, main_model(rows)), empty=not sums)
 
 

@@ -18,7 +18,8 @@ A row holds, from one results JSON:
   config's ``compressor.ratio``; None for methods without a projector)
 * ``seed``, ``steps``, ``tokens``, ``eval_offset`` (nonzero: the tuning protocol's validation slice),
   ``eval_set`` (the validation tokens ``val_loss`` is measured on, :func:`eval_set`),
-  ``val_loss``, ``val_loss_curve``, ``train_loss_curve``
+  ``val_loss``, ``val_loss_curve``, ``train_loss_curve``, ``data_source``, ``data_sampling`` (how training
+  draws its windows: ``uniform``, with replacement, or ``epochs``, each window once per epoch)
 * bytes per token and boundary: ``fwd_bytes_per_token``, ``bwd_bytes_per_token``,
   ``id_bytes_per_token``, ``uncompressed_bytes_per_token`` and ``total_bytes_per_token`` (see
   :func:`total_bytes_per_token`), with ``state_bytes_per_token`` (projector exchange: receiver-side
@@ -45,6 +46,7 @@ from ..core.config import METHODS, PROJECT_ROOT, load_params
 __all__ = ["declared", "study_role", "study_groups", "METHOD_ORDER", "KEY",
            "ResultsError", "results_dir", "row_from_result", "eval_set", "load_results", "select",
            "total_bytes_per_token", "variant_of", "is_reference", "is_default", "run_key", "group_runs", "sort_key",
+           "MAPL_DEFAULTS", "setting_of", "rescored_rows",
            "report_selections", "main_model", "budget_steps", "at_projection_ratio", "at_best_validation", "train_split_tokens"]
 
 METHOD_ORDER = ("none", "int8", "ssn", "mapl", "mapl-rvq")
@@ -171,7 +173,8 @@ def row_from_result(res: dict, group: str = "") -> dict:
         "eval_offset": _get(cfg, "train.eval_offset") or 0, "eval_set": eval_set(cfg),
         "val_loss": res.get("val_loss"),
         "val_loss_curve": res.get("val_loss_curve") or [], "train_loss_curve": res.get("train_loss_curve") or [],
-        "data_source": _get(cfg, "data.source") or "", "anchor_rank": _get(cfg, "compressor.anchor.rank") or 0,
+        "data_source": _get(cfg, "data.source") or "", "data_sampling": _get(cfg, "data.sampling") or "uniform",
+        "anchor_rank": _get(cfg, "compressor.anchor.rank") or 0,
         "select_loss": res.get("select_loss"), "select_loss_curve": res.get("select_loss_curve") or [],
         "n_params": res.get("n_params"),
         "fwd_bytes_per_token": wire.get("fwd_bytes_per_token"), "bwd_bytes_per_token": wire.get("bwd_bytes_per_token"),
@@ -368,6 +371,32 @@ def is_reference(r: dict) -> bool:
 def is_default(r: dict) -> bool:
     """The method at its default projector and anchor (and streamed codebook sync)."""
     return r["variant"] == r["method"]
+
+
+def rescored_rows(rows: Sequence[dict], rescores: dict[str, dict], set_name: str | None = None) -> list[dict]:
+    """The rows of the runs scored (the entry's validation loss must be the row's: a row of another draw is left
+    out), their ``val_loss`` replaced by the score on ``set_name`` (None: kept); curves dropped, so nothing
+    reads a validation curve beside a held-out loss."""
+    out = []
+    for r in rows:
+        entry = rescores.get(r["run"])
+        if not entry or entry.get("val_loss") != r.get("val_loss"):
+            continue
+        if set_name is not None and set_name not in entry["scores"]:
+            continue
+        loss = r["val_loss"] if set_name is None else entry["scores"][set_name]
+        out.append({**r, "val_loss": loss, "val_loss_curve": [], "select_loss": None, "select_loss_curve": []})
+    return out
+
+
+# MAPL's ingredients at their defaults (projector, anchor): what an ablation varies one of, read from the method
+# table so that a change of default there moves every ablation table and ledger row with it
+MAPL_DEFAULTS = {k: METHODS["mapl"][k] for k in ("projector", "anchor")}
+
+
+def setting_of(r: dict) -> tuple:
+    """(model, P, projection ratio, steps): the setting an ablation or a control is read at."""
+    return r["model"], r["stages"], r["projection_ratio"], r["steps"]
 
 
 def run_key(r: dict, with_seed: bool = True) -> tuple:

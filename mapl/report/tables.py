@@ -12,7 +12,7 @@ import statistics
 from typing import Sequence
 
 from . import paper
-from .rows import budget_steps, is_default, main_model, sort_key, study_role
+from .rows import MAPL_DEFAULTS, budget_steps, is_default, main_model, setting_of, sort_key, study_role
 from .stats import delta_pct, reference_loss, summarize, t_interval
 from .style import fmt_ratio, label, variant_label
 from .table import DASH, Table, fmt, fmt_ci, fmt_int, fmt_pct, fmt_pm
@@ -107,10 +107,6 @@ def paper_table1_table() -> Table:
                  "projection ratio d/r (r = 256 is inferred from d at each scale).", takeaway)
 
 
-def _setting(r: dict) -> tuple:
-    return (r["model"], r["stages"], r["projection_ratio"], r["steps"])
-
-
 def order_sentence(ours: dict[str, float], theirs: dict[str, float], names: dict[str, str]) -> str:
     """Compare two orderings (ascending Δ%) over the names both have: "same order as the paper's"
     only when they match, else both orders."""
@@ -135,9 +131,9 @@ def _on_shared_seeds(pool: Sequence[dict], field: str) -> list[dict]:
     SPEL and the fixed projector 0-7); a setting whose configurations share no seed keeps all its runs."""
     seeds: dict[tuple, dict] = {}
     for r in pool:
-        seeds.setdefault(_setting(r), {}).setdefault(r[field], set()).add(r["seed"])
+        seeds.setdefault(setting_of(r), {}).setdefault(r[field], set()).add(r["seed"])
     shared = {k: set.intersection(*v.values()) for k, v in seeds.items()}
-    return [r for r in pool if not shared[_setting(r)] or r["seed"] in shared[_setting(r)]]
+    return [r for r in pool if not shared[setting_of(r)] or r["seed"] in shared[setting_of(r)]]
 
 
 def ablation_table(rows: Sequence[dict], kind: str) -> Table:
@@ -146,18 +142,17 @@ def ablation_table(rows: Sequence[dict], kind: str) -> Table:
     ``ablations`` run exists; the paper's 150M rows beside."""
     field, default, source = _ABLATION[kind]
     other = "anchor" if field == "projector" else "projector"
-    others = {"projector": "spel", "anchor": "factorized"}
-    settings = sorted({_setting(r) for r in rows if r["group"] == "ablations" and r["method"] == "mapl"
-                       and r[field] != default and r[other] == others[other]}, key=str)
-    pool = _on_shared_seeds([r for r in rows if r["method"] == "mapl" and r[other] == others[other]
-                             and _setting(r) in settings], field)
+    settings = sorted({setting_of(r) for r in rows if r["group"] == "ablations" and r["method"] == "mapl"
+                       and r[field] != default and r[other] == MAPL_DEFAULTS[other]}, key=str)
+    pool = _on_shared_seeds([r for r in rows if r["method"] == "mapl" and r[other] == MAPL_DEFAULTS[other]
+                             and setting_of(r) in settings], field)
     sums = summarize(pool, rows)
     ref = {e["variant"]: e for e in paper.paper_ablation(kind)}
     header = [kind, "model", "P", "proj. d/r", "steps", "seeds", "val loss", "Δ%", "paper loss", "paper Δ%",
               "certainty"]
     body, sentences = [], []
     for setting in settings:
-        ours = {s[field]: s for s in sums if _setting(s) == setting}
+        ours = {s[field]: s for s in sums if setting_of(s) == setting}
         for name, p in ref.items():
             s = ours.get(name)
             cells = [s["n"], fmt_pm(s["val_loss"], s["val_loss_std"]),
@@ -267,10 +262,10 @@ def diagnostics_table(rows: Sequence[dict]) -> Table:
 def rvq_sync_table(rows: Sequence[dict]) -> Table:
     """MAPL+VQ with each codebook sync (streamed slices, full copies, mirrored codebooks) at the
     settings of the ``rvq_sync`` group: bytes per token by kind and the loss."""
-    settings = {_setting(r) for r in rows if r["group"] == "rvq_sync"}
+    settings = {setting_of(r) for r in rows if r["group"] == "rvq_sync"}
     pool = [r for r in rows if r["method"] == "mapl-rvq" and r["projector"] == "spel" and r["anchor"] == "factorized"
-            and _setting(r) in settings]
-    sums = sorted(summarize(pool, rows), key=lambda s: (str(_setting(s)), s["variant"]))
+            and setting_of(r) in settings]
+    sums = sorted(summarize(pool, rows), key=lambda s: (str(setting_of(s)), s["variant"]))
     header = ["codebook sync", "proj. d/r", "wire ratio", "steps", "seeds", "fwd B/tok", "codebook sync B/tok",
               "projector B/tok", "total B/tok", "val loss", "Δ%"]
     body = [[s["rvq_sync"], fmt_ratio(s["projection_ratio"]), fmt_ratio(s["wire_ratio"]), s["steps"], s["n"],
