@@ -183,7 +183,13 @@ def test_pool_workers_carry_no_thread_bound_death_signal(tmp_path):
     assert out.returncode == 0, out.stderr
     workers = eval(out.stdout)                                  # noqa: S307 -- our own script's repr of a list
     assert [sig for sig, _ in workers] == [0, 0]
-    assert all("mapl-sweep-watchdog" in names for _, names in workers)
+    assert all("mapl-parent-watchdog" in names for _, names in workers)
+
+
+def test_the_parent_death_mechanism_is_one_of_two():
+    from mapl.core.runtime.faults import exit_with_parent
+    with pytest.raises(ValueError, match=r"mechanism='poll' is invalid: allowed 'prctl', 'watchdog'"):
+        exit_with_parent(mechanism="poll")
 
 
 @pytest.mark.process

@@ -61,9 +61,10 @@ PRESETS: dict[str, ModelConfig] = {
     "tiny": ModelConfig(vocab_size=2048, d_model=128, n_layers=4, n_heads=4, n_kv_heads=4, ffn_hidden=384, max_seq_len=256),
     "mini": ModelConfig(vocab_size=2048, d_model=256, n_layers=8, n_heads=4, n_kv_heads=4, ffn_hidden=704, max_seq_len=256),
     # the scale ladder (params.yaml `ladder`): 8 layers (two blocks per stage at P = 4, the paper's layout), head
-    # width 32, SwiGLU width 2.75 d; only d changes, so non-embedding parameters grow as d^2 (0.40M to 6.42M)
+    # width 32, SwiGLU width 2.75 d; only d changes, so non-embedding parameters grow as d^2 (0.40M to 6.42M;
+    # d = 160, 2.51M, is the smallest top rung 6x above d = 64)
     **{f"ladder-d{d}": ModelConfig(vocab_size=2048, d_model=d, n_layers=8, n_heads=d // 32, n_kv_heads=d // 32,
-                                   ffn_hidden=11 * d // 4, max_seq_len=256) for d in (64, 96, 128, 192, 256)},
+                                   ffn_hidden=11 * d // 4, max_seq_len=256) for d in (64, 96, 128, 160, 192, 256)},
     # paper sizes (d from the paper; the rest chosen here)
     "150M": ModelConfig(vocab_size=32000, d_model=1024, n_layers=8, n_heads=16, n_kv_heads=4, ffn_hidden=2816, max_seq_len=2048),
     "500M": ModelConfig(vocab_size=32000, d_model=1536, n_layers=16, n_heads=16, n_kv_heads=8, ffn_hidden=4096, max_seq_len=2048),

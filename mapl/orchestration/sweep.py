@@ -45,6 +45,7 @@ from ..core.config import PROJECT_ROOT, ConfigError, RunConfig, build, check_fie
 from ..base.cli import EXIT_INTERRUPTED, EXIT_OK
 from ..base.io import OutputLock
 from ..core.fingerprint import code_fingerprint
+from ..core.runtime.faults import exit_with_parent
 from . import reuse
 from .groups import (check_names, group_lock, group_names, group_specs, hold_group_lock, results_dir, run_name,
                      runs_of_seeds, spec_config)
@@ -209,22 +210,13 @@ def worker_init() -> None:
     ``dvc repro``'s notebook); without this its workers would train on as orphans. SIGTERM is the graceful stop:
     the step in flight completes and the checkpoint is written.
 
-    A watchdog thread polls the parent's pid, not the kernel's parent-death signal (``PR_SET_PDEATHSIG``, which
-    the stage processes use): that signal fires when the parent *thread* that spawned the process ends, and a
-    pool's replacement workers (``maxtasksperchild=1``: one per run after the first) are spawned by its
-    worker-handler thread, which ends at every pool shutdown. Such a worker then got SIGTERM while it could still
-    hold the result queue's lock, and the sweep hung at exit in ``Pool.terminate`` (seen after a group's last
-    run)."""
-    import signal
-    parent = os.getppid()
-
-    def watch():
-        while os.getppid() == parent:
-            time.sleep(0.5)
-        os.kill(os.getpid(), signal.SIGTERM)
-    threading.Thread(target=watch, name="mapl-sweep-watchdog", daemon=True).start()
-    if os.getppid() != parent:           # the sweep died before the watchdog started
-        os.kill(os.getpid(), signal.SIGTERM)
+    A watchdog thread polls the parent's pid (``exit_with_parent(mechanism="watchdog")``), not the kernel's
+    parent-death signal (``PR_SET_PDEATHSIG``, which the stage processes use): that signal fires when the parent
+    *thread* that spawned the process ends, and a pool's replacement workers (``maxtasksperchild=1``: one per run
+    after the first) are spawned by its worker-handler thread, which ends at every pool shutdown. Such a worker
+    then got SIGTERM while it could still hold the result queue's lock, and the sweep hung at exit in
+    ``Pool.terminate`` (seen after a group's last run)."""
+    exit_with_parent(mechanism="watchdog", poll_s=0.5)
 
 
 def _run_pool(jobs: list[Job], workers: int, every_s: float, fingerprint: str, clock: GroupClock | None):

@@ -88,24 +88,32 @@ class FaultPlan:
 _PR_SET_PDEATHSIG = 1
 
 
-def exit_with_parent(sig: int = signal.SIGTERM) -> str:
+def exit_with_parent(sig: int = signal.SIGTERM, mechanism: str = "prctl", poll_s: float = 1.0) -> str:
     """Make this process receive ``sig`` when its parent (the launcher) dies, so a killed launcher never
     leaves stage processes training as orphans. SIGTERM is the graceful stop: the step in flight
-    completes, checkpoints are written, exit 130. Linux: ``prctl(PR_SET_PDEATHSIG)``; elsewhere a
-    watchdog thread polls the parent pid. Returns which mechanism is active."""
+    completes, checkpoints are written, exit 130. ``mechanism``: ``"prctl"`` (Linux
+    ``prctl(PR_SET_PDEATHSIG)``; a watchdog thread polling the parent pid every ``poll_s`` where prctl is missing)
+    or ``"watchdog"`` (the thread always: the kernel's signal fires when the parent *thread* that spawned the
+    process ends, which is wrong for a process spawned by a pool's helper thread). Returns which mechanism is
+    active."""
+    if mechanism not in ("prctl", "watchdog"):
+        raise ValueError(f"mechanism={mechanism!r} is invalid: allowed 'prctl', 'watchdog'")
     parent = os.getppid()
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
-            raise OSError(ctypes.get_errno(), "prctl failed")
-        mechanism = "prctl"
-    except (OSError, AttributeError):
+    active = "watchdog"
+    if mechanism == "prctl":
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            if libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
+                raise OSError(ctypes.get_errno(), "prctl failed")
+            active = "prctl"
+        except (OSError, AttributeError):
+            pass
+    if active == "watchdog":
         def watch():
             while os.getppid() == parent:
-                time.sleep(1.0)
+                time.sleep(poll_s)
             os.kill(os.getpid(), sig)
         threading.Thread(target=watch, name="mapl-parent-watchdog", daemon=True).start()
-        mechanism = "watchdog"
-    if os.getppid() != parent:           # the launcher died before prctl took effect
+    if os.getppid() != parent:           # the parent died before the mechanism took effect
         os.kill(os.getpid(), sig)
-    return mechanism
+    return active
