@@ -993,6 +993,20 @@ def test_lr_check_keys_a_learned_projector_cell_on_its_spel_step():
     assert "SPEL ×0.3: check cell better" in table.takeaway
 
 
+def test_lr_check_pairs_a_16x_check_with_the_frontier_run_of_its_ratio_not_the_8x_headline():
+    def run(group, ratio, seed, loss, lr_muon, name):
+        r = R.row_from_result(result("mapl", ratio, seed=seed, steps=3000, loss=loss, lr_muon=lr_muon, name=name),
+                              group)
+        return {**r, "select_loss": loss}
+    rows = [run("long", 8, s, 3.50, 0.02, f"long-s{s}") for s in range(3)]
+    rows += [run("frontier", 16, s, 3.80 + 0.01 * s, 0.02, f"front-s{s}") for s in range(3)]
+    rows += [run("lr_check", 16, s, 3.83 + 0.01 * s + 0.001 * s, 0.04, f"mu004-s{s}") for s in range(3)]
+    table = R.lr_check_table(rows)
+    (row,) = table.body
+    assert row[0] == "MAPL 16×" and row[4] == "0,1,2"
+    assert row[5].startswith("0.0310") and row[7] == "tuned cell better"      # against 3.80, not the 8x run's 3.50
+
+
 def _frozen_run(seed: int, projector: str, loss: float, trunk: float = 3.9) -> dict:
     return {"run": f"frozen-x-{projector}-s{seed}", "projector": projector, "ratio": 4.0, "seed": seed, "steps": 300,
             "trainable_params": 100, "val_before": 5.0, "val_loss": loss, "val_loss_curve": [[150, loss + 0.1], [300, loss]],

@@ -354,10 +354,16 @@ def _final_train_loss(run: dict, frac: float = 0.1) -> float | None:
     return sum(tail) / len(tail)
 
 
+def _stream_deltas(train: dict[int, float], reference: dict[int, float]) -> list[float]:
+    """Per seed (in seed order), the training loss's Δ% against the same seed's uncompressed run; seeds without
+    an uncompressed run are left out."""
+    return [100 * (train[s] - reference[s]) / reference[s] for s in sorted(train) if s in reference]
+
+
 def _train_delta(train: dict[int, float], reference: dict[int, float]) -> str:
     """Mean ± std over seeds of the training loss's Δ% against the same seed's uncompressed run. Under one
     epoch every training batch is new, so this is an in-distribution held-out loss too."""
-    deltas = [100 * (train[s] - reference[s]) / reference[s] for s in sorted(train) if s in reference]
+    deltas = _stream_deltas(train, reference)
     if not deltas:
         return DASH
     return fmt_pm(statistics.fmean(deltas), statistics.stdev(deltas) if len(deltas) > 1 else None, 2, pct=True)
@@ -393,7 +399,7 @@ def _penalty_sentence(val: dict, unread: dict | None, train: dict[int, float],
     """One configuration's three penalties side by side and how much of the gap between the validation split and
     the training stream the documents account for (the unread windows: the training distribution, scored at the
     validation loss's own checkpoints)."""
-    stream = [100 * (train[s] - reference[s]) / reference[s] for s in sorted(train) if s in reference]
+    stream = _stream_deltas(train, reference)
     if unread is None or not stream or val["delta_pct"] is None or unread["delta_pct"] is None:
         return None
     v, u, t = val["delta_pct"], unread["delta_pct"], statistics.fmean(stream)
@@ -414,10 +420,10 @@ def corpus_table(rows: Sequence[dict], rescores: dict[str, dict] | None = None) 
     validation loss's checkpoints, which splits the validation split's penalty from the training stream's."""
     sums, comps, steps = _corpus(rows)
     names = [n for n in ("none", "ssn", "mapl") if n in sums]
-    train = {n: {r["seed"]: t for r in rows if r["run"] in sums[n]["runs"]
-                 if (t := _final_train_loss(r)) is not None} for n in names}
     runs = {run for n in names for run in sums[n]["runs"]}
     pool = [r for r in rows if r["run"] in runs]
+    train = {n: {r["seed"]: t for r in pool if r["run"] in sums[n]["runs"]
+                 if (t := _final_train_loss(r)) is not None} for n in names}
     unread = _unread_summaries(pool, sums, names, rescores or {})
     body = []
     for row, name in zip(_summary_rows(sums, names), names):

@@ -18,7 +18,7 @@ from .rows import rescored_rows, run_key
 from .stats import summarize
 from .table import DASH, Table, fmt_delta, fmt_int, fmt_pct, fmt_pm
 
-__all__ = ["SET_LABELS", "NO_SCORES", "load_rescores", "rescored_rows", "heldout_table", "heldout_claims_table"]
+__all__ = ["SET_LABELS", "NO_SCORES", "load_rescores", "heldout_table", "heldout_claims_table"]
 
 SET_LABELS = {"heldout-kjv": "held-out text (KJV)", "unread-train": "unread training windows"}
 NO_SCORES = ("no run group is rescored on this profile (params.yaml `rescore.<profile>` is empty; DVC stage "

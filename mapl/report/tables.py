@@ -360,9 +360,14 @@ def _cell_text(r: dict, named: bool = False) -> str:
     return f"{mu}, {emb}" + (f", SPEL ×{step:g}" if step is not None else "")
 
 
+# the groups whose runs train at the tuned cells at the headline budget, which an lr_check run is paired with:
+# the headline's ratio (long) and the frontier's other ratios (frontier)
+TUNED_RUN_GROUPS = ("long", "frontier")
+
+
 def lr_check_table(rows_all: Sequence[dict]) -> Table:
     """The budget-matched check of the tuned learning rates (group ``lr_check``): each check run beside
-    the headline run (group ``long``) of the same method, ratio and seed, both judged on the
+    the tuned run (:data:`TUNED_RUN_GROUPS`) of the same method, ratio, budget and seed, both judged on the
     selection set at the last step; the paired difference check − tuned (negative: the check cell
     is better, and the tuning protocol must rerun at the headline budget). A cell is the Muon and embedding
     LRs and, for a learned projector, SPEL's step multiplier (``compressor.projector.lr_mult``)."""
@@ -375,7 +380,7 @@ def lr_check_table(rows_all: Sequence[dict]) -> Table:
     for cell in dict.fromkeys(map(cell_of, checks)):
         variant = cell[0]
         mine = [r for r in checks if cell_of(r) == cell]
-        tuned = {r["seed"]: r for r in rows_all if r["group"] == "long" and r["variant"] == variant
+        tuned = {r["seed"]: r for r in rows_all if r["group"] in TUNED_RUN_GROUPS and r["variant"] == variant
                  and r["wire_ratio"] == mine[0]["wire_ratio"] and r["steps"] == mine[0]["steps"]}
         pairs = [(r, tuned[r["seed"]]) for r in mine if r["seed"] in tuned]
         diffs = [tuning_score(a) - tuning_score(b) for a, b in pairs]
@@ -393,9 +398,10 @@ def lr_check_table(rows_all: Sequence[dict]) -> Table:
         if diffs:
             sentences.append(f"{name} at {_cell_text(mine[0], named=True)}: {reading} ({len(diffs)} seeds)")
     caption = ("Each method at another cell (the other method's winning knob; SSN also at the step past its "
-               "300-step winner; MAPL also at SPEL's projector step multiplier on each side of its tuned one), at "
-               "the headline budget, against its tuned headline run of the same seed; losses on the selection set "
-               "at the last step.")
+               "300-step winner; MAPL also at SPEL's projector step multiplier on each side of its tuned one; at "
+               "16×, SSN and MAPL at half and twice the Muon LR tuned at 8×), at the headline budget, against its "
+               "tuned run of the same ratio and seed (group long; at 4× and 16× group frontier); losses on the "
+               "selection set at the last step.")
     return Table("lr-check", "Budget-matched learning-rate check", header, body, caption,
                  "; ".join(sentences) + "." if sentences else NO_RUNS.format("lr_check"))
 
