@@ -26,14 +26,16 @@ def _declared(**entries):
 
 def test_the_declaration_gives_each_group_its_study_and_role_in_the_report_order():
     d = declaration(PARAMS)
-    assert d.names()[:2] == ("first", "main") and d.names()[-1] == "ladder"
+    assert d.names()[:2] == ("first", "main") and d.names()[-1] == "long_redraw"
     assert [d.study_of(g) for g in ("first", "long_rvq", "long_fixed", "learned_fixed_4x", "ablations_long")] == [
         "main", "long", "long", "learned_fixed_4x", "ablations"]
     assert d.studies() == ("main", "seeds", "ablations", "long", "tokens", "width", "rvq_sync", "lr_check", "tune",
                            "tune2", "decompose", "decompose_capacity", "learned_fixed_4x", "frontier", "corpus", "blocks",
-                           "ladder_tune", "ladder")
+                           "ladder_tune", "ladder", "long_redraw")
     assert {s for s in d.studies() if d.role_of_study(s) == "tuning"} == {"lr_check", "tune", "tune2", "ladder_tune"}
     assert {s for s in d.studies() if d.role_of_study(s) == "other-corpus"} == {"corpus", "ladder"}
+    assert d.role_of_study("long_redraw") == "redraw" and d.redrawn_study("long_redraw") == "long"
+    assert d.redrawn_study("long") == ""
     assert d.role_of_study("main") == "reported" and d.groups_of("main") == ("first", "main")
     assert d.study_of("adhoc") == "adhoc" and d.role_of_study("adhoc") == "reported"     # an undeclared folder
     # the report reads the same declaration
@@ -53,6 +55,15 @@ def test_the_declaration_gives_each_group_its_study_and_role_in_the_report_order
      r"^groups\.b\.role='tuning' is invalid: study 's' is read as 'reported' \(group a\); a study's groups share one role"),
     ({"a": {"study": "s", "role": "preview"}, "b": {"study": "s", "role": "tuning"}},
      r"^groups\.a\.role='preview' is invalid: study 's' has no reported group"),
+    ({"a": {"study": "a", "role": "redraw"}},
+     r"^groups\.a\.redraws='' is invalid: a group of role 'redraw' names the reported study it draws again"),
+    ({"a": {"study": "a", "role": "reported", "redraws": "a"}}, r"^groups\.a\.redraws='a' is invalid: a group of role"),
+    ({"a": {"study": "a", "role": "tuning"}, "b": {"study": "b", "role": "redraw", "redraws": "a"}},
+     r"^groups\.b\.redraws='a' is invalid: name a study of role 'reported' \(declared: \)$"),
+    ({"a": {"study": "a", "role": "reported"}, "b": {"study": "a", "role": "redraw", "redraws": "a"}},
+     r"^groups\.b\.role='redraw' is invalid: study 'a' is read as 'reported'"),
+    ({"a": {"study": "a", "role": "reported"}, "b": {"study": "b", "role": "redraw", "redraws": "c"}},
+     r"^groups\.b\.redraws='c' is invalid: name a study of role 'reported' \(declared: a\)$"),
 ])
 def test_a_bad_declaration_is_one_line_naming_the_field(entries, says):
     with pytest.raises(ConfigError, match=says):

@@ -150,6 +150,24 @@ def test_a_run_that_differs_only_in_its_backward_wire_is_another_configuration(t
     assert R.run_key(by["rvq-int8"]) != R.run_key(by["rvq-same"])
 
 
+def test_a_redraw_is_loaded_beside_the_study_it_redraws_and_only_redrawn_rows_reads_it(tree):
+    """Group long_redraw (role redraw) repeats long's configurations under its own run names: the loader keeps both
+    (never deduplicated as copies), no view of the report pools it, and :func:`redrawn_rows` gives it as study long."""
+    base = R.results_dir("cpu", tree)
+    committed = result("ssn", 8, seed=0, steps=3000, loss=3.90, name="long-ssn-s0")
+    again = result("ssn", 8, seed=0, steps=3000, loss=3.91, name="redraw-long-ssn-s0")
+    for group, res in (("long", committed), ("long_redraw", again)):
+        (base / group).mkdir(parents=True, exist_ok=True)
+        (base / group / f"{res['run']}.json").write_text(json.dumps(res))
+    loaded = R.load_results(tree, R.results_dir("cpu"))
+    assert {"long-ssn-s0", "redraw-long-ssn-s0"} <= {r["run"] for r in loaded}
+    for view in R.report_selections(loaded, "cpu"):
+        assert "redraw-long-ssn-s0" not in {r["run"] for r in view} and "long-ssn-s0" in {r["run"] for r in view}
+    (mine,) = R.redrawn_rows(loaded, "cpu")
+    assert (mine["run"], mine["group"], mine["draw"], mine["val_loss"]) == ("redraw-long-ssn-s0", "long", "long_redraw", 3.91)
+    assert R.redrawn_rows(loaded, "micro") == []
+
+
 def test_delta_pct():
     assert R.delta_pct(3.156, 3.13) == pytest.approx(0.8307, abs=1e-4)
     assert R.delta_pct(None, 3.0) is None and R.delta_pct(3.0, None) is None
@@ -1098,3 +1116,23 @@ def test_heldout_claims_say_which_verdict_moves():
     assert "MAPL at 4-8× costs at most ~2 % of validation loss: reproduced -> contradicted (held-out text (KJV))" \
         in moved.takeaway
     assert R.heldout_claims_table(rows, rows, {}).body == []
+
+
+def test_a_redraws_heldout_verdicts_move_from_its_own_validation_verdicts_not_the_committed_ledgers():
+    committed = [r for r in _study_rows() if r["data_source"] == ""]
+    # the redraw: long's configurations again, MAPL 0.2 worse on every seed (its own validation ledger: contradicted)
+    redrawn = [{**r, "run": "redraw-" + r["run"], "draw": "long_redraw",
+                "val_loss": r["val_loss"] + (0.2 if r["method"] == "mapl" else 0.0)}
+               for r in committed if r["group"] == "long"]
+    scores = {r["run"]: {"val_loss": r["val_loss"], "group": "long_redraw",
+                         "scores": {"heldout-kjv": r["val_loss"] - (0.2 if r["method"] == "mapl" else 0.0)}}
+              for r in redrawn}
+    table = R.heldout_claims_table(committed, committed, scores, redrawn)
+    assert table.body and {b[1] for b in table.body} == {"held-out text (KJV), draw long_redraw"}
+    cost = next(b for b in table.body if b[0].startswith("MAPL at 4-8×"))
+    # the committed ledger says reproduced; the redraw's own validation says contradicted, its held-out text reproduced
+    assert (cost[2], cost[4], cost[5]) == ("contradicted", "reproduced", "yes")
+    assert "(held-out text (KJV), draw long_redraw)" in table.takeaway
+    # the held-out Δ% table reads the redraw's runs under the redraw's group
+    rows = R.heldout_table(committed, scores, redrawn).body
+    assert {b[0] for b in rows} == {"long_redraw"} and {b[1] for b in rows} == {"none", "ssn", "mapl"}

@@ -177,5 +177,5 @@ def test_a_bad_rescore_section_is_one_line_naming_its_key(section, match):
 
 def test_params_yaml_lists_groups_to_rescore_on_micro_for_the_smoke():
     params = load_params()
-    assert rescore.declared_groups("micro", params) == ["long", "ladder"]
+    assert rescore.declared_groups("micro", params) == ["long", "ladder", "long_redraw"]
     assert rescore.declared_groups("paper", params) == []

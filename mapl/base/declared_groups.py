@@ -9,7 +9,10 @@ role says how the report treats a group's runs:
 * ``preview``: a few of its study's runs, trained first so that a table shows in minutes; the study's
   reported group copies them (``mapl.orchestration.reuse``: "copied"), and the report reads each once;
 * ``tuning``: runs that choose settings on the selection split; never pooled into a result;
-* ``other-corpus``: runs on another corpus; only their own study's tables and ledger rows read them.
+* ``other-corpus``: runs on another corpus; only their own study's tables and ledger rows read them;
+* ``redraw``: the runs of the reported study named by ``redraws``, drawn again on this machine so that their
+  checkpoints exist here (a run trained on another machine is another draw: its checkpoint is not this one's);
+  only the held-out rescoring reads them, as that study, never pooled with its committed runs.
 
 The declaration's order is the order of dvc.yaml's train stages (``foreach: ${groups}``), of
 ``mapl sweep --estimate`` and of the report's studies (where a configuration is in two
@@ -21,15 +24,16 @@ orchestration and a training run's imports all reach it without importing each o
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 from .settings import ConfigError, build, check_fields, setting
 
 __all__ = ["ROLES", "GroupDeclaration", "Declaration", "declaration"]
 
-ROLES = ("reported", "preview", "tuning", "other-corpus")
+ROLES = ("reported", "preview", "tuning", "other-corpus", "redraw")
 NAME = re.compile(r"[a-z][a-z0-9_]*")        # a DVC stage item, a folder and a notebook name
 WHERE = "groups"                             # the declaration's key in params.yaml
+REQUIRED = ("study", "role")                 # every entry's keys; ``redraws`` only where the role is redraw
 
 
 @dataclass(frozen=True)
@@ -37,6 +41,7 @@ class GroupDeclaration:
     """One group's entry: the study the report reads it into and how (:data:`ROLES`)."""
     study: str = setting("")
     role: str = setting("reported", choices=ROLES)
+    redraws: str = setting("")           # role redraw only: the reported study whose runs this group draws again
 
 
 @dataclass(frozen=True)
@@ -65,6 +70,10 @@ class Declaration:
         roles = [g.role for g in self.groups.values() if g.study == study and g.role != "preview"]
         return roles[0] if roles else "reported"
 
+    def redrawn_study(self, study: str) -> str:
+        """The reported study a ``redraw`` study's runs draw again ('' for any other study)."""
+        return next((g.redraws for g in self.groups.values() if g.study == study and g.role == "redraw"), "")
+
 
 def declaration(params: dict) -> Declaration:
     """params.yaml's ``groups:``, validated: every error is one line naming the field and what is allowed."""
@@ -87,7 +96,7 @@ def _checked_name(name, what: str) -> str:
 
 def _entry(name: str, entry) -> GroupDeclaration:
     where = f"{WHERE}.{name}"
-    keys = [f.name for f in fields(GroupDeclaration)]
+    keys = REQUIRED
     missing = [k for k in keys if not isinstance(entry, dict) or k not in entry]
     if missing:
         raise ConfigError(f"{where} = {entry!r} is invalid: every group declares {' and '.join(keys)} "
@@ -109,6 +118,15 @@ def _check_roles(groups: dict[str, GroupDeclaration]) -> None:
             raise ConfigError(f"{WHERE}.{name}.role={g.role!r} is invalid: study {g.study!r} is read as "
                               f"{other[0]!r} (group {other[1]}); a study's groups share one role, a preview aside")
     for name, g in groups.items():
+        if (g.role == "redraw") != bool(g.redraws):
+            raise ConfigError(f"{WHERE}.{name}.redraws={g.redraws!r} is invalid: a group of role 'redraw' names the "
+                              "reported study it draws again, and only such a group does")
+        if g.role == "redraw" and first_role.get(g.redraws, ("",))[0] != "reported":
+            raise ConfigError(f"{WHERE}.{name}.redraws={g.redraws!r} is invalid: name a study of role 'reported' "
+                              f"(declared: {', '.join(sorted(s for s, (r, _) in first_role.items() if r == 'reported'))})")
+        if g.role == "redraw" and g.study == g.redraws:
+            raise ConfigError(f"{WHERE}.{name}.study={g.study!r} is invalid: a redraw is a study of its own, never "
+                              "pooled with the study it redraws")
         if g.role == "preview" and first_role.get(g.study, ("",))[0] != "reported":
             raise ConfigError(f"{WHERE}.{name}.role='preview' is invalid: study {g.study!r} has no reported group "
                               "to copy its runs (a preview is a few runs of its study's reported group)")

@@ -41,9 +41,11 @@ def _sets(rescores: dict[str, dict]) -> list[str]:
     return [s for s in SET_LABELS if s in seen]
 
 
-def heldout_table(rows: Sequence[dict], rescores: dict[str, dict]) -> Table:
+def heldout_table(rows: Sequence[dict], rescores: dict[str, dict], redrawn: Sequence[dict] = ()) -> Table:
     """Each rescored configuration: Δ% on the validation split and on each set (mean ± sd over seeds, each seed
-    against its own uncompressed run scored on the same windows)."""
+    against its own uncompressed run scored on the same windows). ``redrawn``: :func:`mapl.report.redrawn_rows`,
+    a redraw's runs (the group column names the redraw)."""
+    rows = [*rows, *redrawn]
     sets = _sets(rescores)
     header = ["group", "configuration", "model", "steps", "seeds", "val Δ%", *[f"{SET_LABELS[s]} Δ%" for s in sets],
               *[f"{SET_LABELS[s]} loss" for s in sets]]
@@ -72,25 +74,41 @@ def heldout_table(rows: Sequence[dict], rescores: dict[str, dict]) -> Table:
                  body if sets else [], caption, takeaway if sets else NO_SCORES)
 
 
-def heldout_claims_table(rows: Sequence[dict], corpus_rows: Sequence[dict], rescores: dict[str, dict]) -> Table:
+def _draws(rows: Sequence[dict], corpus_rows: Sequence[dict], redrawn: Sequence[dict]) -> list[tuple]:
+    """(label, rows, corpus rows, validation ledger) per draw: the committed runs against the ledger of claims.md;
+    each redraw against the ledger of its own runs on the validation split (its held-out verdicts must move from
+    its own, not from another draw's)."""
+    draws = [("", rows, corpus_rows, {c["claim"]: c for c in claims(rows, corpus_rows)})]
+    for draw in dict.fromkeys(r["draw"] for r in redrawn):
+        mine = [r for r in redrawn if r["draw"] == draw]
+        draws.append((draw, mine, mine, {c["claim"]: c for c in claims(mine, mine)}))
+    return draws
+
+
+def heldout_claims_table(rows: Sequence[dict], corpus_rows: Sequence[dict], rescores: dict[str, dict],
+                         redrawn: Sequence[dict] = ()) -> Table:
     """The claims ledger's verdicts from the rescored runs' scores on each set, beside the ledger's own (the
-    validation split); only the claims the rescored runs can test."""
-    ledger = {c["claim"]: c for c in claims(rows, corpus_rows)}
+    validation split); only the claims the rescored runs can test. ``redrawn`` (:func:`mapl.report.redrawn_rows`):
+    a redraw's runs, read as the study they draw again, beside the verdicts of their own validation losses."""
     header = ["paper's claim", "set", "verdict (validation)", "ours (set)", "verdict (set)", "moves"]
     body, moves = [], []
-    for name in _sets(rescores):
-        for c in claims(rescored_rows(rows, rescores, name), rescored_rows(corpus_rows, rescores, name)):
-            if c["verdict"] == NOT_TESTABLE or c["claim"] not in ledger:
-                continue
-            before = ledger[c["claim"]]["verdict"]
-            move = "yes" if c["verdict"] != before else "no"
-            if move == "yes":
-                moves.append(f"{c['claim']}: {before} -> {c['verdict']} ({SET_LABELS[name]})")
-            body.append([c["claim"], SET_LABELS[name], before, f"{c['ours']} ({c['table']})", c["verdict"], move])
+    for draw, mine, corpus_mine, ledger in _draws(rows, corpus_rows, redrawn):
+        for name in _sets(rescores):
+            where = SET_LABELS[name] + (f", draw {draw}" if draw else "")
+            for c in claims(rescored_rows(mine, rescores, name), rescored_rows(corpus_mine, rescores, name)):
+                if c["verdict"] == NOT_TESTABLE or c["claim"] not in ledger:
+                    continue
+                before = ledger[c["claim"]]["verdict"]
+                move = "yes" if c["verdict"] != before else "no"
+                if move == "yes":
+                    moves.append(f"{c['claim']}: {before} -> {c['verdict']} ({where})")
+                body.append([c["claim"], where, before, f"{c['ours']} ({c['table']})", c["verdict"], move])
     caption = ("Each claim the rescored runs can test (3 or more seeds of what it reads), read again with the "
                "ledger's rules (claims.md) from their scores on the held-out windows (heldout.md), beside its "
-               "verdict from the validation split. The "
-               "held-out ledger's families hold only its own rows, so its levels can differ from claims.md's.")
+               "verdict from the validation split: claims.md's for the committed runs; for a draw of a study made "
+               "again on this machine (a redraw: its checkpoints are here), the verdict of that draw's own "
+               "validation losses. The held-out ledger's families hold only its own rows, so its levels can differ "
+               "from claims.md's.")
     if not body:
         why = NO_SCORES if not rescores else "the rescored runs test no claim of the ledger."
         return Table("heldout-claims", "Held-out rescoring: whether the ledger's verdicts move", header, [], caption, why)

@@ -46,7 +46,7 @@ from ..core.config import METHODS, PROJECT_ROOT, load_params
 __all__ = ["declared", "study_role", "study_groups", "METHOD_ORDER", "KEY",
            "ResultsError", "results_dir", "row_from_result", "eval_set", "load_results", "select",
            "total_bytes_per_token", "variant_of", "is_reference", "is_default", "run_key", "group_runs", "sort_key",
-           "MAPL_DEFAULTS", "setting_of", "rescored_rows",
+           "MAPL_DEFAULTS", "setting_of", "rescored_rows", "redrawn_rows",
            "report_selections", "main_model", "budget_steps", "at_projection_ratio", "at_best_validation", "train_split_tokens"]
 
 METHOD_ORDER = ("none", "int8", "ssn", "mapl", "mapl-rvq")
@@ -316,7 +316,8 @@ def load_results(root: str | Path, results: str | Path = "reports/results", dedu
     found.sort(key=lambda r: (_study_rank(r["group"], order), r["run"]))
     rows, seen = [], set()
     for r in found:
-        reported = not r["eval_offset"] and groups.role_of_study(r["group"]) != "tuning"
+        # a redraw repeats a reported study's configurations on purpose: keyed by its own group, never deduplicated
+        reported = not r["eval_offset"] and groups.role_of_study(r["group"]) not in ("tuning", "redraw")
         key = (r["profile"], *run_key(r)) if dedupe and reported else (r["group"], r["run"])
         if key not in seen:
             seen.add(key)
@@ -335,10 +336,10 @@ def select(rows: Iterable[dict], profile: str | None = None, eval_offset: int | 
            other_corpus: bool = False, **eq) -> list[dict]:
     """Rows of ``profile`` (None: any) evaluated at ``eval_offset`` (None: any; the default 0 leaves
     the old tuning slice out), without the studies of role ``tuning`` unless ``tuning`` and of role
-    ``other-corpus`` unless ``other_corpus`` (params.yaml ``groups:``), with
-    ``row[k] == v`` for every keyword; rows without a val loss are dropped."""
+    ``other-corpus`` unless ``other_corpus`` (params.yaml ``groups:``), never a ``redraw`` group's (only
+    :func:`redrawn_rows` reads them), with ``row[k] == v`` for every keyword; rows without a val loss are dropped."""
     out, groups = [], declared()
-    left_out = {*(() if tuning else ("tuning",)), *(() if other_corpus else ("other-corpus",))}
+    left_out = {"redraw", *(() if tuning else ("tuning",)), *(() if other_corpus else ("other-corpus",))}
     for r in rows:
         if r.get("val_loss") is None or (profile and r["profile"] != profile):
             continue
@@ -360,6 +361,16 @@ def report_selections(loaded: Iterable[dict], profile: str) -> tuple[list[dict],
     loaded = list(loaded)
     rows_all = select(loaded, profile=profile, eval_offset=None, tuning=True, other_corpus=True)
     return rows_all, select(loaded, profile=profile), select(loaded, profile=profile, other_corpus=True)
+
+
+def redrawn_rows(loaded: Iterable[dict], profile: str) -> list[dict]:
+    """The rows of the profile's ``redraw`` studies (params.yaml ``groups:``), each standing for the study it
+    draws again (``group``: that study, so every table reads it as its own; ``draw``: the redraw's). Never pool
+    them with :func:`report_selections`' views: they are the same configurations on another draw."""
+    groups = declared()
+    return [{**r, "group": groups.redrawn_study(r["group"]), "draw": r["group"]} for r in loaded
+            if r.get("val_loss") is not None and r["profile"] == profile
+            and groups.role_of_study(r.get("group", "")) == "redraw"]
 
 
 def is_reference(r: dict) -> bool:
