@@ -1280,8 +1280,8 @@ FAULTS = [
     Fault("params-bad-group-declaration", "a run group declared with a role the report does not know "
           "(`groups.first.role: final`)",
           "mapl sweep --check --stamp params-valid.txt", 2,
-          r"^error: groups\.first\.role='final' is invalid: allowed: 'reported', 'preview', 'tuning', 'other-corpus'$",
-          "error: groups.first.role='final' is invalid: allowed: 'reported', 'preview', 'tuning', 'other-corpus'",
+          r"^error: groups\.first\.role='final' is invalid: allowed: 'reported', 'preview', 'tuning', 'other-corpus', 'redraw'$",
+          "error: groups.first.role='final' is invalid: allowed: 'reported', 'preview', 'tuning', 'other-corpus', 'redraw'",
           "the validate stage names the declaration's field and what is allowed, before any profile is read",
           "every output", "fix params.yaml, rerun `dvc repro`",
           setup=params_yaml(_set_in("groups.first.role", "final")), before_torch=True),
