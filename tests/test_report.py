@@ -1136,3 +1136,20 @@ def test_a_redraws_heldout_verdicts_move_from_its_own_validation_verdicts_not_th
     # the held-out Δ% table reads the redraw's runs under the redraw's group
     rows = R.heldout_table(committed, scores, redrawn).body
     assert {b[0] for b in rows} == {"long_redraw"} and {b[1] for b in rows} == {"none", "ssn", "mapl"}
+
+
+def test_a_verdict_that_stays_for_another_reason_says_so_in_the_heldout_ledger():
+    committed = [r for r in _study_rows() if r["data_source"] == ""]
+    redrawn = [{**r, "run": "redraw-" + r["run"], "draw": "long_redraw"} for r in committed if r["group"] == "long"]
+    # held out, MAPL falls far behind SSN on every seed: the order reverses
+    scores = {r["run"]: {"val_loss": r["val_loss"], "group": "long_redraw",
+                         "scores": {"heldout-kjv": r["val_loss"] + (0.5 if r["method"] == "mapl" else 0.0)}}
+              for r in redrawn}
+    table = R.heldout_claims_table(committed, committed, scores, redrawn)
+    primary = next(b for b in table.body if b[0].startswith("MAPL is ahead of SSN at equal compression"))
+    # contradicted on its size on validation (ahead by less than the paper's 5 points), on its sign held out
+    assert (primary[2], primary[4], primary[5]) == ("contradicted", "contradicted", "no, its reason moves")
+    assert "the order is reversed" in table.takeaway
+    # the level alone (another family size) is not another reason
+    same = {k: {**v, "scores": {"heldout-kjv": v["val_loss"]}} for k, v in scores.items()}
+    assert all(b[5] == "no" for b in R.heldout_claims_table(committed, committed, same, redrawn).body)

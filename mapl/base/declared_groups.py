@@ -96,10 +96,9 @@ def _checked_name(name, what: str) -> str:
 
 def _entry(name: str, entry) -> GroupDeclaration:
     where = f"{WHERE}.{name}"
-    keys = REQUIRED
-    missing = [k for k in keys if not isinstance(entry, dict) or k not in entry]
+    missing = [k for k in REQUIRED if not isinstance(entry, dict) or k not in entry]
     if missing:
-        raise ConfigError(f"{where} = {entry!r} is invalid: every group declares {' and '.join(keys)} "
+        raise ConfigError(f"{where} = {entry!r} is invalid: every group declares {' and '.join(REQUIRED)} "
                           f"(missing {', '.join(missing)})")
     decl = build(GroupDeclaration, entry, where)
     check_fields(decl, where)

@@ -10,6 +10,7 @@ rules, beside the verdict on the validation split: whether any verdict moves.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Sequence
 
@@ -85,6 +86,21 @@ def _draws(rows: Sequence[dict], corpus_rows: Sequence[dict], redrawn: Sequence[
     return draws
 
 
+def _reason_kind(reason: str) -> str:
+    # a reason names its interval's level, which differs between the ledgers' families; what it says does not
+    return re.sub(r"\d+(?:\.\d+)? ?%", "", reason)
+
+
+def _move(before: dict, after: dict) -> str:
+    """``yes`` where the verdict moves; where it stays but for another reason (an order read as contradicted on
+    its size before and on its sign after: the order reverses), says so, since the same word would hide it."""
+    if after["verdict"] != before["verdict"]:
+        return "yes"
+    if _reason_kind(after["reason"]) != _reason_kind(before["reason"]):
+        return "no, its reason moves"
+    return "no"
+
+
 def heldout_claims_table(rows: Sequence[dict], corpus_rows: Sequence[dict], rescores: dict[str, dict],
                          redrawn: Sequence[dict] = ()) -> Table:
     """The claims ledger's verdicts from the rescored runs' scores on each set, beside the ledger's own (the
@@ -99,19 +115,23 @@ def heldout_claims_table(rows: Sequence[dict], corpus_rows: Sequence[dict], resc
                 if c["verdict"] == NOT_TESTABLE or c["claim"] not in ledger:
                     continue
                 before = ledger[c["claim"]]["verdict"]
-                move = "yes" if c["verdict"] != before else "no"
+                move = _move(ledger[c["claim"]], c)
                 if move == "yes":
                     moves.append(f"{c['claim']}: {before} -> {c['verdict']} ({where})")
-                body.append([c["claim"], where, before, f"{c['ours']} ({c['table']})", c["verdict"], move])
+                elif move != "no":
+                    moves.append(f"{c['claim']}: {before} on both, its reason moves to: {c['reason']} ({where})")
+                # the row's numbers are read from the held-out scores here, not from the table the ledger's row cites
+                body.append([c["claim"], where, before, c["ours"], c["verdict"], move])
     caption = ("Each claim the rescored runs can test (3 or more seeds of what it reads), read again with the "
                "ledger's rules (claims.md) from their scores on the held-out windows (heldout.md), beside its "
                "verdict from the validation split: claims.md's for the committed runs; for a draw of a study made "
                "again on this machine (a redraw: its checkpoints are here), the verdict of that draw's own "
                "validation losses. The held-out ledger's families hold only its own rows, so its levels can differ "
-               "from claims.md's.")
+               "from claims.md's. moves: yes where the verdict moves; \"no, its reason moves\" where it stays for "
+               "another reason (an order contradicted by its size on validation and by its reversed sign here).")
     if not body:
         why = NO_SCORES if not rescores else "the rescored runs test no claim of the ledger."
         return Table("heldout-claims", "Held-out rescoring: whether the ledger's verdicts move", header, [], caption, why)
     takeaway = (f"{len(body)} verdict(s) read on held-out windows; "
-                + (f"{len(moves)} move: " + "; ".join(moves) + "." if moves else "none moves."))
+                + (f"{len(moves)} move or change their reason: " + "; ".join(moves) + "." if moves else "none moves."))
     return Table("heldout-claims", "Held-out rescoring: whether the ledger's verdicts move", header, body, caption, takeaway)
