@@ -293,6 +293,33 @@ def test_blocking_transport_parity_every_method(corpus, tmp_path, method, nprocs
     assert_parity(res, ref, nprocs, "env")
 
 
+def test_a_process_count_that_is_no_multiple_of_the_stages_is_refused_before_the_rendezvous(monkeypatch, tmp_path,
+                                                                                            capsys):
+    """Each rank refuses from the launcher's WORLD_SIZE without joining the process group: a rank that refused
+    after joining closed its sockets while its peers still connected, and they ended "peer died" (exit 3)."""
+    from mapl.cli import pipeline
+    from mapl.core.runtime import rank_process
+
+    def joined():
+        raise AssertionError("joined the process group")
+
+    def out(rank, code, message=""):
+        raise SystemExit(code)
+
+    monkeypatch.setattr(rank_process, "init_distributed", joined)
+    monkeypatch.setattr(rank_process, "_exit", out)
+    monkeypatch.setattr(rank_process, "exit_with_parent", lambda: None)
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    monkeypatch.setenv("RANK", "1")
+    with pytest.raises(SystemExit) as e:
+        pipeline.main(["--profile", "micro", "--stages", "2", "--out", str(tmp_path / "r.json"),
+                       "--ckpt", str(tmp_path / "r.pt")])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and "\n" not in err
+    assert err.startswith("error: rank 1: 3 process(es) cannot be split into pipelines of stages=2")
+    assert not list(tmp_path.iterdir())
+
+
 @pytest.mark.process
 @pytest.mark.full          # 3 ranks importing torch for a one-line error; the fault rows in make test check such lines
 def test_a_process_count_that_is_no_multiple_of_the_stages_is_refused(corpus, tmp_path):

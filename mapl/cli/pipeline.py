@@ -133,12 +133,25 @@ def _rank(extra, args, debug: bool) -> int:
 
     def resolve():
         cfg = mtrain.config_from_args(args)
+        _check_process_count(int(os.environ["WORLD_SIZE"]), cfg.stages)
         return (cfg, *_paths(args, cfg))
     options = RankOptions(rendezvous_timeout_s=extra.rendezvous_timeout, link_delay=extra.link_delay,
                           link_latency_ms=extra.link_latency_ms, blocking_transport=extra.blocking_transport,
                           fresh=args.fresh, resume_with_changes=args.resume_with_changes,
                           replace_results=args.replace_results, progress=not args.no_progress)
     return run_rank_process(resolve, options, debug)
+
+
+def _check_process_count(world: int, stages: int) -> None:
+    """Each rank refuses a launch that cannot be split into pipelines, from the launcher's WORLD_SIZE and
+    before the rendezvous (the process group would check it too, but only after joining: the first rank to
+    refuse closes its sockets while its peers still connect, and they end "peer died" instead of with this
+    line). Checked here, not in mapl.core.runtime: that package is part of the training fingerprint."""
+    if world % stages:
+        raise ValueError(f"{world} process(es) cannot be split into pipelines of stages={stages}: the process count "
+                         f"must be a multiple of the stage count (P x replicas). Launch {stages} x R processes "
+                         f"(torchrun --nproc_per_node, accelerate launch --multi_gpu --num_processes), or let "
+                         f"`mapl pipeline ... --stages {stages}` start them")
 
 
 def main(argv=None) -> int:
