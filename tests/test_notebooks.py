@@ -323,6 +323,23 @@ def test_train_deps_are_the_fingerprinted_sources():
     assert {"mapl/report.py", "mapl/report", "mapl/core/link.py"}.isdisjoint(deps)   # editing the report never retrains
 
 
+def test_the_prepare_stage_depends_on_each_report_module_the_data_notebook_draws_with():
+    """prepare lists mapl.report's files one by one (a report edit must not prepare the data again): each function
+    data.ipynb calls as ``report.<name>`` must be defined in a listed file, or an edit to it would leave the executed
+    notebook stale."""
+    import inspect
+    import re
+    from mapl import report
+    deps = set(DVC["stages"]["prepare"]["deps"])
+    assert "mapl/report" not in deps
+    source = "".join("".join(c["source"]) for c in json.loads((ROOT / "notebooks/data.ipynb").read_text())["cells"])
+    called = set(re.findall(r"\breport\.(\w+)", source))
+    assert called, "data.ipynb calls no mapl.report function"
+    for name in called:
+        where = Path(inspect.getsourcefile(getattr(report, name))).resolve().relative_to(ROOT).as_posix()
+        assert where in deps, f"data.ipynb calls report.{name} from {where}, which the prepare stage does not list"
+
+
 @pytest.mark.process
 def test_training_imports_only_fingerprinted_modules():
     """Every mapl module a training run imports is a training source (mapl/core, mapl/data) or in a

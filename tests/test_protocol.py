@@ -133,10 +133,12 @@ def test_holm_reads_at_the_bonferroni_level_after_its_first_non_rejection():
 def test_an_ordering_claim_tests_its_sign_and_its_size(ci, size, verdict):
     from mapl.report.claims import _order_verdict
     c = None if ci is None else {"n": 8, "ci": ci, "level": 0.95}
-    got, reason = _order_verdict(c, size)
+    got, reason, grounds = _order_verdict(c, size)
     assert got == verdict
     if ci is not None:
         assert reason.startswith("sign: ") and (("; size: " in reason) == (size is not None))
+        assert grounds[:2] == ("sign", "claimed" if ci[0] > 0 else "reversed" if ci[1] < 0 else "unresolved")
+        assert (len(grounds) == 4) == (size is not None)
 
 
 @pytest.mark.parametrize("ci,verdict", [((2.6, 3.6), "contradicted"), ((1.0, 9.0), "inconclusive"),
@@ -197,8 +199,8 @@ def test_the_rows_of_one_claim_are_one_family_read_at_holms_levels():
 
 def test_a_claim_with_no_runs_says_so_rather_than_too_few_seeds():
     from mapl.report.claims import NOT_RUN, _order_verdict, _range_verdict
-    assert _order_verdict(None) == ("not testable here", NOT_RUN)
-    assert _range_verdict(None, 8.37, 15.05, n=0) == ("not testable here", NOT_RUN)
+    assert _order_verdict(None)[:2] == ("not testable here", NOT_RUN)
+    assert _range_verdict(None, 8.37, 15.05, n=0)[:2] == ("not testable here", NOT_RUN)
     assert _range_verdict(None, 8.37, 15.05, n=2)[1] == "fewer than 3 seeds"
     assert _order_verdict({"n": 2, "ci": None, "level": 0.95})[1] == "fewer than 3 paired seeds"
 
@@ -208,7 +210,7 @@ def test_a_one_seed_comparison_has_a_ledger_cell_without_a_level():
     from mapl.report.claims import _comparison_cell, _order_verdict
     c = {"mean": 0.5, "ci": None, "level": None, "n": 1, "a": {"steps": 40}}
     assert _comparison_cell(c).startswith("+0.50 points") and "n = 1, 40 steps" in _comparison_cell(c)
-    assert _order_verdict(c) == ("not testable here", "fewer than 3 paired seeds")
+    assert _order_verdict(c)[:2] == ("not testable here", "fewer than 3 paired seeds")
 
 
 def test_each_row_names_the_validation_tokens_its_loss_is_measured_on():

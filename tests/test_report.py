@@ -955,8 +955,10 @@ def test_corpus_study_reads_its_own_corpus_and_never_leaks_into_the_headline():
     # a range met by an interval that reaches outside it is inconclusive (a wide interval is no confirmation)
     from mapl.report.claims import _range_verdict
     assert _range_verdict((1.9, 10.4), 8.37, 15.05) == ("inconclusive", "our 95% interval straddles the claimed "
-                                                       "range's lower bound: neither inside nor outside it")
-    assert _range_verdict((0.8, 1.7), None, 2.0) == ("reproduced", "our 95% interval lies inside the claimed range")
+                                                       "range's lower bound: neither inside nor outside it",
+                                                       ("straddles", "lower bound"))
+    assert _range_verdict((0.8, 1.7), None, 2.0) == ("reproduced", "our 95% interval lies inside the claimed range",
+                                                     ("inside",))
     # the report notebook's three views, each selected from the loaded rows: the corpus reaches its own view
     tuning = _study_row("tune", "ssn", 8, seed=0, loss=3.6, name="tune-x")
     every, reported, with_corpus = R.report_selections(rows_all + [tuning], "cpu")
@@ -1153,3 +1155,18 @@ def test_a_verdict_that_stays_for_another_reason_says_so_in_the_heldout_ledger()
     # the level alone (another family size) is not another reason
     same = {k: {**v, "scores": {"heldout-kjv": v["val_loss"]}} for k, v in scores.items()}
     assert all(b[5] == "no" for b in R.heldout_claims_table(committed, committed, same, redrawn).body)
+
+
+def test_the_heldout_ledger_compares_a_verdicts_grounds_never_its_wording():
+    """Whether a verdict stays for another reason is read from the rule's grounds (data), so a reason sentence
+    that is worded otherwise, or names another level, is no move, and other grounds under the same words are."""
+    from mapl.report.claims import _order_verdict
+    from mapl.report.heldout import _move
+    short = _order_verdict({"n": 8, "ci": (1.03, 2.15), "level": 0.95}, 5)
+    reversed_ = _order_verdict({"n": 8, "ci": (-6.22, -0.63), "level": 0.99}, 5)
+    assert short.verdict == reversed_.verdict == "contradicted"
+    before = {"verdict": short.verdict, "reason": short.reason, "grounds": short.grounds}
+    assert _move(before, {**before, "reason": "worded otherwise entirely"}) == "no"
+    assert _move(before, {"verdict": reversed_.verdict, "reason": short.reason, "grounds": reversed_.grounds}) \
+        == "no, its reason moves"
+    assert _move(before, {**before, "verdict": "inconclusive"}) == "yes"

@@ -28,9 +28,13 @@ from dataclasses import dataclass
 
 from .settings import ConfigError, build, check_fields, setting
 
-__all__ = ["ROLES", "GroupDeclaration", "Declaration", "declaration"]
+__all__ = ["ROLES", "APART_ROLES", "GroupDeclaration", "Declaration", "declaration"]
 
 ROLES = ("reported", "preview", "tuning", "other-corpus", "redraw")
+# the roles whose runs stand for no reported configuration: a tuning study's cells (other learning rates) and a
+# redraw (a reported study's configurations on another draw). No reported run is deduplicated against theirs, and
+# no report view pools them unless it asks for the tuning cells (mapl.report.rows.load_results, select).
+APART_ROLES = ("tuning", "redraw")
 NAME = re.compile(r"[a-z][a-z0-9_]*")        # a DVC stage item, a folder and a notebook name
 WHERE = "groups"                             # the declaration's key in params.yaml
 REQUIRED = ("study", "role")                 # every entry's keys; ``redraws`` only where the role is redraw

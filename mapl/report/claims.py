@@ -41,7 +41,7 @@ from .style import variant_label
 from .table import DASH, Table, fmt_ci, fmt_int, fmt_pct
 
 __all__ = ["VERDICTS", "REPRODUCED", "CONTRADICTED", "INCONCLUSIVE", "NOT_TESTABLE", "MIN_SEEDS", "BYTES_REPRODUCED",
-           "PaperSide", "PaperSource", "Evidence", "Reading", "Claim",
+           "PaperSide", "PaperSource", "Evidence", "Reading", "Claim", "Ruling",
            "CLAIMS", "RULES", "evaluate", "claims", "claims_table"]
 
 VERDICTS = ("reproduced", "contradicted", "inconclusive", "not testable here")
@@ -366,47 +366,63 @@ def _pct(level: float) -> str:
     return f"{100 * level:.3g}%"
 
 
-def _range_verdict(ci, low: float | None, high: float | None, n: int = MIN_SEEDS, level: float = 0.95
-                   ) -> tuple[str, str]:
+class Ruling(NamedTuple):
+    """A rule's outcome: the verdict, the sentence a reader reads as its reason, and that reason as data
+    (``grounds``): what another ledger's row is compared by (:mod:`mapl.report.heldout`), since the sentence also
+    carries the interval's level, which differs between ledgers whose families differ."""
+    verdict: str
+    reason: str
+    grounds: tuple = ()
+
+
+def _untestable(n: int, unit: str) -> Ruling:
+    if n == 0:
+        return Ruling(NOT_TESTABLE, NOT_RUN, ("not run",))
+    return Ruling(NOT_TESTABLE, f"fewer than {MIN_SEEDS} {unit}", ("too few seeds",))
+
+
+def _range_verdict(ci, low: float | None, high: float | None, n: int = MIN_SEEDS, level: float = 0.95) -> Ruling:
     """A claimed range [``low``, ``high``] of Δ% against our interval ``ci`` (read at ``level``)."""
     if ci is None:
-        return NOT_TESTABLE, NOT_RUN if n == 0 else f"fewer than {MIN_SEEDS} seeds"
+        return _untestable(n, "seeds")
     above = high is not None and ci[0] > high
     below = low is not None and ci[1] < low
     if above or below:
-        return CONTRADICTED, f"our {_pct(level)} interval lies wholly {'above' if above else 'below'} the claimed range"
+        side = "above" if above else "below"
+        return Ruling(CONTRADICTED, f"our {_pct(level)} interval lies wholly {side} the claimed range", ("outside", side))
     out_low, out_high = low is not None and ci[0] < low, high is not None and ci[1] > high
     if out_low or out_high:
         bound = "both bounds" if out_low and out_high else "lower bound" if out_low else "upper bound"
-        return INCONCLUSIVE, (f"our {_pct(level)} interval straddles the claimed range's {bound}: neither inside "
-                              "nor outside it")
-    return REPRODUCED, f"our {_pct(level)} interval lies inside the claimed range"
+        return Ruling(INCONCLUSIVE, (f"our {_pct(level)} interval straddles the claimed range's {bound}: neither "
+                                     "inside nor outside it"), ("straddles", bound))
+    return Ruling(REPRODUCED, f"our {_pct(level)} interval lies inside the claimed range", ("inside",))
 
 
-def _order_verdict(c: dict | None, size: float | None = None) -> tuple[str, str]:
+def _order_verdict(c: dict | None, size: float | None = None) -> Ruling:
     """``c``: a tested comparison A − B (positive: B ahead), the claim being 'B ahead of A' (by at least ``size``
-    points of Δ% where the paper states a lead). The sign and the size are tested on the same interval."""
+    points of Δ% where the paper states a lead). The sign and the size are tested on the same interval; the
+    grounds are ``("sign", claimed | reversed | unresolved)`` and, with a size, ``("size", short | includes |
+    above)``."""
     if c is None:
-        return NOT_TESTABLE, NOT_RUN
+        return _untestable(0, "")
     if c["n"] < MIN_SEEDS or c["ci"] is None:
-        return NOT_TESTABLE, f"fewer than {MIN_SEEDS} paired seeds"
+        return _untestable(max(c["n"], 1), "paired seeds")
     low, high = c["ci"]
     interval = f"the paired {_pct(c['level'])} interval"
-    if low > 0:
-        sign = f"sign: {interval} excludes 0 on the claimed side"
-    elif high < 0:
-        sign = f"sign: {interval} excludes 0 on the other side (the order is reversed)"
-    else:
-        sign = f"sign: {interval} includes 0 (the order is not resolved)"
-    short = size is not None and high < size
-    if size is None:
-        sized = ""
-    elif short:
-        sized = f"; size: it lies wholly below the claimed lead of {size:g} points"
-    else:
-        sized = f"; size: it {'lies above' if low > size else 'includes'} the claimed lead of {size:g} points"
-    verdict = CONTRADICTED if high < 0 or short else REPRODUCED if low > 0 else INCONCLUSIVE
-    return verdict, sign + sized
+    sign = "claimed" if low > 0 else "reversed" if high < 0 else "unresolved"
+    said = {"claimed": f"sign: {interval} excludes 0 on the claimed side",
+            "reversed": f"sign: {interval} excludes 0 on the other side (the order is reversed)",
+            "unresolved": f"sign: {interval} includes 0 (the order is not resolved)"}[sign]
+    grounds = ("sign", sign)
+    if size is not None:
+        lead = "short" if high < size else "above" if low > size else "includes"
+        said += {"short": f"; size: it lies wholly below the claimed lead of {size:g} points",
+                 "above": f"; size: it lies above the claimed lead of {size:g} points",
+                 "includes": f"; size: it includes the claimed lead of {size:g} points"}[lead]
+        grounds += ("size", lead)
+    verdict = CONTRADICTED if sign == "reversed" or grounds[-1] == "short" else \
+        REPRODUCED if sign == "claimed" else INCONCLUSIVE
+    return Ruling(verdict, said, grounds)
 
 
 def _delta_cell(s: dict | None, level: float = 0.95) -> tuple[str, object]:
@@ -430,15 +446,14 @@ def _comparison_cell(c: dict | None) -> str:
 def _range_row(spec: Claim, side: PaperSide, s: dict | None, level: float = 0.95) -> dict:
     """A claimed range of Δ%, read from one configuration's summary ``s`` at the family's ``level``."""
     cell, ci = _delta_cell(s, level)
-    verdict, reason = _range_verdict(ci, side.low, side.high, s["n"] if s else 0, level)
+    ruling = _range_verdict(ci, side.low, side.high, s["n"] if s else 0, level)
     label = variant_label(s["variant"]) if spec.label_measured and s else spec.label
-    return {"ours": f"{label}: {cell}", "verdict": verdict, "reason": reason}
+    return {"ours": f"{label}: {cell}", **ruling._asdict()}
 
 
 def _order_row(spec: Claim, side: PaperSide, c: dict | None, level: float = 0.95) -> dict:
     """A claimed order "B ahead of A", read from the comparison A − B (its interval already at the family's level)."""
-    verdict, reason = _order_verdict(c, side.size)
-    return {"ours": f"{spec.label}: {_comparison_cell(c)}", "verdict": verdict, "reason": reason}
+    return {"ours": f"{spec.label}: {_comparison_cell(c)}", **_order_verdict(c, side.size)._asdict()}
 
 
 def _bytes_row(spec: Claim, side: PaperSide, pair: tuple[dict, dict] | None, level: float = 0.95) -> dict | None:
@@ -450,8 +465,9 @@ def _bytes_row(spec: Claim, side: PaperSide, pair: tuple[dict, dict] | None, lev
     total = m["total_bytes_per_token"] / s["total_bytes_per_token"]
     unquantised = ("the token ids are not quantised, the gradient is int8 (MAPL's: bf16)"
                    if s["variant"].endswith("-grad-int8") else "the gradient and the token ids are not quantised")
+    enough = total >= BYTES_REPRODUCED
     return {"ours": f"MAPL / {variant_label(s['variant'])} bytes per token: forward {fwd:.2f}×, all {total:.2f}×",
-            "verdict": REPRODUCED if total >= BYTES_REPRODUCED else CONTRADICTED,
+            "verdict": REPRODUCED if enough else CONTRADICTED, "grounds": ("all bytes", "enough" if enough else "short"),
             "reason": (f"all bytes (both directions, token ids, projector and codebook exchange) fall {total:.2f}×: "
                        f"{unquantised}; the forward payload alone falls "
                        f"{fwd:.2f}×. Verdict on all bytes (a count, no interval), reproduced from "
@@ -464,14 +480,15 @@ def _scale_row(spec: Claim, side: PaperSide, measured: tuple, level: float = 0.9
     slope, (widths, span) = measured
     if slope is None:
         return {"ours": f"SSN − MAPL by width (width.md): {widths or DASH}", "verdict": NOT_TESTABLE,
+                "grounds": ("too few rungs",),
                 "reason": (f"the scale ladder has fewer than two rungs with paired runs; the width axis ({span} "
                            "parameters, one seed at 300 steps) gives no interval")}
-    verdict, reason = _order_verdict(slope)
+    verdict, reason, grounds = _order_verdict(slope)
     lo, hi = slope["params"]
     return {"ours": (f"slope of SSN − MAPL per ln(params): {slope['mean']:+.2f} points {fmt_ci(slope['ci'])} "
                      f"({_pct(slope['level'])}, n = {slope['n']}, {slope['rungs']} rungs, {lo / 1e6:.2f}M-{hi / 1e6:.2f}M "
                      "non-embedding parameters)"),
-            "verdict": verdict,
+            "verdict": verdict, "grounds": grounds,
             "reason": reason.replace("the paired", "the slope's") + "; a statement about our rungs, not the paper's sizes"}
 
 
@@ -514,10 +531,10 @@ def _at_level(c: dict | None, level: float) -> dict | None:
 
 
 def evaluate(spec: Claim, ev: Evidence, measured=None, level: float = 0.95, family_size: int = 1) -> dict | None:
-    """The ledger row of one specification: ``claim``, ``paper``, ``ours``, ``verdict``, ``reason``, ``table``,
-    ``family`` (its name and size) and ``level``; None where its rule has nothing to say without the runs (the
-    bytes ratio without both configurations). ``measured``: what it reads (default: read now); ``level``: the
-    family's level for its interval (:func:`family_levels`)."""
+    """The ledger row of one specification: ``claim``, ``paper``, ``ours``, ``verdict``, ``reason`` (and its
+    ``grounds``, :class:`Ruling`), ``table``, ``family`` (its name and size) and ``level``; None where its rule
+    has nothing to say without the runs (the bytes ratio without both configurations). ``measured``: what it
+    reads (default: read now); ``level``: the family's level for its interval (:func:`family_levels`)."""
     side = spec.paper.side()
     measured = spec.reads.measure(ev) if measured is None else measured
     if spec.rule == "order":
@@ -526,7 +543,8 @@ def evaluate(spec: Claim, ev: Evidence, measured=None, level: float = 0.95, fami
     if row is None:
         return None
     return {"claim": spec.claim, "paper": side.text, "ours": row["ours"], "verdict": row["verdict"],
-            "reason": row["reason"], "table": spec.table, "family": spec.family_name, "family_size": family_size,
+            "reason": row["reason"], "grounds": row["grounds"], "table": spec.table, "family": spec.family_name,
+            "family_size": family_size,
             "level": level if spec.rule in ("order", "range") else None}
 
 
@@ -561,10 +579,10 @@ def _family_cell(c: dict) -> str:
 
 
 def claims_table(rows: Sequence[dict], corpus_rows: Sequence[dict] | None = None,
-                 frozen_rows: Sequence[dict] | None = None) -> Table:
+                 frozen_rows: Sequence[dict] | None = None, ledger: Sequence[dict] | None = None) -> Table:
     """The ledger as a table (``claims.md``), first in the report and the README (``corpus_rows``,
-    ``frozen_rows``: :func:`claims`)."""
-    ledger = claims(rows, corpus_rows, frozen_rows)
+    ``frozen_rows``: :func:`claims`; ``ledger``: their :func:`claims` where the caller has them already)."""
+    ledger = claims(rows, corpus_rows, frozen_rows) if ledger is None else ledger
     header = ["paper's claim", "paper", "ours (table)", "verdict", "why", "family · level"]
     body = [[c["claim"], c["paper"], f"{c['ours']} ({c['table']})", c["verdict"], c["reason"], _family_cell(c)]
             for c in ledger]

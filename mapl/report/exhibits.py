@@ -105,7 +105,7 @@ def learned_fixed_summary_table(rows: Sequence[dict], frozen_rows: Sequence[dict
         if c is None:
             body.append([training, DASH, DASH, DASH, DASH, DASH, "not run", table])
             continue
-        verdict, _ = _order_verdict(c, spec.paper.side().size)
+        verdict = _order_verdict(c, spec.paper.side().size).verdict
         body.append([training, f"{c['a'].get('projection_ratio') or c['a']['ratio']:g}×", fmt_int(c["a"]["steps"]),
                      ",".join(map(str, c["seeds"])), _signed(c),
                      fmt_ci(c["ci"]) + (f" ({100 * c['level']:.3g}%)" if c["ci"] else ""), verdict, table])

@@ -10,7 +10,6 @@ rules, beside the verdict on the validation split: whether any verdict moves.
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 from typing import Sequence
 
@@ -75,47 +74,49 @@ def heldout_table(rows: Sequence[dict], rescores: dict[str, dict], redrawn: Sequ
                  body if sets else [], caption, takeaway if sets else NO_SCORES)
 
 
-def _draws(rows: Sequence[dict], corpus_rows: Sequence[dict], redrawn: Sequence[dict]) -> list[tuple]:
-    """(label, rows, corpus rows, validation ledger) per draw: the committed runs against the ledger of claims.md;
+def _draws(rows: Sequence[dict], corpus_rows: Sequence[dict], redrawn: Sequence[dict],
+           ledger: Sequence[dict]) -> list[tuple]:
+    """(label, rows, corpus rows, validation ledger) per draw: the committed runs against ``ledger`` (claims.md's);
     each redraw against the ledger of its own runs on the validation split (its held-out verdicts must move from
     its own, not from another draw's)."""
-    draws = [("", rows, corpus_rows, {c["claim"]: c for c in claims(rows, corpus_rows)})]
+    draws = [("", rows, corpus_rows, {c["claim"]: c for c in ledger})]
     for draw in dict.fromkeys(r["draw"] for r in redrawn):
         mine = [r for r in redrawn if r["draw"] == draw]
         draws.append((draw, mine, mine, {c["claim"]: c for c in claims(mine, mine)}))
     return draws
 
 
-def _reason_kind(reason: str) -> str:
-    # a reason names its interval's level, which differs between the ledgers' families; what it says does not
-    return re.sub(r"\d+(?:\.\d+)? ?%", "", reason)
-
-
 def _move(before: dict, after: dict) -> str:
-    """``yes`` where the verdict moves; where it stays but for another reason (an order read as contradicted on
-    its size before and on its sign after: the order reverses), says so, since the same word would hide it."""
+    """``yes`` where the verdict moves; where it stays but on other grounds (an order read as contradicted on its
+    size before and on its sign after: the order reverses), says so, since the same word would hide it. Grounds
+    are compared as data (:class:`mapl.report.claims.Ruling`), never as the reason's sentence, which names its
+    interval's level (it differs between the ledgers' families)."""
     if after["verdict"] != before["verdict"]:
         return "yes"
-    if _reason_kind(after["reason"]) != _reason_kind(before["reason"]):
+    if after["grounds"] != before["grounds"]:
         return "no, its reason moves"
     return "no"
 
 
 def heldout_claims_table(rows: Sequence[dict], corpus_rows: Sequence[dict], rescores: dict[str, dict],
-                         redrawn: Sequence[dict] = ()) -> Table:
+                         redrawn: Sequence[dict] = (), ledger: Sequence[dict] | None = None) -> Table:
     """The claims ledger's verdicts from the rescored runs' scores on each set, beside the ledger's own (the
     validation split); only the claims the rescored runs can test. ``redrawn`` (:func:`mapl.report.redrawn_rows`):
-    a redraw's runs, read as the study they draw again, beside the verdicts of their own validation losses."""
+    a redraw's runs, read as the study they draw again, beside the verdicts of their own validation losses.
+    ``ledger``: claims.md's rows (:func:`mapl.report.claims.claims`), where the caller has them (default:
+    computed from ``rows`` and ``corpus_rows``)."""
+    ledger = claims(rows, corpus_rows) if ledger is None else ledger
     header = ["paper's claim", "set", "verdict (validation)", "ours (set)", "verdict (set)", "moves"]
     body, moves = [], []
-    for draw, mine, corpus_mine, ledger in _draws(rows, corpus_rows, redrawn):
+    for draw, mine, corpus_mine, before_ledger in _draws(rows, corpus_rows, redrawn, ledger):
         for name in _sets(rescores):
             where = SET_LABELS[name] + (f", draw {draw}" if draw else "")
             for c in claims(rescored_rows(mine, rescores, name), rescored_rows(corpus_mine, rescores, name)):
-                if c["verdict"] == NOT_TESTABLE or c["claim"] not in ledger:
+                mine_before = before_ledger.get(c["claim"])
+                if c["verdict"] == NOT_TESTABLE or mine_before is None:
                     continue
-                before = ledger[c["claim"]]["verdict"]
-                move = _move(ledger[c["claim"]], c)
+                before = mine_before["verdict"]
+                move = _move(mine_before, c)
                 if move == "yes":
                     moves.append(f"{c['claim']}: {before} -> {c['verdict']} ({where})")
                 elif move != "no":

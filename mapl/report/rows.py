@@ -40,7 +40,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from ..base.declared_groups import Declaration, declaration
+from ..base.declared_groups import APART_ROLES, Declaration, declaration
 from ..core.config import METHODS, PROJECT_ROOT, load_params
 
 __all__ = ["declared", "study_role", "study_groups", "METHOD_ORDER", "KEY",
@@ -317,7 +317,7 @@ def load_results(root: str | Path, results: str | Path = "reports/results", dedu
     rows, seen = [], set()
     for r in found:
         # a redraw repeats a reported study's configurations on purpose: keyed by its own group, never deduplicated
-        reported = not r["eval_offset"] and groups.role_of_study(r["group"]) not in ("tuning", "redraw")
+        reported = not r["eval_offset"] and groups.role_of_study(r["group"]) not in APART_ROLES
         key = (r["profile"], *run_key(r)) if dedupe and reported else (r["group"], r["run"])
         if key not in seen:
             seen.add(key)
@@ -339,7 +339,7 @@ def select(rows: Iterable[dict], profile: str | None = None, eval_offset: int | 
     ``other-corpus`` unless ``other_corpus`` (params.yaml ``groups:``), never a ``redraw`` group's (only
     :func:`redrawn_rows` reads them), with ``row[k] == v`` for every keyword; rows without a val loss are dropped."""
     out, groups = [], declared()
-    left_out = {"redraw", *(() if tuning else ("tuning",)), *(() if other_corpus else ("other-corpus",))}
+    left_out = {*APART_ROLES, *(() if other_corpus else ("other-corpus",))} - ({"tuning"} if tuning else set())
     for r in rows:
         if r.get("val_loss") is None or (profile and r["profile"] != profile):
             continue
