@@ -1170,3 +1170,16 @@ def test_the_heldout_ledger_compares_a_verdicts_grounds_never_its_wording():
     assert _move(before, {"verdict": reversed_.verdict, "reason": short.reason, "grounds": reversed_.grounds}) \
         == "no, its reason moves"
     assert _move(before, {**before, "verdict": "inconclusive"}) == "yes"
+
+
+def test_lr_check_pairs_with_the_reported_run_of_its_configuration_whichever_study_holds_it():
+    """A 4x check is paired with the learned-vs-fixed study's MAPL 4x run (no study is named by hand), never with
+    a tuning study's run of the same configuration at other learning rates."""
+    def run(group, seed, loss, lr_muon, name):
+        r = R.row_from_result(result("mapl", 4, seed=seed, steps=3000, loss=loss, lr_muon=lr_muon, name=name), group)
+        return {**r, "select_loss": loss}
+    rows = [run("learned_fixed_4x", s, 3.60 + 0.01 * s, 0.02, f"lf-s{s}") for s in range(3)]
+    rows += [run("tune", s, 3.40, 0.01, f"tune-s{s}") for s in range(3)]
+    rows += [run("lr_check", s, 3.62 + 0.01 * s + 0.001 * s, 0.04, f"mu004-s{s}") for s in range(3)]
+    (row,) = R.lr_check_table(rows).body
+    assert row[2] == "0.02, 0.03" and row[4] == "0,1,2" and row[5].startswith("0.0210")

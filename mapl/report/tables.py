@@ -360,14 +360,20 @@ def _cell_text(r: dict, named: bool = False) -> str:
     return f"{mu}, {emb}" + (f", SPEL ×{step:g}" if step is not None else "")
 
 
-# the groups whose runs train at the tuned cells at the headline budget, which an lr_check run is paired with:
-# the headline's ratio (long) and the frontier's other ratios (frontier)
-TUNED_RUN_GROUPS = ("long", "frontier")
+def _tuned_runs(rows_all: Sequence[dict], check: dict) -> dict[int, dict]:
+    """seed -> the run a check cell is paired with: a reported study's run of the check's configuration (variant,
+    model, P, wire ratio, steps) on the report's windows. Reported studies train at the tuned cells (params.yaml
+    ``method_overrides``); only tuning studies, lr_check among them, move a learning rate, so which reported study
+    holds the run need not be named (the headline's ratio is group long's, the frontier's ratios group frontier's)."""
+    def configuration(r: dict) -> tuple:
+        return r["variant"], r["model"], r["stages"], r["wire_ratio"], r["steps"]
+    return {r["seed"]: r for r in rows_all if study_role(r["group"]) == "reported" and not r["eval_offset"]
+            and configuration(r) == configuration(check)}
 
 
 def lr_check_table(rows_all: Sequence[dict]) -> Table:
     """The budget-matched check of the tuned learning rates (group ``lr_check``): each check run beside
-    the tuned run (:data:`TUNED_RUN_GROUPS`) of the same method, ratio, budget and seed, both judged on the
+    the tuned run (:func:`_tuned_runs`) of the same configuration and seed, both judged on the
     selection set at the last step; the paired difference check − tuned (negative: the check cell
     is better, and the tuning protocol must rerun at the headline budget). A cell is the Muon and embedding
     LRs and, for a learned projector, SPEL's step multiplier (``compressor.projector.lr_mult``)."""
@@ -380,8 +386,7 @@ def lr_check_table(rows_all: Sequence[dict]) -> Table:
     for cell in dict.fromkeys(map(cell_of, checks)):
         variant = cell[0]
         mine = [r for r in checks if cell_of(r) == cell]
-        tuned = {r["seed"]: r for r in rows_all if r["group"] in TUNED_RUN_GROUPS and r["variant"] == variant
-                 and r["wire_ratio"] == mine[0]["wire_ratio"] and r["steps"] == mine[0]["steps"]}
+        tuned = _tuned_runs(rows_all, mine[0])
         pairs = [(r, tuned[r["seed"]]) for r in mine if r["seed"] in tuned]
         diffs = [tuning_score(a) - tuning_score(b) for a, b in pairs]
         ci = t_interval(diffs)
