@@ -53,8 +53,9 @@ EXIT_CODES = {
                      "folder, a full disk): one line `error: ...` names what to fix",
     EXIT_PEER_FAILED: "a peer process of the multi-process pipeline failed or did not answer in time",
     EXIT_NON_FINITE: "non-finite values (NaN/Inf): the run stopped, the last good checkpoint is kept",
-    EXIT_STEP_FAILED: "a step that `mapl workspace` ran in its copy failed (its command and the tail of its output "
-                      "are printed), or the re-executed report differs from the committed one (each difference named)",
+    EXIT_STEP_FAILED: "a run that `mapl sweep` started, or a step that `mapl workspace` ran in its copy, failed (its "
+                      "output is printed), or the re-executed report differs from the committed one (each difference "
+                      "named)",
     EXIT_INTERRUPTED: "interrupted (Ctrl-C / SIGTERM): stopped after the step in flight, checkpoint written",
 }
 

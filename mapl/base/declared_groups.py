@@ -1,25 +1,18 @@
 """The run groups as params.yaml declares them, once: each group's study and role, in the report's order.
 
-params.yaml's top-level ``groups:`` maps every run group to ``{study, role}``. A group is DVC's unit of
-compute (one ``train@<group>`` stage, one results folder); a study is the report's unit of analysis, and
-one study may span groups (the headline and its two variants, trained in stages of their own). The
-role says how the report treats a group's runs:
+params.yaml's top-level ``groups:`` maps every run group to ``{study, role}``. A run lives in one group (the folder
+of its results JSON); a study is the report's unit of analysis, and one study may span groups (the headline and its
+two variants). The role says how the report treats a group's runs:
 
 * ``reported``: read into its study's tables;
-* ``preview``: a few of its study's runs, trained first so that a table shows in minutes; the study's
-  reported group copies them (``mapl.orchestration.reuse``: "copied"), and the report reads each once;
 * ``tuning``: runs that choose settings on the selection split; never pooled into a result;
 * ``other-corpus``: runs on another corpus; only their own study's tables and ledger rows read them;
 * ``redraw``: the runs of the reported study named by ``redraws``, drawn again on this machine so that their
-  checkpoints exist here (a run trained on another machine is another draw: its checkpoint is not this one's);
-  only the held-out rescoring reads them, as that study, never pooled with its committed runs.
+  checkpoints exist here; only the held-out rescoring reads them, as that study, never pooled with its runs.
 
-The declaration's order is the order of dvc.yaml's train stages (``foreach: ${groups}``), of
-``mapl sweep --estimate`` and of the report's studies (where a configuration is in two
-studies, the first keeps it). The report reads a study by its role, so a study's groups share one role,
-a preview group aside. Each profile lists its runs per group under ``profiles.<p>.groups``
-(:mod:`mapl.orchestration.groups`). This module reads a params dict and nothing else: the report, the
-orchestration and a training run's imports all reach it without importing each other.
+The declaration's order is the order of ``mapl sweep --estimate`` and of the report's studies (where a
+configuration is in two studies, the first keeps it). This module reads a params dict and nothing else: the
+report, the orchestration and a training run's imports all reach it without importing each other.
 """
 from __future__ import annotations
 
@@ -30,7 +23,7 @@ from .settings import ConfigError, build, check_fields, setting
 
 __all__ = ["ROLES", "APART_ROLES", "GroupDeclaration", "Declaration", "declaration"]
 
-ROLES = ("reported", "preview", "tuning", "other-corpus", "redraw")
+ROLES = ("reported", "tuning", "other-corpus", "redraw")
 # the roles whose runs stand for no reported configuration: a tuning study's cells (other learning rates) and a
 # redraw (a reported study's configurations on another draw). No reported run is deduplicated against theirs, and
 # no report view pools them unless it asks for the tuning cells (mapl.report.rows.load_results, select).
@@ -69,9 +62,8 @@ class Declaration:
         return tuple(name for name, g in self.groups.items() if g.study == study)
 
     def role_of_study(self, study: str) -> str:
-        """The role the report reads ``study`` by: its groups' (a preview group's aside); ``reported`` for a
-        study nothing declares."""
-        roles = [g.role for g in self.groups.values() if g.study == study and g.role != "preview"]
+        """The role the report reads ``study`` by: its groups'; ``reported`` for a study nothing declares."""
+        roles = [g.role for g in self.groups.values() if g.study == study]
         return roles[0] if roles else "reported"
 
     def redrawn_study(self, study: str) -> str:
@@ -111,15 +103,13 @@ def _entry(name: str, entry) -> GroupDeclaration:
 
 
 def _check_roles(groups: dict[str, GroupDeclaration]) -> None:
-    """A study's groups share one role, a preview group aside; a preview's study has a reported group."""
+    """A study's groups share one role; a redraw names a reported study other than its own."""
     first_role: dict[str, tuple[str, str]] = {}
     for name, g in groups.items():
-        if g.role == "preview":
-            continue
         other = first_role.setdefault(g.study, (g.role, name))
         if other[0] != g.role:
             raise ConfigError(f"{WHERE}.{name}.role={g.role!r} is invalid: study {g.study!r} is read as "
-                              f"{other[0]!r} (group {other[1]}); a study's groups share one role, a preview aside")
+                              f"{other[0]!r} (group {other[1]}); a study's groups share one role")
     for name, g in groups.items():
         if (g.role == "redraw") != bool(g.redraws):
             raise ConfigError(f"{WHERE}.{name}.redraws={g.redraws!r} is invalid: a group of role 'redraw' names the "
@@ -130,6 +120,3 @@ def _check_roles(groups: dict[str, GroupDeclaration]) -> None:
         if g.role == "redraw" and g.study == g.redraws:
             raise ConfigError(f"{WHERE}.{name}.study={g.study!r} is invalid: a redraw is a study of its own, never "
                               "pooled with the study it redraws")
-        if g.role == "preview" and first_role.get(g.study, ("",))[0] != "reported":
-            raise ConfigError(f"{WHERE}.{name}.role='preview' is invalid: study {g.study!r} has no reported group "
-                              "to copy its runs (a preview is a few runs of its study's reported group)")

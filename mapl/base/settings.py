@@ -58,12 +58,14 @@ def _type_name(tp) -> str:
 def coerce(value, tp, name: str, from_string: bool = False):
     """``value`` as type ``tp`` (a field annotation), or ConfigError naming ``name``.
 
-    ``from_string``: the value came from the command line, so "3" may be an int and "none" is None."""
+    ``from_string``: the value came from the command line, so "3" may be an int and "none" is None (but for a
+    string field, where "none" is a value, e.g. ``--anchor none``: only "null" is None there)."""
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin in (types.UnionType, typing.Union):                       # X | None
-        if value is None or (from_string and str(value).strip().lower() in _NONE_WORDS):
-            return None
         (inner,) = [a for a in args if a is not type(None)]
+        words = ("null",) if inner is str else _NONE_WORDS
+        if value is None or (from_string and str(value).strip().lower() in words):
+            return None
         return coerce(value, inner, name, from_string)
     if tp is bool:
         if isinstance(value, bool):

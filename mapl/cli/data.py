@@ -81,14 +81,11 @@ def grid_need(profile: str) -> tuple[int, str]:
     base = load_run_config(profile, params=params)
     t = base.train
     best = (t.steps * t.batch_size * t.seq_len, f"the profile's defaults: {t.steps} x {t.batch_size} x {t.seq_len}")
-    for group, specs in (params["profiles"][profile].get("groups") or {}).items():
-        for i, spec in enumerate(specs or []):
-            spec = dict(spec)
-            name = spec.pop("name", f"{group}[{i}]")
-            c = load_run_config(profile, spec, params=params)
-            n = c.train.steps * c.train.batch_size * c.train.seq_len
-            if same_tokens(c.data, base.data) and n > best[0]:
-                best = (n, f"{name}: {c.train.steps} steps x {c.train.batch_size} x {c.train.seq_len}")
+    for name, spec in ((params["profiles"][profile] or {}).get("runs") or {}).items():
+        c = load_run_config(profile, {k: v for k, v in spec.items() if k != "group"}, params=params)
+        n = c.train.steps * c.train.batch_size * c.train.seq_len
+        if same_tokens(c.data, base.data) and n > best[0]:
+            best = (n, f"{name}: {c.train.steps} steps x {c.train.batch_size} x {c.train.seq_len}")
     return best
 
 

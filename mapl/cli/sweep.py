@@ -1,20 +1,21 @@
-"""``mapl sweep``: train a run group of params.yaml, estimate it, or validate params.yaml.
-
-The command only; what it runs is :mod:`mapl.orchestration.sweep` (its docstring is ``--help``). The
-GPU-hours estimate of a profile launched on GPUs comes from the planning layer (:mod:`mapl.planning.costmodel`),
-which orchestration does not import.
-"""
+"""``mapl sweep``: train a group's runs side by side through DVC, estimate a profile's runs, or validate params.yaml."""
 from __future__ import annotations
 
 import argparse
 import sys
 from pathlib import Path
 
-from ..base.cli import run_cli
-from ..core.config import load_params
+from ..base.cli import EXIT_STEP_FAILED, run_cli
+from ..core.config import ConfigError, load_params
 from ..orchestration import sweep, validate
+from ..orchestration.groups import group_specs, runs_of_seeds
 
 __all__ = ["main", "estimate"]
+
+EXAMPLES = """examples:
+  mapl sweep --group long                   # the group's runs two at a time: dvc repro -s train@<run> each
+  mapl sweep --group blocks --seeds 1       # only its seed-1 runs
+  mapl sweep --estimate                     # runs and estimated wall time per group"""
 
 
 def estimate(profile: str, params: dict) -> str:
@@ -38,44 +39,45 @@ def _seed_list(text: str) -> list[int]:
 
 
 def _main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="mapl sweep", description=sweep.__doc__,
+    params = load_params()
+    ap = argparse.ArgumentParser(prog="mapl sweep", description=__doc__.split(": ", 1)[1], epilog=EXAMPLES,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--profile", help="params.yaml profile (default: its `profile:`)")
-    ap.add_argument("--group", help="run group in profiles.<profile>.groups")
-    ap.add_argument("--seeds", type=_seed_list,
-                    help="with --group: only its runs of these seeds, e.g. 1, 0,1 or 4-7 (a group's seeds split across machines)")
-    ap.add_argument("--estimate", action="store_true", help="print runs and estimated wall time per group; train nothing")
-    ap.add_argument("--check", action="store_true", help="validate every profile and run of params.yaml; train nothing")
+    ap.add_argument("--profile", choices=sorted(params["profiles"]), default=params["profile"],
+                    help="params.yaml profile (default: %(default)s)")
+    what = ap.add_mutually_exclusive_group(required=True)
+    what.add_argument("--group", help="train this group's runs (through DVC: only the stale ones train)")
+    what.add_argument("--estimate", action="store_true", help="print runs and estimated wall time per group")
+    what.add_argument("--check", action="store_true", help="validate every profile and run of params.yaml")
+    ap.add_argument("--seeds", type=_seed_list, help="with --group: only its runs of these seeds, e.g. 1, 0,1 or 4-7")
     ap.add_argument("--stamp", type=Path, help="with --check: then write this file (DVC's validate stage output)")
     ap.add_argument("--jobs", type=int, default=0, help="runs side by side (default: the profile's launcher.jobs)")
-    ap.add_argument("--out-dir", type=Path, help="default reports/<profile>/results/<group>")
-    ap.add_argument("--quiet", action="store_true", help="no progress lines")
     args = ap.parse_args(argv)
-    try:
-        params = load_params()
-        if args.check:
-            summary = validate.check_params(params)
-            if args.stamp:
-                validate.write_stamp(args.stamp)
-            print(summary, flush=True)
-            return 0
-        profile = args.profile or params["profile"]
-        if args.estimate:
-            sweep.check_names(profile, params)
-            print(estimate(profile, params), flush=True)
-            return 0
-        if not args.group:
-            ap.error("--group is required (or --estimate)")
-        if args.jobs < 0:                           # was: a pool of -2 processes, a traceback when a run was due
-            raise ValueError(f"--jobs {args.jobs} is invalid: must be >= 0 (0: the profile's launcher.jobs)")
-        specs = sweep.group_specs(profile, args.group, params)
-        if args.seeds:
-            specs = sweep.runs_of_seeds(profile, specs, args.seeds, params)
-        sweep.run_many(profile, specs, args.out_dir or sweep.results_dir(profile, args.group), args.jobs, group=args.group,
-                 progress_every=0 if args.quiet else 5.0)
-    except (ValueError, RuntimeError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    if args.seeds and not args.group:
+        ap.error("--seeds needs --group")
+    if args.stamp and not args.check:
+        ap.error("--stamp needs --check")
+    if args.jobs < 0:
+        ap.error(f"--jobs {args.jobs} is invalid: must be >= 0 (0: the profile's launcher.jobs)")
+    if args.check:
+        summary = validate.check_params(params)
+        if args.stamp:
+            validate.write_stamp(args.stamp)
+        print(summary, flush=True)
+        return 0
+    if args.estimate:
+        print(estimate(args.profile, params), flush=True)
+        return 0
+    if args.profile != params["profile"]:
+        raise ConfigError(f"--profile {args.profile!r} is invalid here: DVC trains this checkout's profile "
+                          f"({params['profile']!r}); run `mapl workspace repro --profile {args.profile}` instead")
+    specs = group_specs(args.profile, args.group, params)
+    if args.seeds:
+        specs = runs_of_seeds(args.profile, specs, args.seeds, params)
+    failed = sweep.sweep(args.profile, [s["name"] for s in specs], args.jobs)
+    if failed:
+        print(f"error: {len(failed)} of {len(specs)} run(s) failed: {', '.join(failed)} (their output is above)",
+              file=sys.stderr)
+        return EXIT_STEP_FAILED
     return 0
 
 

@@ -1,19 +1,4 @@
-"""``mapl train``: one run in one process: every pipeline stage in order, every boundary through its wire.
-
-    mapl train --profile cpu --method mapl --ratio 8 --out reports/results/mapl-8x.json
-
-Rerunning the same command resumes from the checkpoint (``--ckpt``, default checkpoints/<run>.pt);
-``--fresh`` starts over (the checkpoint; a results JSON of another config at ``--out`` is replaced only
-with ``--replace-results``); ``--resume-with-changes`` continues a checkpoint with new learning rates,
-step budget or evaluation settings (``mapl.core.config.RESUMABLE_FIELDS``; recorded in the results).
-Ctrl-C/SIGTERM: the step in flight completes, the checkpoint is written, exit code 130.
-Exit codes (``mapl.base.cli``): 0 done, 1 a bug (traceback), 2 invalid settings, files or output paths (one
-line; ``--debug`` adds the traceback), 4 non-finite values (the last good checkpoint is kept), 130
-interrupted.
-
-The multi-process pipeline (one process per stage) is ``mapl pipeline``; both run the same
-loop (mapl/core/loop.py). ``--help`` documents every flag; profiles live in params.yaml.
-"""
+"""``mapl train``: one run in one process, every stage in order, every boundary through its wire."""
 from __future__ import annotations
 
 import argparse
@@ -23,15 +8,22 @@ from pathlib import Path
 # No torch at import: the CLI parses and validates its flags and config (mapl.core.config needs no torch) before
 # run() imports the engine, so a bad flag costs a start-up, not a torch import.
 from ..base.cli import add_debug_flag, run_cli
-from ..core.config import METHODS, PROJECT_ROOT, RunConfig, load_params, load_run_config, parse_set
+from ..core.config import METHODS, PROJECT_ROOT, ConfigError, RunConfig, load_params, load_run_config, parse_set
 from ..core.model_config import PRESETS
-from ..core.run import check_output_paths, run
+from ..core.run import check_output_paths
 
 __all__ = ["main", "parse_args", "add_run_arguments", "config_from_args", "PROG"]
 
 PROG = "mapl train"
+EXAMPLES = """examples:
+  mapl train --profile cpu --method mapl --ratio 8          # one run; results in reports/results/<run>.json
+  mapl train --profile cpu --method ssn --set train.lr_muon=0.04 --steps 300
+  mapl train --profile cpu --name tiny-P4-mapl-8x-3000steps-s1 --group long --train.steps 3000 --method mapl \\
+      --ratio 8 --train.seed 1                               # a run of params.yaml, as `dvc repro train@<run>` runs it
 
-# ---- CLI ------------------------------------------------------------------------------------------
+Rerunning a command resumes from its checkpoint; Ctrl-C writes the checkpoint and exits 130."""
+
+
 def add_run_arguments(ap: argparse.ArgumentParser, params: dict) -> None:
     """The flags both commands (``mapl train``, ``mapl pipeline``) share."""
     ap.add_argument("--profile", default=params.get("profile", "cpu"), choices=sorted(params.get("profiles", {})),
@@ -45,31 +37,50 @@ def add_run_arguments(ap: argparse.ArgumentParser, params: dict) -> None:
     ap.add_argument("--steps", type=int, help="optimizer steps")
     ap.add_argument("--seed", type=int, help="training seed (init and batch order)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                    help="any other setting, e.g. --set train.lr_muon=0.03 --set compressor.rvq.rounds=4 (repeatable)")
+                    help="any other setting, e.g. --set train.lr_muon=0.03 (repeatable)")
     ap.add_argument("--out", type=Path, help="results JSON (default reports/results/<run>.json)")
-    ap.add_argument("--ckpt", type=Path, help="checkpoint path (default checkpoints/<run>.pt); resumes if present")
+    ap.add_argument("--ckpt", type=Path, help="checkpoint (default checkpoints/<run>.pt); resumes if present")
     ap.add_argument("--fresh", action="store_true", help="ignore and overwrite an existing checkpoint")
     ap.add_argument("--resume-with-changes", action="store_true",
-                    help="resume a checkpoint whose learning rates, step budget, warmup, clipping, weight decay, "
-                         "evaluation settings or schedule differ from this run's (recorded in the results); any "
-                         "other change is refused")
+                    help="resume a checkpoint whose learning rates, budget or evaluation settings differ")
     ap.add_argument("--replace-results", action="store_true",
-                    help="let this run replace a results JSON of another config at --out (refused otherwise)")
-    ap.add_argument("--no-progress", action="store_true", help="no tqdm bar")
+                    help="let this run replace a results JSON of another config at --out")
+    ap.add_argument("--no-progress", action="store_true", help="no progress lines")
     add_debug_flag(ap)
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(prog=PROG, description=__doc__,
+    """The flags, and any ``--SECTION.KEY VALUE`` pairs (how ``dvc.yaml`` writes a run's settings) as ``--set``."""
+    ap = argparse.ArgumentParser(prog=PROG, description="Train one run in this process.", epilog=EXAMPLES,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     add_run_arguments(ap, load_params())
-    return ap.parse_args(argv)
+    ap.add_argument("--name", help="the run's name (default: derived from its settings)")
+    ap.add_argument("--group", help="a run of params.yaml: results in reports/<profile>/results/<GROUP>/<name>.json, "
+                                    "started by the profile's launcher")
+    args, rest = ap.parse_known_args(argv)
+    args.set = [*args.set, *_settings_pairs(rest, ap)]
+    return args
+
+
+def _settings_pairs(rest: list[str], ap: argparse.ArgumentParser) -> list[str]:
+    """``["--train.seed", "1", "--train.flag"]`` -> ``["train.seed=1", "train.flag=true"]`` (a dotted key with no value
+    is a true boolean, as DVC writes one); anything else is argparse's one-line usage error."""
+    out, i = [], 0
+    while i < len(rest):
+        key = rest[i]
+        if not (key.startswith("--") and "." in key):
+            ap.error(f"unrecognized argument {key!r}: settings are --SECTION.KEY VALUE (e.g. --train.seed 1)")
+        has_value = i + 1 < len(rest) and not rest[i + 1].startswith("--")
+        out.append(f"{key[2:]}={rest[i + 1] if has_value else 'true'}")
+        i += 2 if has_value else 1
+    return out
 
 
 def config_from_args(args) -> RunConfig:
     """Flags and ``--set`` values, converted by each field's type (so errors name the field)."""
     over = {"model": args.model, "method": args.method, "ratio": args.ratio, "stages": args.stages,
-            "projector": args.projector, "anchor": args.anchor, "train.steps": args.steps, "train.seed": args.seed}
+            "projector": args.projector, "anchor": args.anchor, "train.steps": args.steps, "train.seed": args.seed,
+            "run_name": getattr(args, "name", None)}
     over = {k: (None if v is None else str(v)) for k, v in over.items()}
     over.update(parse_set(args.set))
     return load_run_config(args.profile, over, from_string=True)
@@ -77,19 +88,31 @@ def config_from_args(args) -> RunConfig:
 
 def _main(argv: list[str]) -> int:
     args = parse_args(argv)
-    cfg = config_from_args(args)
-    # every check that needs no data, before torch loads; the result is discarded, as run() validates
-    # (and hashes) the config as given
-    cfg.validate()
-    out = args.out or PROJECT_ROOT / "reports" / "results" / f"{cfg.name()}.json"
-    ckpt = args.ckpt or PROJECT_ROOT / "checkpoints" / f"{cfg.name()}.pt"
+    cfg = config_from_args(args).validate()          # every check that needs no data, before torch loads
+    if args.group:
+        from ..base.declared_groups import declaration
+        from ..orchestration.groups import results_path
+        from ..orchestration.sweep import checkpoint_path
+        if args.group not in declaration(load_params()).names():
+            raise ConfigError(f"--group {args.group!r} is invalid: allowed the groups params.yaml declares "
+                              f"({', '.join(declaration(load_params()).names())})")
+        out = args.out or results_path(args.profile, cfg.name(), args.group)
+        ckpt = args.ckpt or checkpoint_path(args.profile, cfg.name())
+    else:
+        out = args.out or PROJECT_ROOT / "reports" / "results" / f"{cfg.name()}.json"
+        ckpt = args.ckpt or PROJECT_ROOT / "checkpoints" / f"{cfg.name()}.pt"
     check_output_paths(out, ckpt)
     if args.fresh:
         from ..core.checkpoint import CheckpointSlot   # torch: after the config and paths are validated
         CheckpointSlot(ckpt).remove()
-    res = run(cfg, out=out, ckpt=ckpt, progress=not args.no_progress, resume_with_changes=args.resume_with_changes,
-              replace_results=args.replace_results)
-    print(json.dumps({k: res[k] for k in ("run", "val_loss", "tokens", "tokens_per_s", "ratio")}))
+    from ..orchestration.sweep import train_one
+    spec = {**parse_set(args.set), **{k: v for k, v in vars(args).items()
+                                      if k in ("model", "method", "ratio", "stages", "projector", "anchor") and v}}
+    res = train_one(args.profile, cfg, spec, out, ckpt, every_s=0 if args.no_progress else 5.0,
+                    by_launcher=bool(args.group), resume_with_changes=args.resume_with_changes,
+                    replace_results=args.replace_results)
+    if res is not None:
+        print(json.dumps({k: res[k] for k in ("run", "val_loss", "tokens", "tokens_per_s", "ratio")}))
     return 0
 
 

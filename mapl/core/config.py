@@ -329,6 +329,21 @@ def config_diff(old: dict, new: dict, prefix: str = "") -> dict[str, tuple]:
 
 
 # ---- params.yaml and overrides -------------------------------------------------------------------
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a key written twice in one mapping (plain YAML keeps the last silently: a run
+    listed twice, or a setting given twice, would change without a word). Keys merged in with ``<<`` may be
+    overridden, as YAML intends."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep) if key_node.tag != "tag:yaml.org,2002:merge" else None
+            if key is not None and key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
 def load_params(path: Path | None = None) -> dict:
     """The project's ``params.yaml`` (profiles), with a one-line error when missing or malformed."""
     path = Path(path) if path else PROJECT_ROOT / "params.yaml"
@@ -338,7 +353,7 @@ def load_params(path: Path | None = None) -> dict:
         raise ConfigError(f"{path} not found: the profiles live in the project's params.yaml "
                           "(run from a full checkout)") from None
     try:
-        params = yaml.safe_load(text)
+        params = yaml.load(text, Loader=_UniqueKeyLoader)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -383,9 +398,9 @@ def apply_overrides(tree: dict, overrides: dict, from_string: bool = False) -> d
     return tree
 
 
-# groups (run specs), method_overrides (tuned settings) and launcher (how runs are started) are read by
-# mapl.orchestration.sweep; they are not fields of one run
-_PROFILE_KEYS = {f.name for f in fields(RunConfig)} - {"profile"} | {"groups", "method_overrides", "launcher"}
+# runs (the profile's run specs, mapl.orchestration.groups), method_overrides (tuned settings) and launcher (how runs
+# are started, mapl.orchestration.sweep) are not fields of one run
+_PROFILE_KEYS = {f.name for f in fields(RunConfig)} - {"profile"} | {"runs", "method_overrides", "launcher"}
 
 
 def load_run_config(profile: str, overrides: dict | None = None, params: dict | None = None,
@@ -399,11 +414,10 @@ def load_run_config(profile: str, overrides: dict | None = None, params: dict | 
     profiles = params["profiles"]
     if profile not in profiles:
         refuse("profile", profile, f"allowed: {sorted(profiles)}")
-    tree = json.loads(json.dumps(profiles[profile] or {}))               # a deep copy
+    tree = json.loads(json.dumps({k: v for k, v in (profiles[profile] or {}).items() if k != "runs"}))  # a deep copy
     unknown = sorted(set(tree) - _PROFILE_KEYS)
     if unknown:
         raise ConfigError(f"profiles.{profile}: unknown key(s) {unknown}; allowed: {sorted(_PROFILE_KEYS)}")
-    tree.pop("groups", None)
     tree.pop("launcher", None)
     tuned = tree.pop("method_overrides", None) or {}
     overrides = {k: v for k, v in (overrides or {}).items() if v is not None}

@@ -10,8 +10,8 @@ at every stage boundary, and only the projectors A_p and the factorized anchors 
     unconstrained    learned without the constraint (Muon, the ablation's optimiser)
 
 The study is ``frozen_trunk.<profile>`` in params.yaml (:func:`settings`): the seeds, the trunk's
-run spec (an uncompressed run, trained by :func:`mapl.orchestration.sweep.run_many` like any group, so it
-is restored from its checkpoint when one exists), the spec of the boundary training (a mapl run: its
+run spec (an uncompressed run, trained by :func:`mapl.orchestration.sweep.train_pool`, so it resumes from its
+checkpoint when one exists), the spec of the boundary training (a mapl run: its
 method's tuned settings, its own warm-up and decay), the projectors, and ``tune``: per projector, overrides
 of the boundary spec to try. The step sizes were tuned for joint training, where A_p moves with a trunk
 that moves too; on a frozen trunk a learned projector's best step size can differ, and the comparison is
@@ -22,7 +22,7 @@ choice never saw.
 
 Every boundary run is one process of a spawn pool (the profile's ``launcher.jobs`` side by side) and
 writes its results JSON as soon as it ends, so an interrupted study resumes where it stopped
-(:func:`current`). Everything goes to ``reports/<profile>/frozen-trunk/``: ``trunks/<run>.json``, the
+(:func:`current`; DVC reruns the whole study when its code or settings change). Everything goes to ``reports/<profile>/frozen-trunk/``: ``trunks/<run>.json``, the
 candidates of the first seed under ``tune/``, ``tuning.json``, and one ``frozen-<run>.json`` per seed and
 projector (the first seed's: a copy of its winning candidate; read by :mod:`mapl.report.frozen`).
 
@@ -39,10 +39,10 @@ from pathlib import Path
 from ..base.io import atomic_write_bytes, atomic_write_json, read_json_object
 from ..core.config import PROJECT_ROOT, PROJECTORS, ConfigError, RunConfig, config_hash, load_params
 from ..core.fingerprint import code_fingerprint
-from . import reuse, sweep
+from . import sweep
 
 __all__ = ["STUDIED", "TRAINABLE", "FrozenTrunkSettings", "settings", "study_dir", "trunk_specs", "trunk_configs",
-           "boundary_config", "candidates", "choose", "study_fingerprint", "current", "frozen_engine", "train_frozen",
+           "boundary_config", "candidates", "choose", "current", "frozen_engine", "train_frozen",
            "run_study"]
 
 STUDIED = ("spel", "fixed", "unconstrained")
@@ -174,20 +174,10 @@ def choose(results: list[dict]) -> int:
     return min(scored)[1]
 
 
-def study_fingerprint() -> str:
-    """The training code's fingerprint and this module's content (its loop computes the boundary runs' numbers,
-    and orchestration is not among the fingerprinted sources): a boundary run is current only under both."""
-    import hashlib
-    own = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
-    return f"{code_fingerprint()}+{own}"
-
-
-def current(out: Path, cfg: RunConfig, trunk: RunConfig, fingerprint: str, root: Path = PROJECT_ROOT) -> bool:
-    """The boundary run's results at ``out`` are current for this config and training code
-    (:func:`mapl.orchestration.reuse.results_current`) and were trained on this trunk."""
+def current(out: Path, cfg: RunConfig, trunk: RunConfig) -> bool:
+    """The boundary run's results at ``out`` are of this config and were trained on this trunk."""
     res = read_json_object(out)
-    return (reuse.results_current(out, cfg, fingerprint, root)
-            and (res.get("trunk") or {}).get("config_hash") == config_hash(trunk))
+    return sweep.same_config(out, cfg) and (res.get("trunk") or {}).get("config_hash") == config_hash(trunk)
 
 
 def frozen_engine(cfg: RunConfig, trunk_state: dict):
@@ -273,7 +263,7 @@ def _worker(task: _Task) -> dict:
 
 
 def _trunks(profile: str, st: FrozenTrunkSettings, params: dict, root: Path, log) -> list[tuple[RunConfig, Path, float]]:
-    """(config, checkpoint, val loss) of every trunk, trained (or restored) by the sweep first. A trunk whose
+    """(config, checkpoint, val loss) of every trunk, trained first. A trunk whose
     results are here but whose checkpoint is gone is trained again: the study needs its weights."""
     specs, cfgs = trunk_specs(st), trunk_configs(profile, st, params)
     out_dir = study_dir(profile, root) / "trunks"
@@ -281,7 +271,7 @@ def _trunks(profile: str, st: FrozenTrunkSettings, params: dict, root: Path, log
     for cfg, ckpt in zip(cfgs, ckpts):
         if not ckpt.exists():
             (out_dir / f"{cfg.name()}.json").unlink(missing_ok=True)
-    sweep.run_many(profile, specs, out_dir, log=log, group="frozen-trunk trunks", progress_every=0)
+    sweep.train_pool(profile, specs, out_dir)
     return [(c, k, read_json_object(out_dir / f"{c.name()}.json")["val_loss"]) for c, k in zip(cfgs, ckpts)]
 
 
@@ -300,7 +290,7 @@ def _run_tasks(tasks: list[_Task], workers: int, log) -> list[dict]:
 
 def _split_current(tasks: list[_Task], root: Path) -> tuple[list[dict], list[_Task]]:
     """(status of the tasks whose results are current, the tasks left to train)."""
-    done = [t for t in tasks if current(t.out, t.cfg, t.trunk, t.fingerprint, root)]
+    done = [t for t in tasks if current(t.out, t.cfg, t.trunk)]
     return [{"run": t.cfg.name(), "skipped": "current"} for t in done], [t for t in tasks if t not in done]
 
 
@@ -324,7 +314,7 @@ def run_study(profile: str, params: dict | None = None, root: Path = PROJECT_ROO
         (out_dir / ".gitkeep").write_text("")
         log(f"frozen_trunk.{profile} has no seeds: nothing to run")
         return []
-    fingerprint = study_fingerprint()
+    fingerprint = code_fingerprint()
     trunks = _trunks(profile, st, params, root, log)
     workers = jobs or sweep.launcher_config(profile, params).jobs or 1
     first = st.seeds[0]
@@ -358,7 +348,7 @@ def run_study(profile: str, params: dict | None = None, root: Path = PROJECT_ROO
                                        for t, r in zip(ts, results)]}
         log(f"  {proj}: tuned on seed {first}'s selection split -> {best.override or 'the boundary spec'}")
         final = task(first, proj, best.override, trunks[0], out_dir)
-        if not current(final.out, final.cfg, final.trunk, fingerprint, root) and best.out.exists():
+        if not current(final.out, final.cfg, final.trunk) and best.out.exists():
             atomic_write_bytes(final.out, best.out.read_bytes())   # the same config on the same trunk: the same numbers
         winners += [final] + [task(s, proj, best.override, tr, out_dir) for s, tr in zip(st.seeds[1:], trunks[1:])]
     if tune_tasks:

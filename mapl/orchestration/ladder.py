@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from ..base.settings import ConfigError, build, check_fields, setting
 from ..core.config import load_params
 from ..core.model_config import PRESETS, count_params
-from .groups import group_runs, spec_config
+from .groups import group_specs, spec_config
 
 __all__ = ["LadderSettings", "ladder_settings", "ladder_steps", "check_ladder", "LADDER_GROUPS"]
 
@@ -62,9 +62,8 @@ def check_ladder(profile: str, params: dict | None = None) -> int:
     st = ladder_settings(params)
     checked = 0
     for group in LADDER_GROUPS:
-        if group not in (params["profiles"][profile].get("groups") or {}):
-            continue
-        for where, spec in group_runs(profile, group, params):
+        for spec in group_specs(profile, group, params):
+            where = f"profiles.{profile}.runs.{spec['name']}"
             cfg = spec_config(profile, spec, params)
             if cfg.model not in st.rungs and profile != "micro":
                 raise ConfigError(f"{where}: model={cfg.model!r} is not a rung of params.yaml ladder.rungs "

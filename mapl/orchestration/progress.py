@@ -1,11 +1,9 @@
-"""Progress lines of run groups, and how long a group will take.
+"""Progress lines of runs, and how long runs will take.
 
 Lines go to fd 2 in one ``write`` each, so lines of runs side by side never interleave and they reach
 the terminal even from the worker processes of a notebook's kernel (ipykernel echoes fd 2 output)::
 
-    group main: 11 run(s): 0 current, 0 copied, 0 to restore, 0 to resume, 11 to train
-    run 3 of 11 tiny-P4-ssn-8x-s0 step 120/300 loss 4.512 ETA 0:42
-    group main: run 3 of 11 tiny-P4-ssn-8x-s0 val 4.1386; 4 of 11 done in 4:10, ETA 7:12
+    tiny-P4-ssn-8x-s0 step 120/300 loss 4.512 ETA 0:42
 
 The estimate is fitted to what this machine's committed runs took, trained two side by side as ``dvc repro``
 trains them (see ``STEP_S`` and ``CORE_S_PER_TOKEN_PARAM``); ``mapl sweep --estimate`` prints it per group.
@@ -26,7 +24,7 @@ from ..core.model_config import count_params
 __all__ = ["CORE_S_PER_TOKEN_PARAM", "STEP_S", "RVQ_SLOWDOWN", "RUN_OVERHEAD_S", "LAUNCH_OVERHEAD_S", "UNPREPARED_EVAL_TOKENS",
            "estimate_core_seconds", "eval_tokens", "eval_split_guessed",
            "committed_data_only", "estimate_group", "hms", "emit", "StepProgress",
-           "named_warnings", "GroupClock"]
+           "named_warnings"]
 
 # A run's seconds = RUN_OVERHEAD_S + STEP_S per step + CORE_S_PER_TOKEN_PARAM per (token x parameter), an
 # evaluation token a third of a training one. The two rates are a relative least-squares fit to the train_wall_s
@@ -137,8 +135,8 @@ def emit(line: str) -> None:
 class StepProgress:
     """``on_step`` callback of one run: a line every ``every_s`` seconds of work, and at the end."""
 
-    def __init__(self, k: int, n: int, name: str, every_s: float):
-        self.k, self.n, self.name, self.every_s = k, n, name, every_s
+    def __init__(self, name: str, every_s: float):
+        self.name, self.every_s = name, every_s
         self.t0 = self.step0 = self.last = self.step = None
 
     def __call__(self, step: int, steps: int, loss: float) -> None:
@@ -151,7 +149,7 @@ class StepProgress:
         self.last = now
         rate = (step - self.step0) / (now - self.t0) if now > self.t0 and step > self.step0 else 0.0
         eta = hms((steps - step) / rate) if rate else "?"
-        emit(f"run {self.k} of {self.n} {self.name} step {step}/{steps} loss {loss:.3f} ETA {eta}")
+        emit(f"{self.name} step {step}/{steps} loss {loss:.3f} ETA {eta}")
 
 
 @contextmanager
@@ -167,21 +165,3 @@ def named_warnings(run: str, progress: StepProgress | None = None):
     with warnings.catch_warnings():
         warnings.showwarning = show
         yield
-
-
-class GroupClock:
-    """The group's ETA after each finished run, from estimated work done so far vs the time it took."""
-
-    def __init__(self, group: str, jobs: list):
-        self.group, self.t0 = group, time.monotonic()
-        self.work = {j.k: estimate_core_seconds(j.cfg, j.start_step) for j in jobs}
-        self.done: list[int] = []
-
-    def finished(self, job, status: str) -> None:
-        self.done.append(job.k)
-        spent = time.monotonic() - self.t0
-        done_w = sum(self.work[k] for k in self.done)
-        left_w = sum(self.work.values()) - done_w
-        eta = hms(spent * left_w / done_w) if done_w and left_w else "0:00"
-        emit(f"group {self.group}: run {job.k} of {job.n} {job.name} {status}; {len(self.done)} of "
-             f"{len(self.work)} done in {hms(spent)}, ETA {eta}")

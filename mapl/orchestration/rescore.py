@@ -232,7 +232,7 @@ def retrain_missing(profile: str, group: str, params: dict | None = None, root: 
              if spec_config(profile, spec, params).run_name in missing]
     scratch = rescore_dir(profile, root) / ".retrain" / group
     log(f"rescore: training {len(specs)} run(s) of {group} again for their checkpoints (results to {scratch})")
-    sweep.run_many(profile, specs, scratch, log=log, group=group)
+    sweep.train_pool(profile, specs, scratch)
     for cfg, res in _runs(profile, group, params, root):
         if cfg.run_name not in missing or res is None:
             continue
@@ -241,7 +241,7 @@ def retrain_missing(profile: str, group: str, params: dict | None = None, root: 
             raise RescoreError(f"{cfg.run_name}: trained again, validation loss "
                                f"{None if again is None else again.get('val_loss')!r} against the committed "
                                f"{res.get('val_loss')!r}: this machine computes another draw; retrain the group "
-                               f"(dvc repro -s train@{group}) before rescoring it")
+                               f"(mapl sweep --group {group}) before rescoring it")
 
 
 def rescore_group(profile: str, group: str, params: dict | None = None, root: Path = PROJECT_ROOT,
@@ -254,7 +254,7 @@ def rescore_group(profile: str, group: str, params: dict | None = None, root: Pa
     unfinished = [cfg.run_name for cfg, res in runs if res is None or res.get("val_loss") is None]
     if unfinished:
         raise RescoreError(f"group {group} of profile {profile}: {len(unfinished)} run(s) have no results "
-                           f"({unfinished[0]}, ...): train it first (dvc repro -s train@{group})")
+                           f"({unfinished[0]}, ...): train it first (mapl sweep --group {group})")
     missing = set(missing_checkpoints(profile, group, params, root))
     path = rescore_dir(profile, root) / f"{group}.json"
     entries = dict((read_json_object(path) or {}).get("runs", {}))

@@ -1,11 +1,10 @@
 """params.yaml as a whole, validated before DVC touches an output (dvc.yaml's first stage, ``validate``).
 
-DVC removes a stage's outputs before its command runs, so one bad value would delete a group's committed
-results and fail inside a notebook. ``mapl sweep --check --stamp reports/params-valid.txt`` runs
-:func:`check_params` first; every other stage depends on the stamp it writes. The check reads every part
-of the file that training reads: the group declaration, the named budgets, each profile's settings, launcher
-and runs, the frozen-trunk studies, the scale ladder's budget rule and the groups to rescore; so this module sits
-above the sweep and the frozen-trunk study, and nothing in orchestration imports it.
+DVC removes a stage's outputs before its command runs, so one bad value would delete committed results and fail
+deep inside a stage. ``mapl sweep --check --stamp reports/params-valid.txt`` runs :func:`check_params` first; every
+other stage depends on the stamp it writes. The check reads every part of the file that training reads: the group
+declaration, the named budgets, each profile's settings, launcher and runs, the frozen-trunk studies, the scale
+ladder's budget rule and the groups to rescore.
 """
 from __future__ import annotations
 
@@ -14,48 +13,41 @@ from pathlib import Path
 from ..base.declared_groups import declaration
 from ..core.config import ConfigError, load_params, load_run_config
 from .frozen_trunk import settings as frozen_trunk_settings
-from .groups import check_budgets, check_names, group_names, group_runs, spec_config
+from .groups import check_budgets, check_runs
 from .ladder import check_ladder
 from .rescore import declared_groups as rescored_groups
 from .sweep import launcher_config
 
 __all__ = ["STAMP_TEXT", "check_params", "write_stamp"]
 
-# a DVC output every stage depends on: its text names the old spelling of `mapl sweep --check` because a new text
-# would make DVC rerun every stage
-STAMP_TEXT = ("params.yaml passed `python -m mapl.sweep --check` (DVC's validate stage; the same text every time, so "
-              "that a params edit reruns only the stages whose params changed)\n")
+# the same text every time, so that a params edit reruns only the stages whose params changed
+STAMP_TEXT = "params.yaml passed `mapl sweep --check` (DVC's validate stage)\n"
 
 
 def check_params(params: dict | None = None) -> str:
-    """Every profile of params.yaml as training reads it: the declared groups, the named budgets, the profile's own
-    settings, its launcher and every run of every group, validated (as far as can be without the data) and named uniquely;
-    the top-level ``profile:`` must name one. Raises ``ConfigError`` (one line naming the key); returns a
-    summary line."""
+    """Every profile of params.yaml as training reads it; the top-level ``profile:`` must name one and ``runs:`` be
+    its runs. Raises ``ConfigError`` (one line naming the key); returns a summary line."""
     params = params or load_params()
     profiles = params["profiles"]
-    if params.get("profile") not in profiles:
-        raise ConfigError(f"profile={params.get('profile')!r} (the top-level `profile:` of params.yaml) is invalid: "
+    profile = params.get("profile")
+    if profile not in profiles:
+        raise ConfigError(f"profile={profile!r} (the top-level `profile:` of params.yaml) is invalid: "
                           f"allowed {sorted(profiles)}")
+    if params.get("runs") != (profiles[profile] or {}).get("runs"):
+        raise ConfigError(f"runs (the top-level `runs:` of params.yaml, what DVC trains) is invalid: it must be the "
+                          f"profile's runs: `runs: *runs_{profile}`")
     declared = declaration(params)
     check_budgets(params)
     runs = 0
-    for profile in profiles:
-        load_run_config(profile, params=params).validate()
-        launcher_config(profile, params)
-        for group in group_names(profile, params):
-            for where, spec in group_runs(profile, group, params):
-                try:
-                    spec_config(profile, spec, params).validate()
-                except ConfigError as e:
-                    raise ConfigError(f"{where} ({spec}): {e}") from None
-                runs += 1
-        check_names(profile, params)
-        frozen_trunk_settings(profile, params)
-        check_ladder(profile, params)
-        rescored_groups(profile, params)
+    for name in profiles:
+        load_run_config(name, params=params).validate()
+        launcher_config(name, params)
+        runs += check_runs(name, params)
+        frozen_trunk_settings(name, params)
+        check_ladder(name, params)
+        rescored_groups(name, params)
     return (f"params.yaml: {len(declared.names())} groups in {len(declared.studies())} studies, {len(profiles)} "
-            f"profiles, {runs} runs in their groups, every setting valid")
+            f"profiles, {runs} runs, every setting valid")
 
 
 def write_stamp(path: Path) -> None:

@@ -21,7 +21,7 @@ marker ``.git/mapl-workspace`` says so); anything else is refused before anythin
 SIGINT or SIGTERM stops every process in the copy (SIGTERM first, so training runs write their
 checkpoints; SIGKILL after 30 s) and removes a temporary copy (not ``--keep``, not ``--dir``).
 
-    mapl workspace repro --profile paper --dir ../mapl-paper train@main
+    mapl workspace repro --profile paper --dir ../mapl-paper train@150M-P4-mapl
                                                 # only these DVC stages (and what they depend on)
 
 Exit codes: 0 done; 2 an invalid ``--profile``, ``--dir`` or stage, a broken params.yaml or a bad flag
@@ -137,8 +137,9 @@ def make_copy(dest: Path, profile: str, root: Path = PROJECT_ROOT, env: dict | N
         shutil.copy2(Path(root) / rel, target)
     params = dest / "params.yaml"
     text, n = re.subn(r"(?m)^profile:\s*\S+", f"profile: {profile}", params.read_text(), count=1)
-    if n != 1:
-        raise ValueError(f"{params}: no top-level `profile:` line to set to {profile!r}")
+    text, m = re.subn(r"(?m)^runs:\s*\*\S+", f"runs: *runs_{profile}", text, count=1)
+    if n != 1 or m != 1:
+        raise ValueError(f"{params}: no top-level `profile:` and `runs: *runs_<profile>` lines to set to {profile!r}")
     params.write_text(text)
     env = env or tool_env(root, dest)
     _run(["git", "init", "-q"], dest, env, capture=True)
@@ -200,9 +201,10 @@ def repro(profile: str, root: Path = PROJECT_ROOT, copy_back: bool = False, keep
     copy's. Returns the captured output or ''."""
     _check_profile(profile, root)
     targets = list(targets or [])
-    unknown = sorted(set(targets) - set(stage_names(root)))
+    unknown = sorted(set(targets) - set(stage_names(root, profile)))
     if unknown:
-        raise ValueError(f"stage {unknown[0]!r} is invalid: allowed {stage_names(root)} (dvc.yaml)")
+        raise ValueError(f"stage {unknown[0]!r} is invalid: allowed the stages of dvc.yaml (e.g. train, train@<run>, "
+                         "report)")
     if copy_back and profile == _default_profile(root):
         raise ValueError(f"--profile {profile!r} is this checkout's default: run `dvc repro` here instead of "
                          "copying its reports back")
@@ -222,19 +224,18 @@ def repro(profile: str, root: Path = PROJECT_ROOT, copy_back: bool = False, keep
     return log
 
 
-def stage_names(root: Path = PROJECT_ROOT) -> list[str]:
-    """The DVC stages of dvc.yaml as ``dvc repro`` names them: ``stage``, and ``stage@item`` for each item of a
-    ``foreach`` over a list of params.yaml (the groups); ``stage`` alone there names all of its items."""
+def stage_names(root: Path = PROJECT_ROOT, profile: str = "") -> list[str]:
+    """The DVC stages of dvc.yaml as ``dvc repro`` names them in a copy on ``profile`` (default: this checkout's):
+    ``stage``, and ``train@<run>`` for each of the profile's runs; ``train`` alone names all of them."""
     import yaml
 
     from ..core.config import load_params
     params, names = load_params(Path(root) / "params.yaml"), []
+    runs = (params["profiles"].get(profile or params["profile"]) or {}).get("runs") or {}
     for name, stage in yaml.safe_load((Path(root) / "dvc.yaml").read_text())["stages"].items():
         names.append(name)
-        over = stage.get("foreach")
-        if isinstance(over, str) and re.fullmatch(r"\$\{\w+\}", over):
-            items = params.get(over[2:-1]) or []
-            names += [f"{name}@{item}" for item in (items if isinstance(items, list) else list(items))]
+        if stage.get("foreach") == "${runs}":
+            names += [f"{name}@{run}" for run in runs]
     return names
 
 
@@ -336,7 +337,7 @@ def main(argv=None) -> int:
     rp.add_argument("--profile", required=True)
     rp.add_argument("--copy-back", action="store_true", help="copy reports/<profile>/ back into this checkout")
     rp.add_argument("targets", nargs="*", metavar="STAGE",
-                    help="DVC stages to reproduce, e.g. train@main (default: all); what they depend on runs first")
+                    help="DVC stages to reproduce, e.g. train@150M-P4-mapl (default: all); what they depend on runs first")
     rp.add_argument("--dir", type=Path, help="a lasting workspace (created or refreshed, never removed): its "
                                              "checkpoints survive, so a rerun resumes (the paper profile)")
     vf = sub.add_parser("verify", help="re-execute the report from the committed results; fail on differences")

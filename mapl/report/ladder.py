@@ -221,9 +221,11 @@ def _slope_line(ax, fit: dict, measured: Sequence[float]) -> None:
 
 def ladder_tuning_table(rows_all: Sequence[dict]) -> Table:
     """Every run of the ladder's tuning (study ``ladder_tune``): per rung and method, each Muon learning rate's
-    selection-split loss at the rung's budget, the winner marked, and whether it lies inside the grid."""
-    groups = set(declared().groups_of("ladder_tune"))
-    tune = [r for r in rows_all if r["group"] in groups]
+    selection-split loss at the rung's budget, the winner marked, and whether it lies inside the grid. A winner is
+    trained once, as the ladder's seed-0 run: its row is read from there."""
+    decl = declared()
+    tuning, winners = set(decl.groups_of("ladder_tune")), set(decl.groups_of("ladder"))
+    tune = [r for r in rows_all if r["group"] in tuning or (r["group"] in winners and r["seed"] == 0)]
     body, edges = [], []
     for model in sorted({r["model"] for r in tune}, key=lambda m: rung_params(m) or 0):
         for method in ("none", "ssn", "mapl"):
