@@ -8,7 +8,7 @@ from pathlib import Path
 from ..base.cli import EXIT_STEP_FAILED, run_cli
 from ..core.config import ConfigError, load_params
 from ..orchestration import sweep, validate
-from ..orchestration.groups import group_specs, runs_of_seeds
+from ..orchestration.groups import group_specs, runs_of_seeds, write_configs
 
 __all__ = ["main", "estimate"]
 
@@ -49,7 +49,7 @@ def _main(argv=None) -> int:
     what.add_argument("--estimate", action="store_true", help="print runs and estimated wall time per group")
     what.add_argument("--check", action="store_true", help="validate every profile and run of params.yaml")
     ap.add_argument("--seeds", type=_seed_list, help="with --group: only its runs of these seeds, e.g. 1, 0,1 or 4-7")
-    ap.add_argument("--stamp", type=Path, help="with --check: then write this file (DVC's validate stage output)")
+    ap.add_argument("--stamp", type=Path, help="with --check: then write every run's resolved config and this file (DVC's validate stage)")
     ap.add_argument("--jobs", type=int, default=0, help="runs side by side (default: the profile's launcher.jobs)")
     args = ap.parse_args(argv)
     if args.seeds and not args.group:
@@ -61,6 +61,7 @@ def _main(argv=None) -> int:
     if args.check:
         summary = validate.check_params(params)
         if args.stamp:
+            write_configs(params["profile"], params)
             validate.write_stamp(args.stamp)
         print(summary, flush=True)
         return 0

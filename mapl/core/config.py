@@ -39,7 +39,7 @@ __all__ = ["METHODS", "PROJECTORS", "ANCHORS", "SCHEDULES", "PRECISIONS", "RVQ_S
            "POLAR_METHODS", "CHECKPOINTING_MODES", "NORM_CASTS",
            "ConfigError", "setting", "AnchorConfig", "ProjectorConfig", "SPELConfig", "RVQConfig",
            "CompressorConfig", "TrainConfig", "RunConfig", "PROJECT_ROOT", "RESUMABLE_FIELDS", "EXECUTION_FIELDS",
-           "load_params", "load_run_config", "apply_overrides", "parse_set", "config_hash", "config_diff",
+           "load_params", "load_run_config", "apply_overrides", "parse_set", "config_hash", "hashed_config", "config_diff",
            "check_fields", "coerce"]
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -299,7 +299,8 @@ class RunConfig:
         return asdict(self)
 
 
-def _normalised(cfg: RunConfig) -> dict:
+def hashed_config(cfg: RunConfig) -> dict:
+    """The config without the fields that change no number (execution fields, defaults hashed only when set)."""
     d = cfg.to_dict()
     for dotted in (*EXECUTION_FIELDS, *HASHED_WHEN_SET):
         *path, last = dotted.split(".")
@@ -313,7 +314,7 @@ def _normalised(cfg: RunConfig) -> dict:
 
 def config_hash(cfg: RunConfig) -> str:
     """Hash of everything that changes the numbers (not the run name, profile or checkpoint cadence)."""
-    return hashlib.sha256(json.dumps(_normalised(cfg), sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return hashlib.sha256(json.dumps(hashed_config(cfg), sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def config_diff(old: dict, new: dict, prefix: str = "") -> dict[str, tuple]:

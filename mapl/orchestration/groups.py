@@ -10,13 +10,16 @@ default profile's runs (``runs: *runs_cpu``): the mapping dvc.yaml's train stage
 """
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 
 from ..base.declared_groups import declaration
-from ..core.config import METHODS, PROJECT_ROOT, ConfigError, RunConfig, RVQConfig, load_params, load_run_config
+from ..base.io import atomic_write_text
+from ..core.config import (METHODS, PROJECT_ROOT, ConfigError, RunConfig, RVQConfig, config_hash, hashed_config,
+                           load_params, load_run_config)
 
-__all__ = ["BUDGETS", "results_dir", "results_path", "profile_runs", "group_names", "group_specs", "runs_of_seeds",
+__all__ = ["BUDGETS", "results_dir", "results_path", "config_path", "config_record", "write_configs", "profile_runs", "group_names", "group_specs", "runs_of_seeds",
            "check_budgets", "check_runs", "run_name", "spec_config"]
 
 BUDGETS = "budgets"                  # params.yaml's named budgets, merged into run specs by YAML (`<<: *name`)
@@ -30,6 +33,29 @@ def results_dir(profile: str, group: str, root: Path = PROJECT_ROOT) -> Path:
 def results_path(profile: str, name: str, group: str, root: Path = PROJECT_ROOT) -> Path:
     """Where run ``name`` of ``group`` writes its results JSON (the output of DVC's ``train@<name>``)."""
     return results_dir(profile, group, root) / f"{name}.json"
+
+
+def config_path(profile: str, name: str, root: Path = PROJECT_ROOT) -> Path:
+    """``reports/<profile>/configs/<name>.json``: the run's resolved config, what its DVC stage depends on."""
+    return Path(root) / "reports" / profile / "configs" / f"{name}.json"
+
+
+def config_record(cfg: RunConfig, group: str) -> str:
+    """The JSON text of a run's resolved config: every field that changes its numbers (so DVC retrains exactly the
+    runs whose config an edit of params.yaml changes, whichever part of the file the change was in)."""
+    record = {"run": cfg.name(), "group": group, "config_hash": config_hash(cfg), "config": hashed_config(cfg)}
+    return json.dumps(record, indent=1, sort_keys=True, default=str) + "\n"
+
+
+def write_configs(profile: str, params: dict, root: Path = PROJECT_ROOT) -> int:
+    """Write :func:`config_record` of every run of ``profile`` (DVC's validate stage); returns how many."""
+    runs = profile_runs(profile, params)
+    for name, spec in runs.items():
+        path = config_path(profile, name, root)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, config_record(spec_config(profile, {"name": name, **spec}, params).validate(),
+                                              spec["group"]))
+    return len(runs)
 
 
 def profile_runs(profile: str, params: dict | None = None) -> dict[str, dict]:
