@@ -10,8 +10,8 @@ How a profile's runs start is ``profiles.<p>.launcher``:
   ``torchrun`` works the same way.
 
 DVC decides which runs are stale; ``mapl sweep --group G`` only runs ``dvc repro --single-item train@<run>`` for the
-group's runs, ``jobs`` at a time (DVC holds its lock only while it reads and writes dvc.lock, not while a stage's
-command runs). The frozen-trunk study and the rescoring train runs outside DVC's stages with :func:`train_pool`.
+group's runs side by side (DVC holds its lock only while it reads and writes dvc.lock, not while a stage's command
+runs). The frozen-trunk study and the rescoring train runs outside DVC's stages with :func:`train_pool`.
 """
 from __future__ import annotations
 
@@ -177,29 +177,36 @@ def train_pool(profile: str, specs: list[dict], out_dir: Path, jobs: int = 0, ev
 
 # ---- many runs through DVC -------------------------------------------------------------------------
 def sweep(profile: str, names: list[str], jobs: int = 0, root: Path = PROJECT_ROOT) -> list[str]:
-    """``dvc repro --single-item train@<name>`` for every name, ``jobs`` at a time (0: the profile's launcher.jobs;
-    launched runs one at a time), after ``dvc repro prepare``; DVC skips the runs that are current. Returns the
-    names that failed."""
-    launcher = launcher_config(profile)
-    workers = max(1, min(jobs or (launcher.jobs if launcher.kind == "pool" else 1), len(names)))
+    """``dvc repro --single-item train@<name>`` for every name (after ``dvc repro prepare``); DVC skips the runs
+    that are current. Side by side: ``jobs`` at a time (0: the profile's launcher.jobs), or on a GPU machine each
+    run as soon as its P GPUs are free (``CUDA_VISIBLE_DEVICES`` set to them). Returns the names that failed."""
+    params = load_params(Path(root) / "params.yaml")
+    launcher, runs = launcher_config(profile, params), profile_runs(profile, params)
+    need = {n: spec_config(profile, {"name": n, **runs[n]}, params).stages if launcher.gpus else 1 for n in names}
+    too_big = [n for n, k in need.items() if launcher.gpus and k > launcher.gpus]
+    if too_big:
+        raise ConfigError(f"run {too_big[0]} needs {need[too_big[0]]} GPUs (one per stage) but "
+                          f"profiles.{profile}.launcher.gpus={launcher.gpus}")
+    slots = launcher.gpus or jobs or (launcher.jobs if launcher.kind == "pool" else 1)
     dvc = [sys.executable, "-m", "dvc", "repro"]
     if subprocess.run([*dvc, "prepare"], cwd=root).returncode:
         raise RuntimeError("`dvc repro prepare` failed (its output is above): the runs need their data")
-    queue, failed, lock = list(names), [], threading.Lock()
+    free, failed, cond, threads = list(range(slots)), [], threading.Condition(), []
 
-    def worker() -> None:
-        while True:
-            with lock:
-                if not queue:
-                    return
-                name = queue.pop(0)
-            if subprocess.run([*dvc, "--single-item", f"train@{name}"], cwd=root).returncode:
-                with lock:
-                    failed.append(name)
+    def one(name: str, taken: list[int]) -> None:
+        env = {**os.environ, **({"CUDA_VISIBLE_DEVICES": ",".join(map(str, taken))} if launcher.gpus else {})}
+        code = subprocess.run([*dvc, "--single-item", f"train@{name}"], cwd=root, env=env).returncode
+        with cond:
+            failed.extend([name] if code else [])
+            free.extend(taken)
+            cond.notify_all()
 
-    threads = [threading.Thread(target=worker, daemon=True) for _ in range(workers)]
-    for t in threads:
-        t.start()
+    for name in names:
+        with cond:
+            cond.wait_for(lambda: len(free) >= need[name])
+            taken, free[:] = sorted(free)[:need[name]], sorted(free)[need[name]:]
+        threads.append(threading.Thread(target=one, args=(name, taken), daemon=True))
+        threads[-1].start()
     for t in threads:
         t.join()
     return failed
