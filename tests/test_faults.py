@@ -590,7 +590,8 @@ def results_steps(steps: int, resumed: bool = False) -> Callable:
     return after
 
 
-WS_CKPT = "checkpoints/micro/micro-P2-mapl-4x-40steps-s0.pt"    # the micro profile's long[1]: 40 steps, every 10
+WS_RUN = "micro-P2-mapl-4x-40steps-s0"          # a micro run of group long: 40 steps, a checkpoint every 10
+WS_CKPT = f"checkpoints/micro/{WS_RUN}.pt"
 
 
 def interrupted_mid_run(ctx: Ctx, out: str, err: str) -> None:
@@ -598,17 +599,16 @@ def interrupted_mid_run(ctx: Ctx, out: str, err: str) -> None:
     last and it wrote no result."""
     tree_gone(ctx, out, err)
     checkpoint_step(f"ws/{WS_CKPT}", 10, 40)(ctx, out, err)
-    done = ctx.dir / "ws/reports/micro/results/long/micro-P2-mapl-4x-40steps-s0.json"
+    done = ctx.dir / f"ws/reports/micro/results/long/{WS_RUN}.json"
     ctx.expect("files", not done.exists(), f"{done} was written: the run was not interrupted mid-way")
 
 
 def resumed_in_workspace(ctx: Ctx, out: str, err: str) -> None:
-    """Recovered: the rerun resumed the interrupted run (the sweep says so) and both runs of the group finished."""
-    said = re.search(r"(\d+) to resume", out + err)
-    ctx.expect("recover", bool(said) and int(said.group(1)) >= 1, f"the rerun resumed nothing:\n{(out + err)[-3000:]}")
-    for run in ("micro-P2-none-40steps-s0", "micro-P2-mapl-4x-40steps-s0"):
-        res = ctx.dir / f"ws/reports/micro/results/long/{run}.json"
-        ctx.expect("recover", res.is_file() and json.loads(res.read_text())["steps"] == 40, f"{res}: no 40-step result")
+    """Recovered: the rerun resumed the interrupted run from its checkpoint and finished it."""
+    said = re.search(r"resumed \S+ at step (\d+)", out + err)
+    ctx.expect("recover", bool(said) and int(said.group(1)) >= 10, f"the rerun resumed nothing:\n{(out + err)[-3000:]}")
+    res = ctx.dir / f"ws/reports/micro/results/long/{WS_RUN}.json"
+    ctx.expect("recover", res.is_file() and json.loads(res.read_text())["steps"] == 40, f"{res}: no 40-step result")
 
 
 REL = "fault-relative-outputs"          # a folder name the project never has
@@ -961,13 +961,13 @@ FAULTS = [
           "refused before any work", "everything", "choose a writable folder",
           setup=read_only_folder("ro"), as_nobody=True, slow=True, before_torch=True),
     # ---- the machine: a read-only checkout, no HOME, paths with spaces and letters beyond ASCII ---------------
-    Fault("checkout-read-only-sweep", "`mapl sweep` in a checkout on a read-only filesystem (a review mount; was: "
-          "\"group main of profile micro is being trained by None\")", "mapl sweep --profile micro --group main", 2,
-          r"^error: cannot create the folder of .*/proj/checkpoints/micro/main\.sweep: Read-only file system " + RO_HINT,
-          "error: cannot create the folder of <checkout>/checkpoints/<profile>/<group>.sweep: Read-only file system "
-          "(this checkout is not writable: run in a writable copy, e.g. `mapl workspace repro --profile P --dir "
-          "../mapl-P`, or give output paths outside it)", "refused before any run starts (the group's lock is its "
-          "first write)", "everything", "`mapl workspace repro --dir <new folder>` copies the checkout and runs there",
+    Fault("checkout-read-only-sweep", "`mapl sweep` in a checkout on a read-only filesystem (a review mount)",
+          "mapl sweep --group main", 2,
+          r"^error: cannot write .*/proj/dvc\.lock: Read-only file system " + RO_HINT,
+          "error: cannot write <checkout>/dvc.lock: Read-only file system (this checkout is not writable: run in a "
+          "writable copy, e.g. `mapl workspace repro --profile P --dir ../mapl-P`, or give output paths outside it)",
+          "refused before DVC runs (dvc.lock, where DVC records each run, is probed first)", "everything",
+          "`mapl workspace repro --dir <new folder>` copies the checkout and runs there",
           setup=checkout_copy, read_only="proj", before_torch=True),
     Fault("checkout-read-only-frozen-trunk", "`mapl frozen-trunk` in a read-only checkout (was: an OSError "
           "traceback)", "mapl frozen-trunk --profile micro", 2,
@@ -976,12 +976,6 @@ FAULTS = [
           "refused before any run (every OS error of a read-only filesystem, a full disk or a quota is a user error "
           "with a hint, exit 2, wherever it is met)", "everything", "run in a writable copy",
           setup=checkout_copy, read_only="proj", slow=True, before_torch=True),
-    Fault("checkout-read-only-refresh", "`mapl reuse refresh` in a read-only checkout (was: papermill's traceback "
-          "for the first notebook)", "mapl reuse refresh cpu", 2,
-          r"^error: cannot write .*/proj/dvc\.lock: Read-only file system " + RO_HINT,
-          "error: cannot write <checkout>/dvc.lock: Read-only file system (this checkout is not writable: ...)",
-          "refused before the first notebook runs (dvc.lock and the notebooks' folder are probed first)", "everything",
-          "run in a writable copy", setup=checkout_copy, read_only="proj", slow=True, before_torch=True),
     Fault("home-unset", "`HOME` is not set (a service account, `env -i`, a minimal container)",
           f"{T} --steps 2 {IO}", 0, (), "—", "trains as usual: nothing of the project reads HOME", "the run's outputs",
           "nothing to do", stderr="ranks", env={"HOME": None}, creates=("r.json", "r.pt")),
@@ -1246,84 +1240,70 @@ FAULTS = [
           "refused before the estimate (the output is written atomically)", "everything", "fix the path",
           setup=write("afile", "x"), slow=True),
     # ---- orchestration: sweep, workspace -----------------------------------------------------------------
-    Fault("sweep-unknown-group", "a group params.yaml does not define", "mapl sweep --profile micro --group nope", 2,
-          r"^error: group='nope' is invalid for profile 'micro': allowed \[.*'main'.*\]$",
-          "error: group='nope' is invalid for profile 'micro': allowed [...]", "refused before any run starts",
+    Fault("sweep-unknown-group", "a group params.yaml does not define", "mapl sweep --group nope", 2,
+          r"^error: group='nope' is invalid: allowed \[.*'main'.*\]$",
+          "error: group='nope' is invalid: allowed [...]", "refused before any run starts",
           "nothing written", "use a group of the profile", before_torch=True),
     Fault("sweep-jobs-negative", "`mapl sweep --jobs -2` (was: accepted; a pool of -2 processes failed with a "
-          "traceback once a run was due)", "mapl sweep --profile micro --group main --jobs -2", 2,
+          "traceback once a run was due)", "mapl sweep --group main --jobs -2", 2,
           r"^error: --jobs -2 is invalid: must be >= 0 \(0: the profile's launcher\.jobs\)$",
           "error: --jobs -2 is invalid: must be >= 0 (0: the profile's launcher.jobs)", "refused before any run",
           "nothing written", "fix the value", before_torch=True),
     Fault("sweep-unknown-profile", "`mapl sweep --estimate` on an unknown profile",
-          "mapl sweep --profile nope --estimate", 2, r"^error: profile='nope' is invalid: allowed \[",
-          "error: profile='nope' is invalid: allowed [...]", "refused before any run starts", "nothing written",
+          "mapl sweep --profile nope --estimate", 2, r"^mapl sweep: error: argument --profile: invalid choice: 'nope'",
+          "mapl sweep: error: argument --profile: invalid choice: 'nope' (choose from ...)",
+          "refused before any run starts", "nothing written",
           "use a profile of params.yaml", slow=True, before_torch=True),
     Fault("params-checked-before-dvc", "`dvc repro` with a bad value in params.yaml (`profiles.micro.train.steps: "
           "many`; was: DVC deleted the group's committed results, then a papermill traceback)",
           "mapl sweep --check --stamp params-valid.txt", 2,
           r"^error: profiles\.micro\.train\.steps='many' is invalid: must be an integer$",
           "error: profiles.micro.train.steps='many' is invalid: must be an integer",
-          "DVC's first stage (`validate`: every profile and every run of every group) fails; every other stage "
+          "DVC's first stage (`validate`: every profile and every run) fails; every other stage "
           "depends on its stamp, so DVC stops before it removes any output", "every output (only the stamp "
           "`reports/params-valid.txt` is gone)", "fix params.yaml, rerun `dvc repro`",
           setup=params_yaml(_set_in("profiles.micro.train.steps", "many")), before_torch=True),
-    Fault("params-bad-group-spec", "a bad value in one run of a group (`ratio: x`)",
+    Fault("params-bad-run-spec", "a bad value in one run (`ratio: x`)",
           "mapl sweep --check --stamp params-valid.txt", 2,
-          r"^error: profiles\.micro\.groups\.main\[1\] \(\{'method': 'ssn', 'ratio': 'x'\}\): compressor\.ratio='x' "
-          r"is invalid: must be a (finite )?number",
-          "error: profiles.micro.groups.main[1] ({'method': 'ssn', 'ratio': 'x'}): compressor.ratio='x' is invalid: ...",
-          "the validate stage names the group, the run and the field", "every output",
-          "fix params.yaml, rerun `dvc repro`",
-          setup=params_yaml(_set_in("profiles.micro.groups.main", [{"method": "none"}, {"method": "ssn", "ratio": "x"}])),
-          slow=True, before_torch=True),
+          r"^error: profiles\.micro\.runs\.micro-P2-ssn-4x-s0: compressor\.ratio='x' is invalid: must be a (finite )?number",
+          "error: profiles.micro.runs.micro-P2-ssn-4x-s0: compressor.ratio='x' is invalid: ...",
+          "the validate stage names the run and the field", "every output", "fix params.yaml, rerun `dvc repro`",
+          setup=params_yaml(_set_in("profiles.micro.runs.micro-P2-ssn-4x-s0.ratio", "x")), slow=True, before_torch=True),
     Fault("params-bad-group-declaration", "a run group declared with a role the report does not know "
-          "(`groups.first.role: final`)",
+          "(`groups.main.role: final`)",
           "mapl sweep --check --stamp params-valid.txt", 2,
-          r"^error: groups\.first\.role='final' is invalid: allowed: 'reported', 'preview', 'tuning', 'other-corpus', 'redraw'$",
-          "error: groups.first.role='final' is invalid: allowed: 'reported', 'preview', 'tuning', 'other-corpus', 'redraw'",
+          r"^error: groups\.main\.role='final' is invalid: allowed: 'reported', 'tuning', 'other-corpus', 'redraw'$",
+          "error: groups.main.role='final' is invalid: allowed: 'reported', 'tuning', 'other-corpus', 'redraw'",
           "the validate stage names the declaration's field and what is allowed, before any profile is read",
           "every output", "fix params.yaml, rerun `dvc repro`",
-          setup=params_yaml(_set_in("groups.first.role", "final")), before_torch=True),
-    Fault("params-run-name-path", "a run name that is a path (`name: ../main/x`; was: accepted, and the sweep then "
+          setup=params_yaml(_set_in("groups.main.role", "final")), before_torch=True),
+    Fault("params-run-name-path", "a run name that is a path (`../main/x: {...}`; was: accepted, and the run then "
           "wrote another group's results and a checkpoint outside the checkout)",
           "mapl sweep --check --stamp params-valid.txt", 2,
-          r"^error: profiles\.micro\.groups\.main\[0\] \(.*\): run_name='\.\./main/x' is invalid: allowed letters, "
+          r"^error: profiles\.micro\.runs\.\.\./main/x: run_name='\.\./main/x' is invalid: allowed letters, "
           r"digits and \. _ \+ = - \(no path separator, no '\.\.': it names the run's checkpoint and results files\)$",
-          "error: profiles.micro.groups.main[0] ({...}): run_name='../main/x' is invalid: allowed letters, digits and "
+          "error: profiles.micro.runs.../main/x: run_name='../main/x' is invalid: allowed letters, digits and "
           ". _ + = - (no path separator, no '..': it names the run's checkpoint and results files)",
           "the validate stage refuses the name before DVC removes any output", "every output",
           "a plain name, rerun `dvc repro`",
-          setup=params_yaml(_set_in("profiles.micro.groups.main", [{"name": "../main/x", "method": "none"}])),
+          setup=params_yaml(_set_in("profiles.micro.runs", {"../main/x": {"group": "main", "method": "none"}})),
           before_torch=True),
-    Fault("params-run-listed-twice", "one run listed twice in a group",
+    Fault("params-run-listed-twice", "one run listed twice (was: YAML kept the second silently)",
           "mapl sweep --check --stamp params-valid.txt", 2,
-          r"^error: profiles\.micro\.groups\.main: run name 'micro-P2-none-s0' is listed twice; each run once per "
-          r"group$",
-          "error: profiles.micro.groups.main: run name 'micro-P2-none-s0' is listed twice; each run once per group",
-          "the validate stage refuses it (the second would overwrite the first's files)", "every output",
+          r"^error: .*/proj/params\.yaml: invalid YAML at line \d+, column 7: duplicate key 'micro-P2-none-s0'$",
+          "error: <checkout>/params.yaml: invalid YAML at line N, column 7: duplicate key 'micro-P2-none-s0'",
+          "refused wherever params.yaml is read (any mapping: a setting given twice too)", "every output",
           "remove the copy, rerun `dvc repro`",
-          setup=params_yaml(_set_in("profiles.micro.groups.main", [{"method": "none"}, {"method": "none"}])),
-          slow=True, before_torch=True),
+          setup=params_yaml((PROJECT / "params.yaml").read_text().replace(
+              "      micro-P2-none-s0: {group: main, method: none}\n",
+              "      micro-P2-none-s0: {group: main, method: none}\n      micro-P2-none-s0: {group: seeds, method: none}\n",
+              1)), slow=True, before_torch=True),
     Fault("plan-target-nan", "`mapl plan --target-pct nan` (or ≤ 0; was: a report of 'no run' for nan, of nothing "
           "reached for a negative target)", "mapl plan res --target-pct nan", 2,
           r"^error: --target-pct nan is invalid: must be a finite number > 0 \(percent above uncompressed's best "
           r"loss\)$",
           "error: --target-pct nan is invalid: must be a finite number > 0 (percent above uncompressed's best loss)",
           "refused before any result is read", "nothing written", "fix the value", before_torch=True),
-    Fault("reuse-not-a-checkout", "`mapl reuse adopt/compare/prove` given a folder that is no checkout (was: 'no "
-          "results JSON' per run for adopt, exit 1 for compare, a FileNotFoundError traceback for prove)",
-          "mapl reuse prove /nonexistent micro", 2,
-          r"^error: CHECKOUT /nonexistent is not a mapl checkout \(no params\.yaml and mapl/ there\): give the folder "
-          r"of the other checkout \(a git worktree of this repository\)$",
-          "error: CHECKOUT /nonexistent is not a mapl checkout (no params.yaml and mapl/ there): give the folder of "
-          "the other checkout (a git worktree of this repository)", "refused before anything is read or copied",
-          "nothing written", "the path of the other checkout", before_torch=True),
-    Fault("reuse-adopt-not-a-checkout", "`mapl reuse adopt` from a folder that is no checkout",
-          "mapl reuse adopt /nonexistent micro main", 2,
-          r"^error: CHECKOUT /nonexistent is not a mapl checkout", "error: CHECKOUT /nonexistent is not a mapl "
-          "checkout (...)", "refused before anything is copied", "nothing written", "the path of the other checkout",
-          slow=True, before_torch=True),
     Fault("frozen-trunk-unknown-profile", "`mapl frozen-trunk --profile nope` (was: 'has no seeds: nothing to run', "
           "exit 0)", "mapl frozen-trunk --profile nope", 2,
           r"^error: --profile 'nope' is invalid: allowed \[.*'micro'.*\] \(params\.yaml\)$",
@@ -1336,15 +1316,15 @@ FAULTS = [
           "nothing written", "fix the value", slow=True, before_torch=True),
     Fault("rescore-unknown-group", "`mapl rescore --group nope` (a group the profile does not have)",
           "mapl rescore --profile micro --group nope", 2,
-          r"^error: --group 'nope' is invalid: profile micro has groups first, main, .*$",
-          "error: --group 'nope' is invalid: profile micro has groups first, main, ...", "refused before anything is read",
+          r"^error: --group 'nope' is invalid: profile micro has groups main, seeds, .*$",
+          "error: --group 'nope' is invalid: profile micro has groups main, seeds, ...", "refused before anything is read",
           "nothing written", "a group of the profile", slow=True),
     Fault("rescore-untrained-group", "`mapl rescore` on a group whose runs have no results here (not trained)",
           "mapl rescore --profile micro --group long", 2,
           r"^error: group long of profile micro: 2 run\(s\) have no results \(micro-P2-none-40steps-s0, \.\.\.\): train "
-          r"it first \(dvc repro -s train@long\)$",
+          r"it first \(mapl sweep --group long\)$",
           "error: group long of profile micro: 2 run(s) have no results (micro-P2-none-40steps-s0, ...): train it first "
-          "(dvc repro -s train@long)", "refused before any run is scored", "nothing written",
+          "(mapl sweep --group long)", "refused before any run is scored", "nothing written",
           "train the group, then rescore it", slow=True),
     Fault("workspace-dir-not-empty", "`mapl workspace repro --dir` on a folder that holds other files (was: they "
           "were overwritten, then `git init`, `git add -A`, `git commit` in it)",
@@ -1370,25 +1350,27 @@ FAULTS = [
           "temporary copy is removed (kept with `--keep`; a `--dir` workspace is kept and resumes)",
           "nothing new (no temporary copy)", "rerun the command", setup=lambda ctx: (ctx.dir / "tmp").mkdir(),
           env={"TMPDIR": "tmp"}, during=signal_tree_after(r"Running stage"), after=tree_gone, slow=True),
-    Fault("workspace-dvc-train-sigint", "Ctrl-C to `mapl workspace repro --dir` while `dvc repro train@G` trains in "
-          "it (a run mid-way, its first checkpoint written)",
-          "mapl workspace repro --profile micro --dir ws train@long", 130,
+    Fault("workspace-dvc-train-sigint", "Ctrl-C to `mapl workspace repro --dir` while `dvc repro train@<run>` trains "
+          "in it (mid-way, its first checkpoint written)",
+          f"mapl workspace repro --profile micro --dir ws train@{WS_RUN}", 130,
           r"^interrupted: SIGINT received: the commands in the copy were stopped; the workspace .*ws is kept \(rerun "
           r"the same command to resume\)$",
           "interrupted: SIGINT received: the commands in the copy were stopped; the workspace <dir> is kept (rerun the "
           "same command to resume)",
-          "DVC, papermill, its kernel and the sweep's pool workers get SIGTERM (each training run writes its checkpoint "
-          "and stops), SIGKILL 30 s later; no process is left", "the workspace with its checkpoints",
-          "rerun the same command: DVC reruns the stage and the interrupted runs resume from their checkpoints",
+          "DVC and the run get SIGTERM (the run writes its checkpoint and stops), SIGKILL 30 s later; no process is "
+          "left", "the workspace with its checkpoints",
+          "rerun the same command: DVC reruns the stage and the run resumes from its checkpoint",
           stderr="any", setup=lambda ctx: (ctx.dir / "tmp").mkdir(), env={"TMPDIR": "tmp"},
           during=signal_tree_when_exists(f"ws/{WS_CKPT}"), after=interrupted_mid_run, creates=("ws/*",),
-          recover=("mapl workspace repro --profile micro --dir ws train@long",), recovered=resumed_in_workspace,
+          recover=(f"mapl workspace repro --profile micro --dir ws train@{WS_RUN}",), recovered=resumed_in_workspace,
           slow=True),
     Fault("workspace-unknown-stage", "`mapl workspace repro` naming a stage dvc.yaml does not have",
           "mapl workspace repro --profile micro train@nope", 2,
-          r"^error: stage 'train@nope' is invalid: allowed \[.*'train@main'.*\] \(dvc\.yaml\)$",
-          "error: stage 'train@nope' is invalid: allowed [...] (dvc.yaml)", "refused before anything is copied",
-          "nothing written", "name a stage of `dvc stage list` (a group's training stage is train@<group>)",
+          r"^error: stage 'train@nope' is invalid: allowed the stages of dvc\.yaml \(e\.g\. train, train@<run>, "
+          r"report\)$",
+          "error: stage 'train@nope' is invalid: allowed the stages of dvc.yaml (e.g. train, train@<run>, report)",
+          "refused before anything is copied", "nothing written",
+          "name a stage of `dvc stage list` (a run's training stage is train@<run>)",
           before_torch=True),
     Fault("workspace-verify-nothing-committed", "`mapl workspace verify` on a profile with no committed report (was: "
           "exit 1, which reads as a bug)", "mapl workspace verify --profile micro", 2,

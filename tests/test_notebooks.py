@@ -1,5 +1,5 @@
 """The DVC pipeline and its notebooks: `make smoke` (the profile's stages on the micro profile in a temporary
-copy of this checkout), nbval on its executed notebooks, reuse of checkpoints when DVC reruns a group,
+copy of this checkout), nbval on its executed notebooks, DVC retraining exactly the runs an edit touches,
 the paper-smoke rehearsal, `make verify`; and fast static checks of dvc.yaml, params.yaml and the
 committed notebooks. Nothing here writes into the repository (the smoke run checks `git status`).
 """
@@ -12,15 +12,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mapl.base.declared_groups import declaration
 from mapl.core import fingerprint
 from mapl.orchestration import workspace
 from mapl.core.config import load_params
 
 ROOT = Path(__file__).resolve().parents[1]
-NOTEBOOKS = ("data", "train", "frozen_trunk", "report", "when_it_pays")
-GROUPS = list(declaration(load_params(ROOT / "params.yaml")).names())     # dvc.yaml's train stages loop over them
-EMPTY_GROUP = "tune2"                 # a group the micro profile leaves empty (its stage still runs)
+NOTEBOOKS = ("data", "frozen_trunk", "rescore", "report", "when_it_pays")
+MICRO_RUNS = load_params(ROOT / "params.yaml")["profiles"]["micro"]["runs"]     # dvc.yaml's train stages on micro
 DVC = yaml.safe_load((ROOT / "dvc.yaml").read_text())
 VALIDATED = "reports/params-valid.txt"      # the validate stage's stamp: every other stage depends on it
 # modules a training run imports that cannot change its numbers (so they are not training sources)
@@ -69,26 +67,20 @@ def _checked_text(nb_path: Path) -> str:
 @pytest.mark.full
 def test_smoke_runs_every_stage_into_the_micro_folders(smoke):
     dest, log = smoke
-    for stage in ["prepare", *(f"train@{g}" for g in GROUPS), "frozen_trunk", "rescore", "report", "plan"]:
+    for stage in ["prepare", *(f"train@{r}" for r in MICRO_RUNS), "frozen_trunk", "rescore", "report", "plan"]:
         assert f"Running stage '{stage}'" in log, stage
     assert "Running stage 'plan-paper'" not in log
-    # group first trains two of main's runs; main copies them and trains the other two
-    assert f"group first (1 of {len(GROUPS)} groups): 2 run(s): 0 current, 0 copied" in log
-    assert "run 1 of 2 micro-P2-none-s0 step 20/20 loss" in log
-    assert f"group main (2 of {len(GROUPS)} groups): 4 run(s): 0 current, 2 copied" in log
-    assert "run 3 of 4 micro-P2-mapl-4x-s0 step 20/20 loss" in log
+    assert "micro-P2-none-s0 step 20/20 loss" in log                    # a run's progress lines
     stamp = json.loads((dest / "data" / "micro.manifest.json").read_text())
     assert stamp["profile"] == "micro" and (dest / stamp["data_dir"] / "manifest.json").exists()
     out = dest / "reports" / "micro"
     assert sorted(p.name for p in (out / "results" / "main").glob("*.json")) == [
         "micro-P2-mapl-4x-s0.json", "micro-P2-mapl-rvq-4x-s0.json", "micro-P2-none-s0.json", "micro-P2-ssn-4x-s0.json"]
-    assert [p.name for p in (out / "results" / EMPTY_GROUP).iterdir()] == [".gitkeep"]     # an empty group
+    assert len(list((out / "configs").glob("*.json"))) == len(MICRO_RUNS)              # each run's resolved config
     assert len(list((out / "frozen-trunk").glob("frozen-*.json"))) == 3                # one per projector
     res = json.loads((out / "results" / "width" / "micro-d32-P2-mapl-4x-s0.json").read_text())
     assert res["provenance"]["code_fingerprint"] == fingerprint.code_fingerprint(dest)
-    assert sorted(p.name for p in (out / "notebooks").iterdir()) == sorted(
-        ["data.ipynb", "frozen_trunk.ipynb", "rescore.ipynb", "report.ipynb", "when_it_pays.ipynb",
-         *(f"train-{g}.ipynb" for g in GROUPS)])
+    assert sorted(p.name for p in (out / "notebooks").iterdir()) == [f"{n}.ipynb" for n in sorted(NOTEBOOKS)]
     # the rescore stage scored micro's prose group on the held-out text and its code group on its unread windows
     scored = {g: json.loads((out / "rescore" / f"{g}.json").read_text())["runs"] for g in ("long", "ladder")}
     assert len(scored["long"]) == 2 and all(set(e["scores"]) == {"heldout-kjv"} for e in scored["long"].values())
@@ -97,12 +89,6 @@ def test_smoke_runs_every_stage_into_the_micro_folders(smoke):
         assert not [o for o in _outputs(nb) if o["output_type"] == "error"], nb.name
         checked = _checked_text(nb)
         assert checked and str(dest) not in checked, f"{nb.name}: a checked cell prints an absolute path"
-    train_main = _text(out / "notebooks" / "train-main.ipynb")
-    assert "step 20/20" not in train_main and "| 3 | micro-P2-mapl-4x-s0 | trained |" in train_main   # progress cleared
-    assert "| 1 | micro-P2-none-s0 | copied" in train_main
-    assert (out / "results" / "first" / "micro-P2-none-s0.json").read_bytes() == (
-        out / "results" / "main" / "micro-P2-none-s0.json").read_bytes()
-    assert "nothing to train" in _text(out / "notebooks" / f"train-{EMPTY_GROUP}.ipynb")
     assert (out / "metrics.json").exists() and list((out / "figures").glob("*.png")) and list((out / "tables").glob("*.md"))
     plan = _checked_text(out / "notebooks" / "when_it_pays.ipynb")       # FLOP-based: no step measurement of micro
     assert "no step measurement of micro" in plan
@@ -123,8 +109,7 @@ def test_nbval_on_executed_micro_notebooks(smoke):
     """nbval re-executes executed notebooks with their injected parameters, from their own folder."""
     pytest.importorskip("nbval")
     dest, _ = smoke
-    nbs = [f"reports/micro/notebooks/{n}.ipynb" for n in ("data", "train-main", "frozen_trunk", "rescore", "report",
-                                                          "when_it_pays")]
+    nbs = [f"reports/micro/notebooks/{n}.ipynb" for n in NOTEBOOKS]
     p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--nbval-lax",
                         "--nbval-current-env", "--rootdir", str(dest), *nbs], cwd=dest, env=workspace.tool_env(ROOT, dest),
                        capture_output=True, text=True, timeout=900)
@@ -134,12 +119,32 @@ def test_nbval_on_executed_micro_notebooks(smoke):
 
 @pytest.mark.slow
 @pytest.mark.full
-def test_dvc_rerun_of_a_group_restores_its_runs(smoke):
-    """DVC clears the group's results before a rerun; the runs come back from their checkpoints."""
+def test_dvc_retrains_exactly_the_runs_an_edit_touches(smoke):
+    """After the smoke run every stage is current; a run edited in params.yaml (and one method's tuned setting)
+    makes DVC retrain those runs only, and a checkpoint cadence (no number changes) retrains nothing."""
     dest, _ = smoke
-    workspace.dvc(["repro", "--force", "--single-item", "train@seeds"], dest, workspace.tool_env(ROOT, dest), capture=True)
-    text = _text(dest / "reports" / "micro" / "notebooks" / "train-seeds.ipynb")
-    assert "2 run(s): 0 current, 0 copied, 2 to restore" in text and text.count("restored from its checkpoint") == 2
+    env = workspace.tool_env(ROOT, dest)
+    params = dest / "params.yaml"
+    text = params.read_text()
+    edited = text.replace("      micro-P2-none-s1: {group: seeds, method: none, train.seed: 1}",
+                          "      micro-P2-none-s1: {group: seeds, method: none, train.seed: 1, train.lr_muon: 0.03}", 1)
+    edited = edited.replace("    method_overrides: {}\n", "    method_overrides: {ssn: {train.lr_embed: 0.02}}\n", 1)
+    edited = edited.replace("      checkpoint_every: 10\n", "      checkpoint_every: 5\n", 1)
+    assert "train.lr_muon: 0.03" in edited and "lr_embed: 0.02}}" in edited and "checkpoint_every: 5" in edited
+    params.write_text(edited)
+    from mapl.core.config import config_hash
+    from mapl.orchestration.groups import spec_config
+    old, new = load_params(ROOT / "params.yaml"), load_params(params)
+    changed = sorted(f"train@{name}" for name, spec in MICRO_RUNS.items() if config_hash(
+        spec_config("micro", {"name": name, **spec}, old)) != config_hash(spec_config("micro", {"name": name, **spec}, new)))
+    assert "train@micro-P2-none-s1" in changed and "train@micro-P2-ssn-4x-s0" in changed and len(changed) < 8
+    workspace.dvc(["repro", "validate"], dest, env, capture=True)          # the runs' configs, written again
+    status = subprocess.run([str(Path(sys.executable).parent / "dvc"), "status", "--json"], cwd=dest, env=env,
+                            capture_output=True, text=True, check=True).stdout
+    stale = sorted(stage for stage in json.loads(status) if stage.startswith("train@"))
+    assert stale == changed, status[-3000:]
+    params.write_text(text)
+    workspace.dvc(["repro", "validate"], dest, env, capture=True)
 
 
 @pytest.mark.slow
@@ -224,8 +229,8 @@ def _outs(st: dict) -> list[str]:
 def test_dvc_yaml_stages():
     stages = DVC["stages"]
     assert list(stages) == ["validate", "prepare", "train", "frozen_trunk", "rescore", "report", "plan", "plan-paper"]
-    assert stages["train"]["foreach"] == "${groups}"            # params.yaml's declaration, in its order
-    assert "${item}" not in json.dumps(stages["train"]["do"])    # a dict loop: the group's name is ${key}
+    assert stages["train"]["foreach"] == "${runs}"              # params.yaml's runs of the profile, in their order
+    assert "params" not in stages["train"]["do"]                 # staleness is each run's resolved config
     for name, st in stages.items():
         st = st.get("do", st)
         assert st.get("desc"), f"stage {name} has no desc"
@@ -236,7 +241,7 @@ def test_dvc_yaml_stages():
             assert opts == {"cache": False, **persist}, f"{name}: {path} must be committed (cache: false)"
             # plan-paper (the paper's shapes, no training) and validate (every profile's params) are the
             # profile-independent stages
-            allowed = {"plan-paper": ("reports/paper/",), "validate": (VALIDATED,)}.get(
+            allowed = {"plan-paper": ("reports/paper/",), "validate": (VALIDATED, "reports/${profile}/")}.get(
                 name, ("reports/${profile}/", "data/${profile}."))
             assert path.startswith(allowed), f"{name}: {path} is not per profile"
     assert "mapl sweep --estimate --profile ${profile}" in stages["prepare"]["cmd"][0]
@@ -246,12 +251,15 @@ def test_every_stage_waits_for_params_yaml_to_be_validated():
     """DVC removes a stage's outputs before its command runs: every stage depends on the validate stage's
     stamp, so DVC runs `mapl sweep --check` first and stops there on a bad value."""
     from mapl.orchestration.validate import STAMP_TEXT
-    assert _outs(DVC["stages"]["validate"]) == [VALIDATED]
+    assert _outs(DVC["stages"]["validate"]) == [VALIDATED, "reports/${profile}/configs"]
     assert DVC["stages"]["validate"]["cmd"] == f"mapl sweep --check --stamp {VALIDATED}"
     assert set(DVC["stages"]["validate"]["params"]) == {"profile", "groups", "profiles", "frozen_trunk", "rescore"}
     for name, st in DVC["stages"].items():
-        if name != "validate":
-            assert VALIDATED in st.get("do", st)["deps"], f"stage {name} does not depend on {VALIDATED}"
+        deps = st.get("do", st)["deps"]
+        if name == "train":         # its run's config, an output of the validate stage
+            assert deps[0] == "reports/${profile}/configs/${key}.json"
+        elif name != "validate":
+            assert VALIDATED in deps, f"stage {name} does not depend on {VALIDATED}"
     assert (ROOT / VALIDATED).read_text() == STAMP_TEXT
 
 
@@ -284,13 +292,14 @@ def test_dvc_repro_with_a_bad_params_value_touches_no_output(tmp_path):
 def test_no_two_stages_share_an_output_in_any_profile():
     """DVC refuses overlapping outputs: with every profile of params.yaml substituted (paper included,
     where `plan` writes under reports/paper/ too), no output is inside another stage's output."""
-    for profile in load_params(ROOT / "params.yaml")["profiles"]:
+    for profile, tree in load_params(ROOT / "params.yaml")["profiles"].items():
         outs = []
         for name, st in DVC["stages"].items():
-            items = GROUPS if "foreach" in st else [None]
-            for item in items:
+            items = tree["runs"].items() if "foreach" in st else [(None, None)]
+            for item, spec in items:
                 for path in _outs(st.get("do", st)):
                     path = path.replace("${profile}", profile).replace("${key}", str(item))
+                    path = path.replace("${item.group}", str((spec or {}).get("group")))
                     outs.append((f"{name}@{item}" if item else name, path.rstrip("/")))
         for i, (a, pa) in enumerate(outs):
             for b, pb in outs[i + 1:]:
@@ -316,8 +325,7 @@ def test_every_committed_figure_is_a_declared_plot():
 
 def test_train_deps_are_the_fingerprinted_sources():
     """dvc.yaml's train deps and mapl.core.fingerprint.TRAIN_SOURCES are one list (what 'the training code' is)."""
-    deps = [p for p in DVC["stages"]["train"]["do"]["deps"] if "$" not in p and not p.startswith("notebooks/")
-            and p != VALIDATED]
+    deps = [p for p in DVC["stages"]["train"]["do"]["deps"] if "$" not in p]
     assert deps == list(fingerprint.TRAIN_SOURCES)
     assert fingerprint.source_files(ROOT)                                     # every entry exists
     assert {"mapl/report.py", "mapl/report", "mapl/core/link.py"}.isdisjoint(deps)   # editing the report never retrains
@@ -355,20 +363,6 @@ def test_training_imports_only_fingerprinted_modules():
     imported = {Path(f).resolve().relative_to(ROOT).as_posix() for f in files}
     sources = {p.relative_to(ROOT).as_posix() for p in fingerprint.source_files(ROOT)}
     assert {f for f in imported - sources if not f.startswith(NUMBER_FREE)} == set()
-
-
-def test_every_profile_has_the_params_the_train_stage_reads():
-    """DVC refuses a stage whose params key is missing: every profile defines each one (groups may be [])."""
-    params = load_params(ROOT / "params.yaml")
-    keys = [k.split("${profile}.")[1] for k in DVC["stages"]["train"]["do"]["params"] if "${profile}" in k]
-    for profile, tree in params["profiles"].items():
-        for key in keys:
-            node = tree
-            for part in key.replace("${key}", "").strip(".").split("."):
-                assert part in node, f"profiles.{profile}.{key}"
-                node = node[part]
-            if "${key}" in key:
-                assert set(node) == set(GROUPS), f"profiles.{profile}.groups"
 
 
 @pytest.mark.parametrize("name", NOTEBOOKS)

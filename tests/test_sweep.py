@@ -186,12 +186,13 @@ def test_the_sweep_command_refuses_another_profile_and_reports_failures(monkeypa
     monkeypatch.setattr(sweep, "sweep", lambda profile, names, jobs: names[:1])
     assert mapl.cli.sweep.main(["--group", "rvq_sync"]) == 5
     assert capsys.readouterr().err.startswith("error: 1 of 2 run(s) failed: tiny-P4-mapl-rvq-8x-sync-full-s0")
-    for argv, says in ((["--seeds", "1", "--estimate"], "--seeds needs --group"),
-                       (["--group", "main", "--jobs", "-1"], "--jobs -1 is invalid"),
-                       (["--group", "main", "--check"], "not allowed with argument")):
-        with pytest.raises(SystemExit):
-            mapl.cli.sweep.main(argv)
-        assert says in capsys.readouterr().err
+    for argv, says in ((["--seeds", "1", "--estimate"], "error: --seeds is invalid without --group"),
+                       (["--stamp", "s.txt", "--estimate"], "error: --stamp is invalid without --check"),
+                       (["--group", "main", "--jobs", "-1"], "error: --jobs -1 is invalid: must be >= 0")):
+        assert mapl.cli.sweep.main(argv) == 2 and says in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        mapl.cli.sweep.main(["--group", "main", "--check"])
+    assert "not allowed with argument" in capsys.readouterr().err
 
 
 def test_estimates():

@@ -53,11 +53,11 @@ def _main(argv=None) -> int:
     ap.add_argument("--jobs", type=int, default=0, help="runs side by side (default: the profile's launcher.jobs)")
     args = ap.parse_args(argv)
     if args.seeds and not args.group:
-        ap.error("--seeds needs --group")
+        raise ConfigError("--seeds is invalid without --group: the seeds of which group's runs?")
     if args.stamp and not args.check:
-        ap.error("--stamp needs --check")
+        raise ConfigError("--stamp is invalid without --check: the stamp says params.yaml passed the check")
     if args.jobs < 0:
-        ap.error(f"--jobs {args.jobs} is invalid: must be >= 0 (0: the profile's launcher.jobs)")
+        raise ConfigError(f"--jobs {args.jobs} is invalid: must be >= 0 (0: the profile's launcher.jobs)")
     if args.check:
         summary = validate.check_params(params)
         if args.stamp:

@@ -1,8 +1,7 @@
 """The training-code fingerprint: which files change a run's numbers, and their hash.
 
-Checkpoints and results are stamped with :func:`code_fingerprint`; ``mapl.orchestration.reuse`` reuses
-a run only under the same fingerprint, and dvc.yaml's train stages depend on the same folders. Printed
-by ``mapl reuse``.
+Results record :func:`code_fingerprint` (provenance), the ranks of one run compare it before any work, and
+dvc.yaml's train stages depend on the same folders.
 """
 from __future__ import annotations
 
@@ -15,7 +14,7 @@ __all__ = ["TRAIN_SOURCES", "source_files", "code_fingerprint"]
 
 # The folders whose content changes the numbers of a training run (the layers' rule: mapl/core holds
 # whatever computes a number, mapl/data whatever decides the tokens; base, orchestration, planning, report
-# and the entry points compute none). EXACTLY the train stage's deps in dvc.yaml besides the notebook and
+# and the entry points compute none). EXACTLY the train stage's deps in dvc.yaml besides the run's config and
 # the data stamp (a test compares the two). A folder counts every file below it except __pycache__/ and
 # *.pyc, which .dvcignore hides from DVC too. mapl/__init__.py carries the version the results record.
 TRAIN_SOURCES = ("mapl/__init__.py", "mapl/core", "mapl/data", "pyproject.toml")

@@ -24,7 +24,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..base.io import atomic_write_json, read_json_object
+from ..base.io import atomic_write_json, check_writable, read_json_object
 from ..core.config import PROJECT_ROOT, ConfigError, RunConfig, build, check_fields, config_hash, load_params, setting
 from ..core.runtime.faults import exit_with_parent
 from .groups import group_names, group_specs, profile_runs, results_dir, spec_config
@@ -188,6 +188,7 @@ def sweep(profile: str, names: list[str], jobs: int = 0, root: Path = PROJECT_RO
         raise ConfigError(f"run {too_big[0]} needs {need[too_big[0]]} GPUs (one per stage) but "
                           f"profiles.{profile}.launcher.gpus={launcher.gpus}")
     slots = launcher.gpus or jobs or (launcher.jobs if launcher.kind == "pool" else 1)
+    check_writable(Path(root) / "dvc.lock")      # a read-only checkout: one line here, not DVC's own error
     dvc = [sys.executable, "-m", "dvc", "repro"]
     if subprocess.run([*dvc, "prepare"], cwd=root).returncode:
         raise RuntimeError("`dvc repro prepare` failed (its output is above): the runs need their data")
