@@ -270,7 +270,7 @@ def test_sweep_check_and_estimate_need_no_torch(tmp_path):
     only: no torch import (count_params is arithmetic on the config, mapl/core/model_config.py)."""
     code = ("import sys\nfrom mapl.cli import main\ncode = main(sys.argv[1:])\n"
             "print('torch imported' if 'torch' in sys.modules else 'no torch')\nsys.exit(code)")
-    for args, rc in [(["sweep", "--check", "--stamp", str(tmp_path / "valid.txt")], 0), (["sweep", "--estimate"], 0),
+    for args, rc in [(["sweep", "--check"], 0), (["sweep", "--estimate"], 0),
                      (["sweep", "--profile", "nope", "--estimate"], 2)]:
         p = subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT, text=True, capture_output=True, timeout=600,
                            env={**os.environ, "PYTHONPATH": str(ROOT), "MAPL_DEBUG": "0"})
@@ -312,10 +312,10 @@ def test_sigterm_to_a_sweep_is_exit_130_with_one_line(monkeypatch, capsys):
     def unhandled(signum, frame):                     # without run_cli SIGTERM would end pytest itself
         raise AssertionError("SIGTERM reached mapl sweep outside run_cli")
 
-    monkeypatch.setattr(sweep, "run_many", stopped)
+    monkeypatch.setattr(sweep, "sweep", stopped)
     previous = signal.signal(signal.SIGTERM, unhandled)
     try:
-        assert sweep_cli.main(["--profile", "micro", "--group", "main"]) == EXIT_INTERRUPTED
+        assert sweep_cli.main(["--group", "main"]) == EXIT_INTERRUPTED
     finally:
         signal.signal(signal.SIGTERM, previous)
     assert capsys.readouterr().err.strip().splitlines() == ["interrupted: signal SIGTERM"]
@@ -323,9 +323,9 @@ def test_sigterm_to_a_sweep_is_exit_130_with_one_line(monkeypatch, capsys):
 
 @pytest.mark.process
 def test_a_reader_that_closes_the_pipe_is_no_error():
-    """`mapl reuse | head -1` (was: a BrokenPipeError traceback reported as a bug). `true` reads nothing and is gone
-    before the command has imported, so every write meets a closed pipe."""
-    p = subprocess.run(f"{sys.executable} -m mapl.cli reuse | true; echo ${{PIPESTATUS[0]}}", shell=True, cwd=ROOT,
+    """`mapl sweep --estimate | head -1` (was: a BrokenPipeError traceback reported as a bug). `true` reads nothing and
+    is gone before the command has imported, so every write meets a closed pipe."""
+    p = subprocess.run(f"{sys.executable} -m mapl.cli sweep --estimate | true; echo ${{PIPESTATUS[0]}}", shell=True, cwd=ROOT,
                        text=True, capture_output=True, timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)},
                        executable="/bin/bash")
     assert p.stdout.strip() == "0" and p.stderr == "", p.stderr

@@ -111,7 +111,7 @@ def test_gpu_hours_arithmetic():
         "model": "micro", "stages": 1, "data": {"source": "shakespeare", "tokenizer": "byte", "vocab_size": 256},
         "train": {"steps": 100, "batch_size": 4, "seq_len": 32, "micro_batches": 2, "eval_every": 50,
                   "eval_tokens": 128},
-        "groups": {"g": [{"method": "none"}]}}}}
+        "runs": {"r": {"group": "g", "method": "none"}}}}}
     gpu = GPUSpec("test", 1e12, 0.5)
     rep = gpu_hours("x", gpu, params=params, n_gpus=(1,))
     d, T, V = 64, 32, 256                # the profile's data.vocab_size

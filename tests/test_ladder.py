@@ -86,20 +86,23 @@ def test_the_budget_rule_gives_every_rung_the_same_tokens_per_parameter():
 
 
 def _with_ladder_run(**over) -> dict:
+    """params.yaml with the cpu profile's ladder runs replaced by one (its tuning runs kept)."""
     params = copy.deepcopy(load_params())
-    spec = {"name": "ladder-d64-P4-none-mu0.02-s0", "model": "ladder-d64", "method": "none", "train.lr_muon": 0.02,
+    spec = {"group": "ladder", "model": "ladder-d64", "method": "none", "train.lr_muon": 0.02,
             "data.source": "python-code", "data.val_fraction": 0.01, "data.sampling": "epochs",
             "train.steps": ladder_steps("ladder-d64", 2, 2048), **over}
-    params["profiles"]["cpu"]["groups"]["ladder"] = [spec]
+    runs = params["profiles"]["cpu"]["runs"]
+    params["profiles"]["cpu"]["runs"] = {**{n: r for n, r in runs.items() if r["group"] != "ladder"},
+                                         "ladder-d64-P4-none-mu0.02-s0": spec}
     return params
 
 
 def test_a_ladder_run_off_the_budget_rule_is_refused_naming_it():
     params = _with_ladder_run()
-    tuning = len(params["profiles"]["cpu"]["groups"]["ladder_tune"])
+    tuning = sum(r["group"] == "ladder_tune" for r in params["profiles"]["cpu"]["runs"].values())
     assert check_ladder("cpu", params) == tuning + 1                 # every ladder run is checked, the new one too
-    with pytest.raises(ConfigError, match=r"ladder\[0\].*train.steps=400 breaks the ladder's budget rule: 2 tokens "
-                                          r"per non-embedding parameter on ladder-d64 is 393 steps"):
+    with pytest.raises(ConfigError, match=r"runs\.ladder-d64-P4-none-mu0\.02-s0.*train.steps=400 breaks the ladder's "
+                                          r"budget rule: 2 tokens per non-embedding parameter on ladder-d64 is 393 steps"):
         check_ladder("cpu", _with_ladder_run(**{"train.steps": 400}))
     with pytest.raises(ConfigError, match=r"data.sampling='uniform' is invalid for the ladder"):
         check_ladder("cpu", _with_ladder_run(**{"data.sampling": "uniform"}))

@@ -8,7 +8,7 @@ longer circle), and the training fingerprint is the numerical layers.
 * ``mapl/core``: whatever computes a number of a run (fingerprinted): config, model, compressors,
   optimizers, the loop, the runtime, the link and memory models a run reads.
 * ``mapl/report``: tables and figures from results JSON.
-* ``mapl/orchestration``: run groups, reuse, progress, workspaces, launching.
+* ``mapl/orchestration``: params.yaml's runs, training them, progress, workspaces, launching.
 * ``mapl/planning``: cost model, planner, peer systems (read results and orchestration's groups).
 * ``mapl/cli``: the commands, ``mapl <name>`` (argparse and one call into a layer).
 
@@ -193,15 +193,13 @@ def test_the_engine_and_the_memory_plan_do_not_import_each_other():
     assert "mapl.core.optimizer_recipe" in graph["mapl.core.memory"]
 
 
-def test_the_run_groups_sit_below_reuse_refresh_and_the_sweep():
-    """The group and run-spec functions live in mapl.orchestration.groups, which imports none of the modules that
-    read them; params.yaml's validation (it reads the frozen-trunk study too) sits above them all."""
+def test_the_runs_sit_below_the_sweep_and_the_validator():
+    """params.yaml's runs are read in mapl.orchestration.groups, which imports none of the modules that read them;
+    params.yaml's validation (it reads the frozen-trunk study too) sits above them all."""
     graph = import_graph()
-    readers = ("reuse", "refresh", "sweep", "validate")
-    for reader in readers:
+    for reader in ("sweep", "validate", "rescore", "ladder"):
         assert "mapl.orchestration.groups" in graph[f"mapl.orchestration.{reader}"], reader
     below = {m for m in graph["mapl.orchestration.groups"] if m.startswith("mapl.orchestration.")}
     assert below == set(), below
     assert "mapl.orchestration.frozen_trunk" in graph["mapl.orchestration.validate"]
     assert "mapl.orchestration.frozen_trunk" not in graph["mapl.orchestration.sweep"]
-    assert "mapl.orchestration.reuse" not in graph["mapl.orchestration.refresh"]

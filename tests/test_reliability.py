@@ -227,17 +227,19 @@ def test_workspace_dir_must_be_new_empty_or_a_workspace(tmp_path):
 
 def test_a_failed_step_in_the_copy_is_exit_5_and_names_it(monkeypatch, capsys):
     """A step in the copy that fails (or outputs that differ) is neither a bug here (1) nor the user's input (2):
-    exit 5, the step named on stderr; the stage names are dvc.yaml's, a group's training stage train@<group>."""
+    exit 5, the step named on stderr; the stage names are dvc.yaml's, a run's training stage train@<run> (of the
+    profile the copy runs)."""
     from mapl.base.cli import EXIT_STEP_FAILED
     from mapl.orchestration import workspace
 
     def failing(*a, **k):
-        raise workspace.WorkspaceError("`dvc repro train@main` failed in /tmp/x (exit 255)\nERROR: failed to reproduce")
+        raise workspace.WorkspaceError("`dvc repro train@x` failed in /tmp/x (exit 255)\nERROR: failed to reproduce")
     monkeypatch.setattr(workspace, "repro", failing)
-    assert workspace.main(["repro", "--profile", "micro", "train@main"]) == EXIT_STEP_FAILED
-    assert capsys.readouterr().err.startswith("error: `dvc repro train@main` failed in /tmp/x (exit 255)")
+    assert workspace.main(["repro", "--profile", "micro", "train@micro-P2-none-s0"]) == EXIT_STEP_FAILED
+    assert capsys.readouterr().err.startswith("error: `dvc repro train@x` failed in /tmp/x (exit 255)")
     names = workspace.stage_names()
-    assert {"validate", "prepare", "train", "train@main", "report", "plan"} <= set(names)
+    assert {"validate", "prepare", "train", "train@tiny-P4-none-s0", "report", "plan"} <= set(names)
+    assert "train@micro-P2-none-s0" in workspace.stage_names(profile="micro")
     assert not any(n.startswith("frozen_trunk@") for n in names)       # a stage without foreach has no items
 
 

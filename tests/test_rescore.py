@@ -82,9 +82,10 @@ def _params(tiny_corpus, seeds=(0,)):
             "data_dir": str(tiny_corpus), "train.steps": 6, "train.eval_every": 3, "data.sampling": "epochs"}
     params = copy.deepcopy(load_params())
     params["groups"]["probe"] = {"study": "probe", "role": "reported"}
-    params["profiles"]["micro"]["groups"]["probe"] = [
-        {"method": m, **({"ratio": 4} if m != "none" else {}), "train.seed": s, **data}
-        for s in seeds for m in ("none", "mapl")]
+    params["profiles"]["micro"]["runs"] = {
+        f"probe-{m}-s{s}": {"group": "probe", "method": m, **({"ratio": 4} if m != "none" else {}), "train.seed": s,
+                            **data}
+        for s in seeds for m in ("none", "mapl")}
     return params
 
 
@@ -96,13 +97,13 @@ def sandbox(tmp_path, monkeypatch):
     return tmp_path
 
 
-@pytest.mark.process          # the sweep's spawn pool
+@pytest.mark.process          # train_pool's spawn pool
 def test_a_group_is_scored_once_and_only_from_the_committed_checkpoints(tiny_corpus, sandbox, kjv, monkeypatch):
     params = _params(tiny_corpus)
     monkeypatch.setattr(sweep, "load_params", lambda: params)
     monkeypatch.setattr(groups, "load_params", lambda: params)
     out = groups.results_dir("micro", "probe", sandbox)
-    sweep.run_many("micro", groups.group_specs("micro", "probe", params), out, log=lambda *a: None, group="probe")
+    sweep.train_pool("micro", groups.group_specs("micro", "probe", params), out, params=params)
     logs = []
     scored = rescore.rescore_group("micro", "probe", params, root=sandbox, log=logs.append)
     runs = scored["runs"]
@@ -138,7 +139,7 @@ def test_a_group_is_scored_once_and_only_from_the_committed_checkpoints(tiny_cor
 def test_a_group_without_results_is_refused_in_one_line(tiny_corpus, sandbox, kjv):
     params = _params(tiny_corpus)
     with pytest.raises(rescore.RescoreError, match=r"group probe of profile micro: 2 run\(s\) have no results .*"
-                                                   r"\(dvc repro -s train@probe\)"):
+                                                   r"\(mapl sweep --group probe\)"):
         rescore.rescore_group("micro", "probe", params, root=sandbox)
 
 

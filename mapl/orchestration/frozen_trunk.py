@@ -271,7 +271,7 @@ def _trunks(profile: str, st: FrozenTrunkSettings, params: dict, root: Path, log
     for cfg, ckpt in zip(cfgs, ckpts):
         if not ckpt.exists():
             (out_dir / f"{cfg.name()}.json").unlink(missing_ok=True)
-    sweep.train_pool(profile, specs, out_dir)
+    sweep.train_pool(profile, specs, out_dir, params=params)
     return [(c, k, read_json_object(out_dir / f"{c.name()}.json")["val_loss"]) for c, k in zip(cfgs, ckpts)]
 
 

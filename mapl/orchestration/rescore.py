@@ -232,7 +232,7 @@ def retrain_missing(profile: str, group: str, params: dict | None = None, root: 
              if spec_config(profile, spec, params).run_name in missing]
     scratch = rescore_dir(profile, root) / ".retrain" / group
     log(f"rescore: training {len(specs)} run(s) of {group} again for their checkpoints (results to {scratch})")
-    sweep.train_pool(profile, specs, scratch)
+    sweep.train_pool(profile, specs, scratch, params=params)
     for cfg, res in _runs(profile, group, params, root):
         if cfg.run_name not in missing or res is None:
             continue

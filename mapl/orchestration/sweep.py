@@ -32,7 +32,7 @@ from .progress import (LAUNCH_OVERHEAD_S, UNPREPARED_EVAL_TOKENS, StepProgress, 
                        estimate_group, eval_split_guessed, hms, named_warnings)
 
 __all__ = ["LAUNCHERS", "LauncherConfig", "launcher_config", "checkpoint_path", "prepare_data", "train_one",
-           "train_pool", "same_config", "sweep", "estimate_text"]
+           "train_pool", "worker_init", "same_config", "sweep", "estimate_text"]
 
 LAUNCHERS = ("pool", "accelerate", "torchrun")
 
@@ -146,24 +146,26 @@ def _pool_worker(args) -> dict:
     return status
 
 
-def _worker_init() -> None:
+def worker_init() -> None:
     """A pool worker stops with its parent however the parent dies (SIGTERM: the step completes, the checkpoint is
     written). A watchdog thread, not PR_SET_PDEATHSIG: that signal fires when the parent *thread* ends, and a pool's
     replacement workers are spawned by a helper thread that ends at every pool shutdown."""
     exit_with_parent(mechanism="watchdog", poll_s=0.5)
 
 
-def train_pool(profile: str, specs: list[dict], out_dir: Path, jobs: int = 0, every_s: float = 0.0) -> list[dict]:
+def train_pool(profile: str, specs: list[dict], out_dir: Path, jobs: int = 0, every_s: float = 0.0,
+               params: dict | None = None) -> list[dict]:
     """Train each spec whose results in ``out_dir`` are not of its config, ``jobs`` side by side (0: the profile's
     launcher.jobs), resuming from checkpoints; one status per spec. Raises naming the runs that failed."""
-    cfgs = [spec_config(profile, s).validate() for s in specs]
+    params = params or load_params()
+    cfgs = [spec_config(profile, s, params).validate() for s in specs]
     todo = [c for c in cfgs if not same_config(Path(out_dir) / f"{c.name()}.json", c)]
     status = [{"run": c.name(), "skipped": "current"} for c in cfgs if c not in todo]
     prepare_data(todo)
-    workers = min(jobs or launcher_config(profile).jobs, len(todo))
+    workers = min(jobs or launcher_config(profile, params).jobs, len(todo))
     if todo:
         tasks = [(c, Path(out_dir) / f"{c.name()}.json", checkpoint_path(profile, c.name()), every_s) for c in todo]
-        with mp.get_context("spawn").Pool(workers, initializer=_worker_init, maxtasksperchild=1) as pool:
+        with mp.get_context("spawn").Pool(workers, initializer=worker_init, maxtasksperchild=1) as pool:
             for st in pool.imap_unordered(_pool_worker, tasks):
                 status.append(st)
                 if "interrupted" in st:     # nothing new starts; leaving the block stops the pool (SIGTERM)
