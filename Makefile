@@ -5,7 +5,7 @@
 #   make smoke        prepare, train@*, report and plan on the micro profile in a temporary copy (nothing here changes)
 #   make verify       re-execute the report from the committed results in a temporary copy; fail on any difference
 #   make repro-all    retrain every run of the cpu profile (prints the plan and its estimate first)
-#   make paper-smoke  the paper code path at paper shapes on CPU, in a temporary copy; results land in reports/paper-smoke/
+#   make paper-smoke  the paper code path at paper shapes on CPU, in a temporary copy; results land in reports/paper-smoke/ (git-ignored)
 #   make docs         rewrite the documents' generated blocks from their sources (a test runs `mapl docs --check`)
 #   make lint         ruff (rules and their reasons in pyproject.toml [tool.ruff]); seconds
 #   make test-all     `make test`, then the `full` tests: every test once (CI runs it, .ci/run)
