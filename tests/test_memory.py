@@ -303,8 +303,8 @@ def test_norm_cast_once_saves_two_bf16_copies_per_block_not_five(preset):
 def test_norm_cast_is_opt_in_and_changes_no_forward():
     """``once`` is the paper profile's (bf16 on GPUs), not the CPU profiles': in fp32 nothing is cast, and under
     bf16 the forward is the same bits (autocast's per-linear cast of a norm output is the same rounding); only
-    the backward differs, the input gradients summed in bf16 before the one cast back (benchmarks/gpu_check.py
-    ``boundary-error`` measures that gradient against fp32's)."""
+    the backward differs, the input gradients summed in bf16 before the one cast back (its error against fp32's
+    gradient was measured on CPU: reports/bench/norm-cast-cpu.jsonl)."""
     from mapl.core.config import ConfigError, config_hash
     assert load_run_config("cpu").train.norm_cast == load_run_config("micro").train.norm_cast == "per-linear"
     assert load_run_config("paper").train.norm_cast == "once" and load_run_config("paper").train.precision == "bf16"
