@@ -106,12 +106,12 @@ def need_bytes(model: str, method: str, seqs: int, small: bool) -> int:
     return static + max((st.activations + st.head) // max(1, st.alive) + st.working for st in plan.stages)
 
 
-def plan(run_items: list[dict], crd: dict, small: bool, measured: dict) -> list[dict]:
+def plan(run_items: list[dict], crd: dict, small: bool, measured: dict, reps: int = 3) -> list[dict]:
     """Each item with what it needs (memory, seconds) and whether it runs on this card: an item that needs more
     than the card's memory less 10 % is skipped, with the reason."""
     from measure import speed_config
     from mapl.planning.costmodel import stage_flops
-    rate = (crd["peak_flops"] or 300e12) * MFU_GUESS
+    rate = (crd["peak_flops"] or 300e12) * MFU_GUESS          # an unknown card's plan, before its ceiling is measured
     out = []
     for it in run_items:
         it = dict(it, need_bytes=None, skip=None)
@@ -120,7 +120,7 @@ def plan(run_items: list[dict], crd: dict, small: bool, measured: dict) -> list[
             cfg = speed_config(it["model"], it["method"], it["seqs"], small)
             vocab = cfg.model_config().vocab_size
             it["need_bytes"] = need_bytes(it["model"], it["method"], it["seqs"], small)
-            passes = 4 if small else 5                         # the probe and warm-up passes, three timed
+            passes = 2 + reps                                  # two untimed passes, then the timed ones
             est += 0 if small else passes * sum(f["fwd"] + f["bwd"] for f in stage_flops(cfg, vocab)) / rate
             if crd["memory_bytes"] and it["need_bytes"] > (1 - RESERVE) * crd["memory_bytes"]:
                 it["skip"] = (f"needs {it['need_bytes'] / GIB:.1f} GiB, more than the card's "
@@ -249,14 +249,19 @@ def measure_item(it: dict, device, peak: float, args):
 def main(argv=None) -> int:
     args = parse_args(argv)
     import torch
+
+    import measure
+    from mapl.base.cli import fail
     crd = card(args)
     selected = [it for it in items(args.cpu) if not args.items or it["name"].startswith(tuple(args.items.split(",")))]
+    if not selected:
+        fail(f"error: --items {args.items} matches no item: names start with {', '.join(ITEM_KINDS)} "
+             f"(e.g. speed/1B, speed/150M/mapl)")
     device = torch.device("cpu" if args.cpu or args.plan else "cuda")
     peak, source = crd["peak_flops"], "datasheet"
     if not args.plan and peak is None:
-        import measure
         peak, source = measure.ceiling(device, args.cpu)["matmul_flops"], "measured bf16 matmul"
-    planned = plan(selected, {**crd, "peak_flops": peak}, args.cpu, earlier_seconds(args.out, crd["name"]))
+    planned = plan(selected, {**crd, "peak_flops": peak}, args.cpu, earlier_seconds(args.out, crd["name"]), args.reps)
     print(format_plan(planned, crd), flush=True)
     if args.plan:
         return 0
@@ -265,8 +270,6 @@ def main(argv=None) -> int:
     jsonl, md = stem.with_suffix(".jsonl"), stem.with_suffix(".md")
     write_record(jsonl, "env", card=crd["name"], memory_bytes=crd["memory_bytes"], peak_flops=peak, peak_source=source,
                  torch=torch.__version__, cuda=torch.version.cuda, python=sys.version.split()[0], argv=sys.argv[1:])
-    if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = False          # IEEE fp32 where fp32 is measured
     started, errors = time.perf_counter(), 0
     for it in planned:
         if it["skip"]:
@@ -280,7 +283,7 @@ def main(argv=None) -> int:
                 errors += 1
                 write_record(jsonl, "error", item=it["name"], error=f"{type(e).__name__}: {str(e)[:400]}",
                              traceback=traceback.format_exc()[-2000:])
-                __import__("measure").free(device)
+            measure.free(device)               # here, not in the except block: its traceback holds the item's tensors
             print(f"[{time.perf_counter() - started:7.1f} s] {it['name']}", flush=True)
         md.write_text(summary(read_records(jsonl)), encoding="utf-8")
     write_record(jsonl, "done", wall_s=time.perf_counter() - started, errors=errors)

@@ -49,6 +49,9 @@ def test_bad_arguments_are_one_line_and_exit_2(capsys):
         with pytest.raises(SystemExit) as stop:
             run.parse_args(argv)
         assert stop.value.code == 2 and says in capsys.readouterr().err
+    with pytest.raises(SystemExit) as stop:
+        run.main(["--cpu", "--items", "speed/2B"])
+    assert stop.value.code == 2 and "--items speed/2B matches no item" in capsys.readouterr().err
 
 
 @pytest.mark.slow
