@@ -5,7 +5,7 @@
 #   make smoke        prepare, train@*, report and plan on the micro profile in a temporary copy (nothing here changes)
 #   make verify       re-execute the report from the committed results in a temporary copy; fail on any difference
 #   make repro-all    retrain every run of the cpu profile (prints the plan and its estimate first)
-#   make paper-smoke  the paper code path at paper shapes on CPU, in a temporary copy; results land in reports/paper-smoke/
+#   make paper-smoke  the paper code path at paper shapes on CPU, in a temporary copy; results land in reports/paper-smoke/ (git-ignored)
 #   make docs         rewrite the documents' generated blocks from their sources (a test runs `mapl docs --check`)
 #   make lint         ruff (rules and their reasons in pyproject.toml [tool.ruff]); seconds
 #   make test-all     `make test`, then the `full` tests: every test once (CI runs it, .ci/run)
@@ -62,12 +62,14 @@ lint: install
 	$(VENV)/bin/ruff check .
 
 PYTEST := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest -q -rs
+# the project's tests, and the GPU kit's beside it (they run on a CPU)
+TESTS  := tests benchmarks/gpu
 
 # The test sets (markers in pyproject.toml). `make test` must stay under 12 minutes on 2 cores from a fresh clone,
 # install included: lint, every in-process test and a chosen share of the child-process tests; the rest is
 # marked `full` (each place says why) and runs in `make test-all`. Lint first: a style failure costs seconds.
 test: install lint
-	$(PYTEST) -m "not full" tests
+	$(PYTEST) -m "not full" $(TESTS)
 
 # every test exactly once: `make test`, then the `full` remainder
 test-all: test
@@ -75,12 +77,12 @@ test-all: test
 
 # the remainder alone (what `make test-all` adds to `make test`)
 test-full: install
-	$(PYTEST) -m full tests
+	$(PYTEST) -m full $(TESTS)
 
 # in-process unit tests only; MAPL_TEST_IN_PROCESS=1 fails an unmarked test that starts a child process, so a
 # new subprocess test cannot slip into the fast set unmarked
 test-fast: install
-	MAPL_TEST_IN_PROCESS=1 $(PYTEST) -m "not slow and not process" tests
+	MAPL_TEST_IN_PROCESS=1 $(PYTEST) -m "not slow and not process" $(TESTS)
 
 clean-venv:
 	rm -rf $(VENV)

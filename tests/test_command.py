@@ -1,9 +1,7 @@
 """The one command, ``mapl`` (mapl/cli): its help lists every subcommand on one line, each subcommand's help
 is its own parser's under the name ``mapl <command>``, a mistyped command or flag is argparse's usage and one
-error line (exit 2) before any torch import, and the old spelling ``python -m mapl.<name>`` still runs the
-new command, after one line on stderr naming it (mapl/base/legacy_commands.py)."""
+error line (exit 2) before any torch import."""
 import os
-import runpy
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from mapl.base.cli import EXIT_USER_ERROR
-from mapl.base.legacy_commands import LEGACY_COMMANDS
 from mapl.cli import COMMANDS, main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,7 +45,6 @@ def test_help_lists_every_command_on_one_line(capsys):
 def test_every_module_of_the_package_is_a_command():
     modules = {p.stem for p in (ROOT / "mapl" / "cli").glob("*.py")} - {"__init__", "__main__"}
     assert modules == {module for module, _ in COMMANDS.values()}
-    assert set(LEGACY_COMMANDS.values()) <= set(COMMANDS)        # every old spelling names a command
 
 
 @pytest.mark.parametrize("name", list(COMMANDS))
@@ -69,28 +65,8 @@ def test_a_missing_or_unknown_command_is_a_usage_error(argv, line, capsys):
     assert _usage_then_one_error(capsys.readouterr().err).startswith(line)
 
 
-@pytest.mark.parametrize("old,command", sorted(LEGACY_COMMANDS.items()))
-def test_the_old_spelling_runs_the_new_command_after_one_note(old, command, monkeypatch, capsys):
-    """As ``python -m`` runs a module (runpy, in this process): the note once, then the new command's help."""
-    spelled = old.removesuffix(".__main__")
-    monkeypatch.setattr(sys, "argv", [spelled, "--help"])
-    with pytest.raises(SystemExit) as stop:
-        runpy.run_module(spelled, run_name="__main__", alter_sys=True)
-    assert stop.value.code == 0
-    out, err = capsys.readouterr()
-    assert err == f"note: `python -m {spelled}` is deprecated and goes in the next release; use `mapl {command}`\n"
-    assert f"mapl {command}" in out
-
-
-def test_importing_an_old_module_names_its_new_place():
-    with pytest.raises(ImportError, match=r"mapl\.train is now the command `mapl train` \(module mapl\.cli\)"):
-        import mapl.train  # noqa: F401
-    sys.modules.pop("mapl.train", None)
-
-
 def test_the_launcher_starts_ranks_with_the_new_command():
-    """Ranks run ``python -m mapl.cli.pipeline`` (a launcher takes a module): a launch of the old spelling prints
-    its note once, not per rank."""
+    """Ranks run ``python -m mapl.cli.pipeline`` (a launcher takes a module)."""
     from mapl.orchestration.launch import launcher_command, RANK_COMMAND
     assert RANK_COMMAND == ("-m", "mapl.cli.pipeline")
     cmd = launcher_command("torchrun", 2, 29500, [*RANK_COMMAND, "--stages", "2"])
@@ -123,26 +99,3 @@ def test_a_bad_flag_is_one_error_line_and_exit_2_before_torch():
     for argv in (["--help"], ["train", "--bogus"], ["pipeline", "--bogus"], ["bogus"]):
         p = _run([sys.executable, "-c", NO_TORCH, *argv])
         assert p.stdout.strip().splitlines()[-1] == "no torch", (argv, p.stdout, p.stderr)
-
-
-@pytest.mark.process
-def test_the_old_spelling_of_a_command_line_warns_once_and_keeps_its_exit_code():
-    new = _run([str(SCRIPT), "train", "--bogus"])
-    old = _run([sys.executable, "-m", "mapl.train", "--bogus"])
-    note, rest = old.stderr.split("\n", 1)
-    assert note == "note: `python -m mapl.train` is deprecated and goes in the next release; use `mapl train`"
-    assert old.returncode == new.returncode == EXIT_USER_ERROR and rest == new.stderr
-    assert old.stderr.count("deprecated") == 1
-
-
-@pytest.mark.process
-@pytest.mark.full          # two torch imports for one refusal; make test runs the old spelling of `mapl train` (above)
-def test_the_old_spelling_of_the_pipeline_starts_its_ranks_with_the_new_command(tmp_path):
-    """One rank started, by ``python -m mapl.cli.pipeline``: the note is the launcher's alone, and the rank's
-    refusal names the new commands."""
-    p = _run([sys.executable, "-m", "mapl.pipeline", "--profile", "micro", "--stages", "1", "--no-progress",
-              "--out", str(tmp_path / "r.json"), "--ckpt", str(tmp_path / "r.pt")], OMP_NUM_THREADS="1")
-    assert p.returncode == EXIT_USER_ERROR, p.stderr
-    assert p.stderr.count("deprecated") == 1 and p.stderr.startswith("note: `python -m mapl.pipeline`"), p.stderr
-    assert "error: rank 0: mapl pipeline needs stages >= 2; for one stage use mapl train" in p.stderr, p.stderr
-    assert not (tmp_path / "r.json").exists()

@@ -1,4 +1,4 @@
-"""The decomposition controls of issue 26 (why MAPL beats SSN): each builds, trains a few steps, and has
+"""The decomposition controls (why MAPL beats SSN): each builds, trains a few steps, and has
 the trainable parameter count that params.yaml's comments and the report state.
 
 * ``ssn`` + ``anchor: factorized``: SSN's constrained writers and shared U, MAPL's anchors;

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = sorted((ROOT / "docs").glob("*.md"))
 README_LIMIT_BYTES = 15 * 1024
 
-# development history ("round 5", "issue 26", "in round 7 we") belongs in CHANGELOG.md, nowhere a reader learns the tool
+# development history ("round N", "issue N", "in round N we") belongs in CHANGELOG.md, nowhere a reader learns the tool
 HISTORY = re.compile(r"\b(rounds?|issues?)\s+\d+", re.I)
 
 

@@ -1,4 +1,4 @@
-"""CPU proofs of what the GPU path needs from the runtime (issue 22): the communication timeout is a
+"""CPU proofs of what the GPU path needs from the runtime: the communication timeout is a
 validated setting (minutes in the paper profile), the compiled RVQ search is warmed before the first
 timed wait, P x R beyond the local GPUs is refused, TF32 stays off inside SPEL, the wire never reads
 the host per message (mapl-rvq's receiver included), timings come from the device where it has clocks."""
@@ -6,13 +6,9 @@ from __future__ import annotations
 
 import contextlib
 import re
-import sys
-from pathlib import Path
 
 import pytest
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 from host_reads import counting_host_reads
 from mapl.core.config import ConfigError, config_hash, load_run_config
@@ -142,7 +138,7 @@ def test_the_pipeline_refuses_before_starting_ranks_on_too_few_gpus(monkeypatch,
 
 
 # ---- host reads per micro-batch: none for any wire ---------------------------------------------------
-# The counter (benchmarks/host_reads.py) sees scalar reads (item, int/float/bool of a tensor, indexing with
+# The counter (tests/host_reads.py) sees scalar reads (item, int/float/bool of a tensor, indexing with
 # a 0-d tensor), data-dependent output shapes, bincount (CUDA's reads min and max), and tolist/numpy, which
 # read a CPU tensor without dispatching an op.
 def test_the_host_read_counter_sees_every_kind_of_read():
@@ -194,6 +190,39 @@ def test_no_wire_reads_the_host_per_micro_batch(method, rvq):
     if method == "mapl-rvq":
         assert comp.rvq.host_version == int(comp.rvq.version) == int(comp.sync.seen_version) == 3
         assert comp.check_sync()["ok"]
+
+
+@pytest.mark.slow
+def test_no_training_or_evaluation_micro_batch_reads_the_host(monkeypatch):
+    """A whole micro-batch of the single-process pipeline (P = 2: stage 0, the boundary's wire both ways, stage 1
+    with its loss, backward), the first (MAPL+RVQ's k-means start) and a later one, then an evaluation micro-batch:
+    no method reads the host. The counter would see the header read the RVQ receiver used to make: put back, it is
+    counted once per message."""
+    from mapl.core.compress.rvq import RVQCompressor
+    from mapl.core.stages import build_staged_model
+
+    def reads(method: str, ratio: float) -> list[dict]:
+        sm = build_staged_model(load_run_config("micro", {"method": method, "ratio": ratio, "stages": 2}), 256).train()
+        gen = torch.Generator().manual_seed(0)
+        counts = []
+        for training in (True, True, True, False):
+            sm.train(training)
+            ids, y = (torch.randint(0, 256, (2, 32), generator=gen) for _ in range(2))
+            with counting_host_reads() as c, torch.set_grad_enabled(training):
+                loss = sm(ids, y)
+                if training:
+                    loss.backward()
+            counts.append(dict(c.counts))
+        return [counts[0], counts[2], counts[3]]                  # first, later, evaluation
+    for method, ratio in (("none", 1.0), ("int8", 1.0), ("ssn", 4.0), ("mapl", 4.0), ("mapl-rvq", 4.0)):
+        assert reads(method, ratio) == [{}, {}, {}], method
+    unpack = RVQCompressor.unpack
+
+    def reading_unpack(self, payload, dtype):
+        payload[1 + self._n_scales].tolist()              # what the receiver read per message before
+        return unpack(self, payload, dtype)
+    monkeypatch.setattr(RVQCompressor, "unpack", reading_unpack)
+    assert reads("mapl-rvq", 4.0)[1:] == [{"tolist": 1}, {"tolist": 1}]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: its sync debug mode flags every host sync")
@@ -483,7 +512,7 @@ def test_release_completes_the_older_sends_only_and_counts_what_was_held(monkeyp
 
 # ---- evaluation in micro-batches (train.eval_micro_batch_size) ---------------------------------------------
 def test_evaluation_in_micro_batches_equals_the_whole_batch_and_is_opt_in(micro_cfg):
-    """Issue 22 item 6: each validation batch evaluated a few sequences at a time gives the whole batch's
+    """Each validation batch evaluated a few sequences at a time gives the whole batch's
     loss to float tolerance (pieces of 1 and 3 sequences, a smaller last piece included); unset, it is the
     one-block evaluation, and only a set value enters the config hash."""
     from dataclasses import replace

@@ -1,4 +1,4 @@
-"""Boundary health (issue 21): the early warning fires on a growing outlier and stays silent on a
+"""Boundary health: the early warning fires on a growing outlier and stays silent on a
 normal stream; the windows read what was sent; RVQ's per-token scale keeps an outlier's decoding error
 relative to its size, with its bytes declared and metered; the trajectories reach the results JSON."""
 import copy

@@ -250,7 +250,7 @@ def test_mapl_rvq_parity(corpus, tmp_path, nprocs, schedule, launcher, blocking,
     whole codebook sent once after the k-means init is metered, declared once and taken out of the mean."""
     from mapl.planning.costmodel import boundary_bytes
     args = base_args(corpus, "mapl-rvq", nprocs, schedule, micro_batches=4 if nprocs == 4 else None)
-    if nprocs == 4:                  # the per-token scale (issue 21) on the wire of a real pipeline
+    if nprocs == 4:                  # RVQ's per-token scale on the wire of a real pipeline
         args += ["--set", "compressor.rvq.scale=token"]
     ref = reference(args)
     res = run_mp(args, nprocs, tmp_path, launcher, extra=["--blocking-transport", "--timeout", "30"] * blocking)

@@ -179,7 +179,7 @@ def test_nonfinite_weights_never_overwrite_the_last_good_checkpoint_and_resume_w
 
 
 def test_a_diverging_update_never_becomes_the_last_good_checkpoint(micro_cfg, tmp_path):
-    """Issue 15: a x1e30 update leaves huge but *finite* weights whose next forward is NaN. With a
+    """A x1e30 update leaves huge but *finite* weights whose next forward is NaN. With a
     checkpoint after every step, the checkpoint of those weights stays unconfirmed and is dropped, so
     the file on disk is byte for byte the last good one, and resuming it with a sane LR works."""
     from mapl.core.checkpoint import unconfirmed_path

@@ -172,7 +172,7 @@ class CompressorConfig:
         if c.anchor.rank > d_model:
             refuse("compressor.anchor.rank", c.anchor.rank, f"must be in [0, d_model={d_model}]")
         if c.projector.kind is None and c.anchor.kind == "factorized" and not c.anchor.rank:
-            # "uncompressed + anchors" (issue 26): without a projector there is no r to default to, and
+            # "uncompressed + anchors" (a decomposition control): without a projector there is no r to default to, and
             # a rank-d factorized anchor would be a full one; MAPL's anchors at 8x have r = d / 8
             refuse("compressor.anchor.rank", c.anchor.rank,
                    f"method {c.method!r} has no projector rank for the factorized anchor to default to: set it "

@@ -17,8 +17,8 @@ only the model's initialisation and the batches:
 
     base = compressor.seed + RUN_STRIDE * train.seed            (train.seed 0: compressor.seed itself)
 
-``draws = "fixed"`` keeps ``compressor.seed`` for every ``train.seed`` (rounds 1-3 of this artifact:
-every seed shared one random subspace). RUN_STRIDE exceeds every offset + span, so no two runs'
+``draws = "fixed"`` keeps ``compressor.seed`` for every ``train.seed`` (every seed shares one random
+subspace). RUN_STRIDE exceeds every offset + span, so no two runs'
 draws share a seed.
 
     >>> run_base(1234, 2, "per-seed")

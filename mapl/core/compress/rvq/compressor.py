@@ -57,7 +57,7 @@ class RVQCompressor(Compressor):
     receiver copy. So message i is decoded with what messages < i delivered. The very first training message, whose indices come
     from the pre-k-means codebooks, is decoded with the equally pre-k-means receiver copy.
 
-    Host reads: none per message (tests/test_gpu_path.py and benchmarks/gpu_check.py count them). ``pack``
+    Host reads: none per message (tests/test_gpu_path.py counts them; on CUDA, benchmarks/gpu/ too). ``pack``
     and ``payload_spec`` keep host-side mirrors of versions and cursors, fixed-shape revivals, counts
     without ``bincount``. ``unpack`` never reads the header: T follows from the codes' row length (a layout
     of at least 8 bits per token; below that the header is read, one device-to-host copy per message), the

@@ -20,7 +20,7 @@ __all__ = ["RVQSettings"]
 
 # How z is scaled before the quantiser (``scale``; README "Choices where the paper is silent"):
 #   "none"  the codes quantise z itself (fixed resolution: a token with |z| far beyond the codebooks'
-#           reach is decoded with an error the size of itself; the blow-up of issue 21)
+#           reach is decoded with an error the size of itself: benchmarks/rvq_branches.py's blow-up)
 #   "token" each token's z is divided by its RMS s_t, sent beside the codes in bf16 (2 B/token), and
 #           multiplied back on decode: the error is relative to |z|, like a bf16 wire's
 # Which codebooks the sender searches (``search_with``): its own learned ones, or its shadow of the
