@@ -21,7 +21,7 @@ import importlib
 import sys
 from typing import Sequence
 
-__all__ = ["COMMANDS", "main", "run_deprecated", "build_parser", "command_table"]
+__all__ = ["COMMANDS", "main", "build_parser", "command_table"]
 
 # command -> (module of this package, the one line `mapl --help` shows); the order is the help's
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -68,11 +68,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         build_parser().parse_args(argv[:1])
     module, _ = COMMANDS[argv[0]]
     return importlib.import_module(f"{__name__}.{module}").main(argv[1:])
-
-
-def run_deprecated(old: str, command: str) -> int:
-    """``python -m <old>`` (mapl.base.legacy_commands): one line naming the new command, then that command
-    with the same arguments."""
-    sys.stderr.write(f"note: `python -m {old}` is deprecated and goes in the next release; use `mapl {command}`\n")
-    sys.stderr.flush()
-    return main([command, *sys.argv[1:]])
