@@ -61,7 +61,7 @@ paper-smoke: install
 lint: install
 	$(VENV)/bin/ruff check .
 
-PYTEST := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest -q -rs
+PYTEST := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest -q -rs --durations=20
 # the project's tests, and the GPU kit's beside it (they run on a CPU)
 TESTS  := tests benchmarks/gpu
 
