@@ -268,8 +268,8 @@ def test_train_cli_refuses_a_bad_config_before_importing_torch(tmp_path, args, m
 def test_sweep_check_and_estimate_need_no_torch(tmp_path):
     """DVC's first stage (`mapl sweep --check`) and `--estimate` read params.yaml and the configs
     only: no torch import (count_params is arithmetic on the config, mapl/core/model_config.py)."""
-    code = ("import sys\nfrom mapl.cli import main\ncode = main(sys.argv[1:])\n"
-            "print('torch imported' if 'torch' in sys.modules else 'no torch')\nsys.exit(code)")
+    code = ("import sys\nfrom mapl.cli import main\ntry:\n    code = main(sys.argv[1:])\nexcept SystemExit as e:\n"
+            "    code = e.code\nprint('torch imported' if 'torch' in sys.modules else 'no torch')\nsys.exit(code)")
     for args, rc in [(["sweep", "--check"], 0), (["sweep", "--estimate"], 0),
                      (["sweep", "--profile", "nope", "--estimate"], 2)]:
         p = subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT, text=True, capture_output=True, timeout=600,

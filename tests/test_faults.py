@@ -1251,9 +1251,9 @@ FAULTS = [
           "nothing written", "fix the value", before_torch=True),
     Fault("sweep-unknown-profile", "`mapl sweep --estimate` on an unknown profile",
           "mapl sweep --profile nope --estimate", 2, r"^mapl sweep: error: argument --profile: invalid choice: 'nope'",
-          "mapl sweep: error: argument --profile: invalid choice: 'nope' (choose from ...)",
-          "refused before any run starts", "nothing written",
-          "use a profile of params.yaml", slow=True, before_torch=True),
+          "usage: ... / mapl sweep: error: argument --profile: invalid choice: 'nope' (choose from ...)",
+          "argparse refuses it", "nothing written",
+          "use a profile of params.yaml", stderr="usage", slow=True, before_torch=True),
     Fault("params-checked-before-dvc", "`dvc repro` with a bad value in params.yaml (`profiles.micro.train.steps: "
           "many`; was: DVC deleted the group's committed results, then a papermill traceback)",
           "mapl sweep --check --stamp params-valid.txt", 2,

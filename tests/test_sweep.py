@@ -60,8 +60,8 @@ def test_dvc_renders_the_train_command_as_the_test_assumes():
 
 @pytest.mark.parametrize("argv,says", [
     (["--train.seed"], None),
-    (["--bogus", "1"], "unrecognized argument '--bogus': settings are --SECTION.KEY VALUE"),
-    (["stray"], "unrecognized argument 'stray'"),
+    (["--bogus", "1"], "unrecognized arguments: --bogus"),
+    (["stray"], "unrecognized arguments: stray"),
 ])
 def test_setting_flags_are_dotted_pairs(argv, says, capsys):
     if says is None:

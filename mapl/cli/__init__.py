@@ -28,7 +28,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "data": ("data", "prepare, verify or rebuild a tokenized dataset (DVC stage prepare)"),
     "train": ("train", "train one run in this process, every pipeline stage in order"),
     "pipeline": ("pipeline", "train one run, one process per stage (x replicas): gloo on CPU, NCCL on GPU"),
-    "sweep": ("sweep", "train a group's runs side by side through DVC, estimate them, or validate params.yaml"),
+    "sweep": ("sweep", "train a group's runs through DVC, estimate them, or validate params.yaml"),
     "frozen-trunk": ("frozen_trunk", "the frozen-trunk study of a profile (DVC stage frozen_trunk)"),
     "rescore": ("rescore", "score finished runs on held-out windows no choice saw (DVC stage rescore)"),
     "workspace": ("workspace", "smoke, verify or repro a profile in a copy of the checkout"),

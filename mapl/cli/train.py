@@ -69,7 +69,7 @@ def _settings_pairs(rest: list[str], ap: argparse.ArgumentParser) -> list[str]:
     while i < len(rest):
         key = rest[i]
         if not (key.startswith("--") and "." in key):
-            ap.error(f"unrecognized argument {key!r}: settings are --SECTION.KEY VALUE (e.g. --train.seed 1)")
+            ap.error(f"unrecognized arguments: {key}")
         has_value = i + 1 < len(rest) and not rest[i + 1].startswith("--")
         out.append(f"{key[2:]}={rest[i + 1] if has_value else 'true'}")
         i += 2 if has_value else 1
