@@ -229,12 +229,13 @@ def test_a_failed_step_in_the_copy_is_exit_5_and_names_it(monkeypatch, capsys):
     """A step in the copy that fails (or outputs that differ) is neither a bug here (1) nor the user's input (2):
     exit 5, the step named on stderr; the stage names are dvc.yaml's, a group's training stage train@<group>."""
     from mapl.base.cli import EXIT_STEP_FAILED
+    from mapl.cli import workspace as cli_workspace
     from mapl.orchestration import workspace
 
     def failing(*a, **k):
         raise workspace.WorkspaceError("`dvc repro train@main` failed in /tmp/x (exit 255)\nERROR: failed to reproduce")
     monkeypatch.setattr(workspace, "repro", failing)
-    assert workspace.main(["repro", "--profile", "micro", "train@main"]) == EXIT_STEP_FAILED
+    assert cli_workspace.main(["repro", "--profile", "micro", "train@main"]) == EXIT_STEP_FAILED
     assert capsys.readouterr().err.startswith("error: `dvc repro train@main` failed in /tmp/x (exit 255)")
     names = workspace.stage_names()
     assert {"validate", "prepare", "train", "train@main", "report", "plan"} <= set(names)
