@@ -31,7 +31,6 @@ from typing import Sequence
 
 import torch
 
-from ..base.io import atomic_write_text, check_writable
 from ..core.compress.base import spec_bytes
 from ..core.config import config_hash, load_params, RunConfig
 from ..core.link import floor_time, get_profile, IDEAL, schedule_ops, simulate, StepMeasurement
@@ -44,7 +43,7 @@ from ..orchestration.groups import group_names, group_specs, spec_config
 __all__ = ["GPUSpec", "H100", "H200", "DEFAULT_MFU", "StageCompute", "BoundaryBytes", "Case", "Prediction",
            "stage_flops", "flop_compute", "measured_compute", "boundary_bytes", "wire_ratio", "build_case",
            "PLANNER_SCHEDULES", "PLANNER_MICRO_BATCH_FACTORS", "with_schedule_variants",
-           "simulate_inbound", "gpu_hours", "format_gpu_hours", "main"]
+           "simulate_inbound", "gpu_hours", "format_gpu_hours"]
 
 DEFAULT_MFU = 0.35        # kernel-level fraction of peak while a stage computes (bubbles are modelled apart)
 NS_STEPS = 5              # torch.optim.Muon's Newton-Schulz iterations
@@ -441,35 +440,3 @@ def format_gpu_hours(rep: dict) -> str:
                      f"first); {w['ideal']:.1f} h if data-parallel replicas keep every GPU busy.")
     return "\n".join(lines) + "\n"
 
-
-def main(argv=None) -> int:
-    """``mapl costmodel [--profile paper] [--mfu 0.35] [--out reports/tables/gpu-hours.md]``: print
-    the GPU-hour estimate of a profile's run groups (run this before ``dvc exp run -S profile=paper``)."""
-    import argparse
-    import sys
-    from pathlib import Path
-    ap = argparse.ArgumentParser(prog="mapl costmodel", description="GPU-hour estimate of a profile's runs.")
-    ap.add_argument("--profile", default="paper")
-    ap.add_argument("--groups", help="comma-separated run groups (default: all of the profile's)")
-    ap.add_argument("--mfu", type=float, default=DEFAULT_MFU, help="fraction of the bf16 peak while computing")
-    ap.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak (H100/H200 SXM: 989)")
-    ap.add_argument("--out", type=Path, help="also write the text here")
-    a = ap.parse_args(argv)
-    try:
-        # a zero MFU or peak divided by zero deep in the clock (a traceback); a negative one gave negative hours
-        if not (math.isfinite(a.mfu) and 0 < a.mfu <= 1):
-            raise ValueError(f"--mfu {a.mfu:g} is invalid: must be in (0, 1] (the fraction of the peak sustained "
-                             "while computing)")
-        if not (math.isfinite(a.peak_tflops) and a.peak_tflops > 0):
-            raise ValueError(f"--peak-tflops {a.peak_tflops:g} is invalid: must be a finite number > 0")
-        if a.out:
-            check_writable(a.out)                   # before the estimate, not after it
-        gpu = GPUSpec(f"NVIDIA H100/H200 SXM, dense bf16 {a.peak_tflops:g} TFLOP/s", a.peak_tflops * 1e12, a.mfu)
-        text = format_gpu_hours(gpu_hours(a.profile, gpu, a.groups.split(",") if a.groups else None))
-        print(text)
-        if a.out:
-            atomic_write_text(a.out, text)
-    except (ValueError, KeyError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0

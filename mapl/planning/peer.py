@@ -9,11 +9,15 @@ bytes from our compressors at their width and rank) and compares::
     mapl peer                      # writes reports/bench/peer-protocolnanogpt.json and reports/tables/peer.md
 """
 from __future__ import annotations
+
+import json
+from pathlib import Path
+
 from ..core.config import load_run_config, PROJECT_ROOT
 from ..core.link import IDEAL, LinkProfile
 from .costmodel import build_case, GPUSpec
 
-__all__ = ["PEER", "peer_comparison", "peer_markdown", "main"]
+__all__ = ["PEER", "peer_comparison", "peer_markdown", "write_report"]
 
 
 # their records/ READMEs and logs (shared/design/ANCHORS.md)
@@ -88,14 +92,12 @@ def peer_markdown(res: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv=None) -> int:
-    import json
-    from pathlib import Path
+def write_report(root: Path = PROJECT_ROOT) -> str:
+    """Write reports/bench/peer-protocolnanogpt.json and reports/tables/peer.md under ``root``; returns the table."""
     res = peer_comparison()
-    out = Path(PROJECT_ROOT) / "reports"
-    (out / "bench").mkdir(parents=True, exist_ok=True)
-    (out / "tables").mkdir(parents=True, exist_ok=True)
-    (out / "bench" / "peer-protocolnanogpt.json").write_text(json.dumps(res, indent=1) + "\n")
-    (out / "tables" / "peer.md").write_text(peer_markdown(res))
-    print(peer_markdown(res))
-    return 0
+    text = peer_markdown(res)
+    for path, content in ((Path(root) / "reports" / "bench" / "peer-protocolnanogpt.json", json.dumps(res, indent=1) + "\n"),
+                          (Path(root) / "reports" / "tables" / "peer.md", text)):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(content)
+    return text

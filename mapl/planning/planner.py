@@ -36,7 +36,7 @@ from ..report.ttt import common_target as report_target, method_curve, on_target
 __all__ = ["LOSS_FITS", "load_runs", "main_model_runs", "steps_to_target", "best_loss", "steps_ratios", "ratio_trend",
            "steps_ratio_table", "steps_report", "ratio_from_penalty", "paper_steps_ratios", "common_target",
            "time_to_target_rows", "crossover_bandwidth", "crossover_interval", "speedup_grid", "validated_error", "ratio_key",
-           "run_label", "main"]
+           "run_label"]
 
 LOSS_FITS = {
     "chinchilla": {"B": 410.7, "beta": 0.28, "source": "Hoffmann et al. 2022, approach 3"},
@@ -318,24 +318,3 @@ def steps_report(runs: Sequence[dict], target_pct: float = 2.0) -> str:
                                                    for (name, budget), cells in lines.items()) + "\n")
     return text
 
-
-def main(argv=None) -> int:
-    """``mapl plan [RESULTS_DIR] [--target-pct 2]``: the steps-to-target ratio of every method and
-    variant against uncompressed, per training length (paired by seed), and along the longest runs."""
-    import argparse
-    import sys
-    ap = argparse.ArgumentParser(prog="mapl plan", description=main.__doc__)
-    ap.add_argument("results", nargs="?", default="reports/cpu/results", type=Path)
-    ap.add_argument("--target-pct", type=float, default=2.0, help="target: uncompressed's best loss + this %%")
-    a = ap.parse_args(argv)
-    if not (math.isfinite(a.target_pct) and a.target_pct > 0):     # nan gave "no run", a negative target nothing
-        print(f"error: --target-pct {a.target_pct:g} is invalid: must be a finite number > 0 (percent above "
-              "uncompressed's best loss)", file=sys.stderr)
-        return 2
-    if not a.results.is_dir():
-        print(f"error: results folder {a.results} does not exist", file=sys.stderr)
-        return 2
-    runs = main_model_runs(load_runs(a.results, variants=True))
-    print(f"{len(runs)} runs of the main model in {a.results}\n")
-    print(steps_report(runs, a.target_pct))
-    return 0
