@@ -1,4 +1,4 @@
-"""Round 3 of the reliability work (issue 24), the in-process checks behind rows of tests/test_faults.py:
+"""The in-process checks behind rows of tests/test_faults.py (the reliability work):
 ranks that agree on what they train, validation loss independent of how it is batched, the report's
 refusal of broken results, the results-file guard, params.yaml checked before DVC, workspace folders."""
 from __future__ import annotations
