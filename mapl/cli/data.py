@@ -44,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="files or globs (text, parquet, hf data_files)")
     p.add_argument("--hf-id", default=d.hf_id, metavar="ID", help="datasets id (source hf)")
     p.add_argument("--hf-text-field", default=d.hf_text_field, metavar="FIELD", help="text column (parquet, hf)")
-    p.add_argument("--tokenizer", choices=TOKENIZERS, default=d.tokenizer, help="tokenizer")
+    p.add_argument("--tokenizer", choices=TOKENIZERS, default=d.tokenizer, metavar="KIND", help=" | ".join(TOKENIZERS))
     p.add_argument("--vocab-size", type=int, default=d.vocab_size, metavar="N", help="BPE vocabulary size")
     p.add_argument("--val-fraction", type=float, default=d.val_fraction, metavar="F",
                    help="fraction of documents held out for val")
@@ -52,7 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="val prefix in tokens (0: --val-fraction)")
     p.add_argument("--max-train-tokens", type=int, default=d.max_train_tokens, metavar="N", help="train cap (0: none)")
     p.add_argument("--seed", type=int, default=d.seed, help="split seed")
-    p.add_argument("--doc-split", choices=DOC_SPLITS, default=d.doc_split, help="documents of a text file")
+    p.add_argument("--doc-split", choices=DOC_SPLITS, default=d.doc_split, metavar="HOW",
+                   help=f"documents of a text file: {' | '.join(DOC_SPLITS)}")
     return p
 
 
