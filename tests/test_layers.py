@@ -10,7 +10,7 @@ longer circle), and the training fingerprint is the numerical layers.
 * ``mapl/report``: tables and figures from results JSON.
 * ``mapl/orchestration``: run groups, reuse, progress, workspaces, launching.
 * ``mapl/planning``: cost model, planner, peer systems (read results and orchestration's groups).
-* ``mapl/cli``: the commands, ``mapl <name>`` (argparse and one call into a layer).
+* ``mapl/cli``: the commands, ``mapl <name>`` (argparse and one call into a layer; argparse nowhere else).
 
 A module may import its own layer or a lower one, at module level or inside a function; an import that
 points up is a cycle waiting to happen and is listed with its file and line. Within a layer the imports
@@ -86,6 +86,20 @@ def test_imports_point_down():
                 upward.append(f"{path.relative_to(ROOT)}:{line} ({LAYERS[mine]}) imports {target} "
                               f"({LAYERS[layer(target)]})")
     assert upward == [], "imports that point up a layer:\n" + "\n".join(upward)
+
+
+def argparse_imports(paths) -> list[str]:
+    """'file:line' of every argparse import among ``paths``."""
+    return [f"{path.relative_to(ROOT)}:{line}" for path in paths for line, target in imports(path)
+            if target.split(".")[0] == "argparse"]
+
+
+def test_only_the_commands_parse_arguments():
+    """argparse lives in mapl/cli alone: a library module keeps plain functions, its command the parser and one
+    call (a library `main` is a second command line beside `mapl <name>`, with its own help and errors)."""
+    outside = [p for p in package_files() if p.relative_to(ROOT / "mapl").parts[0] != "cli"]
+    assert argparse_imports(outside) == [], "argparse outside mapl/cli: move the parser into mapl/cli/<command>.py"
+    assert argparse_imports([ROOT / "mapl" / "cli" / "data.py"]), "the check finds an argparse import"
 
 
 def test_the_checker_sees_an_upward_import(tmp_path):
