@@ -6,7 +6,8 @@ longer circle), and the training fingerprint is the numerical layers.
 * ``mapl/base``: I/O, the CLI error policy, typed config fields and their validator (no number).
 * ``mapl/data``: corpus, tokenizer, batches (decides the tokens: fingerprinted).
 * ``mapl/core``: whatever computes a number of a run (fingerprinted): config, model, compressors,
-  optimizers, the loop, the runtime, the link and memory models a run reads.
+  optimizers, the loop, the runtime, the link and memory models a run reads. Inside it, ``mapl/core/runtime``
+  (the multi-process pipeline) sits on top: no other core module imports it.
 * ``mapl/report``: tables and figures from results JSON.
 * ``mapl/orchestration``: run groups, reuse, progress, workspaces, launching.
 * ``mapl/planning``: cost model, planner, peer systems (read results and orchestration's groups).
@@ -100,6 +101,19 @@ def test_only_the_commands_parse_arguments():
     outside = [p for p in package_files() if p.relative_to(ROOT / "mapl").parts[0] != "cli"]
     assert argparse_imports(outside) == [], "argparse outside mapl/cli: move the parser into mapl/cli/<command>.py"
     assert argparse_imports([ROOT / "mapl" / "cli" / "data.py"]), "the check finds an argparse import"
+
+
+def test_the_core_does_not_reach_into_its_runtime():
+    """mapl/core/runtime is the multi-process pipeline on top of the core: the core's other modules (config, link,
+    memory, the single-process engine) import none of it; what both use (the schedules, the boundary's per-step
+    state) sits in the core beside them."""
+    runtime = ROOT / "mapl" / "core" / "runtime"
+    inward = [f"{path.relative_to(ROOT)}:{line} imports {target}" for path in package_files()
+              if path.is_relative_to(ROOT / "mapl" / "core") and not path.is_relative_to(runtime)
+              for line, target in imports(path) if target.startswith("mapl.core.runtime")]
+    assert inward == [], "core modules that import the runtime (move what they use out of it):\n" + "\n".join(inward)
+    worker = {t for _, t in imports(runtime / "worker.py")}
+    assert "mapl.core.schedule" in worker and "mapl.core.boundary_sync" in worker      # the check sees these imports
 
 
 def test_the_checker_sees_an_upward_import(tmp_path):

@@ -65,7 +65,7 @@ def _saved_per_token(module, make_input, precision: str, tokens=(8, 16)) -> floa
 @pytest.mark.parametrize("preset", ["150M", "1B"])
 def test_block_term_matches_saved_tensors_at_paper_shapes_fp32_and_bf16(preset):
     """The plan's block term against what autograd saves for one block of the paper's shapes (measured
-    as issue 22 did: 56,392 B per token at 150M and 125,064 B at 1B under bf16 autocast, where the old
+    once: 56,392 B per token at 150M and 125,064 B at 1B under bf16 autocast, where the old
     count said 50,248 and 112,776: it missed three of the five bf16 copies of the norm outputs)."""
     mc = ModelConfig.preset(preset)
     with torch.device("meta"):
@@ -222,7 +222,7 @@ def test_format_plan_has_a_row_per_stage():
 
 
 def test_wire_buffers_are_two_sends_as_the_runtime_releases_them_not_a_steps_worth():
-    """Issue 22: 1B uncompressed, 1F1B, 32 micro-batches: the middle stages held 2 x 32 sends of 128 MiB
+    """1B uncompressed, 1F1B, 32 micro-batches: the middle stages held 2 x 32 sends of 128 MiB
     (8.25 GiB with the receives); released one batch later they hold two (0.5 GiB with the receives)."""
     cfg = load_run_config("paper", {"model": "1B", "method": "none", "train.schedule": "1f1b"})
     msg = 16 * 2048 * 2048 * 2                                  # one bf16 micro-batch activation (or gradient)
@@ -234,8 +234,8 @@ def test_wire_buffers_are_two_sends_as_the_runtime_releases_them_not_a_steps_wor
 
 
 def test_paper_shapes_agree_with_the_issue_figures():
-    """Issue 11: about 1.7 / 2.6 / 3.8 GiB per layer per 16 x 2048-token micro-batch at 150M / 500M / 1B
-    (bf16); the calibrated count (issue 22) gives 1.72 / 2.60 / 3.82 GiB."""
+    """The design's figures: about 1.7 / 2.6 / 3.8 GiB per layer per 16 x 2048-token micro-batch at 150M / 500M / 1B
+    (bf16); the calibrated count gives 1.72 / 2.60 / 3.82 GiB."""
     got = [block_activation_bytes_per_token(ModelConfig.preset(m), "bf16") * 16 * 2048 / 2**30
            for m in ("150M", "500M", "1B")]
     assert got == pytest.approx([1.72, 2.60, 3.82], abs=0.01)
@@ -260,7 +260,7 @@ def test_rvq_search_transient_is_a_working_term_of_the_sender_stages():
 
 
 def test_micro_batches_alive_are_read_off_the_runtimes_compute_order():
-    """The plan's liveness comes from the schedule the runtime executes (mapl.core.runtime.schedule), and is
+    """The plan's liveness comes from the schedule the runtime executes (mapl.core.schedule), and is
     the known closed form: GPipe holds all M graphs, 1F1B at most P - s on stage s."""
     from mapl.core.memory import _alive
     for P, M in [(2, 1), (4, 2), (4, 8), (8, 32)]:
@@ -271,7 +271,7 @@ def test_micro_batches_alive_are_read_off_the_runtimes_compute_order():
                 assert _alive(f"1f1b-x{k}", P, M, s) == min(M, k * (P - 1 - s) + 1)
 
 
-# ---- issue 22: cast once per norm, evaluation's peak, activation checkpointing chosen by the plan ------------
+# ---- cast once per norm, evaluation's peak, activation checkpointing chosen by the plan ------------
 def _paper_block(preset):
     mc = ModelConfig.preset(preset)
     with torch.device("meta"):
@@ -400,7 +400,7 @@ def _wire_in(sm, shape):
 
 
 def test_evaluation_in_micro_batches_bounds_the_eval_peak_and_the_plan_refuses_naming_it():
-    """Issue 22 item 6: at eval_batch_size 64 x 2048 tokens without chunked loss the last stage's
+    """At eval_batch_size 64 x 2048 tokens without chunked loss the last stage's
     evaluation (fp32 logits and log-softmax of 131k tokens at V = 32k: 31 GiB) is the stage's peak; in
     micro-batches of 16 it is a quarter of that; a device it does not fit is refused naming evaluation."""
     whole = _eval_plan(**{"train.eval_micro_batch_size": 0, "train.loss_chunk_tokens": 0}).stages[-1]

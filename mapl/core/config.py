@@ -28,7 +28,7 @@ import yaml
 
 from ..data import DataConfig
 from .model_config import PRESETS, ModelConfig
-from .runtime.schedule import ONE_F_ONE_B, SCHEDULES as SCHEDULE_REGISTRY
+from .schedule import ONE_F_ONE_B, SCHEDULES as SCHEDULE_REGISTRY
 # re-exported: callers import these from mapl.core.config
 from .seeds import DRAWS, run_base
 from ..base.settings import (ConfigError, build, check_fields, coerce, field_hints, field_type, parse_set, refuse,
@@ -172,7 +172,7 @@ class CompressorConfig:
         if c.anchor.rank > d_model:
             refuse("compressor.anchor.rank", c.anchor.rank, f"must be in [0, d_model={d_model}]")
         if c.projector.kind is None and c.anchor.kind == "factorized" and not c.anchor.rank:
-            # "uncompressed + anchors" (issue 26): without a projector there is no r to default to, and
+            # "uncompressed + anchors" (a control run): without a projector there is no r to default to, and
             # a rank-d factorized anchor would be a full one; MAPL's anchors at 8x have r = d / 8
             refuse("compressor.anchor.rank", c.anchor.rank,
                    f"method {c.method!r} has no projector rank for the factorized anchor to default to: set it "

@@ -68,7 +68,7 @@ from torch.utils._pytree import tree_leaves
 from .compress.base import spec_bytes
 from .config import RunConfig
 from .model import ModelConfig
-from .runtime.schedule import POSTS_AHEAD, schedule_ops
+from .schedule import POSTS_AHEAD, schedule_ops
 
 __all__ = ["GiB", "StageMemory", "MemoryPlan", "memory_plan", "format_plan", "check_plan", "build_meta_stage",
            "block_activation_bytes_per_token", "head_activation_bytes_per_token", "resolve_precision",

@@ -16,7 +16,7 @@ from ..core.compress.base import spec_bytes
 from ..core.config import config_hash, load_params, RunConfig
 from ..core.link import floor_time, get_profile, IDEAL, schedule_ops, simulate, StepMeasurement
 from ..core.optimizer_recipe import build_optimizers
-from ..core.runtime.schedule import ONE_F_ONE_B
+from ..core.schedule import ONE_F_ONE_B
 from ..core.stages import build_staged_model
 from ..orchestration.progress import eval_tokens
 from ..orchestration.groups import group_names, group_specs, spec_config
