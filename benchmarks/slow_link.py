@@ -5,7 +5,7 @@ Writes: ``reports/bench/slow-link.json``, ``reports/tables/slow-link.md``, ``rep
 The floor of a step is the busiest channel's bytes over the bandwidth: no schedule can beat it. Under 1F1B a
 stage runs at most P - s micro-batches ahead of its first gradient, which returns only after a round trip of
 2 (P - 1 - s) messages, so on a slow link the channel idles for much of the step. The deep warm-ups
-(``1f1b-x2``..``x4``, mapl.core.runtime.schedule) keep it busy; the planner (``Case.predict``) takes the fastest
+(``1f1b-x2``..``x4``, mapl.core.schedule) keep it busy; the planner (``Case.predict``) takes the fastest
 that fits the GPU's memory (``with_schedule_variants``).
 
 * **Model** (seconds): the paper shapes (150M, 1B; P = 4, sequences of 2,048) on H100 and H200 memory,

@@ -66,7 +66,7 @@ def test_wire_bytes_come_from_the_compressors():
 
 def _case(schedule, P, M, fwd, bwd, nbytes, opt=0.0, state=0.0):
     comp = StageCompute([[fwd] * M for _ in range(P)], [[bwd] * M for _ in range(P)], [opt] * P, "hand")
-    return Case("hand", schedule, comp, [BoundaryBytes(nbytes, nbytes, state, 0.0)] * (P - 1), 1)
+    return Case(schedule, comp, [BoundaryBytes(nbytes, nbytes, state, 0.0)] * (P - 1))
 
 
 def test_step_time_hand_case():
@@ -157,8 +157,8 @@ def test_ratio_from_penalty():
 
 def test_steps_ratios_pair_seeds_and_mark_censored():
     def run(method, seed, curve, steps=300):
-        return {"run": f"{method}{seed}", "method": method, "ratio": 1.0 if method == "none" else 8.0, "steps": steps,
-                "seed": seed, "model": "tiny", "final": curve[-1][1], "curve": curve}
+        return {"run": f"{method}{seed}", "method": method, "variant": method, "wire_ratio": 1.0 if method == "none"
+                else 8.0, "steps": steps, "seed": seed, "model": "tiny", "val_loss": curve[-1][1], "val_loss_curve": curve}
     runs = [run("none", 0, [[100, 4.0], [200, 3.06], [300, 3.0]]), run("mapl", 0, [[100, 4.0], [200, 3.5], [300, 3.06]]),
             run("none", 1, [[100, 4.0], [200, 3.06], [300, 3.0]]), run("mapl", 1, [[100, 4.0], [200, 3.5], [300, 3.2]])]
     (r,) = steps_ratios(runs, target_pct=2.0)
@@ -196,9 +196,10 @@ def test_peer_inbound_clock_reproduces_published_step_times():
 
 # ---- the planner's summaries and views (mapl.planning.planner, mapl.planning.planner_views) ---------------------------------
 def _run(method, seed, curve, steps=300, variant=None, ratio=None):
-    return {"run": f"{variant or method}-{steps}-s{seed}", "method": method, "variant": variant or method,
-            "ratio": ratio or (1.0 if method == "none" else 8.0), "steps": steps, "seed": seed, "model": "tiny",
-            "final": curve[-1][1], "curve": curve}
+    """A run as the report's row (mapl.report.rows), the fields the planner reads."""
+    return {"run": f"{variant or method}-{steps}-s{seed}", "group": "", "method": method, "variant": variant or method,
+            "wire_ratio": ratio or (1.0 if method == "none" else 8.0), "steps": steps, "seed": seed, "model": "tiny",
+            "val_loss": curve[-1][1], "val_loss_curve": curve}
 
 
 def _runs():
@@ -338,8 +339,13 @@ def test_measured_steps_take_each_methods_longest_budget_and_never_another_metho
     # at equal budget the preferred variant wins over the default configuration
     runs.append(_run("mapl-rvq", 0, [[200, 3.06], [400, 2.9], [600, 2.85]], steps=600))
     assert pick_measured(steps_ratios(runs), [("mapl-rvq", 8.0)])[("mapl-rvq", 8.0)]["variant"] == "mapl-rvq-scaled"
-    # a study at another projection ratio and the same budget (learned_fixed_4x) never stands for the method
-    from mapl.planning.planner_views import at_headline_ratio
+    # a study at another projection ratio and the same budget (learned_fixed_4x) never stands for the method: the
+    # runs are taken at the headline's projection ratio (measured_sources)
+    from mapl.report.rows import at_projection_ratio
+    from mapl.report.studies import headline_ratio
+
+    def at_headline_ratio(runs):
+        return at_projection_ratio(runs, headline_ratio(runs))
     headline = [{**r, "group": "long", "projection_ratio": None if r["method"] == "none" else 8} for r in runs]
     study = {**_run("mapl", 0, [[200, 3.06], [400, 2.86], [600, 2.8]], steps=600, ratio=4.0),
              "group": "learned_fixed_4x", "projection_ratio": 4}
@@ -351,7 +357,7 @@ def test_measured_steps_take_each_methods_longest_budget_and_never_another_metho
 
 
 def test_uncompressed_with_anchors_is_never_the_planners_reference():
-    """Issue 26's control 'uncompressed + anchors' is method none; pairing against it would move every ratio."""
+    """The control 'uncompressed + anchors' is method none; pairing against it would move every ratio."""
     from mapl.planning.planner import steps_ratios
     base = steps_ratios(_runs())
     control = _run("none", 0, [[100, 3.0], [200, 2.5], [300, 2.4]], variant="none-anchor-factorized")
@@ -400,7 +406,7 @@ def test_the_planner_also_weighs_the_same_batch_in_more_micro_batches():
     gpu = GPUSpec("test", 1e12, 0.5, memory_bytes=1e12)
     case = build_case(cfg, gpu=gpu, vocab_size=256)
     both = with_schedule_variants(case, cfg, gpu, 256, micro_batch_factors=(1, 2, 3))     # 3 x 4 does not divide 16
-    more = [v for v in both.variants if v.meta["more_micro_batches"]]
+    more = [v for v in both.variants if v.more_micro_batches]
     assert {v.micro_batches for v in more} == {8} and len(more) == 2 * len(PLANNER_SCHEDULES)
     assert all(v.label.endswith(", M = 8") for v in more)
     slow = LinkProfile("slow", 1e5, 0.0)

@@ -833,8 +833,8 @@ FAULTS = [
           "the same command with `--rebuild`", own_data=True, setup=flip_byte("data/train.bin"), before_torch=True),
     Fault("data-cli-unknown-profile", "`mapl data --profile` with an unknown profile",
           "mapl data --profile gpu", 2,
-          r"^mapl data: error: profile='gpu' is invalid: allowed: \[.*'micro'.*\]$",
-          "usage: ... / mapl data: error: profile='gpu' is invalid: allowed: [...]",
+          r"^mapl data: error: argument --profile: invalid choice: 'gpu' \(choose from .*'micro'.*\)$",
+          "usage: ... / mapl data: error: argument --profile: invalid choice: 'gpu' (choose from ...)",
           "refused", "nothing written", "use a profile of params.yaml", stderr="usage", slow=True, before_torch=True),
     Fault("data-sigterm", "SIGTERM (or Ctrl-C) to `mapl data` while it encodes the corpus",
           "mapl data --out prepared --source text --paths 'big/*.txt' --tokenizer byte", 130,
@@ -1306,9 +1306,10 @@ FAULTS = [
           "refused before any result is read", "nothing written", "fix the value", before_torch=True),
     Fault("frozen-trunk-unknown-profile", "`mapl frozen-trunk --profile nope` (was: 'has no seeds: nothing to run', "
           "exit 0)", "mapl frozen-trunk --profile nope", 2,
-          r"^error: --profile 'nope' is invalid: allowed \[.*'micro'.*\] \(params\.yaml\)$",
-          "error: --profile 'nope' is invalid: allowed [...] (params.yaml)", "refused before anything is written",
-          "nothing written", "use a profile of params.yaml", before_torch=True),
+          r"^mapl frozen-trunk: error: argument --profile: invalid choice: 'nope' \(choose from .*'micro'.*\)$",
+          "usage: ... / mapl frozen-trunk: error: argument --profile: invalid choice: 'nope' (choose from ...)",
+          "refused before anything is written", "nothing written", "use a profile of params.yaml", stderr="usage",
+          before_torch=True),
     Fault("frozen-trunk-jobs-negative", "`mapl frozen-trunk --jobs -1` (was: read as the launcher's default, and the "
           "study started)", "mapl frozen-trunk --profile micro --jobs -1", 2,
           r"^error: --jobs -1 is invalid: must be >= 0 \(0: the profile's launcher\.jobs\)$",
@@ -1380,9 +1381,10 @@ FAULTS = [
           "default's)", before_torch=True),
     Fault("workspace-unknown-profile", "`mapl workspace repro/verify` on an unknown profile",
           "mapl workspace repro --profile nope", 2,
-          r"^error: --profile 'nope' is invalid: allowed: \[.*'micro'.*\] \(params\.yaml\)$",
-          "error: --profile 'nope' is invalid: allowed: [...] (params.yaml)", "refused before anything is copied",
-          "nothing written", "use a profile of params.yaml", before_torch=True),
+          r"^mapl workspace repro: error: argument --profile: invalid choice: 'nope' \(choose from .*'micro'.*\)$",
+          "usage: ... / mapl workspace repro: error: argument --profile: invalid choice: 'nope' (choose from ...)",
+          "refused before anything is copied", "nothing written", "use a profile of params.yaml", stderr="usage",
+          before_torch=True),
 ]
 
 

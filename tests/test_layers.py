@@ -6,11 +6,12 @@ longer circle), and the training fingerprint is the numerical layers.
 * ``mapl/base``: I/O, the CLI error policy, typed config fields and their validator (no number).
 * ``mapl/data``: corpus, tokenizer, batches (decides the tokens: fingerprinted).
 * ``mapl/core``: whatever computes a number of a run (fingerprinted): config, model, compressors,
-  optimizers, the loop, the runtime, the link and memory models a run reads.
+  optimizers, the loop, the runtime, the link and memory models a run reads. Inside it, ``mapl/core/runtime``
+  (the multi-process pipeline) sits on top: no other core module imports it.
 * ``mapl/report``: tables and figures from results JSON.
 * ``mapl/orchestration``: params.yaml's runs, training them, progress, workspaces, launching.
 * ``mapl/planning``: cost model, planner, peer systems (read results and orchestration's groups).
-* ``mapl/cli``: the commands, ``mapl <name>`` (argparse and one call into a layer).
+* ``mapl/cli``: the commands, ``mapl <name>`` (argparse and one call into a layer; argparse nowhere else).
 
 A module may import its own layer or a lower one, at module level or inside a function; an import that
 points up is a cycle waiting to happen and is listed with its file and line. Within a layer the imports
@@ -86,6 +87,33 @@ def test_imports_point_down():
                 upward.append(f"{path.relative_to(ROOT)}:{line} ({LAYERS[mine]}) imports {target} "
                               f"({LAYERS[layer(target)]})")
     assert upward == [], "imports that point up a layer:\n" + "\n".join(upward)
+
+
+def argparse_imports(paths) -> list[str]:
+    """'file:line' of every argparse import among ``paths``."""
+    return [f"{path.relative_to(ROOT)}:{line}" for path in paths for line, target in imports(path)
+            if target.split(".")[0] == "argparse"]
+
+
+def test_only_the_commands_parse_arguments():
+    """argparse lives in mapl/cli alone: a library module keeps plain functions, its command the parser and one
+    call (a library `main` is a second command line beside `mapl <name>`, with its own help and errors)."""
+    outside = [p for p in package_files() if p.relative_to(ROOT / "mapl").parts[0] != "cli"]
+    assert argparse_imports(outside) == [], "argparse outside mapl/cli: move the parser into mapl/cli/<command>.py"
+    assert argparse_imports([ROOT / "mapl" / "cli" / "data.py"]), "the check finds an argparse import"
+
+
+def test_the_core_does_not_reach_into_its_runtime():
+    """mapl/core/runtime is the multi-process pipeline on top of the core: the core's other modules (config, link,
+    memory, the single-process engine) import none of it; what both use (the schedules, the boundary's per-step
+    state) sits in the core beside them."""
+    runtime = ROOT / "mapl" / "core" / "runtime"
+    inward = [f"{path.relative_to(ROOT)}:{line} imports {target}" for path in package_files()
+              if path.is_relative_to(ROOT / "mapl" / "core") and not path.is_relative_to(runtime)
+              for line, target in imports(path) if target.startswith("mapl.core.runtime")]
+    assert inward == [], "core modules that import the runtime (move what they use out of it):\n" + "\n".join(inward)
+    worker = {t for _, t in imports(runtime / "worker.py")}
+    assert "mapl.core.schedule" in worker and "mapl.core.boundary_sync" in worker      # the check sees these imports
 
 
 def test_the_checker_sees_an_upward_import(tmp_path):

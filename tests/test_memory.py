@@ -261,7 +261,7 @@ def test_rvq_search_transient_is_a_working_term_of_the_sender_stages():
 
 
 def test_micro_batches_alive_are_read_off_the_runtimes_compute_order():
-    """The plan's liveness comes from the schedule the runtime executes (mapl.core.runtime.schedule), and is
+    """The plan's liveness comes from the schedule the runtime executes (mapl.core.schedule), and is
     the known closed form: GPipe holds all M graphs, 1F1B at most P - s on stage s."""
     from mapl.core.memory import _alive
     for P, M in [(2, 1), (4, 2), (4, 8), (8, 32)]:

@@ -230,12 +230,13 @@ def test_a_failed_step_in_the_copy_is_exit_5_and_names_it(monkeypatch, capsys):
     exit 5, the step named on stderr; the stage names are dvc.yaml's, a run's training stage train@<run> (of the
     profile the copy runs)."""
     from mapl.base.cli import EXIT_STEP_FAILED
+    from mapl.cli import workspace as cli_workspace
     from mapl.orchestration import workspace
 
     def failing(*a, **k):
         raise workspace.WorkspaceError("`dvc repro train@x` failed in /tmp/x (exit 255)\nERROR: failed to reproduce")
     monkeypatch.setattr(workspace, "repro", failing)
-    assert workspace.main(["repro", "--profile", "micro", "train@micro-P2-none-s0"]) == EXIT_STEP_FAILED
+    assert cli_workspace.main(["repro", "--profile", "micro", "train@micro-P2-none-s0"]) == EXIT_STEP_FAILED
     assert capsys.readouterr().err.startswith("error: `dvc repro train@x` failed in /tmp/x (exit 255)")
     names = workspace.stage_names()
     assert {"validate", "prepare", "train", "train@tiny-P4-none-s0", "report", "plan"} <= set(names)

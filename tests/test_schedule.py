@@ -1,7 +1,7 @@
 """Pipeline schedules as stage programs, proved deadlock-free under rendezvous (NCCL-like) semantics."""
 import pytest
 
-from mapl.core.runtime.schedule import (POSTS_AHEAD, SCHEDULES, Barrier, Comm, Compute, ScheduleError, Transfer, _nonblocking_ops,
+from mapl.core.schedule import (POSTS_AHEAD, SCHEDULES, Barrier, Comm, Compute, ScheduleError, Transfer, _nonblocking_ops,
                                         check_programs, eval_program, naive_program, schedule_ops, stage_program,
                                         step_program, step_tail)
 

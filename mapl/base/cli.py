@@ -24,7 +24,6 @@ terminates them, and each stops after its step with its checkpoint written.
 """
 from __future__ import annotations
 
-import argparse
 import errno
 import os
 import re
@@ -194,8 +193,7 @@ def _raise_interrupt(signum, frame):
     raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
 
 
-def add_debug_flag(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Document ``--debug`` in an entry point's ``--help`` (``run_cli`` consumes the flag itself)."""
-    parser.add_argument("--debug", action="store_true",
-                        help="show the Python traceback for user errors too (same as MAPL_DEBUG=1)")
+def add_debug_flag(parser):
+    """Document ``--debug`` in a command's ``--help`` (``run_cli`` consumes the flag itself); returns the parser."""
+    parser.add_argument("--debug", action="store_true", help="tracebacks for user errors too (or MAPL_DEBUG=1)")
     return parser

@@ -1,10 +1,12 @@
-"""``mapl costmodel``: GPU-hour estimate of a profile's run groups.
-
-The command only; the parser and the code are :mod:`mapl.planning.costmodel`'s. Errors are one line
-(:func:`mapl.base.cli.run_cli`)."""
+"""`mapl costmodel`: GPU-hour estimate of a profile's run groups (the code is mapl.planning.costmodel)."""
 from __future__ import annotations
 
+import math
+from pathlib import Path
+
 from ..base.cli import run_cli
+from ..base.io import atomic_write_text, check_writable
+from . import add_profile, command_parser
 
 __all__ = ["main", "PROG"]
 
@@ -12,5 +14,34 @@ PROG = "mapl costmodel"
 
 
 def main(argv=None) -> int:
-    from ..planning.costmodel import main as costmodel_main     # torch: after `mapl --help` and the dispatch
-    return run_cli(costmodel_main, argv, prog=PROG)
+    """The command; a user error is one line, Ctrl-C or SIGTERM exit 130 (mapl.base.cli.run_cli)."""
+    return run_cli(_main, argv, prog=PROG)
+
+
+def _main(argv: list[str]) -> int:
+    from ..planning.costmodel import DEFAULT_MFU, GPUSpec, format_gpu_hours, gpu_hours
+    ap = command_parser("costmodel", "Estimate the GPU-hours of a profile's run groups.", """
+        mapl costmodel                                  # the paper profile on H100s
+        mapl costmodel --groups main --mfu 0.25
+        mapl costmodel --out reports/tables/gpu-hours.md""")
+    add_profile(ap, "paper")
+    ap.add_argument("--groups", help="comma-separated run groups (default: all)")
+    ap.add_argument("--mfu", type=float, default=DEFAULT_MFU, help="fraction of the bf16 peak while computing")
+    ap.add_argument("--peak-tflops", type=float, default=989.0, metavar="T",
+                    help="dense bf16 peak (H100/H200 SXM: 989)")
+    ap.add_argument("--out", type=Path, help="also write the text here")
+    a = ap.parse_args(argv)
+    # a zero MFU or peak divided by zero deep in the clock (a traceback); a negative one gave negative hours
+    if not (math.isfinite(a.mfu) and 0 < a.mfu <= 1):
+        raise ValueError(f"--mfu {a.mfu:g} is invalid: must be in (0, 1] (the fraction of the peak sustained "
+                         "while computing)")
+    if not (math.isfinite(a.peak_tflops) and a.peak_tflops > 0):
+        raise ValueError(f"--peak-tflops {a.peak_tflops:g} is invalid: must be a finite number > 0")
+    if a.out:
+        check_writable(a.out)                   # before the estimate, not after it
+    gpu = GPUSpec(f"NVIDIA H100/H200 SXM, dense bf16 {a.peak_tflops:g} TFLOP/s", a.peak_tflops * 1e12, a.mfu)
+    text = format_gpu_hours(gpu_hours(a.profile, gpu, a.groups.split(",") if a.groups else None))
+    print(text)
+    if a.out:
+        atomic_write_text(a.out, text)
+    return 0

@@ -1,17 +1,7 @@
-"""``mapl data``: prepare a dataset (the DVC ``prepare`` stage), check one, or rebuild one.
+"""`mapl data`: prepare a dataset (the DVC stage prepare), check one, or rebuild one.
 
-    mapl data --profile cpu                     # params.yaml profile's data settings
-    mapl data --profile paper                   # resumable; progress and ETA every 10 s
-    mapl data --profile cpu --verify            # re-hash every file (ignore this host's stamps)
-    mapl data --profile cpu --rebuild           # replace the prepared folder
-    mapl data --source text --paths 'corpus/*.txt' --doc-split blank-line --tokenizer byte
-    mapl data --source parquet --paths 'data/raw/dclm/**/*.parquet' --tokenizer mistral \\
-        --val-tokens 5000000                    # the paper's offline route
-
-Exit codes: 0 done, 2 a data problem (one line: the file and the fix) or an invalid setting,
-130 interrupted (run the same command again: a streamed preparation resumes).
-
-The command only (flags, messages, the grid's budget notes); what prepares the data is :mod:`mapl.data`.
+The command: its flags, messages and the grid's budget notes; what prepares the data is mapl.data. The
+paper's offline route (a local parquet copy) is in docs/gpu.md, every exit code in docs/failure-modes.md.
 """
 from __future__ import annotations
 
@@ -30,6 +20,7 @@ from ..data.build import prepare
 from ..data.config import DOC_SPLITS, SOURCES, TOKENIZERS, DataConfig, effective_token_config, token_config
 from ..data.dataset import default_data_dir
 from ..data.errors import DataError
+from . import add_profile, command_parser
 
 __all__ = ["build_parser", "config_from_args", "main", "PROG"]
 
@@ -38,27 +29,31 @@ PROG = "mapl data"
 
 def build_parser() -> argparse.ArgumentParser:
     d = DataConfig()
-    p = argparse.ArgumentParser(prog=PROG,
-                                description=__doc__.split("\n\n")[0].replace("``", ""),
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--profile", default=None, help="take the data settings of this params.yaml profile "
-                   "(micro, cpu, paper-smoke, paper); the data flags below are then ignored")
-    p.add_argument("--out", default=None, help="output folder (default: data/<dataset_dir_name>)")
+    p = command_parser("data", "Prepare, verify or rebuild a tokenized dataset (DVC stage prepare).", """
+        mapl data --profile cpu                 # the profile's data settings; resumable
+        mapl data --profile cpu --verify        # re-hash every file, ignoring this host's stamps
+        mapl data --source text --paths 'corpus/*.txt' --doc-split blank-line --tokenizer byte""")
+    add_profile(p, None, "use this profile's data settings, not the flags")
+    p.add_argument("--out", metavar="DIR", help="output folder (default: data/<dataset name>)")
     p.add_argument("--rebuild", action="store_true", help="replace an existing prepared folder")
     p.add_argument("--verify", action="store_true", help="re-hash an existing folder's files in full")
-    p.add_argument("--cache-dir", default=None, help="raw downloads (default: $MAPL_CACHE_DIR or data/raw)")
-    p.add_argument("--progress-every", type=float, default=10.0, help="seconds between progress lines")
+    p.add_argument("--cache-dir", metavar="DIR", help="raw downloads (default: $MAPL_CACHE_DIR)")
+    p.add_argument("--progress-every", type=float, default=10.0, metavar="S", help="seconds between progress lines")
     p.add_argument("--source", choices=SOURCES, default=d.source, help="corpus source")
-    p.add_argument("--paths", nargs="+", default=list(d.paths), help="files/globs (text, parquet, hf data_files)")
-    p.add_argument("--hf-id", default=d.hf_id, help="datasets id (source hf)")
-    p.add_argument("--hf-text-field", default=d.hf_text_field, help="text column (parquet, hf)")
-    p.add_argument("--tokenizer", choices=TOKENIZERS, default=d.tokenizer, help="tokenizer")
-    p.add_argument("--vocab-size", type=int, default=d.vocab_size, help="BPE vocabulary size")
-    p.add_argument("--val-fraction", type=float, default=d.val_fraction, help="fraction of documents for val")
-    p.add_argument("--val-tokens", type=int, default=d.val_tokens, help="held-out prefix in tokens (0 = use fraction)")
-    p.add_argument("--max-train-tokens", type=int, default=d.max_train_tokens, help="train cap (0 = none)")
+    p.add_argument("--paths", nargs="+", default=list(d.paths), metavar="GLOB",
+                   help="files or globs (text, parquet, hf data_files)")
+    p.add_argument("--hf-id", default=d.hf_id, metavar="ID", help="datasets id (source hf)")
+    p.add_argument("--hf-text-field", default=d.hf_text_field, metavar="FIELD", help="text column (parquet, hf)")
+    p.add_argument("--tokenizer", choices=TOKENIZERS, default=d.tokenizer, metavar="KIND", help=" | ".join(TOKENIZERS))
+    p.add_argument("--vocab-size", type=int, default=d.vocab_size, metavar="N", help="BPE vocabulary size")
+    p.add_argument("--val-fraction", type=float, default=d.val_fraction, metavar="F",
+                   help="fraction of documents held out for val")
+    p.add_argument("--val-tokens", type=int, default=d.val_tokens, metavar="N",
+                   help="val prefix in tokens (0: --val-fraction)")
+    p.add_argument("--max-train-tokens", type=int, default=d.max_train_tokens, metavar="N", help="train cap (0: none)")
     p.add_argument("--seed", type=int, default=d.seed, help="split seed")
-    p.add_argument("--doc-split", choices=DOC_SPLITS, default=d.doc_split, help="documents of a text file")
+    p.add_argument("--doc-split", choices=DOC_SPLITS, default=d.doc_split, metavar="HOW",
+                   help=f"documents of a text file: {' | '.join(DOC_SPLITS)}")
     return p
 
 
@@ -147,5 +142,5 @@ def _main(argv: list[str] | None = None) -> int:
 
 
 def main(argv=None) -> int:
-    """The command; a user error is one line, Ctrl-C or SIGTERM exit 130 (:func:`mapl.base.cli.run_cli`)."""
+    """The command; a user error is one line, Ctrl-C or SIGTERM exit 130 (mapl.base.cli.run_cli)."""
     return run_cli(_main, argv, prog=PROG)

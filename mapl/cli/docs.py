@@ -1,16 +1,11 @@
-"""``mapl docs``: write every generated block of the documents from its source; ``--check`` fails on a difference.
+"""`mapl docs`: write every generated block of the documents from its source; `--check` fails on a difference.
 
 The documents keep their tables of results, stages, benchmarks and run-time estimates between
-``<!-- generated:NAME -->`` markers (:mod:`mapl.report.docblocks`); this command fills them, so none is ever
-copied by hand. ``mapl docs --check`` is what the test suite runs: exit 0 when every block equals what its
-source gives, else exit 2 naming the first document and block that differ (run ``mapl docs`` to rewrite).
-
-    mapl docs            # rewrite every generated block (README.md, docs/*.md, notebooks/ and benchmarks/ READMEs)
-    mapl docs --check    # compare only
+`<!-- generated:NAME -->` markers (mapl.report.docblocks); this command fills them, so none is ever copied by
+hand. `mapl docs --check` is what the test suite runs: exit 2 names the documents whose blocks differ.
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -18,6 +13,7 @@ from ..base.cli import run_cli
 from ..base.io import atomic_write_text
 from ..core.config import PROJECT_ROOT, load_params
 from ..report.docblocks import RENDERERS, BlockError, blocks_in, replace_block
+from . import command_parser
 
 __all__ = ["DOCUMENTS", "PROG", "estimate_block", "render", "main"]
 
@@ -28,7 +24,7 @@ DOCUMENTS = ("README.md", "docs/reproducing.md", "notebooks/README.md", "benchma
 
 
 def estimate_block(root: Path) -> str:
-    """``mapl sweep --estimate`` of the default profile as a fresh clone prints it (a code block): split sizes from
+    """`mapl sweep --estimate` of the default profile as a fresh clone prints it (a code block): split sizes from
     committed stamps only, so the block reads the same on every machine whatever it has prepared."""
     from ..orchestration import progress, sweep
     params = load_params(root / "params.yaml")
@@ -46,7 +42,7 @@ def _renderer(name: str):
 
 
 def render(text: str, root: Path) -> str:
-    """``text`` with every generated block rewritten from its source."""
+    """`text` with every generated block rewritten from its source."""
     for name in blocks_in(text):
         text = replace_block(text, name, _renderer(name)(root))
     return text
@@ -57,8 +53,10 @@ def main(argv=None) -> int:
 
 
 def _main(argv) -> int:
-    ap = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--check", action="store_true", help="compare only; exit 2 when a block differs from its source")
+    ap = command_parser("docs", "Write the documents' generated blocks from their sources.", """
+        mapl docs            # rewrite every generated block of README.md and docs/*.md
+        mapl docs --check    # compare only: exit 2 naming the documents that differ""")
+    ap.add_argument("--check", action="store_true", help="compare only; exit 2 when a block differs")
     args = ap.parse_args(argv)
     root = PROJECT_ROOT
     stale = []

@@ -1,12 +1,9 @@
-"""``mapl peer``: the peer systems' published cost on this artifact's link model.
-
-The command only; the code is :mod:`mapl.planning.peer`. It takes no flags: the parser is here so that
-``--help`` documents the command instead of running it, and a stray flag is refused instead of ignored."""
+"""`mapl peer`: the peer systems' published cost on this artifact's link model (the code is mapl.planning.peer).
+It takes no flags: the parser documents the command and refuses a stray flag instead of ignoring it."""
 from __future__ import annotations
 
-import argparse
-
 from ..base.cli import run_cli
+from . import command_parser
 
 __all__ = ["main", "PROG"]
 
@@ -14,13 +11,14 @@ PROG = "mapl peer"
 
 
 def _main(argv=None) -> int:
-    argparse.ArgumentParser(prog=PROG, description="ProtocolNanoGPT's conditions put into our cost model: writes "
-                            "reports/bench/peer-protocolnanogpt.json and reports/tables/peer.md and prints the "
-                            "table.").parse_args(argv)
-    from ..planning.peer import main as peer_main
-    return peer_main([])
+    command_parser("peer", "Put ProtocolNanoGPT's published conditions into this artifact's cost model.", """
+        mapl peer             # writes reports/bench/peer-protocolnanogpt.json and reports/tables/peer.md
+        mapl peer | tail -1   # the net speedups only""").parse_args(argv)
+    from ..planning.peer import write_report
+    print(write_report())
+    return 0
 
 
 def main(argv=None) -> int:
-    """The command; a user error is one line, Ctrl-C or SIGTERM exit 130 (:func:`mapl.base.cli.run_cli`)."""
+    """The command; a user error is one line, Ctrl-C or SIGTERM exit 130 (mapl.base.cli.run_cli)."""
     return run_cli(_main, argv, prog=PROG)

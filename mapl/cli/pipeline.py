@@ -1,48 +1,7 @@
-"""``mapl pipeline``: the multi-process pipeline: one process per stage (x R data-parallel replicas), gloo
-on CPU, NCCL on GPU.
-
-One machine (the command starts its P x R ranks itself; Ctrl-C stops every rank after the same step,
-writes per-rank checkpoints and exits 130; rerun the command to resume)::
-
-    mapl pipeline --profile micro --method mapl --ratio 4 --stages 2 [--replicas 2]
-
-Under a launcher (the same command as the module ``mapl.cli.pipeline``; the process count is P x R)::
-
-    ACCELERATE_USE_CPU=true accelerate launch --multi_gpu --num_processes 2 --num_machines 1 \\
-        --mixed_precision no --dynamo_backend no --main_process_port 29555 \\
-        -m mapl.cli.pipeline --profile micro --method mapl --ratio 4 --stages 2
-    torchrun --standalone --nproc_per_node 2 -m mapl.cli.pipeline --profile micro --stages 2
-
-Several machines: accelerate's ``--num_processes`` is the TOTAL over machines; one-GPU nodes still need
-``--multi_gpu``; each machine runs the same command with its ``--machine_rank`` (``--num_machines N
---main_process_ip HOST --main_process_port PORT``). torchrun: ``--nnodes N --node_rank K
---nproc_per_node G --rdzv-backend c10d --rdzv-endpoint HOST:PORT``. (``accelerate launch --cpu``
-silently starts ONE process; ``--multi_gpu`` + ``ACCELERATE_USE_CPU=true`` is the CPU form.)
-
-Why hand-written stages over ``torch.distributed.pipelining``: a ``PipelineStage`` sends a stage's
-output tensors forward and exactly their gradients back. A compressed boundary is asymmetric (e.g.
-integer RVQ codes plus a streamed codebook slice forward, an r-wide float gradient back), and an
-integer output carries no gradient, so the library could only train upstream if the float
-activation also crossed the wire: it cannot put *only* the compressed bytes on the wire. Its shape
-inference also runs stages on uninitialised buffers, which would corrupt stateful compressors (torch
-2.13 skips it when every stage's input and output metadata is given). Where the library can carry the
-message (none; MAPL: bf16 Z with a gradient of Z's shape, the token ids as an integer output without
-gradient) it trains our stages to bit-identical losses: benchmarks/peer_pipelining.py.
-The runtime lives in ``mapl/core/runtime/`` (schedule, transport, worker, boundary_sync, faults, and
-``rank_process``: what each rank does); starting the ranks from this command is
-``mapl.orchestration.pipeline_launch``. This module is the command only: flags, output defaults, and which
-of the two this process is.
-
-Exit codes (``mapl.base.cli``; every rank, and this command when it starts the ranks): 0 done, 2 invalid
-settings or files (one line per rank), 3 a peer died or timed out (the message names the operation, peer
-and step), 4 non-finite values (the last good checkpoints are kept), 130 interrupted (checkpoints written).
-``train.comm_timeout_s`` (``--timeout``, env ``MAPL_PG_TIMEOUT``; 60 s by default, 10 minutes in the paper
-profile) bounds every wait during
-training; the wait for rank 0 to prepare data has none. On NCCL the same value is the process groups'
-timeout, so a wait past it is ended by NCCL's watchdog (see ``mapl/core/runtime/transport.py``). Right
-after the process group is up, the ranks compare their resolved config, shared options, data and
-training code (``mapl.core.runtime.same_run``): ranks started for different runs all exit 2, naming the
-fields, before anything is written.
+"""`mapl pipeline`: the multi-process pipeline: one process per stage (x R data-parallel replicas), gloo on CPU,
+NCCL on GPU. The command only: flags, output defaults, and which of the two this process is (the command that
+starts the ranks, mapl.orchestration.pipeline_launch, or one rank, mapl.core.runtime.rank_process).
+docs/pipeline.md describes launchers, several machines, timeouts and why the stages are our own.
 """
 from __future__ import annotations
 
@@ -53,9 +12,10 @@ import sys
 from pathlib import Path
 
 # No torch at import (as mapl.cli.train): the flags and the config are checked before the runtime loads.
-from ..base.cli import add_debug_flag, debug_requested, report
-from ..core.config import PROJECT_ROOT, SCHEDULES, TrainConfig
+from ..base.cli import debug_requested, report
+from ..core.config import PROJECT_ROOT, SCHEDULES, TrainConfig, load_params
 from ..core.link import PROFILES
+from . import command_parser
 from . import train as mtrain
 
 __all__ = ["main", "PROG", "DEFAULT_TIMEOUT_S", "DEFAULT_RENDEZVOUS_S"]
@@ -66,45 +26,37 @@ DEFAULT_RENDEZVOUS_S = 300.0        # ranks of a several-machine launch are ofte
 
 
 def _extra_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog=PROG, add_help=False,
-                                 description="Multi-process pipeline options (all `mapl train` flags apply too):")
-    ap.add_argument("--schedule", choices=SCHEDULES, help="pipeline schedule (= --set train.schedule=...)")
-    ap.add_argument("--replicas", type=int, default=1,
-                    help="data-parallel replicas when this command starts the ranks itself (P x R processes)")
-    ap.add_argument("--timeout", default=os.environ.get("MAPL_PG_TIMEOUT"),
-                    help="seconds any training-time wait may last: a dead stage makes the others fail after at "
-                         "most this long (= --set train.comm_timeout_s=...; default: the profile's, else "
-                         f"{DEFAULT_TIMEOUT_S:g}; env MAPL_PG_TIMEOUT)")
-    ap.add_argument("--rendezvous-timeout", type=float,
+    ap = command_parser("pipeline", "Train one run, one process per stage; every `mapl train` flag applies too.", """
+        mapl pipeline --profile micro --method mapl --ratio 4 --stages 2 --replicas 2
+        torchrun --standalone --nproc_per_node 2 -m mapl.cli.pipeline --stages 2
+        mapl pipeline --stages 4 --link-delay 500Mbps@20ms --blocking-transport""")
+    ap.add_argument("--schedule", choices=SCHEDULES, help="pipeline schedule (train.schedule)")
+    ap.add_argument("--replicas", type=int, default=1, metavar="R",
+                    help="data-parallel replicas (P x R processes)")
+    ap.add_argument("--timeout", default=os.environ.get("MAPL_PG_TIMEOUT"), metavar="S",
+                    help="limit of any wait in training (env MAPL_PG_TIMEOUT)")
+    ap.add_argument("--rendezvous-timeout", type=float, metavar="S",
                     default=float(os.environ.get("MAPL_RENDEZVOUS_TIMEOUT", DEFAULT_RENDEZVOUS_S)),
-                    help="seconds a rank waits for every rank to join the process group (a rank that was never "
-                         "started or failed first, or MASTER_PORT held by another program) (default %(default)s, "
-                         "env MAPL_RENDEZVOUS_TIMEOUT)")
+                    help="rendezvous limit (env MAPL_RENDEZVOUS_TIMEOUT)")
     ap.add_argument("--blocking-transport", action="store_true",
-                    help="every send waits for its receive (as NCCL's do): tests deadlock-freedom on gloo")
-    ap.add_argument("--link-delay", metavar="PROFILE",
-                    help=f"real-delay mode: delay every message as over this link ({', '.join(PROFILES)}, or "
-                         "e.g. 500Mbps@20ms)")
-    ap.add_argument("--link-latency-ms", type=float, help="override the link profile's one-way latency")
+                    help="every send waits for its receive, as on NCCL")
+    ap.add_argument("--link-delay", metavar="LINK",
+                    help=f"emulate this link: {', '.join(PROFILES)} or e.g. 500Mbps@20ms")
+    ap.add_argument("--link-latency-ms", type=float, metavar="MS", help="override the link's one-way latency")
     ap.add_argument("--launcher", default="direct", choices=["direct", "accelerate", "torchrun"],
-                    help="how this command starts the ranks when it is not itself run by a launcher")
-    return add_debug_flag(ap)
+                    help="how this command starts the ranks")
+    return ap
 
 
 def _parse(argv: list[str]):
     """(this command's own flags, the `mapl train` flags, the arguments every rank gets)."""
-    ap = _extra_parser()
-    if "-h" in argv or "--help" in argv:
-        print(__doc__)
-        ap.print_help()
-        print("\nEvery `mapl train` flag (below) applies; outputs default to reports/results/<run>-mp.json and "
-              "checkpoints/<run>-mp.rank<s>.pt.\n")
-        mtrain.parse_args(["--help"])
-    extra, rest = ap.parse_known_args(argv)
+    extra, rest = _extra_parser().parse_known_args(argv)
     value = extra.rendezvous_timeout         # --timeout is checked as the config field below
     if not (math.isfinite(value) and value > 0):
         raise ValueError(f"--rendezvous-timeout {value:g} is invalid: must be a finite number of seconds > 0")
-    args = mtrain.parse_args(rest)
+    run_flags = argparse.ArgumentParser(prog=PROG, add_help=False)
+    mtrain.add_run_arguments(run_flags, load_params())
+    args = run_flags.parse_args(rest)
     if extra.schedule:
         args.set = list(args.set) + [f"train.schedule={extra.schedule}"]
     if extra.timeout is not None:        # checked as the config field (one line naming it)
@@ -155,8 +107,8 @@ def _check_process_count(world: int, stages: int) -> None:
 
 
 def main(argv=None) -> int:
-    """The command; exit codes and one-line errors as ``mapl.base.cli`` documents (every rank, and this
-    process when it starts them)."""
+    """The command; exit codes and one-line errors as mapl.base.cli documents (every rank, and this process when
+    it starts them)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = debug_requested(argv)
     argv = [a for a in argv if a != "--debug"]

@@ -1,10 +1,12 @@
-"""``mapl plan``: when compression pays: the steps-to-target ratio of every method against uncompressed.
-
-The command only; the parser and the code are :mod:`mapl.planning.planner`'s. Errors are one line
-(:func:`mapl.base.cli.run_cli`)."""
+"""`mapl plan`: when compression pays: each method's steps to target against uncompressed's (the code is
+mapl.planning.planner)."""
 from __future__ import annotations
 
+import math
+from pathlib import Path
+
 from ..base.cli import run_cli
+from . import command_parser
 
 __all__ = ["main", "PROG"]
 
@@ -12,5 +14,26 @@ PROG = "mapl plan"
 
 
 def main(argv=None) -> int:
-    from ..planning.planner import main as planner_main
-    return run_cli(planner_main, argv, prog=PROG)
+    """The command; a user error is one line, Ctrl-C or SIGTERM exit 130 (mapl.base.cli.run_cli)."""
+    return run_cli(_main, argv, prog=PROG)
+
+
+def _main(argv: list[str]) -> int:
+    ap = command_parser("plan", "Print each method's steps to target against uncompressed, per training length.", """
+        mapl plan                              # reports/cpu/results
+        mapl plan reports/micro/results --target-pct 5""")
+    ap.add_argument("results", nargs="?", default="reports/cpu/results", type=Path,
+                    help="results folder (default: %(default)s)")
+    ap.add_argument("--target-pct", type=float, default=2.0, metavar="PCT",
+                    help="target: uncompressed's best loss + PCT %% (default 2)")
+    a = ap.parse_args(argv)
+    if not (math.isfinite(a.target_pct) and a.target_pct > 0):     # nan gave "no run", a negative target nothing
+        raise ValueError(f"--target-pct {a.target_pct:g} is invalid: must be a finite number > 0 (percent above "
+                         "uncompressed's best loss)")
+    if not a.results.is_dir():
+        raise ValueError(f"results folder {a.results} does not exist")
+    from ..planning.planner import load_runs, main_model_runs, steps_report
+    runs = main_model_runs(load_runs(a.results, variants=True))
+    print(f"{len(runs)} runs of the main model in {a.results}\n")
+    print(steps_report(runs, a.target_pct))
+    return 0

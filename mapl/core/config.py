@@ -28,7 +28,7 @@ import yaml
 
 from ..data import DataConfig
 from .model_config import PRESETS, ModelConfig
-from .runtime.schedule import ONE_F_ONE_B, SCHEDULES as SCHEDULE_REGISTRY
+from .schedule import ONE_F_ONE_B, SCHEDULES as SCHEDULE_REGISTRY
 # re-exported: callers import these from mapl.core.config
 from .seeds import DRAWS, run_base
 from ..base.settings import (ConfigError, build, check_fields, coerce, field_hints, field_type, parse_set, refuse,

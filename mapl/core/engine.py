@@ -27,7 +27,7 @@ from .loop import Evaluation, LoopState, NonFiniteError, StepOutcome
 # reads the memory plan); its names stay part of this module's API for the engines' other callers
 from .optimizer_recipe import build_optimizers, set_lr
 from .results import build_results, describe_boundary
-from .runtime.boundary_sync import meter_local_step
+from .boundary_sync import meter_local_step
 from .stages import build_staged_model
 from .wire import ByteMeter
 

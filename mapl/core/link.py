@@ -1,7 +1,7 @@
 """Link emulator: per-boundary bandwidth/latency profiles and a deterministic virtual clock.
 
 A pipeline step is a fixed sequence of compute operations per stage (the schedule: GPipe or 1F1B,
-``mapl.core.runtime.schedule.schedule_ops``) joined by messages between neighbouring stages. Given the compute time of every
+``mapl.core.schedule.schedule_ops``) joined by messages between neighbouring stages. Given the compute time of every
 operation (measured once by ``mapl pipeline``) and the bytes of every message (metered), the virtual
 clock replays the step on any link and returns its duration, with no wall clock and no randomness.
 
@@ -40,7 +40,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
-from .runtime.schedule import schedule_ops
+from .schedule import schedule_ops
 
 __all__ = ["LinkProfile", "PROFILES", "IDEAL", "get_profile", "schedule_ops", "StepMeasurement", "SimResult",
            "STEADY_STEPS", "simulate", "step_time", "floor_time", "estimate", "steps_to_target", "time_to_target"]

@@ -58,9 +58,6 @@ about 0.5-1 GiB: :func:`check_plan` keeps a margin (``reserve_frac``, default 10
 """
 from __future__ import annotations
 
-import argparse
-import math
-import sys
 import weakref
 from dataclasses import dataclass, field, fields
 
@@ -69,13 +66,13 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from .compress.base import spec_bytes
-from .config import RunConfig, load_run_config
+from .config import RunConfig
 from .model import ModelConfig
-from .runtime.schedule import POSTS_AHEAD, SCHEDULES, schedule_ops
+from .schedule import POSTS_AHEAD, schedule_ops
 
 __all__ = ["GiB", "StageMemory", "MemoryPlan", "memory_plan", "format_plan", "check_plan", "build_meta_stage",
            "block_activation_bytes_per_token", "head_activation_bytes_per_token", "resolve_precision",
-           "resolve_checkpointing", "eval_block_bytes_per_token", "live_tensor_peak", "main"]
+           "resolve_checkpointing", "eval_block_bytes_per_token", "live_tensor_peak"]
 
 GiB = 1024 ** 3
 # optimizer state in multiples of the parameter bytes (+ scalars per parameter tensor)
@@ -514,32 +511,3 @@ def check_plan(plan: MemoryPlan, device_bytes: float, reserve_frac: float = 0.10
             f"({_gib(device_bytes)} GiB less {reserve_frac:.0%} reserve); try train.schedule=1f1b, "
             f"activation checkpointing, smaller micro-batches (more of them) or more stages")
 
-
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="mapl memory", description="Print the memory plan per stage.")
-    ap.add_argument("--profile", default="paper")
-    ap.add_argument("--model"), ap.add_argument("--method"), ap.add_argument("--ratio", type=float)
-    ap.add_argument("--stages", type=int), ap.add_argument("--schedule", choices=list(SCHEDULES))
-    ap.add_argument("--micro-batches", type=int), ap.add_argument("--seq-len", type=int)
-    ap.add_argument("--device", default="cuda", help="cuda | cpu: the precision 'auto' resolves to")
-    ap.add_argument("--checkpointing", action="store_true", help="activation checkpointing per block "
-                    "(default: the profile's train.activation_checkpointing; 'auto' decides against --device-gib)")
-    ap.add_argument("--device-gib", type=float, help="refuse if a stage exceeds this (GiB)")
-    a = ap.parse_args(argv)
-    over = {"model": a.model, "method": a.method, "ratio": a.ratio, "stages": a.stages,
-            "train.schedule": a.schedule, "train.micro_batches": a.micro_batches, "train.seq_len": a.seq_len}
-    if a.device_gib is not None and not (math.isfinite(a.device_gib) and a.device_gib > 0):
-        print(f"error: --device-gib {a.device_gib:g} is invalid: must be a finite number > 0 (GiB of device memory)",
-              file=sys.stderr)
-        return 2
-    try:
-        plan = memory_plan(load_run_config(a.profile, over), device=a.device,
-                           checkpointing=True if a.checkpointing else None,
-                           device_bytes=a.device_gib * GiB if a.device_gib else None)
-        print(format_plan(plan))
-        if a.device_gib:
-            check_plan(plan, a.device_gib * GiB)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0

@@ -1,36 +1,11 @@
-"""The DVC pipeline on any profile in a temporary copy of this checkout, so nothing here changes.
+"""The DVC pipeline on any profile in a temporary copy of this checkout, so nothing here changes (`mapl workspace`).
 
-    mapl workspace smoke                        # micro profile up to the report and plan, then a second repro that must
-                                                # do nothing; this checkout's `git status` must not change (make smoke)
-    mapl workspace repro --profile paper-smoke --copy-back
-                                                # a non-default profile; then reports/paper-smoke/ is copied here
-    mapl workspace verify                       # re-execute the report from the committed results; fail on
-                                                # any difference in tables, figures or metrics (make verify)
-    mapl workspace smoke --keep                 # keep the copy for a look (its path is printed)
-    mapl workspace repro --profile paper --dir ../mapl-paper --copy-back
-                                                # a lasting workspace: rerun the same command to resume
-
-The copy holds every file git would commit here (tracked files, and untracked ones .gitignore does
-not exclude, as they are in the working tree), gets a git repository of its own and params.yaml's
-``profile:`` set to the profile, so DVC runs there exactly as it would here. Raw downloads are shared
-with this checkout (``MAPL_CACHE_DIR`` = data/raw here, unless set), so nothing is fetched twice;
-shards, checkpoints and everything DVC writes stay in the copy.
-
-``--dir`` must be a new or empty folder outside this checkout, or a workspace made here before (a
-marker ``.git/mapl-workspace`` says so); anything else is refused before anything is copied.
-SIGINT or SIGTERM stops every process in the copy (SIGTERM first, so training runs write their
-checkpoints; SIGKILL after 30 s) and removes a temporary copy (not ``--keep``, not ``--dir``).
-
-    mapl workspace repro --profile paper --dir ../mapl-paper train@150M-P4-mapl
-                                                # only these DVC stages (and what they depend on)
-
-Exit codes: 0 done; 2 an invalid ``--profile``, ``--dir`` or stage, a broken params.yaml or a bad flag
-(one line, before anything is copied); 5 a step in the copy failed (its command and output's tail) or
-the re-executed outputs differ (each difference named); 130 interrupted (SIGINT/SIGTERM); 1 a bug.
+The copy holds every file git would commit here, gets a git repository of its own and params.yaml's
+``profile:`` set to the profile, so DVC runs there exactly as it would here; raw downloads are shared with
+this checkout. docs/reproducing.md describes the copy, ``--dir`` workspaces, signals and exit codes.
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import difflib
 import os
@@ -48,7 +23,7 @@ from ..core.config import PROJECT_ROOT
 
 __all__ = ["SMOKE_TARGETS", "MARKER", "Stopped", "WorkspaceError", "stage_names",
            "checkout_files", "tool_env", "make_copy", "check_dir", "dvc", "repro", "smoke",
-           "compare_outputs", "verify", "main"]
+           "compare_outputs", "verify", "run_command"]
 
 # what `make smoke` reproduces: the report and the planner on the profile, and everything they need
 # (prepare, train@*). plan-paper (profile-independent: no micro code path; a minute or two of crossover searches) is left out.
@@ -328,31 +303,18 @@ def verify(profile: str = "", root: Path = PROJECT_ROOT, keep: bool = False, cap
     return problems
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="mapl workspace", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    sm = sub.add_parser("smoke", help="every stage on the micro profile; second repro a no-op; checkout untouched")
-    rp = sub.add_parser("repro", help="dvc repro on a profile in a copy")
-    rp.add_argument("--profile", required=True)
-    rp.add_argument("--copy-back", action="store_true", help="copy reports/<profile>/ back into this checkout")
-    rp.add_argument("targets", nargs="*", metavar="STAGE",
-                    help="DVC stages to reproduce, e.g. train@150M-P4-mapl (default: all); what they depend on runs first")
-    rp.add_argument("--dir", type=Path, help="a lasting workspace (created or refreshed, never removed): its "
-                                             "checkpoints survive, so a rerun resumes (the paper profile)")
-    vf = sub.add_parser("verify", help="re-execute the report from the committed results; fail on differences")
-    vf.add_argument("--profile", default="", help="default: params.yaml's profile")
-    for p in (sm, rp, vf):
-        p.add_argument("--keep", action="store_true", help="keep the temporary copy (its path is printed)")
-    args = ap.parse_args(argv)
+def run_command(command: str, profile: str = "", copy_back: bool = False, keep: bool = False,
+                into: Path | None = None, targets: list[str] | None = None) -> int:
+    """``mapl workspace <command>`` (smoke, repro or verify) with its exit code: 2 a user error, 5 a step in the
+    copy failed or the outputs differ, 130 SIGINT/SIGTERM (every process in the copy is stopped first)."""
     old = _stop_on_signals()
     try:
-        if args.cmd == "smoke":
-            smoke(keep=args.keep)
-        elif args.cmd == "repro":
-            repro(args.profile, copy_back=args.copy_back, keep=args.keep, into=args.dir, targets=args.targets)
+        if command == "smoke":
+            smoke(keep=keep)
+        elif command == "repro":
+            repro(profile, copy_back=copy_back, keep=keep, into=into, targets=targets)
         else:
-            verify(args.profile, keep=args.keep)
+            verify(profile, keep=keep)
     except ValueError as e:                          # a user error (profile, params.yaml): one line, exit 2
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USER_ERROR
@@ -360,8 +322,8 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_STEP_FAILED
     except KeyboardInterrupt as e:                   # SIGINT/SIGTERM: the tree in the copy is stopped
-        kept = f"; the workspace {args.dir} is kept (rerun the same command to resume)" if getattr(args, "dir", None) \
-            else "; the temporary copy was removed" if not args.keep else ""
+        kept = f"; the workspace {into} is kept (rerun the same command to resume)" if into \
+            else "; the temporary copy was removed" if not keep else ""
         print(f"interrupted: {e or 'stopped'}: the commands in the copy were stopped{kept}", file=sys.stderr)
         return EXIT_INTERRUPTED
     finally:

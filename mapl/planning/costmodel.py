@@ -1,42 +1,22 @@
-"""Step time of a pipeline run on a link, from compute, exact wire bytes, schedule and overlap.
+"""Step time of a pipeline run on a link, from compute, exact wire bytes, schedule and overlap; GPU-hours.
 
-A :class:`Case` is one run's step, described once: per-stage compute of a micro-batch (measured, or
-FLOPs / (peak x MFU)), the bytes of every message of every boundary in each direction (asked from the
-compressor objects: ``payload_spec``, ``sync_bytes_per_step``, ``receiver_grad_bytes_per_step``, plus
-token ids; never a table keyed by method), the schedule and M. ``Case.step_time(link)`` replays the
-step on the virtual clock of :mod:`mapl.core.link` (sends overlap compute; one FIFO channel per direction per
-boundary; a step-end all-reduce), or on ProtocolNanoGPT's emulator (``channels="inbound"``: one inbound
-wire per stage shared by both directions, latency occupying the wire, steps back to back)::
-
-    >>> cfg = load_run_config("paper", {"model": "150M", "method": "mapl", "ratio": 4})
-    >>> case = build_case(cfg, gpu=H100)                       # FLOP-based compute, MFU stated in H100
-    >>> case.predict(get_profile("200Mbps")).step_s
-
-FLOPs per token (forward; backward = 2x, activation checkpointing +1x of the blocks): every matmul
-2 x its weights (blocks, LM head, projectors; counted on the built stage, so SSN's factored writers are
-what they are), attention 4 x T x (heads x head_dim) per layer -- the full T x T score and value
-products, the convention of PaLM/Megatron MFU figures (a causal flash kernel executes about half:
-with MFU quoted that way the two cancel). The embedding and anchor lookups are free; RVQ search is not
-in the FLOP path (measure it: issue 11 item 6). Optimizer: Muon's 5 Newton-Schulz iterations
-(4 m^2 n + 2 m^3 per m x n matrix, m <= n); elementwise updates are not counted.
-
-GPU-hours (:func:`gpu_hours`): per run, P GPUs x steps x the compute-only step (pipeline bubble and
-stage imbalance included, link free) plus evaluation forwards; grid totals and wall-clock on n GPUs.
+A :class:`Case` is one run's step: per-stage compute of a micro-batch (measured, or FLOPs / (peak x MFU)), the
+bytes of every message of every boundary (asked from the compressor objects), the schedule and M;
+``Case.predict(link)`` replays it on mapl.core.link's virtual clock. docs/pipeline.md states what the FLOPs count.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import torch
 
-from ..base.io import atomic_write_text, check_writable
 from ..core.compress.base import spec_bytes
 from ..core.config import config_hash, load_params, RunConfig
 from ..core.link import floor_time, get_profile, IDEAL, schedule_ops, simulate, StepMeasurement
 from ..core.optimizer_recipe import build_optimizers
-from ..core.runtime.schedule import ONE_F_ONE_B
+from ..core.schedule import ONE_F_ONE_B
 from ..core.stages import build_staged_model
 from ..orchestration.progress import eval_tokens
 from ..orchestration.groups import group_names, group_specs, spec_config
@@ -44,7 +24,7 @@ from ..orchestration.groups import group_names, group_specs, spec_config
 __all__ = ["GPUSpec", "H100", "H200", "DEFAULT_MFU", "StageCompute", "BoundaryBytes", "Case", "Prediction",
            "stage_flops", "flop_compute", "measured_compute", "boundary_bytes", "wire_ratio", "build_case",
            "PLANNER_SCHEDULES", "PLANNER_MICRO_BATCH_FACTORS", "with_schedule_variants",
-           "simulate_inbound", "gpu_hours", "format_gpu_hours", "main"]
+           "simulate_inbound", "gpu_hours", "format_gpu_hours"]
 
 DEFAULT_MFU = 0.35        # kernel-level fraction of peak while a stage computes (bubbles are modelled apart)
 NS_STEPS = 5              # torch.optim.Muon's Newton-Schulz iterations
@@ -52,8 +32,7 @@ NS_STEPS = 5              # torch.optim.Muon's Newton-Schulz iterations
 
 @dataclass(frozen=True)
 class GPUSpec:
-    """A GPU's dense bf16 peak (FLOP/s), the MFU its kernels reach while busy, and its memory (bytes: what
-    the planner's schedules must fit, ``mapl.core.memory.check_plan``)."""
+    """A GPU's dense bf16 peak (FLOP/s), the MFU its kernels reach while busy, and its memory (bytes)."""
     name: str
     peak_flops: float
     mfu: float = DEFAULT_MFU
@@ -79,8 +58,7 @@ class StageCompute:
 
 @dataclass(frozen=True)
 class BoundaryBytes:
-    """One boundary: bytes of one micro-batch's forward (data, piggybacked sync, token ids) and backward
-    message, and of the per-step state (synced projector forward, receiver-side gradient back)."""
+    """One boundary's bytes: a micro-batch's forward and backward message, and the per-step state each way."""
     fwd: float
     bwd: float
     state_fwd: float = 0.0
@@ -101,8 +79,7 @@ class Prediction:
 
 
 def _payload_bytes(comp, mb_shape, direction: str) -> int:
-    """Bytes of a steady-state message. A fresh compressor's next training message would be RVQ's one-off
-    k-means-init message (the whole codebook, ``one_off_sync_bytes``), so the spec is read in eval mode."""
+    """Bytes of a steady-state message (in eval mode: a fresh RVQ's next training message is its k-means init)."""
     was_training = comp.training
     comp.eval()
     try:
@@ -118,8 +95,7 @@ def _matmul_weights(module: torch.nn.Module) -> int:
 
 
 def _meta_model(cfg: RunConfig, vocab: int):
-    """The whole StagedModel of ``cfg`` on the meta device (exact shapes, no memory) and the ids of the
-    parameters Muon owns (mapl.core.optimizer_recipe.build_optimizers decides), cached per configuration."""
+    """The StagedModel of ``cfg`` on the meta device and the ids of the parameters Muon owns, cached."""
     key = (config_hash(cfg), vocab)
     if key not in _META:
         with torch.device("meta"):
@@ -134,12 +110,9 @@ _META: dict = {}
 
 
 def _ns_flops(params, muon: set[int]) -> float:
-    total = 0.0
-    for p in params:
-        if id(p) in muon:
-            m, n = sorted(p.shape[-2:])
-            total += NS_STEPS * (4 * m * m * n + 2 * m ** 3)
-    return total
+    """Muon's Newton-Schulz FLOPs of one step: 4 m^2 n + 2 m^3 per iteration and m x n matrix it owns (m <= n)."""
+    shapes = [sorted(p.shape[-2:]) for p in params if id(p) in muon]
+    return sum((NS_STEPS * (4 * m * m * n + 2 * m ** 3) for m, n in shapes), 0.0)
 
 
 def stage_flops(cfg: RunConfig, vocab_size: int | None = None, checkpointing: bool = False) -> list[dict]:
@@ -179,7 +152,7 @@ def measured_compute(timing: dict, source: str = "measured") -> StageCompute:
 
 
 def boundary_bytes(cfg: RunConfig, vocab_size: int | None = None) -> list[BoundaryBytes]:
-    """Bytes per message of every boundary, asked from the sender's compressor object."""
+    """Bytes per message of every boundary, asked from the sender's compressor."""
     mc = cfg.model_config(vocab_size)
     cfg = cfg.validate(mc.vocab_size)
     t = cfg.train
@@ -195,8 +168,7 @@ def boundary_bytes(cfg: RunConfig, vocab_size: int | None = None) -> list[Bounda
 
 
 def wire_ratio(cfg: RunConfig, vocab_size: int | None = None) -> float:
-    """Compression ratio on the wire as the results report it: bf16 d per token over the forward data
-    bytes per token the compressor declares (token ids and synced state apart)."""
+    """Compression ratio on the wire as the results report it: bf16 d over the forward data bytes per token."""
     mc = cfg.model_config(vocab_size)
     sm, _ = _meta_model(cfg.validate(mc.vocab_size), mc.vocab_size)
     if cfg.stages < 2:
@@ -204,17 +176,15 @@ def wire_ratio(cfg: RunConfig, vocab_size: int | None = None) -> float:
     return 2 * mc.d_model / sm.boundaries["0"].wire_bytes_per_token("fwd")
 
 
-@dataclass
+@dataclass(frozen=True)
 class Case:
-    """One run's step, ready to replay on any link. ``variants``: the same run under other schedules (and
-    activation checkpointing) that fit the device (:func:`with_schedule_variants`); ``predict`` takes the
-    fastest on each link, so the planner runs 1F1B on fast links and a deeper warm-up on slow ones."""
-    name: str
+    """One run's step, ready to replay on any link; ``predict`` takes the fastest of it and its ``variants``
+    (other schedules that fit the device: :func:`with_schedule_variants`)."""
     schedule: str
     compute: StageCompute
     wire: list[BoundaryBytes]
-    tokens_per_step: int
-    meta: dict = field(default_factory=dict)
+    checkpointing: bool = False           # blocks recomputed in backward
+    more_micro_batches: bool = False      # the planner split the batch into more micro-batches than the config's
     variants: tuple = ()
 
     @property
@@ -225,35 +195,29 @@ class Case:
         return self.predict(link, channels).step_s
 
     def one_step_time(self, link) -> float:
-        """This case's own schedule replayed for one step from an idle pipeline (its last stage's end), beside
-        the steady state that ``predict`` reports: what a step costs when the one before it left no state on
-        the wire."""
+        """This case's own schedule for one step from an idle pipeline (``predict`` is the steady state)."""
         return simulate(_link_measurement(self), link, steps=1).step_time
 
     @property
     def label(self) -> str:
-        """The schedule as the planner names it (``+ checkpointing`` when blocks are recomputed; ``, M = 64``
-        when the planner split the same batch into more micro-batches than the run's config)."""
-        return (self.schedule + (" + checkpointing" if self.meta.get("checkpointing") else "")
-                + (f", M = {self.micro_batches}" if self.meta.get("more_micro_batches") else ""))
+        """The schedule as the planner names it, e.g. '1f1b-x2 + checkpointing, M = 64'."""
+        return (self.schedule + (" + checkpointing" if self.checkpointing else "")
+                + (f", M = {self.micro_batches}" if self.more_micro_batches else ""))
 
     def predict(self, link, channels: str = "duplex") -> Prediction:
-        """The step on ``link``: the fastest of this case and its ``variants`` (duplex channels; the inbound
-        emulator replays this case's own schedule, as ProtocolNanoGPT's does)."""
+        """The step on ``link``: duplex, the fastest of this case and its variants; inbound, its own schedule."""
         meas = _link_measurement(self)
         if channels == "duplex":
-            own = Prediction(_link_clock(meas, link), _link_clock(meas, IDEAL), floor_time(meas, link), self.label)
+            own = Prediction(simulate(meas, link).step_time, simulate(meas, IDEAL).step_time, floor_time(meas, link),
+                             self.label)
             return min([own] + [v.predict(link) for v in self.variants], key=lambda p: p.step_s)
         if channels == "inbound":
             return Prediction(simulate_inbound(meas, link), simulate_inbound(meas, IDEAL), floor_time(meas, link),
                               self.label)
         raise ValueError(f"channels={channels!r} is invalid: allowed 'duplex', 'inbound'")
 
-    def with_compute(self, compute: StageCompute) -> "Case":
-        return replace(self, compute=compute)
-
     def scaled(self, k: float) -> "Case":
-        """The same case with every compute time x k (e.g. another MFU: k = mfu / mfu'), variants too."""
+        """Every compute time x k (another MFU: k = mfu / mfu'), variants too."""
         c = self.compute
         return replace(self, compute=StageCompute([[x * k for x in r] for r in c.fwd_s], [[x * k for x in r] for r in c.bwd_s],
                                                   [x * k for x in c.opt_s], f"{c.source} x {k:g}"),
@@ -261,25 +225,18 @@ class Case:
 
 
 def _link_measurement(case: Case):
-    """The adapter to mapl.core.link (the runtime's virtual clock): a Case as a StepMeasurement."""
+    """A Case as mapl.core.link's StepMeasurement (the runtime's virtual clock)."""
     w = case.wire
     return StepMeasurement(case.schedule, case.compute.fwd_s, case.compute.bwd_s, [b.fwd for b in w],
                            [b.bwd for b in w], case.compute.opt_s, [b.state_fwd for b in w],
                            [b.state_bwd for b in w], collective=True)
 
 
-def _link_clock(meas, link) -> float:
-    return simulate(meas, link).step_time
-
-
 def build_case(cfg: RunConfig, compute: StageCompute | None = None, gpu: GPUSpec = H100,
-               vocab_size: int | None = None, name: str | None = None, checkpointing: bool = False) -> Case:
+               vocab_size: int | None = None, checkpointing: bool = False) -> Case:
     """A Case for ``cfg``: wire bytes from its compressors; compute given, else from FLOPs on ``gpu``."""
-    t = cfg.train
-    comp = compute or flop_compute(cfg, gpu, vocab_size, checkpointing)
-    return Case(name or cfg.name(), t.schedule, comp, boundary_bytes(cfg, vocab_size), t.batch_size * t.seq_len,
-                {"method": cfg.compressor.method, "ratio": cfg.compressor.ratio, "stages": cfg.stages,
-                 "checkpointing": checkpointing})
+    return Case(cfg.train.schedule, compute or flop_compute(cfg, gpu, vocab_size, checkpointing),
+                boundary_bytes(cfg, vocab_size), checkpointing)
 
 
 # the schedules the planner weighs: the 1F1B family, shallowest first (each holds more micro-batches than the one before)
@@ -293,11 +250,10 @@ PLANNER_MICRO_BATCH_FACTORS = (1, 2)
 def with_schedule_variants(case: Case, cfg: RunConfig, gpu: GPUSpec, vocab_size: int | None = None,
                            schedules: Sequence[str] = PLANNER_SCHEDULES,
                            micro_batch_factors: Sequence[int] = (1,)) -> Case:
-    """``case`` with a variant for every schedule of ``schedules`` (with and without activation checkpointing)
-    whose memory plan fits ``gpu.memory_bytes`` (``mapl.core.memory.check_plan``, its reserve included): the
-    planner's choice of schedule. Deeper warm-ups hold more graphs, so each checkpointing setting stops at
-    the first schedule that does not fit. ``micro_batch_factors``: also the same batch in k x M micro-batches
-    (each k that divides the batch; :data:`PLANNER_MICRO_BATCH_FACTORS` is the planner's)."""
+    """``case`` with a variant for each of ``schedules`` (with and without activation checkpointing) whose memory
+    plan fits ``gpu.memory_bytes``, and for the same batch in k x M micro-batches (each k of
+    ``micro_batch_factors`` that divides it). Deeper warm-ups hold more graphs: each checkpointing setting
+    stops at the first schedule that does not fit."""
     from ..core.memory import check_plan, memory_plan          # torch-heavy: only when variants are asked for
     variants = []
     M, batch = cfg.train.micro_batches, cfg.train.batch_size
@@ -312,20 +268,16 @@ def with_schedule_variants(case: Case, cfg: RunConfig, gpu: GPUSpec, vocab_size:
                     check_plan(memory_plan(var, vocab_size, device="cuda", checkpointing=ckpt), gpu.memory_bytes)
                 except ValueError:
                     break
-                if (name, ckpt, k) != (case.schedule, bool(case.meta.get("checkpointing")), 1):
-                    variant = build_case(var, gpu=gpu, vocab_size=vocab_size, name=case.name, checkpointing=ckpt)
-                    variant.meta["more_micro_batches"] = k > 1
-                    variants.append(variant)
+                if (name, ckpt, k) != (case.schedule, case.checkpointing, 1):
+                    variant = build_case(var, gpu=gpu, vocab_size=vocab_size, checkpointing=ckpt)
+                    variants.append(replace(variant, more_micro_batches=k > 1))
     return replace(case, variants=tuple(variants))
 
 
 def simulate_inbound(meas, link, steps: int = 4) -> float:
-    """Steady-state step time under ProtocolNanoGPT's emulator (its ``SimPipelineStage``): each stage has
-    ONE inbound wire carrying the forward messages from s-1 and the gradients from s+1 in the order the
-    stage consumes them; a message holds the wire for bytes/bandwidth + latency
-    (``arrives = max(wire free, sent) + bits/bw + latency``); compute is synchronous; steps follow each
-    other without a barrier (a stage starts step k+1 after its own optimizer step of step k) and there
-    is no step-end all-reduce or state sync. Returns the mean step time after the first of ``steps``."""
+    """Mean steady-state step time (after the first of ``steps``) under ProtocolNanoGPT's emulator: ONE inbound
+    wire per stage carries the forwards from s-1 and the gradients from s+1 in the order the stage consumes them,
+    each holding it for bytes/bandwidth + latency; steps follow back to back, without all-reduce or state sync."""
     link = get_profile(link)
     P, M = meas.n_stages, meas.n_micro
     ops = [[(k, m, i) for i in range(steps) for k, m in schedule_ops(meas.schedule, P, M, s) + [("O", -1)]]
@@ -364,19 +316,14 @@ def simulate_inbound(meas, link, steps: int = 4) -> float:
 
 
 # ---- GPU-hours of a profile -----------------------------------------------------------------------
-def _compute_only_case(cfg: RunConfig, gpu: GPUSpec, cache: dict) -> Case:
+def _run_hours(cfg: RunConfig, gpu: GPUSpec, cache: dict) -> dict:
+    """One run's GPU-hours: P GPUs x (steps x the compute-only 1F1B step + evaluation forwards)."""
     t, c = cfg.train, cfg.compressor
     key = (cfg.model, tuple(sorted(cfg.model_overrides.items())), cfg.stages, c.method, c.ratio, c.projector,
            c.anchor, t.batch_size, t.micro_batches, t.seq_len, cfg.data.vocab_size)
-    if key not in cache:
-        comp = flop_compute(cfg, gpu, cfg.data.vocab_size)
-        cache[key] = Case(cfg.name(), "1f1b", comp, [BoundaryBytes(0, 0)] * (cfg.stages - 1), t.batch_size * t.seq_len)
-    return cache[key]
-
-
-def _run_hours(cfg: RunConfig, gpu: GPUSpec, cache: dict) -> dict:
-    t = cfg.train
-    case = _compute_only_case(cfg, gpu, cache)
+    if key not in cache:            # the step's compute is shared by runs that differ in steps, seed, rates
+        cache[key] = Case("1f1b", flop_compute(cfg, gpu, cfg.data.vocab_size), [BoundaryBytes(0, 0)] * (cfg.stages - 1))
+    case = cache[key]
     step_s = case.predict(IDEAL).compute_s
     mb_tokens = (t.batch_size // t.micro_batches) * t.seq_len
     # evaluation: forward only through the pipeline, every eval_every steps and at the end
@@ -409,8 +356,8 @@ def _wall_clock(runs: Sequence[dict], n_gpus: int) -> float:
 
 def gpu_hours(profile: str = "paper", gpu: GPUSpec = H100, groups: Sequence[str] | None = None,
               n_gpus: Sequence[int] = (8, 64), params: dict | None = None) -> dict:
-    """GPU-hours of every run of ``profile``'s groups (default all), totals and wall-clock on ``n_gpus``.
-    Runs use 1F1B (GPipe does not fit paper micro-batches: mapl.core.memory); the link inside a node is free."""
+    """GPU-hours of every run of ``profile``'s groups (default all), totals and wall-clock on ``n_gpus``; runs
+    use 1F1B (GPipe does not fit paper micro-batches) and a free link."""
     params = params or load_params()
     groups = list(groups or group_names(profile, params))
     cache, rows = {}, []
@@ -441,35 +388,3 @@ def format_gpu_hours(rep: dict) -> str:
                      f"first); {w['ideal']:.1f} h if data-parallel replicas keep every GPU busy.")
     return "\n".join(lines) + "\n"
 
-
-def main(argv=None) -> int:
-    """``mapl costmodel [--profile paper] [--mfu 0.35] [--out reports/tables/gpu-hours.md]``: print
-    the GPU-hour estimate of a profile's run groups (run this before ``dvc exp run -S profile=paper``)."""
-    import argparse
-    import sys
-    from pathlib import Path
-    ap = argparse.ArgumentParser(prog="mapl costmodel", description="GPU-hour estimate of a profile's runs.")
-    ap.add_argument("--profile", default="paper")
-    ap.add_argument("--groups", help="comma-separated run groups (default: all of the profile's)")
-    ap.add_argument("--mfu", type=float, default=DEFAULT_MFU, help="fraction of the bf16 peak while computing")
-    ap.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak (H100/H200 SXM: 989)")
-    ap.add_argument("--out", type=Path, help="also write the text here")
-    a = ap.parse_args(argv)
-    try:
-        # a zero MFU or peak divided by zero deep in the clock (a traceback); a negative one gave negative hours
-        if not (math.isfinite(a.mfu) and 0 < a.mfu <= 1):
-            raise ValueError(f"--mfu {a.mfu:g} is invalid: must be in (0, 1] (the fraction of the peak sustained "
-                             "while computing)")
-        if not (math.isfinite(a.peak_tflops) and a.peak_tflops > 0):
-            raise ValueError(f"--peak-tflops {a.peak_tflops:g} is invalid: must be a finite number > 0")
-        if a.out:
-            check_writable(a.out)                   # before the estimate, not after it
-        gpu = GPUSpec(f"NVIDIA H100/H200 SXM, dense bf16 {a.peak_tflops:g} TFLOP/s", a.peak_tflops * 1e12, a.mfu)
-        text = format_gpu_hours(gpu_hours(a.profile, gpu, a.groups.split(",") if a.groups else None))
-        print(text)
-        if a.out:
-            atomic_write_text(a.out, text)
-    except (ValueError, KeyError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0

@@ -1,19 +1,20 @@
-"""Against the peer: our step-time model at ProtocolNanoGPT's conditions.
+"""Against the peer: our step-time model at ProtocolNanoGPT's conditions (`mapl peer`).
 
-ProtocolNanoGPT (Pluralis) trains a 203.8M-parameter GPT (d = 1024, 8 layers, V = 50304, one layer per
-H100, 1F1B, 512 x 1024 tokens per step) over emulated 200 Mb/s, 50 ms links; its records give the dense
-baseline 100.475 s/step and 2925 steps to val 3.276, ReparamSSN (k = 160) 19.889 s/step and 9125 steps:
-net 1.62x. :func:`peer_comparison` puts those conditions into :mod:`mapl.planning.costmodel` (shapes, micro-batches,
-bytes from our compressors at their width and rank) and compares::
-
-    mapl peer                      # writes reports/bench/peer-protocolnanogpt.json and reports/tables/peer.md
+ProtocolNanoGPT (Pluralis) trains a 203.8M-parameter GPT (d = 1024, 8 layers, one layer per H100, 1F1B,
+512 x 1024 tokens per step) over emulated 200 Mb/s, 50 ms links; its records give the dense baseline
+100.475 s/step and 2925 steps to val 3.276, ReparamSSN (k = 160) 19.889 s/step and 9125 steps: net 1.62x.
 """
 from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
 from ..core.config import load_run_config, PROJECT_ROOT
 from ..core.link import IDEAL, LinkProfile
-from .costmodel import build_case, GPUSpec
+from .costmodel import GPUSpec, StageCompute, build_case
 
-__all__ = ["PEER", "peer_comparison", "peer_markdown", "main"]
+__all__ = ["PEER", "peer_comparison", "peer_markdown", "write_report"]
 
 
 # their records/ READMEs and logs (shared/design/ANCHORS.md)
@@ -40,18 +41,15 @@ def _peer_config(method: str, spec: dict):
 
 
 def peer_comparison() -> dict:
-    """Our step-time model at ProtocolNanoGPT's conditions against their published step times and net
-    speedup. Their per-operation compute is not published; the loss runs' step time with the WAN off (NVLink,
-    the same 1F1B schedule) is, so per-op compute = FLOPs x c with c fitted to that step time (steps back to
-    back, as they run). Both link semantics are reported: ours (a FIFO channel per direction, latency in
-    flight, a step-end all-reduce) and theirs (one inbound wire per stage for both directions, latency
-    holding the wire)."""
+    """Our step-time model at ProtocolNanoGPT's conditions against their published step times and speedup.
+    Per-op compute is FLOPs at the rate that reproduces their WAN-off step time (not published per op); both
+    link semantics are reported, ours (duplex channels) and theirs (one inbound wire per stage)."""
     link = LinkProfile("200Mbps@50ms", PEER["bandwidth_bps"], PEER["latency_s"])
     out = {"source": PEER["source"], "link": link.name, "methods": {}}
     for method, spec in PEER["runs"].items():
         case = build_case(_peer_config(method, spec), gpu=GPUSpec("unit", 1.0, 1.0), vocab_size=PEER["vocab"])
         flops_per_s = case.predict(IDEAL, "inbound").compute_s / spec["wan_off_s"]     # FLOP-seconds -> seconds
-        case = case.with_compute(type(case.compute)(
+        case = replace(case, compute=StageCompute(
             *[[[x / flops_per_s for x in row] for row in rows] for rows in (case.compute.fwd_s, case.compute.bwd_s)],
             [x / flops_per_s for x in case.compute.opt_s], f"FLOPs at {flops_per_s / 1e12:.0f} TFLOP/s per GPU"))
         w = case.wire[0]
@@ -88,14 +86,12 @@ def peer_markdown(res: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv=None) -> int:
-    import json
-    from pathlib import Path
+def write_report(root: Path = PROJECT_ROOT) -> str:
+    """Write reports/bench/peer-protocolnanogpt.json and reports/tables/peer.md under ``root``; returns the table."""
     res = peer_comparison()
-    out = Path(PROJECT_ROOT) / "reports"
-    (out / "bench").mkdir(parents=True, exist_ok=True)
-    (out / "tables").mkdir(parents=True, exist_ok=True)
-    (out / "bench" / "peer-protocolnanogpt.json").write_text(json.dumps(res, indent=1) + "\n")
-    (out / "tables" / "peer.md").write_text(peer_markdown(res))
-    print(peer_markdown(res))
-    return 0
+    text = peer_markdown(res)
+    for path, content in ((Path(root) / "reports" / "bench" / "peer-protocolnanogpt.json", json.dumps(res, indent=1) + "\n"),
+                          (Path(root) / "reports" / "tables" / "peer.md", text)):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(content)
+    return text

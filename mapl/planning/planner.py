@@ -1,23 +1,9 @@
 """When does compression pay? Steps to target, time to target, crossover bandwidths (notebooks/when_it_pays).
 
-Time to target = steps to target x step time. Step times come from :mod:`mapl.planning.costmodel`; steps to target
-from our own loss curves or, at paper scale, from the paper's final-loss penalties converted with a loss-vs-tokens fit
-(:func:`ratio_from_penalty`).
-
-Our curves: :func:`steps_ratios` gives each method's (and, with ``load_runs(..., variants=True)``, each
-variant's) steps to reach uncompressed's best loss (lowest point of its curve) + 2 %, divided by uncompressed's, paired by seed at
-each training length, with its spread over seeds; :func:`steps_ratio_table` sets the lengths side by side
-and :func:`ratio_trend` follows the ratio along one run::
-
-    mapl plan reports/cpu/results                       # the table of steps ratios per training length
-
-The conversion. At a fixed model size, ``L(D) = L_inf + B D^-beta`` (D tokens). If a method's final loss
-sits ``delta`` above uncompressed after D0 tokens and the method behaves like uncompressed training on
-k x D0 tokens, then ``B (k D0)^-beta = B D0^-beta + delta`` and it needs ``1/k = (1 + delta /
-(B D0^-beta))^(1/beta)`` times the steps to reach uncompressed's final loss. B, beta: Chinchilla's fit
-(Hoffmann et al. 2022, approach 3: B = 410.7, beta = 0.28) and its replication (Besiroglu et al. 2024:
-B = 2085.43, beta = 0.3658); the two bracket the ratio. It assumes the penalty is lost token efficiency;
-a penalty that stays constant with more tokens would never be made up (ratio unbounded).
+Time to target = steps to target x step time (mapl.planning.costmodel). Steps to target come from our own
+loss curves (:func:`steps_ratios`: each method against uncompressed, paired by seed at each training length)
+or, at paper scale, from the paper's final-loss penalties through a loss-vs-tokens fit
+(:func:`ratio_from_penalty` states the conversion and its assumption).
 """
 from __future__ import annotations
 
@@ -25,109 +11,69 @@ import json
 import math
 from collections import defaultdict
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
-from ..core.link import LinkProfile, steps_to_target as s2t
+from typing import Callable, Sequence
+
+from ..core.link import LinkProfile, steps_to_target
 from ..report import paper_table1
 from ..report.rows import at_best_validation, is_reference, load_results, main_model, select
-from ..report.stats import t_interval
 from ..report.ttt import common_target as report_target, method_curve, on_target_set
 
+__all__ = ["LOSS_FITS", "load_runs", "main_model_runs", "steps_ratios", "ratio_trend", "steps_ratio_table",
+           "steps_report", "ratio_from_penalty", "paper_steps_ratios", "common_target", "time_to_target_rows",
+           "crossover_bandwidth", "crossover_interval", "speedup_grid", "validated_error", "ratio_key", "label"]
 
-__all__ = ["LOSS_FITS", "load_runs", "main_model_runs", "steps_to_target", "best_loss", "steps_ratios", "ratio_trend",
-           "steps_ratio_table", "steps_report", "ratio_from_penalty", "paper_steps_ratios", "common_target",
-           "time_to_target_rows", "crossover_bandwidth", "crossover_interval", "speedup_grid", "validated_error", "ratio_key",
-           "run_label", "main"]
-
-LOSS_FITS = {
+LOSS_FITS = {          # B and beta of L(D) = L_inf + B D^-beta
     "chinchilla": {"B": 410.7, "beta": 0.28, "source": "Hoffmann et al. 2022, approach 3"},
     "besiroglu": {"B": 2085.43, "beta": 0.3658, "source": "Besiroglu et al. 2024, Chinchilla replication"},
 }
 
 
-def steps_to_target(curve: Sequence[Sequence[float]], target: float) -> float | None:
-    """First step at which a validation curve reaches ``target`` (linear between evaluations)."""
-    return s2t(curve, target)
-
-
-def load_runs(results_dir: str | Path, groups: Iterable[str] | None = None, variants: bool = False) -> list[dict]:
-    """Runs under ``results_dir/<group>/*.json`` as the report reads them (:mod:`mapl.report.rows`: one
-    run per configuration and seed, runs on the tuning protocol's validation slice left out), the
-    methods' default configurations only unless ``variants`` (e.g. ``mapl-fixed``: the fixed projector).
-    Each run: ``run``, ``group``, ``model``, ``method``, ``variant``, ``ratio`` (wire ratio, 3 significant
-    digits, as the report rounds it), ``projection_ratio``, ``steps``, ``seed``, ``final``, ``curve``,
-    ``select_curve``, ``eval_set``."""
-    rows = select(load_results("", Path(results_dir).resolve()))
-    keep = set(groups) if groups is not None else None
-    return [{"run": r["run"], "group": r["group"], "model": r["model"], "method": r["method"], "variant": r["variant"],
-             "ratio": ratio_key(r["method"], r["wire_ratio"])[1], "projection_ratio": r["projection_ratio"],
-             "steps": int(r["steps"]), "seed": int(r["seed"]), "final": float(r["val_loss"]), "curve": r["val_loss_curve"],
-             "select_curve": r["select_loss_curve"], "eval_set": r["eval_set"]}
-            for r in rows if r["val_loss_curve"] and (variants or r["variant"] == r["method"])
-            and (keep is None or r["group"] in keep)]
+def load_runs(results_dir: str | Path, variants: bool = False) -> list[dict]:
+    """The rows of the runs under ``results_dir/<group>/*.json`` as the report selects them (mapl.report.rows)
+    that have a validation curve; the methods' default configurations only unless ``variants``."""
+    return [r for r in select(load_results("", Path(results_dir).resolve()))
+            if r["val_loss_curve"] and (variants or r["variant"] == r["method"])]
 
 
 def ratio_key(method: str, ratio: float | None) -> tuple[str, float]:
-    """(method, wire ratio to 3 significant digits, as the report rounds it): how runs, step
-    measurements and cases are matched."""
+    """(method, wire ratio to 3 significant digits, as the report rounds it): how runs and cases are matched."""
     return (method, 1.0 if method == "none" or ratio is None else float(f"{float(ratio):.3g}"))
 
 
-def run_label(variant: str, ratio: float) -> str:
-    """'mapl 8x', 'mapl-fixed 8x'; 'none' for the uncompressed run."""
-    return variant if variant == "none" else f"{variant} {ratio:g}x"
+def label(key) -> str:
+    """'mapl 8x' for ('mapl', 8.0), 'mapl-fixed 8x' for a variant; 'none' for the uncompressed run."""
+    m, r = key if isinstance(key, tuple) else (key, 1.0)
+    return m if m == "none" else f"{m} {r:g}x"
 
 
 def main_model_runs(runs: Sequence[dict]) -> list[dict]:
-    """The runs of the profile's main model (:func:`mapl.report.rows.main_model`: width studies left out)."""
-    main = main_model([{"group": "", **r} for r in runs])
+    """The runs of the profile's main model (width studies left out)."""
+    main = main_model(runs)
     return [r for r in runs if r["model"] == main]
 
 
-def _key(r: dict) -> tuple:
-    return ratio_key(r["method"], r["ratio"])
-
-
-def _variant(r: dict) -> str:
-    return r.get("variant", r["method"])
-
-
 def _spread(values: Sequence[float]) -> dict:
-    """mean, sample sd, min, max and the Student t 95% interval of the mean (None below two values)."""
+    """mean, sample sd (None below two values), min and max."""
     n = len(values)
     mean = sum(values) / n
     sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else None
-    return {"mean": mean, "sd": sd, "min": min(values), "max": max(values), "ci95": t_interval(values)}
-
-
-def best_loss(run: dict) -> float:
-    """A run's validation loss at its best step: :func:`mapl.report.rows.at_best_validation` itself (the
-    step chosen on the selection set where the run has one), on the planner's own run dicts."""
-    return float(at_best_validation([_row(run)])[0]["val_loss"])
-
-
-def _row(run: dict) -> dict:
-    """A planner run as the report's row (the fields its rules read), so one rule serves both."""
-    return {"group": run.get("group", ""), "model": run.get("model", ""), "method": run["method"],
-            "variant": _variant(run), "wire_ratio": _key(run)[1], "steps": run["steps"], "val_loss": run["final"],
-            "val_loss_curve": run.get("curve") or [], "select_loss_curve": run.get("select_curve") or [],
-            "eval_set": run.get("eval_set")}
+    return {"mean": mean, "sd": sd, "min": min(values), "max": max(values)}
 
 
 def steps_ratios(runs: Sequence[dict], target_pct: float = 2.0) -> list[dict]:
-    """Per (model, variant, wire ratio, budget): the steps to reach uncompressed's best loss + ``target_pct``
-    %, divided by uncompressed's steps to it, paired by seed (the same budget and seed: the same tokens),
-    then its spread over seeds (:func:`_spread`; ``per_seed``: seed -> ratio). A run that never gets there
-    within its budget gives a lower bound, budget / uncompressed's steps (counted in ``censored``)."""
+    """Per (model, variant, wire ratio, budget): the steps to reach uncompressed's best loss (at its best
+    validation step) + ``target_pct`` %, over uncompressed's steps to it, paired by seed, with its spread over
+    seeds. A run that never gets there gives a lower bound, budget / uncompressed's steps (``censored``)."""
     dense = {(r["model"], r["steps"], r["seed"]): r for r in runs if is_reference(r)}
     per = defaultdict(dict)
     for r in runs:
         ref = dense.get((r["model"], r["steps"], r["seed"]))
         if r["method"] == "none" or ref is None:
             continue
-        target = best_loss(ref) * (1 + target_pct / 100)
-        n_ref, n = steps_to_target(ref["curve"], target), steps_to_target(r["curve"], target)
+        target = at_best_validation([ref])[0]["val_loss"] * (1 + target_pct / 100)
+        n_ref, n = steps_to_target(ref["val_loss_curve"], target), steps_to_target(r["val_loss_curve"], target)
         if n_ref:
-            per[(r["model"], r["method"], _variant(r), _key(r)[1], r["steps"])][r["seed"]] = \
+            per[(r["model"], r["method"], r["variant"], ratio_key(r["method"], r["wire_ratio"])[1], r["steps"])][r["seed"]] = \
                 (n / n_ref if n is not None else r["steps"] / n_ref, n is None)
     out = []
     for (model, method, variant, ratio, budget), seeds in sorted(per.items()):
@@ -139,8 +85,7 @@ def steps_ratios(runs: Sequence[dict], target_pct: float = 2.0) -> list[dict]:
 
 
 def steps_ratio_table(ratios: Sequence[dict]) -> str:
-    """Markdown: one row per (variant, wire ratio), one column per budget (training length): the mean steps
-    ratio ± sd over seeds [min, max], n seeds (a ``>`` marks a lower bound: some seed never got there)."""
+    """Markdown: one row per (variant, wire ratio), one column per budget: mean ± sd [min, max], n seeds."""
     budgets = sorted({r["budget"] for r in ratios})
     rows = defaultdict(dict)
     for r in ratios:
@@ -156,38 +101,43 @@ def steps_ratio_table(ratios: Sequence[dict]) -> str:
             sd = f" ± {c['sd']:.2f}" if c["sd"] is not None else ""
             txt.append(f"{'>' if c['censored'] else ''}{c['mean']:.2f}{sd} [{c['min']:.2f}, {c['max']:.2f}], n={c['seeds']}"
                        + (f" ({c['censored']} censored)" if c["censored"] else ""))
-        lines.append(f"| {run_label(variant, ratio)} | " + " | ".join(txt) + " |")
+        lines.append(f"| {label((variant, ratio))} | " + " | ".join(txt) + " |")
     return "\n".join(lines) + "\n"
 
 
 def ratio_trend(runs: Sequence[dict]) -> list[dict]:
-    """Along each (variant, wire ratio)'s longest budget that has uncompressed runs on the same seeds: at
-    each evaluation step s of uncompressed, the steps the method needs to reach uncompressed's loss at s
-    (same seed), divided by s; mean/min/max over the seeds that reach it (``reached`` of ``seeds``)."""
+    """Along each (variant, wire ratio)'s longest budget paired with uncompressed: at each evaluation step s,
+    the steps to reach uncompressed's loss at s (same seed) over s; mean/min/max over the seeds that do."""
     dense = {(r["model"], r["steps"], r["seed"]): r for r in runs if is_reference(r)}
     paired = defaultdict(list)
     for r in runs:
         if r["method"] != "none" and (r["model"], r["steps"], r["seed"]) in dense:
-            paired[(r["model"], r["method"], _variant(r), _key(r)[1])].append(r)
+            paired[(r["model"], r["method"], r["variant"], ratio_key(r["method"], r["wire_ratio"])[1])].append(r)
     out = []
     for (model, method, variant, ratio), rs in sorted(paired.items()):
         budget = max(r["steps"] for r in rs)
         points = defaultdict(list)
         for r in (r for r in rs if r["steps"] == budget):
-            for s, loss in dense[(model, budget, r["seed"])]["curve"]:
-                n = steps_to_target(r["curve"], loss)
-                points[s].append((loss, None if n is None else n / s))
+            for s, loss in dense[(model, budget, r["seed"])]["val_loss_curve"]:
+                n = steps_to_target(r["val_loss_curve"], loss)
+                points[s].append(None if n is None else n / s)
         for s, vals in sorted(points.items()):
-            got = [v for _, v in vals if v is not None]
+            got = [v for v in vals if v is not None]
             out.append({"method": method, "variant": variant, "ratio": ratio, "budget": budget, "step": s,
-                        "dense_loss": sum(loss for loss, _ in vals) / len(vals), "seeds": len(vals), "reached": len(got),
+                        "seeds": len(vals), "reached": len(got),
                         "mean": sum(got) / len(got) if got else None, "min": min(got, default=None),
                         "max": max(got, default=None)})
     return out
 
 
 def ratio_from_penalty(delta_loss: float, tokens: float, fit: str = "chinchilla") -> float:
-    """Steps-to-target ratio implied by a final-loss penalty ``delta_loss`` after ``tokens`` (module doc)."""
+    """Steps-to-target ratio implied by a final-loss penalty ``delta_loss`` after ``tokens``.
+
+    At a fixed model size L(D) = L_inf + B D^-beta (D tokens). A method ``delta`` above uncompressed after D0
+    tokens behaves like uncompressed training on k x D0 tokens with B (k D0)^-beta = B D0^-beta + delta, so it
+    needs 1/k = (1 + delta / (B D0^-beta))^(1/beta) times the steps. B, beta: Chinchilla's fit or its
+    replication (:data:`LOSS_FITS`; the two bracket the ratio). It assumes the penalty is lost token efficiency:
+    a penalty that stayed constant with more tokens would never be made up."""
     f = LOSS_FITS[fit]
     reducible = f["B"] * tokens ** -f["beta"]
     base = 1 + delta_loss / reducible
@@ -212,21 +162,18 @@ def paper_steps_ratios(scale: str, stages: int = 4, tokens: float | None = None)
 
 
 def common_target(runs: Sequence[dict], target_pct: float = 2.0) -> tuple[float, int, int] | None:
-    """The time-to-target target, by the report's one rule (:func:`mapl.report.ttt.common_target`) on these
-    runs: (target, budget, seeds), None without an uncompressed run."""
-    return report_target([_row(r) for r in runs], target_pct)
+    """The report's time-to-target target on these runs: (target, budget, seeds); None without uncompressed."""
+    return report_target(runs, target_pct)
 
 
 def time_to_target_rows(runs: Sequence[dict], cases: dict, bandwidths: Sequence[float], latency_s: float = 0.0,
                         target_pct: float = 2.0) -> list[dict]:
-    """Time to target by the report's rule (:mod:`mapl.report.ttt`: its target, its mean curve of the longest
-    default-configured run per method and wire ratio) with step times from the cost model: for each
-    (method, wire ratio) in ``cases`` (-> costmodel.Case), the steps to target and its Case's step time on
-    each link."""
+    """Time to target by the report's rule (mapl.report.ttt: its target and mean curves) with the step time of
+    each (method, wire ratio)'s Case in ``cases`` on each bandwidth."""
     common = common_target(runs, target_pct)
     if common is None:
         return []
-    target, rows = common[0], on_target_set([_row(r) for r in runs])
+    target, rows = common[0], on_target_set(runs)
     out = []
     for key, case in cases.items():
         budget, seeds, curve = method_curve(rows, *key)
@@ -241,9 +188,8 @@ def time_to_target_rows(runs: Sequence[dict], cases: dict, bandwidths: Sequence[
 
 def crossover_bandwidth(time_a: Callable[[float], float], time_b: Callable[[float], float],
                         lo: float = 1e5, hi: float = 1e12, iters: int = 50) -> float:
-    """Bandwidth (bit/s) below which ``a`` is faster (``time_a < time_b``), by bisection in log bandwidth:
-    ``math.inf`` if a is faster at both ends of [lo, hi], 0.0 if it is slower at both; if a is faster only
-    at the high end, the bandwidth *above* which it is faster (``crossover_side`` tells which)."""
+    """Bandwidth (bit/s) below which ``a`` is faster, by bisection in log bandwidth: ``math.inf`` if a is faster
+    at both ends of [lo, hi], 0.0 if slower at both; if a is faster only at the high end, the one above which."""
     def f(bw: float) -> float:
         return time_a(bw) - time_b(bw)
 
@@ -262,9 +208,8 @@ def crossover_bandwidth(time_a: Callable[[float], float], time_b: Callable[[floa
 
 def crossover_interval(step_a, steps_a: tuple[float, float], step_b, steps_b: tuple[float, float],
                        rel_err: float, **kw) -> dict:
-    """Crossover of method a against b (see :func:`crossover_bandwidth`) with its uncertainty: the
-    step-time model's relative error applied against a and for b (and the reverse), with each side's
-    steps range (low, high). ``low``/``high`` bracket ``mid``."""
+    """Crossover of a against b with its range: the step-time error against a and for b (and the reverse), with
+    each side's (low, high) steps; ``low``/``high`` bracket ``mid``."""
     def cross(ka, kb, na, nb):
         return crossover_bandwidth(lambda bw: na * ka * step_a(bw), lambda bw: nb * kb * step_b(bw), **kw)
     mid = cross(1, 1, sum(steps_a) / 2, sum(steps_b) / 2)
@@ -274,8 +219,7 @@ def crossover_interval(step_a, steps_a: tuple[float, float], step_b, steps_b: tu
 
 def speedup_grid(cases: dict, steps: dict, bandwidths: Sequence[float], latencies: Sequence[float],
                  reference: str = "none") -> dict:
-    """time_to_target(reference) / time_to_target(method) on every (latency, bandwidth):
-    ``{method: [[speedup per bandwidth] per latency]}``; ``steps`` maps method -> steps to target."""
+    """``{method: [[time to target of reference / method, per bandwidth] per latency]}``."""
     grid = {}
     for lat in latencies:
         links = [LinkProfile(f"{bw:g}", bw, lat) for bw in bandwidths]
@@ -286,8 +230,7 @@ def speedup_grid(cases: dict, steps: dict, bandwidths: Sequence[float], latencie
 
 
 def validated_error(path: str | Path, min_comm: float = 0.25, default: float | None = None) -> float | None:
-    """Largest |relative error| of the cost model in the validation table (``reports/bench/
-    costmodel-validation.json``) over cells where communication is at least ``min_comm`` of the step."""
+    """Largest |relative error| of the cost model in its validation JSON where the link is >= ``min_comm`` of a step."""
     path = Path(path)
     if not path.exists():
         return default
@@ -297,8 +240,7 @@ def validated_error(path: str | Path, min_comm: float = 0.25, default: float | N
 
 
 def steps_report(runs: Sequence[dict], target_pct: float = 2.0) -> str:
-    """Markdown: :func:`steps_ratio_table` of ``runs``, then :func:`ratio_trend` along the runs longer than
-    the shortest budget (one line per method: its ratio at uncompressed's loss of each evaluation)."""
+    """Markdown: :func:`steps_ratio_table`, then :func:`ratio_trend` along the runs longer than the shortest."""
     ratios = steps_ratios(runs, target_pct)
     if not ratios:
         return "No run has an uncompressed run of the same budget and seed to compare with.\n"
@@ -311,31 +253,10 @@ def steps_report(runs: Sequence[dict], target_pct: float = 2.0) -> str:
         if t["budget"] > shortest:
             got = "never" if t["mean"] is None else f"{t['mean']:.2f}" + ("" if t["reached"] == t["seeds"] else
                                                                            f" ({t['reached']}/{t['seeds']} seeds)")
-            lines[(run_label(t["variant"], t["ratio"]), t["budget"])].append(f"{t['step']:,}: {got}")
+            lines[(label((t["variant"], t["ratio"])), t["budget"])].append(f"{t['step']:,}: {got}")
     if lines:
         text += ("\nAlong the longest runs: steps to reach uncompressed's loss at step s (same seed), divided by s, "
                  "mean over seeds:\n\n" + "\n".join(f"* {name} ({budget:,} steps): " + ", ".join(cells)
                                                    for (name, budget), cells in lines.items()) + "\n")
     return text
 
-
-def main(argv=None) -> int:
-    """``mapl plan [RESULTS_DIR] [--target-pct 2]``: the steps-to-target ratio of every method and
-    variant against uncompressed, per training length (paired by seed), and along the longest runs."""
-    import argparse
-    import sys
-    ap = argparse.ArgumentParser(prog="mapl plan", description=main.__doc__)
-    ap.add_argument("results", nargs="?", default="reports/cpu/results", type=Path)
-    ap.add_argument("--target-pct", type=float, default=2.0, help="target: uncompressed's best loss + this %%")
-    a = ap.parse_args(argv)
-    if not (math.isfinite(a.target_pct) and a.target_pct > 0):     # nan gave "no run", a negative target nothing
-        print(f"error: --target-pct {a.target_pct:g} is invalid: must be a finite number > 0 (percent above "
-              "uncompressed's best loss)", file=sys.stderr)
-        return 2
-    if not a.results.is_dir():
-        print(f"error: results folder {a.results} does not exist", file=sys.stderr)
-        return 2
-    runs = main_model_runs(load_runs(a.results, variants=True))
-    print(f"{len(runs)} runs of the main model in {a.results}\n")
-    print(steps_report(runs, a.target_pct))
-    return 0

@@ -1,15 +1,14 @@
 """The planner notebook's cases, summaries and figures (notebooks/when_it_pays.ipynb).
 
-Two kinds of case: our measured profile (:func:`bench_cases`: compute measured by
-``benchmarks/pipeline.py``, bytes declared by the profile's compressors and checked equal to the metered
-ones) and a paper shape on a public GPU spec (:func:`paper_cases`: FLOP-based compute). :func:`plan`
-turns cases and steps to target into the speedup grid, time-to-target curves with their band and the
-crossover bandwidths; :func:`crossover_table` and the figures present them.
+Cases are our measured profile (:func:`bench_cases`: compute measured by benchmarks/pipeline.py) or a paper shape
+on a public GPU spec (:func:`paper_cases`: FLOP-based compute); :func:`plan` turns cases and steps to target into
+the speedup grid, time-to-target curves and crossover bandwidths that the tables and figures present.
 """
 from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from pathlib import Path
 from typing import Sequence
 
@@ -24,19 +23,18 @@ from ..report.style import label as style_label
 from ..report.style import style as method_kw
 from .costmodel import (PLANNER_MICRO_BATCH_FACTORS, PLANNER_SCHEDULES, boundary_bytes, build_case, measured_compute,
                         wire_ratio, with_schedule_variants)
-from .planner import (common_target, crossover_interval, load_runs, main_model_runs, paper_steps_ratios, ratio_key,
-                      speedup_grid, steps_ratios, time_to_target_rows)
+from .planner import (common_target, crossover_interval, label, load_runs, main_model_runs, paper_steps_ratios,
+                      ratio_key, speedup_grid, steps_ratios, time_to_target_rows)
 
-__all__ = ["MEASURED_VARIANTS", "measured_sources", "at_headline_ratio", "pick_measured", "measured_steps", "measured_text",
-           "bench_profile", "bench_cases", "flop_cases", "run_ratios", "profile_steps", "target_text",
-           "paper_cases", "paper_steps", "bandwidth_grid", "plan", "bandwidth_text", "crossover_table", "crossover_summary",
-           "crossover_takeaway",
+__all__ = ["MEASURED_VARIANTS", "measured_sources", "pick_measured", "measured_steps", "measured_text", "bench_profile",
+           "bench_cases", "flop_cases", "run_ratios", "profile_steps", "target_text", "paper_cases", "paper_steps",
+           "bandwidth_grid", "plan", "bandwidth_text", "crossover_table", "crossover_summary", "crossover_takeaway",
            "label", "display_name", "method_style", "heatmap_figure", "curve_figure"]
 
 
 def _bench_config(profile: str, entry: dict):
-    """The profile's config whose compressor-declared bytes equal a benchmark entry's metered bytes (the
-    entry records the effective wire ratio, not the projection ratio; matching the bytes checks both)."""
+    """The profile's config whose declared bytes equal a benchmark entry's metered bytes (the entry records the
+    wire ratio, not the projection ratio: matching the bytes checks both)."""
     tm = entry["timing"]
     metered = [(tm["fwd_bytes"][p], tm["bwd_bytes"][p], tm["state_fwd_bytes"][p], tm["state_bwd_bytes"][p])
                for p in range(len(tm["fwd_bytes"]))]
@@ -57,27 +55,18 @@ def bench_profile(bench_json: str | Path) -> str | None:
 
 
 def bench_cases(bench_json: str | Path, profile: str = "cpu") -> dict:
-    """(method, ratio) -> Case with the compute measured by benchmarks/pipeline.py and the bytes declared by
-    the profile's compressors (checked equal to the metered bytes)."""
-    data = json.loads(Path(bench_json).read_text())
+    """(method, ratio) -> Case with the compute measured by benchmarks/pipeline.py, the bytes declared."""
     out = {}
-    for e in data["methods"]:
+    for e in json.loads(Path(bench_json).read_text())["methods"]:
         cfg = _bench_config(profile, e)
-        out[ratio_key(e["method"], e["ratio"])] = build_case(
-            cfg, measured_compute(e["timing"], f"measured by benchmarks/pipeline.py ({profile})"),
-            vocab_size=cfg.data.vocab_size)
+        compute = measured_compute(e["timing"], f"measured by benchmarks/pipeline.py ({profile})")
+        out[ratio_key(e["method"], e["ratio"])] = build_case(cfg, compute, vocab_size=cfg.data.vocab_size)
     return out
 
 
-def label(key) -> str:
-    """'mapl 8x' for ('mapl', 8.0); 'none' for the uncompressed run."""
-    m, r = key if isinstance(key, tuple) else (key, 1.0)
-    return m if m == "none" else f"{m} {r:g}x"
-
-
 def flop_cases(profile: str, methods: dict, gpu) -> dict:
-    """(method, wire ratio) -> Case of ``profile``'s configs with FLOP-based compute on ``gpu`` (for a
-    profile that has no step measurement); ``methods``: method -> projection ratio (None: none/int8)."""
+    """(method, wire ratio) -> Case of ``profile`` with FLOP-based compute on ``gpu``; ``methods``: method ->
+    projection ratio (None: none/int8)."""
     out = {}
     for m, r in methods.items():
         cfg = load_run_config(profile, {"method": m, "ratio": r})
@@ -88,25 +77,20 @@ def flop_cases(profile: str, methods: dict, gpu) -> dict:
 
 def run_ratios(runs: Sequence[dict], methods: Sequence[str], given: dict | None = None,
                fallback: float = 8.0) -> dict:
-    """method -> projection ratio for :func:`flop_cases`: ``given[method]``, else the most common one among
-    the method's longest runs (so that the cases match trained curves), else ``fallback``; None for
-    methods without a ratio (none, int8)."""
-    from collections import Counter
+    """method -> projection ratio for :func:`flop_cases`: ``given[method]``, else the most common among the
+    method's longest runs, else ``fallback``; None for none and int8."""
     out = {}
     for m in methods:
-        if m in ("none", "int8"):
-            out[m] = None
-            continue
         mine = [r for r in runs if r["method"] == m and r.get("projection_ratio")]
         longest = max((r["steps"] for r in mine), default=0)
         counts = Counter(r["projection_ratio"] for r in mine if r["steps"] == longest)
-        out[m] = (given or {}).get(m) or (min(counts, key=lambda x: (-counts[x], x)) if counts else fallback)
+        out[m] = None if m in ("none", "int8") else (given or {}).get(m) or (
+            min(counts, key=lambda x: (-counts[x], x)) if counts else fallback)
     return out
 
 
 def profile_steps(runs: Sequence[dict], cases: dict, target_pct: float) -> dict:
-    """(method, ratio) -> (n, n) steps to the common target (the measured table's rule), None if never
-    or without a run. Without any run every method gets one step: time to target is then the step time."""
+    """(method, ratio) -> (n, n) steps to the common target, None if never; without any run, one step each."""
     if not runs:
         return {k: (1.0, 1.0) for k in cases}
     rows = time_to_target_rows(runs, cases, [1e9], 0.0, target_pct)
@@ -115,8 +99,7 @@ def profile_steps(runs: Sequence[dict], cases: dict, target_pct: float) -> dict:
 
 
 def target_text(runs: Sequence[dict], cases: dict, target_pct: float) -> str:
-    """The common target of the profile case and, per case, the run budget and seeds its steps come from
-    and the steps to the target (or why there are none): what the time-to-target views stand on."""
+    """The common target and, per case, the steps to it and the runs they come from (or why there are none)."""
     common = common_target(runs, target_pct)
     if common is None:
         return "No uncompressed run: no target, steps to target taken as equal (time to target is the step time).\n"
@@ -135,41 +118,36 @@ def target_text(runs: Sequence[dict], cases: dict, target_pct: float) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _paper_budget(model: str) -> int:
+    """The paper profile's step budget for ``model`` (20 tokens per parameter)."""
+    return next(s["train.steps"] for s in group_specs("paper", "main") if s.get("model") == model)
+
+
 def paper_steps(model: str, stages: int, keys: Sequence[tuple], steps: int | None = None) -> dict:
-    """(method, ratio) -> (low, high) steps to uncompressed's final loss at a paper scale (Table 1's
-    penalty of the method through the loss-vs-tokens fits), for the profile's step budget of that model."""
-    if steps is None:           # the paper profile's budget for this model (20 tokens per parameter)
-        steps = next(s["train.steps"] for s in group_specs("paper", "main") if s.get("model") == model)
+    """(method, ratio) -> (low, high) steps at a paper scale from Table 1's penalty through the loss-vs-tokens fits."""
+    steps = _paper_budget(model) if steps is None else steps
     ratios = paper_steps_ratios(model, stages)
     return {k: (steps * ratios[k[0]]["low"], steps * ratios[k[0]]["high"]) for k in keys}
 
 
 # The variants that stand for a method when the paper-scale prediction takes our measured steps, in order of
-# preference at equal budget. MAPL+RVQ's long runs carry the per-token scale (issue 21's fix): its default
-# configuration (scale none) was trained only at 300 steps, and a 300-step ratio set beside the other methods'
-# 3,000-step ones is not comparable (it made MAPL+RVQ look cheaper than MAPL in round 5).
+# preference at equal budget. MAPL+RVQ's long runs carry the per-token scale: its default configuration (scale
+# none) was trained only at 300 steps, and a 300-step ratio beside the other methods' 3,000-step ones is not
+# comparable (it made MAPL+RVQ look cheaper than MAPL).
 MEASURED_VARIANTS = {"mapl-rvq": ("mapl-rvq-scaled", "mapl-rvq")}
 
 
 def measured_sources(keys: Sequence[tuple], results_dir: str | Path, target_pct: float = 2.0) -> dict:
-    """(method, ratio) -> the steps-to-target row (mapl.planning.planner.steps_ratios: ``variant``, ``budget``,
-    ``seeds``, ``min``, ``max``, ``censored``) that stands for the method: among its variants in
-    :data:`MEASURED_VARIANTS` (default: the method's own configuration), the longest budget, then the
-    preferred variant, then the most seeds. Uncompressed and methods without a measured ratio are left out."""
+    """(method, ratio) -> the steps_ratios row that stands for the method (:func:`pick_measured`) among the main
+    model's runs under ``results_dir`` at the headline's projection ratio (a study at another ratio and the same
+    budget, learned_fixed_4x, would otherwise tie with the headline's and win by row order)."""
     runs = main_model_runs(load_runs(results_dir, variants=True)) if Path(results_dir).is_dir() else []
-    return pick_measured(steps_ratios(at_headline_ratio(runs), target_pct), keys)
-
-
-def at_headline_ratio(runs: Sequence[dict]) -> list[dict]:
-    """The uncompressed runs and the compressed ones at the headline's projection ratio
-    (:func:`mapl.report.studies.headline_ratio`): every method's measured ratio is then taken at one projection
-    ratio. A study at another ratio and the same budget (``learned_fixed_4x``: MAPL at 4x, 8 seeds, 3,000 steps)
-    would otherwise tie with the headline's MAPL 8x and stand for MAPL by row order."""
-    return at_projection_ratio(runs, headline_ratio(runs))
+    return pick_measured(steps_ratios(at_projection_ratio(runs, headline_ratio(runs)), target_pct), keys)
 
 
 def pick_measured(ratios: Sequence[dict], keys: Sequence[tuple]) -> dict:
-    """:func:`measured_sources`' choice among steps-to-target rows (mapl.planning.planner.steps_ratios)."""
+    """Per key, among the method's variants in :data:`MEASURED_VARIANTS` (default: its own configuration), the
+    row of the longest budget, then the preferred variant, then the most seeds; uncompressed left out."""
     out = {}
     for key in keys:
         allowed = MEASURED_VARIANTS.get(key[0], (key[0],))
@@ -181,20 +159,16 @@ def pick_measured(ratios: Sequence[dict], keys: Sequence[tuple]) -> dict:
 
 def measured_steps(model: str, keys: Sequence[tuple], results_dir: str | Path, target_pct: float = 2.0,
                    steps: int | None = None) -> dict:
-    """(method, ratio) -> (low, high) steps at a paper scale, from *our* measured steps-to-target ratios
-    instead of the paper's penalties: the ratio :func:`measured_sources` picks for the method (paired by seed,
-    min and max over seeds) times the paper profile's budget for ``model``. A method without a measured ratio
-    is left out. The ratios were measured at the profile's projection ratio, whatever the paper case's ratio is."""
-    if steps is None:
-        steps = next(s["train.steps"] for s in group_specs("paper", "main") if s.get("model") == model)
+    """(method, ratio) -> (low, high) steps at a paper scale from *our* measured steps-to-target ratios (min and
+    max over seeds of :func:`measured_sources`' row) times the paper budget; a method without one is left out."""
+    steps = _paper_budget(model) if steps is None else steps
     src = measured_sources(keys, results_dir, target_pct)
     return {key: (steps, steps) if key[0] == "none" else (steps * src[key]["min"], steps * src[key]["max"])
             for key in keys if key[0] == "none" or key in src}
 
 
 def measured_text(keys: Sequence[tuple], results_dir: str | Path, target_pct: float = 2.0) -> str:
-    """One line per method: the measured steps-to-target range and where it comes from (variant, budget,
-    seeds, how many seeds never reached the target: their ratio is a lower bound)."""
+    """One line per method: the measured steps-to-target range and the runs it comes from."""
     src = measured_sources(keys, results_dir, target_pct)
     return "; ".join(f"{label(k)} {r['min']:.2f}-{r['max']:.2f} ({r['variant']}, {r['budget']:,} steps, "
                      f"{r['seeds']} seeds, {r['censored']} censored)" for k, r in src.items())
@@ -204,12 +178,10 @@ def paper_cases(model: str, methods: Sequence[str], stages: int, micro_batches: 
                 seq_len: int, gpu, ratios: dict | None = None, model_overrides: dict | None = None,
                 schedules: Sequence[str] = PLANNER_SCHEDULES, overrides: dict | None = None,
                 micro_batch_factors: Sequence[int] = PLANNER_MICRO_BATCH_FACTORS) -> dict:
-    """(method, wire ratio) -> Case of the paper profile at ``model`` (+ ``model_overrides``) with the paper's
-    ratio for that scale (or ``ratios[method]``), FLOP-based compute on ``gpu`` and 1F1B (GPipe does not fit:
-    mapl.core.memory), with a variant for each of ``schedules`` that fits ``gpu``'s memory (with or without
-    activation checkpointing): each link gets the fastest (``Case.predict``). ``schedules=()``: 1F1B only.
-    ``overrides``: further settings of every method's config (e.g. ``{"compressor.grad_wire": "int8"}``).
-    ``micro_batch_factors``: the planner also weighs the same batch in k x ``micro_batches`` micro-batches."""
+    """(method, wire ratio) -> Case of the paper profile at ``model`` with the paper's ratio for that scale (or
+    ``ratios[method]``), FLOP-based compute on ``gpu``, 1F1B and a variant for each of ``schedules`` and
+    ``micro_batch_factors`` that fits ``gpu``'s memory (:func:`with_schedule_variants`; ``schedules=()``: 1F1B
+    only). ``overrides``: further settings of every method's config."""
     paper = paper_steps_ratios(model, stages)
     out = {}
     for m in methods:
@@ -228,9 +200,8 @@ def paper_cases(model: str, methods: Sequence[str], stages: int, micro_batches: 
 
 
 def bandwidth_grid(bandwidths: Sequence[float], points: Sequence[float] = (), margin: float = 3.0) -> list[float]:
-    """``bandwidths`` (bit/s) extended on their 1-3-10 ladder until they span every finite, nonzero value
-    of ``points`` (crossovers and their ranges) with ``margin`` to spare on each side: the figures then
-    show every crossover whatever the profile's scale (a micro model on a GPU, a 1B model on a WAN)."""
+    """``bandwidths`` (bit/s) extended on their 1-3-10 ladder until they span every finite, nonzero value of
+    ``points`` (crossovers and their ranges) with ``margin`` to spare: every crossover then shows."""
     grid = sorted(set(float(b) for b in bandwidths))
     pts = [x for x in points if x and math.isfinite(x)]
     if not grid or not pts:
@@ -251,11 +222,9 @@ def plan(cases: dict, steps: dict, bandwidths: Sequence[float], latencies: Seque
          rel_err: float, reference: str = "none", rival: str | None = "ssn",
          compute_scales: Sequence[float] = (), fit_grid: bool = True) -> dict:
     """Everything the notebook shows for one model: ``cases`` method -> Case, ``steps`` method -> (low, high)
-    steps to target (None: never reaches it). Methods that never reach the target are left out of the
-    grid and curves and listed in ``never``. ``compute_scales``: other compute estimates (every compute
-    time x k, e.g. another MFU) whose crossovers widen the range. With ``fit_grid`` the bandwidths are
-    extended to span every crossover (:func:`bandwidth_grid`; the result's ``bandwidths``). ``empty``:
-    view -> why it has nothing to show (``heatmap``, ``curve``, ``crossovers``), for the views that have not."""
+    steps to target (None: never; such methods are listed in ``never``). ``compute_scales``: compute x k
+    estimates whose crossovers widen the range; ``fit_grid``: extend the bandwidths to span every crossover;
+    ``empty``: view (heatmap, curve, crossovers) -> why it has nothing to show."""
     ok = {m: c for m, c in cases.items() if steps.get(m) is not None}
     mid = {m: sum(steps[m]) / 2 for m in ok}
     cross = {}
@@ -298,7 +267,7 @@ def _crossover(a, steps_a, b, steps_b, latency_s: float, rel_err: float, scales:
 
 
 def bandwidth_text(bps: float) -> str:
-    """'every bandwidth' (inf), 'none' (0), else 3 significant digits in kbit/s, Mbit/s, Gbit/s or Tbit/s."""
+    """'every bandwidth' (inf), 'none' (0), else 3 significant digits in kbit/s to Tbit/s."""
     if bps == math.inf:
         return "every bandwidth"
     if not bps:
@@ -315,8 +284,7 @@ def _range_text(c: dict) -> str:
 
 
 def crossover_table(res: dict) -> str:
-    """Markdown: below which bandwidth each method reaches the target sooner than the other, with the
-    range from the model's validated error and the steps range (or one line saying why there is none)."""
+    """Markdown: below which bandwidth each method reaches the target sooner than the other, with its range."""
     if not res["crossovers"]:
         lines = [f"No crossover to show: {res['empty'].get('crossovers', 'no pair of methods to compare')}."]
     else:
@@ -334,15 +302,14 @@ def crossover_table(res: dict) -> str:
 
 
 def crossover_summary(res: dict, model: str = "") -> list[dict]:
-    """The crossovers as rows (for a CSV): model, method, against, latency, crossover and its range in bit/s."""
+    """The crossovers as CSV rows: model, method, against, latency, crossover and its range in bit/s."""
     return [{"model": model, "method": m, "against": other, "latency_ms": 1000 * res["latency_s"],
              "crossover_bps": c["mid"], "low_bps": c["low"], "high_bps": c["high"]}
             for (m, other), c in res["crossovers"].items()]
 
 
 def crossover_takeaway(results: Sequence[tuple[str, dict]]) -> str:
-    """One sentence per view: below which bandwidth each method reaches the target before uncompressed (its
-    range in brackets), and which never get there; the notebook's closing line, computed from the plan."""
+    """The notebook's closing line: per view, below which bandwidth each method beats uncompressed to the target."""
     sentences = []
     for group, res in results:
         against = [(m, c) for (m, other), c in res["crossovers"].items() if other == "none"]
@@ -357,25 +324,19 @@ def crossover_takeaway(results: Sequence[tuple[str, dict]]) -> str:
     return "Takeaway: " + ". ".join(sentences) + "."
 
 
-def _method_and_ratio(name: str) -> tuple[str, float | None]:
-    """('mapl', 8.0) for a plan's method name 'mapl 8x' (:func:`label`: the tables' and CSV's key, kept as it is);
-    ('none', None) for 'none'."""
-    method, _, ratio = name.partition(" ")
-    return method, float(ratio.rstrip("x")) if ratio else None
-
-
 def display_name(name: str) -> str:
-    """The report's display name of a plan's method name: 'MAPL 8×' for 'mapl 8x' (mapl.report.style)."""
-    return style_label(*_method_and_ratio(name))
+    """The report's display name of a plan's method name (:func:`label`): 'MAPL 8×' for 'mapl 8x'."""
+    method, _, ratio = name.partition(" ")
+    return style_label(method, float(ratio.rstrip("x")) if ratio else None)
 
 
 def method_style(name: str) -> dict:
-    """The report's colour and marker of a plan's method name (mapl.report.style)."""
-    return method_kw(_method_and_ratio(name)[0])
+    """The report's colour and marker of a plan's method name."""
+    return method_kw(name.partition(" ")[0])
 
 
 def _headline(what: str, title: str, fig) -> str:
-    """``what`` over the caller's ``title``, each line wrapped to the figure's width (a paper case names its GPU)."""
+    """``what`` over the caller's ``title``, each line wrapped to the figure's width."""
     import textwrap
     chars = int(fig.get_figwidth() * 12)              # characters of a 10-point title per inch, with a margin
     lines = [what] + [part for line in title.splitlines() for part in textwrap.wrap(line, chars)]
@@ -384,8 +345,8 @@ def _headline(what: str, title: str, fig) -> str:
 
 def heatmap_figure(grid: dict, bandwidths: Sequence[float], latencies: Sequence[float], title: str = "",
                    reference: str = "none", path: str | Path | None = None):
-    """Speedup of time to target against ``reference`` over bandwidth x latency, one panel per method;
-    the contour is speedup 1 (the crossover). None when no method besides ``reference`` is in the grid."""
+    """Speedup of time to target over ``reference`` per bandwidth x latency, a panel per method, the contour at 1;
+    None when no other method is in the grid."""
     import numpy as np
     from matplotlib.colors import LogNorm
     methods = [m for m in grid if m != reference]
@@ -420,9 +381,8 @@ def heatmap_figure(grid: dict, bandwidths: Sequence[float], latencies: Sequence[
 
 def curve_figure(curves: dict, bandwidths: Sequence[float], rel_err: float, crossovers: dict | None = None,
                  title: str = "", path: str | Path | None = None):
-    """Time to target against bandwidth per method: ``curves[m] = (low, mid, high)`` lists of seconds
-    (steps range); the band adds the cost model's validated error; vertical lines mark crossovers. None
-    when there is no curve."""
+    """Time to target against bandwidth per method, ``curves[m] = (low, mid, high)`` seconds, a band for the steps
+    range and the step-time error, crossovers marked; None without a curve."""
     if not curves:
         return None
     from matplotlib.lines import Line2D

@@ -11,14 +11,14 @@ Modes:
   communication batch, an evaluation's next batch) or at the end of the step (``flush``), so a stage
   holds at most two sends at once, not every send of its step; receives are posted ahead (``post``)
   and waited only when the data is needed. The checker proves the schedules deadlock-free under
-  exactly this (``mapl.core.runtime.schedule.check_programs(..., transport="non-blocking")``). On CUDA,
+  exactly this (``mapl.core.schedule.check_programs(..., transport="non-blocking")``). On CUDA,
   ProcessGroupNCCL runs every send and receive on its own NCCL stream, ordered against the compute
   stream by events: nothing here synchronises the device (no ``torch.cuda.synchronize``), so
   communication overlaps compute.
 * **blocking** (``blocking=True``, for tests): every send is a ``dist.send`` that returns only once
   the peer has posted the matching receive (gloo's send is rendezvous-like, as NCCL's is), so a
   schedule that would deadlock on NCCL deadlocks here too, on CPU. A batch posts its receives
-  first, then its sends, then waits: the semantics ``mapl.core.runtime.schedule.check_programs`` proves
+  first, then its sends, then waits: the semantics ``mapl.core.schedule.check_programs`` proves
   the schedules against.
 
 Each direction has its own process group (activations and synced state flow s -> s+1, gradients

@@ -2,7 +2,7 @@
 
 Every rank builds the same full ``StagedModel`` (deterministic in the seeds), then keeps only its
 stage (``prune_to_stage``); stage s > 0 also keeps its copy of boundary s-1's compressor (the
-receiver side). A step executes the stage's program (``mapl.core.runtime.schedule.step_program``: the
+receiver side). A step executes the stage's program (``mapl.core.schedule.step_program``: the
 body, then the tail; the checker proves exactly these actions deadlock-free):
 
 * ``F(m)``: take the received message (stage > 0), ``unpack`` it, run ``stage_forward``, then ``pack``
@@ -41,13 +41,13 @@ from ..optimizer_recipe import build_optimizers, set_lr
 from ..results import build_results, describe_boundary
 from ..stages import build_staged_model
 from ..wire import ByteMeter
-from . import boundary_sync as bsync
+from .. import boundary_sync as bsync
 from .agreement import StepAgreement, nonfinite_place
 from .faults import FaultPlan
 from .measure import OpTimer, merge_meters, peak_memory, pipeline_section
 from .messages import StageMessages
 from .rank_checkpoints import RankCheckpoints
-from .schedule import Action, Barrier, Comm, Compute, Kind, Msg, Op, eval_program, step_program
+from ..schedule import Action, Barrier, Comm, Compute, Kind, Msg, Op, eval_program, step_program
 from .topology import Topology
 from .transport import Transport
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from ..wire import ByteMeter
+from .wire import ByteMeter
 
 __all__ = ["receiver_grads", "receiver_grad_specs", "add_receiver_grads", "state_message", "state_specs",
            "apply_state", "checksum", "meter_state", "meter_local_step"]
