@@ -9,13 +9,14 @@ from ..base.cli import EXIT_STEP_FAILED, run_cli
 from ..core.config import ConfigError, load_params
 from ..orchestration import sweep, validate
 from ..orchestration.groups import group_specs, runs_of_seeds, write_configs
+from . import add_profile, command_parser
 
 __all__ = ["main", "estimate"]
 
-EXAMPLES = """examples:
-  mapl sweep --group long                   # the group's runs two at a time: dvc repro -s train@<run> each
-  mapl sweep --group blocks --seeds 1       # only its seed-1 runs
-  mapl sweep --estimate                     # runs and estimated wall time per group"""
+EXAMPLES = """
+    mapl sweep --group long               # its stale runs two at a time: dvc repro -s train@<run> each
+    mapl sweep --group blocks --seeds 1   # only its seed-1 runs
+    mapl sweep --estimate                 # runs and estimated wall time per group"""
 
 
 def estimate(profile: str, params: dict) -> str:
@@ -40,16 +41,15 @@ def _seed_list(text: str) -> list[int]:
 
 def _main(argv=None) -> int:
     params = load_params()
-    ap = argparse.ArgumentParser(prog="mapl sweep", description=__doc__.split(": ", 1)[1], epilog=EXAMPLES,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--profile", choices=sorted(params["profiles"]), default=params["profile"],
-                    help="params.yaml profile (default: %(default)s)")
+    ap = command_parser("sweep", "Train a group's runs through DVC, estimate a profile's runs, or validate "
+                                 "params.yaml.", EXAMPLES)
+    add_profile(ap)
     what = ap.add_mutually_exclusive_group(required=True)
     what.add_argument("--group", help="train this group's runs (through DVC: only the stale ones train)")
     what.add_argument("--estimate", action="store_true", help="print runs and estimated wall time per group")
     what.add_argument("--check", action="store_true", help="validate every profile and run of params.yaml")
     ap.add_argument("--seeds", type=_seed_list, help="with --group: only its runs of these seeds, e.g. 1, 0,1 or 4-7")
-    ap.add_argument("--stamp", type=Path, help="with --check: then write every run's resolved config and this file (DVC's validate stage)")
+    ap.add_argument("--stamp", type=Path, help="with --check: write each run's resolved config, then this file")
     ap.add_argument("--jobs", type=int, default=0, help="runs side by side (default: the profile's launcher.jobs)")
     args = ap.parse_args(argv)
     if args.seeds and not args.group:

@@ -11,52 +11,47 @@ from ..base.cli import add_debug_flag, run_cli
 from ..core.config import METHODS, PROJECT_ROOT, ConfigError, RunConfig, load_params, load_run_config, parse_set
 from ..core.model_config import PRESETS
 from ..core.run import check_output_paths
+from . import add_profile, command_parser
 
 __all__ = ["main", "parse_args", "add_run_arguments", "config_from_args", "PROG"]
 
 PROG = "mapl train"
-EXAMPLES = """examples:
-  mapl train --profile cpu --method mapl --ratio 8          # one run; results in reports/results/<run>.json
-  mapl train --profile cpu --method ssn --set train.lr_muon=0.04 --steps 300
-  mapl train --profile cpu --name tiny-P4-mapl-8x-3000steps-s1 --group long --train.steps 3000 --method mapl \\
-      --ratio 8 --train.seed 1                               # a run of params.yaml, as `dvc repro train@<run>` runs it
-
-Rerunning a command resumes from its checkpoint; Ctrl-C writes the checkpoint and exits 130."""
+EXAMPLES = """
+    mapl train --profile cpu --method mapl --ratio 8       # results in reports/results/<run>.json
+    mapl train --method ssn --set train.lr_muon=0.04 --steps 300
+    mapl train --name tiny-P4-mapl-8x-s1 --group seeds --method mapl --ratio 8 --train.seed 1   # as DVC runs it"""
 
 
 def add_run_arguments(ap: argparse.ArgumentParser, params: dict) -> None:
     """The flags both commands (``mapl train``, ``mapl pipeline``) share."""
-    ap.add_argument("--profile", default=params.get("profile", "cpu"), choices=sorted(params.get("profiles", {})),
-                    help="settings from params.yaml (default: %(default)s)")
-    ap.add_argument("--model", help="model preset: " + ", ".join(PRESETS))
+    add_profile(ap, help="settings from params.yaml")
+    ap.add_argument("--model", choices=list(PRESETS), metavar="PRESET", help="model preset (tiny, mini, 150M, ...)")
     ap.add_argument("--method", choices=sorted(METHODS), help="boundary compressor")
-    ap.add_argument("--ratio", type=float, help="compression ratio d/r for projection methods (4, 8, 16, ...)")
-    ap.add_argument("--projector", help="ablation: spel | fixed | unconstrained | fixed-shared")
-    ap.add_argument("--anchor", help="ablation: none | static | full | factorized")
+    ap.add_argument("--ratio", type=float, help="projection ratio d/r (4, 8, 16, ...)")
+    ap.add_argument("--projector", help="ablation: spel, fixed, unconstrained, fixed-shared")
+    ap.add_argument("--anchor", help="ablation: none, static, full, factorized")
     ap.add_argument("--stages", type=int, help="pipeline stages P")
     ap.add_argument("--steps", type=int, help="optimizer steps")
     ap.add_argument("--seed", type=int, help="training seed (init and batch order)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                    help="any other setting, e.g. --set train.lr_muon=0.03 (repeatable)")
+                    help="any setting, e.g. train.lr_muon=0.03 (repeatable)")
     ap.add_argument("--out", type=Path, help="results JSON (default reports/results/<run>.json)")
-    ap.add_argument("--ckpt", type=Path, help="checkpoint (default checkpoints/<run>.pt); resumes if present")
-    ap.add_argument("--fresh", action="store_true", help="ignore and overwrite an existing checkpoint")
+    ap.add_argument("--ckpt", type=Path, help="checkpoint, resumed if present")
+    ap.add_argument("--fresh", action="store_true", help="start over: delete the checkpoint first")
     ap.add_argument("--resume-with-changes", action="store_true",
-                    help="resume a checkpoint whose learning rates, budget or evaluation settings differ")
-    ap.add_argument("--replace-results", action="store_true",
-                    help="let this run replace a results JSON of another config at --out")
+                    help="resume with other learning rates or budget")
+    ap.add_argument("--replace-results", action="store_true", help="replace another config's results at --out")
     ap.add_argument("--no-progress", action="store_true", help="no progress lines")
     add_debug_flag(ap)
 
 
 def parse_args(argv=None):
     """The flags, and any ``--SECTION.KEY VALUE`` pairs (how ``dvc.yaml`` writes a run's settings) as ``--set``."""
-    ap = argparse.ArgumentParser(prog=PROG, description="Train one run in this process.", epilog=EXAMPLES,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = command_parser("train", "Train one run in this process; rerun the command to resume from its checkpoint.",
+                        EXAMPLES)
     add_run_arguments(ap, load_params())
-    ap.add_argument("--name", help="the run's name (default: derived from its settings)")
-    ap.add_argument("--group", help="a run of params.yaml: results in reports/<profile>/results/<GROUP>/<name>.json, "
-                                    "started by the profile's launcher")
+    ap.add_argument("--name", help="the run's name (default: from its settings)")
+    ap.add_argument("--group", help="a params.yaml run: results in its group's folder")
     args, rest = ap.parse_known_args(argv)
     args.set = [*args.set, *_settings_pairs(rest, ap)]
     return args
