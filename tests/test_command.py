@@ -3,7 +3,6 @@ is its own parser's under the name ``mapl <command>``, a mistyped command or fla
 error line (exit 2) before any torch import."""
 import os
 import re
-import runpy
 import subprocess
 import sys
 from pathlib import Path

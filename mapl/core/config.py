@@ -331,9 +331,8 @@ def config_diff(old: dict, new: dict, prefix: str = "") -> dict[str, tuple]:
 
 # ---- params.yaml and overrides -------------------------------------------------------------------
 class _UniqueKeyLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
-    """PyYAML's safe loader (libyaml's where PyYAML has it: params.yaml parses in a quarter of the time), refusing a key written twice in one mapping (plain YAML keeps the last silently: a run
-    listed twice, or a setting given twice, would change without a word). Keys merged in with ``<<`` may be
-    overridden, as YAML intends."""
+    """PyYAML's safe loader (libyaml's where there: a quarter of the time) refusing a key written twice in one
+    mapping, which plain YAML keeps silently (a run listed twice); keys merged in with ``<<`` may be overridden."""
 
     def construct_mapping(self, node, deep=False):
         seen = set()

@@ -1,32 +1,11 @@
-"""When does learning the subspace pay? Boundaries inserted into a trained, frozen uncompressed model (issue 26).
+"""When does learning the subspace pay? Boundaries inserted into a trained, frozen uncompressed model.
 
-Under joint training the stages can rotate what matters into whatever subspace they are given, so a
-fixed random projector ties SPEL (the headline's fixed − MAPL). Without co-adaptation they cannot: here
-the trunk (every weight of an uncompressed run trained first) is frozen, MAPL's boundaries are inserted
-at every stage boundary, and only the projectors A_p and the factorized anchors train:
-
-    spel             learned on the Stiefel manifold (SPEL), the paper's
-    fixed            a random orthonormal basis per boundary, never trained (only the anchors train)
-    unconstrained    learned without the constraint (Muon, the ablation's optimiser)
-
-The study is ``frozen_trunk.<profile>`` in params.yaml (:func:`settings`): the seeds, the trunk's
-run spec (an uncompressed run, trained by :func:`mapl.orchestration.sweep.train_pool`, so it resumes from its
-checkpoint when one exists), the spec of the boundary training (a mapl run: its
-method's tuned settings, its own warm-up and decay), the projectors, and ``tune``: per projector, overrides
-of the boundary spec to try. The step sizes were tuned for joint training, where A_p moves with a trunk
-that moves too; on a frozen trunk a learned projector's best step size can differ, and the comparison is
-only fair when each projector has its own. So every candidate (the boundary spec itself and each override)
-is trained on the first seed, the one with the lowest loss on the *selection* split wins
-(``tuning.json``), and every seed runs the winner; the table reports the *validation* split, which the
-choice never saw.
-
-Every boundary run is one process of a spawn pool (the profile's ``launcher.jobs`` side by side) and
-writes its results JSON as soon as it ends, so an interrupted study resumes where it stopped
-(:func:`current`; DVC reruns the whole study when its code or settings change). Everything goes to ``reports/<profile>/frozen-trunk/``: ``trunks/<run>.json``, the
-candidates of the first seed under ``tune/``, ``tuning.json``, and one ``frozen-<run>.json`` per seed and
-projector (the first seed's: a copy of its winning candidate; read by :mod:`mapl.report.frozen`).
-
-    python -m mapl.frozen_trunk --profile cpu     # the profile's study (DVC stage frozen_trunk)
+Under joint training the stages can rotate what matters into whatever subspace they are given; on a frozen trunk
+they cannot. Only the projectors A_p and the anchors train, per projector: ``spel`` (the paper's), ``fixed`` (a
+random basis, anchors only) and ``unconstrained`` (Muon). Each projector's candidates (``frozen_trunk.<profile>
+.tune``) are trained on the first seed and the one with the lowest *selection* loss runs on every seed
+(``tuning.json``); the table reports the validation split, which the choice never saw. Outputs go to
+``reports/<profile>/frozen-trunk/`` run by run, so an interrupted study resumes.
 """
 from __future__ import annotations
 

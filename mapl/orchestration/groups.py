@@ -19,8 +19,8 @@ from ..base.io import atomic_write_text
 from ..core.config import (METHODS, PROJECT_ROOT, ConfigError, RunConfig, RVQConfig, config_hash, hashed_config,
                            load_params, load_run_config)
 
-__all__ = ["BUDGETS", "results_dir", "results_path", "config_path", "config_record", "write_configs", "profile_runs", "group_names", "group_specs", "runs_of_seeds",
-           "check_budgets", "check_runs", "run_name", "spec_config"]
+__all__ = ["BUDGETS", "results_dir", "results_path", "config_path", "config_record", "write_configs", "profile_runs",
+           "group_names", "group_specs", "runs_of_seeds", "check_budgets", "check_runs", "run_name", "spec_config"]
 
 BUDGETS = "budgets"                  # params.yaml's named budgets, merged into run specs by YAML (`<<: *name`)
 

@@ -1,23 +1,10 @@
 """Starting the P x R stage processes of ``mapl pipeline``: directly, or under accelerate or torchrun.
-Tests, benchmarks, the sweep and the pipeline command itself (run without a launcher) use it.
 
-    launch(["--profile", "micro", "--stages", "2"], nprocs=2, launcher="accelerate")
-    mapl pipeline --profile micro --stages 2                     # no launcher: starts its 2 ranks itself
-
-launcher:
-
-* ``direct``: this process starts the ranks with RANK/WORLD_SIZE/MASTER_* set and waits for them,
-  reporting each one's exit code and time. A Ctrl-C reaches every rank (same terminal process group);
-  a SIGTERM to this process is forwarded to them; if this process is killed, the ranks get SIGTERM
-  from the kernel (``faults.exit_with_parent``) and stop gracefully.
-* ``accelerate``: ``accelerate launch --multi_gpu`` (the CPU form needs ``ACCELERATE_USE_CPU=true``;
-  ``--cpu`` silently starts ONE process); several machines: ``--num_machines``/``--machine_rank``,
-  ``--num_processes`` is the total over all machines.
-* ``torchrun``: ``torchrun --standalone`` (one machine) or ``--nnodes/--node_rank/--rdzv-endpoint``.
-
-Every rank writes its exit status to ``$MAPL_STATUS_DIR/rank<r>.json`` (``mapl.core.runtime.rank_status``);
-when every rank stopped gracefully (a signal: checkpoints written) the result's ``returncode`` is 130 even
-where the launcher itself reports a failure (torchrun/accelerate exit 1 with a ChildFailedError then).
+``direct``: this process starts the ranks (RANK, WORLD_SIZE, MASTER_*) and forwards SIGTERM to them; killed, the
+ranks get SIGTERM from the kernel (``faults.exit_with_parent``). ``accelerate``: ``accelerate launch --multi_gpu``
+(on CPU with ``ACCELERATE_USE_CPU=true``: ``--cpu`` would start ONE process). ``torchrun``: ``--standalone`` or
+``--nnodes/--node_rank``. Every rank writes its exit status to ``$MAPL_STATUS_DIR/rank<r>.json``; when every rank
+stopped on a signal (checkpoints written) the outcome is 130 even where the launcher reports a failure.
 """
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""``mapl pipeline`` with no launcher around it: check the run's outputs, start its P x R ranks from this
-process (directly, or under the launcher asked for) and say in one line how they ended.
-
-    launch_pipeline(argv, cfg, out, ckpt, replicas=1, launcher="direct")     # the ranks' exit code
-
-Why in orchestration: this process trains nothing; it starts processes and waits for them, as the sweep
-does for its runs (both through :func:`mapl.orchestration.launch.launch`). What each rank does is the
-runtime's (``mapl.core.runtime.rank_process``); the flags are the command's (``mapl.cli.pipeline``).
+"""``mapl pipeline`` with no launcher around it: check the run's outputs, start its P x R ranks from this process
+(:func:`mapl.orchestration.launch.launch`) and say in one line how they ended. What each rank does is
+``mapl.core.runtime.rank_process``'s.
 """
 from __future__ import annotations
 

