@@ -246,7 +246,7 @@ def speed(cfg, vocab: int, device: torch.device, peak_flops: float, reps: int) -
     for name in LINKS:
         pred = case.predict(get_profile(name))
         links[name] = {"step_s": pred.step_s, "compute_s": pred.compute_s, "floor_s": pred.floor_s,
-                       "tokens_per_s": case.tokens_per_step / pred.step_s}
+                       "tokens_per_s": tr.batch_size * tr.seq_len / pred.step_s}
     plan = memory_plan(cfg, vocab, device=device.type, checkpointing=False)
     plan_mb = [(st.activations + st.head) // max(1, st.alive) for st in plan.stages]
     saved = probe.saved()
