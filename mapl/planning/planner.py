@@ -30,7 +30,7 @@ from ..core.link import LinkProfile, steps_to_target as s2t
 from ..report import paper_table1
 from ..report.rows import at_best_validation, is_reference, load_results, main_model, select
 from ..report.stats import t_interval
-from ..report.ttt import common_target as report_target, method_curve, on_target_set
+from ..report.studies.ttt import common_target as report_target, method_curve, on_target_set
 
 
 __all__ = ["LOSS_FITS", "load_runs", "main_model_runs", "steps_to_target", "best_loss", "steps_ratios", "ratio_trend",

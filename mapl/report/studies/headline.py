@@ -1,27 +1,25 @@
-"""The studies beyond Table 1: the headline at the long budget with paired comparisons, the token
-axis (Δ% and the SSN - MAPL gap against training steps) and the width axis.
+"""The headline at the long budget (group ``long`` and its variants' groups): each method's Δ% over seeds, the
+paired comparisons (the primary contrast SSN − MAPL, named before its runs, at 95 %; the others one exploratory
+family at Holm's levels), every run's loss and activation scale, and the figures of the headline's runs.
 
-All use the profile's main model (:func:`mapl.report.rows.main_model`) at the *headline ratio*: the
-projection ratio d/r of the MAPL runs of the ``long`` group (without one: 8 if MAPL ran at 8, else
-MAPL's most common ratio). Comparisons are paired by seed (:func:`mapl.report.stats.paired`): the
-difference of two methods' Δ% on the same seed, in percentage points, positive when the second
-method is ahead; its 95% interval is a Student t interval over the seeds.
+Everything is the main model at the *headline ratio*: the projection ratio of group ``long``'s MAPL runs.
 """
 from __future__ import annotations
 
 from collections import Counter
-from typing import Sequence
+from typing import Callable, Sequence
 
-from . import paper
-from .rows import at_best_validation, budget_steps, main_model
-from .stats import holm, paired, sign_test_p, summarize, t_interval, t_test_p, wilcoxon_p
-from .style import fmt_ratio, label, variant_label
-from .table import DASH, Table, fmt, fmt_ci, fmt_int, fmt_pct, fmt_pm
-from .tables import NO_RUNS, main_budget
+from .. import paper
+from ..figures import gap_curves_figure, paper_scatter_figure, pareto_figure
+from ..render import DASH, Plot, Table, fmt, fmt_ci, fmt_int, fmt_pct, fmt_pm
+from ..rows import at_best_validation, budget_steps, main_model
+from ..stats import holm, paired, sign_test_p, summarize, t_interval, t_test_p, wilcoxon_p
+from ..style import BARS, figure_label, fmt_ratio, label, variant_label
+from .main_budget import NO_RUNS, table1_summaries
 
-__all__ = ["AXIS_VARIANTS", "STUDY_VARIANTS", "COMPARISONS", "headline_ratio", "headline_summaries", "comparisons",
-           "headline_table", "paired_table", "tested_comparisons", "PRIMARY", "runs_table", "token_points", "token_table",
-           "width_points", "width_table", "gap_sentence"]
+__all__ = ["AXIS_VARIANTS", "STUDY_VARIANTS", "COMPARISONS", "PRIMARY", "headline_ratio", "study_pool",
+           "headline_summaries", "comparisons", "tested_comparisons", "gap_sentence", "headline_table", "paired_table",
+           "runs_table", "pareto_plot", "gap_curves_plot", "paper_scatter_plot"]
 
 # the variants the token and width axes train (their tables' columns), and the headline's: those and MAPL+VQ with
 # its backward message in int8 (compressor.grad_wire)
@@ -31,14 +29,13 @@ STUDY_VARIANTS = (*AXIS_VARIANTS, "mapl-rvq-scaled-grad-int8")
 # costs MAPL+VQ, paired on the seeds both trained
 COMPARISONS = (("ssn", "mapl"), ("mapl-fixed", "mapl"), ("mapl-rvq", "mapl"), ("mapl-rvq-scaled", "mapl"),
                ("mapl-rvq-scaled-grad-int8", "mapl-rvq-scaled"))
-# The one contrast named before the 8-seed retrain (issue 25): SSN - MAPL at 8x and 3,000 steps, read
-# with its plain 95% interval; every other comparison is exploratory, its interval and p Holm-adjusted
-# over the exploratory family.
+# the one contrast named before the 8-seed retrain: SSN - MAPL at 8x and 3,000 steps, read with its plain 95%
+# interval; every other comparison is exploratory, its interval and p Holm-adjusted over the exploratory family
 PRIMARY = ("ssn", "mapl")
 
 
 def headline_ratio(rows: Sequence[dict]) -> float | None:
-    """The projection ratio d/r of the headline (see the module docstring)."""
+    """The headline's projection ratio: that of group long's MAPL runs (else 8 if MAPL ran at 8, else its most common)."""
     for pool in ([r for r in rows if r["group"] == "long"], rows):
         ratios = Counter(r["projection_ratio"] for r in pool if r["variant"] == "mapl")
         if ratios:
@@ -46,7 +43,7 @@ def headline_ratio(rows: Sequence[dict]) -> float | None:
     return None
 
 
-def _study_pool(rows: Sequence[dict], ratio: float | None, steps: int | None = None, same_model: bool = True):
+def study_pool(rows: Sequence[dict], ratio: float | None, steps: int | None = None, same_model: bool = True):
     model = main_model(rows)
     return [r for r in rows if r["variant"] in STUDY_VARIANTS
             and (r["model"] == model if same_model else r["base_model"] == (model or "").split("[")[0])
@@ -54,18 +51,16 @@ def _study_pool(rows: Sequence[dict], ratio: float | None, steps: int | None = N
 
 
 def headline_summaries(rows: Sequence[dict], group: str = "long") -> list[dict]:
-    """Summaries of the main model's runs at the budget of ``group`` (every variant at the headline
-    ratio, and the uncompressed run)."""
+    """Summaries of the main model's runs at the budget of ``group``, every variant at the headline ratio."""
     model = main_model(rows)
     steps = budget_steps(rows, group, model)
     if steps is None:
         return []
-    return summarize(_study_pool(rows, headline_ratio(rows), steps), rows)
+    return summarize(study_pool(rows, headline_ratio(rows), steps), rows)
 
 
 def comparisons(sums: Sequence[dict]) -> list[dict]:
-    """The paired comparisons of :data:`COMPARISONS` among ``sums`` (same model, P, steps and
-    projection ratio): ``a``, ``b`` (summaries) plus the :func:`paired` fields."""
+    """The paired comparisons of :data:`COMPARISONS` among ``sums``: ``a``, ``b`` and the :func:`paired` fields."""
     out = []
     for va, vb in COMPARISONS:
         for a in (s for s in sums if s["variant"] == va):
@@ -105,8 +100,7 @@ def _paper_delta(s: dict) -> str:
 
 
 def headline_table(rows: Sequence[dict], group: str = "long") -> Table:
-    """The headline at the budget of ``group``: per method mean ± std over seeds of the val loss and
-    Δ%, the 95% t interval of Δ% (each seed against its own uncompressed run), the paper beside."""
+    """Each method's val loss and Δ% over seeds at the budget of ``group``, with its 95% interval and the paper's."""
     sums = headline_summaries(rows, group)
     header = ["method", "proj. d/r", "wire ratio", "total B/tok", "params", "steps", "seeds", "val loss", "Δ%",
               "Δ% 95% CI", "paper Δ%"]
@@ -133,11 +127,9 @@ def headline_table(rows: Sequence[dict], group: str = "long") -> Table:
 
 
 def tested_comparisons(comps: Sequence[dict], primary: tuple | None = PRIMARY, family_size: int | None = None) -> list[dict]:
-    """Each comparison with its tests: ``primary`` (the pre-named contrast), ``t_p``, ``wilcoxon_p``,
-    ``sign_p`` (exact, two-sided) and the interval it is read with: the plain 95% t interval for the
-    primary contrast, a Holm-adjusted one (``level``, ``p_adj``) for the exploratory ones. ``primary``
-    None: every comparison is exploratory (one family, as each of issue 26's studies). ``family_size``: the
-    exploratory family's declared size, when some of its comparisons may be missing (counted as p = 1)."""
+    """Each comparison with its t, Wilcoxon and sign tests and the interval it is read with: 95% for the
+    ``primary`` contrast, Holm's level for the exploratory ones (``primary`` None: all exploratory), over a family
+    of ``family_size`` when declared (a missing comparison counts as p = 1)."""
     out = [{**c, "primary": (c["a"]["variant"], c["b"]["variant"]) == primary, "t_p": t_test_p(c["diffs"]),
             "wilcoxon_p": wilcoxon_p(c["diffs"]), "sign_p": sign_test_p(c["diffs"])} for c in comps]
     explore = [c for c in out if not c["primary"]]
@@ -158,9 +150,7 @@ def _p(p: float | None) -> str:
 
 
 def paired_table(rows: Sequence[dict], group: str = "long") -> Table:
-    """The paired comparisons at the budget of ``group``: per seed Δ%(A) - Δ%(B), mean ± std, the
-    interval it is read with (95% for the primary contrast, Holm-adjusted for the rest), the t,
-    Wilcoxon signed-rank and sign tests, and what the interval says."""
+    """The paired comparisons at the budget of ``group``: per seed A − B, the interval, the tests, the reading."""
     comps = tested_comparisons(comparisons(headline_summaries(rows, group)))
     header = ["comparison (A − B)", "role", "steps", "seeds", "per-seed A − B (points)", "mean ± std", "CI (level)",
               "t p", "Wilcoxon p", "sign p", "reading"]
@@ -187,12 +177,11 @@ def paired_table(rows: Sequence[dict], group: str = "long") -> Table:
 
 
 def runs_table(rows: Sequence[dict], group: str = "long") -> Table:
-    """Every run of the headline methods at the long budget, one line per seed: final and best
-    validation loss, and the scale of the residual stream at the boundaries (a run that blows up
-    shows there before its loss does)."""
+    """Every run of the headline methods at the long budget: final and best loss, the boundary activation scale and
+    its health (a run that blows up shows there before its loss does)."""
     steps, ratio = budget_steps(rows, group, main_model(rows)), headline_ratio(rows)
     # at the headline's ratio: a study at another ratio and the same budget (learned_fixed_4x) is not the headline
-    pool = sorted(_study_pool(at_best_validation(rows), ratio, steps) if steps else [],
+    pool = sorted(study_pool(at_best_validation(rows), ratio, steps) if steps else [],
                   key=lambda r: (STUDY_VARIANTS.index(r["variant"]), r["seed"]))
     header = ["method", "seed", "final val loss", "best val loss", "best at step", "max boundary RMS",
               "codebook batch perplexity (min)", "largest max |z| (boundary)", "first outlier warning"]
@@ -238,134 +227,137 @@ def _runs_takeaway(pool: Sequence[dict], rms: dict) -> str:
     return "; ".join(parts) + "." if parts else "every run ends at its best validation loss."
 
 
-def token_points(rows: Sequence[dict]) -> list[dict]:
-    """Per step count of the main model at the headline ratio: ``steps``, ``tokens``, ``sums``
-    (variant -> summary) and ``gap`` (the paired SSN - MAPL comparison, or None)."""
-    pool = _study_pool(rows, headline_ratio(rows))
-    out = []
-    for steps in sorted({r["steps"] for r in pool}):
-        sums = {s["variant"]: s for s in summarize([r for r in pool if r["steps"] == steps], rows)}
-        if "none" not in sums or len(sums) < 2:
-            continue
-        gap = next((c for c in comparisons(list(sums.values())) if c["a"]["variant"] == "ssn"), None)
-        out.append({"steps": steps, "tokens": sums["none"]["tokens"], "sums": sums, "gap": gap,
-                    "eval_set": _eval_sets([r for r in pool if r["steps"] == steps])})
+
+def _bytes_takeaway(sums: Sequence[dict], ratio: float | None) -> str:
+    """Forward against total bytes of the methods at the headline ratio."""
+    picks = [s for s in sums if s["method"] != "none" and s["total_bytes_per_token"] and s["projection_ratio"] == ratio]
+    if not picks:
+        return "no compressed runs with byte counts."
+    parts = [f"{label(s['variant'], s['wire_ratio'], s['projection_ratio'])} {fmt(s['fwd_bytes_per_token'], 0)} → "
+             f"{fmt(s['total_bytes_per_token'], 1)}" for s in picks]
+    return ("Forward → total bytes per token and boundary: " + "; ".join(parts)
+            + ". The total counts the backward gradients, token ids, the projector exchange and codebook sync.")
+
+
+def pareto_plot(rows: Sequence[dict], group: str | None = None, sums: Sequence[dict] | None = None,
+                takeaway: Callable[[Sequence[dict]], str] | None = None) -> Plot:
+    """Δ% against forward and total bytes per token at the main budget, or at ``group``'s (file
+    ``pareto-<group>``); ``sums`` and ``takeaway``: other summaries to draw and their sentence (the frontier's)."""
+    if sums is None:
+        sums = table1_summaries(rows) if group is None else headline_summaries(rows, group)
+    budget = ("each model's main budget" if group is None
+              else f"the budget of group {group} ({fmt_int(sums[0]['steps'] if sums else 0)} steps)")
+    # the main budget has two seeds, where a 95 % interval is ±9 sd wide and says nothing; the headline has eight
+    # and is read as a comparison, so its bars are the interval of the mean
+    bars = "sd" if group is None else "ci95"
+    caption = (f"Δ% of validation loss against bytes per token and boundary at {budget}, token-matched, one row of "
+               f"panels per model, P and budget; error bars: {BARS[bars]}; point labels: wire ratio (2d / forward "
+               "bytes). Left: the forward payload, as the paper counts it. Right: total = (forward + backward + token "
+               "ids + projector exchange + codebook sync) bytes of the run / (training tokens × boundaries).")
+    sentence = (f"no runs in group {group or 'main'}." if not sums else takeaway(sums) if takeaway
+                else _bytes_takeaway(sums, headline_ratio(rows)))
+    return Plot("pareto" if group is None else f"pareto-{group}", caption, sentence,
+                pareto_figure(sums, bars, main_model(rows)), empty=not sums)
+
+
+
+def _in_run_gap(sums: dict) -> dict:
+    """Per evaluation step, the paired SSN − MAPL difference of Δ% over the seeds none, SSN and MAPL all have."""
+    curves = {v: {r["seed"]: dict(r["val_loss_curve"]) for r in sums[v]} for v in ("none", "ssn", "mapl") if v in sums}
+    if len(curves) < 3:
+        return {}
+    seeds = sorted(set.intersection(*(set(c) for c in curves.values())))
+    steps = sorted(set.intersection(*(set(curves[v][s]) for v in curves for s in seeds))) if seeds else []
+    out = {"steps": [], "mean": [], "lo": [], "hi": []}
+    for step in steps:
+        diffs = [100 * (curves["ssn"][s][step] - curves["mapl"][s][step]) / curves["none"][s][step] for s in seeds]
+        ci = t_interval(diffs)
+        if ci is None:
+            return {}
+        out["steps"].append(step)
+        out["mean"].append(sum(diffs) / len(diffs))
+        out["lo"].append(ci[0])
+        out["hi"].append(ci[1])
     return out
 
 
-def _eval_sets(runs: Sequence[dict]) -> str:
-    return " + ".join(sorted({r.get("eval_set", "") for r in runs}))
+def _generalisation(runs_by_variant: dict) -> dict:
+    """variant -> (eval steps, mean over seeds of val loss − the mean train loss since the previous evaluation)."""
+    out = {}
+    for variant, runs in runs_by_variant.items():
+        per_seed = []
+        for r in runs:
+            train = dict(r["train_loss_curve"])
+            points, prev = {}, 0
+            for step, val in r["val_loss_curve"]:
+                window = [train[s] for s in range(prev + 1, step + 1) if s in train]
+                if window:
+                    points[step] = val - sum(window) / len(window)
+                prev = step
+            per_seed.append(points)
+        steps = sorted(set.intersection(*(set(p) for p in per_seed))) if per_seed else []
+        if steps:
+            out[variant] = (steps, [sum(p[s] for p in per_seed) / len(per_seed) for s in steps])
+    return out
 
 
-def _eval_set_note(points: Sequence[dict], what: str = "budgets", name=lambda p: f"{fmt_int(p['steps'])} steps") -> str:
-    """A warning when the points of an axis were measured on different validation sets (a retrain under way);
-    ``name(point)`` names a point ("300 steps", "d = 64")."""
-    sets = dict.fromkeys(p["eval_set"] for p in points)
-    if len(sets) < 2:
-        return ""
-    where = "; ".join(f"{s}: {', '.join(name(p) for p in points if p['eval_set'] == s)}" for s in sets)
-    return (f" The {what} were evaluated on different validation sets ({where}): each Δ% compares runs on the "
-            f"same set, but the trend across sets is not like for like.")
-
-
-def _delta_cell(s: dict | None) -> str:
-    return DASH if s is None else fmt_pm(s["delta_pct"], s["delta_std"], 2, pct=True) + f" (n={s['n']})"
-
-
-def _gap_trend(points: Sequence[dict], where) -> str:
-    """The SSN - MAPL gap along an axis; ``where(point)`` names a point ("3,000 steps", "d = 64")."""
-    gaps = [(where(p), p["gap"]) for p in points if p["gap"]]
-    if not gaps:
-        return "no point with both SSN and MAPL runs."
-    trend = " → ".join(f"{g['mean']:+.2f} ({name})" for name, g in gaps)
-    last_name, last = gaps[-1]
-    spread = (f"± {last['std']:.2f} over {last['n']} seeds, 95% CI {fmt_ci(last['ci'])}" if last["ci"]
-              else "one seed, no interval")
-    return f"SSN − MAPL gap in Δ% points (positive: MAPL ahead): {trend}; at {last_name}: {spread}."
-
-
-def _study_header(first: str) -> list[str]:
-    return [first, "none val loss", *(f"{variant_label(v)} Δ%" for v in AXIS_VARIANTS[1:]), "gap SSN − MAPL",
-            "gap 95% CI"]
-
-
-def _study_row(key_cells: list, p: dict) -> list:
-    gap = p["gap"]
-    return [*key_cells, fmt_pm(p["sums"]["none"]["val_loss"], p["sums"]["none"]["val_loss_std"]),
-            *(_delta_cell(p["sums"].get(v)) for v in AXIS_VARIANTS[1:]),
-            fmt_pm(gap["mean"], gap["std"], 2) if gap else DASH, fmt_ci(gap["ci"]) if gap else DASH]
-
-
-def token_table(rows: Sequence[dict], best: bool = False, train_tokens: int | None = None) -> Table:
-    """The token axis: each method's Δ% and the paired SSN - MAPL gap at every training budget of
-    the main model (groups main, tokens, long). ``best``: at each run's best validation loss
-    (:func:`mapl.report.rows.at_best_validation`) instead of its final one; ``train_tokens``: the
-    training split's size, for an epochs column."""
-    scored = at_best_validation(rows) if best else list(rows)
-    points = token_points(scored)
-    ratio = headline_ratio(rows)
-    head = _study_header("steps")
-    header = head[:1] + ["tokens"] + (["epochs"] if train_tokens else []) + head[1:] + ["eval set"]
-    body = [_study_row([fmt_int(p["steps"]), fmt_int(p["tokens"]),
-                        *([fmt(p["tokens"] / train_tokens, 1)] if train_tokens else [])], p) + [p["eval_set"]]
-            for p in points]
-    which = ("each run's lowest validation loss over its evaluation points (early stopping; the reference is the "
-             "uncompressed run's own best)" if best else "the final validation loss")
-    caption = (f"The main model at projection ratio {fmt_ratio(ratio)} (MAPL+VQ: twice that on the wire) and every "
-               f"training budget, on {which}: Δ% mean ± std over seeds (n seeds), and the paired SSN − MAPL "
-               f"difference of Δ% (positive: MAPL ahead) with its Student t 95% interval."
-               + (" Epochs: training tokens over the training split's tokens." if train_tokens else ""))
-    takeaway = (_gap_trend(points, lambda p: f"{fmt_int(p['steps'])} steps") + _eval_set_note(points)
-                if len(points) > 1 else "fewer than two budgets with runs: no token axis.")
-    if best and points:
-        takeaway += " " + _best_step_note(points[-1], scored)
-    if best:
-        return Table("tokens-best", "Token axis at each run's best validation loss (early stopping)", header, body,
-                     caption, takeaway)
-    return Table("tokens", "Token axis: Δ% against training budget", header, body, caption, takeaway)
-
-
-def _best_step_note(point: dict, scored: Sequence[dict]) -> str:
-    """Where the uncompressed runs of ``point`` (the longest budget) had their best validation loss."""
-    names = set(point["sums"]["none"]["runs"])
-    steps = sorted(r["best_step"] for r in scored if r["run"] in names)
-    if not steps:
-        return ""
-    where = ", ".join(fmt_int(x) for x in steps)
-    early = sum(x < point["steps"] for x in steps)
-    return (f"At {fmt_int(point['steps'])} steps the uncompressed runs were best at step {where}"
-            + (f" ({early} of {len(steps)} before the end: the uncompressed model overfits, so the final-loss table "
-               "flatters compression there)." if early else "."))
-
-
-def width_points(rows: Sequence[dict]) -> list[dict]:
-    """Per width d of the main model's family at its main budget and the headline ratio: ``d``,
-    ``sums`` (variant -> summary) and ``gap`` (paired SSN - MAPL, or None)."""
+def gap_curves_plot(rows: Sequence[dict], group: str = "long") -> Plot:
+    """The in-run paired SSN − MAPL gap against step (from the loss curves) and each method's val − train loss."""
     model = main_model(rows)
-    steps = main_budget(rows, model) if model else None
-    pool = _study_pool(rows, headline_ratio(rows), steps, same_model=False)
-    out = []
-    for d in sorted({r["d_model"] for r in pool if r["d_model"]}):
-        sums = {s["variant"]: s for s in summarize([r for r in pool if r["d_model"] == d], rows)}
-        if "none" not in sums or len(sums) < 2:
-            continue
-        gap = next((c for c in comparisons(list(sums.values())) if c["a"]["variant"] == "ssn"), None)
-        out.append({"d": d, "steps": steps, "sums": sums, "gap": gap,
-                    "eval_set": _eval_sets([r for r in pool if r["d_model"] == d])})
-    return out
-
-
-def width_table(rows: Sequence[dict]) -> Table:
-    """The width axis: Δ% and the SSN - MAPL gap at each width d (group width, plus the main model)."""
-    points = width_points(rows)
+    steps = budget_steps(rows, group, model)
     ratio = headline_ratio(rows)
-    steps = points[0]["steps"] if points else None
-    header = ["d", "r"] + _study_header("d")[1:] + ["eval set"]
-    body = ([_study_row([p["d"], fmt(p["d"] / ratio, 0) if ratio else DASH], p) + [p["eval_set"]] for p in points]
-            if len(points) > 1 else [])
-    caption = (f"Models of the main model's depth at widths d, projection ratio {fmt_ratio(ratio)} (rank r = d / "
-               f"ratio), at the main budget ({fmt_int(steps)} steps): Δ% mean ± std over seeds (n seeds) and the "
-               f"paired SSN − MAPL gap (positive: MAPL ahead).")
-    takeaway = (_gap_trend(points, lambda p: f"d = {p['d']}") + _eval_set_note(points, "widths", lambda p: f"d = {p['d']}")
-                if len(points) > 1 else NO_RUNS.format("width"))
-    return Table("width", "Width axis: Δ% against model width", header, body, caption, takeaway)
+    pool = [r for r in rows if r["group"] == group and r["model"] == model and r["steps"] == steps
+            and (r["method"] == "none" or r["projection_ratio"] == ratio) and r["variant"] in STUDY_VARIANTS]
+    by_variant = {}
+    for r in pool:
+        by_variant.setdefault(r["variant"], []).append(r)
+    gap = _in_run_gap(by_variant)
+    caption = (f"Group {group}, the main model at projection ratio {fmt_ratio(ratio)}. Left: per evaluation, "
+               "Δ%(SSN) − Δ%(MAPL) on the same seed (each against that seed's uncompressed run at that step), "
+               "mean and Student t 95% interval over seeds (positive: MAPL ahead). Right: validation loss minus "
+               "the mean training loss since the previous evaluation, mean over seeds.")
+    if gap:
+        last = len(gap["steps"]) - 1
+        takeaway = (f"At step {fmt_int(gap['steps'][last])} MAPL leads SSN by {gap['mean'][last]:+.2f} points "
+                    f"[{gap['lo'][last]:+.2f}, {gap['hi'][last]:+.2f}]; the interval excludes 0 at "
+                    f"{sum(lo > 0 or hi < 0 for lo, hi in zip(gap['lo'], gap['hi']))} of {len(gap['steps'])} "
+                    f"evaluations.")
+    else:
+        takeaway = f"fewer than two seeds with none, SSN and MAPL in group {group}: no paired gap."
+    # the headline's figure keeps its name; another group's (the corpus study's) gets its own file
+    name = "gap-curves" if group == "long" else f"gap-curves-{group.replace('_', '-')}"
+    title = (f"{variant_label('ssn')} − {variant_label('mapl')} gap during training, group {group} ({model}, "
+             f"{fmt_int(steps)} steps)")
+    return Plot(name, caption, takeaway, gap_curves_figure(gap, _generalisation(by_variant), title), empty=not gap)
+
+
+def paper_scatter_plot(rows: Sequence[dict]) -> Plot:
+    """Our Δ% against the paper's for every method and ratio both have, of the main model at the main budget
+    (hollow) and the headline budget (filled)."""
+    cells, model = [], main_model(rows)
+    main = [s for s in table1_summaries(rows) if s["model"] == model]
+    for budget, sums in (("main", main), ("long", headline_summaries(rows))):
+        for s in sums:
+            if s["method"] == "none" or s["delta_pct"] is None:
+                continue
+            if s["variant"] == "mapl-fixed":
+                p = next((e for e in paper.paper_ablation("projector") if e["variant"] == "fixed"), None)
+            elif s["variant"] in (s["method"], "mapl-rvq-scaled"):
+                p = paper.paper_match(s["method"], s["projection_ratio"], s["stages"], s["model"])
+            else:
+                p = None
+            if p is None:
+                continue
+            cells.append({"variant": s["variant"], "budget": budget, "paper": p["delta_pct"], "ours": s["delta_pct"],
+                          "std": s["delta_std"], "label": f"{figure_label(s['variant'], s['wire_ratio'], s['projection_ratio'])}"
+                                                           f", {fmt_int(s['steps'])} steps"})
+    caption = (f"Each of our cells of the main model ({model}; the main budget hollow, the headline budget filled; "
+               "bars: ±1 sd over seeds; each point numbered, its cell named in the key) at the "
+               "paper's Δ% for the same method and projection ratio (Table 1 at its matching scale; the fixed "
+               "projector: Appendix C at 4×). On the dashed line the two agree.")
+    ssn = [c for c in cells if c["variant"] == "ssn"]
+    ours = ", ".join(f"{c['ours']:+.2f}" for c in ssn)
+    theirs = ", ".join(f"{c['paper']:+.2f}" for c in ssn)
+    takeaway = (f"SSN: ours {ours} % against the paper's {theirs} % for the same cells."
+                if ssn else "no SSN cell with a paper entry.")
+    return Plot("paper-scatter", caption, takeaway, paper_scatter_figure(cells, model), empty=not cells)
