@@ -400,17 +400,14 @@ CLAIMS: tuple[Claim, ...] = (
 
 
 # ---- the ledger --------------------------------------------------------------------------------------------------
-def _has_interval(measured) -> bool:
-    return isinstance(measured, dict) and measured.get("n", 0) >= MIN_SEEDS
-
-
 def family_levels(specs: Sequence[Claim], measured: Sequence) -> list[tuple[float, int]]:
     """(level, family size m) of each row: an order family at Holm's levels over its rows' paired t tests, a range
     family at 1 − 0.05/m, a family of one at 95 %; only rows with an interval count in m."""
     out = [(0.95, 1)] * len(specs)
     families: dict[str, list[int]] = {}
     for i, spec in enumerate(specs):
-        if spec.rule in ("order", "range") and _has_interval(measured[i]):
+        has_interval = isinstance(measured[i], dict) and measured[i].get("n", 0) >= MIN_SEEDS
+        if spec.rule in ("order", "range") and has_interval:
             families.setdefault(spec.family_name, []).append(i)
     for members in families.values():
         m = len(members)

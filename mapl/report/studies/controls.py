@@ -23,13 +23,13 @@ from ..render import DASH, Plot, Table, fmt, fmt_ci, fmt_delta, fmt_int, fmt_pct
 from ..rows import at_projection_ratio, budget_steps, rescored_rows, study_groups
 from ..stats import paired, summarize, t_interval
 from ..style import NEUTRAL, STUDY_ARM_LABELS, bars_handle, bars_text, fmt_ratio, variant_label
-from .headline import gap_sentence, pareto_plot, tested_comparisons
+from .headline import gap_sentence, pareto_plot, reading, tested_comparisons
 
 __all__ = ["DECOMPOSITION", "DECOMPOSITION_COMPARISONS", "study_summaries", "study_comparisons", "tested_family",
-           "reading", "paired_body", "PAIRED_HEADER", "decomposition_study", "learned_fixed_study", "frontier_study",
+           "paired_body", "PAIRED_HEADER", "decomposition_study", "learned_fixed_study", "frontier_study",
            "corpus_study", "blocks_study", "decomposition_table", "decomposition_paired_table", "learned_fixed_table",
            "corpus_table", "blocks_table", "controls_plot", "study_comparison", "study_configurations",
-           "FRONTIER_VARIANTS", "frontier_summaries", "frontier_table", "frontier_plot"]
+           "FRONTIER_VARIANTS", "frontier_table", "frontier_plot"]
 
 NO_RUNS = "no runs of group {} yet (see README, 'Results')."
 
@@ -79,17 +79,15 @@ def study_summaries(rows: Sequence[dict], configs: Sequence[tuple], model: str, 
     out = {}
     at_ratio = at_projection_ratio(rows, ratio)
     for name, variant, suffix in configs:
-        pool = [r for r in at_ratio if r["variant"] == variant and _model_matches(r["model"], model, suffix)
+        # suffix "" is the model itself, "[*]" the model with any shape overrides
+        matches = (lambda m: m.startswith(model + "[")) if suffix == "[*]" else (lambda m: m == model + suffix)
+        pool = [r for r in at_ratio if r["variant"] == variant and matches(r["model"])
                 and r["steps"] == steps and r["seed"] in seeds and (stages is None or r["stages"] == stages)
                 and (data_source is None or r.get("data_source", "") == data_source)]
         sums = summarize(pool, rows)
         if sums:
             out[name] = {**sums[0], "name": name}
     return out
-
-
-def _model_matches(name: str, model: str, suffix: str) -> bool:
-    return name.startswith(model + "[") if suffix == "[*]" else name == model + suffix
 
 
 def study_comparisons(sums: dict[str, dict], pairs: Sequence[tuple]) -> list[dict]:
@@ -110,15 +108,6 @@ def tested_family(comps: Sequence[dict], family_size: int | None = None) -> list
 
 def _name(s: dict) -> str:
     return STUDY_ARM_LABELS.get(s.get("name"), variant_label(s["variant"]))
-
-
-def reading(c: dict, name=_name) -> str:
-    """What a comparison's interval says: "<the one ahead> ahead", "not resolved", or — without an interval."""
-    if c["ci"] is None:
-        return DASH
-    if c["ci"][0] > 0 or c["ci"][1] < 0:
-        return f"{name(c['b']) if c['mean'] > 0 else name(c['a'])} ahead"
-    return "not resolved"
 
 
 def _sentence(c: dict) -> str:
@@ -241,11 +230,6 @@ def frontier_study(rows: Sequence[dict]) -> tuple[list[dict], list[dict], int | 
     return sums, tested_family(comps, len(FRONTIER_COMPARISONS) * len(ratios)), steps
 
 
-def frontier_summaries(rows: Sequence[dict]) -> list[dict]:
-    """The frontier's summaries on group frontier's seeds: none, then each method at each ratio."""
-    return frontier_study(rows)[0]
-
-
 def _frontier_takeaway(sums: Sequence[dict]) -> str:
     """Each method's Δ% along its projection ratios: "SSN 4× +1.2%, 8× +3.4%; MAPL ..."."""
     by: dict[str, list] = {}
@@ -259,7 +243,7 @@ def _frontier_takeaway(sums: Sequence[dict]) -> str:
 
 def frontier_plot(rows: Sequence[dict]) -> Plot:
     """The frontier as :func:`pareto_plot` draws it (file ``pareto-frontier``; bars: the 95 % interval)."""
-    return pareto_plot(rows, "frontier", frontier_summaries(rows), takeaway=_frontier_takeaway)
+    return pareto_plot(rows, "frontier", frontier_study(rows)[0], takeaway=_frontier_takeaway)
 
 
 def _captured(rows: Sequence[dict], s: dict) -> float | None:

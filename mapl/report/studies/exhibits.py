@@ -21,13 +21,9 @@ __all__ = ["primary_seeds_plot", "learned_fixed_summary_table", "order_holds_tab
 
 
 # ---- the primary contrast, seed by seed --------------------------------------------------------------------------
-def _primary(rows: Sequence[dict]) -> dict | None:
-    return next((c for c in tested_comparisons(comparisons(headline_summaries(rows))) if c["primary"]), None)
-
-
 def primary_seeds_plot(rows: Sequence[dict]) -> Plot:
     """Per seed, SSN's and MAPL's Δ% at the headline budget joined by a line; beside it the paired gap."""
-    c = _primary(rows)
+    c = next((c for c in tested_comparisons(comparisons(headline_summaries(rows))) if c["primary"]), None)
     fig, axes = new_grid(1, 2, 7.0, 4.0, gridspec_kw={"width_ratios": [2, 1]})
     ax, gap_ax = axes[0]
     caption = ("The primary contrast seed by seed. Left: each line joins one seed's SSN and MAPL Δ% at the headline "

@@ -14,7 +14,8 @@ from ..figures import empty_note, new_figure
 from ..render import DASH, Plot, Table, fmt, fmt_ci, fmt_int, fmt_pm
 from ..stats import spread, t_interval
 from ..style import NEUTRAL, PROJECTOR_LABELS, PROJECTOR_VARIANTS, bars_handle, bars_text, style
-from .controls import PAIRED_HEADER, paired_body, reading, study_comparisons, tested_family
+from .controls import PAIRED_HEADER, paired_body, study_comparisons, tested_family
+from .headline import reading
 
 __all__ = ["FROZEN_PROJECTORS", "FROZEN_COMPARISONS", "load_frozen", "load_frozen_tuning", "setting_label",
            "frozen_summaries", "frozen_comparison", "frozen_table", "frozen_tuning_table", "frozen_paired_table",

@@ -18,7 +18,7 @@ from ..style import BARS, figure_label, fmt_ratio, label, variant_label
 from .main_budget import NO_RUNS, table1_summaries
 
 __all__ = ["AXIS_VARIANTS", "STUDY_VARIANTS", "COMPARISONS", "PRIMARY", "headline_ratio", "study_pool",
-           "headline_summaries", "comparisons", "tested_comparisons", "gap_sentence", "headline_table", "paired_table",
+           "headline_summaries", "comparisons", "tested_comparisons", "reading", "gap_sentence", "headline_table", "paired_table",
            "runs_table", "pareto_plot", "gap_curves_plot", "paper_scatter_plot"]
 
 # the variants the token and width axes train (their tables' columns), and the headline's: those and MAPL+VQ with
@@ -74,6 +74,15 @@ def comparisons(sums: Sequence[dict]) -> list[dict]:
 
 def _name(s: dict) -> str:
     return label(s["variant"], s["wire_ratio"], s["projection_ratio"])
+
+
+def reading(c: dict, name=_name) -> str:
+    """What a comparison's interval says: "<the one ahead> ahead", "not resolved", or — without an interval."""
+    if c["ci"] is None:
+        return DASH
+    if c["ci"][0] > 0 or c["ci"][1] < 0:
+        return f"{name(c['b']) if c['mean'] > 0 else name(c['a'])} ahead"
+    return "not resolved"
 
 
 def gap_sentence(c: dict) -> str:
@@ -156,15 +165,12 @@ def paired_table(rows: Sequence[dict], group: str = "long") -> Table:
               "t p", "Wilcoxon p", "sign p", "reading"]
     body = []
     for c in comps:
-        excl = c["ci"] is not None and (c["ci"][0] > 0 or c["ci"][1] < 0)
-        ahead = _name(c["b"]) if c["mean"] > 0 else _name(c["a"])
-        reading = (DASH if c["ci"] is None else f"{ahead} ahead" if excl else "not resolved")
         level = f" ({100 * c['level']:.1f}%)" if c["ci"] is not None else ""
         role = "primary" if c["primary"] else f"exploratory (Holm p {_p(c['p_adj'])})"
         body.append([f"{_name(c['a'])} − {_name(c['b'])}", role, fmt_int(c["a"]["steps"]),
                      ",".join(map(str, c["seeds"])), ", ".join(f"{d:+.2f}" for d in c["diffs"]),
                      fmt_pm(c["mean"], c["std"], 2), fmt_ci(c["ci"]) + level, _p(c["t_p"]), _p(c["wilcoxon_p"]),
-                     _p(c["sign_p"]), reading])
+                     _p(c["sign_p"]), reading(c, _name)])
     caption = ("Differences of Δ% between two methods on the same seed (positive: B is ahead), their mean ± sample "
                "std and a Student t interval of the mean. The primary contrast (SSN − MAPL, named before the "
                "8-seed retrain) is read at 95%; the exploratory ones at Holm-adjusted levels over their family. "
