@@ -233,7 +233,6 @@ def _runs_takeaway(pool: Sequence[dict], rms: dict) -> str:
     return "; ".join(parts) + "." if parts else "every run ends at its best validation loss."
 
 
-
 def _bytes_takeaway(sums: Sequence[dict], ratio: float | None) -> str:
     """Forward against total bytes of the methods at the headline ratio."""
     picks = [s for s in sums if s["method"] != "none" and s["total_bytes_per_token"] and s["projection_ratio"] == ratio]
@@ -264,7 +263,6 @@ def pareto_plot(rows: Sequence[dict], group: str | None = None, sums: Sequence[d
                 else _bytes_takeaway(sums, headline_ratio(rows)))
     return Plot("pareto" if group is None else f"pareto-{group}", caption, sentence,
                 pareto_figure(sums, bars, main_model(rows)), empty=not sums)
-
 
 
 def _in_run_gap(sums: dict) -> dict:

@@ -273,7 +273,6 @@ def rvq_sync_table(rows: Sequence[dict]) -> Table:
                  "on the data, or full copies), projector exchange and the total of both directions.", takeaway)
 
 
-
 def val_loss_table(rows: Sequence[dict]) -> tuple[list, list]:
     """``(header, body)``: every run with its loss and Δ% (against the uncompressed run among ``rows``)."""
     header = ["run", "method", "wire ratio", "projector", "anchor", "seed", "steps", "val loss", "Δ%"]
