@@ -351,7 +351,7 @@ def test_measured_steps_take_each_methods_longest_budget_and_never_another_metho
 
 
 def test_uncompressed_with_anchors_is_never_the_planners_reference():
-    """Issue 26's control 'uncompressed + anchors' is method none; pairing against it would move every ratio."""
+    """The control 'uncompressed + anchors' is method none; pairing against it would move every ratio."""
     from mapl.planning.planner import steps_ratios
     base = steps_ratios(_runs())
     control = _run("none", 0, [[100, 3.0], [200, 2.5], [300, 2.4]], variant="none-anchor-factorized")

@@ -1,5 +1,5 @@
 """mapl.orchestration.frozen_trunk on micro: a trained uncompressed trunk, boundaries inserted, only A_p and the
-anchors train (issue 26), for SPEL, the fixed projector and the unconstrained one; resumes run by run."""
+anchors train, for SPEL, the fixed projector and the unconstrained one; resumes run by run."""
 import copy
 import json
 

@@ -1,4 +1,4 @@
-"""The measurement protocol behind the verdict (issue 25): seeds resample every random draw of a run,
+"""The measurement protocol behind the verdict: seeds resample every random draw of a run,
 the validation split is evaluated whole in two interleaved sets (report and selection), and when a
 run evaluates never changes how it trains."""
 import numpy as np

@@ -34,6 +34,9 @@ from .studies.main_budget import table1_summaries
 __all__ = ["metrics", "write_metrics", "metric_name", "macro_numbers", "macros", "write_macros"]
 
 
+_VERDICT_KEYS = dict(zip(VERDICTS, ("reproduced", "contradicted", "inconclusive", "not_testable")))
+
+
 def _contrast(c: dict | None) -> str:
     if c is None:
         return "not run"
@@ -45,7 +48,7 @@ def metrics(ledger: Sequence[dict], rows: Sequence[dict], corpus_rows: Sequence[
     """The metrics (keys: the module docstring) from the ledger's rows (:func:`mapl.report.claims.claims`), the
     report's rows, the rows with the other corpus and the held-out scores."""
     corpus_rows = rows if corpus_rows is None else corpus_rows
-    out: dict = {v.replace("not testable here", "not_testable"): sum(c["verdict"] == v for c in ledger) for v in VERDICTS}
+    out: dict = {key: sum(c["verdict"] == v for c in ledger) for v, key in _VERDICT_KEYS.items()}
     out["ssn_minus_mapl"] = _contrast(headline_contrast("ssn", "mapl")(Evidence(rows)))
     out["ladder_slope"] = _contrast(ladder_slope_comparison(corpus_rows))
     held = heldout_contrasts(rows, corpus_rows, rescores or {}, redrawn)
