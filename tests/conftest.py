@@ -112,6 +112,41 @@ class ChildProcessInFastTest(AssertionError):
     pass
 
 
+# ---- the report's tests: a synthetic cpu profile's results tree (tests/helpers/report_data.py) ------------------
+@pytest.fixture
+def tree(tmp_path):
+    """A cpu profile in the per-profile layout, plus a duplicate, a memory plan and another profile."""
+    from mapl import report as R
+    from tests.helpers.report_data import result, results_groups, write
+    base = R.results_dir("cpu", tmp_path)
+    groups = results_groups()
+    for g, rs in groups.items():
+        for r in rs:
+            write(base, g, r)
+    write(base, "tokens", {**groups["main"][0], "run": "zz-dup"})                   # same config: main keeps it
+    for r in groups["main"][:3]:                       # group first: main's first runs, copied (params.yaml)
+        write(base, "first", r)
+    write(base, "", {**groups["main"][5], "run": "adhoc-lr", "val_loss": 9.9})      # ad hoc, same key: main wins
+    write(base, "main", result("mapl", 8, loss=9.0, model="micro", profile="micro", name="micro-x"))
+    (base / "main" / ".gitkeep").write_text("")
+    (base / "main" / "x.memory.json").write_text('{"stages": []}')          # no run's results: skipped
+    return tmp_path
+
+
+@pytest.fixture
+def rows_all(tree):
+    """Every row of the tree's cpu profile, the tuning groups and slice included."""
+    from mapl import report as R
+    return R.select(R.load_results(tree, R.results_dir("cpu")), profile="cpu", eval_offset=None, tuning=True)
+
+
+@pytest.fixture
+def rows(rows_all):
+    """The reported rows of the tree's cpu profile."""
+    from mapl import report as R
+    return R.select(rows_all)
+
+
 # The guard is installed once for the session and asks which test is being set up, run or torn down:
 # a function-scoped fixture would come too late for a module-scoped fixture of an unmarked test (pytest
 # sets up wider scopes first), which could then start child processes unnoticed.

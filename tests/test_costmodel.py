@@ -298,7 +298,7 @@ def test_figures_never_blank():
 
 def test_planner_and_report_apply_one_time_to_target_rule():
     """On the committed cpu results and step measurement, the planner's time to target (cost-model cases)
-    and the report's (mapl.report.ttt, the measurement on the link clock) give the same steps (one rule:
+    and the report's (mapl.report.studies.ttt, the measurement on the link clock) give the same steps (one rule:
     its target and mean curves) and the same step times (the cost model replays the same measurement)."""
     from pathlib import Path
     from mapl import report

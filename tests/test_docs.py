@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from mapl.report.prose import check_document, numbers, sentences
+from tests.helpers.prose import check_document, numbers, sentences
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = sorted((ROOT / "docs").glob("*.md"))

@@ -9,7 +9,7 @@ import torch
 from mapl.core.config import ConfigError, load_params
 from mapl.orchestration import frozen_trunk as ft
 from mapl.orchestration import groups, sweep
-from mapl.report.frozen import load_frozen
+from mapl.report.studies.frozen import load_frozen
 
 
 def _params(tiny_corpus, **study):

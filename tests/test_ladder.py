@@ -17,7 +17,7 @@ from mapl.core.config import load_params
 from mapl.core.model_config import PRESETS, count_params
 from mapl.data import DataConfig, DataError
 from mapl.orchestration.ladder import check_ladder, ladder_settings, ladder_steps
-from mapl.report.ladder import gap_slope, ladder_rungs, ladder_table, rung_params
+from mapl.report.studies.ladder import gap_slope, ladder_rungs, ladder_table, rung_params
 from tests.test_data import write_tarball
 
 
@@ -112,7 +112,7 @@ def test_a_ladder_run_off_the_budget_rule_is_refused_naming_it():
 
 # ---- the analysis ------------------------------------------------------------------------------------------------
 def _ladder_row(model, method, seed, loss, group="ladder"):
-    from tests.test_report import result
+    from tests.helpers.report_data import result
     d = PRESETS[model].d_model
     res = result(method, 8 if method != "none" else 1, seed=seed, steps=ladder_steps(model, 2, 2048), loss=loss,
                  model=model, name=f"{model}-{method}-s{seed}", d=d)
@@ -170,7 +170,7 @@ def test_the_ledger_reads_the_gaps_growth_from_the_ladders_slope():
 
 
 def test_each_rungs_gap_joins_the_table_of_where_the_order_holds():
-    from mapl.report.exhibits import order_holds_table
+    from mapl.report.studies.exhibits import order_holds_table
     rows = _ladder_rows({"ladder-d64": 0.0, "ladder-d128": 3.0})
     body = [b for b in order_holds_table([], rows).body if b[0] == "the scale ladder"]
     assert [(b[1], b[3], b[5]) for b in body] == [("ladder-d64", "Python (code)", 4), ("ladder-d128", "Python (code)", 4)]

@@ -36,7 +36,7 @@ def _needs_tools():
 # Everything here that runs DVC, papermill or the paper-smoke is `full` (make test-all): `make smoke` alone is 2-3
 # minutes on 2 cores and the 150M rehearsal several more, beyond make test's 12; make test keeps the static checks
 # of dvc.yaml, params.yaml and the committed notebooks below; the functions the notebooks call are unit-tested in
-# process (tests/test_report.py, tests/test_costmodel.py).
+# process (tests/test_report_*.py, tests/test_claims.py, tests/test_costmodel.py).
 @pytest.fixture(scope="module")
 def smoke():
     """`make smoke`, kept: (the copy, the first repro's output). The copy is removed afterwards."""

@@ -131,9 +131,9 @@ def test_holm_reads_at_the_bonferroni_level_after_its_first_non_rejection():
     ((0.3, 6.0), 5, "reproduced"), ((6.0, 7.0), 5, "reproduced"), ((-0.5, 6.0), 5, "inconclusive"),
     ((-0.92, 0.36), 0.35, "inconclusive"), ((-0.9, 0.30), 0.35, "contradicted")])
 def test_an_ordering_claim_tests_its_sign_and_its_size(ci, size, verdict):
-    from mapl.report.claims import _order_verdict
+    from mapl.report.claims import order_verdict
     c = None if ci is None else {"n": 8, "ci": ci, "level": 0.95}
-    got, reason, grounds = _order_verdict(c, size)
+    got, reason, grounds = order_verdict(c, size)
     assert got == verdict
     if ci is not None:
         assert reason.startswith("sign: ") and (("; size: " in reason) == (size is not None))
@@ -145,8 +145,8 @@ def test_an_ordering_claim_tests_its_sign_and_its_size(ci, size, verdict):
                                         ((9.0, 12.0), "reproduced"), ((8.0, 16.0), "inconclusive"),
                                         (None, "not testable here")])
 def test_a_range_claim_is_reproduced_only_inside_and_contradicted_only_outside(ci, verdict):
-    from mapl.report.claims import _range_verdict
-    assert _range_verdict(ci, 8.37, 15.05)[0] == verdict
+    from mapl.report.claims import range_verdict
+    assert range_verdict(ci, 8.37, 15.05)[0] == verdict
 
 
 @pytest.mark.parametrize("n,deltas,verdict", [
@@ -155,17 +155,17 @@ def test_a_range_claim_is_reproduced_only_inside_and_contradicted_only_outside(c
     (3, [1.0, 1.1, 1.2], "reproduced"),                   # tight and inside
     (3, [3.0, 3.1, 3.2], "contradicted")])                # tight and outside
 def test_few_seeds_make_a_range_row_inconclusive_never_reproduced(n, deltas, verdict):
-    from mapl.report.claims import AbstractBound, Claim, HeadlineConfiguration, PaperSide, _range_row
-    spec = Claim("MAPL ≤ 2 %", AbstractBound("mapl"), HeadlineConfiguration(("mapl",)), "range", "t.md", "MAPL")
+    from mapl.report.claims import Claim, PaperSide, abstract_bound, headline, range_row
+    spec = Claim("MAPL ≤ 2 %", abstract_bound("mapl"), headline("mapl"), "range", "t.md", "MAPL")
     s = {"delta_pct": sum(deltas) / n, "deltas": dict(enumerate(deltas)), "n": n, "steps": 3000, "wire_ratio": 8,
          "total_bytes_per_token": 74.0, "variant": "mapl"}
-    assert _range_row(spec, PaperSide("≤ 2 %", None, 2.0), s)["verdict"] == verdict
+    assert range_row(spec, PaperSide("≤ 2 %", None, 2.0), s)[1].verdict == verdict
 
 
 def test_the_bytes_claim_reads_the_int8_backward_where_it_was_trained():
     """"RVQ halves the bytes again" reads all bytes: MAPL+VQ with its gradient in int8 where the headline has it
     (the row says so), else MAPL+VQ as the paper describes it; the verdict is the count against 1.8x."""
-    from mapl.report.claims import CLAIMS, Evidence, _bytes_row
+    from mapl.report.claims import CLAIMS, Evidence, bytes_row
     spec = next(c for c in CLAIMS if c.claim == "RVQ halves the bytes again")
     def summary(variant, fwd, total):
         return {"variant": variant, "fwd_bytes_per_token": fwd, "total_bytes_per_token": total}
@@ -173,19 +173,19 @@ def test_the_bytes_claim_reads_the_int8_backward_where_it_was_trained():
     same, int8 = summary("mapl-rvq-scaled", 19.0, 57.0), summary("mapl-rvq-scaled-grad-int8", 19.0, 38.0)
     before, after = Evidence(rows=[]), Evidence(rows=[])
     before.__dict__["headline"], after.__dict__["headline"] = [mapl, same], [mapl, same, int8]   # cached summaries
-    assert spec.reads.measure(before) == (same, mapl) and spec.reads.measure(after) == (int8, mapl)
-    row = _bytes_row(spec, None, (int8, mapl))
-    assert row["verdict"] == "reproduced" and "all 1.84×" in row["ours"] and "int8 backward" in row["ours"]
-    assert "the gradient is int8" in row["reason"]
-    assert _bytes_row(spec, None, (same, mapl))["verdict"] == "contradicted"
+    assert spec.reads(before) == (same, mapl) and spec.reads(after) == (int8, mapl)
+    ours, ruling = bytes_row(spec, None, (int8, mapl))
+    assert ruling.verdict == "reproduced" and "all 1.84×" in ours and "int8 backward" in ours
+    assert "the gradient is int8" in ruling.reason
+    assert bytes_row(spec, None, (same, mapl))[1].verdict == "contradicted"
 
 
 def test_the_rows_of_one_claim_are_one_family_read_at_holms_levels():
     """The learned-vs-fixed claim read at 8x, at 4x and on the frozen trunk is one family of three: the frozen row's
     tiny p is rejected first (step level 1 - 0.05/3); Holm stops at the next, so the other two read at 1 - 0.05/3."""
-    from mapl.report.claims import Claim, Stated, StudyContrast, family_levels
+    from mapl.report.claims import Claim, family_levels, stated, study_contrast
     def spec(fam, rule="order"):
-        return Claim("c", Stated("x"), StudyContrast("s"), rule, "t.md", family=fam)
+        return Claim("c", stated("x"), study_contrast("s"), rule, "t.md", family=fam)
     specs = [spec("lf"), spec("lf"), spec("lf"), spec(""), spec("r", "range"), spec("r", "range")]
     measured = [{"n": 8, "diffs": [0.1, -0.3, 0.4, 0.2, -0.1, 0.3, 0.0, 0.2]},
                 {"n": 8, "diffs": [-0.1, -0.5, 0.2, -0.4, 0.1, -0.3, -0.6, 0.0]},
@@ -198,19 +198,19 @@ def test_the_rows_of_one_claim_are_one_family_read_at_holms_levels():
 
 
 def test_a_claim_with_no_runs_says_so_rather_than_too_few_seeds():
-    from mapl.report.claims import NOT_RUN, _order_verdict, _range_verdict
-    assert _order_verdict(None)[:2] == ("not testable here", NOT_RUN)
-    assert _range_verdict(None, 8.37, 15.05, n=0)[:2] == ("not testable here", NOT_RUN)
-    assert _range_verdict(None, 8.37, 15.05, n=2)[1] == "fewer than 3 seeds"
-    assert _order_verdict({"n": 2, "ci": None, "level": 0.95})[1] == "fewer than 3 paired seeds"
+    from mapl.report.claims import NOT_RUN, order_verdict, range_verdict
+    assert order_verdict(None)[:2] == ("not testable here", NOT_RUN)
+    assert range_verdict(None, 8.37, 15.05, n=0)[:2] == ("not testable here", NOT_RUN)
+    assert range_verdict(None, 8.37, 15.05, n=2)[1] == "fewer than 3 seeds"
+    assert order_verdict({"n": 2, "ci": None, "level": 0.95})[1] == "fewer than 3 paired seeds"
 
 
 def test_a_one_seed_comparison_has_a_ledger_cell_without_a_level():
     """The micro profile's headline has one seed: its comparison has no interval and no Holm level."""
-    from mapl.report.claims import _comparison_cell, _order_verdict
+    from mapl.report.claims import _comparison_cell, order_verdict
     c = {"mean": 0.5, "ci": None, "level": None, "n": 1, "a": {"steps": 40}}
     assert _comparison_cell(c).startswith("+0.50 points") and "n = 1, 40 steps" in _comparison_cell(c)
-    assert _order_verdict(c)[:2] == ("not testable here", "fewer than 3 paired seeds")
+    assert order_verdict(c)[:2] == ("not testable here", "fewer than 3 paired seeds")
 
 
 def test_each_row_names_the_validation_tokens_its_loss_is_measured_on():
@@ -222,7 +222,7 @@ def test_each_row_names_the_validation_tokens_its_loss_is_measured_on():
 
 
 def test_the_token_axis_warns_when_budgets_were_evaluated_on_different_sets():
-    from mapl.report.studies import token_table
+    from mapl.report.studies.axes import token_table
     rows = [{"run": f"{m}-{s}-{seed}", "group": "g", "model": "tiny", "stages": 4, "method": m, "variant": m,
              "wire_ratio": 1.0 if m == "none" else 8.0, "projection_ratio": None if m == "none" else 8,
              "projector": None if m == "none" else "spel", "anchor": None, "anchor_rank": 0, "rvq_sync": None,
@@ -242,7 +242,7 @@ def test_the_token_axis_warns_when_budgets_were_evaluated_on_different_sets():
 def test_the_width_axis_names_each_widths_validation_set_and_warns_when_they_differ():
     """A retrain under way can leave the main model (d = 128, retrained) and the other widths on different
     validation sets: the width table says which, per row, and its takeaway warns."""
-    from mapl.report.studies import width_table
+    from mapl.report.studies.axes import width_table
     rows = [{"run": f"{m}-d{d}-{seed}", "group": "main" if d == 128 else "width", "model": "tiny" if d == 128 else
              f"tiny[d_model={d}]", "base_model": "tiny", "d_model": d, "stages": 4, "method": m, "variant": m,
              "wire_ratio": 1.0 if m == "none" else 8.0, "projection_ratio": None if m == "none" else 8,
@@ -263,7 +263,7 @@ def test_the_width_axis_names_each_widths_validation_set_and_warns_when_they_dif
 def test_time_to_target_compares_only_curves_on_the_targets_validation_set():
     """The target comes from the uncompressed runs at the longest budget; a method whose runs were evaluated
     on other tokens (an older protocol) is 'no run on the target's validation set', not 'never'."""
-    from mapl.report.ttt import method_curve, on_target_set
+    from mapl.report.studies.ttt import method_curve, on_target_set
     def row(method, steps, eval_set, curve):
         return {"model": "tiny", "group": "g", "method": method, "variant": method, "wire_ratio": 1.0 if method == "none"
                 else 8.0, "steps": steps, "eval_set": eval_set, "val_loss": curve[-1][1], "val_loss_curve": curve}
@@ -273,7 +273,7 @@ def test_time_to_target_compares_only_curves_on_the_targets_validation_set():
     kept = on_target_set(rows)
     assert [r["method"] for r in kept] == ["none", "mapl"]
     assert method_curve(kept, "int8", 8.0)[0] is None and method_curve(rows, "int8", 8.0)[0] == 300
-    from mapl.report.ttt import time_to_target_table
+    from mapl.report.studies.ttt import time_to_target_table
     def ttt(method, budget, n):
         return {"method": method, "wire_ratio": 1.0 if method == "none" else 8.0, "budget": budget, "seeds": 8,
                 "target": 3.9, "target_pct": 2.0, "steps_to_target": n, "latency_s": 0.0, "bandwidth_bps": 1e7,

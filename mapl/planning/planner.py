@@ -16,7 +16,8 @@ from typing import Callable, Sequence
 from ..core.link import LinkProfile, steps_to_target
 from ..report import paper_table1
 from ..report.rows import at_best_validation, is_reference, load_results, main_model, select
-from ..report.ttt import common_target as report_target, method_curve, on_target_set
+from ..report.stats import t_interval
+from ..report.studies.ttt import common_target as report_target, method_curve, on_target_set
 
 __all__ = ["LOSS_FITS", "load_runs", "main_model_runs", "steps_ratios", "ratio_trend", "steps_ratio_table",
            "steps_report", "ratio_from_penalty", "paper_steps_ratios", "common_target", "time_to_target_rows",

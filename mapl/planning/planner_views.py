@@ -15,9 +15,10 @@ from typing import Sequence
 from ..core.config import load_run_config
 from ..core.link import LinkProfile
 from ..orchestration.groups import group_specs
-from ..report.figures import new_figure, save_figure
+from ..report.figures import new_figure
+from ..report.render import save_figure
 from ..report.rows import at_projection_ratio
-from ..report.studies import headline_ratio
+from ..report.studies.headline import headline_ratio
 from ..report.style import NEUTRAL, SPEEDUP_CMAP
 from ..report.style import label as style_label
 from ..report.style import style as method_kw

@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 
-from .figures import new_figure, save_figure
+from .figures import new_figure
+from .render import DASH, fmt, save_figure
 from .style import NEUTRAL
-from .table import DASH, fmt
 
 __all__ = ["data_summary_table", "token_byte_lengths", "token_length_histogram", "token_length_figure"]
 
@@ -30,9 +30,8 @@ def data_summary_table(manifest: dict) -> tuple[list, list]:
 
 
 def token_byte_lengths(tok) -> np.ndarray:
-    """Bytes of UTF-8 text per token id of a ``tokenizers.Tokenizer`` (special tokens: 0). Pieces
-    spelled in the byte-level alphabet count one byte per symbol; SentencePiece pieces count ``▁``
-    as a space and ``<0xNN>`` byte fallbacks as one byte."""
+    """Bytes of UTF-8 text per token id of a ``tokenizers.Tokenizer`` (special tokens: 0; a byte-level symbol or
+    a ``<0xNN>`` fallback one byte, SentencePiece's ``▁`` a space)."""
     from tokenizers.pre_tokenizers import ByteLevel
     alphabet = set(ByteLevel.alphabet())
     vocab = tok.get_vocab(with_added_tokens=True)

@@ -1,15 +1,12 @@
-"""Blocks of the documents that are written by code from their source, never by hand.
-
-A document marks such a block ``<!-- generated:NAME -->`` … ``<!-- /generated:NAME -->``; ``mapl docs`` fills
-it from its source and ``mapl docs --check`` (a test) fails when the text differs, so the README's ledger
-cannot drift from ``claims.md``, nor the notebooks' table from ``dvc.yaml``. Each block's renderer here reads
-committed files only (tables, ``dvc.yaml``, the benchmark scripts' docstrings); the run-time estimate block,
-which needs the orchestration layer, is rendered by the command (:mod:`mapl.cli.docs`).
+"""The documents' generated blocks (``<!-- generated:NAME -->`` … ``<!-- /generated:NAME -->``), each rendered from
+committed files (tables, ``dvc.yaml``, the benchmarks' docstrings): ``mapl docs`` writes them, ``mapl docs --check``
+(a test) fails when one differs, so the README's ledger cannot drift from ``claims.md``.
 """
 from __future__ import annotations
 
 import ast
 import csv
+import json
 import re
 from pathlib import Path
 from typing import Callable
@@ -25,7 +22,7 @@ _BLOCK = re.compile(r"<!-- generated:([\w-]+) -->")
 
 
 class BlockError(ValueError):
-    """A document's generated block is malformed or its source is missing (one line, naming both)."""
+    """A malformed generated block or a missing source, in one line naming both."""
 
 
 def blocks_in(text: str) -> list[str]:
@@ -64,18 +61,15 @@ _BUDGET = re.compile(r"\(((?:[\d.]+%, )?n = \d+)[^)]*\)")
 
 
 def short_ours(cell: str) -> str:
-    """A ledger cell as the README prints it: the estimate, its interval, level and seeds, without the budget
-    and byte counts that ``claims.md`` gives in full.
+    """A ledger cell as the README prints it: estimate, interval, level and seeds (``claims.md`` has the rest).
 
     >>> short_ours("MAPL: +1.24% [+0.80, +1.68] (n = 8, 3,000 steps, 8× on the wire, 74.0 B/token in all) (headline.md)")
-    'MAPL: +1.24% [+0.80, +1.68] (n = 8) (headline.md)'
-    """
+    'MAPL: +1.24% [+0.80, +1.68] (n = 8) (headline.md)'"""
     return _BUDGET.sub(r"(\1)", cell)
 
 
 def claims_block(root: Path, profile: str = "cpu") -> str:
-    """The claims ledger, one line per claim: the claim, the paper's number, ours with its table (short:
-    :func:`short_ours`), the verdict."""
+    """The claims ledger, one line per claim: the claim, the paper's number, ours (short), the verdict."""
     rows = _read_csv(root / "reports" / profile / "tables" / "claims.csv")
     return _table(["the paper's claim", "paper", "ours (table)", "verdict"],
                   [[r["paper's claim"], r["paper"], short_ours(r["ours (table)"]), f"**{r['verdict']}**"] for r in rows])
@@ -94,7 +88,6 @@ def headline_block(root: Path, profile: str = "cpu") -> str:
 
 def notebook_parameters(notebook: Path) -> list[str]:
     """The names its ``parameters``-tagged cell assigns (what papermill's ``-p`` may set)."""
-    import json
     for cell in json.loads(notebook.read_text())["cells"]:
         if "parameters" in cell.get("metadata", {}).get("tags", []):
             tree = ast.parse("".join(cell["source"]))
@@ -104,7 +97,7 @@ def notebook_parameters(notebook: Path) -> list[str]:
 
 
 def stages_block(root: Path) -> str:
-    """The DVC stages: the notebook each executes with its parameters, what it does (``desc:``), what it writes."""
+    """The DVC stages: the notebook each executes with its parameters, what it does, what it writes."""
     stages = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]
     rows = []
     for name, stage in stages.items():
@@ -123,7 +116,7 @@ def stages_block(root: Path) -> str:
 
 
 def _script_doc(path: Path) -> list[str]:
-    """A benchmark's own documentation: a Python script's docstring, a shell script's leading comment block."""
+    """A benchmark's documentation: a Python script's docstring, a shell script's leading comments."""
     if path.suffix == ".py":
         return (ast.get_docstring(ast.parse(path.read_text())) or "").splitlines()
     lines = path.read_text().splitlines()[1:]                         # past the shebang
@@ -132,8 +125,8 @@ def _script_doc(path: Path) -> list[str]:
 
 
 def _benchmark_row(path: Path) -> list[str] | None:
-    """(script, what it answers, command, writes) from the script's documentation. A benchmark says what it
-    writes on a ``Writes:`` line; a script without one is a part of another or a helper, and is not listed."""
+    """(script, what it answers, command, writes) from its documentation; a script without a ``Writes:`` line is a
+    helper and is not listed."""
     doc = _script_doc(path)
     writes = next((ln.strip()[len("Writes:"):].strip().rstrip(".") for ln in doc if ln.strip().startswith("Writes:")), "")
     if not writes:
@@ -148,7 +141,7 @@ def _benchmark_row(path: Path) -> list[str] | None:
 
 
 def benchmarks_block(root: Path) -> str:
-    """Every benchmark script: what it answers, how it runs and what it writes, from its own documentation."""
+    """Every benchmark script: what it answers, how it runs and what it writes."""
     paths = sorted([*(root / "benchmarks").glob("*.py"), *(root / "benchmarks").glob("*.sh")])
     rows = [row for row in map(_benchmark_row, paths) if row]
     return _table(["script", "what it answers", "command", "writes"], rows)

@@ -1,18 +1,12 @@
-"""Drawing: every figure of the report on matplotlib's object API and the Agg canvas (pyplot's
-global state is never touched, so the notebook's inline backend plays no part).
-
-Every method keeps one colour and one marker everywhere (:mod:`mapl.report.style`); legends name
-methods and ratios, never run ids; every error bar and band says what it shows (the sd over seeds, or
-the 95 % t interval of the mean where the figure compares). Each figure has a title and labelled axes
-with units; labels next to points are placed where they overlap nothing (:func:`place_labels`). Each
-function returns a :class:`Figure`; the captions and takeaways are in :mod:`mapl.report.plots`.
+"""Drawing: every figure of the report on matplotlib's object API and the Agg canvas (pyplot's global state is
+never touched). Each method keeps its colour and marker (:mod:`mapl.report.style`), legends name methods and
+ratios, every error bar and band says what it shows, and labels beside points overlap nothing
+(:func:`place_labels`). The ``*_figure`` functions draw; the ``*_plot`` ones add a caption and a takeaway.
 """
 from __future__ import annotations
 
-import io
 import math
 from collections import defaultdict
-from pathlib import Path
 from typing import Sequence
 
 import numpy as np
@@ -23,13 +17,13 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import NullFormatter, ScalarFormatter
 from matplotlib.transforms import Bbox
 
-from ..base.io import atomic_write_bytes
-from .rows import group_runs, sort_key
+from .render import Plot, fmt
+from .rows import budget_steps, group_runs, is_reference, main_model, run_key, sort_key
 from .stats import t_interval
-from .style import NEUTRAL, bars_handle, bars_text, figure_label, fmt_ratio, linestyle, style, variant_label
+from .style import NEUTRAL, bars_handle, bars_text, figure_label, fmt_ratio, label, linestyle, style, variant_label
 
-__all__ = ["new_figure", "new_grid", "save_figure", "png_bytes", "empty_note", "place_labels", "pareto_figure",
-           "loss_curves_figure", "axis_figure", "health_figure", "gap_curves_figure", "paper_scatter_figure"]
+__all__ = ["new_figure", "new_grid", "empty_note", "place_labels", "pareto_figure", "loss_curves_figure", "axis_figure",
+           "health_figure", "gap_curves_figure", "paper_scatter_figure", "curves_plot", "health_plot"]
 
 DELTA_LABEL = "Δ val loss vs uncompressed (%)"
 STEP_LABEL = "optimizer step"
@@ -37,33 +31,17 @@ LOSS_LABEL = "loss (nats / token)"
 
 
 def new_figure(ncols: int = 1, width: float = 5.0, height: float = 3.8) -> tuple[Figure, list]:
-    """A figure of ``ncols`` panels, each ``width`` x ``height`` inches, on the Agg canvas."""
+    """A figure of ``ncols`` panels of ``width`` x ``height`` inches on the Agg canvas."""
     fig = Figure(figsize=(width * ncols, height), layout="constrained")
     FigureCanvasAgg(fig)
     return fig, list(fig.subplots(1, ncols, squeeze=False)[0])
 
 
 def new_grid(nrows: int, ncols: int, width: float, height: float, **subplots) -> tuple[Figure, np.ndarray]:
-    """A figure of ``nrows`` x ``ncols`` panels in ``width`` x ``height`` inches (the whole figure), on the Agg
-    canvas; ``subplots``: e.g. ``sharex``, ``sharey``."""
+    """A figure of ``nrows`` x ``ncols`` panels in ``width`` x ``height`` inches on the Agg canvas."""
     fig = Figure(figsize=(width, height), layout="constrained")
     FigureCanvasAgg(fig)
     return fig, fig.subplots(nrows, ncols, squeeze=False, **subplots)
-
-
-def png_bytes(fig: Figure, dpi: int = 120) -> bytes:
-    """The figure as PNG bytes, without a software tag (so equal figures give equal bytes)."""
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi, metadata={"Software": None})
-    return buf.getvalue()
-
-
-def save_figure(fig: Figure, path: str | Path | None) -> Figure:
-    """Write the PNG atomically (``path`` None: nothing); returns the figure."""
-    if path is not None:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(path, png_bytes(fig))
-    return fig
 
 
 def empty_note(ax, text: str = "no runs") -> None:
@@ -92,7 +70,7 @@ _AMBIGUOUS = 400.0        # px²: the cost of a label nearer another point than 
 
 
 def _obstacles(ax, renderer) -> list[Bbox]:
-    """Display-space boxes of what a label must not cover: every marker, every error bar, every text of ``ax``."""
+    """Display-space boxes a label must not cover: every marker, error bar and text of ``ax``."""
     boxes, half = [], _MARKER_PT * ax.figure.dpi / 72
     for line in ax.get_lines():
         if line.get_marker() in (None, "", "None", " ") or not line.get_visible():
@@ -124,7 +102,7 @@ def _distance(box: Bbox, xy) -> float:
 
 
 def _nearer_other(box: Bbox, anchors: Sequence, own: int) -> bool:
-    """Whether a label at ``box`` sits nearer another labelled point than its own (a reader would pair it wrongly)."""
+    """Whether a label at ``box`` sits nearer another labelled point than its own."""
     mine = _distance(box, anchors[own])
     return any(a is not None and j != own and _distance(box, a) < mine for j, a in enumerate(anchors))
 
@@ -137,12 +115,9 @@ def _alignment(angle: float) -> tuple[str, str]:
 
 def place_labels(ax, points: Sequence[tuple[float, float]], texts: Sequence[str], colours: Sequence[str] | None = None,
                  fontsize: float = 7) -> list:
-    """Write ``texts[i]`` next to ``points[i]`` (data coordinates), each at the first offset (nearest first:
-    right, above, below, left) where it covers no marker, error bar, text or earlier label and stays inside the
-    axes; where none is free, the offset that covers least. A label moved past the nearest ring gets a thin
-    leader line. Deterministic: the same figure places the same labels. Call it after the axes' limits and
-    scales are final (the placement is in display space); the figure's layout is fixed here, so a later draw
-    keeps every label where it was checked."""
+    """Write ``texts[i]`` next to ``points[i]`` at the first offset (nearest first) where it covers no marker, error
+    bar, text or earlier label inside the axes, else where it covers least; a far label gets a leader line.
+    Deterministic. Call it once the axes' limits and scales are final: it fixes the figure's layout."""
     fig = ax.figure
     fig.canvas.draw()                                 # run the layout once: the transforms are final from here on
     fig.set_layout_engine("none")
@@ -183,8 +158,7 @@ def place_labels(ax, points: Sequence[tuple[float, float]], texts: Sequence[str]
 
 # ---- loss against communication ---------------------------------------------------------------------------
 def _bars(s: dict, kind: str) -> tuple[float, float] | None:
-    """(below, above) the mean Δ% of a summary: the sd over seeds (``kind="sd"``) or the 95 % t interval of the
-    mean (``"ci95"``); None with one seed."""
+    """(below, above) the mean Δ%: the sd over seeds (``sd``) or the 95 % t interval (``ci95``); None with one seed."""
     if kind == "ci95":
         ci = t_interval(list((s.get("deltas") or {}).values()))
         return None if ci is None else (s["delta_pct"] - ci[0], ci[1] - s["delta_pct"])
@@ -197,8 +171,7 @@ def _setups(sums: Sequence[dict], main: str | None) -> list[tuple]:
 
 
 def _pareto_panel(ax, sums: Sequence[dict], xkey: str, bars: str) -> tuple[list, list, list]:
-    """One setup's Δ% against ``xkey``: a line per variant through its ratios; returns the points, their wire
-    ratios and colours, labelled once the figure's layout is final (:func:`place_labels`)."""
+    """One setup's Δ% against ``xkey``, a line per variant; returns its points, wire ratios and colours."""
     lines = defaultdict(list)
     for s in sorted(sums, key=sort_key):
         if s[xkey]:
@@ -222,8 +195,7 @@ def _pareto_panel(ax, sums: Sequence[dict], xkey: str, bars: str) -> tuple[list,
 
 
 def _span_an_octave(ax, xs: Sequence[float]) -> None:
-    """Widen a log2 x range to hold a power of two with room on both sides: a panel whose points sit within one
-    octave (one setup's methods at one ratio) would otherwise have no tick label at all."""
+    """Widen a log2 x range to hold a power of two (a panel within one octave would have no tick label)."""
     xs = [x for x in xs if x and np.isfinite(x)]
     if not xs:
         return
@@ -235,10 +207,8 @@ def _span_an_octave(ax, xs: Sequence[float]) -> None:
 
 
 def pareto_figure(sums: Sequence[dict], bars: str = "sd", main: str | None = None) -> Figure:
-    """Δ% against forward bytes (left) and total bytes (right) per token and boundary: one row of panels per
-    setup (model, P, budget; ``main``'s first), each titled with it; one line per variant through its ratios,
-    each point labelled with its wire ratio; error bars ``bars``: the sd over seeds, or the 95 % t interval of
-    the mean (``"ci95"``); one legend below the panels."""
+    """Δ% against forward (left) and total (right) bytes per token and boundary, a row of panels per (model, P,
+    budget), a line per variant through its ratios, each point labelled with its wire ratio; bars: ``bars``."""
     setups = _setups(sums, main) or [None]
     fig, grid = new_grid(len(setups), 2, 7.4, 2.5 * len(setups) + 1.3)
     columns = (("fwd_bytes_per_token", "forward bytes / token / boundary (log₂)", "forward payload"),
@@ -284,9 +254,8 @@ def _mean_curve(runs: Sequence[dict], key: str) -> tuple[np.ndarray, np.ndarray,
 
 
 def loss_curves_figure(rows: Sequence[dict], smooth: int | None = None, title: str = "") -> Figure:
-    """Train loss (moving mean over ``smooth`` steps; default: 1/30 of the budget, at least 10) and
-    val loss against step, one line per configuration (the mean over its seeds, the band their
-    range); colour and marker by method, line style by wire ratio; the legend below the panels."""
+    """Train loss (moving mean over ``smooth`` steps) and val loss against step, a line per configuration (mean
+    over seeds, band: their range); colour and marker by method, line style by wire ratio."""
     fig, (ax_t, ax_v) = new_figure(2, 3.8, 3.6)
     smooth = smooth or max(10, max((r["steps"] or 0 for r in rows), default=0) // 30)
     groups = group_runs(sorted(rows, key=sort_key))
@@ -326,7 +295,7 @@ def loss_curves_figure(rows: Sequence[dict], smooth: int | None = None, title: s
 
 
 def _zoom_to_tail(ax, ys) -> None:
-    """Clip the y range to the last 90% of the curves: the first steps' loss (~ln V) hides the rest."""
+    """Clip the y range to the last 90% of the curves (the first steps' loss hides the rest)."""
     tails = [np.asarray(y)[len(y) // 10:] for y in ys if len(y) > 10]
     if tails:
         lo, hi = min(t.min() for t in tails), max(t.max() for t in tails)
@@ -335,8 +304,7 @@ def _zoom_to_tail(ax, ys) -> None:
 
 # ---- the token and width axes ----------------------------------------------------------------------------
 def _delta_series(ax, points: Sequence[dict], xkey: str, v: str, jitter: float) -> None:
-    """One variant's Δ% against ``xkey``; a budget where it has no run leaves a gap in its line (NaN),
-    so no line is drawn across a missing point."""
+    """One variant's Δ% against ``xkey``, with a gap (NaN) where it has no run."""
     have = [p for p in points if v in p["sums"] and p["sums"][v]["delta_pct"] is not None]
     if not have:
         return
@@ -360,10 +328,8 @@ def _delta_axes(ax, xs: Sequence[float], xlabel: str, title: str) -> None:
 
 def axis_figure(points: Sequence[dict], xkey: str, xlabel: str, variants: Sequence[str], title: str,
                 empty: str, separate: Sequence[str] = ()) -> Figure:
-    """Panels against ``xkey`` (log2): each variant's Δ% (mean, error bars = sd over seeds; the
-    variants in ``separate`` in a panel of their own, so one unstable method does not set the scale
-    of the others), and the paired SSN - MAPL gap (mean; error bars = 95% t interval where there are
-    2+ seeds; dots = the per-seed differences)."""
+    """Each variant's Δ% against ``xkey`` (log2; bars: sd; ``separate`` in a panel of their own) and the paired
+    SSN - MAPL gap (bars: 95% t interval; dots: the seeds)."""
     fig, axes = new_figure(3 if separate else 2, 3.4 if separate else 3.8, 3.5)
     ax_d, ax_g = axes[0], axes[-1]
     ax_s = axes[1] if separate else None
@@ -405,8 +371,7 @@ def axis_figure(points: Sequence[dict], xkey: str, xlabel: str, variants: Sequen
 
 
 def _axis_legend(fig, delta_axes: Sequence, gap_axes) -> None:
-    """One legend below the panels (inside, it covers points whatever the corner): the methods and what their
-    bars are, then the gap panel's entries and what its bars are."""
+    """One legend below the panels: the methods and their bars, then the gap panel's entries."""
     handles, labels = [], []
     for ax in delta_axes:
         for h, lab in zip(*ax.get_legend_handles_labels()):
@@ -436,7 +401,7 @@ def _health_series(r: dict, p: int) -> tuple[list, list]:
 
 
 def _wrap(text: str, width: int = 22) -> str:
-    """Break a row label at ', ' or ' (' once it is longer than ``width``, so rows stay narrow."""
+    """Break a row label at ', ' or ' (' past ``width`` characters."""
     if len(text) <= width:
         return text
     for sep in (", ", " ("):
@@ -447,9 +412,8 @@ def _wrap(text: str, width: int = 22) -> str:
 
 
 def health_figure(runs: Sequence[dict], title: str = "") -> Figure:
-    """Boundary health as small multiples: one row of panels per configuration (variant and wire ratio), one
-    column per boundary, every seed a thin line in the configuration's colour, a tick on the top edge at the
-    step of a seed's first outlier warning; the y scale (log) shared by every panel, the legend below them."""
+    """Boundary health as small multiples: a row per configuration, a column per boundary, a thin line per seed, a
+    tick at a seed's first outlier warning; one log y scale for all."""
     configs = _configurations(runs)
     n_b = max((len(r["health_readings"][0]["boundaries"]) for r in runs if r["health_readings"]), default=1)
     fig, grid = new_grid(max(1, len(configs)), n_b, 7.0, 0.8 * max(1, len(configs)) + 1.3, sharex=True, sharey=True)
@@ -486,8 +450,8 @@ def health_figure(runs: Sequence[dict], title: str = "") -> Figure:
 
 # ---- the in-run gap --------------------------------------------------------------------------------------
 def gap_curves_figure(gap: dict, generalisation: dict, title: str = "") -> Figure:
-    """Left: the paired in-run gap (``gap``: {"steps", "mean", "lo", "hi"}, points) against step, its 95 %
-    interval as a band. Right: validation − training loss per method (``generalisation``: variant -> (steps, mean))."""
+    """Left: the paired in-run gap against step with its 95 % band. Right: validation − training loss per
+    method."""
     fig, (ax_g, ax_o) = new_figure(2, 3.8, 3.4)
     ssn, mapl = variant_label("ssn"), variant_label("mapl")
     if len(gap.get("steps", [])):
@@ -516,10 +480,8 @@ def gap_curves_figure(gap: dict, generalisation: dict, title: str = "") -> Figur
 
 # ---- ours against the paper ------------------------------------------------------------------------------
 def paper_scatter_figure(cells: Sequence[dict], model: str | None = None) -> Figure:
-    """Our Δ% (y, error bars: sd over seeds) against the paper's Δ% (x) for the same method and projection
-    ratio; one marker per method, filled at the headline budget, hollow at the main one; each point numbered,
-    its number keyed in the legend beside the axes (names next to clustered points would overlap); the dashed
-    diagonal is where the two agree."""
+    """Our Δ% (bars: sd) against the paper's for the same method and ratio, filled at the headline budget,
+    hollow at the main one, each point numbered and keyed in the legend; dashed: where the two agree."""
     fig, (ax,) = new_figure(1, 7.4, 4.0)
     fig.suptitle("Our Δ% against the paper's, per cell" + (f" ({model})" if model else ""))
     if not cells:
@@ -547,3 +509,51 @@ def paper_scatter_figure(cells: Sequence[dict], model: str | None = None) -> Fig
     place_labels(ax, [(c["paper"], c["ours"]) for c in order], [str(i) for i in range(1, len(order) + 1)],
                  [style(c["variant"])["color"] for c in order], fontsize=7)
     return fig
+
+
+# ---- the figures that read rows only ---------------------------------------------------------------------
+def curves_plot(rows: Sequence[dict], group: str) -> Plot:
+    """Loss curves of the configurations of ``group``, with every seed of them from any group."""
+    keys = {run_key(r, False) for r in rows if r["group"] == group}
+    pick = [r for r in rows if run_key(r, False) in keys]
+    steps = budget_steps(rows, group)
+    title = f"Loss curves, group {group}" + (f" ({steps:,} steps)" if steps else "")
+    fig = loss_curves_figure(pick, title=title)
+    if not pick:
+        return Plot(f"curves-{group}", f"Loss curves of group {group}.", f"no runs in group {group}.", fig, empty=True)
+    finals = {}
+    for r in pick:
+        finals.setdefault((r["variant"], r["wire_ratio"], r["projection_ratio"]), []).append(r["val_loss"])
+    best = min(finals, key=lambda k: sum(finals[k]) / len(finals[k]))
+    dense = [r for r in pick if is_reference(r) and len(r["val_loss_curve"]) >= 2]
+    still = ""
+    if dense:                        # does the val loss still fall at the end of the budget?
+        (s0, l0), (s1, l1) = dense[0]["val_loss_curve"][-2:]
+        still = f"; the uncompressed val loss fell by {l0 - l1:.4f} over its last {s1 - s0:,} steps"
+    caption = ("Train loss (moving mean) and validation loss against step; one line per configuration, the mean over "
+               "its seeds with their range as a band; colour and marker: method; line style: wire ratio (solid ≤ 6×, "
+               "dashed ≤ 12×, dotted ≤ 24×, dash-dot beyond).")
+    takeaway = (f"Lowest final val loss: {label(*best)} {sum(finals[best]) / len(finals[best]):.4f}{still}.")
+    return Plot(f"curves-{group}", caption, takeaway, fig)
+
+
+def health_plot(rows: Sequence[dict], group: str = "long") -> Plot:
+    """The early warning's trajectories of every run at the budget of ``group`` that recorded its boundary health."""
+    model = main_model(rows)
+    steps = budget_steps(rows, group, model)
+    runs = [r for r in rows if r["steps"] == steps and r["model"] == model and r.get("health_recorded")]
+    title = f"Boundary health, {model}, {steps:,} steps" if steps else "Boundary health"
+    caption = ("Largest |z| of a training message, read every train.health_every steps (log scale): one row of panels "
+               "per configuration at the long budget that recorded it, one column per boundary, one thin line per "
+               "seed; a tick on the top edge marks the step of a seed's first outlier warning, which fires when a reading "
+               "exceeds train.health_warn_factor x the median of every earlier reading (readings in the first 3 "
+               "learning-rate warmups not judged).")
+    if not runs:
+        return Plot("health", caption, "no run at this budget recorded its boundary health (trained before the "
+                    "monitor existed).", health_figure([], title), empty=True)
+    peak = max(runs, key=lambda r: r["max_abs_z_peak"] or 0)
+    warned = sorted({(r["variant"], r["seed"]) for r in runs if r["first_warning_step"] is not None})
+    takeaway = (f"Largest max |z|: {label(peak['variant'], peak['wire_ratio'], peak['projection_ratio'])} seed "
+                f"{peak['seed']}, {fmt(peak['max_abs_z_peak'], 1)} at boundary {peak['max_abs_z_boundary']}; "
+                f"{len(warned)} of {len(runs)} runs raised an outlier warning.")
+    return Plot("health", caption, takeaway, health_figure(sorted(runs, key=lambda r: (r["variant"], r["seed"])), title))

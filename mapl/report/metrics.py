@@ -1,16 +1,17 @@
-"""Headline numbers for ``dvc metrics`` (``reports/<profile>/metrics.json``) and LaTeX macros.
+"""``reports/<profile>/metrics.json`` for ``dvc metrics show`` and ``dvc metrics diff``: the ledger's verdicts and
+the primary contrasts, the same few keys in every profile. The per-run numbers stay in the tables, and in the LaTeX
+macros (``tables/macros.tex``, :func:`macro_numbers`).
 
-Keys never embed the model's name, so ``dvc metrics diff`` and ``dvc exp show`` line up across
-profiles: ``main.mapl_8x.delta_pct``, ``long.ssn_8x.val_loss``,
-``long_paired.ssn_8x_minus_mapl_8x.mean``, ``token_axis.long.ssn_minus_mapl.ci95_low``,
-``width.d64.ssn_minus_mapl.mean``, ``ablations.mapl_fixed_8x.delta_pct``. A configuration's name is
-its variant (``mapl``, ``mapl_fixed``, ``mapl_anchor_none``, ``mapl_rvq``) and, for methods with a
-projector, its **wire ratio** (2d / forward bytes: ``mapl_rvq_16x`` is MAPL+VQ at projection 8x).
-Runs of another model or P than the profile's main ones (the paper profile's 500M and 1B, P = 8)
-get a suffix: ``mapl_6x_m500m``, ``mapl_4x_p8``.
+``reproduced``, ``contradicted``, ``inconclusive``, ``not_testable``: how many of the ledger's claims have each
+verdict; ``ssn_minus_mapl``: the headline's primary contrast (points of Δ%, its 95 % interval); ``ladder_slope``:
+the scale ladder's slope of that gap per ln(parameters); ``heldout_kjv``, ``unread_train``: SSN − MAPL on each
+held-out set's scores (the headline's runs where they are scored, else the corpus study's). A contrast reads
+``+1.59 [+1.03, +2.15]``; without an interval ``+0.50 (n = 1)``; without runs ``not run``.
 
-Macros: ``\\res`` + the CamelCased key path, digits spelled out (LaTeX command names are letters):
-``main.mapl_8x.delta_pct`` -> ``\\resMainMaplEightXDeltaPct`` = ``+2.32\\%``.
+Macro keys never embed the model's name (``main.mapl_8x.delta_pct``, ``long_paired.ssn_8x_minus_mapl_8x.mean``): a
+configuration is its variant and, with a projector, its wire ratio (``mapl_rvq_16x``: MAPL+VQ at projection 8x),
+suffixed for another model or P than the profile's main ones (``mapl_6x_m500m``, ``mapl_4x_p8``). A macro is
+``\\res`` + the CamelCased key, digits spelled out: ``\\resMainMaplEightXDeltaPct``.
 """
 from __future__ import annotations
 
@@ -20,13 +21,49 @@ from pathlib import Path
 from typing import Sequence
 
 from ..base.io import atomic_write_text
+from .claims import VERDICTS, Evidence, headline_contrast
+from .render import fmt_ci
 from .rows import at_best_validation, budget_steps, main_model, run_key
 from .stats import summarize
-from .studies import comparisons, headline_summaries, token_points, width_points
-from .tables import table1_summaries
+from .studies.axes import token_points, width_points
+from .studies.headline import comparisons, headline_summaries
+from .studies.heldout import SET_LABELS, heldout_contrasts
+from .studies.ladder import ladder_slope_comparison
+from .studies.main_budget import table1_summaries
 
-__all__ = ["metric_name", "metrics", "write_metrics", "macros", "write_macros"]
+__all__ = ["metrics", "write_metrics", "metric_name", "macro_numbers", "macros", "write_macros"]
 
+
+_VERDICT_KEYS = dict(zip(VERDICTS, ("reproduced", "contradicted", "inconclusive", "not_testable")))
+
+
+def _contrast(c: dict | None) -> str:
+    if c is None:
+        return "not run"
+    return f"{c['mean']:+.2f} {fmt_ci(c['ci'])}" if c["ci"] else f"{c['mean']:+.2f} (n = {c['n']})"
+
+
+def metrics(ledger: Sequence[dict], rows: Sequence[dict], corpus_rows: Sequence[dict] | None = None,
+            rescores: dict[str, dict] | None = None, redrawn: Sequence[dict] = ()) -> dict:
+    """The metrics (keys: the module docstring) from the ledger's rows (:func:`mapl.report.claims.claims`), the
+    report's rows, the rows with the other corpus and the held-out scores."""
+    corpus_rows = rows if corpus_rows is None else corpus_rows
+    out: dict = {key: sum(c["verdict"] == v for c in ledger) for v, key in _VERDICT_KEYS.items()}
+    out["ssn_minus_mapl"] = _contrast(headline_contrast("ssn", "mapl")(Evidence(rows)))
+    out["ladder_slope"] = _contrast(ladder_slope_comparison(corpus_rows))
+    held = heldout_contrasts(rows, corpus_rows, rescores or {}, redrawn)
+    out.update({name.replace("-", "_"): _contrast(held[name]) for name in SET_LABELS})
+    return out
+
+
+def write_metrics(m: dict, path: str | Path) -> dict:
+    """Write the metrics as indented JSON (atomically); returns them."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, json.dumps(m, indent=1) + "\n")
+    return m
+
+
+# ---- the macros: every number of the per-run tables' headline rows ----------------------------------------------
 _ROUND = {"val_loss": 6, "val_loss_std": 6}
 
 
@@ -82,8 +119,9 @@ def _axis(points: Sequence[dict], name) -> dict:
     return {name(p): {"ssn_minus_mapl": _paired(p["gap"])} for p in points if p["gap"]}
 
 
-def metrics(rows: Sequence[dict]) -> dict:
-    """The metrics dict (keys: the module docstring); sections without runs are left out."""
+def macro_numbers(rows: Sequence[dict]) -> dict:
+    """Every headline number by key (the module docstring): the main budget, the ablations, the headline, its paired
+    comparisons, the token and width axes; sections without runs are left out."""
     model, stages = main_model(rows), _main_stages(rows)
     out: dict = {"runs": len(rows)}
     sections = {"main": table1_summaries(rows), "ablations": _ablation_sums(rows),
@@ -107,14 +145,6 @@ def metrics(rows: Sequence[dict]) -> dict:
         if sec:
             out[key] = sec
     return out
-
-
-def write_metrics(rows: Sequence[dict], path: str | Path) -> dict:
-    """Write :func:`metrics` as sorted, indented JSON (atomically); returns it."""
-    m = metrics(rows)
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(path, json.dumps(m, indent=1, sort_keys=True) + "\n")
-    return m
 
 
 _DIGITS = "Zero One Two Three Four Five Six Seven Eight Nine".split()
@@ -151,7 +181,7 @@ def _format(leaf: str, v) -> str:
 
 
 def macros(m: dict, prefix: str = "res") -> dict[str, str]:
-    """LaTeX macro name -> text for every number of :func:`metrics` output."""
+    """LaTeX macro name -> text for every number of :func:`macro_numbers`."""
     out = {}
 
     def walk(d: dict, path: str) -> None:
@@ -165,7 +195,7 @@ def macros(m: dict, prefix: str = "res") -> dict[str, str]:
 
 
 def write_macros(m: dict, path: str | Path, prefix: str = "res") -> str:
-    """``\\newcommand`` lines for :func:`macros` (atomically); returns the text written."""
+    """Write the ``\\newcommand`` lines of :func:`macros` (atomically); returns the text."""
     text = "% generated by mapl.report.write_macros from metrics.json; do not edit\n"
     text += "".join(f"\\newcommand{{\\{k}}}{{{v}}}\n" for k, v in sorted(macros(m, prefix).items()))
     Path(path).parent.mkdir(parents=True, exist_ok=True)

@@ -2,34 +2,14 @@
 
     >>> rows = select(load_results(ROOT, results_dir("cpu")), profile="cpu")
 
-A row holds, from one results JSON:
-
-* ``run``, ``group`` (the study of its folder under the results directory, as params.yaml's ``groups:``
-  declares it: main, seeds, ablations, long, tokens, width, rvq_sync, tune, tune2, ...; a folder no group
-  declares is a study of its own), ``profile``, ``config_hash``
-* ``model`` (the preset, with any shape overrides in brackets: ``tiny[d_model=64,ffn_hidden=192]``),
-  ``base_model`` (the preset alone), ``d_model`` (uncompressed bytes per token / 2), ``stages`` (P)
-* ``method``, ``projector``, ``anchor``, ``rvq_sync`` (mapl-rvq only), ``grad_wire`` (the backward message:
-  ``same`` or ``int8``), ``variant`` (the method plus every setting that differs from the method's default:
-  ``mapl-fixed``, ``mapl-anchor-none``, ``mapl-rvq-sync-full``, ``mapl-rvq-scaled-grad-int8``; the key of the
-  style map and of the metrics)
-* the two ratios, never confused: ``wire_ratio`` = 2d / forward bytes per token (what the results
-  call ``ratio``: MAPL+VQ at projection 8x is 16x on the wire) and ``projection_ratio`` = d / r (the
-  config's ``compressor.ratio``; None for methods without a projector)
-* ``seed``, ``steps``, ``tokens``, ``eval_offset`` (nonzero: the tuning protocol's validation slice),
-  ``eval_set`` (the validation tokens ``val_loss`` is measured on, :func:`eval_set`),
-  ``val_loss``, ``val_loss_curve``, ``train_loss_curve``, ``data_source``, ``data_sampling`` (how training
-  draws its windows: ``uniform``, with replacement, or ``epochs``, each window once per epoch)
-* bytes per token and boundary: ``fwd_bytes_per_token``, ``bwd_bytes_per_token``,
-  ``id_bytes_per_token``, ``uncompressed_bytes_per_token`` and ``total_bytes_per_token`` (see
-  :func:`total_bytes_per_token`), with ``state_bytes_per_token`` (projector exchange: receiver-side
-  gradients back, the updated basis forward) and ``sync_bytes_per_token`` (codebook sync) inside it
-* ``lr_muon``, ``lr_embed``, ``lr_head``, ``proj_lr_mult`` (the tuning table), ``ortho_max_err``,
-  ``boundary_diagnostics``, ``codebook_batch_perplexity`` (MAPL+VQ: the lowest over boundaries of the
-  last step's codebook perplexity within a batch)
-
-Configs written before the nested ``compressor.rvq.*`` / ``compressor.projector.*`` keys are read too
-(``compressor.rvq_sync``, ``compressor.proj_lr_mult``).
+A row holds the run's ``run``, ``group`` (the study of its folder, as params.yaml's ``groups:`` declares it),
+``profile``, ``model`` (the preset with any shape overrides: ``tiny[d_model=64]``), ``base_model``, ``d_model``,
+``stages`` (P), ``method``, ``projector``, ``anchor``, ``rvq_sync``, ``rvq_scale``, ``grad_wire``, ``variant``
+(the method plus every setting off its default: ``mapl-fixed``, ``mapl-rvq-scaled-grad-int8``), the two ratios
+(``wire_ratio`` = 2d / forward bytes per token, what the results call ``ratio``; ``projection_ratio`` = d / r),
+``seed``, ``steps``, ``tokens``, ``eval_offset``, ``eval_set``, the losses and their curves, bytes per token and
+boundary by kind (:func:`total_bytes_per_token`), the tuned learning rates, the boundary diagnostics and the
+early warning's record.
 """
 from __future__ import annotations
 
@@ -55,8 +35,7 @@ KEY = ("model", "stages", "method", "wire_ratio", "projector", "anchor", "anchor
 
 
 def declared() -> Declaration:
-    """The run groups as this checkout's params.yaml declares them (``groups:``: each one's study and role, in
-    the report's order; :mod:`mapl.base.declared_groups`), read again only when the file changes."""
+    """The run groups params.yaml declares (each one's study and role), read again only when the file changes."""
     path = PROJECT_ROOT / "params.yaml"
     stat = path.stat()
     return _declared_at(str(path), stat.st_mtime_ns, stat.st_size)
@@ -68,23 +47,23 @@ def _declared_at(path: str, mtime_ns: int, size: int) -> Declaration:
 
 
 def study_role(study: str) -> str:
-    """How the report reads a study's rows (``reported``, ``tuning``, ``other-corpus``): its groups' role."""
+    """How the report reads a study's rows: ``reported``, ``tuning``, ``other-corpus``, ..."""
     return declared().role_of_study(study)
 
 
 def study_groups(study: str) -> str:
-    """The DVC groups of a study, for captions: "group blocks" or "groups long, long_rvq and long_fixed"."""
+    """A study's DVC groups for captions: "group blocks", "groups long, long_rvq and long_fixed"."""
     groups = declared().groups_of(study) or (study,)
     return f"group {groups[0]}" if len(groups) == 1 else f"groups {', '.join(groups[:-1])} and {groups[-1]}"
 
 
 def results_dir(profile: str, root: str | Path = "") -> Path:
-    """``<root>/reports/<profile>/results``: where a profile's run groups write their results JSON."""
+    """``<root>/reports/<profile>/results``."""
     return Path(root) / "reports" / profile / "results"
 
 
 def _get(d: dict, *paths: str):
-    """The first of the dotted ``paths`` present in the nested dict ``d`` (None if none is)."""
+    """The first of the dotted ``paths`` present in the nested dict ``d``."""
     for path in paths:
         cur = d
         for part in path.split("."):
@@ -99,36 +78,24 @@ def _round(x: float | None) -> float | None:
 
 
 def total_bytes_per_token(res: dict) -> float | None:
-    """Bytes per training token and boundary, both directions, everything on the wire:
-
-        total = (fwd + bwd + ids + piggyback + state) bytes of the run / (tokens x (P - 1))
-
-    fwd/bwd: the activation and gradient payloads; ids: token ids (anchors); piggyback: codebook
-    slices streamed with the data; state: the projector exchange (receiver-side gradients back, the
-    updated basis forward) and full codebook syncs. ``wire.total_bytes_per_token_per_boundary``
-    when the results carry it, else computed from ``wire.declared``; None for results without either."""
-    wire = res.get("wire") or {}
-    if wire.get("total_bytes_per_token_per_boundary") is not None:
-        return float(wire["total_bytes_per_token_per_boundary"])
-    declared, tokens, stages = wire.get("declared"), res.get("tokens"), res.get("stages")
-    if not declared or not tokens or not stages or stages < 2:
-        return None
-    return sum(declared.values()) / (tokens * (stages - 1))
+    """Bytes per training token and boundary, both directions, everything on the wire: (fwd + bwd + ids +
+    piggyback + state) bytes of the run / (tokens x (P - 1)); the results' own total where they carry one."""
+    total = (res.get("wire") or {}).get("total_bytes_per_token_per_boundary")
+    return float(total) if total is not None else _per_token(res)
 
 
 def _per_token(res: dict, *kinds: str) -> float | None:
+    """Declared bytes of ``kinds`` (default: all) per token and boundary; None without a declaration."""
     wire = res.get("wire") or {}
     declared, tokens, stages = wire.get("declared"), res.get("tokens"), res.get("stages")
     if not declared or not tokens or not stages or stages < 2:
         return None
-    return sum(declared.get(k, 0) for k in kinds) / (tokens * (stages - 1))
+    return sum(v for k, v in declared.items() if not kinds or k in kinds) / (tokens * (stages - 1))
 
 
 def variant_of(method: str, projector: str | None, anchor: str | None, rvq_sync: str | None = None,
                rvq_scale: str | None = None, grad_wire: str | None = None) -> str:
-    """The method plus every setting that differs from the method's default (``mapl.core.config.METHODS``):
-    ``mapl``, ``mapl-fixed``, ``mapl-anchor-static``, ``mapl-rvq-sync-mirrored``, ``mapl-rvq-scaled``,
-    ``mapl-rvq-scaled-grad-int8`` (the backward message quantised: ``compressor.grad_wire``)."""
+    """The method plus every setting off the method's default: ``mapl-fixed``, ``mapl-rvq-scaled-grad-int8``."""
     default = METHODS.get(method, {})
     name = method
     if projector is not None and projector != default.get("projector"):
@@ -191,9 +158,8 @@ def row_from_result(res: dict, group: str = "") -> dict:
 
 
 def eval_set(cfg: dict) -> str:
-    """Which validation tokens a run's ``val_loss`` is measured on, as a label: ``"whole split"``
-    (``train.eval_tokens`` 0; with a selection set, its report windows) or ``"val[a:b)"`` (a slice:
-    rounds 1-3 read the first 65,536 tokens, one play). Losses on different sets are not comparable."""
+    """Which validation tokens ``val_loss`` is measured on: ``"whole split"`` or ``"val[a:b)"`` (the first
+    65,536 tokens in the oldest results). Losses on different sets are not comparable."""
     tokens, offset = _get(cfg, "train.eval_tokens"), _get(cfg, "train.eval_offset") or 0
     if tokens is None:
         tokens = 65536                               # the setting's default before it was written out
@@ -203,9 +169,8 @@ def eval_set(cfg: dict) -> str:
 
 
 def _health(health: dict | None) -> dict:
-    """The early warning's record (results ``boundary_health``; runs from before it have none):
-    ``health_readings`` as stored, ``max_abs_z_peak`` the largest training-message max |z| over every
-    reading and boundary (and ``max_abs_z_boundary`` where), ``first_warning_step`` (None: never)."""
+    """The early warning's record: the readings, the largest training-message max |z| (and where), the first
+    warning's step (None: never)."""
     readings = (health or {}).get("readings") or []
     peak = max(((b.get("train_max"), p) for r in readings for p, b in enumerate(r["boundaries"])
                 if b.get("train_max") is not None), default=(None, None))
@@ -216,7 +181,6 @@ def _health(health: dict | None) -> dict:
 
 
 def _min_over_boundaries(diagnostics, key: str) -> float | None:
-    """The smallest ``key`` over the per-boundary entries of the results' ``diagnostics`` (None if none)."""
     values = [d[key] for d in (diagnostics or {}).values() if isinstance(d, dict) and d.get(key) is not None]
     return min(values) if values else None
 
@@ -227,8 +191,8 @@ def _study_rank(study: str, order: tuple[str, ...]) -> tuple:
 
 
 class ResultsError(ValueError):
-    """A results JSON the report cannot use (unreadable, truncated, empty, non-finite); one line naming
-    the file. Leaving it out would silently change every table it belongs to."""
+    """A results JSON the report cannot use, in one line naming the file (leaving it out would silently change
+    every table it is in)."""
 
 
 _FIX = "rerun that run (e.g. `dvc repro train@<group>`), or move the file out of the results folder"
@@ -251,8 +215,7 @@ _WANT = {(str,): "a string", (int,): "an integer", (int, float): "a finite numbe
 
 
 def _check_fields(path: Path, res: dict) -> None:
-    """Each field of :data:`_FIELD_TYPES` that the file has is of its type (a number also finite); ``null`` is
-    allowed where a run has no value (a ratio of the uncompressed run)."""
+    """Each field of :data:`_FIELD_TYPES` the file has is of its type (``null`` allowed: no value)."""
     for key, types in _FIELD_TYPES.items():
         value = res.get(key)
         if value is None:
@@ -264,8 +227,7 @@ def _check_fields(path: Path, res: dict) -> None:
 
 
 def _check_losses(path: Path, res: dict) -> None:
-    """val_loss and every point of both loss curves are finite numbers (a run that diverged stops
-    without writing results, so anything else is a damaged file)."""
+    """val_loss and both loss curves are finite (a diverged run writes no results: anything else is damage)."""
     if not _finite(res.get("val_loss")):
         raise ResultsError(f"{path}: val_loss is {res.get('val_loss')!r}, not a finite number: the file is damaged "
                            f"or was not written by a finished run; {_FIX}")
@@ -278,8 +240,7 @@ def _check_losses(path: Path, res: dict) -> None:
 
 
 def _read(path: Path) -> dict | None:
-    """The results dict in ``path``; None for a JSON file that is no run's results (e.g. a memory plan
-    written beside them); :class:`ResultsError` for a file that cannot be used."""
+    """The results dict in ``path``; None for a JSON that is no run's results (a memory plan)."""
     try:
         text = path.read_text()
     except (OSError, UnicodeDecodeError) as e:
@@ -297,14 +258,9 @@ def _read(path: Path) -> dict | None:
 
 
 def load_results(root: str | Path, results: str | Path = "reports/results", dedupe: bool = True) -> list[dict]:
-    """Rows of every results dict under ``<root>/<results>`` (``results`` may be absolute), sorted by
-    :func:`sort_key`; JSON files that are no run's results (a memory plan) are skipped, and a results
-    file that cannot be used (unreadable, truncated, empty, a non-finite loss) is refused with
-    :class:`ResultsError` naming it: leaving it out would silently change every table it is in. ``dedupe``: one row per
-    :func:`run_key` and profile among the runs on the report's validation slice (eval_offset 0): where
-    a configuration appears in two studies, or an ad-hoc run repeats one with other hyperparameters,
-    the first study params.yaml declares (then the others by name) keeps it. Runs on the tuning slice or
-    of a tuning study differ by their learning rates only and are all kept."""
+    """Rows of every results JSON under ``<root>/<results>``, sorted by :func:`sort_key`; a file that cannot be
+    used raises :class:`ResultsError`. ``dedupe``: one row per :func:`run_key` among the reported runs, the first
+    declared study keeping a configuration two studies share; tuning runs and redraws are all kept."""
     base = Path(root) / results
     found, groups = [], declared()
     for path in sorted(base.rglob("*.json")) if base.is_dir() else []:
@@ -326,7 +282,6 @@ def load_results(root: str | Path, results: str | Path = "reports/results", dedu
 
 
 def sort_key(r: dict) -> tuple:
-    """Model, P, method (in :data:`METHOD_ORDER`), variant, wire ratio, steps, seed, run."""
     m = r["method"]
     return (str(r["model"]), r.get("stages") or 0, METHOD_ORDER.index(m) if m in METHOD_ORDER else 99,
             r.get("variant", m), r.get("wire_ratio") or 0, r.get("steps") or 0, r.get("seed") or 0, r.get("run", ""))
@@ -334,10 +289,9 @@ def sort_key(r: dict) -> tuple:
 
 def select(rows: Iterable[dict], profile: str | None = None, eval_offset: int | None = 0, tuning: bool = False,
            other_corpus: bool = False, **eq) -> list[dict]:
-    """Rows of ``profile`` (None: any) evaluated at ``eval_offset`` (None: any; the default 0 leaves
-    the old tuning slice out), without the studies of role ``tuning`` unless ``tuning`` and of role
-    ``other-corpus`` unless ``other_corpus`` (params.yaml ``groups:``), never a ``redraw`` group's (only
-    :func:`redrawn_rows` reads them), with ``row[k] == v`` for every keyword; rows without a val loss are dropped."""
+    """Rows of ``profile`` at ``eval_offset`` (None: any) with ``row[k] == v`` for every keyword, without the tuning
+    studies unless ``tuning``, the other corpus's unless ``other_corpus``, and never a redraw; rows without a loss
+    are dropped."""
     out, groups = [], declared()
     left_out = {*APART_ROLES, *(() if other_corpus else ("other-corpus",))} - ({"tuning"} if tuning else set())
     for r in rows:
@@ -353,20 +307,16 @@ def select(rows: Iterable[dict], profile: str | None = None, eval_offset: int | 
 
 
 def report_selections(loaded: Iterable[dict], profile: str) -> tuple[list[dict], list[dict], list[dict]]:
-    """The report's three views of one profile's loaded rows: ``rows_all`` (every run: the tuning groups, the old
-    tuning slice and the other corpus too), ``rows`` (the reported runs: none of those) and ``corpus_rows``
-    (``rows`` plus the other corpus's groups, for their own tables and ledger rows). Each is selected from the
-    loaded rows, never from another view: a view that drops a group cannot give it back (round 7's corpus
-    table read "no runs" with all nine runs on disk)."""
+    """``rows_all`` (every run), ``rows`` (the reported runs) and ``corpus_rows`` (those plus the other corpus),
+    each selected from the loaded rows (a view that drops a group cannot give it back)."""
     loaded = list(loaded)
     rows_all = select(loaded, profile=profile, eval_offset=None, tuning=True, other_corpus=True)
     return rows_all, select(loaded, profile=profile), select(loaded, profile=profile, other_corpus=True)
 
 
 def redrawn_rows(loaded: Iterable[dict], profile: str) -> list[dict]:
-    """The rows of the profile's ``redraw`` studies (params.yaml ``groups:``), each standing for the study it
-    draws again (``group``: that study, so every table reads it as its own; ``draw``: the redraw's). Never pool
-    them with :func:`report_selections`' views: they are the same configurations on another draw."""
+    """The profile's ``redraw`` rows, each read as the study it draws again (``group``; ``draw``: the redraw's).
+    Never pool them with the report's views."""
     groups = declared()
     return [{**r, "group": groups.redrawn_study(r["group"]), "draw": r["group"]} for r in loaded
             if r.get("val_loss") is not None and r["profile"] == profile
@@ -374,8 +324,7 @@ def redrawn_rows(loaded: Iterable[dict], profile: str) -> list[dict]:
 
 
 def is_reference(r: dict) -> bool:
-    """A plain uncompressed run, the only kind that is a Δ% reference or a time-to-target target (issue 26's
-    "uncompressed + anchors" control is method none too, but not the reference)."""
+    """A plain uncompressed run: the only Δ% reference (an uncompressed run with anchors is none)."""
     return r["method"] == "none" and r.get("variant", "none") == "none"
 
 
@@ -385,9 +334,8 @@ def is_default(r: dict) -> bool:
 
 
 def rescored_rows(rows: Sequence[dict], rescores: dict[str, dict], set_name: str | None = None) -> list[dict]:
-    """The rows of the runs scored (the entry's validation loss must be the row's: a row of another draw is left
-    out), their ``val_loss`` replaced by the score on ``set_name`` (None: kept); curves dropped, so nothing
-    reads a validation curve beside a held-out loss."""
+    """The rows of the runs scored (the score's validation loss must be the row's), with ``val_loss`` the score
+    on ``set_name`` (None: kept) and the curves dropped."""
     out = []
     for r in rows:
         entry = rescores.get(r["run"])
@@ -411,13 +359,11 @@ def setting_of(r: dict) -> tuple:
 
 
 def run_key(r: dict, with_seed: bool = True) -> tuple:
-    """Grouping key: model, P, method, wire ratio, projector, anchor, anchor rank, rvq sync and scale, backward
-    wire, data source, steps[, seed] (:data:`KEY`)."""
+    """The configuration (:data:`KEY`), with or without the seed."""
     return tuple(r.get(k) for k in (KEY if with_seed else KEY[:-1]))
 
 
 def group_runs(rows: Iterable[dict], with_seed: bool = False) -> dict[tuple, list[dict]]:
-    """Rows by :func:`run_key` (insertion order kept)."""
     out: dict[tuple, list[dict]] = defaultdict(list)
     for r in rows:
         out[run_key(r, with_seed)].append(r)
@@ -425,35 +371,26 @@ def group_runs(rows: Iterable[dict], with_seed: bool = False) -> dict[tuple, lis
 
 
 def main_model(rows: Sequence[dict]) -> str | None:
-    """The profile's main model: the model without shape overrides of the ``main`` group (else of
-    every row) with the most runs; ties by name."""
+    """The profile's main model: the override-free model with the most ``main`` runs (else of all); ties by name."""
     pool = [r for r in rows if "[" not in r["model"]]
     counts = Counter(r["model"] for r in pool if r["group"] == "main") or Counter(r["model"] for r in pool)
     return min(counts, key=lambda m: (-counts[m], m)) if counts else None
 
 
 def budget_steps(rows: Sequence[dict], group: str, model: str | None = None) -> int | None:
-    """The training budget (steps) of a run group: its most common step count (ties: the smaller),
-    of ``model``'s runs when given; None when the group has no runs."""
+    """A group's budget: its most common step count (ties: the smaller), of ``model``'s runs if given."""
     counts = Counter(r["steps"] for r in rows if r["group"] == group and (model is None or r["model"] == model))
     return min(counts, key=lambda s: (-counts[s], s)) if counts else None
 
 
 def at_projection_ratio(rows: Iterable[dict], ratio: float | None) -> list[dict]:
-    """The rows at projection ratio d/r ``ratio`` and those without one (uncompressed, int8); all of them when
-    ``ratio`` is None. How a study keeps to one ratio where a variant was trained at several at one budget
-    (MAPL at 8x in ``long`` and at 4x in ``learned_fixed_4x``, both 3,000 steps)."""
+    """The rows at projection ratio ``ratio`` and those without one (None: all)."""
     return [r for r in rows if ratio is None or r["projection_ratio"] in (None, ratio)]
 
 
 def at_best_validation(rows: Iterable[dict]) -> list[dict]:
-    """Each row with ``val_loss`` replaced by its validation loss at its *best step* (early stopping
-    at one of its evaluation points), ``best_step`` that step, ``final_val_loss`` the last one and
-    ``best_chosen_on`` where the step was chosen. On a corpus the model sees for several epochs the
-    uncompressed run overfits first, and a final-step comparison then credits compression with a
-    regulariser's effect; this view takes that out. The step is chosen on the selection set
-    (``select_loss_curve``, train.select_every) and scored on the report set, so the choice does not
-    flatter the score; runs without a selection set (older results) choose on the report curve."""
+    """Each row with ``val_loss`` at its best step (early stopping), chosen on the selection curve where there
+    is one (so the choice does not flatter the score); ``best_step``, ``final_val_loss`` and ``best_chosen_on``."""
     out = []
     for r in rows:
         curve = r.get("val_loss_curve") or [[r["steps"], r["val_loss"]]]

@@ -1,11 +1,9 @@
-"""Δ% against the uncompressed run, summaries over seeds, and paired comparisons with t-intervals.
+"""Δ% against the uncompressed run, summaries over seeds, paired comparisons, t intervals and exact tests.
 
-Conventions: Δ% = 100 (L - L_ref) / L_ref, with L_ref the uncompressed (``none``) run of the same
-model, steps, profile and seed, preferring the same P; where that seed is missing, the mean over the
-uncompressed seeds. A *paired* comparison of A and B takes the seeds both have and, per seed, the
-difference Δ%(A) - Δ%(B) in percentage points (both against that seed's own uncompressed run, so the
-seed's shared data order cancels); its 95% interval is the Student t interval of the mean,
-mean ± t(0.975, n - 1) · sd / √n.
+Δ% = 100 (L - L_ref) / L_ref, L_ref the uncompressed run of the same model, steps and seed (else the mean over
+its seeds). A *paired* comparison of A and B takes, on each seed both have, Δ%(A) - Δ%(B) in points (the seed's
+data order cancels); its interval is the Student t interval of the mean. No scipy: the report runs on the
+project's own stack.
 
     >>> round(t_quantile(0.975, 2), 4)
     4.3027
@@ -19,22 +17,20 @@ from typing import Sequence
 from .rows import KEY, group_runs, is_reference
 
 __all__ = ["delta_pct", "reference_loss", "seed_deltas", "summarize", "t_quantile", "t_interval", "paired", "t_test_p",
-           "wilcoxon_p", "sign_test_p", "holm"]
+           "wilcoxon_p", "sign_test_p", "holm", "spread"]
 
 
 def delta_pct(loss: float | None, ref: float | None) -> float | None:
-    """Relative degradation in percent: 100 (loss - ref) / ref (None when either is missing)."""
+    """100 (loss - ref) / ref; None when either is missing."""
     if loss is None or ref is None or not ref:
         return None
     return 100.0 * (loss - ref) / ref
 
 
 def reference_loss(rows: Sequence[dict], r: dict) -> float | None:
-    """Uncompressed loss for ``r``: the plain uncompressed run (no anchor: issue 26's "uncompressed +
-    anchors" control is no reference) of the same model, data source, steps, profile and seed, preferring
-    the same P; without that seed, the mean over the uncompressed seeds (same preference). A model with
-    shape overrides and no uncompressed run of its own (issue 26's parameter-matched control) is measured
-    against its base model's."""
+    """The uncompressed loss for ``r``: the plain uncompressed run of the same model, corpus, steps, profile and
+    seed, preferring the same P (without that seed: the mean over seeds); a model with shape overrides and no
+    uncompressed run of its own is measured against its base model's."""
     def plain(x: dict) -> bool:
         return (is_reference(x) and x["steps"] == r["steps"]
                 and x["profile"] == r["profile"] and x.get("val_loss") is not None
@@ -53,7 +49,7 @@ def reference_loss(rows: Sequence[dict], r: dict) -> float | None:
 
 
 def seed_deltas(runs: Sequence[dict], within: Sequence[dict]) -> dict[int, float]:
-    """seed -> Δ% of each run in ``runs`` (references looked up in ``within``)."""
+    """seed -> Δ% of each run (references looked up in ``within``)."""
     out = {}
     for r in runs:
         d = delta_pct(r["val_loss"], reference_loss(within, r))
@@ -62,15 +58,14 @@ def seed_deltas(runs: Sequence[dict], within: Sequence[dict]) -> dict[int, float
     return out
 
 
-def _spread(values: Sequence[float]) -> float | None:
+def spread(values: Sequence[float]) -> float | None:
     return statistics.stdev(values) if len(values) >= 2 else None
 
 
 def summarize(rows: Sequence[dict], within: Sequence[dict] | None = None) -> list[dict]:
-    """One summary per configuration (:func:`mapl.report.rows.run_key` without the seed): the key's
-    fields, ``variant``, both ratios, bytes per token, ``n``, ``seeds``, the val loss (mean, sample
-    std, min, max), Δ% (mean and std over seeds, each seed against its own reference) and
-    ``deltas`` (seed -> Δ%); ``within``: where to look for references (default: ``rows``)."""
+    """One summary per configuration (:func:`mapl.report.rows.run_key` without the seed): its key, ratios and
+    bytes, ``n``, ``seeds``, the val loss's mean, std, min and max, Δ% (mean and std over seeds) and ``deltas``
+    (seed -> Δ%); references looked up in ``within`` (default: ``rows``)."""
     within = rows if within is None else within
     out = []
     for runs in group_runs(rows).values():
@@ -82,10 +77,10 @@ def summarize(rows: Sequence[dict], within: Sequence[dict] | None = None) -> lis
                 "tokens", "n_params")
         out.append({**{k: first.get(k) for k in KEY[:-1]}, **{k: first.get(k) for k in keep},
                     "n": len(runs), "seeds": sorted(x["seed"] for x in runs),
-                    "val_loss": statistics.fmean(losses), "val_loss_std": _spread(losses),
+                    "val_loss": statistics.fmean(losses), "val_loss_std": spread(losses),
                     "val_loss_min": min(losses), "val_loss_max": max(losses),
                     "delta_pct": statistics.fmean(deltas.values()) if deltas else None,
-                    "delta_std": _spread(list(deltas.values())), "deltas": deltas,
+                    "delta_std": spread(list(deltas.values())), "deltas": deltas,
                     "runs": [x["run"] for x in runs]})
     return out
 
@@ -110,7 +105,7 @@ def _t_cdf(t: float, df: int) -> float:
 
 
 def t_quantile(p: float, df: int) -> float:
-    """The ``p`` quantile of Student's t with ``df`` >= 1 degrees of freedom (bisection on the CDF)."""
+    """The ``p`` quantile of Student's t with ``df`` >= 1 (bisection on the CDF)."""
     if not 0 < p < 1 or df < 1:
         raise ValueError(f"t_quantile: p={p!r} must be in (0, 1) and df={df!r} >= 1")
     lo, hi = -1e6, 1e6
@@ -121,7 +116,7 @@ def t_quantile(p: float, df: int) -> float:
 
 
 def t_interval(values: Sequence[float], level: float = 0.95) -> tuple[float, float] | None:
-    """Two-sided Student t interval of the mean of ``values`` (None for fewer than two values)."""
+    """Two-sided t interval of the mean of ``values`` (None for fewer than two)."""
     n = len(values)
     if n < 2:
         return None
@@ -131,20 +126,19 @@ def t_interval(values: Sequence[float], level: float = 0.95) -> tuple[float, flo
 
 
 def paired(a: dict[int, float], b: dict[int, float], level: float = 0.95) -> dict | None:
-    """Per-seed differences a[seed] - b[seed] over the seeds both have: ``seeds``, ``diffs``, ``n``,
-    ``mean``, ``std`` (None for n = 1), ``ci`` ((low, high) or None for n = 1); None without a common seed."""
+    """a[seed] - b[seed] over the seeds both have: ``seeds``, ``diffs``, ``n``, ``mean``, ``std``, ``ci``, ``level``;
+    None without a common seed."""
     seeds = sorted(set(a) & set(b))
     if not seeds:
         return None
     diffs = [a[s] - b[s] for s in seeds]
     return {"seeds": seeds, "diffs": diffs, "n": len(diffs), "mean": statistics.fmean(diffs),
-            "std": _spread(diffs), "ci": t_interval(diffs, level), "level": level}
+            "std": spread(diffs), "ci": t_interval(diffs, level), "level": level}
 
 
-# ---- tests of a paired difference (exact, no scipy: the report runs on the project's own stack) ----------
+# ---- exact tests of a paired difference ---------------------------------------------------------------------
 def t_test_p(values: Sequence[float]) -> float | None:
-    """Two-sided p of the one-sample t test of mean 0 (None for fewer than two values; 0.0 when every
-    value is the same nonzero number)."""
+    """Two-sided p of the one-sample t test of mean 0 (None for fewer than two values)."""
     n = len(values)
     if n < 2:
         return None
@@ -157,8 +151,8 @@ def t_test_p(values: Sequence[float]) -> float | None:
 
 
 def wilcoxon_p(values: Sequence[float]) -> float | None:
-    """Two-sided p of the exact Wilcoxon signed-rank test (zeros dropped, tied |values| get mid-ranks;
-    the null distribution enumerated over all 2^n sign patterns, n <= 20). None without a nonzero value."""
+    """Two-sided p of the exact Wilcoxon signed-rank test (zeros dropped, mid-ranks for ties, every sign pattern
+    enumerated, n <= 20); None without a nonzero value."""
     nonzero = [v for v in values if v != 0]
     n = len(nonzero)
     if n == 0 or n > 20:
@@ -184,7 +178,7 @@ def wilcoxon_p(values: Sequence[float]) -> float | None:
 
 
 def sign_test_p(values: Sequence[float]) -> float | None:
-    """Two-sided p of the exact sign test (zeros dropped). None without a nonzero value."""
+    """Two-sided p of the exact sign test (zeros dropped); None without a nonzero value."""
     nonzero = [v for v in values if v != 0]
     n = len(nonzero)
     if n == 0:
@@ -195,13 +189,10 @@ def sign_test_p(values: Sequence[float]) -> float | None:
 
 
 def holm(pvalues: Sequence[float | None], alpha: float = 0.05) -> list[dict]:
-    """Holm's step-down procedure over a family of tests: per test (in input order) the adjusted p (monotone,
-    capped at 1), whether it is ``rejected`` at ``alpha``, and the ``level`` of its interval. The k-th smallest p
-    (k from 0) is tested at alpha / (m - k) while every smaller one was rejected; its interval is read at
-    1 - alpha / (m - k) only then. Holm stops at the first p that is not rejected: that test and every later
-    one are read at the Bonferroni level 1 - alpha / m, the level that is valid whichever hypotheses are true
-    (a later test's step level would assume the earlier nulls false, which the procedure did not show).
-    A None p (too few seeds) stays None and is not counted in m."""
+    """Holm's step-down procedure over a family: per test ``p_adj``, ``rejected`` at ``alpha`` and the ``level`` of its
+    interval. The k-th smallest p is tested at alpha / (m - k) while every smaller one was rejected; from the first
+    p not rejected on, every test is read at the Bonferroni level 1 - alpha / m (the later step levels would assume
+    the earlier nulls false). A None p stays None and is not counted in m."""
     ranked = sorted((p, i) for i, p in enumerate(pvalues) if p is not None)
     m = len(ranked)
     out: list[dict] = [{"p_adj": None, "level": None, "rejected": None} for _ in pvalues]

@@ -5,7 +5,7 @@ A figure's legend names a method and its ratio on the wire (``MAPL+VQ 16× (proj
 run id; the line style encodes the wire ratio where one panel holds several ratios of a method. Every
 error bar or band says what it is (:data:`BARS`): the sd over seeds where the point is a spread, a 95 %
 interval of the mean where the point is a comparison. No other module holds a colour or a method's
-display name (tests/test_report.py checks the colours).
+display name.
 
     >>> label("mapl-rvq", 16, 8)
     'MAPL+VQ 16× (proj. 8×)'
@@ -35,17 +35,17 @@ VARIANT_LABELS = {
     "mapl-grad-int8": "MAPL, int8 backward",
     "mapl-rvq-scaled-grad-int8": "MAPL+VQ, per-token scale, int8 backward",
 }
-# the variants only the decomposition study trains (mapl.report.controls.DECOMPOSITION), named in figures; the
+# the variants only the decomposition study trains (mapl.report.studies.controls.DECOMPOSITION), named in figures; the
 # tables print their ids, as the committed tables do (naming them there is a change of tables, not of style)
 STUDY_VARIANT_LABELS = {"none-anchor-factorized": "Uncompressed + anchors", "ssn-anchor-factorized": "SSN + anchors",
                         "mapl-fixed-shared": "MAPL, one shared fixed subspace"}
 FIGURE_LABELS = {**VARIANT_LABELS, **STUDY_VARIANT_LABELS}
-# the decomposition study's arm names (mapl.report.controls.DECOMPOSITION) -> display name; the parameter-matched
+# the decomposition study's arm names (mapl.report.studies.controls.DECOMPOSITION) -> display name; the parameter-matched
 # arm shares its variant with "ssn+anchors" and is told apart by name only
 STUDY_ARM_LABELS = {"none": "Uncompressed", "none+anchors": "Uncompressed + anchors", "ssn": "SSN",
                     "ssn+anchors": "SSN + anchors", "ssn+anchors, matched": "SSN + anchors, parameter-matched",
                     "mapl-fixed-shared": "MAPL, one shared fixed subspace", "mapl": "MAPL"}
-# the frozen-trunk study's projectors (mapl.report.frozen) -> display name, and the variant whose colour they take
+# the frozen-trunk study's projectors (mapl.report.studies.frozen) -> display name, and the variant whose colour they take
 PROJECTOR_LABELS = {"spel": "SPEL (learned)", "fixed": "fixed random basis", "unconstrained": "unconstrained (learned)"}
 PROJECTOR_VARIANTS = {"spel": "mapl", "fixed": "mapl-fixed", "unconstrained": "mapl-unconstrained"}
 # variant -> (colour, marker): every colour and every marker appears once (tests check it). Families share a hue

@@ -1,37 +1,31 @@
-"""The report's tables at the main budget: Table 1 analog, the paper's Table 1, ablations, seed
-spread, boundary geometry, RVQ codebook sync, the tuning protocol, and a per-run table.
-
-Each function takes rows (:mod:`mapl.report.rows`) and returns a :class:`~mapl.report.table.Table`
-whose takeaway is computed from the numbers in it. The *main budget* of a model is the step count
-of its ``main`` group runs; Table 1 pools every seed of a configuration at that budget (``main``
-holds seed 0, ``seeds`` the others).
+"""The main (short) budget: the Table 1 analog beside the paper's, the ablations, the seed spread, the boundary
+geometry and the codebook sync; and the per-run table of a group. Table 1 pools every seed of a configuration
+at its model's main budget (the steps of its ``main`` runs: ``main`` holds seed 0, ``seeds`` the others).
 """
 from __future__ import annotations
 
 import statistics
 from typing import Sequence
 
-from . import paper
-from .rows import MAPL_DEFAULTS, budget_steps, is_default, main_model, setting_of, sort_key, study_role
-from .stats import delta_pct, reference_loss, summarize, t_interval
-from .style import fmt_ratio, label, variant_label
-from .table import DASH, Table, fmt, fmt_ci, fmt_int, fmt_pct, fmt_pm
+from .. import paper
+from ..render import DASH, Table, fmt, fmt_int, fmt_pct, fmt_pm
+from ..rows import MAPL_DEFAULTS, budget_steps, is_default, main_model, setting_of, sort_key
+from ..stats import delta_pct, reference_loss, summarize
+from ..style import fmt_ratio, label, variant_label
 
-__all__ = ["main_budget", "table1_summaries", "table1", "paper_table1_table", "ablation_table", "seed_table",
-           "diagnostics_table", "rvq_sync_table", "tuning_table", "tuning_score", "lr_check_table", "val_loss_table",
-           "order_sentence"]
+__all__ = ["NO_RUNS", "main_budget", "table1_summaries", "table1", "paper_table1_table", "order_sentence",
+           "ablation_table", "seed_table", "diagnostics_table", "rvq_sync_table", "val_loss_table"]
 
 NO_RUNS = "no runs in group {}: nothing to show."
 
 
 def main_budget(rows: Sequence[dict], model: str) -> int | None:
-    """The steps of ``model``'s ``main`` group runs (without a main group: its smallest step count)."""
+    """The steps of ``model``'s ``main`` runs (without any: its smallest step count)."""
     return budget_steps(rows, "main", model) or min((r["steps"] for r in rows if r["model"] == model), default=None)
 
 
 def table1_summaries(rows: Sequence[dict]) -> list[dict]:
-    """Summaries of every default-configured run at its model's main budget (models with shape
-    overrides belong to the width study)."""
+    """Every default-configured run at its model's main budget (models with overrides are the width study's)."""
     models = sorted({r["model"] for r in rows if "[" not in r["model"]})
     budgets = {m: main_budget(rows, m) for m in models}
     pick = [r for r in rows if r["model"] in budgets and is_default(r) and r["steps"] == budgets[r["model"]]]
@@ -70,8 +64,7 @@ def _mapl_vs_ssn(sums: Sequence[dict], main: str | None = None) -> str:
 
 
 def table1(rows: Sequence[dict]) -> Table:
-    """Table 1 analog: per model, P, method and ratio, our mean val loss (± std over seeds) and Δ%,
-    with the paper's entry of the same method and projection ratio beside it."""
+    """Table 1 analog: our val loss and Δ% per model, P, method and ratio, the paper's entry beside."""
     header = ["model", "P", "method", "proj. d/r", "wire ratio", "fwd B/tok", "total B/tok", "steps", "seeds",
               "val loss", "Δ%", "paper (scale, P, ratio)", "paper loss", "paper Δ%"]
     sums = table1_summaries(rows)
@@ -108,8 +101,8 @@ def paper_table1_table() -> Table:
 
 
 def order_sentence(ours: dict[str, float], theirs: dict[str, float], names: dict[str, str]) -> str:
-    """Compare two orderings (ascending Δ%) over the names both have: "same order as the paper's"
-    only when they match, else both orders."""
+    """Two orderings (ascending Δ%) over the names both have: "the same order as the paper's" only when they
+    match."""
     common = [k for k in ours if k in theirs]
     mine = sorted(common, key=ours.get)
     paper_order = sorted(common, key=theirs.get)
@@ -126,9 +119,8 @@ _ABLATION = {"projector": ("projector", "spel", "Appendix C"), "anchor": ("ancho
 
 
 def _on_shared_seeds(pool: Sequence[dict], field: str) -> list[dict]:
-    """The runs of each setting on the seeds every configuration (value of ``field``) of that setting has, so that
-    the means a setting's order sentence ranks are over the same seeds (the 3,000-step ablations have seeds 0-2,
-    SPEL and the fixed projector 0-7); a setting whose configurations share no seed keeps all its runs."""
+    """The runs of each setting on the seeds all its configurations share, so an order sentence ranks means over
+    the same seeds (a setting sharing none keeps all its runs)."""
     seeds: dict[tuple, dict] = {}
     for r in pool:
         seeds.setdefault(setting_of(r), {}).setdefault(r[field], set()).add(r["seed"])
@@ -137,9 +129,8 @@ def _on_shared_seeds(pool: Sequence[dict], field: str) -> list[dict]:
 
 
 def ablation_table(rows: Sequence[dict], kind: str) -> Table:
-    """MAPL with its projector (``kind="projector"``, the paper's Appendix C) or anchor (``"anchor"``,
-    Appendix G) varied, the other at MAPL's default; every setting (model, P, d/r, steps) where an
-    ``ablations`` run exists; the paper's 150M rows beside."""
+    """MAPL with its projector (``kind="projector"``, the paper's App. C) or anchor (``"anchor"``, App. G) varied,
+    at every setting with an ``ablations`` run; the paper's rows beside."""
     field, default, source = _ABLATION[kind]
     other = "anchor" if field == "projector" else "projector"
     settings = sorted({setting_of(r) for r in rows if r["group"] == "ablations" and r["method"] == "mapl"
@@ -172,7 +163,7 @@ def ablation_table(rows: Sequence[dict], kind: str) -> Table:
 
 
 def seed_table(rows: Sequence[dict]) -> Table:
-    """Every configuration with two or more seeds: mean ± sample std, range, Δ% mean ± std."""
+    """Every configuration with two or more seeds: mean ± sample std, range, Δ%."""
     header = ["model", "P", "method", "wire ratio", "steps", "seeds", "val loss (mean ± std)", "min", "max",
               "Δ% (mean ± std)"]
     sums = [s for s in summarize(rows) if s["n"] >= 2]
@@ -237,9 +228,8 @@ def _geometry_takeaway(geo: dict) -> str:
 
 
 def diagnostics_table(rows: Sequence[dict]) -> Table:
-    """Per run with a projector (seed 0): captured energy, the PCA optimum at the same rank,
-    principal angles between adjacent boundaries and to the PCA subspace, orthogonality drift
-    (means over boundaries)."""
+    """Per run with a projector (seed 0): captured energy, the PCA optimum at its rank, principal angles and
+    orthogonality drift (means over boundaries)."""
     header = ["run", "method", "steps", "r", "captured energy", "PCA energy (best rank-r)", "angle adjacent (°)",
               "angle to PCA (°)", "max |AᵀA−I|"]
     body, geo, model = [], {}, main_model(rows)
@@ -260,8 +250,7 @@ def diagnostics_table(rows: Sequence[dict]) -> Table:
 
 
 def rvq_sync_table(rows: Sequence[dict]) -> Table:
-    """MAPL+VQ with each codebook sync (streamed slices, full copies, mirrored codebooks) at the
-    settings of the ``rvq_sync`` group: bytes per token by kind and the loss."""
+    """MAPL+VQ with each codebook sync at the settings of group ``rvq_sync``: bytes by kind and the loss."""
     settings = {setting_of(r) for r in rows if r["group"] == "rvq_sync"}
     pool = [r for r in rows if r["method"] == "mapl-rvq" and r["projector"] == "spel" and r["anchor"] == "factorized"
             and setting_of(r) in settings]
@@ -284,136 +273,8 @@ def rvq_sync_table(rows: Sequence[dict]) -> Table:
                  "on the data, or full copies), projector exchange and the total of both directions.", takeaway)
 
 
-def _cell(r: dict, fields: Sequence[str]) -> tuple:
-    return tuple(r.get(f) for f in fields)
-
-
-_TUNED = ("lr_muon", "lr_embed", "lr_head")
-
-
-def tuning_score(r: dict) -> float:
-    """What a tuning cell is judged on: its selection-set loss (train.select_every), or, for results
-    of the old protocol, its validation loss on the tuning slice (train.eval_offset)."""
-    return r["select_loss"] if r.get("select_loss") is not None else r["val_loss"]
-
-
-def _tuning_takeaway(tune: Sequence[dict], rows: Sequence[dict]) -> str:
-    parts, unmatched = [], []
-    for variant in dict.fromkeys(r["variant"] for r in tune):
-        runs = [r for r in tune if r["variant"] == variant]
-        best = min(runs, key=tuning_score)
-        fields = _TUNED + (("proj_lr_mult",) if best["projector"] else ())
-        parts.append(f"{label(variant, best['wire_ratio'])} μ {best['lr_muon']:g}, emb {best['lr_embed']:g} "
-                     f"({tuning_score(best):.3f}, best of {len(runs)} cells)")
-        main = [r for r in rows if r["group"] == "main" and r["variant"] == variant
-                and r["wire_ratio"] == best["wire_ratio"]]
-        if main and any(_cell(m, fields) != _cell(best, fields) for m in main):
-            used = next((r for r in runs if _cell(r, fields) == _cell(main[0], fields)), None)
-            gap = tuning_score(used) - tuning_score(best) if used else 0.0
-            unmatched.append(label(variant, best["wire_ratio"]) + (
-                f" (their cell μ {used['lr_muon']:g}, emb {used['lr_embed']:g} scored {tuning_score(used):.4f}, "
-                f"{gap:+.4f} = {100 * gap / tuning_score(best):+.2f}% behind the best)" if used else ""))
-    tail = (f" The main runs of {'; '.join(unmatched)} do not use their best cell." if unmatched
-            else " The main runs use each tuned method's best cell.")
-    return "Best on the selection tokens: " + "; ".join(parts) + "." + tail
-
-
-def _scored_on(tune: Sequence[dict]) -> str:
-    if tune and all(r.get("select_loss") is not None for r in tune):
-        return "the selection set (every second 128-token window of the whole validation split)"
-    offset = next((r["eval_offset"] for r in tune if r["eval_offset"]), None)
-    return f"validation tokens from {fmt_int(offset)} on (the old tuning slice)" if offset else "the validation split"
-
-
-def tuning_table(rows_all: Sequence[dict]) -> Table:
-    """The tuning protocol (groups ``tune``, ``tune2``; judged on the selection set, which no reported
-    number uses): each cell's learning rates and score, the best per method marked. ``rows_all``: rows
-    with the tuning groups (``select(..., eval_offset=None, tuning=True)``)."""
-    tune = sorted([r for r in rows_all if r["group"] in ("tune", "tune2")],
-                  key=lambda r: (sort_key(r)[:5], tuning_score(r)))
-    best = {v: min((r for r in tune if r["variant"] == v), key=tuning_score)["run"]
-            for v in {r["variant"] for r in tune}}
-    header = ["method", "stage", "lr muon", "lr embed", "lr head", "proj. lr mult", "steps", "loss (selection)",
-              "best"]
-    body = [[label(r["variant"], r["wire_ratio"]), r["group"], r["lr_muon"], r["lr_embed"], r["lr_head"],
-             r["proj_lr_mult"] if r["projector"] else DASH, r["steps"], fmt(tuning_score(r)),
-             "★" if best[r["variant"]] == r["run"] else ""] for r in tune]
-    caption = (f"Stage 1 (``tune``): the same 2 × 2 grid over the Muon and embedding learning rates for every "
-               f"method family; stage 2 (``tune2``): one step past the best cell along each knob where it sat on "
-               f"the grid's edge, plus one run on a third knob. Judged on {_scored_on(tune)}, which no reported "
-               f"number uses.")
-    reported = [r for r in rows_all if not r["eval_offset"] and study_role(r["group"]) != "tuning"]
-    return Table("tuning", "Tuning protocol", header, body, caption,
-                 _tuning_takeaway(tune, reported) if tune else NO_RUNS.format("tune"))
-
-
-def _spel_step(r: dict) -> float | None:
-    """SPEL's projector step multiplier (``compressor.projector.lr_mult``) of a run with a learned projector."""
-    return r.get("proj_lr_mult") if r["projector"] == "spel" else None
-
-
-def _cell_text(r: dict, named: bool = False) -> str:
-    """A tuning cell as the lr-check table names it: ``μ, emb`` and, with SPEL, its projector step multiplier;
-    ``named``: each value after its name, as a sentence reads it (``μ 0.02, emb 0.03, SPEL ×0.1``)."""
-    step = _spel_step(r)
-    mu, emb = (f"μ {r['lr_muon']:g}", f"emb {r['lr_embed']:g}") if named else (f"{r['lr_muon']:g}", f"{r['lr_embed']:g}")
-    return f"{mu}, {emb}" + (f", SPEL ×{step:g}" if step is not None else "")
-
-
-def _tuned_runs(rows_all: Sequence[dict], check: dict) -> dict[int, dict]:
-    """seed -> the run a check cell is paired with: a reported study's run of the check's configuration (variant,
-    model, P, wire ratio, steps) on the report's windows. Reported studies train at the tuned cells (params.yaml
-    ``method_overrides``); only tuning studies, lr_check among them, move a learning rate, so which reported study
-    holds the run need not be named (the headline's ratio is group long's, the frontier's ratios group frontier's)."""
-    def configuration(r: dict) -> tuple:
-        return r["variant"], r["model"], r["stages"], r["wire_ratio"], r["steps"]
-    return {r["seed"]: r for r in rows_all if study_role(r["group"]) == "reported" and not r["eval_offset"]
-            and configuration(r) == configuration(check)}
-
-
-def lr_check_table(rows_all: Sequence[dict]) -> Table:
-    """The budget-matched check of the tuned learning rates (group ``lr_check``): each check run beside
-    the tuned run (:func:`_tuned_runs`) of the same configuration and seed, both judged on the
-    selection set at the last step; the paired difference check − tuned (negative: the check cell
-    is better, and the tuning protocol must rerun at the headline budget). A cell is the Muon and embedding
-    LRs and, for a learned projector, SPEL's step multiplier (``compressor.projector.lr_mult``)."""
-    checks = [r for r in rows_all if r["group"] == "lr_check"]
-    header = ["method", "check cell (μ, emb[, SPEL])", "tuned cell", "steps", "seeds", "check − tuned (selection)",
-              "95% CI", "reading"]
-    body, sentences = [], []
-    def cell_of(r: dict) -> tuple:          # one row per checked cell: a method may be checked at several
-        return r["variant"], r["wire_ratio"], r["lr_muon"], r["lr_embed"], _spel_step(r)
-    for cell in dict.fromkeys(map(cell_of, checks)):
-        variant = cell[0]
-        mine = [r for r in checks if cell_of(r) == cell]
-        tuned = _tuned_runs(rows_all, mine[0])
-        pairs = [(r, tuned[r["seed"]]) for r in mine if r["seed"] in tuned]
-        diffs = [tuning_score(a) - tuning_score(b) for a, b in pairs]
-        ci = t_interval(diffs)
-        worse = ci is not None and ci[0] > 0
-        better = ci is not None and ci[1] < 0
-        reading = ("tuned cell better" if worse else "check cell better: retune at this budget" if better
-                   else "not resolved" if ci else DASH)
-        name = label(variant, mine[0]["wire_ratio"])
-        t0 = pairs[0][1] if pairs else None
-        body.append([name, _cell_text(mine[0]), _cell_text(t0) if t0 else DASH, fmt_int(mine[0]["steps"]),
-                     ",".join(str(a["seed"]) for a, _ in pairs),
-                     fmt_pm(statistics.fmean(diffs), statistics.stdev(diffs) if len(diffs) > 1 else None, 4)
-                     if diffs else DASH, fmt_ci(ci, 4) if ci else DASH, reading])
-        if diffs:
-            sentences.append(f"{name} at {_cell_text(mine[0], named=True)}: {reading} ({len(diffs)} seeds)")
-    caption = ("Each method at another cell (the other method's winning knob; SSN also at the step past its "
-               "300-step winner; MAPL also at SPEL's projector step multiplier on each side of its tuned one; at "
-               "16×, SSN and MAPL at half and twice the Muon LR tuned at 8×), at the headline budget, against its "
-               "tuned run of the same ratio and seed (group long; at 4× and 16× group frontier); losses on the "
-               "selection set at the last step.")
-    return Table("lr-check", "Budget-matched learning-rate check", header, body, caption,
-                 "; ".join(sentences) + "." if sentences else NO_RUNS.format("lr_check"))
-
-
 def val_loss_table(rows: Sequence[dict]) -> tuple[list, list]:
-    """Per run: run, method, wire ratio, projector, anchor, seed, steps, val loss, Δ% (vs the
-    uncompressed run among ``rows``, if any): ``(header, body)`` for :func:`to_markdown`."""
+    """``(header, body)``: every run with its loss and Δ% (against the uncompressed run among ``rows``)."""
     header = ["run", "method", "wire ratio", "projector", "anchor", "seed", "steps", "val loss", "Δ%"]
     body = [[r["run"], variant_label(r["method"]), fmt_ratio(r["wire_ratio"]), r["projector"] or DASH, r["anchor"],
              r["seed"], r["steps"], fmt(r["val_loss"]),

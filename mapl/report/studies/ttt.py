@@ -1,16 +1,10 @@
-"""Time to a target loss on a simulated link: measured step times (``benchmarks/pipeline.py``) replayed
-on links of several bandwidths and latencies by the virtual clock of :mod:`mapl.core.link`, times the steps
-each method needs to reach one common target on its validation curve.
+"""Time to a target loss on a simulated link: measured step times (``benchmarks/pipeline.py``) replayed on links
+of several bandwidths and latencies by :mod:`mapl.core.link`'s virtual clock, times the steps each method needs
+to reach one common target on its validation curve (the planner applies the same rule).
 
-The target is the uncompressed run's best val loss at its longest budget (mean over seeds; the lowest
-point of its curve, not the last: on a small corpus a long run overfits, and its final loss would be
-an easy target) plus ``target_pct`` percent. A method's steps to target come from the mean val curve over the seeds of
-its longest default-configured run with the measured wire ratio (linear interpolation between
-evaluations), among the runs evaluated on the target's validation tokens (:func:`on_target_set`); a
-method whose curve never gets there is listed as such, never dropped.
-
-    >>> bench = load_bench(ROOT / "reports/bench/pipeline.json")
-    >>> rows_ttt = time_to_target_rows(rows, bench, [80e6, 1e9], target_pct=2.0, latencies_s=[0.0, 0.05])
+The target: the uncompressed run's best val loss at its longest budget (mean over seeds) plus ``target_pct``
+percent. A method's steps come from the mean val curve of its longest default-configured run at the measured
+wire ratio, among the runs on the target's validation tokens; a method that never gets there is listed so.
 """
 from __future__ import annotations
 
@@ -23,25 +17,20 @@ from typing import Sequence
 from matplotlib.patches import Rectangle
 from matplotlib.ticker import FuncFormatter
 
-from . import paper
-from .figures import empty_note, new_figure
-from .plots import Plot
-from .rows import METHOD_ORDER, at_best_validation, is_reference, main_model
-from .style import NEUTRAL, label, style
-from .table import DASH, Table, fmt_int
+from .. import paper
+from ..figures import empty_note, new_figure
+from ..render import DASH, Plot, Table, fmt_int
+from ..rows import METHOD_ORDER, at_best_validation, is_reference, main_model
+from ..style import NEUTRAL, label, style
 
 __all__ = ["load_bench", "common_target", "on_target_set", "method_curve", "time_to_target_rows", "time_to_target_table",
            "time_to_target_plot"]
 
 
 def load_bench(path: str | Path, profile: str | None = None) -> list[dict]:
-    """Step measurements from a pipeline benchmark JSON (missing file, or one measured on a profile
-    other than ``profile``: ``[]``): ``{"methods": [...]}``,
-    ``{"measurements": [...]}`` or a plain list; an entry holds ``method``, ``ratio`` (wire ratio;
-    optional for ``none``) and ``timing`` (a ``mapl.core.link.StepMeasurement.to_dict()``) or
-    ``pipeline.timing`` (a ``mapl pipeline`` results dict). Returns ``{"method", "wire_ratio",
-    "measurement"}`` dicts; entries of another shape are skipped."""
-    from ..core.link import StepMeasurement
+    """Step measurements of a pipeline benchmark JSON (``[]`` when missing or of another ``profile``): ``method``,
+    ``wire_ratio`` and ``measurement`` (:class:`mapl.core.link.StepMeasurement`) per entry; other shapes skipped."""
+    from ...core.link import StepMeasurement
     path = Path(path)
     if not path.exists():
         return []
@@ -62,9 +51,8 @@ def load_bench(path: str | Path, profile: str | None = None) -> list[dict]:
 
 
 def common_target(rows: Sequence[dict], target_pct: float = 2.0) -> tuple[float, int, int] | None:
-    """THE time-to-target rule's target (this table's and the planner's): the main model's uncompressed best
-    val loss (at the step chosen on the selection set) at its longest budget, mean over seeds, + ``target_pct``
-    percent. Returns (target, budget, seeds); None without an uncompressed run."""
+    """The time-to-target target (the report's and the planner's): the main model's uncompressed best val loss at
+    its longest budget, mean over seeds, + ``target_pct`` %. (target, budget, seeds); None without such a run."""
     dense = _target_runs(rows)
     if not dense:
         return None
@@ -73,7 +61,7 @@ def common_target(rows: Sequence[dict], target_pct: float = 2.0) -> tuple[float,
 
 
 def _target_runs(rows: Sequence[dict]) -> list[dict]:
-    """The runs the target comes from: the main model's uncompressed runs at their longest budget."""
+    """The main model's uncompressed runs at their longest budget."""
     model = main_model(rows)
     dense = [r for r in rows if r["model"] == model and is_reference(r)]
     longest = max((r["steps"] for r in dense), default=None)
@@ -81,9 +69,7 @@ def _target_runs(rows: Sequence[dict]) -> list[dict]:
 
 
 def on_target_set(rows: Sequence[dict]) -> list[dict]:
-    """The rows whose validation loss is measured on the same tokens as the target's (the main model's
-    uncompressed runs at their longest budget; :func:`mapl.report.rows.eval_set`): a curve measured on
-    another set (rounds 1-3 read one play, round 4 the whole split) cannot be compared with the target."""
+    """The rows measured on the target's validation tokens (a curve on other tokens is no comparison)."""
     dense = _target_runs(rows)
     if not dense:
         return list(rows)
@@ -92,8 +78,8 @@ def on_target_set(rows: Sequence[dict]) -> list[dict]:
 
 
 def method_curve(rows: Sequence[dict], method: str, wire_ratio: float | None) -> tuple[int | None, int, list]:
-    """THE time-to-target rule's curve: (budget, seeds, mean val curve at the evaluations all seeds share) of
-    the longest default-configured run of this method and wire ratio (budget None: no such run)."""
+    """The time-to-target curve: (budget, seeds, mean val curve on the evaluations every seed has) of the longest
+    default-configured run of ``method`` at ``wire_ratio`` (budget None: no such run)."""
     cands = [r for r in rows if r["method"] == method and r["variant"] == method
              and (method == "none" or r["wire_ratio"] == wire_ratio)]
     if not cands:
@@ -106,10 +92,9 @@ def method_curve(rows: Sequence[dict], method: str, wire_ratio: float | None) ->
 
 def time_to_target_rows(rows: Sequence[dict], bench: Sequence[dict], bandwidths_bps: Sequence[float],
                         target_pct: float = 2.0, latencies_s: Sequence[float] = (0.0,)) -> list[dict]:
-    """One dict per (measured method, latency, bandwidth): ``method``, ``variant``, ``wire_ratio``,
-    ``budget`` (steps of the curve used; None: no run), ``seeds``, ``target``, ``steps_to_target``
-    (None: never), ``latency_s``, ``bandwidth_bps``, ``step_s`` and ``time_s`` (None: never)."""
-    from ..core.link import LinkProfile, step_time, steps_to_target
+    """One dict per (measured method, latency, bandwidth): its curve's ``budget`` and ``seeds``, ``target``,
+    ``steps_to_target``, ``step_s`` and ``time_s`` (None: never)."""
+    from ...core.link import LinkProfile, step_time, steps_to_target
     common = common_target(rows, target_pct)
     if common is None or not bench:
         return []
@@ -207,8 +192,7 @@ def _protocol_sentence(ttt: Sequence[dict]) -> str:
 
 
 def _draw_panel(ax, lines: dict, lat: float) -> None:
-    """One latency: a line per method that reaches the target; the others as hollow markers in a
-    grey band above the curves (one row each, no time axis there), named in the legend."""
+    """One latency: a line per method that reaches the target, hollow markers in a grey band for the others."""
     mine = {k: ts for k, ts in lines.items() if k[2] == lat}
     never = [k for k, ts in mine.items() if ts[0]["time_s"] is None]
     band = 1.0 - 0.07 * len(never) - 0.05 if never else 1.0      # axes fraction where the band starts
@@ -239,8 +223,7 @@ def _draw_panel(ax, lines: dict, lat: float) -> None:
 
 
 def time_to_target_plot(ttt: Sequence[dict]) -> Plot:
-    """One panel per latency: time to target against bandwidth (log-log), every measured method;
-    those that never reach the target are drawn as hollow markers in a band at the top."""
+    """Time to target against bandwidth (log-log), a panel per latency, every measured method."""
     lats = sorted({t["latency_s"] for t in ttt}) or [0.0]
     fig, axes = new_figure(len(lats), 5.2, 4.4)
     lines = _by_line(ttt)

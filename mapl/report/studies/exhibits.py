@@ -1,42 +1,29 @@
-"""The exhibits a reviewer reads first: the primary contrast seed by seed, learned against fixed projectors in
-every setting we measured, and where the SSN − MAPL order holds.
-
-Each reads the same comparisons as the claims ledger and the study tables (nothing is recomputed another way):
-
-* :func:`primary_seeds_plot`: per seed, SSN's and MAPL's Δ% at the headline budget joined by a line, with the
-  paired mean and its 95 % interval (the primary contrast, named before its runs);
-* :func:`learned_fixed_summary_table`: fixed − learned under joint training (8× and 4×) and on a frozen trunk, each
-  at its level in the ledger's family and with its verdict;
-* :func:`order_holds_table`: the paired SSN − MAPL gap at every model, budget, corpus and P we trained, with
-  what its interval says (the primary at 95 %, the rest one exploratory Holm family).
+"""The exhibits a reviewer reads first, from the same comparisons as the ledger and the study tables: the primary
+contrast seed by seed, learned against fixed projectors in every setting (each at its level in the ledger's
+family), and where the SSN − MAPL order holds (the primary at 95 %, the rest one exploratory Holm family).
 """
 from __future__ import annotations
 
 from typing import Sequence
 
-from .claims import CLAIMS, MIN_SEEDS, Evidence, Claim, family_levels, _at_level, _order_verdict
-from .controls import _blocks, _corpus
+from ..claims import CLAIMS, MIN_SEEDS, Claim, Evidence, at_level, family_levels, order_verdict
+from ..figures import empty_note, new_grid
+from ..render import DASH, Plot, Table, fmt_ci, fmt_int
+from ..rows import budget_steps, main_model
+from ..stats import holm, t_interval, t_test_p
+from ..style import BARS, NEUTRAL, colour, label
+from .axes import token_points, width_points
+from .controls import blocks_study, corpus_study
+from .headline import comparisons, headline_summaries, tested_comparisons
 from .ladder import ladder_rungs
-from .rows import budget_steps, main_model
-from .stats import holm, t_interval, t_test_p
-from .studies import comparisons, headline_summaries, tested_comparisons, token_points, width_points
-from .style import BARS, NEUTRAL, colour, label
-from .table import DASH, Table, fmt_ci, fmt_int
 
 __all__ = ["primary_seeds_plot", "learned_fixed_summary_table", "order_holds_table"]
 
 
 # ---- the primary contrast, seed by seed --------------------------------------------------------------------------
-def _primary(rows: Sequence[dict]) -> dict | None:
-    return next((c for c in tested_comparisons(comparisons(headline_summaries(rows))) if c["primary"]), None)
-
-
-def primary_seeds_plot(rows: Sequence[dict]):
-    """Per seed, SSN's and MAPL's Δ% at the headline budget joined by a line (each seed against its own
-    uncompressed run); beside it, the paired differences with their mean and 95 % interval."""
-    from .figures import empty_note, new_grid
-    from .plots import Plot
-    c = _primary(rows)
+def primary_seeds_plot(rows: Sequence[dict]) -> Plot:
+    """Per seed, SSN's and MAPL's Δ% at the headline budget joined by a line; beside it the paired gap."""
+    c = next((c for c in tested_comparisons(comparisons(headline_summaries(rows))) if c["primary"]), None)
     fig, axes = new_grid(1, 2, 7.0, 4.0, gridspec_kw={"width_ratios": [2, 1]})
     ax, gap_ax = axes[0]
     caption = ("The primary contrast seed by seed. Left: each line joins one seed's SSN and MAPL Δ% at the headline "
@@ -72,7 +59,7 @@ def primary_seeds_plot(rows: Sequence[dict]):
 
 
 def _signed(c: dict) -> str:
-    """``+0.17 ± 0.55``: a paired mean with its sign and the sd over seeds (the mean alone for one seed)."""
+    """``+0.17 ± 0.55``: a paired mean and the sd over seeds (the mean alone for one seed)."""
     return f"{c['mean']:+.2f}" + (f" ± {c['std']:.2f}" if c.get("std") is not None else "")
 
 
@@ -93,19 +80,19 @@ def _learned_fixed_claims() -> list[tuple[int, Claim]]:
 
 
 def learned_fixed_summary_table(rows: Sequence[dict], frozen_rows: Sequence[dict] | None = None) -> Table:
-    """fixed − learned (SPEL) in every setting we measured, each at its level in the ledger's family of the claim
-    "a learned subspace beats a fixed one", with the ledger's verdict."""
+    """fixed − learned (SPEL) in every setting we measured, each at its level in the ledger's family and
+    with the ledger's verdict."""
     ev = Evidence(rows, None, frozen_rows)
-    measured = [spec.reads.measure(ev) for spec in CLAIMS]
+    measured = [spec.reads(ev) for spec in CLAIMS]
     levels = family_levels(CLAIMS, measured)
     body = []
     for i, spec in _learned_fixed_claims():
-        c = _at_level(measured[i], levels[i][0])
+        c = at_level(measured[i], levels[i][0])
         training, table = next(v for k, v in _SETTINGS.items() if k in spec.claim)
         if c is None:
             body.append([training, DASH, DASH, DASH, DASH, DASH, "not run", table])
             continue
-        verdict = _order_verdict(c, spec.paper.side().size).verdict
+        verdict = order_verdict(c, spec.paper().size).verdict
         body.append([training, f"{c['a'].get('projection_ratio') or c['a']['ratio']:g}×", fmt_int(c["a"]["steps"]),
                      ",".join(map(str, c["seeds"])), _signed(c),
                      fmt_ci(c["ci"]) + (f" ({100 * c['level']:.3g}%)" if c["ci"] else ""), verdict, table])
@@ -124,7 +111,7 @@ def learned_fixed_summary_table(rows: Sequence[dict], frozen_rows: Sequence[dict
 
 
 def _paper_lead() -> float:
-    return _learned_fixed_claims()[0][1].paper.side().size or 0.0
+    return _learned_fixed_claims()[0][1].paper().size or 0.0
 
 
 # ---- where the SSN − MAPL order holds ----------------------------------------------------------------------------
@@ -143,10 +130,10 @@ def _entries(rows: Sequence[dict], corpus_rows: Sequence[dict] | None) -> list[t
             out.append(({"model": _model(p["gap"]["a"]), "corpus": "Shakespeare", "P": p["gap"]["a"]["stages"],
                          "primary": False, "what": "the width axis"}, p["gap"]))
     source = corpus_rows if corpus_rows is not None else rows
-    for c in _corpus(source)[1]:
+    for c in corpus_study(source)[1]:
         out.append(({"model": c["a"]["model"], "corpus": "Python (code)", "P": c["a"]["stages"], "primary": False,
                      "what": "a corpus seen under once"}, c))
-    for c in _blocks(rows)[1]:
+    for c in blocks_study(rows)[1]:
         out.append(({"model": c["a"]["model"], "corpus": "Shakespeare", "P": c["a"]["stages"],
                      "primary": False, "what": "several blocks per stage"}, c))
     for rung in ladder_rungs(source):            # each rung's gap; the ladder's own primary contrast is its slope
@@ -165,8 +152,8 @@ def _reading(c: dict) -> str:
 
 
 def order_holds_table(rows: Sequence[dict], corpus_rows: Sequence[dict] | None = None) -> Table:
-    """The paired SSN − MAPL gap at every setting with both methods: the primary contrast at 95 %, the others one
-    exploratory family at Holm's levels (rows with fewer than 3 seeds: no interval, no verdict)."""
+    """The paired SSN − MAPL gap at every setting with both methods: the primary at 95 %, the others one
+    exploratory Holm family (fewer than 3 seeds: no verdict)."""
     entries = _entries(rows, corpus_rows)
     explore = [i for i, (s, c) in enumerate(entries) if not s["primary"] and c["n"] >= MIN_SEEDS]
     levels = {i: h["level"] for i, h in zip(explore, holm([t_test_p(entries[i][1]["diffs"]) for i in explore]))}

@@ -1,14 +1,10 @@
 """The scale ladder: does MAPL's lead over SSN grow with model size?
 
-Rungs are the ``ladder-d<d>`` presets (8 layers, two blocks per stage at P = 4; only the width changes), each
-trained on the code corpus at the same tokens per non-embedding parameter (params.yaml ``ladder``), each
-method's learning rate tuned at that rung and budget (study ``ladder_tune``). Per rung: none, SSN 8× and MAPL 8×
-on paired seeds, Δ% against the same seed's uncompressed run, and the paired SSN − MAPL gap.
-
-The primary contrast of the study, named before its runs (``PRIMARY_SLOPE``): the slope of the paired gap
-against ln(non-embedding parameters), fitted by least squares over every (rung, seed) gap, with its 95 % t
-interval (n − 2 degrees of freedom; seeds of different rungs are independent runs). A line extrapolated to the
-paper's 150M is drawn on the figure and labelled as such; it is never a verdict.
+Rungs are the ``ladder-d<d>`` presets (only the width changes) on the code corpus at the same tokens per
+non-embedding parameter, each method's learning rate tuned per rung (study ``ladder_tune``). The study's primary
+contrast, named before its runs: the least-squares slope of every (rung, seed) paired SSN − MAPL gap against
+ln(non-embedding parameters), with its 95 % t interval (n − 2 df). A line extended to the paper's 150M is drawn
+as an extrapolation, never a verdict.
 """
 from __future__ import annotations
 
@@ -17,11 +13,14 @@ import re
 import statistics
 from typing import Sequence
 
-from ..core.model_config import PRESETS, count_params
-from .rows import declared
-from .stats import paired, summarize, t_interval, t_quantile
-from .style import BARS, NEUTRAL, colour, variant_label
-from .table import DASH, Table, fmt, fmt_ci, fmt_int, fmt_pm
+import numpy as np
+
+from ...core.model_config import PRESETS, count_params
+from ..figures import empty_note, new_figure
+from ..render import DASH, Plot, Table, fmt, fmt_ci, fmt_int, fmt_pm
+from ..rows import declared
+from ..stats import paired, summarize, t_interval, t_quantile
+from ..style import BARS, NEUTRAL, colour, variant_label
 
 __all__ = ["LADDER_STUDY", "PRIMARY_SLOPE", "PAPER_SIZES", "rung_params", "ladder_rungs", "gap_slope", "ladder_table",
            "ladder_tuning_table", "ladder_plot", "ladder_slope_comparison"]
@@ -41,8 +40,8 @@ def rung_params(model: str) -> int | None:
 
 
 def ladder_rungs(rows: Sequence[dict]) -> list[dict]:
-    """Per rung with runs of the ladder study (smallest first): ``model``, ``d``, ``params`` (non-embedding),
-    ``steps``, ``tokens``, ``sums`` (variant -> summary over seeds) and ``gap`` (paired SSN − MAPL, or None)."""
+    """Per rung with runs (smallest first): ``model``, ``d``, ``params`` (non-embedding), ``steps``, ``tokens``,
+    ``sums`` (variant -> summary), ``gap`` (paired SSN − MAPL, or None) and MAPL's ``geometry``."""
     groups = set(declared().groups_of(LADDER_STUDY))
     mine = [r for r in rows if r["group"] in groups and _RUNG.match(r["model"] or "")]
     out = []
@@ -64,7 +63,7 @@ def ladder_rungs(rows: Sequence[dict]) -> list[dict]:
 
 
 def _geometry(pool: Sequence[dict]) -> dict | None:
-    """MAPL's captured boundary energy and the best rank-r basis's (PCA), mean over boundaries and seeds."""
+    """MAPL's captured boundary energy and the best rank-r basis's, mean over boundaries and seeds."""
     caps, pcas = [], []
     for r in pool:
         if r["variant"] != "mapl":
@@ -76,9 +75,8 @@ def _geometry(pool: Sequence[dict]) -> dict | None:
 
 
 def gap_slope(rungs: Sequence[dict], level: float = 0.95) -> dict | None:
-    """Least-squares slope of every (rung, seed) paired gap on ln(non-embedding parameters): ``slope``,
-    ``intercept``, ``ci`` (t interval, n − 2 df), ``n`` (gaps), ``rungs``, ``level``; None with fewer than two
-    rungs or three gaps."""
+    """Least-squares slope of every (rung, seed) gap on ln(parameters): ``slope``, ``intercept``, ``ci`` (n − 2 df),
+    ``n``, ``rungs``, ``level``; None with fewer than two rungs or three gaps."""
     pts = [(math.log(r["params"]), d) for r in rungs if r["gap"] for d in r["gap"]["diffs"]]
     xs = {x for x, _ in pts}
     if len(xs) < 2 or len(pts) < 3:
@@ -96,8 +94,7 @@ def gap_slope(rungs: Sequence[dict], level: float = 0.95) -> dict | None:
 
 
 def ladder_slope_comparison(rows: Sequence[dict]) -> dict | None:
-    """The slope as a comparison the claims ledger reads (``mean``, ``ci``, ``n``, ``level``, ``diffs`` absent:
-    a slope is no family member), with the rungs' span."""
+    """The slope as a comparison the ledger reads (``mean``, ``ci``, ``n``, ``level``), with the rungs' span."""
     rungs = ladder_rungs(rows)
     fit = gap_slope(rungs)
     if fit is None:
@@ -113,8 +110,7 @@ def _epochs(r: dict) -> str:
 
 
 def ladder_table(rows: Sequence[dict]) -> Table:
-    """One row per rung: its size and budget (tokens per parameter, epochs of the corpus), each method's Δ%, the
-    paired gap, MAPL's captured boundary energy against the best rank-r basis, and bytes per token."""
+    """One row per rung: size, budget, each method's Δ%, the paired gap, MAPL's captured energy, bytes."""
     rungs = ladder_rungs(rows)
     body = []
     for r in rungs:
@@ -149,12 +145,9 @@ def ladder_table(rows: Sequence[dict]) -> Table:
     return Table("ladder", "Scale ladder: the SSN − MAPL gap against model size", header, body, caption, takeaway)
 
 
-def ladder_plot(rows: Sequence[dict], paper_rows: Sequence[dict] = ()):
-    """Left: Δ% of SSN and MAPL against non-embedding parameters (log x) with 95 % intervals, the paper's three
-    sizes marked (``paper_rows``: Table 1's Δ% at P = 4, drawn at those sizes). Right: the paired gap per rung with
-    its interval, the fitted slope, and its extrapolation to 150M drawn dashed and labelled."""
-    from .figures import empty_note, new_figure
-    from .plots import Plot
+def ladder_plot(rows: Sequence[dict], paper_rows: Sequence[dict] = ()) -> Plot:
+    """Left: SSN's and MAPL's Δ% against parameters (``paper_rows``: Table 1's at its three sizes). Right: the gap per
+    rung, the fitted slope and its extrapolation to 150M (dashed)."""
     rungs = [r for r in ladder_rungs(rows) if r["sums"]]
     fig, (ax, gap_ax) = new_figure(2, width=5.2, height=4.0)
     caption = (f"Left: Δ% of SSN and MAPL at 8× against non-embedding parameters (log scale), error bars: "
@@ -205,7 +198,6 @@ def ladder_plot(rows: Sequence[dict], paper_rows: Sequence[dict] = ()):
 
 def _slope_line(ax, fit: dict, measured: Sequence[float]) -> None:
     """The fitted line over the measured rungs with its 95 % band, and dashed out to 150M."""
-    import numpy as np
     tq = t_quantile(0.5 + fit["level"] / 2, fit["n"] - 2)
     lo_x, hi_x = math.log(min(measured)), math.log(max(measured))
     for x0, x1, style, name in ((lo_x, hi_x, "-", "least-squares fit"),
@@ -220,9 +212,8 @@ def _slope_line(ax, fit: dict, measured: Sequence[float]) -> None:
 
 
 def ladder_tuning_table(rows_all: Sequence[dict]) -> Table:
-    """Every run of the ladder's tuning (study ``ladder_tune``): per rung and method, each Muon learning rate's
-    selection-split loss at the rung's budget, the winner marked, and whether it lies inside the grid. A winner is
-    trained once, as the ladder's seed-0 run: its row is read from there."""
+    """Every ladder tuning run: each Muon learning rate's selection loss per rung and method, the winner marked (a
+    winner is trained once, as the ladder's seed-0 run: its row is read from there)."""
     decl = declared()
     tuning, winners = set(decl.groups_of("ladder_tune")), set(decl.groups_of("ladder"))
     tune = [r for r in rows_all if r["group"] in tuning or (r["group"] in winners and r["seed"] == 0)]

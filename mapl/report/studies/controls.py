@@ -1,36 +1,35 @@
-"""Issue 26's studies: why MAPL beats SSN, and when learning the subspace pays. Each is a table here and a
-row of the claims ledger (:mod:`mapl.report.claims`).
+"""The control studies: why MAPL beats SSN, and when learning the subspace pays; each a table here and a row of the
+claims ledger.
 
-* ``decompose`` (and ``decompose_capacity``, its capacity controls): at the headline budget, SSN with MAPL's
-  anchors, MAPL with one shared fixed subspace and free writers, uncompressed with the anchors alone, and SSN +
-  anchors widened to MAPL's parameter count, beside none, SSN and MAPL of the same seeds. Each paired comparison
-  isolates one ingredient; the seven are one Holm family whichever of the two groups has landed.
-* ``learned_fixed_4x``: SPEL against the fixed random projector at 4x (the paper's ablation ratio).
-* ``frontier``: the paper's Figure 1 at the headline budget: SSN, MAPL and MAPL+VQ at every projection ratio, on
-  the group's seeds.
-* ``corpus``: none, SSN and MAPL on a corpus seen at most once in the budget (code: :mod:`mapl.data`).
-* ``blocks``: stages of several blocks (the ``mini`` preset) at P = 4, and a P = 8 point.
+* ``decompose`` (and ``decompose_capacity``): SSN with MAPL's anchors, MAPL with one shared fixed subspace, the
+  anchors alone, SSN + anchors widened to MAPL's parameter count, beside the headline's none, SSN and MAPL;
+* ``learned_fixed_4x``: SPEL against the fixed random projector at 4x (the paper's ablation ratio);
+* ``frontier``: the paper's Figure 1 at the headline budget, every method at every ratio on the group's seeds;
+* ``corpus``: none, SSN and MAPL on a corpus seen at most once in the budget;
+* ``blocks``: stages of several blocks at P = 4 and P = 8.
 
-Every configuration is summarised as in the headline (Δ% per seed against that seed's plain uncompressed run:
-:func:`mapl.report.stats.reference_loss`), and the comparisons of a study are one exploratory family: their
-intervals are Holm-adjusted over it (:func:`tested_family`), so a study with several contrasts does not get several
-chances at 95 %. A comparison A − B is in points of Δ%, positive when B is ahead.
+A configuration's Δ% is per seed against that seed's plain uncompressed run; a study's comparisons A − B (points,
+positive: B ahead) are one exploratory family at Holm's levels (:func:`tested_family`).
 """
 from __future__ import annotations
 
 import statistics
 from typing import Sequence
 
-from .rows import at_projection_ratio, budget_steps, rescored_rows, study_groups
-from .stats import paired, summarize, t_interval
-from .studies import gap_sentence, tested_comparisons
-from .style import NEUTRAL, STUDY_ARM_LABELS, bars_handle, bars_text, fmt_ratio, variant_label
-from .table import DASH, Table, fmt, fmt_ci, fmt_delta, fmt_int, fmt_pct, fmt_pm
+from matplotlib.lines import Line2D
+
+from ..figures import empty_note, new_figure
+from ..render import DASH, Plot, Table, fmt, fmt_ci, fmt_delta, fmt_int, fmt_pct, fmt_pm
+from ..rows import at_projection_ratio, budget_steps, rescored_rows, study_groups
+from ..stats import paired, summarize, t_interval
+from ..style import NEUTRAL, STUDY_ARM_LABELS, bars_handle, bars_text, fmt_ratio, variant_label
+from .headline import gap_sentence, pareto_plot, reading, tested_comparisons
 
 __all__ = ["DECOMPOSITION", "DECOMPOSITION_COMPARISONS", "study_summaries", "study_comparisons", "tested_family",
-           "decomposition_table", "decomposition_paired_table", "learned_fixed_table", "corpus_table", "blocks_table",
-           "controls_plot", "study_comparison", "study_configurations", "FRONTIER_VARIANTS", "frontier_summaries",
-           "frontier_table", "frontier_plot"]
+           "paired_body", "PAIRED_HEADER", "decomposition_study", "learned_fixed_study", "frontier_study",
+           "corpus_study", "blocks_study", "decomposition_table", "decomposition_paired_table", "learned_fixed_table",
+           "corpus_table", "blocks_table", "controls_plot", "study_comparison", "study_configurations",
+           "FRONTIER_VARIANTS", "frontier_table", "frontier_plot"]
 
 NO_RUNS = "no runs of group {} yet (see README, 'Results')."
 
@@ -50,11 +49,10 @@ DECOMPOSITION_COMPARISONS = (
     ("mapl-fixed-shared", "mapl", "per-boundary learned subspaces against one shared fixed one"),
     ("none", "none+anchors", "the anchors' capacity without compression"),
 )
-NAMES = STUDY_ARM_LABELS            # the arms' display names live with every other name (mapl.report.style)
 
 
 def _group_budget(rows: Sequence[dict], group: str) -> tuple[str | None, int | None, list[int]]:
-    """(base model, steps, seeds) of a group's runs (None, None, [] without runs)."""
+    """(base model, steps, seeds) of a group's runs at its budget; (None, None, []) without runs."""
     mine = [r for r in rows if r["group"] == group]
     if not mine:
         return None, None, []
@@ -64,7 +62,7 @@ def _group_budget(rows: Sequence[dict], group: str) -> tuple[str | None, int | N
 
 
 def _group_ratio(rows: Sequence[dict], group: str) -> float | None:
-    """The projection ratio of a group's compressed runs (a study compares its configurations at one)."""
+    """The one projection ratio of a group's compressed runs."""
     ratios = {r["projection_ratio"] for r in rows if r["group"] == group and r["projection_ratio"] is not None}
     if len(ratios) > 1:
         raise ValueError(f"group {group}: compressed runs at several projection ratios {sorted(ratios)}; a study "
@@ -75,16 +73,15 @@ def _group_ratio(rows: Sequence[dict], group: str) -> float | None:
 def study_summaries(rows: Sequence[dict], configs: Sequence[tuple], model: str, steps: int, seeds: Sequence[int],
                     stages: int | None = None, data_source: str | None = None,
                     ratio: float | None = None) -> dict[str, dict]:
-    """name -> summary (:func:`mapl.report.stats.summarize`, Δ% against each seed's plain uncompressed run) of
-    each configuration (name, variant, model suffix) at ``steps`` on ``seeds``, whatever group trained it
-    (a configuration shared with the headline is the headline's run: :func:`mapl.report.rows.load_results`
-    keeps one row per configuration and seed); names without runs are left out. ``ratio``: compressed runs at
-    this projection ratio only (a variant trained at several ratios and the same budget, e.g. MAPL at 8x in
-    ``long`` and at 4x in ``learned_fixed_4x``, would otherwise be summarised at whichever came first)."""
+    """name -> summary of each configuration (name, variant, model suffix) at ``steps`` on ``seeds``, whichever
+    group trained it; ``ratio``: compressed runs at this projection ratio only (MAPL trains at 8x in long and at 4x
+    in learned_fixed_4x at one budget)."""
     out = {}
     at_ratio = at_projection_ratio(rows, ratio)
     for name, variant, suffix in configs:
-        pool = [r for r in at_ratio if r["variant"] == variant and _model_matches(r["model"], model, suffix)
+        # suffix "" is the model itself, "[*]" the model with any shape overrides
+        matches = (lambda m: m.startswith(model + "[")) if suffix == "[*]" else (lambda m: m == model + suffix)
+        pool = [r for r in at_ratio if r["variant"] == variant and matches(r["model"])
                 and r["steps"] == steps and r["seed"] in seeds and (stages is None or r["stages"] == stages)
                 and (data_source is None or r.get("data_source", "") == data_source)]
         sums = summarize(pool, rows)
@@ -93,13 +90,8 @@ def study_summaries(rows: Sequence[dict], configs: Sequence[tuple], model: str, 
     return out
 
 
-def _model_matches(name: str, model: str, suffix: str) -> bool:
-    return name.startswith(model + "[") if suffix == "[*]" else name == model + suffix
-
-
 def study_comparisons(sums: dict[str, dict], pairs: Sequence[tuple]) -> list[dict]:
-    """The paired comparisons (A, B, what) among ``sums``: ``a``, ``b``, ``what`` and the
-    :func:`mapl.report.stats.paired` fields; pairs without a common seed are left out."""
+    """The paired comparisons (A, B, what) among ``sums`` with a common seed."""
     out = []
     for a, b, what in pairs:
         if a in sums and b in sums:
@@ -110,25 +102,16 @@ def study_comparisons(sums: dict[str, dict], pairs: Sequence[tuple]) -> list[dic
 
 
 def tested_family(comps: Sequence[dict], family_size: int | None = None) -> list[dict]:
-    """The comparisons of one study as one exploratory family (Holm; a family of one is read at 95 %) of
-    ``family_size`` when declared (the missing ones count as p = 1)."""
+    """A study's comparisons as one exploratory Holm family of ``family_size`` when declared."""
     return tested_comparisons(comps, primary=None, family_size=family_size)
 
 
 def _name(s: dict) -> str:
-    return NAMES.get(s.get("name"), variant_label(s["variant"]))
-
-
-def _reading(c: dict) -> str:
-    if c["ci"] is None:
-        return DASH
-    if c["ci"][0] > 0 or c["ci"][1] < 0:
-        return f"{_name(c['b']) if c['mean'] > 0 else _name(c['a'])} ahead"
-    return "not resolved"
+    return STUDY_ARM_LABELS.get(s.get("name"), variant_label(s["variant"]))
 
 
 def _sentence(c: dict) -> str:
-    """gap_sentence with the study's names (SSN + anchors, ...) and the level the interval is read at."""
+    """gap_sentence with the study's arm names."""
     a, b = {**c["a"], "variant": _name(c["a"]), "wire_ratio": None}, {**c["b"], "variant": _name(c["b"]), "wire_ratio": None}
     return gap_sentence({**c, "a": a, "b": b})
 
@@ -152,7 +135,7 @@ SUMMARY_HEADER = ["configuration", "model", "P", "wire ratio", "total B/tok", "p
                   "Δ% 95% CI"]
 
 
-def _decomposition(rows: Sequence[dict]) -> tuple[dict, list[dict], int | None]:
+def decomposition_study(rows: Sequence[dict]) -> tuple[dict, list[dict], int | None]:
     model, steps, seeds = _group_budget(rows, "decompose")
     if model is None:
         return {}, [], None
@@ -167,8 +150,8 @@ def _decomposition(rows: Sequence[dict]) -> tuple[dict, list[dict], int | None]:
 
 
 def decomposition_table(rows: Sequence[dict]) -> Table:
-    """Every configuration of the decomposition (group ``decompose``) with its parameters and bytes."""
-    sums, comps, steps = _decomposition(rows)
+    """Every configuration of the decomposition with its parameters and bytes."""
+    sums, comps, steps = decomposition_study(rows)
     body = _summary_rows(sums, [n for n, _, _ in DECOMPOSITION])
     caption = ("Which ingredient separates MAPL from SSN: each configuration at the headline budget on the "
                "decomposition's seeds (none, SSN and MAPL are the headline's own runs of those seeds). Δ% per "
@@ -179,11 +162,12 @@ def decomposition_table(rows: Sequence[dict]) -> Table:
                  caption, takeaway)
 
 
-def _paired_body(comps: Sequence[dict]) -> list[list]:
-    return [[f"{_name(c['a'])} − {_name(c['b'])}", c["what"], ",".join(map(str, c["seeds"])),
+def paired_body(comps: Sequence[dict], name=_name) -> list[list]:
+    """The rows of a study's paired table (:data:`PAIRED_HEADER`), its arms named by ``name``."""
+    return [[f"{name(c['a'])} − {name(c['b'])}", c["what"], ",".join(map(str, c["seeds"])),
              ", ".join(f"{d:+.2f}" for d in c["diffs"]), fmt_pm(c["mean"], c["std"], 2),
              fmt_ci(c["ci"]) + (f" ({100 * c['level']:.1f}%)" if c["ci"] else ""),
-             DASH if c["p_adj"] is None else f"{c['p_adj']:.3f}", _reading(c)] for c in comps]
+             DASH if c["p_adj"] is None else f"{c['p_adj']:.3f}", reading(c, name)] for c in comps]
 
 
 PAIRED_HEADER = ["comparison (A − B)", "isolates", "seeds", "per-seed A − B (points)", "mean ± std", "CI (level)",
@@ -192,16 +176,16 @@ PAIRED_HEADER = ["comparison (A − B)", "isolates", "seeds", "per-seed A − B 
 
 def decomposition_paired_table(rows: Sequence[dict]) -> Table:
     """The decomposition's paired comparisons, one exploratory family (Holm)."""
-    _, comps, steps = _decomposition(rows)
+    _, comps, steps = decomposition_study(rows)
     caption = ("Differences of Δ% on the same seed (positive: B is ahead), each isolating one ingredient, over the "
                "seeds its two arms share; the seven are one exploratory family, each interval at its Holm-adjusted "
                "level.")
     takeaway = ("; ".join(_sentence(c) for c in comps) + "." if comps else NO_RUNS.format("decompose"))
     return Table("decompose-paired", "Why MAPL beats SSN: paired comparisons (group decompose)",
-                 PAIRED_HEADER, _paired_body(comps), caption, takeaway)
+                 PAIRED_HEADER, paired_body(comps), caption, takeaway)
 
 
-def _learned_fixed(rows: Sequence[dict]) -> tuple[dict, list[dict], int | None]:
+def learned_fixed_study(rows: Sequence[dict]) -> tuple[dict, list[dict], int | None]:
     model, steps, seeds = _group_budget(rows, "learned_fixed_4x")
     if model is None:
         return {}, [], None
@@ -211,9 +195,8 @@ def _learned_fixed(rows: Sequence[dict]) -> tuple[dict, list[dict], int | None]:
 
 
 def learned_fixed_table(rows: Sequence[dict]) -> Table:
-    """SPEL against the fixed random projector at the paper's ablation ratio (group ``learned_fixed_4x``, seeds
-    0-7)."""
-    sums, comps, steps = _learned_fixed(rows)
+    """SPEL against the fixed random projector at the paper's ablation ratio (group ``learned_fixed_4x``)."""
+    sums, comps, steps = learned_fixed_study(rows)
     body = _summary_rows(sums, ["none", "mapl-fixed", "mapl"])
     caption = ("MAPL with its learned projector (SPEL) and with a fixed random orthonormal one, at the projection "
                "ratio of the paper's ablation (App. C: fixed +1.19 %, SPEL +0.84 % at 150M), paired by seed.")
@@ -230,7 +213,7 @@ FRONTIER_VARIANTS = ("ssn", "mapl", "mapl-rvq-scaled")
 FRONTIER_COMPARISONS = (("ssn", "mapl"), ("mapl-rvq-scaled", "mapl"))
 
 
-def _frontier(rows: Sequence[dict]) -> tuple[list[dict], list[dict], int | None]:
+def frontier_study(rows: Sequence[dict]) -> tuple[list[dict], list[dict], int | None]:
     model, steps, seeds = _group_budget(rows, "frontier")
     if model is None:
         return [], [], None
@@ -247,12 +230,6 @@ def _frontier(rows: Sequence[dict]) -> tuple[list[dict], list[dict], int | None]
     return sums, tested_family(comps, len(FRONTIER_COMPARISONS) * len(ratios)), steps
 
 
-def frontier_summaries(rows: Sequence[dict]) -> list[dict]:
-    """The frontier's summaries (group ``frontier``'s budget and seeds): the uncompressed run, then SSN, MAPL and
-    MAPL+VQ at each projection ratio; [] without runs of the group."""
-    return _frontier(rows)[0]
-
-
 def _frontier_takeaway(sums: Sequence[dict]) -> str:
     """Each method's Δ% along its projection ratios: "SSN 4× +1.2%, 8× +3.4%; MAPL ..."."""
     by: dict[str, list] = {}
@@ -264,16 +241,13 @@ def _frontier_takeaway(sums: Sequence[dict]) -> str:
         for v, pts in by.items()) + " (Δ% at each projection ratio, mean over the group's seeds)."
 
 
-def frontier_plot(rows: Sequence[dict]):
-    """The frontier as :func:`mapl.report.plots.pareto_plot` draws it (file ``pareto-frontier``): Δ% against forward
-    and total bytes, a line per method through its ratios, bars the 95 % interval of the mean."""
-    from .plots import pareto_plot
-    return pareto_plot(rows, "frontier", frontier_summaries(rows), takeaway=_frontier_takeaway)
+def frontier_plot(rows: Sequence[dict]) -> Plot:
+    """The frontier as :func:`pareto_plot` draws it (file ``pareto-frontier``; bars: the 95 % interval)."""
+    return pareto_plot(rows, "frontier", frontier_study(rows)[0], takeaway=_frontier_takeaway)
 
 
 def _captured(rows: Sequence[dict], s: dict) -> float | None:
-    """The boundary energy a configuration's projector keeps (``captured_energy``), mean over boundaries and the
-    summary's seeds; None without a projector or diagnostics."""
+    """The boundary energy a configuration's projector keeps, mean over boundaries and its seeds."""
     caps = [d["captured_energy"] for r in rows if r["variant"] == s["variant"] and r["model"] == s["model"]
             and r["steps"] == s["steps"] and r["projection_ratio"] == s["projection_ratio"] and r["seed"] in s["seeds"]
             for d in r.get("boundary_diagnostics") or [] if "captured_energy" in d]
@@ -281,9 +255,8 @@ def _captured(rows: Sequence[dict], s: dict) -> float | None:
 
 
 def frontier_table(rows: Sequence[dict]) -> Table:
-    """Every point of the frontier at the headline budget with the boundary energy its projector keeps, and the
-    paired comparisons at each ratio (one Holm family)."""
-    sums, comps, steps = _frontier(rows)
+    """Every point of the frontier with the energy its projector keeps; the comparisons at each ratio."""
+    sums, comps, steps = frontier_study(rows)
     body = []
     for s in sums:
         row = _summary_rows({"x": s}, ["x"])[0]
@@ -302,40 +275,10 @@ def frontier_table(rows: Sequence[dict]) -> Table:
                  header, body, caption, takeaway)
 
 
-def study_comparison(rows: Sequence[dict], study: str) -> dict | None:
-    """The comparison a study's ledger row reads: ``decompose`` SSN + anchors − MAPL, ``decompose_capacity``
-    the same at MAPL's parameter count, ``learned_fixed_4x`` fixed − MAPL, ``corpus`` and ``blocks`` SSN − MAPL
-    (blocks: at P = 4); None without it."""
-    if study == "decompose":
-        comps = _decomposition(rows)[1]
-        key = ("ssn+anchors", "mapl")
-    elif study == "decompose_capacity":
-        comps, key = _decomposition(rows)[1], ("ssn+anchors, matched", "mapl")
-    elif study == "learned_fixed_4x":
-        comps, key = _learned_fixed(rows)[1], ("mapl-fixed", "mapl")
-    elif study == "corpus":
-        comps, key = _corpus(rows)[1], ("ssn", "mapl")
-    elif study == "blocks":
-        comps, key = [c for c in _blocks(rows)[1] if c["a"]["stages"] == 4], ("ssn", "mapl")
-    else:
-        raise ValueError(f"study={study!r}: allowed 'decompose', 'decompose_capacity', 'learned_fixed_4x', 'corpus', "
-                         "'blocks'")
-    return next((c for c in comps if (c["a"]["name"], c["b"]["name"]) == key), None)
-
-
-def study_configurations(rows: Sequence[dict], study: str) -> dict[str, dict]:
-    """A study's summaries by configuration name (``corpus``: ``none``, ``ssn``, ``mapl``; ``blocks``: the same
-    with `` P=4`` or `` P=8``; ``decompose``: its configuration names), for the ledger's range claims."""
-    studies = {"decompose": _decomposition, "learned_fixed_4x": _learned_fixed, "corpus": _corpus, "blocks": _blocks}
-    if study not in studies:
-        raise ValueError(f"study={study!r}: allowed {', '.join(repr(k) for k in studies)}")
-    return studies[study](rows)[0]
-
-
 HEADLINE_THREE = (("none", "none", ""), ("ssn", "ssn", ""), ("mapl", "mapl", ""))
 
 
-def _corpus(rows: Sequence[dict]) -> tuple[dict, list[dict], int | None]:
+def corpus_study(rows: Sequence[dict]) -> tuple[dict, list[dict], int | None]:
     model, steps, seeds = _group_budget(rows, "corpus")
     if model is None:
         return {}, [], None
@@ -346,7 +289,7 @@ def _corpus(rows: Sequence[dict]) -> tuple[dict, list[dict], int | None]:
 
 
 def _final_train_loss(run: dict, frac: float = 0.1) -> float | None:
-    """The mean training loss over the last ``frac`` of the run's steps (one step's loss is noisy)."""
+    """The mean training loss over the last ``frac`` of the run's steps."""
     curve = run.get("train_loss_curve") or []
     if not curve:
         return None
@@ -355,14 +298,12 @@ def _final_train_loss(run: dict, frac: float = 0.1) -> float | None:
 
 
 def _stream_deltas(train: dict[int, float], reference: dict[int, float]) -> list[float]:
-    """Per seed (in seed order), the training loss's Δ% against the same seed's uncompressed run; seeds without
-    an uncompressed run are left out."""
+    """Per seed, the training loss's Δ% against the same seed's uncompressed run."""
     return [100 * (train[s] - reference[s]) / reference[s] for s in sorted(train) if s in reference]
 
 
 def _train_delta(train: dict[int, float], reference: dict[int, float]) -> str:
-    """Mean ± std over seeds of the training loss's Δ% against the same seed's uncompressed run. Under one
-    epoch every training batch is new, so this is an in-distribution held-out loss too."""
+    """Mean ± std over seeds of the training loss's Δ% (under one epoch: an in-distribution held-out loss)."""
     deltas = _stream_deltas(train, reference)
     if not deltas:
         return DASH
@@ -373,16 +314,13 @@ UNREAD = "unread-train"    # mapl.orchestration.rescore's set of the training sp
 
 
 def _unread_summaries(pool: Sequence[dict], sums: dict, names: Sequence[str], rescores: dict[str, dict]) -> dict:
-    """Configuration name -> its summary on the unread training windows (:mod:`mapl.orchestration.rescore`): the
-    same checkpoints as the validation loss, each seed against its own uncompressed run scored on the same
-    windows; names without scores are left out. ``pool``: the rows of the summaries' runs."""
+    """name -> its summary on the unread training windows (each seed against its own uncompressed run there)."""
     scored = {s["variant"]: s for s in summarize(rescored_rows(pool, rescores, UNREAD))}
     return {n: scored[sums[n]["variant"]] for n in names if sums[n]["variant"] in scored}
 
 
 def _sampling_words(pool: Sequence[dict]) -> str:
-    """What the train loss of the last steps is, from how the runs (``pool``) drew their windows and how much
-    they read."""
+    """What the last steps' train loss is, from how the runs drew their windows and how much they read."""
     epochs = max((r["tokens"] / r["train_split_tokens"] for r in pool
                   if r.get("tokens") and r.get("train_split_tokens")), default=None)
     read = f"{fmt(epochs, 2)} epochs" if epochs is not None else "an unknown share of the split"
@@ -396,9 +334,8 @@ def _sampling_words(pool: Sequence[dict]) -> str:
 
 def _penalty_sentence(val: dict, unread: dict | None, train: dict[int, float],
                       reference: dict[int, float]) -> str | None:
-    """One configuration's three penalties side by side and how much of the gap between the validation split and
-    the training stream the documents account for (the unread windows: the training distribution, scored at the
-    validation loss's own checkpoints)."""
+    """One configuration's penalties on the validation split, the unread windows and the training stream, and
+    the documents' share of the gap between the first and the last."""
     stream = _stream_deltas(train, reference)
     if unread is None or not stream or val["delta_pct"] is None or unread["delta_pct"] is None:
         return None
@@ -413,12 +350,9 @@ def _penalty_sentence(val: dict, unread: dict | None, train: dict[int, float],
 
 
 def corpus_table(rows: Sequence[dict], rescores: dict[str, dict] | None = None) -> Table:
-    """The headline's three methods on a corpus that does not repeat within the budget (group ``corpus``):
-    validation and training loss (a falling validation penalty next to a rising training one is the reference
-    overfitting, not compression getting cheaper) and, where ``rescores`` (:func:`mapl.report.load_rescores`) has
-    the runs scored, their Δ% on the training windows they never read: the training distribution at the
-    validation loss's checkpoints, which splits the validation split's penalty from the training stream's."""
-    sums, comps, steps = _corpus(rows)
+    """None, SSN and MAPL on a corpus that does not repeat within the budget: validation and training loss and,
+    where ``rescores`` has them, the Δ% on the training windows the runs never read."""
+    sums, comps, steps = corpus_study(rows)
     names = [n for n in ("none", "ssn", "mapl") if n in sums]
     runs = {run for n in names for run in sums[n]["runs"]}
     pool = [r for r in rows if r["run"] in runs]
@@ -430,7 +364,7 @@ def corpus_table(rows: Sequence[dict], rescores: dict[str, dict] | None = None) 
         body.append(row + [fmt(statistics.fmean(train[name].values()), 4) if train[name] else DASH,
                            _train_delta(train[name], train.get("none", {})) if name != "none" else DASH]
                     + ([fmt_delta(unread.get(name)) if name != "none" else DASH] if unread else []))
-    source = pool[0].get("data_source") or DASH if pool else DASH    # _corpus reads one source
+    source = pool[0].get("data_source") or DASH if pool else DASH    # corpus_study reads one source
     caption = (f"None, SSN and MAPL at the headline's settings on `{source}`, a corpus seen under once in the budget "
                "(the paper's regime; the cpu corpus is seen 3.6 times in 3,000 steps; its size: README, 'Choices "
                f"where the paper is silent'). {_sampling_words(pool)}. Train loss: the mean over the "
@@ -447,7 +381,7 @@ def corpus_table(rows: Sequence[dict], rescores: dict[str, dict] | None = None) 
                  SUMMARY_HEADER + ["train loss", "train Δ%"] + (["unread Δ%"] if unread else []), body, caption, takeaway)
 
 
-def _blocks(rows: Sequence[dict]) -> tuple[dict, list[dict], int | None]:
+def blocks_study(rows: Sequence[dict]) -> tuple[dict, list[dict], int | None]:
     model, steps, seeds = _group_budget(rows, "blocks")
     if model is None:
         return {}, [], None
@@ -463,8 +397,8 @@ def _blocks(rows: Sequence[dict]) -> tuple[dict, list[dict], int | None]:
 
 
 def blocks_table(rows: Sequence[dict]) -> Table:
-    """The headline's methods with several blocks per stage (group ``blocks``, seeds 0 and 1; P = 4 and P = 8)."""
-    sums, comps, steps = _blocks(rows)
+    """None, SSN and MAPL with several blocks per stage (group ``blocks``; P = 4 and P = 8)."""
+    sums, comps, steps = blocks_study(rows)
     body = _summary_rows(sums, sorted(sums, key=lambda k: (sums[k]["stages"], ["none", "ssn", "mapl"].index(sums[k]["name"]))))
     caption = ("None, SSN and MAPL on a model with several blocks per stage (the paper has 2-4), at P = 4 and "
                "P = 8; an uncompressed run at another P is the reference where its own P has none (the same model "
@@ -478,36 +412,32 @@ def blocks_table(rows: Sequence[dict]) -> Table:
 
 def _forest_entries(rows: Sequence[dict], corpus_rows: Sequence[dict] | None) -> list[tuple[str, dict]]:
     """(study label, tested comparison) of every study, in the report's order."""
-    out = [("decompose", c) for c in _decomposition(rows)[1]]
-    out += [("learned vs fixed, 4×", c) for c in _learned_fixed(rows)[1]]
-    out += [("corpus", c) for c in _corpus(corpus_rows if corpus_rows is not None else rows)[1]]
-    out += [(f"blocks, P = {c['a']['stages']}", c) for c in _blocks(rows)[1]]
+    out = [("decompose", c) for c in decomposition_study(rows)[1]]
+    out += [("learned vs fixed, 4×", c) for c in learned_fixed_study(rows)[1]]
+    out += [("corpus", c) for c in corpus_study(corpus_rows if corpus_rows is not None else rows)[1]]
+    out += [(f"blocks, P = {c['a']['stages']}", c) for c in blocks_study(rows)[1]]
     return out
 
 
 def _forest_label(study: str, c: dict) -> str:
-    """A forest row's name with the level its interval is read at (a single seed has none)."""
+    """A forest row's name with its interval's level."""
     level = f" [{100 * c['level']:.1f} %]" if c["ci"] and c.get("level") else ""
     return f"{study}: {_name(c['a'])} − {_name(c['b'])}{level}"
 
 
-def _dot(reading: str):
-    from matplotlib.lines import Line2D
-    return Line2D([], [], ls="none", marker="o", color=NEUTRAL[reading])
+def _dot(kind: str) -> Line2D:
+    return Line2D([], [], ls="none", marker="o", color=NEUTRAL[kind])
 
 
-def controls_plot(rows: Sequence[dict], corpus_rows: Sequence[dict] | None = None):
-    """Every comparison of issue 26's studies as a forest plot: the mean paired difference of Δ% (positive: B
-    ahead) with its interval at the level the study reads it (Holm within a study), one line per comparison."""
-    from .figures import empty_note, new_figure
-    from .plots import Plot
+def controls_plot(rows: Sequence[dict], corpus_rows: Sequence[dict] | None = None) -> Plot:
+    """Every comparison of the control studies as a forest plot, each interval at its study's Holm level."""
     entries = _forest_entries(rows, corpus_rows)
     fig, (ax,) = new_figure(1, width=7.5, height=max(2.4, 0.42 * len(entries) + 1.2))
     caption = ("Each study's paired comparisons A − B in points of Δ% (positive: B ahead), the mean over seeds with "
                "its interval at the study's Holm-adjusted level (a single seed: a point); dotted line: no difference.")
     if not entries:
-        empty_note(ax, "no runs of issue 26's studies yet")
-        return Plot("controls", caption, "no runs of issue 26's studies yet.", fig, empty=True)
+        empty_note(ax, "no runs of the control studies yet")
+        return Plot("controls", caption, "no runs of the control studies yet.", fig, empty=True)
     for y, (_, c) in enumerate(reversed(entries)):
         lo, hi = c["ci"] if c["ci"] else (c["mean"], c["mean"])
         resolved = c["ci"] is not None and (lo > 0 or hi < 0)
@@ -527,3 +457,28 @@ def controls_plot(rows: Sequence[dict], corpus_rows: Sequence[dict] | None = Non
     takeaway = (f"{len(resolved)} of {len(entries)} comparisons resolved at their level"
                 + (": " + "; ".join(resolved) if resolved else "") + ".")
     return Plot("controls", caption, takeaway, fig)
+
+
+# the studies the ledger reads: how each is built, and the arm of its contrast ``<arm> − MAPL``
+_LEDGER = {"decompose": (decomposition_study, "ssn+anchors"),
+           "decompose_capacity": (decomposition_study, "ssn+anchors, matched"),
+           "learned_fixed_4x": (learned_fixed_study, "mapl-fixed"), "corpus": (corpus_study, "ssn"),
+           "blocks": (blocks_study, "ssn")}
+
+
+def _ledger_study(study: str):
+    if study not in _LEDGER:
+        raise ValueError(f"study={study!r}: allowed {', '.join(repr(k) for k in _LEDGER)}")
+    return _LEDGER[study]
+
+
+def study_comparison(rows: Sequence[dict], study: str) -> dict | None:
+    """The comparison ``<arm> − MAPL`` a study's ledger row reads (blocks: at P = 4); None without it."""
+    build, arm = _ledger_study(study)
+    return next((c for c in build(rows)[1] if (c["a"]["name"], c["b"]["name"]) == (arm, "mapl")
+                 and (study != "blocks" or c["a"]["stages"] == 4)), None)
+
+
+def study_configurations(rows: Sequence[dict], study: str) -> dict[str, dict]:
+    """A study's summaries by configuration name, for the ledger's range claims."""
+    return _ledger_study(study)[0](rows)[0]

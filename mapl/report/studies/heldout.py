@@ -1,11 +1,7 @@
-"""Finished runs re-scored on windows no run trained, selected or reported on (:mod:`mapl.orchestration.rescore`).
-
-A result's reported loss and every choice made for it come from the same held-out documents; here the same
-checkpoints are scored on a held-out text (the King James Bible, for prose corpora) and, for runs drawing
-by epochs under one epoch, on the training windows they never read. Two tables: each configuration's Δ% on
-the validation split beside its Δ% on each set (the same seeds, each against its own seed's uncompressed
-run scored on the same windows), and the claims ledger computed again on each set's scores with the same
-rules, beside the verdict on the validation split: whether any verdict moves.
+"""Finished runs rescored on windows no run trained, selected or reported on (:mod:`mapl.orchestration.rescore`):
+a held-out text (prose corpora) and the training windows a run never read (runs drawing by epochs under one
+epoch). Two tables: each configuration's Δ% on the validation split beside its Δ% on each set, and the claims
+ledger read again on each set's scores, beside its verdict on the validation split.
 """
 from __future__ import annotations
 
@@ -13,12 +9,12 @@ import json
 from pathlib import Path
 from typing import Sequence
 
-from .claims import NOT_TESTABLE, claims
-from .rows import rescored_rows, run_key
-from .stats import summarize
-from .table import DASH, Table, fmt_delta, fmt_int, fmt_pct, fmt_pm
+from ..claims import NOT_TESTABLE, Evidence, claims, headline_contrast, study_contrast
+from ..render import DASH, Table, fmt_delta, fmt_int, fmt_pct, fmt_pm
+from ..rows import rescored_rows, run_key
+from ..stats import summarize
 
-__all__ = ["SET_LABELS", "NO_SCORES", "load_rescores", "heldout_table", "heldout_claims_table"]
+__all__ = ["SET_LABELS", "NO_SCORES", "load_rescores", "heldout_table", "heldout_claims_table", "heldout_contrasts"]
 
 SET_LABELS = {"heldout-kjv": "held-out text (KJV)", "unread-train": "unread training windows"}
 NO_SCORES = ("no run group is rescored on this profile (params.yaml `rescore.<profile>` is empty; DVC stage "
@@ -26,8 +22,7 @@ NO_SCORES = ("no run group is rescored on this profile (params.yaml `rescore.<pr
 
 
 def load_rescores(root: str | Path, profile: str) -> dict[str, dict]:
-    """run name -> its scored entry (``val_loss``, ``scores``: set -> loss), over every group of the profile's
-    ``reports/<profile>/rescore/``; empty when none was scored."""
+    """run name -> its scores (``val_loss``, ``scores``: set -> loss, ``group``) under ``reports/<profile>/rescore/``."""
     out = {}
     for path in sorted((Path(root) / "reports" / profile / "rescore").glob("*.json")):
         doc = json.loads(path.read_text())
@@ -42,9 +37,8 @@ def _sets(rescores: dict[str, dict]) -> list[str]:
 
 
 def heldout_table(rows: Sequence[dict], rescores: dict[str, dict], redrawn: Sequence[dict] = ()) -> Table:
-    """Each rescored configuration: Δ% on the validation split and on each set (mean ± sd over seeds, each seed
-    against its own uncompressed run scored on the same windows). ``redrawn``: :func:`mapl.report.redrawn_rows`,
-    a redraw's runs (the group column names the redraw)."""
+    """Each rescored configuration's Δ% on the validation split and on each set (each seed against its own
+    uncompressed run scored on the same windows); ``redrawn``: a redraw's runs (the group column names it)."""
     rows = [*rows, *redrawn]
     sets = _sets(rescores)
     header = ["group", "configuration", "model", "steps", "seeds", "val Δ%", *[f"{SET_LABELS[s]} Δ%" for s in sets],
@@ -74,23 +68,18 @@ def heldout_table(rows: Sequence[dict], rescores: dict[str, dict], redrawn: Sequ
                  body if sets else [], caption, takeaway if sets else NO_SCORES)
 
 
-def _draws(rows: Sequence[dict], corpus_rows: Sequence[dict], redrawn: Sequence[dict],
-           ledger: Sequence[dict]) -> list[tuple]:
-    """(label, rows, corpus rows, validation ledger) per draw: the committed runs against ``ledger`` (claims.md's);
-    each redraw against the ledger of its own runs on the validation split (its held-out verdicts must move from
-    its own, not from another draw's)."""
-    draws = [("", rows, corpus_rows, {c["claim"]: c for c in ledger})]
+def _draws(rows: Sequence[dict], corpus_rows: Sequence[dict], redrawn: Sequence[dict]) -> list[tuple]:
+    """(label, rows, corpus rows) per draw: the committed runs, then each redraw's."""
+    draws = [("", rows, corpus_rows)]
     for draw in dict.fromkeys(r["draw"] for r in redrawn):
         mine = [r for r in redrawn if r["draw"] == draw]
-        draws.append((draw, mine, mine, {c["claim"]: c for c in claims(mine, mine)}))
+        draws.append((draw, mine, mine))
     return draws
 
 
 def _move(before: dict, after: dict) -> str:
-    """``yes`` where the verdict moves; where it stays but on other grounds (an order read as contradicted on its
-    size before and on its sign after: the order reverses), says so, since the same word would hide it. Grounds
-    are compared as data (:class:`mapl.report.claims.Ruling`), never as the reason's sentence, which names its
-    interval's level (it differs between the ledgers' families)."""
+    """``yes`` where the verdict moves, "no, its reason moves" where it stays on other grounds (compared as data: the
+    reason's sentence names its level, which differs between ledgers)."""
     if after["verdict"] != before["verdict"]:
         return "yes"
     if after["grounds"] != before["grounds"]:
@@ -100,15 +89,14 @@ def _move(before: dict, after: dict) -> str:
 
 def heldout_claims_table(rows: Sequence[dict], corpus_rows: Sequence[dict], rescores: dict[str, dict],
                          redrawn: Sequence[dict] = (), ledger: Sequence[dict] | None = None) -> Table:
-    """The claims ledger's verdicts from the rescored runs' scores on each set, beside the ledger's own (the
-    validation split); only the claims the rescored runs can test. ``redrawn`` (:func:`mapl.report.redrawn_rows`):
-    a redraw's runs, read as the study they draw again, beside the verdicts of their own validation losses.
-    ``ledger``: claims.md's rows (:func:`mapl.report.claims.claims`), where the caller has them (default:
-    computed from ``rows`` and ``corpus_rows``)."""
+    """The ledger's verdicts from the rescored runs' scores on each set, beside the validation split's:
+    claims.md's (``ledger``) for the committed runs, a redraw's own for its runs."""
     ledger = claims(rows, corpus_rows) if ledger is None else ledger
     header = ["paper's claim", "set", "verdict (validation)", "ours (set)", "verdict (set)", "moves"]
     body, moves = [], []
-    for draw, mine, corpus_mine, before_ledger in _draws(rows, corpus_rows, redrawn, ledger):
+    for draw, mine, corpus_mine in _draws(rows, corpus_rows, redrawn):
+        # a redraw's held-out verdicts move from its own validation verdicts, not from another draw's
+        before_ledger = {c["claim"]: c for c in (claims(mine, mine) if draw else ledger)}
         for name in _sets(rescores):
             where = SET_LABELS[name] + (f", draw {draw}" if draw else "")
             for c in claims(rescored_rows(mine, rescores, name), rescored_rows(corpus_mine, rescores, name)):
@@ -136,3 +124,18 @@ def heldout_claims_table(rows: Sequence[dict], corpus_rows: Sequence[dict], resc
     takeaway = (f"{len(body)} verdict(s) read on held-out windows; "
                 + (f"{len(moves)} move or change their reason: " + "; ".join(moves) + "." if moves else "none moves."))
     return Table("heldout-claims", "Held-out rescoring: whether the ledger's verdicts move", header, body, caption, takeaway)
+
+
+def heldout_contrasts(rows: Sequence[dict], corpus_rows: Sequence[dict], rescores: dict[str, dict],
+                      redrawn: Sequence[dict] = ()) -> dict[str, dict | None]:
+    """set -> the SSN − MAPL comparison on its scores (the headline's where its runs are scored, else the corpus
+    study's), of the committed runs or else the first redraw scored; None where nothing is scored."""
+    reads = (headline_contrast("ssn", "mapl"), study_contrast("corpus"))
+    out: dict[str, dict | None] = {name: None for name in SET_LABELS}
+    for name in SET_LABELS:
+        for _, mine, corpus_mine in _draws(rows, corpus_rows, redrawn):
+            ev = Evidence(rescored_rows(mine, rescores, name), rescored_rows(corpus_mine, rescores, name))
+            out[name] = next((c for read in reads if (c := read(ev)) is not None), None)
+            if out[name] is not None:
+                break
+    return out
