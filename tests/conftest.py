@@ -124,8 +124,6 @@ def tree(tmp_path):
         for r in rs:
             write(base, g, r)
     write(base, "tokens", {**groups["main"][0], "run": "zz-dup"})                   # same config: main keeps it
-    for r in groups["main"][:3]:                       # group first: main's first runs, copied (params.yaml)
-        write(base, "first", r)
     write(base, "", {**groups["main"][5], "run": "adhoc-lr", "val_loss": 9.9})      # ad hoc, same key: main wins
     write(base, "main", result("mapl", 8, loss=9.0, model="micro", profile="micro", name="micro-x"))
     (base / "main" / ".gitkeep").write_text("")

@@ -131,15 +131,6 @@ def test_headline_variants_are_read_as_one_study(rows):
     assert {s["variant"] for s in R.headline_summaries(rows)} == {"none", "ssn", "mapl", "mapl-fixed", "mapl-rvq"}
 
 
-def test_group_first_is_read_as_main_and_counted_once(tree, rows):
-    """Group first trains three of main's runs for a table in minutes; main copies them: one row each."""
-    assert (R.results_dir("cpu", tree) / "first").is_dir() and not [r for r in rows if r["group"] == "first"]
-    main = [r["run"] for r in rows if r["group"] == "main" and r["model"] == "tiny"]
-    assert len(main) == len(set(main)) == len(results_groups()["main"])
-    everything = R.load_results(tree, R.results_dir("cpu"), dedupe=False)      # same study, same run: one row
-    assert sum(r["run"] == results_groups()["main"][0]["run"] for r in everything) == 1
-
-
 def test_budgets_and_summaries(rows):
     assert R.main_model(rows) == "tiny"
     assert [R.budget_steps(rows, g) for g in ("main", "long", "tokens", "missing")] == [300, 3000, 1000, None]

@@ -16,7 +16,6 @@ from typing import Callable, Sequence
 from ..core.link import LinkProfile, steps_to_target
 from ..report import paper_table1
 from ..report.rows import at_best_validation, is_reference, load_results, main_model, select
-from ..report.stats import t_interval
 from ..report.studies.ttt import common_target as report_target, method_curve, on_target_set
 
 __all__ = ["LOSS_FITS", "load_runs", "main_model_runs", "steps_ratios", "ratio_trend", "steps_ratio_table",
@@ -169,7 +168,7 @@ def common_target(runs: Sequence[dict], target_pct: float = 2.0) -> tuple[float,
 
 def time_to_target_rows(runs: Sequence[dict], cases: dict, bandwidths: Sequence[float], latency_s: float = 0.0,
                         target_pct: float = 2.0) -> list[dict]:
-    """Time to target by the report's rule (mapl.report.ttt: its target and mean curves) with the step time of
+    """Time to target by the report's rule (mapl.report.studies.ttt: its target and mean curves) with the step time of
     each (method, wire ratio)'s Case in ``cases`` on each bandwidth."""
     common = common_target(runs, target_pct)
     if common is None:
