@@ -17,6 +17,7 @@ This module knows no project setting and never imports ``mapl.core.config`` (whi
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 import types
@@ -108,8 +109,10 @@ def coerce(value, tp, name: str, from_string: bool = False):
     refuse(name, value, f"must be {_type_name(tp)}")
 
 
+@functools.cache
 def field_hints(cls) -> dict:
-    """Field name -> resolved annotation of dataclass ``cls``."""
+    """Field name -> resolved annotation of dataclass ``cls`` (cached: resolving string annotations compiles each one,
+    and a config is built field by field: validating params.yaml's runs spent 90 % of its time here)."""
     return typing.get_type_hints(cls)
 
 
