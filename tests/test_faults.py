@@ -20,10 +20,9 @@ a test keeps the two in step). Rows with ``bug`` are known bugs in training sour
 not touch: a strict xfail whose failure is raised as ``KnownBug`` on exactly the listed properties
 (every other property still fails the test as usual). Rows marked ``slow`` start the multi-process
 pipeline, or repeat a fault class that a fast row already covers. ``make test`` runs the rows marked
-``before_torch``: the command ends before it imports torch (interpreter start-up and the checks, 0.3-0.7
-CPU-seconds a row, measured; a setup may still train once in this process, ``seed``). Every other row's
-command imports torch (3-5 CPU-seconds before it does anything) and most then train, resume or start pipeline
-ranks, so it is marked ``full`` and runs in ``make test-all``.
+``before_torch`` and not ``slow``: the command ends before it imports torch (interpreter start-up and the checks,
+0.3-0.7 CPU-seconds a row, measured). Every other row is marked ``full`` and runs in ``make test-all``: its command
+imports torch (3-5 CPU-seconds before it does anything) and most then train, resume or start pipeline ranks.
 
 Related unit tests (in process, finer grained): tests/test_validation.py (every config value),
 tests/test_io.py (atomic writes, locks, disk full), tests/test_train.py (resume, non-finite),
@@ -1287,7 +1286,7 @@ FAULTS = [
           "the validate stage refuses the name before DVC removes any output", "every output",
           "a plain name, rerun `dvc repro`",
           setup=params_yaml(_set_in("profiles.micro.runs", {"../main/x": {"group": "main", "method": "none"}})),
-          before_torch=True),
+          slow=True, before_torch=True),
     Fault("params-run-listed-twice", "one run listed twice (was: YAML kept the second silently)",
           "mapl sweep --check --stamp params-valid.txt", 2,
           r"^error: .*/proj/params\.yaml: invalid YAML at line \d+, column 7: duplicate key 'micro-P2-none-s0'$",
@@ -1394,7 +1393,7 @@ class Evil:
 
 def _params(f: Fault):
     marks = [pytest.mark.slow] if f.slow else []
-    if not f.before_torch:
+    if f.slow or not f.before_torch:
         marks.append(pytest.mark.full)
     if f.bug:
         marks.append(pytest.mark.xfail(strict=True, raises=KnownBug, reason=f.reason))
