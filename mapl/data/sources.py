@@ -142,19 +142,8 @@ def _parquet_files(cfg: DataConfig, cache_dir: Path | None) -> list[tuple[Path, 
     return [(p, str(p)) for p in _expand(cfg.paths)]
 
 
-def _first_row_group(meta, skip: int) -> tuple[int, int]:
-    """(first row group holding local row ``skip``, local index of that group's first row)."""
-    first_row = 0
-    for g in range(meta.num_row_groups):
-        n = meta.row_group(g).num_rows
-        if first_row + n > skip:
-            return g, first_row
-        first_row += n
-    return meta.num_row_groups, first_row
-
-
 def _parquet_records(cfg: DataConfig, cache_dir: Path | None, start: int) -> Iterator[tuple[int, Doc]]:
-    """One document per non-empty row of column ``hf_text_field``; skips ``start`` rows by metadata."""
+    """One document per non-empty row of column ``hf_text_field``; row groups before ``start`` are not read."""
     import pyarrow.parquet as pq        # comes with datasets; imported lazily (slow import)
     base = 0                            # global index of the current file's first row
     for path, label in _parquet_files(cfg, cache_dir):
@@ -163,18 +152,19 @@ def _parquet_records(cfg: DataConfig, cache_dir: Path | None, start: int) -> Ite
         if cfg.hf_text_field not in pf.schema_arrow.names:
             raise DataError(f"{path}: no column {cfg.hf_text_field!r} (data.hf_text_field); "
                             f"columns: {pf.schema_arrow.names}")
-        meta = pf.metadata
-        first_group, row = _first_row_group(meta, start - base)
-        if first_group < meta.num_row_groups:
-            groups = list(range(first_group, meta.num_row_groups))
+        row = 0                         # local index of the current row group's first row
+        for group in range(pf.metadata.num_row_groups):
+            if base + row + pf.metadata.row_group(group).num_rows <= start:
+                row += pf.metadata.row_group(group).num_rows
+                continue
             with _readable_parquet(path):
                 for batch in pf.iter_batches(columns=[cfg.hf_text_field], batch_size=_PARQUET_BATCH,
-                                             row_groups=groups):
+                                             row_groups=[group]):
                     for text in batch.column(0).to_pylist():
                         if base + row >= start and text:
                             yield base + row + 1, Doc(f"{label}#{row}", text)
                         row += 1
-        base += meta.num_rows
+        base += pf.metadata.num_rows
 
 
 @contextlib.contextmanager

@@ -35,11 +35,9 @@ class Progress:
         self.start = time.monotonic()
         self.base: tuple[float, int, float] | None = None         # (time, tokens, fraction) at the first document
 
-    def _fraction(self, tokens: int, position: int) -> float:
-        return max(tokens / self.cap if self.cap else 0.0, position / self.records if self.records else 0.0)
-
     def update(self, tokens: int, position: int, final: bool = False) -> None:
-        now, frac = time.monotonic(), self._fraction(tokens, position)
+        now = time.monotonic()
+        frac = max(tokens / self.cap if self.cap else 0.0, position / self.records if self.records else 0.0)
         if self.base is None:
             self.base, self.last = (now, tokens, frac), now
         if not final and now - self.last < self.every_s:
