@@ -149,15 +149,14 @@ class _RecordingWriter:
         self.f, self.error = f, None
 
     def write(self, b):
-        try:
-            return self.f.write(b)
-        except OSError as e:
-            self.error = e
-            raise
+        return self._recording(self.f.write, b)
 
     def flush(self):
+        return self._recording(self.f.flush)
+
+    def _recording(self, call, *args):
         try:
-            return self.f.flush()
+            return call(*args)
         except OSError as e:
             self.error = e
             raise
@@ -188,10 +187,6 @@ def check_writable(path: PathLike) -> Path:
     except OSError as e:
         raise _output_error(path, e, "cannot remove a probe file next to") from e
     return path
-
-
-def _holder_command() -> str:
-    return shlex.join(getattr(sys, "orig_argv", None) or [sys.executable, *sys.argv])
 
 
 class OutputLock:
@@ -286,7 +281,7 @@ def _acquire(path: Path, waiting_for: str | None = None) -> int:
             break
         os.close(fd)
     os.ftruncate(fd, 0)
-    os.write(fd, f"{os.getpid()}\n{_holder_command()}\n".encode())
+    os.write(fd, f"{os.getpid()}\n{shlex.join(sys.orig_argv or [sys.executable, *sys.argv])}\n".encode())
     return fd
 
 

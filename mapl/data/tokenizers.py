@@ -13,7 +13,7 @@ from .config import DataConfig
 from .downloads import MISTRAL_MEMBER, MISTRAL_MODEL_SHA256, MISTRAL_SPEC, fetch_mistral_model
 from .errors import DataError
 from ..base.io import atomic_write_bytes
-from .sources import Doc
+from .documents import Doc
 from .spm import spm_to_tokenizer
 
 __all__ = ["EOT", "bytes_to_unicode", "byte_tokenizer", "train_bpe", "mistral_tokenizer", "build_tokenizer",
