@@ -1,11 +1,6 @@
-"""Safe outputs: atomic writes (unique temp file, fsync, rename), writable checks before any work, and exclusive
-output locks, so a reader never sees a half-written file, two writers never share a temp file, two runs never
-write the same outputs at once, and an output problem (full disk, read-only folder, ...) is one ``OutputError``
-line naming the path and the cause.
-
-    check_writable(out)                                 # before any data or model is touched
-    with OutputLock(results=out, checkpoint=ckpt):      # refused if another run holds either path
-        atomic_write_json(out, results)
+"""Safe outputs: atomic writes (unique temp file, fsync, rename), writable checks before any work (``check_writable``)
+and exclusive output locks (``OutputLock``); an output problem (full disk, read-only folder, ...) is one
+``OutputError`` line naming the path and the cause.
 """
 from __future__ import annotations
 

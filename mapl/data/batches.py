@@ -1,7 +1,5 @@
-"""The token-matched batch order: which windows of the train shard a run reads at each step.
-
-A batch depends only on ``(seed, step)`` and the shard. ``uniform`` draws window offsets at random; ``epochs`` reads
-every non-overlapping window once per epoch, in a fresh seeded order per epoch (docs/data.md). Windows cross document
+"""The token-matched batch order: the windows of the train shard a run reads at each step, which depend only on
+``(seed, step)`` and the shard (``uniform`` or ``epochs`` sampling: docs/data.md). Windows cross document
 boundaries (the end-of-text id separates them), as in GPT-style training.
 """
 from __future__ import annotations

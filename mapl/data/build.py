@@ -1,9 +1,6 @@
-"""``prepare``, the only code that creates a prepared folder: ``train.bin``, ``val.bin``, ``tokenizer.json`` and
-``manifest.json`` (hashes, counts, dtype, vocabulary, split).
-
-A folder with a manifest is never rebuilt or deleted implicitly: it is returned if it matches ``cfg`` and its
-hashes, else a ``DataError`` names the fix (``--rebuild``). Files are written in ``<out>/.partial/`` and moved into
-place, the manifest last and atomically; two processes preparing one folder take turns (a lock).
+"""``prepare``, the only code that creates a prepared folder (shards, ``tokenizer.json``, ``manifest.json``). A
+folder with a manifest is never rebuilt or deleted implicitly; files are written in ``<out>/.partial/`` and moved
+into place, the manifest last and atomically; two processes preparing one folder take turns (a lock).
 """
 from __future__ import annotations
 
@@ -37,9 +34,8 @@ def prepare(cfg: DataConfig, out_dir: str | os.PathLike | None = None, cache_dir
             rebuild: bool = False, profile: str | None = None, full_verify: bool = False,
             progress_every_s: float = 10.0, chunk_tokens: int = 1 << 24) -> dict:
     """Tokenize ``cfg``'s corpus into ``out_dir`` (default ``data/<dataset_dir_name>``); returns the manifest.
-
-    ``rebuild`` replaces a prepared folder; ``full_verify`` re-hashes an existing one instead of trusting this
-    host's stamps; ``profile`` makes the commands in error messages exact."""
+    ``full_verify`` re-hashes an existing folder instead of trusting this host's stamps; ``profile`` makes the
+    commands in error messages exact."""
     cfg.validate()
     out = Path(out_dir) if out_dir else default_data_dir(cfg)
     if not rebuild and (out / MANIFEST).exists():
@@ -80,25 +76,6 @@ def _write_split(cfg: DataConfig, work: Path, cache_dir: Path | None, timer: lis
     return tok, splits, doc_hash(docs), inventory
 
 
-def _manifest(cfg: DataConfig, tok, tok_json: bytes, splits: dict, corpus_hash: str, inventory: list | None) -> dict:
-    import tokenizers
-    vocab = tok.get_vocab_size()
-    return {
-        "format": FORMAT_VERSION,
-        "config": token_config(cfg),
-        "source": describe_source(cfg),
-        "corpus_hash": corpus_hash,
-        "tokenizer": {"kind": cfg.tokenizer, "file": TOKENIZER_FILE, "vocab_size": vocab, "eot_id": eot_id(tok),
-                      "sha256": hashlib.sha256(tok_json).hexdigest(), "tokenizers_version": tokenizers.__version__,
-                      "origin": tokenizer_origin(cfg)},
-        "vocab_size": vocab,
-        "eot_id": eot_id(tok),
-        "dtype": dtype_for(vocab).name,
-        "splits": splits,
-        **({"sources": inventory} if inventory is not None else {}),
-    }
-
-
 def _build(cfg: DataConfig, out: Path, cache_dir: Path | None, every_s: float, chunk_tokens: int) -> dict:
     work, timer, t0, inventory = out / WORK_DIR, [0.0], time.perf_counter(), None
     if cfg.val_tokens > 0:
@@ -118,9 +95,23 @@ def _build(cfg: DataConfig, out: Path, cache_dir: Path | None, every_s: float, c
              total, timer[0], total / max(timer[0], 1e-9), time.perf_counter() - t0)
     tok_json = tok.to_str().encode()
     atomic_write_bytes(work / TOKENIZER_FILE, tok_json)
+    import tokenizers                   # lazily (a slow import): its version goes into the manifest
     vocab = tok.get_vocab_size()
     splits["val"]["unigram_entropy"] = unigram_entropy(np.fromfile(work / "val.bin", dtype=dtype_for(vocab)), vocab)
-    manifest = _manifest(cfg, tok, tok_json, splits, corpus_hash, inventory)
+    manifest = {
+        "format": FORMAT_VERSION,
+        "config": token_config(cfg),
+        "source": describe_source(cfg),
+        "corpus_hash": corpus_hash,
+        "tokenizer": {"kind": cfg.tokenizer, "file": TOKENIZER_FILE, "vocab_size": vocab, "eot_id": eot_id(tok),
+                      "sha256": hashlib.sha256(tok_json).hexdigest(), "tokenizers_version": tokenizers.__version__,
+                      "origin": tokenizer_origin(cfg)},
+        "vocab_size": vocab,
+        "eot_id": eot_id(tok),
+        "dtype": dtype_for(vocab).name,
+        "splits": splits,
+        **({"sources": inventory} if inventory is not None else {}),
+    }
     for name in ("val.bin", "train.bin", TOKENIZER_FILE):
         os.replace(work / name, out / name)
     atomic_write_json(out / MANIFEST, manifest)

@@ -1,8 +1,6 @@
-"""``python-code``: every distinct Python file of five pinned PyPI sdists (permissive licences), large enough that
-no run of the scale ladder reads a window twice.
-
-Each ``.py`` file is one document named ``<package>/<path in the sdist>``; a file whose bytes already appeared is
-dropped. The standard library is left out on purpose: its sources would change with the interpreter.
+"""``python-code``: every distinct ``.py`` file of five pinned PyPI sdists, one document named ``<package>/<path>``
+each, enough that no run of the scale ladder reads a window twice. The standard library is left out on purpose:
+its sources would change with the interpreter.
 """
 from __future__ import annotations
 

@@ -64,10 +64,6 @@ class DataConfig:
                    "tokenizer ('byte' or 'mistral'): the BPE is trained on the train split only; use val_fraction")
         return self
 
-    @property
-    def dir_name(self) -> str:
-        return dataset_dir_name(self)
-
 
 def token_config(cfg: DataConfig) -> dict:
     """The fields that change the tokens, as plain JSON (the manifest's ``config``)."""

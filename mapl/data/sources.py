@@ -1,8 +1,5 @@
-"""Corpora as streams of documents in a canonical, deterministic order.
-
-Each source yields ``(position, Doc)``: ``position`` is the index of the next record (file, block, parquet row,
-dataset row) after the document, so an interrupted preparation resumes with ``iter_records(cfg, start=position)``
-without re-reading what it has written (parquet skips whole files and row groups from their metadata).
+"""Corpora as streams of ``(position, Doc)`` in a canonical, deterministic order; ``position`` is the index of the
+record after the document, so an interrupted preparation resumes with ``iter_records(cfg, start=position)``.
 """
 from __future__ import annotations
 

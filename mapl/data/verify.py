@@ -1,9 +1,5 @@
-"""Is a prepared folder what its manifest says? Every check refuses with one ``DataError`` line naming the file
-and the fix; nothing here rebuilds or deletes anything.
-
-A shard's sha256 is checked in full once per host, then remembered in a stamp ``.verified-<host>.json`` (in the
-folder, or under ``~/.cache/mapl``) with the file's (device, inode, size, mtime_ns, ctime_ns); later checks skip
-the hash while ``stat`` still matches. docs/data.md says why a matching stamp means the hashed bytes.
+"""Is a prepared folder what its manifest says? Each check refuses with one ``DataError`` line naming the file and
+the fix. A full sha256 runs once per host, then a stat stamp stands for it (docs/data.md, "Verification stamps").
 """
 from __future__ import annotations
 
