@@ -95,7 +95,7 @@ def test_chunks_are_lossless_and_bounded():
 # ------------------------------------------------------------------------------ config and names
 
 def test_config_validate_and_dir_name():
-    assert DataConfig().validate().dir_name == "shakespeare-bpe2048"
+    assert D.dataset_dir_name(DataConfig().validate()) == "shakespeare-bpe2048"
     assert D.dataset_dir_name(DataConfig(tokenizer="byte")) == "shakespeare-byte"
     seeded = D.dataset_dir_name(DataConfig(seed=1))
     assert seeded.startswith("shakespeare-bpe2048-") and seeded == D.dataset_dir_name(DataConfig(seed=1))

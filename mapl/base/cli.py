@@ -1,26 +1,8 @@
-"""The one error policy of every ``mapl`` command: exit codes and one-line errors.
+"""The one error policy of every ``mapl`` command: exit codes (:data:`EXIT_CODES`) and one-line errors.
 
-    if __name__ == "__main__":
-        sys.exit(run_cli(main, prog="mapl train"))
-
-A user error (an invalid flag or config value, a missing or corrupt input, an unwritable output)
-prints ONE line ``error: ...`` naming what to fix, never a traceback; ``--debug`` (or
-``MAPL_DEBUG=1``) adds the traceback. Anything unexpected is a bug: its traceback is printed.
-
-| code | meaning |
-|---|---|
-| 0 | success |
-| 1 | a bug (an unexpected exception): the traceback is printed |
-| 2 | user error (flag, config, input data, checkpoint, output path): one line ``error: ...`` |
-| 3 | a peer process of the multi-process pipeline failed or did not answer in time |
-| 4 | non-finite values (NaN/Inf): the run stopped, the last good checkpoint is kept |
-| 130 | interrupted (Ctrl-C / SIGTERM): stopped after the step in flight, checkpoint written |
-
-SIGTERM to the entry point's process alone (``kill PID``, ``pkill``, a scheduler that signals one process)
-is a Ctrl-C too: :func:`run_cli` raises ``KeyboardInterrupt`` for it in the main thread. Without that the
-process died at once and the workers of a sweep's spawn pool, which the signal never reached, went on
-training and writing the group's checkpoints and results, orphaned; now leaving the pool's ``with`` block
-terminates them, and each stops after its step with its checkpoint written.
+A user error prints ONE line ``error: ...`` naming what to fix (``--debug`` or ``MAPL_DEBUG=1`` adds the
+traceback); anything unexpected is a bug and prints its traceback. SIGTERM to the entry point's process is a Ctrl-C
+too (:func:`run_cli`), so a sweep's pool workers stop after their step with their checkpoints written.
 """
 from __future__ import annotations
 
@@ -58,18 +40,14 @@ EXIT_CODES = {
     EXIT_INTERRUPTED: "interrupted (Ctrl-C / SIGTERM): stopped after the step in flight, checkpoint written",
 }
 
-# ValueError covers ConfigError, the data helper's DataError and io.OutputError: by contract, code
-# that raises a ValueError phrases its message for the user. The OSErrors name a path the user gave.
+# By contract a ValueError (ConfigError, DataError, OutputError) is phrased for the user; the OSErrors name a user's path.
 USER_ERRORS = (ValueError, FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
-# OS errors of the machine, not of the code, wherever a write meets them: a read-only filesystem (a checkout mounted
-# read-only), a full disk, an exhausted quota, a file-size limit. Each is the user's to fix (exit 2), with a hint.
+# The machine's OS errors (read-only filesystem, full disk, quota, file-size limit): the user's to fix, with a hint.
 ENVIRONMENT_ERRNOS = (errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
 class PeerFailure(RuntimeError):
-    """Another process of a multi-process run died or did not answer (exit code 3).
-
-    The runtime's transport error subclasses it; the message names the operation, peer and step."""
+    """Another process of a multi-process run died or did not answer (exit code 3); the message names the peer."""
 
 
 def exit_code(exc: BaseException) -> int:
@@ -111,16 +89,14 @@ def error_line(exc: BaseException, label: str | None = None) -> str:
 
 
 def _line(text: str) -> None:
-    """One ``write`` for the text and its newline: the ranks of the multi-process pipeline share one
-    (unbuffered) stderr, and ``print``'s two writes let another rank's line land between them."""
+    """One ``write`` for text and newline: the pipeline's ranks share one stderr, and ``print``'s two writes could
+    interleave with another rank's line."""
     sys.stderr.write(text + "\n")
 
 
 def report(exc: BaseException, *, prog: str = "mapl", label: str | None = None, debug: bool = False) -> int:
-    """Print what ``exc`` means for the user to stderr and return its exit code.
-
-    Entry points that must leave with ``os._exit`` (the multi-process pipeline) call this in their
-    own ``except BaseException`` and exit with the code; everyone else uses ``run_cli``."""
+    """Print what ``exc`` means for the user to stderr and return its exit code (for entry points that must leave
+    with ``os._exit``; everyone else uses ``run_cli``)."""
     code = exit_code(exc)
     sys.stdout.flush()
     if code == EXIT_BUG:
@@ -136,8 +112,7 @@ def report(exc: BaseException, *, prog: str = "mapl", label: str | None = None, 
 
 
 def fail(message: str, code: int = EXIT_USER_ERROR) -> NoReturn:
-    """Leave a script with one line on stderr and a documented exit code (a user error by default).
-    ``raise SystemExit("text")`` would exit 1, which the README reserves for a bug."""
+    """Leave a script with one line on stderr and a documented exit code (``SystemExit("text")`` would exit 1, a bug's)."""
     sys.stdout.flush()
     _line(message)
     raise SystemExit(code)
@@ -151,10 +126,8 @@ def debug_requested(argv: Sequence[str]) -> bool:
 
 def run_cli(main: Callable[[list[str]], int | None], argv: Sequence[str] | None = None, *, prog: str,
             label: str | None = None) -> int:
-    """Call ``main(argv)`` (without ``--debug``) and turn how it ended into an exit code.
-
-    Returns ``main``'s own code (``None`` is 0); an exception is reported by ``report``. ``SystemExit``
-    (argparse's usage errors, ``--help``) passes through unchanged."""
+    """Call ``main(argv)`` (without ``--debug``) and return its code (``None`` is 0), or ``report``'s for an exception;
+    ``SystemExit`` (argparse's usage errors, ``--help``) passes through."""
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = debug_requested(argv)
     if "--debug" in argv:
@@ -165,8 +138,8 @@ def run_cli(main: Callable[[list[str]], int | None], argv: Sequence[str] | None 
             code = main(argv)
             sys.stdout.flush()              # a closed pipe shows here, where it is handled, not at interpreter exit
     except BrokenPipeError:
-        # the reader of our stdout left (`mapl reuse | head -1`): nothing went wrong here and there is no one to
-        # tell; stdout goes to /dev/null so that the interpreter's final flush does not raise again
+        # the reader of our stdout left (`mapl sweep --estimate | head -1`): nothing to tell; stdout goes to /dev/null
+        # so that the interpreter's final flush does not raise again
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_OK
     except (Exception, KeyboardInterrupt) as e:     # noqa: BLE001 -- the policy itself: each gets its code
@@ -176,8 +149,7 @@ def run_cli(main: Callable[[list[str]], int | None], argv: Sequence[str] | None 
 
 @contextmanager
 def _sigterm_interrupts():
-    """SIGTERM raises ``KeyboardInterrupt`` (as SIGINT does) while the block runs; the previous handler is
-    restored after. Outside the main thread no handler can be set (as in mapl.core.loop): nothing changes."""
+    """SIGTERM raises ``KeyboardInterrupt`` while the block runs (outside the main thread no handler can be set)."""
     try:
         old = signal.signal(signal.SIGTERM, _raise_interrupt)
     except ValueError:

@@ -1,18 +1,6 @@
-"""The run groups as params.yaml declares them, once: each group's study and role, in the report's order.
-
-params.yaml's top-level ``groups:`` maps every run group to ``{study, role}``. A run lives in one group (the folder
-of its results JSON); a study is the report's unit of analysis, and one study may span groups (the headline and its
-two variants). The role says how the report treats a group's runs:
-
-* ``reported``: read into its study's tables;
-* ``tuning``: runs that choose settings on the selection split; never pooled into a result;
-* ``other-corpus``: runs on another corpus; only their own study's tables and ledger rows read them;
-* ``redraw``: the runs of the reported study named by ``redraws``, drawn again on this machine so that their
-  checkpoints exist here; only the held-out rescoring reads them, as that study, never pooled with its runs.
-
-The declaration's order is the order of ``mapl sweep --estimate`` and of the report's studies (where a
-configuration is in two studies, the first keeps it). This module reads a params dict and nothing else: the
-report, the orchestration and a training run's imports all reach it without importing each other.
+"""The run groups as params.yaml's ``groups:`` declares them (each group's study and role; the roles are explained
+there), in the report's order. Reads a params dict and nothing else, so the report, the orchestration and a
+training run all reach it without importing each other.
 """
 from __future__ import annotations
 
@@ -24,9 +12,8 @@ from .settings import ConfigError, build, check_fields, setting
 __all__ = ["ROLES", "APART_ROLES", "GroupDeclaration", "Declaration", "declaration"]
 
 ROLES = ("reported", "tuning", "other-corpus", "redraw")
-# the roles whose runs stand for no reported configuration: a tuning study's cells (other learning rates) and a
-# redraw (a reported study's configurations on another draw). No reported run is deduplicated against theirs, and
-# no report view pools them unless it asks for the tuning cells (mapl.report.rows.load_results, select).
+# the roles whose runs stand for no reported configuration (other learning rates, another draw): no report view
+# pools them unless it asks for the tuning cells
 APART_ROLES = ("tuning", "redraw")
 NAME = re.compile(r"[a-z][a-z0-9_]*")        # a DVC stage item, a folder and a notebook name
 WHERE = "groups"                             # the declaration's key in params.yaml

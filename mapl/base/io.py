@@ -1,24 +1,6 @@
-"""Safe outputs: atomic writes with unique temp names, writable checks, exclusive output locks.
-
-Every file a run writes (results JSON, checkpoints) goes through this module, so that
-
-* a reader never sees a half-written file: the bytes go to a temp file in the target's folder, are
-  fsynced, then renamed over the target (``os.replace`` is atomic within one filesystem);
-* two processes writing the same path never share a temp file (each temp name holds the PID and a
-  random token and is created with ``O_EXCL``), and a failed write removes its temp file;
-* an output problem (disk full, ``ulimit -f``, read-only or missing folder, a directory where a
-  file belongs) is found before any work (``check_writable``) or, if it happens mid-run, surfaces as
-  one ``OutputError`` naming the path and the cause, never as a torch/zip traceback;
-* two runs never write the same outputs at once (``OutputLock``), and one run never gives the same
-  file twice (results and checkpoint must differ).
-
-Typical use in an entry point (``mapl train --out r.json --ckpt r.pt``)::
-
-    check_writable(out); check_writable(ckpt)          # before any data or model is touched
-    with OutputLock(results=out, checkpoint=ckpt):      # refused if another run holds either path
-        ... train ...
-        atomic_torch_save(state, ckpt)
-        atomic_write_json(out, results)
+"""Safe outputs: atomic writes (unique temp file, fsync, rename), writable checks before any work (``check_writable``)
+and exclusive output locks (``OutputLock``); an output problem (full disk, read-only folder, ...) is one
+``OutputError`` line naming the path and the cause.
 """
 from __future__ import annotations
 
@@ -42,12 +24,7 @@ log = logging.getLogger(__name__)
 
 
 class OutputError(ValueError):
-    """An output path cannot be written (or is in use); the message names the path and the cause. ``holder``: for a
-    path in use, the process holding it (its PID and command), else None."""
-
-    def __init__(self, message: str, holder: str | None = None):
-        super().__init__(message)
-        self.holder = holder
+    """An output path cannot be written (or is in use); the message names the path and the cause."""
 
 
 # errno -> what the user can do about it (the OS's own words come first in the message)
@@ -65,8 +42,7 @@ _HINTS = {
 }
 
 
-# the checkout this package runs from: a path in it that cannot be written is a read-only checkout, whose way on is a
-# writable copy (a mounted review copy, a shared install), not another folder for one file
+# a path in this checkout that cannot be written means a read-only checkout: the way on is a writable copy
 _CHECKOUT = Path(__file__).resolve().parents[2]
 _NOT_WRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS)
 CHECKOUT_HINT = ("this checkout is not writable: run in a writable copy, e.g. `mapl workspace repro --profile P --dir "
@@ -86,11 +62,6 @@ def _output_error(path: Path, e: OSError, doing: str = "cannot write") -> Output
     return OutputError(f"{doing} {path}: {cause}" + (f" ({hint})" if hint else ""))
 
 
-def _temp_name(path: Path) -> Path:
-    # PID + random token: unique per process and per call; '.tmp' so no results glob picks it up
-    return path.with_name(f"{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
-
-
 def _open_temp(path: Path) -> tuple[int, Path]:
     """Create a fresh temp file next to ``path`` (O_EXCL: never shared, mode from the umask)."""
     if path.is_dir():
@@ -100,9 +71,10 @@ def _open_temp(path: Path) -> tuple[int, Path]:
     except OSError as e:
         raise _output_error(path, e, "cannot create the folder of") from e
     while True:
-        tmp = _temp_name(path)
+        # PID + random token: unique per process and per call; '.tmp' so no results glob picks it up
+        tmp = path.with_name(f"{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
         try:
-            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666), tmp
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666), tmp
         except FileExistsError:      # 32 random bits collided: draw again
             continue
         except OSError as e:
@@ -111,24 +83,18 @@ def _open_temp(path: Path) -> tuple[int, Path]:
 
 def _fsync_folder(folder: Path) -> None:
     """Make the rename itself durable; some filesystems cannot fsync a folder (best effort)."""
-    try:
+    with contextlib.suppress(OSError):
         fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 @contextlib.contextmanager
 def _atomic_file(path: PathLike):
-    """Yield a binary file object; on success fsync + rename over ``path``, on any failure remove it.
-
-    ``OSError`` (from the body, the fsync or the rename) becomes one ``OutputError``; anything else
-    (a bug, KeyboardInterrupt) propagates unchanged, after the temp file is removed."""
+    """Yield a binary file object; on success fsync + rename over ``path``, on any failure remove it (an ``OSError``
+    becomes one ``OutputError``; anything else propagates unchanged)."""
     path = Path(path)
     fd, tmp = _open_temp(path)
     try:
@@ -147,8 +113,7 @@ def _atomic_file(path: PathLike):
 
 
 def read_json_object(path: PathLike) -> dict | None:
-    """The JSON object in ``path``; None when the file is missing, unreadable, not JSON or not an object (a
-    results file another run left half written reads as absent)."""
+    """The JSON object in ``path``; None when the file is missing, unreadable, not JSON or not an object."""
     try:
         obj = json.loads(Path(path).read_text())
     except (OSError, ValueError):
@@ -168,28 +133,25 @@ def atomic_write_text(path: PathLike, text: str) -> None:
 
 
 def atomic_write_json(path: PathLike, obj) -> None:
-    """Write ``obj`` as indented JSON to ``path`` atomically (serialised first: a non-serialisable
-    object raises ``TypeError`` before any file is created)."""
+    """Write ``obj`` as indented JSON to ``path`` atomically (a non-serialisable object fails before any file)."""
     atomic_write_text(path, json.dumps(obj, indent=1) + "\n")
 
 
 class _RecordingWriter:
-    """A file wrapper that remembers the OSError behind a failed write: torch.save reports it only
-    as a zip-writer ``RuntimeError`` ("enforce fail at inline_container.cc"), which names no cause."""
+    """Remembers the OSError behind a failed write: torch.save reports it only as a zip-writer ``RuntimeError``."""
 
     def __init__(self, f):
         self.f, self.error = f, None
 
     def write(self, b):
-        try:
-            return self.f.write(b)
-        except OSError as e:
-            self.error = e
-            raise
+        return self._recording(self.f.write, b)
 
     def flush(self):
+        return self._recording(self.f.flush)
+
+    def _recording(self, call, *args):
         try:
-            return self.f.flush()
+            return call(*args)
         except OSError as e:
             self.error = e
             raise
@@ -210,10 +172,8 @@ def atomic_torch_save(obj, path: PathLike) -> None:
 
 
 def check_writable(path: PathLike) -> Path:
-    """Fail now, before any work, if ``path`` could not be written at the end of the run.
-
-    Creates the folder if needed, then creates and removes a probe file named like the real temp
-    file (so a name that is too long fails here too). Returns ``path`` as a ``Path``."""
+    """Fail now, before any work, if ``path`` could not be written at the end of the run: creates its folder and a
+    probe file named like the real temp file (so a name that is too long fails here too)."""
     path = Path(path)
     fd, tmp = _open_temp(path)
     os.close(fd)
@@ -224,26 +184,16 @@ def check_writable(path: PathLike) -> Path:
     return path
 
 
-def _holder_command() -> str:
-    return shlex.join(getattr(sys, "orig_argv", None) or [sys.executable, *sys.argv])
-
-
 class OutputLock:
-    """Hold an exclusive lock on a run's output paths for the whole run.
-
-    ``with OutputLock(results=out, checkpoint=ckpt): ...`` (or positional paths). Each path gets a
-    ``<path>.lock`` sidecar holding ``fcntl.flock`` and the holder's PID and command line; the OS
-    releases the lock when the process dies, even by SIGKILL (a stale sidecar is then reused).
-    A path already locked by another run, or the same file given twice, is an ``OutputError``.
-    ``None`` paths are skipped (e.g. no checkpoint). The sidecars are removed on exit."""
+    """An exclusive lock on a run's output paths (``None`` skipped) for the whole run: a ``<path>.lock`` sidecar
+    holding ``fcntl.flock`` and the holder's PID and command, released by the OS even on SIGKILL. A path locked by
+    another run, or one file given twice, is an ``OutputError``. (Hand-written rather than a lock package: the
+    refusal names the holding run, and no such package is a dependency.)"""
 
     def __init__(self, *paths: PathLike | None, **named: PathLike | None):
         items = [(str(p), p) for p in paths] + list(named.items())
         self._paths = [(label, Path(p)) for label, p in items if p is not None]
         self._held: list[tuple[Path, int]] = []
-        self._check_distinct()
-
-    def _check_distinct(self) -> None:
         seen: dict[Path, str] = {}
         for label, p in self._paths:
             key = p.resolve()
@@ -266,11 +216,8 @@ class OutputLock:
         self.release()
 
     def release(self) -> None:
-        """Remove the sidecars (while still locked, so no waiter locks a file being deleted), unlock."""
         for p, fd in reversed(self._held):
-            with contextlib.suppress(OSError):
-                _lock_path(p).unlink()
-            os.close(fd)
+            _release(p, fd)
         self._held.clear()
 
 
@@ -278,23 +225,27 @@ def _lock_path(path: Path) -> Path:
     return path.with_name(path.name + ".lock")
 
 
+def _release(path: Path, fd: int) -> None:
+    """Remove the sidecar (while still locked, so no waiter locks a file being deleted), then unlock."""
+    with contextlib.suppress(OSError):
+        _lock_path(path).unlink()
+    os.close(fd)
+
+
 @contextlib.contextmanager
 def waiting_lock(path: PathLike, what: str):
-    """Hold the lock on ``<path>.lock`` for a job that a second process should wait for rather than be
-    refused (preparing a dataset, stamping its hashes): the waiter logs who holds it and what it is doing.
-    The same sidecar, PID line and stale-file handling as :class:`OutputLock`."""
+    """The lock on ``<path>.lock`` for a job a second process waits for rather than is refused by (preparing a
+    dataset, stamping its hashes); the waiter logs who holds it."""
     fd = _acquire(Path(path), waiting_for=what)
     try:
         yield
     finally:
-        with contextlib.suppress(OSError):
-            _lock_path(Path(path)).unlink()
-        os.close(fd)
+        _release(Path(path), fd)
 
 
 def _acquire(path: Path, waiting_for: str | None = None) -> int:
-    """Lock ``<path>.lock`` and write our PID and command into it; return the open descriptor. Held by
-    another process: an ``OutputError``, or with ``waiting_for`` (the job both take the lock for) a log line and a wait."""
+    """Lock ``<path>.lock``, write our PID and command into it and return its descriptor. Held by another process:
+    an ``OutputError``, or with ``waiting_for`` (the job both take the lock for) a log line and a wait."""
     lock = _lock_path(path)
     try:
         lock.parent.mkdir(parents=True, exist_ok=True)
@@ -302,7 +253,7 @@ def _acquire(path: Path, waiting_for: str | None = None) -> int:
         raise _output_error(path, e, "cannot create the folder of") from e
     while True:
         try:
-            fd = os.open(lock, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o666)
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
         except OSError as e:
             raise _output_error(lock, e, "cannot create the lock file") from e
         try:
@@ -312,7 +263,7 @@ def _acquire(path: Path, waiting_for: str | None = None) -> int:
                 os.close(fd)
                 holder = _read_holder(lock)
                 raise OutputError(f"{path} is in use by {holder}: wait for that run to finish, stop it, "
-                                  f"or choose another output path", holder) from None
+                                  f"or choose another output path") from None
             log.info("waiting for %s, which is %s", _read_holder(lock), waiting_for)
             fcntl.flock(fd, fcntl.LOCK_EX)
         # the holder we waited on may have unlinked the sidecar between our open and our flock:
@@ -325,7 +276,7 @@ def _acquire(path: Path, waiting_for: str | None = None) -> int:
             break
         os.close(fd)
     os.ftruncate(fd, 0)
-    os.write(fd, f"{os.getpid()}\n{_holder_command()}\n".encode())
+    os.write(fd, f"{os.getpid()}\n{shlex.join(sys.orig_argv or [sys.executable, *sys.argv])}\n".encode())
     return fd
 
 

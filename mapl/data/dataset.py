@@ -1,14 +1,5 @@
-"""The read API for training: open a prepared folder, never build one.
-
-    >>> ds = open_dataset(cfg.data, "data/shakespeare-bpe2048", profile="cpu")   # or data_dir=None
-    >>> x, y = ds.batch(step=123, batch_size=16, seq_len=128, seed=0)
-    >>> val = ds.eval_batches(batch_size=32, seq_len=128, max_tokens=65536)
-
-Only ``mapl data`` (the DVC ``prepare`` stage) creates data. A training process, on any
-host and any rank, calls :func:`open_dataset`, which checks the folder against its manifest and
-against ``cfg`` (see :mod:`mapl.data.verify`: a full hash once per host, a stat stamp after that)
-and raises a one-line ``DataError`` naming the file and the command that fixes it.
-"""
+"""The read API for training: open a prepared, verified folder (never build one); a problem is a one-line
+``DataError`` naming the file and the command that fixes it."""
 from __future__ import annotations
 
 import os
@@ -44,18 +35,13 @@ class Dataset:
     def vocab_size(self) -> int:
         return int(self.manifest["vocab_size"])
 
-    @property
-    def eot_id(self) -> int:
-        return int(self.manifest["eot_id"])
-
     def batch(self, step: int, batch_size: int, seq_len: int, seed: int):
         """The training batch ``(x, y)`` of ``step`` (see :mod:`mapl.data.batches`)."""
         return get_batch(self.train, batch_size, seq_len, seed, step, self.sampling)
 
     def eval_batches(self, batch_size: int, seq_len: int, max_tokens: int, offset: int = 0, select_every: int = 0,
                      part: str = "report") -> list:
-        """Fixed validation batches from token ``offset`` of the val shard (``select_every``/``part``:
-        :func:`mapl.data.batches.eval_batches`)."""
+        """Fixed validation batches from token ``offset`` of the val shard (:func:`mapl.data.batches.eval_batches`)."""
         return eval_batches(self.val[offset:], batch_size, seq_len, max_tokens, select_every, part)
 
 
@@ -67,11 +53,8 @@ def _shard(out: Path, m: dict, split: str, profile: str | None) -> TokenShard:
 
 def open_dataset(cfg: DataConfig, data_dir: str | os.PathLike | None = None, *, profile: str | None = None,
                  full_verify: bool = False) -> Dataset:
-    """The prepared data of ``cfg`` in ``data_dir`` (default ``data/<dataset_dir_name>``), verified.
-
-    Raises ``DataError`` (a ``ValueError``; ``MissingDataError`` is also a ``FileNotFoundError``)
-    when the folder, the manifest or a shard is missing, truncated, corrupt or made for other
-    settings; ``profile`` only makes the suggested command exact."""
+    """The prepared data of ``cfg`` in ``data_dir`` (default ``data/<dataset_dir_name>``), verified; a missing,
+    truncated, corrupt or other settings' folder is a ``DataError`` (``profile`` makes its suggested command exact)."""
     out = Path(data_dir) if data_dir else default_data_dir(cfg)
     m = verified_manifest(out, cfg, profile, full=full_verify)
     return Dataset(out, m, _shard(out, m, "train", profile), _shard(out, m, "val", profile), cfg.sampling)

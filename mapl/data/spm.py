@@ -1,11 +1,8 @@
 """SentencePiece ``.model`` -> ``tokenizers`` BPE, for the Mistral 32k tokenizer.
 
-Why hand-written: a ``.model`` file is a protobuf message (``ModelProto``). Reading it with the
-official packages would add two dependencies (``sentencepiece``, a C++ extension without wheels on
-some platforms, and ``protobuf``) and importing ``mistral_common`` would pull in pydantic and more,
-only to read three fields. The wire format is simple (varints and length-delimited fields), so
-``_pb_fields`` below reads it in 20 lines. The conversion follows transformers' ``LlamaConverter``
-(legacy mode) and was checked id for id against sentencepiece 0.2.3 (tests/test_data.py).
+Hand-written because the official readers (``sentencepiece`` + ``protobuf``, or ``mistral_common``) would add
+dependencies only to read three fields of a simple protobuf message. The conversion follows transformers'
+``LlamaConverter`` (legacy mode) and matches sentencepiece 0.2.3 id for id (tests/test_data.py).
 """
 from __future__ import annotations
 

@@ -1,14 +1,6 @@
-"""Streamed, resumable preparation (``val_tokens > 0``: the paper's DCLM route, and paper-smoke).
-
-Documents are read in source order and tokenized in batches; the first ones worth ``val_tokens``
-tokens go to ``val.bin``, the rest to ``train.bin`` until ``max_train_tokens`` (0 = the whole
-source). Work happens in ``<out>/.partial/``. Every ``chunk_tokens`` train tokens (or 30 s) the shard is
-flushed to disk (fsync) and then ``progress.json`` is replaced atomically with the exact state
-(tokens, documents, the next source record, the corpus-hash chain): that record is the commit
-point of a chunk. An interrupted preparation (Ctrl-C, a crash, a lost node) restarts from the last
-record: the shard is cut back to the tokens it vouches for, re-hashed, and the source is reopened
-at the next record (parquet skips whole files and row groups), so nothing is tokenized twice
-apart from the last partial chunk, and the result is byte for byte that of an uninterrupted run.
+"""Streamed, resumable preparation (``val_tokens > 0``): the first documents worth ``val_tokens`` go to val, the rest
+to train until ``max_train_tokens``. ``progress.json``, replaced after each fsynced chunk, is the commit point a
+restart resumes from, byte for byte as an uninterrupted run (docs/data.md).
 """
 from __future__ import annotations
 
@@ -21,7 +13,7 @@ from pathlib import Path
 
 from .config import DataConfig, effective_token_config, token_config
 from ..base.io import atomic_write_json
-from .files import sha256_file
+from .downloads import sha256_file
 from .shards import ShardWriter, dtype_for
 from .sources import DocChain, count_records, iter_records
 from .tokenizers import encode_stream
@@ -35,20 +27,17 @@ CHUNK_SECONDS = 30.0        # a chunk also ends after this long, so a slow sourc
 
 
 class Progress:
-    """A line every ``every_s`` seconds: train tokens, source records, rate and ETA. The rate and
-    the ETA are measured from the first document written in this session (not from the start,
-    which includes loading the tokenizer, the val split, or a resume)."""
+    """A log line every ``every_s`` seconds: train tokens, source records, rate and ETA, measured from the first
+    document written in this session (not counting the tokenizer, the val split or a resume)."""
 
     def __init__(self, label: str, cap: int, records: int | None, every_s: float):
         self.label, self.cap, self.records, self.every_s = label, cap, records, every_s
         self.start = time.monotonic()
         self.base: tuple[float, int, float] | None = None         # (time, tokens, fraction) at the first document
 
-    def _fraction(self, tokens: int, position: int) -> float:
-        return max(tokens / self.cap if self.cap else 0.0, position / self.records if self.records else 0.0)
-
     def update(self, tokens: int, position: int, final: bool = False) -> None:
-        now, frac = time.monotonic(), self._fraction(tokens, position)
+        now = time.monotonic()
+        frac = max(tokens / self.cap if self.cap else 0.0, position / self.records if self.records else 0.0)
         if self.base is None:
             self.base, self.last = (now, tokens, frac), now
         if not final and now - self.last < self.every_s:

@@ -1,15 +1,11 @@
-"""Tokenizers (all ``tokenizers.Tokenizer``) and document encoding.
-
-``bpe``: byte-level BPE trained on the train split (deterministic, cached by corpus hash); ``byte``:
-256 byte symbols + end-of-text, untrained (tests); ``mistral``: the 32k Mistral-7B-v0.1 SentencePiece
-model from the pinned ``mistral-common`` wheel, converted by :mod:`mapl.data.spm`.
-"""
+"""Tokenizers (all ``tokenizers.Tokenizer``: ``bpe`` trained on the train split, ``byte``, and ``mistral`` converted
+by :mod:`mapl.data.spm`) and document encoding."""
 from __future__ import annotations
 
 import itertools
 import time
 from pathlib import Path
-from typing import Iterable, Iterator, TypeVar
+from typing import Iterable, Iterator
 
 import numpy as np
 
@@ -17,11 +13,11 @@ from .config import DataConfig
 from .downloads import MISTRAL_MEMBER, MISTRAL_MODEL_SHA256, MISTRAL_SPEC, fetch_mistral_model
 from .errors import DataError
 from ..base.io import atomic_write_bytes
-from .sources import Doc
+from .documents import Doc
 from .spm import spm_to_tokenizer
 
 __all__ = ["EOT", "bytes_to_unicode", "byte_tokenizer", "train_bpe", "mistral_tokenizer", "build_tokenizer",
-           "eot_id", "chunks", "encode_stream", "encode_docs", "encode_documents", "tokenizer_origin"]
+           "eot_id", "chunks", "encode_stream", "encode_documents", "tokenizer_origin"]
 
 EOT = "<|endoftext|>"
 
@@ -30,27 +26,12 @@ EOT = "<|endoftext|>"
 _CHUNK_CHARS = 1 << 16
 _ENCODE_BATCH = 64          # documents (or chunks) per encode_batch call
 
-T = TypeVar("T")
-
 
 def bytes_to_unicode() -> dict[int, str]:
     """GPT-2's printable stand-in for each byte (the alphabet of tokenizers' ByteLevel)."""
-    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), 256))
-    out, extra = {}, 0
-    for b in range(256):
-        if b in keep:
-            out[b] = chr(b)
-        else:
-            out[b] = chr(256 + extra)
-            extra += 1
-    return out
-
-
-def _byte_level(tok):
-    from tokenizers import decoders, pre_tokenizers
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    return tok
+    keep = {*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), 256)}
+    others = iter(range(256, 512))          # the other bytes, in order, stand for 256, 257, ...
+    return {b: chr(b) if b in keep else chr(next(others)) for b in range(256)}
 
 
 def byte_tokenizer():
@@ -79,18 +60,18 @@ def chunks(text: str, limit: int = _CHUNK_CHARS) -> Iterator[str]:
 
 def train_bpe(texts: Iterable[str], vocab_size: int = 2048, cache_dir: Path | None = None,
               corpus_hash: str | None = None):
-    """Byte-level BPE trained on ``texts``; end-of-text is id 0.
-
-    Deterministic (same texts -> identical tokenizer.json). With ``cache_dir`` and ``corpus_hash``
-    the result is cached under ``tokenizers/`` keyed by corpus, vocabulary and tokenizers version."""
+    """Byte-level BPE trained on ``texts`` (deterministic; end-of-text is id 0), cached under
+    ``<cache_dir>/tokenizers/`` by corpus hash, vocabulary and tokenizers version when both are given."""
     import tokenizers
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     cached = None
     if cache_dir is not None and corpus_hash:
         cached = Path(cache_dir) / "tokenizers" / f"bpe{vocab_size}-{corpus_hash[:16]}-tk{tokenizers.__version__}.json"
         if cached.exists():
             return Tokenizer.from_file(str(cached))
-    tok = _byte_level(Tokenizer(models.BPE()))
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOT], show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator((c for t in texts for c in chunks(t)), trainer=trainer)
@@ -123,21 +104,15 @@ def build_tokenizer(cfg: DataConfig, train_texts: list[str] | None, cache_dir: P
     return train_bpe(train_texts, cfg.vocab_size, cache_dir, corpus_hash)
 
 
-def _is_byte_level(tok) -> bool:
-    return type(tok.pre_tokenizer).__name__ == "ByteLevel"
-
-
-def encode_stream(tok, items: Iterable[tuple[T, Doc]], timer: list | None = None
-                  ) -> Iterator[tuple[T, Doc, np.ndarray]]:
-    """``(tag, doc, ids + [eot])`` per ``(tag, doc)``, encoding ``_ENCODE_BATCH`` documents per
-    ``encode_batch`` call (the tag rides along: a resume position, or nothing)."""
+def encode_stream(tok, items: Iterable[tuple[object, Doc]], timer: list | None = None) -> Iterator[tuple]:
+    """``(tag, doc, ids + [eot])`` per ``(tag, doc)`` (the tag rides along: a resume position, or nothing)."""
     eot = eot_id(tok)
     # Text that spells "<|endoftext|>" or "</s>" stays text: only real boundaries get the eot id.
     tok.encode_special_tokens = True
-    encode = getattr(tok, "encode_batch_fast", tok.encode_batch)    # no offsets: faster
+    encode = tok.encode_batch_fast          # no offsets: faster
     # Byte-level tokenizers split safely at line ends; SentencePiece would add a dummy-prefix space
     # to every piece, so it gets whole documents.
-    split = chunks if _is_byte_level(tok) else (lambda text: [text])
+    split = chunks if type(tok.pre_tokenizer).__name__ == "ByteLevel" else (lambda text: [text])
     items = iter(items)
     while True:
         batch = list(itertools.islice(items, _ENCODE_BATCH))
@@ -156,14 +131,9 @@ def encode_stream(tok, items: Iterable[tuple[T, Doc]], timer: list | None = None
             yield tag, d, np.asarray(ids, dtype=np.int64)
 
 
-def encode_docs(tok, docs: Iterable[Doc], timer: list | None = None) -> Iterator[tuple[Doc, np.ndarray]]:
-    """``(doc, ids + [eot])`` per document."""
-    return ((d, ids) for _, d, ids in encode_stream(tok, ((None, d) for d in docs), timer))
-
-
 def encode_documents(tok, texts: Iterable[str]) -> np.ndarray:
     """All ``texts`` encoded (in batches) and joined, each followed by the end-of-text id."""
-    parts = [ids for _, ids in encode_docs(tok, (Doc(str(i), t) for i, t in enumerate(texts)))]
+    parts = [ids for _, _, ids in encode_stream(tok, ((None, Doc(str(i), t)) for i, t in enumerate(texts)))]
     return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
 

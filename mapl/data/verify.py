@@ -1,22 +1,5 @@
-"""Is a prepared folder what its manifest says? Safe, and cheap at paper scale.
-
-Every check refuses (``DataError``, one line naming the file and the fix); nothing here rebuilds or
-deletes anything.
-
-Design. A shard's bytes are proven by its sha256 against ``manifest.json``. Hashing tens of GB at
-every run start (and in every stage process) is too slow, so a full hash is done **once per host**
-and remembered in a stamp ``.verified-<host>.json`` in the folder (or under ``~/.cache/mapl`` when
-the folder is read-only): file name, sha256 and the file's (device, inode, size, mtime_ns,
-ctime_ns). Later checks compare ``stat`` with the stamp and skip the hash when all five match.
-Any write to the file changes its ctime, which user programs cannot set back (``touch`` and
-``os.utime`` set mtime and atime, and set ctime to *now*), and replacing it changes the inode, so a
-matching stamp means the bytes that were hashed. Two guards keep the stamp honest: it is written
-only if ``stat`` did not change while hashing, and only when the file's last change is more than
-``_RACY_S`` seconds old (a filesystem with coarse timestamps could otherwise hide a write made in
-the same tick, the "racy git" problem). Processes of one host that start together take a lock,
-so one hashes and the others reuse its stamp. What a stamp cannot see (bit rot below the
-filesystem, a changed clock) is what ``mapl data --verify`` is for: a full re-hash.
-The size is checked against the manifest before anything else, so a truncated shard is named as such.
+"""Is a prepared folder what its manifest says? Each check refuses with one ``DataError`` line naming the file and
+the fix. A full sha256 runs once per host, then a stat stamp stands for it (docs/data.md, "Verification stamps").
 """
 from __future__ import annotations
 
@@ -33,8 +16,7 @@ import numpy as np
 
 from .config import DataConfig, effective_token_config, token_config
 from .errors import DataError, MissingDataError, prepare_command
-from ..base.io import OutputError, atomic_write_json, waiting_lock
-from .files import sha256_fd
+from ..base.io import OutputError, atomic_write_json, read_json_object, waiting_lock
 
 __all__ = ["MANIFEST", "TOKENIZER_FILE", "FORMAT_VERSION", "read_manifest", "check_config", "verify_file",
            "verified_manifest"]
@@ -42,7 +24,7 @@ __all__ = ["MANIFEST", "TOKENIZER_FILE", "FORMAT_VERSION", "read_manifest", "che
 MANIFEST = "manifest.json"
 TOKENIZER_FILE = "tokenizer.json"
 FORMAT_VERSION = 1
-_RACY_S = 2.0
+_RACY_S = 2.0                        # no stamp for a fresher file: a coarse mtime could hide a write in the same tick
 
 _VERIFIED: dict[tuple, str] = {}     # (path, dev, ino, size, mtime_ns, ctime_ns) -> sha256, this process
 
@@ -80,13 +62,19 @@ def check_config(manifest: dict, cfg: DataConfig, out: Path, profile: str | None
                         f"or replace it with {prepare_command(profile, rebuild=True)}")
 
 
+def sha256_fd(fd: int) -> str:
+    """sha256 of an open file, read from its start (the descriptor stays open)."""
+    with open(fd, "rb", closefd=False) as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
 def _stat_key(st: os.stat_result) -> tuple:
     return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
 
 
 class _Stamps:
-    """The host's stamp file for one folder (JSON: file name -> sha256 + stat key): in the folder,
-    or under ``~/.cache/mapl/verified`` when the folder cannot be written (a read-only data mount)."""
+    """The host's stamp file for one folder (file name -> sha256 + stat key): in the folder, or under
+    ``~/.cache/mapl/verified`` when the folder cannot be written (a read-only data mount)."""
 
     def __init__(self, folder: Path):
         host = socket.gethostname() or "host"
@@ -97,10 +85,7 @@ class _Stamps:
 
     def matches(self, name: str, key: tuple, sha: str) -> bool:
         for path in self.candidates:
-            try:
-                entry = json.loads(path.read_text()).get(name)
-            except (OSError, ValueError):
-                continue
+            entry = (read_json_object(path) or {}).get(name)
             if entry and entry.get("sha256") == sha and tuple(entry.get("stat", ())) == key:
                 return True
         return False
@@ -122,26 +107,18 @@ class _Stamps:
     def record(self, name: str, key: tuple, sha: str) -> None:
         if self.path is None:
             return
-        try:
-            stamps = json.loads(self.path.read_text()) if self.path.exists() else {}
-        except (OSError, ValueError):
-            stamps = {}
+        stamps = read_json_object(self.path) or {}
         stamps[name] = {"sha256": sha, "stat": list(key)}
-        try:
+        with contextlib.suppress(OSError, OutputError):     # no stamp: the next start hashes again (slower, still safe)
             atomic_write_json(self.path, stamps)
-        except (OSError, OutputError):
-            pass                     # no stamp: the next start hashes again (slower, still safe)
 
 
 def _hash_and_stamp(path: Path, sha256: str, stamps: _Stamps, fix: str) -> tuple:
     """Full sha256 of ``path``; a stamp if the file stayed unchanged and is not too fresh to trust."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        before = _stat_key(os.fstat(fd))
-        actual = sha256_fd(fd)
-        after = os.fstat(fd)
-    finally:
-        os.close(fd)
+    with open(path, "rb") as f:
+        before = _stat_key(os.fstat(f.fileno()))
+        actual = sha256_fd(f.fileno())
+        after = os.fstat(f.fileno())
     if actual != sha256:
         raise DataError(f"{path}: sha256 mismatch: manifest.json expects {sha256}, the file has {actual} "
                         f"(corrupt, or from another preparation); rebuild it with {fix}")
