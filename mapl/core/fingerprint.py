@@ -13,11 +13,11 @@ __all__ = ["TRAIN_SOURCES", "source_files", "code_fingerprint"]
 TRAIN_SOURCES = ("mapl/__init__.py", "mapl/core", "mapl/data", "pyproject.toml")
 
 
-def source_files(root: str | Path = PROJECT_ROOT, sources=TRAIN_SOURCES) -> list[Path]:
-    """Every file of ``sources`` under ``root``, sorted."""
+def source_files(root: str | Path = PROJECT_ROOT) -> list[Path]:
+    """Every file of the training sources under ``root``, sorted."""
     root = Path(root)
     files = set()
-    for entry in sources:
+    for entry in TRAIN_SOURCES:
         path = root / entry
         if path.is_dir():
             files.update(p for p in path.rglob("*") if p.is_file() and "__pycache__" not in p.parts
@@ -30,10 +30,10 @@ def source_files(root: str | Path = PROJECT_ROOT, sources=TRAIN_SOURCES) -> list
     return sorted(files)
 
 
-def code_fingerprint(root: str | Path = PROJECT_ROOT, sources=TRAIN_SOURCES) -> str:
+def code_fingerprint(root: str | Path = PROJECT_ROOT) -> str:
     """sha256 over the training sources' relative paths and contents, 16 hex digits."""
     root = Path(root)
     h = hashlib.sha256()
-    for path in source_files(root, sources):
+    for path in source_files(root):
         h.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
     return h.hexdigest()[:16]

@@ -140,10 +140,10 @@ class StepMeasurement:
                    list(fwd_bytes), list(bwd_bytes), **kw)
 
     @classmethod
-    def from_results(cls, results: dict, schedule: str | None = None) -> "StepMeasurement":
+    def from_results(cls, results: dict) -> "StepMeasurement":
         """From a ``mapl pipeline`` results dict."""
         tm = results["pipeline"]["timing"]
-        return cls(schedule or results["pipeline"]["schedule"], tm["fwd_s"], tm["bwd_s"], tm["fwd_bytes"],
+        return cls(results["pipeline"]["schedule"], tm["fwd_s"], tm["bwd_s"], tm["fwd_bytes"],
                    tm["bwd_bytes"], tm["opt_s"], tm["state_fwd_bytes"], tm["state_bwd_bytes"], tm.get("collective", True))
 
     def to_dict(self) -> dict:
@@ -283,12 +283,12 @@ def floor_time(meas: StepMeasurement, links) -> float:
     return worst
 
 
-def estimate(meas: StepMeasurement, profiles: Iterable = tuple(PROFILES), latency_ms: float | None = None) -> dict:
+def estimate(meas: StepMeasurement, profiles: Iterable = tuple(PROFILES)) -> dict:
     """Step time, floor and compute-only makespan per profile."""
     compute = step_time(meas, IDEAL)
     out = {}
     for spec in profiles:
-        prof = get_profile(spec, latency_ms)
+        prof = get_profile(spec)
         sim = simulate(meas, prof)
         out[prof.name] = {"step_s": sim.step_time, "floor_s": sim.floor, "compute_s": compute,
                           "bandwidth_bps": prof.bandwidth_bps, "latency_s": prof.latency_s}

@@ -19,10 +19,8 @@ class ByteMeter:
         self.bytes = defaultdict(int)      # (boundary, direction, kind) -> bytes
         self.tokens = defaultdict(int)     # (boundary, direction) -> tokens carried
 
-    def add(self, boundary: int, direction: str, kind: str, nbytes: int, tokens: int = 0) -> None:
+    def add(self, boundary: int, direction: str, kind: str, nbytes: int) -> None:
         self.bytes[(boundary, direction, kind)] += int(nbytes)
-        if tokens:
-            self.tokens[(boundary, direction)] += int(tokens)
 
     def add_payload(self, boundary, direction, payload, roles, tokens):
         for t, role in zip(payload, roles, strict=True):

@@ -44,8 +44,8 @@ class FaultPlan:
     data_delay_s: float = 0.0
 
     @classmethod
-    def from_env(cls, env=None) -> "FaultPlan":
-        env = os.environ if env is None else env
+    def from_env(cls) -> "FaultPlan":
+        env = os.environ
         mode = env.get("MAPL_FAULT_MODE", "exit")
         if mode not in ("exit", "hang"):
             raise ValueError(f"MAPL_FAULT_MODE={mode!r} is invalid: allowed 'exit', 'hang'")

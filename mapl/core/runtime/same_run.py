@@ -90,12 +90,12 @@ def mismatch_message(fingerprints: list[dict], diffs: dict[int, list[str]]) -> s
             + ". Start every rank with the same command, params.yaml, prepared data and training code")
 
 
-def check_same_run(fingerprint: dict, refusal: str | None = None, group=None) -> None:
+def check_same_run(fingerprint: dict, refusal: str | None = None) -> None:
     """Collective: raise :class:`RunMismatch` on every rank when any fingerprint differs, else any rank's
     ``refusal`` (rank 0's results guard) as a ValueError on every rank."""
     import torch.distributed as dist
-    everyone = [None] * dist.get_world_size(group)
-    dist.all_gather_object(everyone, (fingerprint, refusal), group=group)
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, (fingerprint, refusal))
     diffs = differences([fp for fp, _ in everyone])
     if diffs:
         raise RunMismatch(mismatch_message([fp for fp, _ in everyone], diffs))
