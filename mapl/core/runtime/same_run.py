@@ -1,10 +1,7 @@
-"""Before any work, the ranks of one pipeline prove they were started for the same run.
-
-Each rank builds its config from its own command line and params.yaml, opens its own data and runs its own code:
-on several machines any can differ, silently (a different seed trains; the results claim rank 0's) or as a
-shape error or timeout. So every rank gathers every other's fingerprint (``config.*`` but :data:`LOCAL_FIELDS`,
-the shared options ``run.*``, the data manifest's hash, the code fingerprint) and all refuse, naming each
-differing rank and field, before anything is opened or written.
+"""Before any work, the ranks of one pipeline prove they were started for the same run: each built its config,
+opened its data and runs its code on its own machine, and a difference would otherwise train silently or fail
+as a shape error or timeout. Every rank gathers every fingerprint (config but :data:`LOCAL_FIELDS`, shared
+options, data manifest, code) and all refuse, naming each differing rank and field, before anything is written.
 """
 from __future__ import annotations
 

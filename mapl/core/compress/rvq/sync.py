@@ -1,14 +1,8 @@
-"""How the receiver's copy of the RVQ codebooks follows the sender's: three strategies whose tensors ride on
-every forward message after the header, in fixed shapes independent of (B, T).
-
-* ``stream`` (the paper's): ``n`` codewords of every codebook per message, walking a seeded random permutation
-  (a new one every ceil(K/n) messages); the message carrying the k-means init sends the whole codebook, once.
-* ``full``: the whole codebook in every message (staleness 0, the expensive reference).
-* ``mirrored``: the receiver repeats the sender's EMA update from the per-code sums (counts come from the
-  indices) and the revived codes: bit-identical copies, about the cost of ``full``.
-
-A strategy is a module so its bookkeeping (each codeword's version, the newest version heard of, the stream's
-permutation) travels in checkpoints. A message is applied without reading the device.
+"""How the receiver's copy of the RVQ codebooks follows the sender's; the tensors ride on every forward message
+after the header, in fixed shapes. ``stream`` (the paper's): n codewords of every codebook per message along a
+seeded random permutation (the k-means init message: the whole codebook, once); ``full``: the whole codebook
+every message; ``mirrored``: the receiver repeats the sender's EMA update from the per-code sums and revivals.
+A strategy is a module so its bookkeeping travels in checkpoints; a message is applied without a host read.
 """
 from __future__ import annotations
 
