@@ -184,7 +184,7 @@ def test_compressors_follow_their_inputs_device(method, sync, on_meta):
     comp.eval()
     z = comp.encode(x.detach())
     assert comp.unpack(comp.pack(z), z.dtype).device.type == "cpu"
-    comp.diagnostics(), comp.check_sync(), comp.checksum(), comp.check_finite(0, 0)
+    comp.diagnostics(), comp.check_sync(), comp.checksum()
     comp.apply_sync(comp.sync_payload())
 
 

@@ -172,5 +172,5 @@ def test_staged_model_and_diagnostics_follow_their_inputs_device(method, on_meta
     diag = boundary_diagnostics(sm, [(ids[:, :-1], ids[:, 1:])])
     assert len(diag) == 2 and all(d["activation_rms"] > 0 for d in diag)
     for comp in sm.compressors():
-        comp.diagnostics(), comp.check_sync(), comp.check_finite(0, 0)
+        comp.diagnostics(), comp.check_sync()
         comp.apply_sync(comp.sync_payload())

@@ -234,12 +234,8 @@ def test_spel_rejects_non_stiefel_shapes_and_bad_hyperparams():
     with pytest.raises(ValueError):
         SPEL([ok], polar="qr")
     with pytest.raises(ValueError):
-        SPEL([ok], direction_polar="qr")
-    with pytest.raises(ValueError):
         SPEL([ok], momentum=1.0)
     opt = SPEL([ok], lr=0.1, polar="polar_express", polar_steps=7)
-    assert opt.param_groups[0]["direction_polar"] == "polar_express"
-    assert opt.param_groups[0]["direction_steps"] == 7
     with pytest.raises(ValueError, match=r"shape \(3, 5\)"):
         opt.add_param_group({"params": [torch.nn.Parameter(torch.zeros(3, 5))]})
 
@@ -268,11 +264,8 @@ def test_spel_stays_on_manifold_over_2000_steps(seed, dtype, polar):
         assert worst <= 1e-10
 
 
-@pytest.mark.parametrize("kw", [dict(nesterov=True), dict(weight_decay=0.1),
-                                dict(momentum=0.0), dict(direction_polar="polar_express",
-                                                         direction_steps=5)])
-def test_spel_variants_stay_on_manifold(kw):
-    A, worst = _spel_random_walk(0, torch.float32, "svd", steps=300, **kw)
+def test_spel_without_momentum_stays_on_manifold():
+    A, worst = _spel_random_walk(0, torch.float32, "svd", steps=300, momentum=0.0)
     assert worst <= 1e-5
 
 
@@ -405,12 +398,12 @@ def test_spel_bf16_param_retracts_in_fp32():
     assert opt2.state[A]["momentum_buffer"].dtype == torch.float32
 
 
-@pytest.mark.parametrize("polar,nesterov", [("svd", False), ("polar_express", True)])
-def test_spel_state_dict_round_trip(polar, nesterov):
+@pytest.mark.parametrize("polar", ["svd", "polar_express"])
+def test_spel_state_dict_round_trip(polar):
     d, r, n1, n2 = 24, 6, 15, 20
     grads = [torch.randn(d, r, generator=_gen(10 + i)) for i in range(n1 + n2)]
     init = stiefel_random(d, r, _gen(99))
-    kw = dict(lr=0.03, momentum=0.9, polar=polar, nesterov=nesterov, weight_decay=0.01)
+    kw = dict(lr=0.03, momentum=0.9, polar=polar)
 
     # Uninterrupted run.
     A = torch.nn.Parameter(init.clone())

@@ -9,7 +9,7 @@ import pytest
 
 from mapl import report as R
 from mapl.report import paper
-from tests.helpers.report_data import result, results_groups
+from tests.helpers.report_data import result
 
 
 @pytest.mark.parametrize("content,says", [

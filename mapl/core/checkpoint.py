@@ -1,28 +1,10 @@
 """Checkpoints: written atomically and only when every value is finite; read back with one-line errors.
 
-A checkpoint holds the model, the optimizer states, the byte meter, the loop state and the run's full
-configuration (``RunConfig.to_dict()``). On resume the stored configuration is compared field by
-field with this run's (``mapl.core.config.config_diff``):
-
-* identical: resume;
-* only settings in ``mapl.core.config.RESUMABLE_FIELDS`` differ (learning rates, step budget, warmup,
-  clipping, evaluation, schedule): resume only when asked explicitly (``--resume-with-changes``), and
-  the change is recorded in the loop state and so in the results;
-* anything else differs (model, data, compressor, seed): refused, naming the fields.
-
-A non-finite parameter or optimizer state is never written: ``save`` raises and the last good
-checkpoint stays as it was (issue: a huge LR used to leave inf embeddings in "the last good
-checkpoint").
-
-Finite is not enough: an update can leave huge but finite weights whose next forward is NaN. So
-the loop (``mapl.core.loop.run_loop``) writes a checkpoint *unconfirmed* (``unconfirmed_path``: ``run.pt``
--> ``run.unconfirmed.pt``) and promotes it over the last good one (``confirm``, one atomic rename)
-only once a forward on those weights gave a finite loss: the next step's training loss, or a
-validation loss at the same step. A non-finite step drops the unconfirmed file, so ``run.pt`` is
-always a checkpoint the run has gone on from.
-
-    save(path, cfg=cfg, model=sm, optimizers=opts, meter=meter, state=state, stage_of=stage_fn)
-    ck = read(path); state = restore(ck, path, cfg, sm, opts, meter, allow_changes=False)
+On resume the stored config is compared with this run's: identical resumes; only ``RESUMABLE_FIELDS`` differ:
+resumes with ``--resume-with-changes`` (recorded in the results); anything else: refused, naming the fields.
+Finite is not enough (an update can leave huge finite weights whose next forward is NaN), so the loop writes a
+checkpoint *unconfirmed* (``run.unconfirmed.pt``) and promotes it over the last good one (``confirm``, a rename)
+once a forward on its weights was finite: ``run.pt`` is always a checkpoint the run has gone on from.
 """
 from __future__ import annotations
 
@@ -37,7 +19,6 @@ from ..base.io import atomic_torch_save
 from .loop import LoopState, NonFiniteError
 
 __all__ = ["FORMAT", "CheckpointError", "CheckpointSlot", "first_nonfinite", "save", "read", "unconfirmed_path",
-           "confirm",
            "with_added_fields", "resume_changes", "restore", "checkpoint_step"]
 
 FORMAT = "mapl-checkpoint-v2"
@@ -63,8 +44,7 @@ def _float_tensors(model: torch.nn.Module, optimizers: Iterable[torch.optim.Opti
 
 
 def first_nonfinite(model: torch.nn.Module, optimizers: Iterable[torch.optim.Optimizer]) -> str | None:
-    """The name of the first parameter, buffer or optimizer state holding NaN/Inf (None if all finite).
-    One host sync for the whole check: every flag is computed on its device, then read once."""
+    """The first parameter, buffer or optimizer state holding NaN/Inf (None if all finite), in one host sync."""
     items = [(n, t) for n, t in _float_tensors(model, optimizers) if t.is_floating_point() and t.numel()]
     if not items:
         return None
@@ -77,8 +57,8 @@ def first_nonfinite(model: torch.nn.Module, optimizers: Iterable[torch.optim.Opt
 # ---- save / read / restore --------------------------------------------------------------------------
 def save(path: Path, *, cfg: RunConfig, model: torch.nn.Module, optimizers: list, meter, state: LoopState,
          where: Callable[[str], str] = lambda name: "", last_good: int | None = None) -> None:
-    """Check every value finite, then write atomically. ``where(name)`` says which stage holds a
-    tensor (for the message); ``last_good`` is the step of the checkpoint already on disk."""
+    """Check every value finite, then write atomically. ``where(name)``: which stage holds a tensor (for the
+    message); ``last_good``: the step of the checkpoint on disk."""
     bad = first_nonfinite(model, optimizers)
     if bad is not None:
         kept = f"{path} keeps step {last_good}" if last_good is not None else f"no checkpoint was written to {path}"
@@ -90,26 +70,16 @@ def save(path: Path, *, cfg: RunConfig, model: torch.nn.Module, optimizers: list
 
 
 def unconfirmed_path(path: Path) -> Path:
-    """``checkpoints/run.pt`` -> ``checkpoints/run.unconfirmed.pt``: written, not yet confirmed by a
-    finite forward on its weights (see the module docstring)."""
+    """``run.pt`` -> ``run.unconfirmed.pt``."""
     path = Path(path)
     stem = path.with_suffix("") if path.suffix == ".pt" else path
     return stem.with_name(f"{stem.name}.unconfirmed.pt")
 
 
-def confirm(path: Path, previous: Path | None = None) -> None:
-    """Promote ``unconfirmed_path(path)`` to ``path``; ``previous``: first move the current ``path``
-    there (the per-rank checkpoints keep one previous file). Renames only: atomic on one file system."""
-    if previous is not None and path.exists():
-        os.replace(path, previous)
-    os.replace(unconfirmed_path(path), path)
-
-
 class CheckpointSlot:
-    """One checkpoint file and the confirmation protocol above, for the single-process engine and for
-    each stage of the multi-process one: the last good file at ``path``, an unconfirmed one beside it,
-    ``previous`` (optional) where the last good one moves when a newer one replaces it. ``writer``
-    False: a data-parallel replica that only follows the steps (replica 0 writes the same state)."""
+    """One checkpoint's files and the confirmation protocol, for an engine or a stage: the last good file at
+    ``path``, the unconfirmed one beside it, optionally the ``previous`` one. ``writer`` False: a replica that
+    only follows (replica 0 writes)."""
 
     def __init__(self, path: Path, previous: Path | None = None, writer: bool = True):
         self.path, self.previous, self.writer = Path(path), previous, writer
@@ -124,7 +94,6 @@ class CheckpointSlot:
         return [self.path, *([self.previous] if self.previous else []), self.unconfirmed]
 
     def commit(self, write: Callable[[Path], None], step: int, confirmed: bool) -> None:
-        """``write(path)`` the checkpoint of ``step``: over the last good one (``confirmed``) or beside it."""
         if not confirmed:
             if self.writer:
                 write(self.unconfirmed)
@@ -140,8 +109,10 @@ class CheckpointSlot:
     def confirm(self) -> None:
         if self.unconfirmed_step is None:
             return
-        if self.writer:
-            confirm(self.path, self.previous)
+        if self.writer:                  # renames only: atomic on one file system
+            if self.previous is not None and self.path.exists():
+                os.replace(self.path, self.previous)
+            os.replace(self.unconfirmed, self.path)
         self.saved_step, self.unconfirmed_step = self.unconfirmed_step, None
 
     def drop_unconfirmed(self) -> None:
@@ -150,21 +121,20 @@ class CheckpointSlot:
         self.unconfirmed_step = None
 
     def drop_stale(self) -> Path | None:
-        """At resume: delete the unconfirmed file a killed run left (its next step never ran); its path."""
+        """At resume: delete the unconfirmed file a killed run left; its path."""
         if self.writer and self.unconfirmed.exists():
             self.unconfirmed.unlink()
             return self.unconfirmed
         return None
 
     def remove(self) -> None:
-        """``--fresh``: delete every file of the slot."""
         if self.writer:
             for path in self.files():
                 path.unlink(missing_ok=True)
 
 
 def read(path: Path) -> dict:
-    """Load a checkpoint (``weights_only``: no pickled code) and check its shape, or one-line error."""
+    """Load a checkpoint (``weights_only``) and check its shape, or a one-line error."""
     try:
         ck = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:          # noqa: BLE001 -- torch raises many types for a bad file
@@ -188,7 +158,6 @@ def read(path: Path) -> dict:
 
 
 def _first_nonfinite_saved(ck: dict) -> str | None:
-    """The first model or optimizer tensor of a loaded checkpoint holding NaN/Inf (None if all finite)."""
     def tensors(obj, name):
         if isinstance(obj, torch.Tensor):
             yield name, obj
@@ -209,8 +178,7 @@ def checkpoint_step(ck: dict) -> int:
 
 
 def with_added_fields(old: dict, defaults: dict) -> dict:
-    """A checkpoint's config with every field added to the code since it was written at its default:
-    a field the checkpoint does not know was, in effect, at the behaviour its default keeps."""
+    """A checkpoint's config with the fields added since it was written at their defaults (what they kept)."""
     out = dict(old)
     for key, value in defaults.items():
         if key not in out:
@@ -221,8 +189,7 @@ def with_added_fields(old: dict, defaults: dict) -> dict:
 
 
 def resume_changes(ck: dict, path: Path, cfg: RunConfig, allow_changes: bool) -> dict[str, list]:
-    """The settings that differ between the checkpoint and ``cfg`` (dotted field -> [old, new]), if
-    resuming with them is allowed; else CheckpointError naming them."""
+    """Dotted field -> [old, new] for the settings that differ, if resuming with them is allowed; else CheckpointError."""
     if ck["config_hash"] == config_hash(cfg):
         return {}
     old = with_added_fields(ck["config"], RunConfig().to_dict())
@@ -241,7 +208,7 @@ def resume_changes(ck: dict, path: Path, cfg: RunConfig, allow_changes: bool) ->
 
 def restore(ck: dict, path: Path, cfg: RunConfig, model: torch.nn.Module, optimizers: list, meter,
             allow_changes: bool = False) -> LoopState:
-    """Load ``ck`` into the model, optimizers and meter; return the loop state to continue from."""
+    """Load ``ck`` into the model, optimizers and meter; the loop state to continue from."""
     changes = resume_changes(ck, path, cfg, allow_changes)
     try:
         model.load_state_dict(ck["model"])

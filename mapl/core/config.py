@@ -1,20 +1,8 @@
 """Run configuration: nested dataclasses, typed parsing, validation with one-line errors.
 
-A run is ``RunConfig`` = model preset + data + compressor + train settings + pipeline shape. Profiles
-(``micro``, ``cpu``, ``paper-smoke``, ``paper``) live in ``params.yaml`` at the project root so that
-DVC tracks them; explicit CLI flags and ``--set section.key=value`` override the profile.
-
-Every field's type comes from its annotation and its allowed values from its metadata (``choices``,
-``min``, ``max``, ...): the one place where what is allowed is written down. Values from YAML and
-from the command line are converted by the field's type (``--set train.steps=abc`` is refused naming
-the field; ``ratio: 4`` and ``--ratio 4.0`` are the same float, so the same config hash), and every
-error is a ``ConfigError`` whose message names the field, the value and what is allowed. The generic
-machinery (``setting``, ``coerce``, ``check_fields``, ``parse_set``, ...) is in ``mapl.base.settings``; this
-module holds the project's settings and re-exports those names.
-
-    >>> cfg = load_run_config("cpu", overrides={"method": "mapl", "ratio": 8, "train.lr_muon": "0.03"})
-    >>> cfg.compressor.spel.momentum
-    0.95
+A run is ``RunConfig``: a profile of ``params.yaml`` (tracked by DVC), then the method's tuned settings, then CLI
+flags and ``--set section.key=value``. Each field's type and allowed values (``setting(..., choices=, min=)``) are
+written once; the generic machinery is ``mapl.base.settings``, re-exported here for its callers.
 """
 from __future__ import annotations
 
@@ -34,18 +22,17 @@ from .seeds import DRAWS, run_base
 from ..base.settings import (ConfigError, build, check_fields, coerce, field_hints, field_type, parse_set, refuse,
                              set_nested, setting)
 
-__all__ = ["METHODS", "PROJECTORS", "ANCHORS", "SCHEDULES", "PRECISIONS", "RVQ_SYNC_MODES", "RVQ_SEARCH_KERNELS", "RVQ_SCALES",
-           "RVQ_SEARCH_WITH", "GRAD_WIRES",
-           "POLAR_METHODS", "CHECKPOINTING_MODES", "NORM_CASTS",
-           "ConfigError", "setting", "AnchorConfig", "ProjectorConfig", "SPELConfig", "RVQConfig",
-           "CompressorConfig", "TrainConfig", "RunConfig", "PROJECT_ROOT", "RESUMABLE_FIELDS", "EXECUTION_FIELDS",
-           "load_params", "load_run_config", "apply_overrides", "parse_set", "config_hash", "hashed_config", "config_diff",
-           "check_fields", "coerce"]
+__all__ = ["METHODS", "PROJECTORS", "ANCHORS", "SCHEDULES", "PRECISIONS", "RVQ_SYNC_MODES", "RVQ_SEARCH_KERNELS",
+           "RVQ_SCALES", "RVQ_SEARCH_WITH", "GRAD_WIRES", "POLAR_METHODS", "CHECKPOINTING_MODES", "NORM_CASTS",
+           "ConfigError", "setting", "build", "check_fields", "parse_set", "AnchorConfig", "ProjectorConfig",
+           "SPELConfig", "RVQConfig", "CompressorConfig", "TrainConfig", "RunConfig", "PROJECT_ROOT", "RESUMABLE_FIELDS",
+           "EXECUTION_FIELDS", "load_params", "load_run_config", "apply_overrides", "config_hash", "hashed_config",
+           "config_diff"]
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 # ---- allowed values: the one source every module imports ---------------------------------------
-# method -> (projector, anchor) defaults; ablations override projector/anchor explicitly
+# method -> its default projector and anchor (ablations override them)
 METHODS = {
     "none": dict(projector=None, anchor="none"),
     "int8": dict(projector=None, anchor="none"),
@@ -65,16 +52,14 @@ RVQ_SEARCH_WITH = ("sender", "receiver")
 POLAR_METHODS = ("svd", "polar_express")
 CHECKPOINTING_MODES = ("off", "on", "auto")               # auto: the memory plan turns it on when a stage does not fit
 NORM_CASTS = ("per-linear", "once")                        # mapl/core/model.py's Block says what each does
-# settings that change neither the model's shape nor its data: a checkpoint may be resumed with new
-# values when the user asks for it explicitly (the change is recorded in the results)
+# settings a checkpoint may be resumed with new values of, when asked (--resume-with-changes; recorded)
 RESUMABLE_FIELDS = frozenset({
     "train.steps", "train.lr_muon", "train.lr_adam", "train.lr_embed", "train.lr_head", "train.lr_anchor",
     "train.warmup_steps", "train.min_lr_frac", "train.grad_clip", "train.weight_decay", "train.eval_every",
     "train.eval_tokens", "train.eval_batch_size", "train.schedule", "compressor.projector.lr_mult",
     "train.loss_chunk_tokens", "train.eval_micro_batch_size",
 })
-# fields added after runs were committed: hashed only when set away from this default, so a run that
-# does not use one keeps its hash (it computes exactly what it did before the field existed)
+# fields added after runs were committed: hashed only when set away from this default, so older runs keep their hash
 HASHED_WHEN_SET = {"train.loss_chunk_tokens": 0, "train.eval_micro_batch_size": 0, "train.norm_cast": "per-linear",
                    "compressor.grad_wire": "same"}
 # how a run is executed, not what it computes: outside the config hash and every resume decision
@@ -85,7 +70,6 @@ EXECUTION_FIELDS = ("run_name", "profile", "train.checkpoint_every", "train.thre
 # ---- the configs --------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class AnchorConfig:
-    """Per-stage token anchors (README "Choices where the paper is silent")."""
     kind: str | None = setting(None, choices=ANCHORS)      # None = the method's default (METHODS)
     rank: int = setting(0, min=0)                          # 0 = the projector rank r (the paper writes both as r)
     init_std: float = setting(0.0, min=0)                  # E_p starts at 0: training begins as "no anchor"
@@ -109,7 +93,6 @@ class SPELConfig:
 
 @dataclass(frozen=True)
 class RVQConfig:
-    """Residual VQ of Z (mapl-rvq); see mapl/core/compress/rvq for what each knob does."""
     groups: int = setting(0, min=0)                        # 0 = r / 2 groups of 2-dim codewords
     rounds: int = setting(2, min=1)
     codebook_size: int = setting(256, min=2, max=65536)    # a power of two (checked in validate)
@@ -124,7 +107,6 @@ class RVQConfig:
 
 @dataclass(frozen=True)
 class CompressorConfig:
-    """Boundary compression. Choices the paper leaves open are fields here (README lists them)."""
     method: str = setting("none", choices=tuple(METHODS))
     ratio: float = setting(1.0, min=1)                     # d / r for projections; ignored by none/int8
     projector: ProjectorConfig = setting(factory=ProjectorConfig)
@@ -132,16 +114,11 @@ class CompressorConfig:
     spel: SPELConfig = setting(factory=SPELConfig)
     rvq: RVQConfig = setting(factory=RVQConfig)
     int8_block: int = setting(0, min=0)                    # 0 = one absmax scale per token, else per block
-    # the projection methods' backward message: "same" (the forward wire's float dtype, the paper's) or "int8"
-    # (absmax, one fp16 scale per token: r + 2 bytes instead of 2r; mapl.core.compress.gradwire)
-    grad_wire: str = setting("same", choices=GRAD_WIRES)
+    grad_wire: str = setting("same", choices=GRAD_WIRES)   # the projections' backward message (compress/gradwire.py)
     seed: int = setting(1234, min=0)                       # base of the fixed draws (every rank derives them)
-    # per-seed: the draws' base moves with train.seed (mapl.core.seeds.run_base), so seeds resample the
-    # subspace too; fixed: compressor.seed for every train.seed (one random subspace for all seeds)
-    draws: str = setting("per-seed", choices=DRAWS)
+    draws: str = setting("per-seed", choices=DRAWS)        # whether the draws follow train.seed (mapl.core.seeds)
 
     def resolved(self) -> "CompressorConfig":
-        """The method's default projector and anchor filled in."""
         d = METHODS[self.method]
         return replace(self, projector=replace(self.projector, kind=self.projector.kind or d["projector"]),
                        anchor=replace(self.anchor, kind=self.anchor.kind or d["anchor"]))
@@ -172,8 +149,7 @@ class CompressorConfig:
         if c.anchor.rank > d_model:
             refuse("compressor.anchor.rank", c.anchor.rank, f"must be in [0, d_model={d_model}]")
         if c.projector.kind is None and c.anchor.kind == "factorized" and not c.anchor.rank:
-            # "uncompressed + anchors" (a decomposition control): without a projector there is no r to default to, and
-            # a rank-d factorized anchor would be a full one; MAPL's anchors at 8x have r = d / 8
+            # without a projector there is no r to default to, and a rank-d factorized anchor would be a full one
             refuse("compressor.anchor.rank", c.anchor.rank,
                    f"method {c.method!r} has no projector rank for the factorized anchor to default to: set it "
                    f"in [1, d_model={d_model}] (MAPL's anchors have r = d_model / ratio, e.g. {d_model // 8} at 8x)")
@@ -202,33 +178,26 @@ class TrainConfig:
     eval_every: int = setting(50, min=1)
     eval_tokens: int = setting(65536, min=0)               # validation tokens read per evaluation; 0 = the whole split
     eval_batch_size: int = setting(16, min=1)
-    # evaluate each validation batch this many sequences at a time (its loss the token-weighted mean of
-    # the pieces: equal to ~1e-7, not bitwise); 0 = the whole batch at once. At eval_batch_size 64 x 2048
-    # tokens and V = 32k the last stage would hold ~40 GB of logits, their fp32 copy and log-softmax
+    # evaluate each validation batch this many sequences at a time (equal to ~1e-7, not bitwise); 0 = all at once
     eval_micro_batch_size: int = setting(0, min=0)
     eval_offset: int = setting(0, min=0)                   # skip this many val tokens (a slice of the split)
-    # every n-th validation window (n-1, 2n-1, ...) forms the *selection* set, on which a "best step"
-    # or a tuning winner is chosen; the others the *report* set (val_loss). Interleaved, both sets
-    # span every work of the split. 0 = no selection set: every window reports.
+    # every n-th validation window forms the *selection* set (a best step or tuning winner is chosen there), the
+    # others the *report* set (val_loss); 0 = no selection set
     select_every: int = setting(0, min=0)
     checkpoint_every: int = setting(100, min=1)
     health_every: int = setting(50, min=0)                 # steps between boundary-health readings (0 = evaluations only)
     health_warn_factor: float = setting(5.0, min=1)        # warn when a window's max |z| > this x the median of earlier ones
     precision: str = setting("auto", choices=PRECISIONS)   # auto: bf16 autocast on CUDA, fp32 on CPU
     schedule: str = setting("gpipe", choices=SCHEDULES)    # multi-process schedule
-    # recompute each block in backward (memory for time): off, on, or auto (on when the memory plan of
-    # this run's device does not fit without it; off where the device's memory is not known, as on CPU)
+    # recompute each block in backward; auto: on when the memory plan does not fit the device without it
     activation_checkpointing: str = setting("off", choices=CHECKPOINTING_MODES)
-    # under bf16 autocast each linear casts the norm output it reads (5 bf16 copies per block saved for
-    # backward); once: each norm's output is cast once (2 copies; another rounding of the same values)
+    # once: each norm's output is cast to bf16 once, not per linear (mapl.core.model.Block)
     norm_cast: str = setting("per-linear", choices=NORM_CASTS)
-    # cross-entropy of the LM head this many tokens at a time, each chunk's logits recomputed in backward
-    # (a 32k vocabulary's fp32 logits are GBs per micro-batch); 0 = one block (equal to 1e-6, not bitwise)
+    # cross-entropy this many tokens at a time, logits recomputed in backward; 0 = one block (equal to 1e-6)
     loss_chunk_tokens: int = setting(0, min=0)
     seed: int = setting(0, min=0)
     threads: int = setting(0, min=0)                       # torch threads (0 = leave as is)
-    # multi-process pipeline: how long any wait on a peer may last before the run stops with exit 3
-    # (`--timeout` sets it too); on NCCL also the watchdog's timeout for every p2p and collective
+    # multi-process: the longest wait on a peer before the run stops with exit 3 (`--timeout`; NCCL's watchdog too)
     comm_timeout_s: float = setting(60.0, min_exclusive=0)
 
     def validate(self, stages: int) -> "TrainConfig":
@@ -264,7 +233,7 @@ class RunConfig:
                               f"{sorted(f.name for f in fields(ModelConfig))}") from None
 
     def validate(self, vocab_size: int | None = None) -> "RunConfig":
-        """Every check that can be made before data is touched (and, with ``vocab_size``, the rest)."""
+        """Every check possible before data is opened (with ``vocab_size``, the rest too)."""
         check_fields(self, "")
         asked = self.model_overrides.get("vocab_size")
         if asked is not None and vocab_size is not None and asked < vocab_size:
@@ -283,8 +252,7 @@ class RunConfig:
         return replace(self, compressor=self.compressor.validate(mc.d_model))
 
     def compressor_for(self, d_model: int) -> CompressorConfig:
-        """The validated compressor config whose ``seed`` is this run's draw base (mapl.core.seeds.run_base):
-        what builds the boundaries, anchors and SSN's subspace on every rank."""
+        """The validated compressor config with ``seed`` this run's draw base (mapl.core.seeds.run_base)."""
         comp = self.compressor.validate(d_model)
         return replace(comp, seed=run_base(comp.seed, self.train.seed, comp.draws))
 
@@ -313,7 +281,7 @@ def hashed_config(cfg: RunConfig) -> dict:
 
 
 def config_hash(cfg: RunConfig) -> str:
-    """Hash of everything that changes the numbers (not the run name, profile or checkpoint cadence)."""
+    """Hash of everything that changes the numbers."""
     return hashlib.sha256(json.dumps(hashed_config(cfg), sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -331,8 +299,8 @@ def config_diff(old: dict, new: dict, prefix: str = "") -> dict[str, tuple]:
 
 # ---- params.yaml and overrides -------------------------------------------------------------------
 class _UniqueKeyLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
-    """PyYAML's safe loader (libyaml's where there: a quarter of the time) refusing a key written twice in one
-    mapping, which plain YAML keeps silently (a run listed twice); keys merged in with ``<<`` may be overridden."""
+    """The safe loader (libyaml's where present: 4x faster), refusing a key written twice in one mapping (plain YAML
+    keeps the last silently); keys merged in with ``<<`` may be overridden."""
 
     def construct_mapping(self, node, deep=False):
         seen = set()
@@ -345,7 +313,7 @@ class _UniqueKeyLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
 
 
 def load_params(path: Path | None = None) -> dict:
-    """The project's ``params.yaml`` (profiles), with a one-line error when missing or malformed."""
+    """The project's ``params.yaml``, with a one-line error when missing or malformed."""
     path = Path(path) if path else PROJECT_ROOT / "params.yaml"
     try:
         text = path.read_text()
@@ -382,8 +350,8 @@ def _field_type(key: str):
 
 
 def apply_overrides(tree: dict, overrides: dict, from_string: bool = False) -> dict:
-    """Dotted overrides (``train.seed``, ``compressor.rvq.sync``, shortcuts ``method``/``ratio``/
-    ``projector``/``anchor``) written into a profile tree, each converted by its field's type."""
+    """Dotted overrides (and the shortcuts ``method``, ``ratio``, ``projector``, ``anchor``) written into a profile
+    tree, each converted by its field's type."""
     for key, value in overrides.items():
         if value is None:
             continue
@@ -398,18 +366,14 @@ def apply_overrides(tree: dict, overrides: dict, from_string: bool = False) -> d
     return tree
 
 
-# runs (the profile's run specs, mapl.orchestration.groups), method_overrides (tuned settings) and launcher (how runs
-# are started, mapl.orchestration.sweep) are not fields of one run
+# a profile's keys beyond one run's fields: its runs, the methods' tuned settings and the launcher
 _PROFILE_KEYS = {f.name for f in fields(RunConfig)} - {"profile"} | {"runs", "method_overrides", "launcher"}
 
 
 def load_run_config(profile: str, overrides: dict | None = None, params: dict | None = None,
                     from_string: bool = False) -> RunConfig:
-    """Profile from params.yaml + the method's tuned settings + explicit overrides (in that order).
-
-    Override keys: ``method``, ``ratio``, ``projector``, ``anchor``, top-level RunConfig fields and
-    dotted ``train.x`` / ``compressor.x`` / ``compressor.rvq.x`` / ``data.x`` / ``model.x``. With
-    ``from_string`` the values are command-line strings, converted by each field's type."""
+    """A profile of params.yaml, then the method's tuned settings, then ``overrides`` (command-line strings with
+    ``from_string``)."""
     params = params if params is not None else load_params()
     profiles = params["profiles"]
     if profile not in profiles:

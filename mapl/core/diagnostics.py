@@ -1,17 +1,6 @@
-"""Boundary diagnostics: what the projectors capture and how the learned subspaces relate.
-
-For each boundary p, on held-out activations X_p (the residual minus the stage's anchor, i.e. exactly
-what the projector sees), with A_p the boundary's basis (d x r):
-
-* ``captured_energy`` = ||X_p A_p||_F / ||X_p||_F (the paper's Fig. 4b measures this: ~80% learned vs
-  ~36% fixed random at r = 128);
-* ``pca_energy``: the same for the top-r principal subspace of X_p (the best any rank-r basis can do);
-* ``angles_to_pca_deg``: principal angles between col(A_p) and that PCA subspace (mean, max);
-* ``angles_to_next_deg``: principal angles between adjacent boundaries' subspaces (paper: ~53 degrees);
-* ``ortho_err`` = max |A_pᵀA_p - I| (orthogonality drift).
-
-    >>> diag = boundary_diagnostics(staged_model, val_batches[:2])
-"""
+"""Boundary diagnostics on held-out activations X_p (what the projector sees): ``captured_energy``
+||X_p A_p|| / ||X_p|| (paper Fig. 4b: ~80% learned, ~36% fixed at r = 128), ``pca_energy`` (the best rank-r
+basis), principal angles to the PCA subspace and to the next boundary's (paper: ~53 degrees), ``ortho_err``."""
 from __future__ import annotations
 
 import torch
@@ -22,13 +11,12 @@ __all__ = ["boundary_bases", "boundary_activations", "boundary_diagnostics"]
 
 
 def boundary_bases(sm) -> list[torch.Tensor | None]:
-    """A_p of every boundary (None for methods without a projector)."""
     return [None if comp.basis() is None else comp.basis().detach().double() for comp in sm.compressors()]
 
 
 @torch.no_grad()
 def boundary_activations(sm, batches) -> list[torch.Tensor]:
-    """X_p for each boundary, (tokens, d) in float64, through the real wire (eval mode)."""
+    """X_p of each boundary, (tokens, d) float64, through the real wire (eval mode)."""
     was = sm.training
     sm.eval()
     acts = [[] for _ in range(sm.n_stages - 1)]

@@ -1,14 +1,6 @@
-"""The single-process pipeline (``LocalEngine``) and what every engine shares: the run's data, the
-optimizer recipe and the learning-rate scaling (from ``mapl.core.optimizer_recipe``), mixed precision.
-
-``LocalEngine`` runs all P stages in this process, in order; every boundary goes through its wire
-(``WireTransfer``: pack/unpack both ways), so it computes bit for bit what the multi-process runtime
-(``mapl.core.runtime``) computes with one process per stage. The loop (``mapl.core.loop``) drives it:
-
-    engine = LocalEngine.build(cfg, ckpt=Path("checkpoints/run.pt"))
-    state = engine.resume(allow_changes=False)          # None when there is no checkpoint
-    results = mapl.core.loop.train(engine, state, out=Path("reports/results/run.json"))
-"""
+"""The single-process pipeline (``LocalEngine``: every stage here, each boundary through ``WireTransfer``, so it
+computes bit for bit what the multi-process runtime does) and what every engine shares: the run's data, mixed
+precision, the evaluation's weights."""
 from __future__ import annotations
 
 import contextlib
@@ -23,8 +15,7 @@ from .. import data as mdata
 from .config import ConfigError, RunConfig
 from .diagnostics import boundary_diagnostics
 from .loop import Evaluation, LoopState, NonFiniteError, StepOutcome
-# the recipe is a module of its own so the memory plan can build a stage's optimizers without the engine (which
-# reads the memory plan); its names stay part of this module's API for the engines' other callers
+# re-exported for the engines' callers
 from .optimizer_recipe import build_optimizers, set_lr
 from .results import build_results, describe_boundary
 from .boundary_sync import meter_local_step
@@ -38,7 +29,7 @@ __all__ = ["RunData", "resolve_data_dir", "open_run_data", "batch_weight", "buil
 # ---- data ----------------------------------------------------------------------------------------------
 @dataclass
 class RunData:
-    """The run's prepared, verified dataset (``mapl.data.open_dataset``) and its evaluation batches."""
+    """The run's prepared, verified dataset and its evaluation batches."""
     dataset: mdata.Dataset
     val_batches: list             # fixed evaluation batches [(x, y)]: the report set
     select_batches: list = field(default_factory=list)   # the selection set (train.select_every; may be empty)
@@ -52,7 +43,7 @@ class RunData:
         return self.dataset.vocab_size
 
     def batch(self, step: int, t) -> tuple[torch.Tensor, torch.Tensor]:
-        """The training batch of ``step`` (``t``: the TrainConfig): the same on every process and resume."""
+        """The training batch of ``step``: the same on every process and resume."""
         return self.dataset.batch(step, t.batch_size, t.seq_len, t.seed)
 
 
@@ -61,8 +52,7 @@ def resolve_data_dir(cfg: RunConfig) -> Path:
 
 
 def open_run_data(cfg: RunConfig) -> RunData:
-    """The run's token shards, verified against the manifest and the config (training never builds
-    data: ``mapl data`` does), and its evaluation batches."""
+    """The run's token shards, verified against manifest and config (``mapl data`` makes them), and eval batches."""
     ds = mdata.open_dataset(cfg.data, resolve_data_dir(cfg), profile=cfg.profile)
     t = cfg.train
     room = len(ds.val) - t.seq_len - 1
@@ -82,18 +72,14 @@ def open_run_data(cfg: RunConfig) -> RunData:
 
 
 def batch_weight(y: torch.Tensor, batches: list) -> float:
-    """A validation batch's weight in the mean over batches: its tokens over a full batch's. The mean
-    of the batches' mean losses weighted so is the mean over tokens, whatever the batch size and
-    however the batches are shared among replicas (a smaller last batch counts for its tokens only);
-    full batches weigh exactly 1.0, so where the windows fill every batch the numbers are those of
-    the plain mean over batches, bit for bit."""
+    """A validation batch's weight in the mean over batches, its tokens over a full batch's: the weighted mean is
+    the mean over tokens however batches are shared; full batches weigh exactly 1.0 (the plain mean, bitwise)."""
     return y.numel() / batches[0][1].numel()
 
 
 def eval_pieces(x: torch.Tensor, y: torch.Tensor, seqs: int):
-    """One validation batch in pieces of ``seqs`` sequences (``train.eval_micro_batch_size``; 0: one
-    piece), each with its share of the batch's tokens: the batch's mean loss is the share-weighted sum
-    of the pieces' means. One piece has share exactly 1.0 (the numbers of an evaluation in one block)."""
+    """A validation batch in pieces of ``seqs`` sequences (0: one piece, share exactly 1.0), each with its share
+    of the batch's tokens."""
     step = seqs or len(x)
     for i in range(0, len(x), step):
         yi = y[i:i + step]
@@ -107,7 +93,7 @@ def autocast_ctx(cfg: RunConfig, device: torch.device):
 
 
 def stage_of_parameter(name: str, split: list[list[int]]) -> int:
-    """Which stage holds the parameter (or buffer, or its optimizer state) ``name`` of a StagedModel."""
+    """Which stage holds the parameter or buffer ``name`` of a StagedModel."""
     parts = name.split(".")
     if parts[0] == "anchors":
         return int(parts[1])
@@ -121,7 +107,7 @@ def stage_of_parameter(name: str, split: list[list[int]]) -> int:
 
 
 def check_projectors(comps: dict[int, object], step: int) -> None:
-    """After the optimizer step: a learned projector must stay finite (the receiver would decode garbage)."""
+    """After the optimizer step: a learned projector must be finite (the receiver would decode garbage)."""
     for p, comp in comps.items():
         for name, prm in comp.named_parameters():
             if not torch.isfinite(prm).all():
@@ -131,8 +117,7 @@ def check_projectors(comps: dict[int, object], step: int) -> None:
 
 
 def _resolve_checkpointing(cfg: RunConfig, vocab: int, device: torch.device) -> RunConfig:
-    """``train.activation_checkpointing: auto`` decided by the memory plan for this device: every stage
-    on one device here, so the stages' totals together against its memory (off on a CPU)."""
+    """``activation_checkpointing: auto`` decided by the memory plan: every stage on this device (off on a CPU)."""
     if cfg.train.activation_checkpointing != "auto":
         return cfg
     from .memory import memory_plan
@@ -145,7 +130,7 @@ def _resolve_checkpointing(cfg: RunConfig, vocab: int, device: torch.device) -> 
 
 # ---- the single-process engine ----------------------------------------------------------------------
 class LocalEngine:
-    """Every stage in this process (``mapl.core.loop.Engine``)."""
+    """Every stage in this process (a ``mapl.core.loop.Engine``)."""
     reporter = True
 
     def __init__(self, cfg: RunConfig, data: RunData, device: torch.device, ckpt: Path | None = None):
@@ -159,7 +144,7 @@ class LocalEngine:
 
     @classmethod
     def build(cls, cfg: RunConfig, ckpt: Path | None = None, device: torch.device | None = None) -> "LocalEngine":
-        """Validate (everything that needs no data first), open the data, build model and optimizers."""
+        """Validate (what needs no data first), open the data, build model and optimizers."""
         if cfg.train.threads:
             torch.set_num_threads(cfg.train.threads)
         cfg.validate()
@@ -209,7 +194,7 @@ class LocalEngine:
         return StepOutcome(loss, stop_requested())
 
     def _locate_nonfinite(self, x: torch.Tensor, mb: int) -> str:
-        """Off the hot path, after a non-finite step loss: replay the micro-batches' forwards."""
+        """After a non-finite step loss: replay the micro-batches' forwards."""
         for i in range(self.cfg.train.micro_batches):
             where = self.sm.find_nonfinite(x[i * mb:(i + 1) * mb])
             if where:
@@ -220,8 +205,7 @@ class LocalEngine:
     def evaluate(self, step: int) -> Evaluation:
         sm, dev = self.sm, self.device
         was_training = sm.training
-        sm.eval()                        # eval: compressors must not update state (RVQ EMA, k-means, sync)
-
+        sm.eval()                        # compressors must not update state (RVQ EMA, k-means, sync)
         t = self.cfg.train
 
         def mean_loss(batches: list) -> float:

@@ -5,33 +5,12 @@ A pipeline step is a fixed sequence of compute operations per stage (the schedul
 operation (measured once by ``mapl pipeline``) and the bytes of every message (metered), the virtual
 clock replays the step on any link and returns its duration, with no wall clock and no randomness.
 
-The model (``simulate``):
-
-* each stage runs its operations in schedule order, one at a time; an operation starts when the
-  stage is free and its input has *arrived* (F(m) on stage s > 0 needs the forward message of
-  micro-batch m; B(m) on stage s < P-1 needs the gradient message from stage s+1);
-* a message enters its channel when the operation producing it ends; every boundary has two
-  channels (full duplex: forward s -> s+1, backward s+1 -> s), each a FIFO that carries one message
-  at a time: ``start = max(ready, channel free)``, ``channel free = start + bytes * 8 / bandwidth``,
-  ``arrival = channel free + latency``. Sending never blocks the sender, so a stage's send overlaps
-  its next compute, as with ``isend`` in the runtime;
-* after its last backward, a stage receives the receiver-side projector gradients (state, bwd);
-  then one all-reduce joins all stages (global grad-norm for clipping, and the step loss): modelled
-  as a reduce up the chain and a broadcast back, ``2 * sum(latencies)`` once every stage is ready;
-  then each stage runs its optimizer step and ships synced state forward (state, fwd). A stage's step
-  is over once its optimizer step has run and the state from its sender has arrived;
-* steps are replayed back to back (``STEADY_STEPS``): stage s starts the next step when its own step is
-  over, so the state still on the wire overlaps stage 0's next forward, as it does on the runtime (which
-  is step-synchronous only through the all-reduce). The step time is stage 0's mean period, the wall
-  time a training run measures per step.
-
-Times are seconds, sizes bytes, bandwidths bits per second. ``floor`` is the physical lower bound
-of the link alone: the busiest channel's bytes per step / bandwidth.
-
-    >>> meas = StepMeasurement.uniform("gpipe", stages=2, micro=2, fwd_s=1, bwd_s=2,
-    ...                                fwd_bytes=[62_500_000], bwd_bytes=[62_500_000], collective=False)
-    >>> round(step_time(meas, LinkProfile("x", 1e9, 0.1)), 6)     # 0.5 s per message + 0.1 s latency
-    10.2
+An operation starts when its stage is free and its input has arrived. Each boundary has a FIFO channel per
+direction: start = max(ready, channel free), free = start + bytes * 8 / bandwidth, arrival = free + latency;
+sending never blocks. After the last backward: receiver-side gradients back, one all-reduce (2 x the summed
+latencies), the optimizer steps, the learned state forward. Steps replay back to back (``STEADY_STEPS``), so the
+state still on the wire overlaps the next step's first forward, as on the runtime; the step time is stage 0's
+mean period. ``floor``: the busiest channel's bytes per step / bandwidth. Seconds, bytes, bits per second.
 """
 from __future__ import annotations
 
@@ -60,15 +39,10 @@ class LinkProfile:
             raise ValueError(f"link {self.name!r}: latency_s={self.latency_s!r} is invalid: must be >= 0")
 
     def transfer_s(self, nbytes: float) -> float:
-        """Time the channel is busy serialising ``nbytes``."""
         return 0.0 if math.isinf(self.bandwidth_bps) else nbytes * 8.0 / self.bandwidth_bps
 
     def message_s(self, nbytes: float) -> float:
-        """Time from send to arrival on an idle channel."""
         return self.transfer_s(nbytes) + self.latency_s
-
-    def with_latency(self, latency_s: float) -> "LinkProfile":
-        return LinkProfile(self.name, self.bandwidth_bps, latency_s)
 
 
 # Slow links are internet paths between sites (50 ms one way); 1 Gb/s metro, 10 Gb/s in a campus.
@@ -86,8 +60,7 @@ _SPEC = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([kmgt]?bps)\s*(?:
 
 
 def get_profile(spec: "str | LinkProfile", latency_ms: float | None = None) -> LinkProfile:
-    """A profile by name (``PROFILES``), or parsed from ``"<rate><unit>[@<latency>ms]"`` such as
-    ``"500Mbps@20ms"``; ``latency_ms`` overrides the latency. ``"ideal"`` is the free link."""
+    """A profile by name, ``"ideal"``, or parsed like ``"500Mbps@20ms"``; ``latency_ms`` overrides the latency."""
     if isinstance(spec, LinkProfile):
         prof = spec
     elif spec in PROFILES:
@@ -107,7 +80,7 @@ def get_profile(spec: "str | LinkProfile", latency_ms: float | None = None) -> L
             latency = float(lat) * {"ms": 1e-3, "s": 1.0, "us": 1e-6}[lat_unit.lower()]
         prof = LinkProfile(str(spec).strip(), bw, latency)
     if latency_ms is not None:
-        prof = prof.with_latency(latency_ms / 1000.0)
+        prof = LinkProfile(prof.name, prof.bandwidth_bps, latency_ms / 1000.0)
     return prof
 
 
@@ -123,12 +96,9 @@ def _links(links, n_boundaries: int) -> list[LinkProfile]:
 # ---- measurements -----------------------------------------------------------------------------
 @dataclass
 class StepMeasurement:
-    """What one step costs: compute per stage and micro-batch, bytes per message.
-
-    ``fwd_bytes[p]`` / ``bwd_bytes[p]``: one micro-batch's message over boundary p (data, piggybacked
-    sync and token ids); ``state_fwd_bytes[p]``: synced state after the optimizer step (projector);
-    ``state_bwd_bytes[p]``: receiver-side gradients sent back before it. ``opt_s[s]``: optimizer
-    step, clipping and bookkeeping of stage s. ``collective``: the step-end all-reduce is modelled."""
+    """One step's compute per stage and micro-batch and bytes per message: ``fwd_bytes[p]``/``bwd_bytes[p]`` one
+    micro-batch's message over boundary p, ``state_fwd_bytes``/``state_bwd_bytes`` the learned state after the
+    optimizer step and the receiver-side gradients before it, ``opt_s[s]`` stage s's step end."""
     schedule: str
     fwd_s: list[list[float]]
     bwd_s: list[list[float]]
@@ -170,10 +140,10 @@ class StepMeasurement:
                    list(fwd_bytes), list(bwd_bytes), **kw)
 
     @classmethod
-    def from_results(cls, results: dict, schedule: str | None = None) -> "StepMeasurement":
-        """From a ``mapl pipeline`` results dict (its ``pipeline.timing`` block)."""
+    def from_results(cls, results: dict) -> "StepMeasurement":
+        """From a ``mapl pipeline`` results dict."""
         tm = results["pipeline"]["timing"]
-        return cls(schedule or results["pipeline"]["schedule"], tm["fwd_s"], tm["bwd_s"], tm["fwd_bytes"],
+        return cls(results["pipeline"]["schedule"], tm["fwd_s"], tm["bwd_s"], tm["fwd_bytes"],
                    tm["bwd_bytes"], tm["opt_s"], tm["state_fwd_bytes"], tm["state_bwd_bytes"], tm.get("collective", True))
 
     def to_dict(self) -> dict:
@@ -193,10 +163,8 @@ class SimResult:
     first_step_time: float                # one step from an idle pipeline: the last stage's end
 
 
-# Steps replayed back to back for the steady state. A step's end state on the wire (the learned projector's
-# A_p forward) overlaps the next step's start on the runtime, so the one-step makespan over-states a step;
-# stage 0's mean period over these steps is what a training run's step wall time measures. A max-plus system
-# like this one settles within a few steps; the mean over five periods also averages a two-step cycle.
+# Steps replayed back to back: a max-plus system settles within a few, and the mean over five periods also
+# averages a two-step cycle.
 STEADY_STEPS = 6
 
 
@@ -211,13 +179,9 @@ class _Channel:
 
 
 def simulate(meas: StepMeasurement, links, steps: int | None = None) -> SimResult:
-    """Replay ``meas`` on ``links`` (one profile for all boundaries, or one per boundary).
-
-    ``steps`` back-to-back steps (default ``STEADY_STEPS``): each stage starts step k + 1 once its own step k
-    is over (its optimizer step, and the synced state from its sender received), the channels keep their
-    queues. ``step_time`` is stage 0's mean period, ``first_step_time`` the first step's makespan (its last
-    stage's end); events and messages are the first step's. Without state at the step's end the two differ
-    only by the stages' unequal optimizer times: stage 0 starts its next step that much earlier."""
+    """Replay ``meas`` on ``links`` (one profile, or one per boundary) for ``steps`` back-to-back steps: each stage
+    starts step k + 1 once its step k is over (its optimizer step run, its sender's state received).
+    ``step_time`` is stage 0's mean period, ``first_step_time`` the first step's makespan."""
     P = meas.n_stages
     links = _links(links, P - 1)
     steps = STEADY_STEPS if steps is None else steps
@@ -247,7 +211,6 @@ class _Replay:
 
 
 def _replay_step(meas: StepMeasurement, links, fwd_ch, bwd_ch, start: list[float]) -> _Replay:
-    """One step: stage s free from ``start[s]``; the channels carry their queues in and out."""
     P, M = meas.n_stages, meas.n_micro
     ops = [schedule_ops(meas.schedule, P, M, s) for s in range(P)]
     pos, free = [0] * P, list(start)
@@ -310,7 +273,7 @@ def step_time(meas: StepMeasurement, links) -> float:
 
 
 def floor_time(meas: StepMeasurement, links) -> float:
-    """Physical floor: the busiest channel's bytes per step / its bandwidth (latency and compute free)."""
+    """The busiest channel's bytes per step / its bandwidth."""
     links = _links(links, meas.n_stages - 1)
     M = meas.n_micro
     worst = 0.0
@@ -320,12 +283,12 @@ def floor_time(meas: StepMeasurement, links) -> float:
     return worst
 
 
-def estimate(meas: StepMeasurement, profiles: Iterable = tuple(PROFILES), latency_ms: float | None = None) -> dict:
-    """Step time, floor and the compute-only makespan for each profile (name -> dict of seconds)."""
+def estimate(meas: StepMeasurement, profiles: Iterable = tuple(PROFILES)) -> dict:
+    """Step time, floor and compute-only makespan per profile."""
     compute = step_time(meas, IDEAL)
     out = {}
     for spec in profiles:
-        prof = get_profile(spec, latency_ms)
+        prof = get_profile(spec)
         sim = simulate(meas, prof)
         out[prof.name] = {"step_s": sim.step_time, "floor_s": sim.floor, "compute_s": compute,
                           "bandwidth_bps": prof.bandwidth_bps, "latency_s": prof.latency_s}
@@ -334,8 +297,7 @@ def estimate(meas: StepMeasurement, profiles: Iterable = tuple(PROFILES), latenc
 
 # ---- time to target ---------------------------------------------------------------------------
 def steps_to_target(val_curve: Sequence[Sequence[float]], target: float) -> float | None:
-    """First step at which the validation loss reaches ``target``, linearly interpolated between
-    evaluations (from step 0 at the first evaluation's loss: no earlier point is known); None if never."""
+    """The first step the validation loss reaches ``target``, interpolated between evaluations; None if never."""
     prev = None
     for step, loss in val_curve:
         if loss <= target:
@@ -348,6 +310,6 @@ def steps_to_target(val_curve: Sequence[Sequence[float]], target: float) -> floa
 
 
 def time_to_target(val_curve, target: float, step_s: float) -> float | None:
-    """Seconds to reach ``target``: steps to target x step time (None if the curve never reaches it)."""
+    """Seconds to reach ``target`` (None if never)."""
     n = steps_to_target(val_curve, target)
     return None if n is None else n * step_s

@@ -1,23 +1,10 @@
-"""THE training loop: one for the single-process pipeline and for every rank of the multi-process one.
+"""THE training loop, for the single-process pipeline and for every rank of the multi-process one.
 
-The loop owns what does not depend on where the stages run: the step budget, the learning-rate
-schedule (``lr_factor``), the evaluation and checkpoint cadence, the SIGINT/SIGTERM stop flag, the
-finite checks on the step and validation losses, progress lines, and writing the results. An
-*engine* owns the rest (``Engine`` below): :class:`mapl.core.engine.LocalEngine` runs every stage in this
-process, :class:`mapl.core.runtime.worker.PipelineEngine` runs one stage per process and agrees with its
-peers inside ``train_step`` (so every rank leaves the loop after the same step).
-
-    engine = LocalEngine.build(cfg, ckpt=Path("c.pt"))
-    results = train(engine, out=Path("r.json"))          # resumes from c.pt when it exists
-
-A checkpoint due after step s is written *unconfirmed* and becomes the last good one only once a
-forward on its weights is finite: step s+1's training loss, or a validation loss at step s
-(``mapl.core.checkpoint``). An update that diverges into huge-but-finite weights therefore never replaces
-the last good checkpoint; the NaN it causes one step later drops the unconfirmed file.
-
-A signal sets a flag; the step in flight completes, a checkpoint is written (committed at once: no
-step follows to confirm it), and :class:`Interrupted` (a ``KeyboardInterrupt``) leaves the loop: the
-CLIs turn it into exit code 130.
+The loop owns what does not depend on where the stages run: the step budget, the LR schedule, the evaluation,
+health and checkpoint cadence, the SIGINT/SIGTERM stop flag, the finite checks, progress and the results. An
+*engine* (``Engine`` below) owns the rest. A checkpoint due after step s is written unconfirmed and confirmed by
+step s+1's finite loss or a finite evaluation at s (``mapl.core.checkpoint``). A signal lets the step in flight
+complete, writes a checkpoint and raises :class:`Interrupted` (exit 130).
 """
 from __future__ import annotations
 
@@ -47,14 +34,14 @@ def lr_factor(step: int, cfg: RunConfig) -> float:
 
 
 class Evaluation(NamedTuple):
-    """One evaluation's token-weighted mean losses (``train.select_every``: the two window sets)."""
+    """One evaluation's token-weighted mean losses on the two window sets (``train.select_every``)."""
     val: float                    # the report set: what results report
     select: float | None          # the selection set, where a best step is chosen (None: the run has none)
 
 
 @dataclass
 class LoopState:
-    """Everything the loop carries across steps (and across a resume: it is part of the checkpoint)."""
+    """Everything the loop carries across steps and resumes (part of the checkpoint)."""
     step: int = 0
     train_curve: list = field(default_factory=list)      # [step, loss] per optimizer step
     val_curve: list = field(default_factory=list)        # [step, val loss] per evaluation (report set)
@@ -91,8 +78,7 @@ class Interrupted(KeyboardInterrupt):
 
 
 class Engine(Protocol):
-    """Where the stages run. The loop calls these in this order; a multi-process engine makes each call
-    collective (every rank calls it at the same point) and returns the same values on every rank."""
+    """Where the stages run; a multi-process engine makes each call collective, with the same values on every rank."""
     cfg: RunConfig
     reporter: bool               # this process prints progress and writes the results (rank 0 or the only one)
     checkpointing: bool          # a checkpoint path was given
@@ -144,9 +130,8 @@ def _quiet(*args, **kwargs) -> None:
 
 def run_loop(engine: Engine, state: LoopState, *, log: Callable = print, progress: bool = True,
              on_step: Callable | None = None) -> LoopState:
-    """Train until ``cfg.train.steps`` (from ``state``, e.g. a resumed one); returns the final state.
-    ``on_step(step, steps, loss)`` is called after every optimizer step (the sweep's progress lines).
-    Raises :class:`NonFiniteError` on a non-finite loss and :class:`Interrupted` after a graceful stop."""
+    """Train from ``state`` until ``cfg.train.steps``; the final state. ``on_step(step, steps, loss)`` after every
+    step. Raises :class:`NonFiniteError` on a non-finite loss, :class:`Interrupted` after a graceful stop."""
     from tqdm.auto import tqdm
 
     cfg, t = engine.cfg, engine.cfg.train
@@ -218,16 +203,14 @@ def _evaluate(engine: Engine, state: LoopState, log: Callable, train_loss: float
     log(f"{engine.cfg.name()} step {state.step}/{engine.cfg.train.steps} train {train_loss:.4f} val {ev.val:.4f}{select}")
 
 
-# The outlier warning judges readings only after this many learning-rate warmups: activation scales
-# and attention-sink tokens form during and after the warmup (cpu profile, MAPL+VQ seed 1: boundary 0's
-# max |z| grows 7 -> 244 between steps 250 and 700 with a 300-step warmup, then stays at 150-260).
+# The outlier warning judges readings only after this many warmups: activation scales form during and after it
+# (cpu profile, MAPL+VQ seed 1: boundary 0's max |z| grows 7 -> 244 over steps 250-700 with a 300-step warmup).
 ALARM_AFTER_WARMUPS = 3
 
 
 def outlier_alarm(state: LoopState, factor: float, after_step: int = 0) -> OutlierAlarm:
-    """The early warning, primed with the readings a resumed state already holds. The state's warnings
-    are derived again from its readings under this rule, so a resumed run records what an
-    uninterrupted one would. Readings up to ``after_step`` are kept but not judged."""
+    """The early warning, primed with a resumed state's readings (its warnings derived again, so a resumed run
+    records what an uninterrupted one would); readings up to ``after_step`` are not judged."""
     alarm = OutlierAlarm(factor, after_step=after_step)
     state.health_warnings = []
     for rec in state.health:
@@ -236,7 +219,6 @@ def outlier_alarm(state: LoopState, factor: float, after_step: int = 0) -> Outli
 
 
 def _judge(alarm: OutlierAlarm, state: LoopState, step: int, boundaries: list[dict]) -> list[dict]:
-    """Feed one reading to the alarm; the warnings it raises (also appended to the state)."""
     if step <= alarm.after_step:
         return []
     raised = []
@@ -249,8 +231,7 @@ def _judge(alarm: OutlierAlarm, state: LoopState, step: int, boundaries: list[di
 
 
 def _read_health(engine: Engine, state: LoopState, alarm: OutlierAlarm, log: Callable, evaluated: bool) -> None:
-    """Every boundary's health window (collective); a one-line warning when a boundary's max |z| leaves
-    its running median far behind (mapl/core/compress/health.py). Observes only: no number changes."""
+    """Every boundary's health window (collective), and a warning line for an outlier (observes only)."""
     boundaries = engine.health()
     if boundaries is None:                      # not the reporter
         return
@@ -264,9 +245,8 @@ def _read_health(engine: Engine, state: LoopState, alarm: OutlierAlarm, log: Cal
 
 def train(engine: Engine, state: LoopState | None = None, *, out: Path | None = None, log: Callable = print,
           progress: bool = True, started: float | None = None, on_step: Callable | None = None) -> dict | None:
-    """Run the loop to the end, write the final checkpoint and the results (the reporter writes ``out``).
-    ``started``: when the run began (setup included) for the results' ``wall_s``. Returns the results
-    dict on the reporter, None elsewhere."""
+    """Run the loop to the end, write the final checkpoint and the results (the reporter: ``out``, and the dict;
+    None elsewhere). ``started``: when the run began, for ``wall_s``."""
     started = time.time() if started is None else started
     state = run_loop(engine, state or LoopState(), log=log, progress=progress, on_step=on_step)
     if engine.checkpointing:

@@ -1,61 +1,6 @@
-"""The memory plan of a pipeline run: bytes per stage, before anything is allocated.
-
-For a :class:`~mapl.core.config.RunConfig` (model shape, P, schedule, micro-batches and their size, sequence
-length, precision, activation checkpointing, method) the plan gives, per stage: parameters, gradients,
-optimizer state, activations alive at the peak, the embedding/head/logits working set, compressor
-state and wire buffers. The runtime prints it before a run starts and refuses a plan that does not fit
-(:func:`check_plan`)::
-
-    mapl memory --profile paper --model 1B --stages 4 --schedule 1f1b --device-gib 139.8
-
-Where the numbers come from:
-
-* parameters, buffers and who optimises what are *counted*, not tabulated: every stage is built on the
-  ``meta`` device (no memory, exact shapes), pruned as the pipeline prunes it, and handed to
-  :func:`mapl.core.optimizer_recipe.build_optimizers` (the receiver's copy of a learned projector is excluded, as in the
-  runtime). State per optimizer: Muon and SPEL one momentum buffer, AdamW two moments (+ a step scalar);
-* activations are analytic per token and exact for this code base (``tests/test_memory.py`` checks them
-  against the tensors autograd saves). A block saves, in elements per token (d width, q = heads x
-  head_dim, kv = kv_heads x head_dim, f SwiGLU width, H heads): per RMSNorm its input, x/rms and output
-  (3d + 1), SDPA's q, k, v, output and log-sum-exp (2q + 2kv + H), the output projection's reshaped
-  input (q), SwiGLU's gate, silu(gate), up and their product (4f). fp32: 4 bytes each. bf16 autocast
-  (the runtime's target: an fp32 residual stream, matmuls in bf16): residual-side norm tensors stay fp32,
-  the norm output is saved as a bf16 cast once per linear that reads it (autocast caches the casts of
-  weights only: wq, wk, wv make three copies of the attention norm's output, w1, w3 two of the FFN
-  norm's; calibrated against saved tensors at the 150M and 1B block shapes; ``train.norm_cast: once``
-  casts each norm's output once: two copies), everything after a matmul
-  is bf16, log-sum-exp fp32; and every micro-batch in flight holds its own bf16 copy of the stage's
-  matmul weights (autocast's cast cache lives for one forward);
-* micro-batches alive at the peak: GPipe keeps all M; 1F1B at most P - s on stage s. With activation
-  checkpointing a block keeps only its input, plus one block's activations while it is recomputed;
-  ``train.activation_checkpointing: auto`` turns it on for a run whose plan does not fit the device
-  without it (:func:`resolve_checkpointing`; off where the device's memory is not known);
-* the last stage keeps log-softmax's fp32 output (V per token) for every micro-batch alive, and while
-  one micro-batch runs the loss it briefly holds the logits and their gradients besides; with
-  ``train.loss_chunk_tokens`` (chunked cross-entropy, logits recomputed in backward) nothing V-wide is
-  kept, and the V-wide tensors of one chunk are the transient; the chunks' checkpoints keep their input,
-  the final norm's fp32 output (under bf16 in place of its bf16 copy), and the head's bf16 weight copy
-  is made anew in each chunk's forward and recompute (a transient, not one per micro-batch alive);
-* wire buffers: the runtime releases each send one communication batch later, so a stage holds at most
-  two sends at once (``sends_held="batch"``; ``"step"``: every send of the step, as the runtime did
-  before), plus one receive per direction;
-* evaluation (``eval_peak``, a peak of its own between steps, when gradients are freed): parameters,
-  optimizer and compressor state, the stream (and the anchor, kept for the stage's end) and one block's
-  no-grad temporaries of one evaluation
-  micro-batch (``train.eval_micro_batch_size`` sequences, else the whole ``eval_batch_size``; measured
-  per token by :func:`live_tensor_peak`: fp32 4(2d + 3f), bf16 8d + 6f) or, if larger, on the last stage
-  the final norm's output and the fp32 logits and log-softmax (8V per token, of one ``loss_chunk_tokens``
-  chunk at most), autocast's bf16 weight copies, and the evaluation sends
-  of one batch (the runtime completes them per batch). A stage's ``total`` is the larger of its
-  training terms and its evaluation peak;
-* MAPL+RVQ's sender searches each micro-batch it packs: the search's temporaries
-  (:func:`mapl.core.compress.rvq.search.search_transient_bytes`: O(G·N) with the fused kernel, the tile's
-  distance block with the matmul one, and the k-means init's tile at the first step), plus the fp32 copy
-  of a bf16 Z, are a transient of the forward beside the other ``working`` candidates.
-
-The plan is an estimate of live tensor bytes; allocators add fragmentation, and a CUDA context takes
-about 0.5-1 GiB: :func:`check_plan` keeps a margin (``reserve_frac``, default 10 %).
-"""
+"""The memory plan of a pipeline run: bytes per stage, before anything is allocated (docs/pipeline.md, "Memory
+plan", says where each term comes from). The runtime prints it and, on a GPU, refuses a stage that does not fit
+(:func:`check_plan`); ``train.activation_checkpointing: auto`` asks it whether checkpointing is needed."""
 from __future__ import annotations
 
 import weakref
@@ -81,15 +26,14 @@ _STATE_SCALARS = {"AdamW": 4, "Adam": 4}          # AdamW keeps a float32 'step'
 
 
 def resolve_precision(precision: str, device: str) -> str:
-    """``train.precision`` -> 'fp32' | 'bf16' ('auto': bf16 autocast on CUDA, fp32 elsewhere)."""
+    """``train.precision`` -> 'fp32' | 'bf16' ('auto': bf16 on CUDA)."""
     if precision not in ("auto", "fp32", "bf16"):
         raise ValueError(f"train.precision={precision!r} is invalid: allowed 'auto', 'fp32', 'bf16'")
     return precision if precision != "auto" else ("bf16" if device.startswith("cuda") else "fp32")
 
 
 def block_activation_bytes_per_token(mc: ModelConfig, precision: str, norm_cast: str = "per-linear") -> int:
-    """Bytes one LLaMA block (RMSNorm, RoPE attention through SDPA, SwiGLU) saves for backward, per token
-    (``norm_cast``: ``train.norm_cast``, which matters under bf16 only)."""
+    """Bytes one block saves for backward, per token (calibrated against autograd's saved tensors)."""
     d, q, kv, f, H = mc.d_model, mc.n_heads * mc.head_dim, mc.n_kv_heads * mc.head_dim, mc.ffn_hidden, mc.n_heads
     if precision == "fp32":
         return 4 * (2 * (3 * d + 1) + 3 * q + 2 * kv + H + 4 * f)
@@ -100,15 +44,13 @@ def block_activation_bytes_per_token(mc: ModelConfig, precision: str, norm_cast:
 
 
 def eval_block_bytes_per_token(mc: ModelConfig, precision: str) -> int:
-    """Peak bytes per token of one block's no-grad forward beyond its input (evaluation), as
-    :func:`live_tensor_peak` measures it: the SwiGLU's three f-wide tensors alive at once (silu(gate),
-    up, their product), the norm's fp32 output, and in bf16 its cast and the branch output."""
+    """Peak bytes per token of one block's no-grad forward beyond its input, as :func:`live_tensor_peak` measures."""
     d, f = mc.d_model, mc.ffn_hidden
     return 4 * (2 * d + 3 * f) if precision == "fp32" else 8 * d + 6 * f
 
 
 class _LiveBytes(TorchDispatchMode):
-    """Counts the bytes of the tensor storages created inside it that are still referenced; keeps the peak."""
+    """Counts the bytes of storages created inside it and still referenced; keeps the peak."""
 
     def __init__(self):
         super().__init__()
@@ -148,8 +90,7 @@ class _LiveBytes(TorchDispatchMode):
 
 
 def live_tensor_peak(fn) -> tuple[int, object]:
-    """(peak bytes of the tensors ``fn()`` creates while it runs, its result), on any device: the
-    allocator-free count of what a plan term claims (CPU has no ``max_memory_allocated``)."""
+    """(peak bytes of the tensors ``fn()`` creates, its result) on any device: what the plan's terms are checked by."""
     mode = _LiveBytes()
     with mode:
         out = fn()
@@ -157,9 +98,8 @@ def live_tensor_peak(fn) -> tuple[int, object]:
 
 
 def head_activation_bytes_per_token(mc: ModelConfig, precision: str) -> tuple[int, int]:
-    """(saved, transient) bytes per token of the final norm, LM head and cross-entropy of one micro-batch.
-    Saved: the norm's tensors and log-softmax's fp32 output. Transient: fp32 the logits (forward) and
-    two V-wide gradients (backward); bf16 also the bf16 logits and their gradient."""
+    """(saved, transient) bytes per token of the final norm, head and loss of one micro-batch: saved the norm's
+    tensors and log-softmax's output; transient the logits and two V-wide gradients (bf16: their copies too)."""
     d, V = mc.d_model, mc.vocab_size
     if precision == "fp32":
         return 4 * (3 * d + 1) + 4 * V, 8 * V
@@ -167,16 +107,12 @@ def head_activation_bytes_per_token(mc: ModelConfig, precision: str) -> tuple[in
 
 
 def _loss_chunked(tokens: int, chunk: int) -> bool:
-    """Whether ``train.loss_chunk_tokens`` = ``chunk`` cuts a micro-batch of ``tokens`` tokens into chunks."""
     return 0 < chunk < tokens
 
 
 def _head_terms(mc: ModelConfig, precision: str, tokens: int, chunk: int) -> tuple[int, int]:
-    """(saved per micro-batch, transient) bytes of the head and loss over ``tokens`` tokens. A chunked
-    loss (``chunk`` < tokens) keeps nothing V-wide (each chunk's logits are recomputed in backward): its
-    checkpoints keep the norm's fp32 output (bf16: 2 bytes per value more than the bf16 copy a plain head
-    keeps); while one chunk runs it holds that chunk's V-wide tensors, log-softmax's output included, and
-    under bf16 the head's weight copy (made in each chunk's forward and recompute)."""
+    """(saved per micro-batch, transient) bytes of the head and loss. A chunked loss keeps nothing V-wide but the
+    norm's fp32 output; one chunk's V-wide tensors (and under bf16 the head's weight copy) are the transient."""
     saved, transient = head_activation_bytes_per_token(mc, precision)
     if not _loss_chunked(tokens, chunk):
         return saved * tokens, transient * tokens
@@ -186,14 +122,13 @@ def _head_terms(mc: ModelConfig, precision: str, tokens: int, chunk: int) -> tup
 
 
 def _weight_bytes(module: torch.nn.Module) -> int:
-    """Bytes of the matmul weights autocast copies to bf16 (2-D parameters and buffers)."""
     tensors = list(module.parameters()) + list(module.buffers())
     return sum(2 * t.numel() for t in tensors if t.dim() == 2)
 
 
 @dataclass
 class StageMemory:
-    """Bytes of one stage at its peak. ``total`` is what :func:`check_plan` compares with the device."""
+    """Bytes of one stage at its peak (``total``: what :func:`check_plan` compares with the device)."""
     stage: int
     layers: list[int]
     alive: int                    # micro-batches whose activations are held at the peak
@@ -215,7 +150,6 @@ class StageMemory:
 
     @property
     def total(self) -> int:
-        """The stage's peak: training (the sum of its terms) or evaluation, whichever is larger."""
         return max(self.train_total, self.eval_peak)
 
     def terms(self) -> dict:
@@ -246,9 +180,7 @@ class MemoryPlan:
 
 
 def _alive(schedule: str, stages: int, micro: int, s: int) -> int:
-    """Micro-batches whose graphs a stage holds at once, read off the stage's compute order (the one the
-    runtime executes and the link clock replays): a forward keeps its graph until its backward (GPipe: all
-    M; 1F1B, PipeDream-flush: P - s)."""
+    """Micro-batches whose graphs stage s holds at once, read off its compute order (GPipe: M; 1F1B: P - s)."""
     alive = most = 0
     for kind, _ in schedule_ops(schedule, stages, micro, s):
         alive += 1 if kind == "F" else -1
@@ -257,14 +189,13 @@ def _alive(schedule: str, stages: int, micro: int, s: int) -> int:
 
 
 def _module_bytes(module: torch.nn.Module) -> tuple[int, int]:
-    """(parameter + buffer bytes, trainable parameter bytes) of a module."""
     every = sum(t.numel() * t.element_size() for t in list(module.parameters()) + list(module.buffers()))
     train = sum(p.numel() * p.element_size() for p in module.parameters() if p.requires_grad)
     return every, train
 
 
 def _optimizer_bytes(opts, params: set[int] | None = None) -> int:
-    """State bytes the optimizers will hold after their first step (for ``params`` ids, or all)."""
+    """State bytes the optimizers hold after their first step (of ``params`` ids, or all)."""
     total = 0
     for opt in opts:
         name = type(opt).__name__
@@ -278,8 +209,8 @@ def _optimizer_bytes(opts, params: set[int] | None = None) -> int:
 
 
 def build_meta_stage(cfg: RunConfig, vocab: int, s: int):
-    """Stage s as the runtime holds it, built on the meta device (exact shapes, no memory): the pruned
-    StagedModel, its optimizers and the receiver-side compressor (None on stage 0)."""
+    """Stage s as the runtime holds it, on the meta device: the pruned StagedModel, its optimizers, the receiver-side
+    compressor (None on stage 0)."""
     from .stages import build_staged_model
     from .optimizer_recipe import build_optimizers
     with torch.device("meta"):
@@ -290,9 +221,7 @@ def build_meta_stage(cfg: RunConfig, vocab: int, s: int):
 
 
 def _opt_transient(opts, device: str) -> int:
-    """Temporaries of one optimizer step. AdamW, per tensor on CPU: sqrt and divide of the largest
-    parameter's second moment (2x it); on CUDA its foreach path: one temporary the size of its group.
-    Muon/SPEL: a few copies of one matrix (the largest)."""
+    """Temporaries of one optimizer step: 2x the largest tensor; on CUDA at least AdamW's foreach group."""
     per_tensor, adam_group = 0, 0
     for opt in opts:
         for g in opt.param_groups:
@@ -304,7 +233,7 @@ def _opt_transient(opts, device: str) -> int:
 
 
 def _static_terms(cfg: RunConfig, vocab: int, s: int, device: str) -> tuple[StageMemory, object]:
-    """Parameters, gradients, optimizer and compressor state of stage s (exact, from a meta build)."""
+    """Parameters, gradients, optimizer and compressor state of stage s, from a meta build."""
     sm, opts, comp_in = build_meta_stage(cfg, vocab, s)
     st = StageMemory(stage=s, layers=list(sm.split[s]), alive=0)
     side = [sm.anchors[k] for k in sm.anchors] + [sm.boundaries[k] for k in sm.boundaries]
@@ -325,11 +254,8 @@ def _wire_bytes(comp, mb_shape: tuple[int, int], direction: str) -> int:
 
 
 def _boundary_terms(sm, s: int, P: int, tokens: int, matmul_bytes: int) -> tuple[int, int]:
-    """Per micro-batch alive: (stage input + output tensors, ids) bytes.
-    Input (s > 0): the received z, kept for its gradient, unless decode is the identity (then it is the
-    first block's input, counted there). Output (s < P-1): z (an fp32 residual when encode is the
-    identity, else a matmul output), plus encode's d-wide fp32 input when the projector is learned (its
-    gradient needs it)."""
+    """Per micro-batch alive: (the stage's input and output tensors, ids) bytes; a learned projector also keeps
+    encode's d-wide fp32 input."""
     d = sm.model.cfg.d_model
     extra = 0
     if s > 0:
@@ -345,8 +271,7 @@ def _boundary_terms(sm, s: int, P: int, tokens: int, matmul_bytes: int) -> tuple
     return extra, (8 * tokens if uses_ids else 0)
 
 
-def _stage_plan(cfg: RunConfig, vocab: int, s: int, precision: str, checkpointing: bool,
-                sends_held: str, device: str) -> StageMemory:
+def _stage_plan(cfg: RunConfig, vocab: int, s: int, precision: str, checkpointing: bool, device: str) -> StageMemory:
     st, sm = _static_terms(cfg, vocab, s, device)
     t, P, mc = cfg.train, cfg.stages, sm.model.cfg
     tokens = (t.batch_size // t.micro_batches) * t.seq_len
@@ -376,17 +301,14 @@ def _stage_plan(cfg: RunConfig, vocab: int, s: int, precision: str, checkpointin
     st.working = max(act_working, st.detail["opt_transient"] - st.activations - st.head)
     # the deep 1F1B schedules post each gradient's receive with its forward's send: one per graph alive
     grad_recvs = alive if t.schedule in POSTS_AHEAD else 1
-    st.buffers = _buffer_bytes(sm, s, P, (t.batch_size // t.micro_batches, t.seq_len), t.micro_batches, sends_held,
-                               grad_recvs)
+    st.buffers = _buffer_bytes(sm, s, P, (t.batch_size // t.micro_batches, t.seq_len), grad_recvs)
     st.detail.update(block_bytes_per_micro_batch=blk, micro_batch_tokens=tokens)
     st.eval_peak = _eval_peak(cfg, sm, st, s, precision, device)
     return st
 
 
 def _eval_peak(cfg: RunConfig, sm, st: StageMemory, s: int, precision: str, device: str) -> int:
-    """Stage s's peak while it evaluates one micro-batch (no graph; gradients freed by the step before):
-    its state, the received message and the fp32 stream, one block's no-grad temporaries, on the last
-    stage the V-wide logits and log-softmax, autocast's bf16 weight copies, and one batch's sends."""
+    """Stage s's peak while it evaluates one micro-batch (no graph, no gradients)."""
     t, P, mc = cfg.train, cfg.stages, sm.model.cfg
     seqs = min(t.eval_micro_batch_size or t.eval_batch_size, t.eval_batch_size)
     tokens = seqs * t.seq_len
@@ -408,7 +330,7 @@ def _eval_peak(cfg: RunConfig, sm, st: StageMemory, s: int, precision: str, devi
 
 
 def _rvq_search_bytes(cfg: RunConfig, sm, s: int, tokens: int, precision: str, device: str) -> int:
-    """Transient bytes of the RVQ search stage s runs as the sender of boundary s (0 for other methods)."""
+    """Transient bytes of the RVQ search stage s runs as boundary s's sender (0 for other methods)."""
     if cfg.compressor.method != "mapl-rvq" or s == cfg.stages - 1:
         return 0
     from .compress.rvq.search import search_transient_bytes, tile_budget
@@ -420,13 +342,9 @@ def _rvq_search_bytes(cfg: RunConfig, sm, s: int, tokens: int, precision: str, d
     return fp32_copy + max(search, kmeans_tile)
 
 
-def _buffer_bytes(sm, s: int, P: int, mb_shape, micro: int, sends_held: str, grad_recvs: int = 1) -> int:
-    """Send buffers held (``batch``: the runtime's two sends of any kind, this batch's and the one before;
-    ``step``: all M of each direction; ``one``: one of each) plus one receive per direction (``grad_recvs``
+def _buffer_bytes(sm, s: int, P: int, mb_shape, grad_recvs: int = 1) -> int:
+    """Two sends held (the runtime completes each one batch later) plus one receive per direction (``grad_recvs``
     gradient receives where they are posted ahead)."""
-    if sends_held not in ("batch", "step", "one"):
-        raise ValueError(f"sends_held={sends_held!r} is invalid: allowed 'batch', 'step', 'one'")
-    held = micro if sends_held == "step" else 1
     ids = sm.id_bytes_per_token() * mb_shape[0] * mb_shape[1]
     total, sends = 0, []
     if s < P - 1:                    # forward sends (+ token ids), gradient receives
@@ -437,22 +355,19 @@ def _buffer_bytes(sm, s: int, P: int, mb_shape, micro: int, sends_held: str, gra
         comp = sm.boundaries[str(s - 1)]
         sends.append(_wire_bytes(comp, mb_shape, "bwd"))
         total += _wire_bytes(comp, mb_shape, "fwd") + ids
-    return total + (2 * max(sends, default=0) if sends_held == "batch" else held * sum(sends))
+    return total + 2 * max(sends, default=0)
 
 
 def memory_plan(cfg: RunConfig, vocab_size: int | None = None, *, device: str = "cuda",
-                precision: str | None = None, checkpointing: bool | None = None,
-                sends_held: str = "batch", device_bytes: float | None = None) -> MemoryPlan:
-    """Bytes per stage of ``cfg`` on ``device`` ('cuda' or 'cpu': picks the precision of 'auto').
-    ``vocab_size``: the tokenizer's (default: the model preset's). ``checkpointing``: default the config's
-    ``train.activation_checkpointing`` ('auto' resolved against ``device_bytes``, :func:`resolve_checkpointing`)."""
+                checkpointing: bool | None = None, device_bytes: float | None = None) -> MemoryPlan:
+    """Bytes per stage of ``cfg`` on ``device`` ('cuda' or 'cpu'). ``vocab_size``: default the preset's;
+    ``checkpointing``: default the config's ('auto' resolved against ``device_bytes``)."""
     mc = cfg.model_config(vocab_size)
     cfg = cfg.validate(mc.vocab_size)
-    prec = resolve_precision(precision or cfg.train.precision, device)
+    prec = resolve_precision(cfg.train.precision, device)
     if checkpointing is None:
-        checkpointing = resolve_checkpointing(cfg, mc.vocab_size, device=device, device_bytes=device_bytes,
-                                              precision=precision, sends_held=sends_held)
-    stages = [_stage_plan(cfg, mc.vocab_size, s, prec, checkpointing, sends_held, device) for s in range(cfg.stages)]
+        checkpointing = resolve_checkpointing(cfg, mc.vocab_size, device=device, device_bytes=device_bytes)
+    stages = [_stage_plan(cfg, mc.vocab_size, s, prec, checkpointing, device) for s in range(cfg.stages)]
     t = cfg.train
     return MemoryPlan(run=cfg.name(), precision=prec, schedule=t.schedule, micro_batches=t.micro_batches,
                       tokens_per_micro_batch=(t.batch_size // t.micro_batches) * t.seq_len,
@@ -460,16 +375,15 @@ def memory_plan(cfg: RunConfig, vocab_size: int | None = None, *, device: str = 
 
 
 def resolve_checkpointing(cfg: RunConfig, vocab_size: int | None = None, *, device: str = "cuda",
-                          device_bytes: float | None = None, reserve_frac: float = 0.10, **plan_kw) -> bool:
-    """Whether ``cfg`` runs with activation checkpointing: ``train.activation_checkpointing`` on/off as
-    set; 'auto': on exactly when the plan without it does not fit ``device_bytes`` less the reserve
-    (as :func:`check_plan` judges), off when the device's memory is not given (a CPU host)."""
+                          device_bytes: float | None = None, reserve_frac: float = 0.10) -> bool:
+    """``train.activation_checkpointing`` as set; 'auto': on exactly when the plan without it does not fit
+    ``device_bytes`` less the reserve, off when the device's memory is unknown (a CPU host)."""
     mode = cfg.train.activation_checkpointing
     if mode != "auto":
         return mode == "on"
     if not device_bytes:
         return False
-    plain = memory_plan(cfg, vocab_size, device=device, checkpointing=False, **plan_kw)
+    plain = memory_plan(cfg, vocab_size, device=device, checkpointing=False)
     return plain.peak.total > device_bytes * (1.0 - reserve_frac)
 
 
@@ -478,7 +392,6 @@ def _gib(x: float) -> str:
 
 
 def format_plan(plan: MemoryPlan) -> str:
-    """The plan as a markdown table in GiB, one row per stage."""
     names = list(plan.stages[0].terms()) + ["eval_peak"]
     head = (f"memory plan {plan.run}: {plan.precision}, {plan.schedule}, {plan.micro_batches} micro-batches of "
             f"{plan.tokens_per_micro_batch} tokens, activation checkpointing {'on' if plan.checkpointing else 'off'}")
@@ -492,7 +405,8 @@ def format_plan(plan: MemoryPlan) -> str:
 
 
 def check_plan(plan: MemoryPlan, device_bytes: float, reserve_frac: float = 0.10) -> None:
-    """Refuse (one-line ValueError) a plan whose largest stage exceeds the device memory less a margin."""
+    """Refuse (a one-line ValueError) a plan whose largest stage exceeds the device memory less a margin (a CUDA
+    context and fragmentation take the rest)."""
     if not device_bytes > 0:
         raise ValueError(f"device memory {device_bytes!r} is invalid: must be > 0 bytes")
     limit = device_bytes * (1.0 - reserve_frac)

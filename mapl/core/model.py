@@ -1,14 +1,7 @@
-"""LLaMA-style decoder: RMSNorm, RoPE, SwiGLU, optional grouped-query attention.
+"""LLaMA-style decoder: RMSNorm, RoPE, SwiGLU, optional grouped-query attention; no distribution code.
 
-One readable file and no distribution code (nanoGPT style); its config, ``ModelConfig`` and the size
-presets, is mapl/core/model_config.py (torch-free, so configs validate before torch loads). Layers live in
-an ``nn.ModuleDict`` keyed by ``str(i)`` so a pipeline stage can delete the layers it does not own
-and checkpoints keep their names; ``forward`` tolerates a missing embedding or head (torchtitan's
-"passthrough for nonexistent layers").
-
-    >>> cfg = ModelConfig.preset("tiny", vocab_size=2048)
-    >>> model = Transformer(cfg)
-    >>> logits = model(torch.zeros(2, 16, dtype=torch.long))   # (2, 16, 2048)
+Layers live in an ``nn.ModuleDict`` keyed by ``str(i)`` so a pipeline stage can drop the layers it does not own
+and keep checkpoint names; ``forward`` tolerates a missing embedding or head.
 """
 from __future__ import annotations
 
@@ -42,9 +35,8 @@ def rope_tables(head_dim: int, seq_len: int, theta: float, device=None) -> tuple
 
 
 def _apply_rope(x, cos, sin):
-    """Rotate pairs (x1, x2) of the two halves of x (B, H, T, hd) (LLaMA's "rotate_half" layout), computed in
-    fp32. Each half is written straight into an output of x's dtype: under bf16 autocast no fp32 copy of the
-    whole rotated q or k is made (a torch.cat would build one, then cast it); the same values and layout."""
+    """Rotate the two halves of x (B, H, T, hd) (LLaMA's "rotate_half") in fp32, each written straight into an
+    output of x's dtype: no fp32 copy of the whole rotated q or k under bf16 autocast (as torch.cat would)."""
     x1, x2 = x.float().chunk(2, dim=-1)
     cos, sin = cos[: x.shape[-2]], sin[: x.shape[-2]]
     out = x.new_empty(x.shape)                  # contiguous, as torch.cat's output: SDPA sees the same layout
@@ -85,19 +77,14 @@ class FeedForward(nn.Module):
 
 
 def _cast_once(h: torch.Tensor) -> torch.Tensor:
-    """A norm output in autocast's dtype (when autocast is on), so the linears reading it share one copy."""
     dev = h.device.type
     return h.to(torch.get_autocast_dtype(dev)) if torch.is_autocast_enabled(dev) else h
 
 
 class Block(nn.Module):
-    """Pre-norm block. Pre-norm matters for SSN: the residual stream is emb + sum of wo/w2 outputs,
-    so constraining those writers to span(U) keeps the stream in span(U) + the token shift.
-
-    ``cast_norm_once`` (``train.norm_cast: once``): under autocast each linear casts its input itself,
-    so wq, wk, wv (and w1, w3) each save their own bf16 copy of the same norm output for backward;
-    cast once, they share one (2 copies per block instead of 5). Off by default: the runs committed
-    so far were made without it."""
+    """Pre-norm block (SSN needs it: the stream is then the embedding plus the wo/w2 outputs).
+    ``cast_norm_once`` (``train.norm_cast: once``): the linears reading a norm share one bf16 copy of its
+    output, not one each (2 copies per block instead of 5); off by default, as the committed runs were."""
     cast_norm_once = False
 
     def __init__(self, cfg: ModelConfig):

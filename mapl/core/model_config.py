@@ -1,9 +1,4 @@
-"""The model's shape: :class:`ModelConfig` and the size presets.
-
-Apart from mapl/core/model.py because it needs no torch: the config layer (mapl/core/config.py) validates a run's
-model before anything imports torch, so a bad ``--model`` or ``--set model.*`` costs a CLI start-up, not
-a torch import. mapl.core.model re-exports these names.
-"""
+"""The model's shape, :class:`ModelConfig`, and the size presets; torch-free, so a config validates before torch loads."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
@@ -52,17 +47,15 @@ class ModelConfig:
         return asdict(self)
 
 
-# Shapes. The paper gives only d per size (MAPL.md §2); layers/heads/FFN are our choice, sized so the
-# parameter count at vocab 32000 (untied embedding and head) matches the name within 10% and the layer
-# count divides by 8 (P = 8). tests/test_model.py checks both.
+# The paper gives only d per size; layers, heads and FFN are ours: the parameter count at vocab 32000 matches the
+# name within 10% and the layers divide by 8 (tests/test_model.py checks both).
 PRESETS: dict[str, ModelConfig] = {
     # CPU presets (vocab set by the tokenizer at run time)
     "micro": ModelConfig(vocab_size=256, d_model=64, n_layers=4, n_heads=4, n_kv_heads=4, ffn_hidden=192, max_seq_len=64),
     "tiny": ModelConfig(vocab_size=2048, d_model=128, n_layers=4, n_heads=4, n_kv_heads=4, ffn_hidden=384, max_seq_len=256),
     "mini": ModelConfig(vocab_size=2048, d_model=256, n_layers=8, n_heads=4, n_kv_heads=4, ffn_hidden=704, max_seq_len=256),
-    # the scale ladder (params.yaml `ladder`): 8 layers (two blocks per stage at P = 4, the paper's layout), head
-    # width 32, SwiGLU width 2.75 d; only d changes, so non-embedding parameters grow as d^2 (0.40M to 6.42M;
-    # d = 160, 2.51M, is the smallest top rung 6x above d = 64)
+    # the scale ladder (params.yaml `ladder`): 8 layers (two blocks per stage at P = 4), head width 32, SwiGLU 2.75 d;
+    # only d changes, so non-embedding parameters grow as d^2 (0.40M to 6.42M)
     **{f"ladder-d{d}": ModelConfig(vocab_size=2048, d_model=d, n_layers=8, n_heads=d // 32, n_kv_heads=d // 32,
                                    ffn_hidden=11 * d // 4, max_seq_len=256) for d in (64, 96, 128, 160, 192, 256)},
     # paper sizes (d from the paper; the rest chosen here)
@@ -73,7 +66,7 @@ PRESETS: dict[str, ModelConfig] = {
 
 
 def count_params(cfg: ModelConfig, include_embeddings: bool = True) -> int:
-    """Parameter count without building the model (the paper sizes do not fit comfortably on CPU)."""
+    """Parameter count without building the model."""
     d, f, hd = cfg.d_model, cfg.ffn_hidden, cfg.head_dim
     attn = d * cfg.n_heads * hd + 2 * d * cfg.n_kv_heads * hd + cfg.n_heads * hd * d
     block = attn + 3 * d * f + 2 * d

@@ -1,24 +1,14 @@
-"""SPEL: spectral steepest descent on the Stiefel manifold, for the per-boundary projector A_p.
+"""SPEL, spectral steepest descent on the Stiefel manifold St(d, r) = {A : AᵀA = I}, for the projectors A_p,
+and the small Stiefel toolkit the compressors, diagnostics and tests share. One step on A with gradient g:
 
-MAPL keeps each boundary projector on St(d, r) = {A in R^{d x r} : AᵀA = I_r},
-r <= d, so that Aᵀ is the exact left inverse of A and compress/decompress is an isometry on col(A).
-One SPEL step on a parameter A with Euclidean gradient g is
-
-    gR = g - A·sym(Aᵀg)                 Riemannian gradient (tangent projection, embedded metric)
-    m  = β·m + (1-β)·gR                 heavy-ball momentum (MAPL order: project first, then average)
+    gR = g - A·sym(Aᵀg)                 Riemannian gradient (tangent projection)
+    m  = β·m + (1-β)·gR                 momentum (MAPL's order: project first, then average)
     D  = msign(m)                       spectral-norm LMO direction, U·Vᵀ of m's SVD
-    A  <- polar(A - lr·D)               retraction: nearest point of St(d, r) (polar factor)
+    A  <- polar(A - lr·D)               retraction: the nearest point of St(d, r)
 
-``msign``/``polar`` are computed either exactly (SVD) or with Polar Express (Amsel et al.,
-arXiv 2505.16932), the odd-polynomial iteration the paper names. Both hold the retraction to
-‖AᵀA - I‖ <= 1e-5 over a run when computed in fp32 (10 Polar-Express steps; a few bf16 steps cannot).
-SVD is the default and the CPU choice: on a CPU an fp32 SVD of a d x 256 matrix is cheaper than 10
-Polar-Express iterations (benchmarks/compress.py --paper-shape). On a GPU choose ``polar_express``:
-it is ~60 small matmuls (~6 GFLOP per step at d = 1024, r = 256, about a millisecond), where two
-cuSOLVER SVDs per step are latency-bound and synchronise with the host.
-
-Besides the optimizer this module holds the small Stiefel toolkit the compressors, diagnostics and
-tests share: ``stiefel_random`` (Haar init), ``ortho_error``, ``principal_angles``.
+``msign``/``polar`` are exact (SVD, the default: on a CPU cheaper than 10 Polar-Express steps) or Polar Express
+(Amsel et al., arXiv 2505.16932; on a GPU ~60 small matmuls, where two cuSOLVER SVDs a step sync the host). In
+fp32 both hold ‖AᵀA - I‖ <= 1e-5 over a run.
 """
 from __future__ import annotations
 
@@ -47,9 +37,8 @@ __all__ = [
     "ieee_fp32",
 ]
 
-# Polar Express degree-5 coefficients p(x) = a·x + b·x³ + c·x⁵, one triple per iteration
-# (Algorithm 1 of arXiv 2505.16932, repo NoahAmsel/PolarExpress). The last triple is the classical quintic
-# Newton-Schulz map (fixed point 1, cubic convergence) and is repeated for every step past the list.
+# Polar Express degree-5 coefficients p(x) = a·x + b·x³ + c·x⁵, one triple per iteration (Algorithm 1 of arXiv
+# 2505.16932). The last, the quintic Newton-Schulz map (fixed point 1), repeats past the list.
 _PE_RAW = (
     (8.28721201814563, -23.595886519098837, 17.300387312530933),
     (4.107059111542203, -2.9478499167379106, 0.5448431082926601),
@@ -60,29 +49,21 @@ _PE_RAW = (
     (1.8750014808534479, -1.2500016453999487, 0.3750001645474248),
 )
 _PE_LAST = (1.875, -1.25, 0.375)
-# Safety factor: (a/1.01, b/1.01³, c/1.01⁵) is p(x/1.01), i.e. each polynomial is stretched so that
-# singular values pushed slightly above 1 by rounding are still mapped back into range. The last
-# (repeated) triple is left exact so the iteration's fixed point is exactly 1.
+# p(x/1.01): singular values rounding pushed slightly above 1 still map back into range; the repeated last
+# triple stays exact so the fixed point is exactly 1.
 POLAR_EXPRESS_COEFFS: tuple[tuple[float, float, float], ...] = tuple(
     (a / 1.01, b / 1.01**3, c / 1.01**5) for (a, b, c) in _PE_RAW
 ) + (_PE_LAST,)
 
 
-# the new (torch >= 2.9) per-backend switches, used when a caller set TF32 through them: reading the
-# legacy flags then raises (PyTorch refuses a mix of the two APIs)
+# the per-backend switches (torch >= 2.9): once a caller set TF32 through them, reading the legacy flags raises
 _FP32_SWITCHES = (("cuda", "matmul"), ("cudnn", "conv"), ("mkldnn", "matmul"))
 
 
 @contextmanager
 def ieee_fp32() -> Iterator[None]:
-    """Full float32 matmuls inside, whatever the caller set; its settings are restored after.
-
-    TF32 (cuBLAS, cuDNN) and oneDNN's bf16 passes for float32 (``set_float32_matmul_precision``
-    'high'/'medium': accelerate switches TF32 on when a dynamo backend is configured) round the
-    operands to ~1e-3; Polar Express then holds AᵀA = I only to that, not to the ~1e-6 the retraction
-    needs. Through whichever API the caller used: the legacy flags, or the per-backend
-    ``fp32_precision`` switches once those are in use.
-    """
+    """Full float32 matmuls inside, whatever the caller set (restored after): TF32 and oneDNN's bf16 passes
+    (accelerate turns TF32 on with a dynamo backend) round to ~1e-3, and AᵀA = I needs ~1e-6."""
     try:
         saved = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
     except RuntimeError:                 # the caller set precision through the new API
@@ -110,7 +91,6 @@ def _ieee_fp32_new_api() -> Iterator[None]:
 
 
 def _work_dtype(dtype: torch.dtype) -> torch.dtype:
-    """float64 stays float64; everything else (bf16, fp16, fp32) is computed in float32."""
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
@@ -120,25 +100,14 @@ def sym(M: torch.Tensor) -> torch.Tensor:
 
 
 def tangent_project(A: torch.Tensor, G: torch.Tensor) -> torch.Tensor:
-    """Orthogonal projection of G onto the tangent space of St(d, r) at A: G - A·sym(AᵀG).
-
-    Under the embedded (Euclidean) metric this is the Riemannian gradient when G is the Euclidean
-    one. The result ξ satisfies Aᵀξ + ξᵀA = 0 (A must be orthonormal for that to hold exactly).
-    """
+    """G's projection onto the tangent space of St(d, r) at A: the Riemannian gradient (embedded metric)."""
     return G - A @ sym(A.mT @ G)
 
 
 def thin_svd(X: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``torch.linalg.svd(X, full_matrices=False)``, retried in float64 when LAPACK does not converge.
-
-    Why hand-written: LAPACK's divide-and-conquer SVD (gesdd, torch's CPU path) can fail to converge on a
-    float32 matrix whose singular values are all ~1, which is exactly SPEL's retraction input A - lr·D.
-    It happened at step ~2,145 of a 3,000-step MAPL 4x run (seed 0) with one thread, deterministically
-    (tests/data/gesdd-nonconvergent-128x32.pt; the same matrix converges with two threads and in float64).
-    The retry changes nothing where float32 converges; where it does not, the float64 factors are the
-    same ones to float32 rounding, returned in X's dtype. A retry is reported (a RuntimeWarning, once per
-    process: Python's default filter), so a run that needed it says so in its log.
-    """
+    """``torch.linalg.svd(X, full_matrices=False)``, retried in float64 (with a RuntimeWarning) when LAPACK does
+    not converge: gesdd failed on SPEL's retraction input (singular values all ~1) at step ~2,145 of a MAPL 4x
+    run with one thread (tests/data/gesdd-nonconvergent-128x32.pt)."""
     try:
         return torch.linalg.svd(X, full_matrices=False)
     except torch.linalg.LinAlgError:
@@ -151,22 +120,14 @@ def thin_svd(X: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 
 def polar_svd(X: torch.Tensor) -> torch.Tensor:
-    """Exact polar factor U·Vᵀ of X (thin SVD), computed in >= float32, returned in X's dtype.
-
-    This is the nearest matrix with orthonormal columns (rows, if X is wide) in Frobenius norm, so
-    on St(d, r) it is the polar retraction; for an orthonormal X it returns X.
-    """
+    """The polar factor U·Vᵀ of X (the nearest orthonormal matrix), computed in >= float32, in X's dtype."""
     U, _, Vh = thin_svd(X.to(_work_dtype(X.dtype)))
     return (U @ Vh).to(X.dtype)
 
 
 def _msign_svd(X: torch.Tensor) -> torch.Tensor:
-    """U·sign(Σ)·Vᵀ: like polar_svd, but singular values at rounding level map to 0, not 1.
-
-    A momentum matrix can be rank deficient (e.g. a rank-1 gradient); plain U·Vᵀ would then add an
-    arbitrary unit step in the null directions, whereas msign's definition (and Polar Express,
-    whose odd polynomials fix 0) leaves them at 0. Equal to polar_svd(X) when X has full rank.
-    """
+    """U·sign(Σ)·Vᵀ: singular values at rounding level map to 0, so a rank-deficient momentum takes no
+    arbitrary unit step in its null directions (as Polar Express's odd polynomials fix 0)."""
     wd = _work_dtype(X.dtype)
     U, S, Vh = thin_svd(X.to(wd))
     # Same cut-off as torch.linalg.matrix_rank's default: σ_max · max(m, n) · eps.
@@ -176,17 +137,9 @@ def _msign_svd(X: torch.Tensor) -> torch.Tensor:
 
 
 def polar_express(X: torch.Tensor, steps: int = 10, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """Polar Express approximation of the polar factor / msign of X, returned in X's dtype.
-
-    ``steps`` iterations of ``A = X·Xᵀ; B = b·A + c·A²; X = a·X + B·X`` with the coefficients in
-    POLAR_EXPRESS_COEFFS (the last one repeated past 8 steps), on the wide orientation (a tall input
-    is transposed, so the Gram matrix is the small r x r one), after scaling by
-    ‖X‖_F·1.01 + 1e-7 so every singular value starts in (0, 1).
-
-    ``dtype`` is the compute dtype: None means float32 (float64 if X is float64); bf16 is allowed
-    for the msign direction, where accuracy barely matters, but not advisable for a retraction.
-    Singular values that are exactly 0 stay 0 (odd polynomials), so msign(0) = 0.
-    """
+    """Polar Express approximation of the polar factor / msign of X, in X's dtype: ``steps`` iterations on the
+    wide orientation (the small r x r Gram matrix), after scaling every singular value into (0, 1).
+    ``dtype``: the compute dtype (None: float32, float64 for float64)."""
     if X.ndim < 2:
         raise ValueError(f"polar_express needs a matrix (ndim >= 2), got shape {tuple(X.shape)}")
     if steps < 1:
@@ -208,15 +161,12 @@ def polar_express(X: torch.Tensor, steps: int = 10, dtype: torch.dtype | None = 
     return Y.to(X.dtype)
 
 
-def msign(X: torch.Tensor, method: str = "svd", steps: int = 10,
-          dtype: torch.dtype | None = None) -> torch.Tensor:
-    """Matrix sign U·sign(Σ)·Vᵀ of X by ``method`` ("svd": exact; "polar_express": ``steps``
-    iterations in compute ``dtype``, see polar_express). The spectral-norm LMO direction:
-    ‖msign(X)‖₂ = 1 and ⟨X, msign(X)⟩ = ‖X‖_* (nuclear norm)."""
+def msign(X: torch.Tensor, method: str = "svd", steps: int = 10) -> torch.Tensor:
+    """The matrix sign U·sign(Σ)·Vᵀ, the spectral-norm LMO direction, exact ("svd") or by Polar Express."""
     if method == "svd":
         return _msign_svd(X)
     if method == "polar_express":
-        return polar_express(X, steps=steps, dtype=dtype)
+        return polar_express(X, steps=steps)
     raise ValueError(f"unknown msign method {method!r}; allowed: {POLAR_METHODS}")
 
 
@@ -225,27 +175,16 @@ def _retract(Y: torch.Tensor, method: str, steps: int) -> torch.Tensor:
     if method == "svd":
         return polar_svd(Y)
     if method == "polar_express":
-        return polar_express(Y, steps=steps, dtype=_work_dtype(Y.dtype))
+        return polar_express(Y, steps=steps)
     raise ValueError(f"unknown polar method {method!r}; allowed: {POLAR_METHODS}")
 
 
 def stiefel_random(d: int, r: int, seed: int | torch.Generator | None = None, *,
                    dtype: torch.dtype = torch.float32, device: torch.device | str | None = None
                    ) -> torch.Tensor:
-    """A Haar-distributed point of St(d, r): Q of the thin QR of a d x r Gaussian, with column j
-    multiplied by sign(R_jj). The one orthonormal-basis helper: projector starting points, SSN's
-    shared U and the anchors' fixed bases all come from here (``stiefel_random(c, r, s).T`` for
-    orthonormal rows).
-
-    Plain QR output is not Haar (LAPACK's sign convention biases it); the sign fix makes the
-    factorisation unique (R with positive diagonal), hence Q = G·R⁻¹ inherits the Gaussian's
-    rotation invariance. The Gaussian is drawn and factorised in float64, then cast, so the result
-    depends only on the seed (and is orthonormal to the target dtype's precision).
-
-    ``seed``: an int (a fresh CPU generator, so every rank and every device gets the same matrix),
-    a Generator (drawn on its device), or None (the global CPU RNG). ``device``: where the result
-    goes (default: where it was drawn).
-    """
+    """A Haar-distributed point of St(d, r), the one orthonormal-basis helper (projector starts, SSN's U, anchor
+    bases): Q of the QR of a float64 Gaussian, column j times sign(R_jj) (plain QR is not Haar). ``seed``: an int
+    (a fresh CPU generator: the same matrix on every rank and device), a Generator, or None (global RNG)."""
     if not (0 < r <= d):
         raise ValueError(f"stiefel_random needs 0 < r <= d, got d={d}, r={r}")
     Q = _seeded_haar(d, r, seed) if isinstance(seed, int) else _haar(d, r, seed)
@@ -254,8 +193,7 @@ def stiefel_random(d: int, r: int, seed: int | torch.Generator | None = None, *,
 
 @functools.lru_cache(maxsize=32)
 def _seeded_haar(d: int, r: int, seed: int) -> torch.Tensor:
-    """An int seed names one matrix: computed once per process and copied out (the meta builds behind memory
-    plans and FLOP counts ask for the same bases dozens of times; a 2048 x 256 float64 QR each time dominated)."""
+    """Cached per process: meta builds (memory plans, FLOP counts) ask for the same bases dozens of times."""
     return _haar(d, r, torch.Generator().manual_seed(seed))
 
 
@@ -268,7 +206,7 @@ def _haar(d: int, r: int, gen: torch.Generator | None) -> torch.Tensor:
 
 
 def ortho_error(A: torch.Tensor) -> float:
-    """max |AᵀA - I| over all entries, accumulated in float64 (so it measures A, not the check)."""
+    """max |AᵀA - I|, in float64 (so it measures A, not the check)."""
     A64 = A.detach().to(torch.float64)
     r = A64.shape[-1]
     eye = torch.eye(r, dtype=torch.float64, device=A64.device)
@@ -276,14 +214,8 @@ def ortho_error(A: torch.Tensor) -> float:
 
 
 def principal_angles(A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
-    """Principal angles (degrees, ascending) between col(A) and col(B), A: d x ra, B: d x rb.
-
-    Both inputs are orthonormalised by QR in float64 first, so any basis of the subspace works.
-    cos θ are the singular values of QaᵀQb; since arccos is ill-conditioned for tiny angles, angles
-    whose cos² > 1/2 are taken from the sines instead (singular values of Qb - Qa·QaᵀQb,
-    Knyazev & Argentati 2002), which resolves near-identical subspaces down to ~1e-14 rad.
-    Returns min(ra, rb) angles as a float64 tensor.
-    """
+    """The min(ra, rb) principal angles (degrees, ascending, float64) between col(A) and col(B), any bases.
+    Angles with cos² > 1/2 come from the sines (Knyazev & Argentati 2002): arccos is ill-conditioned there."""
     if A.ndim != 2 or B.ndim != 2 or A.shape[0] != B.shape[0]:
         raise ValueError(f"principal_angles needs d x ra and d x rb matrices, got {tuple(A.shape)}, "
                          f"{tuple(B.shape)}")
@@ -299,69 +231,30 @@ def principal_angles(A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
 
 
 class SPEL(torch.optim.Optimizer):
-    """SPectral steepest descent on the stiEfeL manifold (MCSD/SPEL, as used by MAPL).
+    """SPectral steepest descent on the stiEfeL manifold, for d x r parameters (r <= d); the first step retracts
+    a parameter off the manifold onto it.
 
-    Every parameter must be a d x r matrix with r <= d whose columns are (meant to be) orthonormal;
-    the first step retracts it onto St(d, r) even if it starts off it. Per step, per parameter:
-
-        gR = g - A·sym(Aᵀg);  m = β·m + (1-β)·gR;  D = msign(m);  A <- polar(A - lr·D)
-
-    Args:
-        lr: step length in spectral norm (‖lr·D‖₂ = lr). MAPL uses 0.1 x the Muon LR; the caller
-            computes it.
-        momentum: β of the heavy-ball average (0 disables it).
-        polar: "svd" (exact, default) or "polar_express": method of the retraction.
-        polar_steps: Polar-Express iterations (retraction and, unless direction_steps is given,
-            direction); ignored for "svd". 10 reaches fp32 accuracy for r up to a few hundred.
-        direction_polar: method for msign(m); defaults to ``polar``.
-        direction_steps: Polar-Express iterations for msign(m); defaults to ``polar_steps``.
-        weight_decay: decoupled decay A <- (1 - lr·wd)·A before the step. polar(c·Y) = polar(Y),
-            so on the manifold this only rescales the effective lr by 1/(1 - lr·wd); it exists for
-            parity with other SPEL implementations (NVIDIA Emerging-Optimizers) and ablations.
-        nesterov: use (1-β)·gR + β·m instead of m as the msign input (Muon's convention).
-
-    Precision: the update is computed in float32 (float64 for float64 parameters) whatever the
-    parameter or gradient dtype, with TF32 and reduced-precision float32 matmuls off (:func:`ieee_fp32`,
-    whatever the caller or a launcher set), and the momentum buffer is kept in that dtype, so an fp32 parameter
-    stays within ~1e-6 of orthonormal even with bf16-rounded gradients. A bf16 *parameter* is
-    only orthonormal to bf16 rounding (~4e-3) after the final cast. Note that
-    ``load_state_dict`` casts state to the parameter dtype (torch policy), so for a bf16 parameter
-    the reloaded momentum is bf16-rounded; it is upcast again on the next step.
-
-    The momentum buffer holds tangent vectors of earlier iterates and is not re-projected at the
-    new point (MAPL order: project the gradient, then average; MCSD instead projects the momentum).
+    ``lr``: the step in spectral norm (MAPL: 0.1 x the Muon LR); ``momentum``: β (0: none); ``polar``: "svd" or
+    "polar_express" for msign and the retraction, with ``polar_steps`` iterations (10 reach fp32 accuracy).
+    The update is computed in float32 (float64 for float64 parameters) with TF32 off (:func:`ieee_fp32`) and
+    the momentum kept in that dtype, so an fp32 parameter stays within ~1e-6 of orthonormal.
     """
 
     def __init__(self, params: Iterable[torch.Tensor] | Iterable[dict], lr: float = 1e-3,
-                 momentum: float = 0.95, polar: str = "svd", polar_steps: int = 10,
-                 direction_polar: str | None = None, direction_steps: int | None = None,
-                 weight_decay: float = 0.0, nesterov: bool = False):
+                 momentum: float = 0.95, polar: str = "svd", polar_steps: int = 10):
         if not lr >= 0.0:
             raise ValueError(f"invalid lr {lr}")
         if not 0.0 <= momentum < 1.0:
             raise ValueError(f"invalid momentum {momentum}: need 0 <= momentum < 1")
-        if not weight_decay >= 0.0:
-            raise ValueError(f"invalid weight_decay {weight_decay}")
-        defaults = dict(lr=lr, momentum=momentum, polar=polar, polar_steps=polar_steps,
-                        direction_polar=direction_polar, direction_steps=direction_steps,
-                        weight_decay=weight_decay, nesterov=nesterov)
-        super().__init__(params, defaults)
+        super().__init__(params, dict(lr=lr, momentum=momentum, polar=polar, polar_steps=polar_steps))
 
     def add_param_group(self, param_group: dict) -> None:
         super().add_param_group(param_group)
         group = self.param_groups[-1]
-        # Resolve "same as the retraction" defaults per group, so a group overriding ``polar``
-        # also gets that direction method unless it says otherwise.
-        if group["direction_polar"] is None:
-            group["direction_polar"] = group["polar"]
-        if group["direction_steps"] is None:
-            group["direction_steps"] = group["polar_steps"]
-        for key in ("polar", "direction_polar"):
-            if group[key] not in POLAR_METHODS:
-                raise ValueError(f"SPEL: unknown {key} {group[key]!r}; allowed: {POLAR_METHODS}")
-        for key in ("polar_steps", "direction_steps"):
-            if int(group[key]) < 1:
-                raise ValueError(f"SPEL: {key} must be >= 1, got {group[key]}")
+        if group["polar"] not in POLAR_METHODS:
+            raise ValueError(f"SPEL: unknown polar {group['polar']!r}; allowed: {POLAR_METHODS}")
+        if int(group["polar_steps"]) < 1:
+            raise ValueError(f"SPEL: polar_steps must be >= 1, got {group['polar_steps']}")
         for p in group["params"]:
             if p.ndim != 2 or p.shape[1] > p.shape[0] or p.shape[1] == 0:
                 raise ValueError(
@@ -382,26 +275,23 @@ class SPEL(torch.optim.Optimizer):
 
     def _update(self) -> None:
         for group in self.param_groups:
-            lr, beta, wd = group["lr"], group["momentum"], group["weight_decay"]
+            lr, beta = group["lr"], group["momentum"]
             for p in group["params"]:
                 if p.grad is None:
                     continue
                 if p.grad.is_sparse:
                     raise RuntimeError("SPEL does not support sparse gradients")
                 wdt = _work_dtype(p.dtype)
-                # .to() may alias p (fp32 param): nothing below writes into A in place.
+                # .to() may alias p (fp32 param): nothing below writes into A in place
                 A = p.detach().to(wdt)
                 g = p.grad.detach().to(wdt)
                 state = self.state[p]
                 buf = state.get("momentum_buffer")
                 if buf is None or buf.dtype != wdt:
-                    # First step, or a buffer that load_state_dict cast to a bf16 param's dtype.
+                    # first step, or a buffer load_state_dict cast to a bf16 param's dtype
                     buf = torch.zeros_like(A) if buf is None else buf.to(wdt)
                     state["momentum_buffer"] = buf
                 gR = tangent_project(A, g)
                 buf.mul_(beta).add_(gR, alpha=1.0 - beta)
-                m = gR.mul_(1.0 - beta).add_(buf, alpha=beta) if group["nesterov"] else buf
-                D = msign(m, method=group["direction_polar"], steps=int(group["direction_steps"]))
-                Y = A * (1.0 - lr * wd) if wd != 0.0 else A
-                Y = Y - lr * D
-                p.copy_(_retract(Y, group["polar"], int(group["polar_steps"])))
+                D = msign(buf, method=group["polar"], steps=int(group["polar_steps"]))
+                p.copy_(_retract(A - lr * D, group["polar"], int(group["polar_steps"])))

@@ -1,10 +1,5 @@
-"""The optimizer recipe: which optimizer owns each parameter of a staged model, and the learning-rate scaling.
-
-Every engine (``mapl.core.engine.LocalEngine``, the runtime's ``PipelineEngine``) and the memory plan
-(``mapl.core.memory``, which counts each stage's optimizer state on a meta build) build their optimizers
-here. It is a module of its own, below both, because the engine reads the memory plan
-(``train.activation_checkpointing: auto``): with the recipe inside the engine the two imported each other.
-"""
+"""Which optimizer owns each parameter of a staged model, and the learning-rate scaling: shared by both engines
+and the memory plan (a module of its own because the engine reads the memory plan)."""
 from __future__ import annotations
 
 import torch
@@ -39,8 +34,8 @@ def _param_groups(sm: StagedModel) -> dict[str, list]:
 
 
 def build_optimizers(sm: StagedModel, cfg: RunConfig, exclude: set[int] | None = None) -> list[torch.optim.Optimizer]:
-    """The paper's recipe: Muon for 2-D hidden weights; AdamW for embeddings, head, norms, anchors;
-    SPEL for Stiefel projectors. ``exclude``: ids of parameters some other process owns."""
+    """The paper's recipe: Muon for 2-D hidden weights, AdamW for embeddings, head, norms and anchors, SPEL for
+    Stiefel projectors. ``exclude``: ids of parameters another process owns."""
     t, pc, spel = cfg.train, cfg.compressor.projector, cfg.compressor.spel
     groups = {k: [p for p in v if id(p) not in (exclude or set())] for k, v in _param_groups(sm).items()}
     opts = []
@@ -65,7 +60,7 @@ def build_optimizers(sm: StagedModel, cfg: RunConfig, exclude: set[int] | None =
 
 
 def set_lr(opts, factor: float) -> None:
-    """Every group's learning rate at ``factor`` times its peak (the schedule's value this step)."""
+    """Every group's learning rate at ``factor`` times its peak."""
     for opt in opts:
         for g in opt.param_groups:
             g["lr"] = g["peak_lr"] * factor

@@ -1,13 +1,5 @@
-"""The results JSON of one run, built from plain data (numbers, dicts), the same for both runtimes.
-
-Each boundary is described once by the process that owns it (``describe_boundary``: declared bytes
-and diagnostics of its compressor); the byte meter holds what was measured. ``build_results`` joins
-them with the loop state into the dict the report reads (keys: shared/design/ARCHITECTURE.md
-"Results JSON"), plus ``wire.total_bytes_per_token_per_boundary`` and the nested ``config``.
-
-    results = build_results(cfg, state, boundaries, meter, d_model=128, id_bytes_per_token=2,
-                            n_params=n, manifest=manifest, wall_s=wall)
-"""
+"""The results JSON of one run (docs/architecture.md, "Results JSON"), built from plain data by both runtimes:
+each boundary described once by its owner (``describe_boundary``), the byte meter, the loop state."""
 from __future__ import annotations
 
 import platform
@@ -38,13 +30,11 @@ def provenance(cfg: RunConfig, data_hash: str) -> dict:
 
 
 def describe_boundary(comp, index: int, cfg: RunConfig, id_bytes_per_token: int, replicas: int = 1) -> dict:
-    """Plain data about boundary ``index``'s compressor: declared bytes per token and per optimizer step
-    (data both ways, piggybacked sync, per-step state, token ids) and its diagnostics. With R
-    data-parallel replicas, every replica's pipeline syncs its own state: state bytes count R times."""
+    """Boundary ``index``'s declared bytes per token and per step (with R replicas, their sync and state count R
+    times) and its diagnostics."""
     t = cfg.train
     tokens = t.batch_size * t.seq_len
     fwd_bpt, bwd_bpt = comp.wire_bytes_per_token("fwd"), comp.wire_bytes_per_token("bwd")
-    # every replica's pipeline carries its own micro-batches' piggybacked sync and its own state
     per_step = {"fwd": fwd_bpt * tokens, "bwd": bwd_bpt * tokens,
                 "piggyback": replicas * t.micro_batches * comp.sync_bytes_per_microbatch(),
                 "state": replicas * (comp.sync_bytes_per_step() + comp.receiver_grad_bytes_per_step()),
@@ -55,8 +45,7 @@ def describe_boundary(comp, index: int, cfg: RunConfig, id_bytes_per_token: int,
 
 
 def declared_totals(boundaries: list[dict], steps: int) -> dict:
-    """Declared bytes of ``steps`` optimizer steps, summed over boundaries, per kind (plus what is sent
-    once per run, e.g. the whole RVQ codebook right after its k-means init, as soon as a step ran)."""
+    """Declared bytes of ``steps`` steps per kind, summed over boundaries, plus what is sent once per run."""
     once = {k: sum(b.get("declared_once", {}).get(k, 0) for b in boundaries) if steps else 0 for k in _KINDS}
     return {k: int(round(sum(b["declared_per_step"][k] for b in boundaries) * steps)) + once[k] for k in _KINDS}
 
@@ -82,7 +71,6 @@ def _wire(boundaries, meter, d_model, id_bytes, tokens, steps) -> dict:
 
 def build_results(cfg: RunConfig, state, boundaries: list[dict], meter: ByteMeter, *, d_model: int,
                   id_bytes_per_token: int, n_params: int, manifest: dict, wall_s: float) -> dict:
-    """The results dict (one JSON per run) from the loop state, boundary descriptions and the meter."""
     t = cfg.train
     tokens = state.step * t.batch_size * t.seq_len
     wire = _wire(boundaries, meter, d_model, id_bytes_per_token, tokens, state.step)

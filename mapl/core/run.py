@@ -1,8 +1,4 @@
-"""One run in this process: the checks on its output paths, then every stage in order through the loop.
-
-``mapl train`` (the command) and the sweep's pool workers call :func:`run`; the multi-process
-pipeline runs the same loop per rank (``mapl.core.runtime.rank``).
-"""
+"""One run in this process (``mapl train``, the sweep's workers): the checks on its output paths, then the loop."""
 from __future__ import annotations
 
 import json
@@ -28,11 +24,8 @@ def check_output_paths(out: Path | None, ckpt: Path | None, ckpt_files: list[Pat
 
 def check_results_file(out: Path | None, cfg: RunConfig, replace: bool = False,
                        resume_with_changes: bool = False) -> None:
-    """A results JSON already at ``out`` is a finished run's numbers: a run of another config may not
-    replace them unless ``replace`` (``--replace-results``). The same config may (the same numbers,
-    as runs are deterministic), and so may a continuation with ``--resume-with-changes`` whose changes
-    are all resumable (``mapl.core.config.RESUMABLE_FIELDS``). A file there that is no results JSON is
-    refused too: nothing is overwritten silently."""
+    """Refuse to replace a finished run's results JSON at ``out`` by another config's (unless ``replace``): the same
+    config may, and so may a ``--resume-with-changes`` of resumable fields only; nothing else is overwritten."""
     if out is None or replace or not Path(out).is_file():
         return
     try:
@@ -59,18 +52,16 @@ def check_results_file(out: Path | None, cfg: RunConfig, replace: bool = False,
 
 def run(cfg: RunConfig, out: Path | None = None, ckpt: Path | None = None, progress: bool = True, log=print,
         resume_with_changes: bool = False, on_step=None, replace_results: bool = False) -> dict:
-    """Train ``cfg`` in this process and return the results dict (also written to ``out``). Resumes
-    from ``ckpt`` when it exists. ``on_step(step, steps, loss)`` is called after every optimizer step.
-    Results of another config at ``out`` are refused unless ``replace_results`` (:func:`check_results_file`:
-    after the checkpoint's own checks, whose messages say more about a resume)."""
-    from .engine import LocalEngine          # torch: only once a run starts: the CLI validates before it
+    """Train ``cfg`` here, resuming from ``ckpt`` if it exists; the results dict, also written to ``out``.
+    ``on_step(step, steps, loss)`` after every optimizer step."""
+    from .engine import LocalEngine          # torch only once a run starts: the CLI validates first
     from .loop import train
     started = time.time()
     check_output_paths(out, ckpt)
     with OutputLock(results=out, checkpoint=ckpt):        # a second run on the same paths is refused
         engine = LocalEngine.build(cfg, ckpt=ckpt)
         state = engine.resume(allow_changes=resume_with_changes, log=log)
-        check_results_file(out, cfg, replace_results, resume_with_changes)
+        check_results_file(out, cfg, replace_results, resume_with_changes)   # after the checkpoint's own checks
         if state is not None:
             log(f"resumed {ckpt} at step {state.step}" +
                 (f" with changed settings {sorted(state.resumed_with_changes[-1]['changes'])}"

@@ -1,27 +1,11 @@
 """Pipeline schedules as per-stage programs, and a checker that proves them deadlock-free.
 
-A schedule (GPipe, 1F1B, and 1F1B with 2-4x its warm-up for slow links; one registry, ``SCHEDULES``)
-gives each stage its compute order: ("F", m) forward and ("B", m) backward of micro-batch m.
-``stage_program`` turns it into what a stage worker executes: compute actions and communication
-*batches*. A forward on stage s > 0 needs the activation of stage s-1; a backward on s < P-1 needs the
-gradient of stage s+1; each compute produces the message its neighbour needs. The sends produced by one
-compute and the receives needed by the next are posted together in one batch (``Comm``), as
-``torch.distributed.pipelining`` does: with rendezvous semantics (an NCCL send completes only once the
-peer has posted the matching receive; gloo's ``send`` behaves the same way) a lone send followed by a
-lone receive deadlocks 1F1B at any P (stage s waits to send F(m+1) while s+1 waits to send B(m) back).
-
-``check_programs`` replays the programs of all stages under exactly those semantics (every op of a
-batch is posted at once; a batch ends when each of its ops has met its counterpart; per pair of
-stages, messages meet in order) and raises ``ScheduleError`` on a deadlock or a mismatched pairing.
-The worker's blocking transport (``mapl.core.runtime.transport``) has the same semantics, so a schedule
-that passes here runs on it, and on NCCL. ``transport="non-blocking"`` replays what the default
-transport does instead: a batch posts its receives, its sends and the next batch's receives (look
-ahead), then waits for its receives and for the sends of the batches before it (released one batch
-later, not held to the step's end); a step-end batch (micro-batch -1) and a barrier complete every
-send in flight first (``flush``).
-
-    >>> prog = stage_program("1f1b", n_stages=4, n_micro=8, stage=1)
-    >>> check_programs([stage_program("1f1b", 4, 8, s) for s in range(4)])     # raises on deadlock
+A schedule (one registry, ``SCHEDULES``) gives each stage its compute order, ("F", m) and ("B", m).
+``stage_program`` turns it into what a worker executes: computes and communication *batches* (``Comm``), the sends
+of one compute posted together with the receives of the next, as ``torch.distributed.pipelining`` does: under
+rendezvous semantics (NCCL's, and gloo's ``send``) a lone send then a lone receive deadlocks 1F1B at any P.
+``check_programs`` replays every stage's program under those semantics, or the default non-blocking transport's,
+and raises ``ScheduleError`` on a deadlock or a mismatched pairing.
 """
 from __future__ import annotations
 
@@ -47,8 +31,7 @@ class Op(StrEnum):
 
 
 class Msg(StrEnum):
-    """What a message carries: activations, their gradients, or a step-end exchange (receiver-side
-    projector gradients back, the learned state forward)."""
+    """Activations, their gradients, or a step-end exchange (receiver-side gradients back, learned state forward)."""
     FWD = "fwd"
     BWD = "bwd"
     RGRAD = "rgrad"
@@ -62,19 +45,14 @@ def _gpipe(n_stages: int, n_micro: int, stage: int) -> list[tuple[str, int]]:
 
 
 def _one_f_one_b(n_stages: int, n_micro: int, stage: int) -> list[tuple[str, int]]:
-    """Non-interleaved 1F1B (PipeDream-flush): ``P - 1 - s`` warm-up forwards, then one forward / one
-    backward alternately, then the remaining backwards: at most ``P - s`` micro-batches alive."""
+    """1F1B (PipeDream-flush): ``P - 1 - s`` warm-up forwards, then alternate: at most ``P - s`` alive."""
     return _warm_then_alternate(min(n_stages - 1 - stage, n_micro), n_micro)
 
 
 def _deep_one_f_one_b(depth: int) -> Callable[[int, int, int], list[tuple[Kind, int]]]:
-    """1F1B with ``depth`` times its warm-up (``depth (P - 1 - s)`` forwards before the first backward),
-    for links slower than compute. Under 1F1B stage s may run ahead of its first gradient by P - 1 - s
-    forwards, but that gradient returns only after a round trip of 2 (P - 1 - s) messages (its forward
-    down the pipe, its gradient back): on a link-bound step the forward channel idles for half of it.
-    ``depth`` 2 keeps the channel busy through the round trip when messages dominate; 3 also covers
-    compute of about a message's time. The price is memory: ``depth (P - 1 - s) + 1`` graphs alive
-    (``mapl.core.memory`` reads it off these orders), so the planner takes it only where the plan fits."""
+    """1F1B with ``depth`` times its warm-up, for slow links (docs/pipeline.md, "Slow links"): the first gradient
+    returns after a round trip of 2 (P - 1 - s) messages, so plain 1F1B idles the forward channel for half of
+    it. The price is ``depth (P - 1 - s) + 1`` graphs alive."""
     def ops(n_stages: int, n_micro: int, stage: int) -> list[tuple[Kind, int]]:
         return _warm_then_alternate(min(depth * (n_stages - 1 - stage), n_micro), n_micro)
     ops.__doc__ = f"1F1B with {depth}x its warm-up (``_deep_one_f_one_b``)."
@@ -82,7 +60,6 @@ def _deep_one_f_one_b(depth: int) -> Callable[[int, int, int], list[tuple[Kind, 
 
 
 def _warm_then_alternate(warm: int, n_micro: int) -> list[tuple[Kind, int]]:
-    """``warm`` forwards, then forward / backward alternately, then the backwards left (micro-batch order)."""
     ops = [(Kind.F, m) for m in range(warm)]
     for i in range(n_micro - warm):
         ops += [(Kind.F, warm + i), (Kind.B, i)]
@@ -98,9 +75,8 @@ POSTS_AHEAD = tuple(n for n in ONE_F_ONE_B if n != "1f1b")            # post gra
 
 
 def schedule_ops(schedule: str, n_stages: int, n_micro: int, stage: int) -> list[tuple[Kind, int]]:
-    """The compute operations of ``stage`` in one step, in order. Backwards run in micro-batch order in
-    every schedule, so each parameter accumulates its gradient in the order of the single-process loop
-    (bit-identical sums)."""
+    """The compute operations of ``stage`` in one step. Backwards run in micro-batch order in every schedule, so
+    gradients accumulate as in the single-process loop (bit-identical sums)."""
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule={schedule!r} is invalid: allowed {list(SCHEDULES)}")
     if not 0 <= stage < n_stages:
@@ -125,11 +101,9 @@ class Transfer:
 
 @dataclass(frozen=True)
 class Comm:
-    """Transfers posted together; the batch ends when every one has met its counterpart. ``ahead``:
-    receives posted with this batch but waited by the later batch that lists them in its ``transfers``
-    (the deep 1F1B schedules post each gradient's receive as soon as its forward is sent: under
-    rendezvous semantics the neighbour's send of it would otherwise wait on a receive this stage posts
-    only after its remaining warm-up forwards, while this stage waits to send those forwards)."""
+    """Transfers posted together; the batch ends when each has met its counterpart. ``ahead``: receives posted now
+    but waited by a later batch (the deep 1F1B schedules post a gradient's receive with its forward's send:
+    posted only after the warm-up, the neighbour's send of it would deadlock under rendezvous semantics)."""
     transfers: tuple[Transfer, ...]
     ahead: tuple[Transfer, ...] = ()
 
@@ -162,10 +136,8 @@ def _makes(kind: str, m: int, s: int, P: int) -> list[Transfer]:
 
 
 def stage_program(schedule: str, n_stages: int, n_micro: int, stage: int) -> list[Action]:
-    """Compute actions of ``schedule`` with the sends of each compute and the receives of the next one
-    fused into one ``Comm`` batch (deadlock-free under rendezvous semantics; ``check_programs``). In the
-    schedules of ``POSTS_AHEAD`` the batch that sends forward F(m) also posts the receive of its gradient
-    (``Comm.ahead``), waited before B(m)."""
+    """``schedule``'s computes with the sends of each and the receives of the next in one ``Comm``; in
+    ``POSTS_AHEAD`` schedules the batch sending F(m) also posts B(m)'s gradient receive (``Comm.ahead``)."""
     program: list[Action] = []
     pending: list[Transfer] = []                 # sends produced by the previous compute
     for kind, m in schedule_ops(schedule, n_stages, n_micro, stage):
@@ -183,8 +155,7 @@ def stage_program(schedule: str, n_stages: int, n_micro: int, stage: int) -> lis
 
 
 def naive_program(schedule: str, n_stages: int, n_micro: int, stage: int) -> list[Action]:
-    """Each transfer alone, right where it is needed or made (the order of the first runtime): the
-    checker shows that it deadlocks 1F1B under rendezvous semantics."""
+    """Each transfer alone, where it is needed or made: the checker shows it deadlocks 1F1B."""
     program: list[Action] = []
     for kind, m in schedule_ops(schedule, n_stages, n_micro, stage):
         program += [Comm((t,)) for t in _needs(kind, m, stage, n_stages)]
@@ -194,8 +165,8 @@ def naive_program(schedule: str, n_stages: int, n_micro: int, stage: int) -> lis
 
 
 def step_tail(n_stages: int, stage: int, receiver_grads: bool, synced_state: bool) -> list[Action]:
-    """After the last backward: receiver-side gradients back to the sender, the all-reduce, then the
-    learned state forward to the receiver; each exchange is one batch per stage (no chain of waits)."""
+    """After the last backward: receiver-side gradients back, the all-reduce, the learned state forward; each
+    exchange one batch per stage (no chain of waits)."""
     s, P = stage, n_stages
     tail: list[Action] = []
     if receiver_grads:
@@ -210,22 +181,16 @@ def step_tail(n_stages: int, stage: int, receiver_grads: bool, synced_state: boo
 
 def step_program(schedule: str, n_stages: int, n_micro: int, stage: int, receiver_grads: bool,
                  synced_state: bool) -> tuple[list[Action], list[Action]]:
-    """THE program a stage worker runs for one optimizer step, as (body, tail): the schedule's computes and
-    their communication batches, then the step's end (``step_tail``). The worker interprets both
-    (``mapl.core.runtime.worker``) and ``check_programs(body + tail)`` proves the whole step deadlock-free.
-    ``receiver_grads``/``synced_state``: the boundaries' compressors send receiver-side gradients back /
-    learned state forward (every boundary of a run has the same compressor, so neighbours agree)."""
+    """THE program a worker runs for one optimizer step, (body, tail); ``check_programs(body + tail)`` proves it.
+    ``receiver_grads``/``synced_state``: the compressors send gradients back / state forward (the same at
+    every boundary, so neighbours agree)."""
     return (stage_program(schedule, n_stages, n_micro, stage),
             step_tail(n_stages, stage, receiver_grads, synced_state))
 
 
 def eval_program(n_stages: int, stage: int, pieces: int) -> list[Action]:
-    """THE program a stage worker runs for one evaluation of ``pieces`` forward-only micro-batches: each is
-    received from stage s-1, computed and sent on to stage s+1, one transfer per batch, then the all-reduce
-    of the loss (``Barrier``). A forward-only chain cannot deadlock under rendezvous semantics, and no receive
-    is posted ahead, so a stage never holds more than the message it works on (the worker also completes
-    every validation batch's sends before the next: the whole set's messages are never held at once).
-    The worker interprets it (``PipelineEngine._validation_loss``); ``check_programs`` replays it."""
+    """THE program of one evaluation of ``pieces`` forward-only micro-batches: each received, computed and sent on,
+    one transfer per batch (no receive posted ahead), then the loss's all-reduce."""
     program: list[Action] = []
     for m in range(pieces):
         program += [Comm((t,)) for t in _needs(Kind.F, m, stage, n_stages)]
@@ -257,9 +222,8 @@ def _pairing(programs: list[list[Action]]) -> None:
 
 
 def check_programs(programs: list[list[Action]], transport: str = "blocking") -> int:
-    """Replay the stages' programs under rendezvous semantics; raise ``ScheduleError`` on a deadlock
-    (naming where each stage waits). Returns the number of rounds (a measure of serialisation).
-    ``transport``: 'blocking' (a batch ends when each of its transfers has met its counterpart) or
+    """Replay the stages' programs; raise ``ScheduleError`` on a deadlock, naming where each stage waits. Returns
+    the rounds. ``transport``: 'blocking' (a batch ends when each transfer has met its counterpart) or
     'non-blocking' (the default transport's posting and waiting order: :func:`_nonblocking_ops`)."""
     _pairing(programs)
     if transport == "non-blocking":
@@ -361,12 +325,9 @@ def _finish(programs, pc, matched, early) -> bool:
 
 # ---- the non-blocking transport: posted operations, waited later ---------------------------------------
 def _nonblocking_ops(s: int, program: list[Action]) -> list[tuple]:
-    """What the worker's non-blocking transport does for ``program`` (``PipelineEngine._communicate``,
-    ``finish_step``): ("post", id), ("wait", ids) and ("barrier", name), where id = (stage, action
-    index, transfer index). A schedule batch posts its receives (unless posted ahead), its sends and
-    the next schedule batch's receives, then waits for its receives and for every earlier send; a
-    step-end batch (every transfer's micro-batch -1: ``Transport.exchange`` + ``flush``) and a barrier
-    (``flush`` before the all-reduce) wait for every send in flight."""
+    """The worker's non-blocking transport for ``program`` as ("post", id), ("wait", ids), ("barrier", name), id =
+    (stage, action, transfer): a batch posts its receives, sends and the next batch's receives, then waits for its
+    receives and every earlier send; a step-end batch and a barrier wait for every send in flight."""
     def ids(i: int, op: str) -> list:
         return [(s, i, j) for j, t in enumerate(program[i].transfers) if t.op == op]
     comms = [i for i, a in enumerate(program) if isinstance(a, Comm)]
@@ -395,8 +356,7 @@ def _nonblocking_ops(s: int, program: list[Action]) -> list[tuple]:
 
 
 def _partners(programs: list[list[Action]]) -> dict:
-    """Each transfer id -> the id of its counterpart (the k-th send of a pair of stages meets the k-th
-    receive: ``_pairing`` has checked that they carry the same message)."""
+    """Each transfer id -> its counterpart's (the k-th send of a pair of stages meets the k-th receive)."""
     lines: dict[tuple[int, int, str], list] = {}
     for s, prog in enumerate(programs):
         for i, a in enumerate(prog):
@@ -412,9 +372,8 @@ def _partners(programs: list[list[Action]]) -> dict:
 
 
 def _replay_posted(ops: list[list[tuple]], programs: list[list[Action]]) -> int:
-    """Run every stage's ops; a transfer has completed once it and its counterpart are both posted (a send
-    meets a posted receive; per channel both sides post in message order); a barrier completes when every
-    stage stands at it. Returns the rounds; raises ``ScheduleError`` when no stage can move."""
+    """Run every stage's ops: a transfer completes once it and its counterpart are both posted, a barrier when every
+    stage stands at it. Returns the rounds; ``ScheduleError`` when no stage can move."""
     partner, posted = _partners(programs), set()
     pc, P, rounds = [0] * len(ops), len(ops), 0
 

@@ -1,34 +1,16 @@
-"""Every seed the compressors derive from ``compressor.seed`` and the run's seed, in one table.
+"""Every seed the compressors derive, in one table. Fixed random state (projector starts, SSN's basis, anchor bases,
+RVQ codebooks) is never sent: every rank derives it the same way,
 
-Fixed random state (projector starting points, SSN's shared basis, the anchors' fixed bases, RVQ
-codebooks) is never sent between processes: every rank derives it from the same base seed, so it
-must be derived the same way everywhere. ``derive_seed(base, purpose, index)`` is that one way:
+    seed = base + OFFSETS[purpose] + index                  (index: the boundary or stage)
+    base = compressor.seed + RUN_STRIDE * train.seed        (draws "per-seed"; "fixed": compressor.seed)
 
-    seed = base + OFFSETS[purpose] + index        (index: the boundary or stage, 0 for shared state)
-
-    >>> derive_seed(1234, "projector", 2)         # A_2's Haar starting point
-    1336
-
-The offsets are the values the results were produced with; changing one changes every number.
-
-The base follows the run's seed (``compressor.draws = "per-seed"``, the default), so seeds resample
-the compressor's draws too (SSN's subspace, every projector's start, the anchors, the codebooks), not
-only the model's initialisation and the batches:
-
-    base = compressor.seed + RUN_STRIDE * train.seed            (train.seed 0: compressor.seed itself)
-
-``draws = "fixed"`` keeps ``compressor.seed`` for every ``train.seed`` (every seed shares one random
-subspace). RUN_STRIDE exceeds every offset + span, so no two runs'
-draws share a seed.
-
-    >>> run_base(1234, 2, "per-seed")
-    21234
+so seeds resample the compressor's draws too. The offsets are those the results were made with.
 """
 from __future__ import annotations
 
 __all__ = ["OFFSETS", "RUN_STRIDE", "DRAWS", "derive_seed", "run_base"]
 
-# purpose -> (offset, how many indices it may use). The index ranges do not overlap for one base.
+# purpose -> (offset, how many indices it may use); the ranges do not overlap, and RUN_STRIDE exceeds them all
 OFFSETS: dict[str, tuple[int, int]] = {
     "shared_basis": (0, 1),        # SSN's U (also the "fixed-shared" projector ablation): one for all boundaries
     "static_shift": (7, 1),        # SSN's fixed N(0, std) token shift: one table shared by all stages
@@ -54,7 +36,6 @@ DRAWS = ("per-seed", "fixed")        # compressor.draws: whether the compressor'
 
 
 def run_base(compressor_seed: int, train_seed: int, draws: str = "per-seed") -> int:
-    """The base every compressor draw of a run derives from (see the module docstring)."""
     if draws not in DRAWS:
         raise ValueError(f"compressor.draws={draws!r} is invalid; allowed: {', '.join(DRAWS)}")
     return compressor_seed + (RUN_STRIDE * train_seed if draws == "per-seed" else 0)

@@ -1,13 +1,8 @@
-"""Split a model into P pipeline stages with a compressor at every boundary.
+"""A model split into P pipeline stages with a compressor at every boundary.
 
-``StagedModel`` holds the full model, one anchor per stage and one compressor per boundary. Its
-``stage_forward(s, ...)`` is the whole of what stage s computes; the single-process pipeline
-(``forward``) chains the stages through :class:`~mapl.core.compress.base.WireTransfer`, and the
-multi-process runtime (mapl/pipeline.py) runs the same ``stage_forward`` on a copy pruned to one
-stage (``prune_to_stage``), so both compute the same numbers.
-
-    >>> sm = build_staged_model(load_run_config("micro"), vocab_size=256)
-    >>> loss = sm(x, y)                       # single-process pipeline, all boundaries compressed
+``stage_forward(s, ...)`` is all stage s computes; the single-process pipeline (``forward``) chains the stages
+through ``WireTransfer``, and the multi-process runtime runs the same ``stage_forward`` on a copy pruned to one
+stage, so both compute the same numbers.
 """
 from __future__ import annotations
 
@@ -34,9 +29,8 @@ def _block_cost(cfg: ModelConfig) -> float:
 
 
 def split_layers(cfg: ModelConfig, stages: int) -> list[list[int]]:
-    """Contiguous layer ranges minimising the most loaded stage. Costs are matmul parameters per token:
-    a block = its weights, the LM head (last stage) = d x V, the embedding (a lookup) = 0.
-    Every stage owns at least one layer."""
+    """Contiguous layer ranges (at least one per stage) minimising the most loaded stage, in matmul parameters per
+    token: a block its weights, the head d x V, the embedding 0."""
     L = cfg.n_layers
     if not 1 <= stages <= L:
         raise ValueError(f"stages={stages} is invalid: must be in [1, n_layers={L}]")
@@ -69,11 +63,9 @@ def _chunk_loss_sum(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor
 
 def chunked_linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
                                  chunk_tokens: int) -> torch.Tensor:
-    """Mean cross-entropy of the logits ``h @ weightᵀ`` (in fp32, as ``F.cross_entropy(logits.float())``),
-    ``chunk_tokens`` rows of ``h`` (N, d) at a time. Each chunk is a non-reentrant checkpoint: backward
-    recomputes its logits, so one chunk's V-wide tensors are alive at a time instead of the whole
-    micro-batch's logits, their fp32 copy and log-softmax (~4 GiB per 16 x 2048 micro-batch at V = 32k).
-    Equal to the one-block loss up to float summation order (per-chunk sums, then / N)."""
+    """Mean fp32 cross-entropy of ``h @ weightᵀ``, ``chunk_tokens`` rows at a time, each chunk a checkpoint whose
+    backward recomputes its logits: one chunk's V-wide tensors alive, not the micro-batch's (~4 GiB per
+    16 x 2048 at V = 32k). Equal to the one-block loss up to summation order."""
     n = targets.numel()
     total = sum(checkpoint(_chunk_loss_sum, h[i:i + chunk_tokens], weight, targets[i:i + chunk_tokens],
                            use_reentrant=False, preserve_rng_state=False) for i in range(0, n, chunk_tokens))
@@ -97,12 +89,8 @@ class StagedModel(nn.Module):
 
     # ---- one stage ------------------------------------------------------------------------
     def _residual(self, s: int, inp: torch.Tensor | None, ids: torch.Tensor):
-        """Stage s up to its last block: (embed | decode) -> +anchor -> blocks. Returns (h, anchor).
-
-        The residual stream stays in the weights' dtype (fp32) under bf16 autocast: the matmuls inside
-        embed/decode/anchor run in bf16 and their outputs are upcast here, and every block adds its
-        bf16 branch outputs to the fp32 stream. Without this, a bf16 stream carrying SSN's N(0, 1)
-        shift loses the small signal next to it (boundary messages off by 10-20%)."""
+        """Stage s up to its last block, (h, anchor). The stream stays fp32 under bf16 autocast: a bf16 stream
+        carrying SSN's N(0, 1) shift loses the small signal beside it (messages off by 10-20%)."""
         m = self.model
         dt = self._stream_dtype(s)
         h = (m.embed(ids) if s == 0 else self.boundaries[str(s - 1)].decode(inp)).to(dt)
@@ -115,7 +103,6 @@ class StagedModel(nn.Module):
         return h, a
 
     def _stream_dtype(self, s: int) -> torch.dtype:
-        """The residual stream's dtype at stage s: its first block's weights' (fp32 unless cast)."""
         return self.model.layers[str(self.split[s][0])].attn_norm.weight.dtype
 
     def _block(self, block: nn.Module, h: torch.Tensor) -> torch.Tensor:
@@ -134,9 +121,7 @@ class StagedModel(nn.Module):
 
     def stage_loss(self, s: int, inp: torch.Tensor | None, ids: torch.Tensor, targets: torch.Tensor,
                    chunk_tokens: int = 0) -> torch.Tensor:
-        """The last stage's forward to the mean next-token cross-entropy against ``targets``: the logits in
-        one block (``chunk_tokens`` 0, or not below the token count), else by
-        :func:`chunked_linear_cross_entropy` (``train.loss_chunk_tokens``)."""
+        """The last stage's mean cross-entropy, in one block or in chunks (``train.loss_chunk_tokens``)."""
         if not chunk_tokens or chunk_tokens >= targets.numel():
             out = self.stage_forward(s, inp, ids)
             return F.cross_entropy(out.float().reshape(-1, out.shape[-1]), targets.reshape(-1))
@@ -153,8 +138,7 @@ class StagedModel(nn.Module):
 
     # ---- the single-process pipeline ------------------------------------------------------
     def forward(self, ids: torch.Tensor, targets: torch.Tensor | None = None, meter=None, loss_chunk_tokens: int = 0):
-        """Runs every stage in order; each boundary goes through its wire (pack/unpack both ways).
-        Returns the mean next-token cross-entropy (``stage_loss``), or logits when ``targets`` is None."""
+        """Every stage in order, each boundary through its wire: the mean loss, or logits without ``targets``."""
         x, last = None, self.n_stages - 1
         for s in range(last):
             comp = self.boundaries[str(s)]
@@ -167,8 +151,7 @@ class StagedModel(nn.Module):
 
     @torch.no_grad()
     def find_nonfinite(self, ids: torch.Tensor) -> str | None:
-        """Diagnose a non-finite loss off the hot path: the first place (stage output or boundary
-        message) that holds NaN/Inf, or None if the forward is finite."""
+        """Off the hot path: the first stage output or boundary message holding NaN/Inf, or None."""
         x = None
         for s in range(self.n_stages):
             out = self.stage_forward(s, x, ids)
@@ -208,7 +191,7 @@ class StagedModel(nn.Module):
 
 
 def build_staged_model(cfg: RunConfig, vocab_size: int) -> StagedModel:
-    """Deterministic in (cfg.train.seed, cfg.compressor.seed, cfg.compressor.draws): every rank builds the same model."""
+    """Deterministic in the seeds: every rank builds the same model."""
     mc = cfg.model_config(vocab_size)
     comp = cfg.compressor_for(mc.d_model)
     torch.manual_seed(cfg.train.seed)

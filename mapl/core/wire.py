@@ -1,10 +1,5 @@
-"""What crosses a stage boundary, counted: the byte meter (and, later, the link emulator).
-
-The meter books, per boundary and direction, the exact bytes of every payload tensor handed to the
-transport ("data"), piggybacked shared state ("sync", e.g. streamed codebook slices), token ids, and
-per-step state sync (projectors). Results report measured next to declared totals; tests require
-them to be equal.
-"""
+"""The byte meter: per boundary and direction, the exact bytes of every payload ("data"), piggybacked shared
+state ("sync"), token ids and per-step state; results report them beside the declared totals (tests: equal)."""
 from __future__ import annotations
 
 from collections import defaultdict
@@ -15,7 +10,7 @@ __all__ = ["ByteMeter", "id_dtype"]
 
 
 def id_dtype(vocab_size: int) -> torch.dtype:
-    """Token ids travel as 16-bit when the vocabulary fits (uint16 bit pattern in an int16 tensor)."""
+    """Token ids travel as 16-bit when the vocabulary fits (the uint16 bit pattern in an int16)."""
     return torch.int16 if vocab_size <= 65536 else torch.int32
 
 
@@ -24,10 +19,8 @@ class ByteMeter:
         self.bytes = defaultdict(int)      # (boundary, direction, kind) -> bytes
         self.tokens = defaultdict(int)     # (boundary, direction) -> tokens carried
 
-    def add(self, boundary: int, direction: str, kind: str, nbytes: int, tokens: int = 0) -> None:
+    def add(self, boundary: int, direction: str, kind: str, nbytes: int) -> None:
         self.bytes[(boundary, direction, kind)] += int(nbytes)
-        if tokens:
-            self.tokens[(boundary, direction)] += int(tokens)
 
     def add_payload(self, boundary, direction, payload, roles, tokens):
         for t, role in zip(payload, roles, strict=True):

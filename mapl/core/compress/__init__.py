@@ -1,12 +1,4 @@
-"""Stage-boundary compressors, all behind one interface (:class:`~mapl.core.compress.base.Compressor`).
-
-methods: ``none`` (bf16 wire), ``int8`` (absmax, both legs), ``ssn`` (fixed shared subspace + static
-shift + constrained residual writers), ``mapl`` (learned Stiefel projector per boundary + factorized
-anchors), ``mapl-rvq`` (mapl + residual VQ of Z with a streamed codebook). Ablations choose the
-projector (``spel``/``fixed``/``unconstrained``/``fixed-shared``) and anchor independently.
-
-    >>> comp = build_boundary(cfg.compressor.validate(d_model), d_model, boundary=0)
-"""
+"""Stage-boundary compressors behind one interface (``base.Compressor``): none, int8, ssn, mapl, mapl-rvq."""
 from __future__ import annotations
 
 import torch
@@ -22,13 +14,12 @@ __all__ = ["Compressor", "StiefelParameter", "WireTransfer", "payload_bytes", "I
 
 
 def shared_basis(comp, d_model: int) -> torch.Tensor:
-    """The one fixed U (d x r) shared by every boundary: SSN's subspace and the "fixed-shared"
-    projector ablation. Every rank derives it from the seed, so it is never sent."""
+    """The one fixed U (d x r) of SSN and the "fixed-shared" ablation; derived from the seed, never sent."""
     return stiefel_random(d_model, comp.rank(d_model), derive_seed(comp.seed, "shared_basis"))
 
 
 def build_boundary(comp, d_model: int, boundary: int) -> Compressor:
-    """The compressor of boundary ``boundary`` for a resolved, validated CompressorConfig."""
+    """The compressor of boundary ``boundary`` for a validated CompressorConfig."""
     if comp.method == "none":
         return Compressor(d_model)
     if comp.method == "int8":

@@ -1,9 +1,4 @@
-"""8-bit absmax quantisation: int8 codes and one fp16 scale per row (or per block of a row).
-
-Shared by the ``int8`` method (both legs) and the projection methods' int8 backward message
-(``compressor.grad_wire``, :mod:`mapl.core.compress.gradwire`); a module of its own so that the base
-compressor can use it without importing a subclass.
-"""
+"""8-bit absmax quantisation: int8 codes and one fp16 scale per row (or per block); the int8 method and the int8 gradient wire."""
 from __future__ import annotations
 
 import torch
@@ -14,7 +9,7 @@ SCALE_DTYPE = torch.float16      # 2-byte scales; absmax/127 of bf16-range activ
 
 
 def absmax_quantize(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """x (..., d) -> int8 codes (..., d) and scales (..., d // block) (block 0 = one scale per row)."""
+    """x (..., d) -> int8 codes (..., d), scales (..., d // block); block 0: one scale per row."""
     d = x.shape[-1]
     blk = block or d
     xb = x.detach().float().reshape(*x.shape[:-1], d // blk, blk)

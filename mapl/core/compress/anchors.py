@@ -1,14 +1,8 @@
-"""Per-stage token anchors: the token-specific, high-rank part of the residual stream that is removed
-before projecting and restored after, so the projector spends its rank on the rest (the paper's
-factorized anchors).
+"""Per-stage token anchors (the paper's factorized anchors): stage p adds a_p(t) to its input and subtracts
+the same a_p before encoding, so the projector spends its rank on the rest and only token ids cross the wire.
 
-Each stage p owns one anchor a_p(t). Stage p adds a_p to its input (stage 0: to its token embedding, as
-SSN adds its fixed shift) and subtracts the *same* a_p from its output before encoding. The anchor thus
-rides through the stage's residual stream and never crosses the wire; only token ids do.
-
-kinds: "none"; "static" (SSN's fixed random N(0, std) shift, identical on all stages, never trained);
-"full" (trainable V x d per stage); "factorized" (MAPL: trainable E_p (V x r_a) times a fixed random
-orthonormal P_p (r_a x d)).
+kinds: "none"; "static" (SSN's fixed N(0, std) shift, shared by all stages); "full" (trainable V x d);
+"factorized" (MAPL: trainable V x r_a times a fixed random orthonormal r_a x d basis).
 """
 from __future__ import annotations
 

@@ -1,27 +1,8 @@
-"""The one interface every stage-boundary compressor implements.
+"""The one interface every stage-boundary compressor implements (docs/architecture.md, "Contracts").
 
-A boundary p sits between stage p (the sender) and stage p+1 (the receiver). Two levels:
-
-* in-graph, differentiable: ``encode(x) -> z`` runs on the sender, ``decode(z) -> x_hat`` on the
-  receiver. Token anchors are *not* part of this: the stage subtracts its anchor before ``encode``
-  and adds its own after ``decode`` (mapl/core/stages.py), so anchors compose with any compressor.
-* out-of-graph, what crosses a process: ``pack(z) -> [tensors]`` / ``unpack([tensors]) -> z`` for the
-  forward message and ``pack_grad`` / ``unpack_grad`` for the backward message. Every tensor in a
-  payload is exactly what is handed to torch.distributed, so ``payload_bytes`` is the measured size;
-  ``wire_bytes_per_token`` is the declared size. Tests assert they agree.
-
-Quantisers (int8, RVQ) quantise in ``pack``; :class:`WireTransfer` routes the forward value through
-pack -> unpack and the gradient through pack_grad -> unpack_grad, so the single-process pipeline sees
-exactly what the multi-process one receives, and the straight-through estimator falls out: the
-receiver's gradient on the dequantised z is passed to z unchanged (after its own wire trip).
-
-State that must match on both sides (projector A_p, RVQ codebooks) is synchronised explicitly with
-``sync_payload`` / ``apply_sync``; the bytes are metered as overhead and ``checksum`` detects desync.
-
-Every optional capability has a default here (the identity compressor's answer), so callers never
-probe for a method: ``learned``, ``basis``, ``fold_receiver_grad``, ``receiver_grad_bytes_per_step``,
-``sync_payload``/``apply_sync``/``sync_bytes_per_step``/``checksum``, ``sync_bytes_per_microbatch``,
-``one_off_sync_bytes``, ``check_sync``, ``check_finite``, ``diagnostics``, ``wire_efficiency_floor``.
+In-graph ``encode``/``decode`` are differentiable; ``pack``/``unpack`` (forward) and ``pack_grad``/``unpack_grad``
+(backward) make exactly the tensors handed to torch.distributed. Anchors are the stage's job, not the
+compressor's. Every optional capability has a default here (the identity's answer), so callers never probe.
 """
 from __future__ import annotations
 
@@ -62,16 +43,14 @@ def tensor_checksum(*tensors: torch.Tensor) -> int:
 
 
 class StiefelParameter(nn.Parameter):
-    """A parameter constrained to the Stiefel manifold St(d, r) = {A : AᵀA = I}. The type is the
-    constraint: SPEL optimises exactly the StiefelParameters, and checks find them by type."""
+    """A parameter on St(d, r) = {A : AᵀA = I}: SPEL optimises exactly these."""
 
     def __new__(cls, data=None, requires_grad=True):
         return super().__new__(cls, data, requires_grad)
 
 
 class Compressor(nn.Module):
-    """Base class: the identity on a bf16 wire (method ``none``). Subclasses override what differs;
-    every optional capability has a default here, so callers never probe for it."""
+    """The identity on a bf16 wire (method ``none``); subclasses override what differs."""
 
     method: ClassVar[str] = "none"
     learned: bool = False          # holds a learned projector (synced to the receiver every step)
@@ -109,17 +88,14 @@ class Compressor(nn.Module):
         return gradwire.unpack(self.grad_wire, payload, dtype)
 
     def payload_roles(self, direction: str) -> list[str]:
-        """One role per payload tensor: "data" (the message itself) or "sync" (piggybacked shared
-        state, e.g. a streamed codebook slice). The meter books "sync" bytes as overhead."""
+        """Per payload tensor: "data" (the message) or "sync" (piggybacked shared state, metered as overhead)."""
         return ["data"] * len(self.payload_spec((1, 1), direction))
 
     def payload_spec(self, lead_shape: tuple[int, ...], direction: str,
                      pending: int = 0) -> list[tuple[tuple[int, ...], torch.dtype]]:
-        """Shapes and dtypes of a payload for ``lead_shape`` = (B, T): receivers allocate from this. It
-        may follow the compressor's state (RVQ: the message carrying the k-means init is larger), so a
-        receiver that posts receives ahead says how many earlier forward messages it has posted but
-        not yet unpacked (``pending``). Declarations use the stateless ``wire_bytes_per_token``,
-        ``sync_bytes_per_microbatch`` and ``one_off_sync_bytes``."""
+        """Shapes and dtypes of a payload for ``lead_shape`` = (B, T), what a receiver allocates. It may follow
+        the compressor's state (RVQ's k-means init message is larger): ``pending`` is how many forward
+        receives are posted ahead and not yet unpacked."""
         if direction == "bwd":
             return gradwire.spec(self.grad_wire, lead_shape, self.code_dim, self.wire_dtype)
         return [((*lead_shape, self.code_dim), self.wire_dtype)]
@@ -132,18 +108,15 @@ class Compressor(nn.Module):
         return spec_bytes(self._role_spec((1, T), direction, "data")) / T
 
     def sync_bytes_per_microbatch(self) -> int:
-        """Declared bytes of shared state piggybacked on every forward message (role "sync"),
-        independent of the message's (B, T); 0 for stateless compressors."""
+        """Declared "sync" bytes piggybacked on every forward message, independent of (B, T)."""
         return spec_bytes(self._role_spec((1, 1), "fwd", "sync"))
 
     def one_off_sync_bytes(self) -> int:
-        """Declared piggybacked bytes sent once per run on top of ``sync_bytes_per_microbatch``
-        (RVQ with stream sync: the whole codebook right after the k-means init)."""
+        """Piggybacked bytes sent once per run (RVQ: the whole codebook with the k-means init)."""
         return 0
 
     def wire_efficiency_floor(self, direction: str) -> float:
-        """The information floor in bits per token: what one token's message cannot do without
-        (here: ``code_dim`` values in the wire dtype). Wire efficiency = floor / measured bytes."""
+        """Bits per token a message cannot do without; wire efficiency = floor / measured bytes."""
         _check_direction(direction)
         if direction == "bwd":
             return gradwire.floor_bits(self.grad_wire, self.code_dim, self.wire_dtype)
@@ -170,13 +143,11 @@ class Compressor(nn.Module):
         return {}
 
     def observe(self, z: torch.Tensor) -> None:
-        """Record a forward message's z in the running health window (called by whoever packs a
-        training or evaluation message: :class:`WireTransfer`, the runtime's sender)."""
+        """Record a forward message's z in the health window (whoever packs a message calls this)."""
         self.health.observe(z, self.training)
 
     def health_report(self) -> dict:
-        """The health window since the last call (max |z| and RMS, training and evaluation messages),
-        then a new window; quantisers add their own state (RVQ: codebook norms, sender-receiver gap)."""
+        """The health window since the last call (max |z|, RMS), then a new one; quantisers add their state."""
         return self.health.read()
 
     # ---- optional capabilities (defaults: nothing to do) -------------------------------------
@@ -185,8 +156,7 @@ class Compressor(nn.Module):
         return None
 
     def fold_receiver_grad(self) -> None:
-        """Add the receiver-side gradient accumulated over the step's micro-batches to the owner's
-        parameter gradient (projections with ``receiver_grad="exact"``)."""
+        """Add the step's receiver-side gradient to the owner's (projections with ``receiver_grad="exact"``)."""
 
     def receiver_grad_bytes_per_step(self) -> int:
         """Bytes of the receiver-side gradient sent back to the sender once per step."""
@@ -196,16 +166,6 @@ class Compressor(nn.Module):
         """Health of state that must match across the boundary beyond ``checksum`` (RVQ staleness)."""
         return {"ok": True}
 
-    @torch.no_grad()
-    def check_finite(self, boundary: int, step: int) -> None:
-        """Raise FloatingPointError naming the first non-finite parameter (the learned projector),
-        after an optimizer step. One host sync per parameter; none for stateless compressors."""
-        for name, prm in self.named_parameters():
-            if not torch.isfinite(prm).all():
-                raise FloatingPointError(f"non-finite projector {name} of boundary {boundary} (sender: stage "
-                                         f"{boundary}) after the optimizer step of step {step}; the last good "
-                                         "checkpoint is kept")
-
 
 def _check_direction(direction: str) -> None:
     if direction not in ("fwd", "bwd"):
@@ -213,11 +173,8 @@ def _check_direction(direction: str) -> None:
 
 
 class WireTransfer(torch.autograd.Function):
-    """z -> unpack(pack(z)) forward, g -> unpack_grad(pack_grad(g)) backward, metering both legs.
-
-    The single-process pipeline puts one of these at every boundary, so it computes what the
-    multi-process runtime computes (same rounding, same quantisation, same STE).
-    """
+    """z -> unpack(pack(z)) forward, g -> unpack_grad(pack_grad(g)) backward, metering both legs: the
+    single-process pipeline computes what the multi-process runtime does (same rounding, same STE)."""
 
     @staticmethod
     def forward(ctx, z, compressor: Compressor, meter, boundary: int):

@@ -1,18 +1,8 @@
 """Bit-exact packing of small non-negative integers (codebook indices) into bytes.
 
-Wire format: the indices are concatenated as one little-endian bit stream -- value ``i`` occupies
-stream bits ``[i*bits, (i+1)*bits)``, least-significant bit first -- and the stream is cut into bytes,
-bit ``j`` of byte ``b`` being stream bit ``8*b + j``. Equivalently, the bytes are the little-endian
-encoding of the integer ``sum(v_i << (i*bits))``. Consequences: ``bits=8`` is ``v.to(uint8)``,
-``bits=16`` is little-endian uint16, and only the final byte carries padding (zero bits). A packed
-message of ``count`` values is exactly ``ceil(count*bits/8)`` bytes.
-
-Everything is vectorised: Python loops run over bit/byte positions within one word (at most 16
-iterations), never over elements.
-
-    >>> v = torch.tensor([1, 2, 3, 4, 5])
-    >>> unpack_bits(pack_bits(v, 3), 3, 5).tolist()
-    [1, 2, 3, 4, 5]
+The indices form one little-endian bit stream (value i occupies bits [i*bits, (i+1)*bits), LSB first), cut
+into bytes: the little-endian bytes of sum(v_i << (i*bits)). ``bits=8`` is uint8, ``bits=16`` little-endian
+uint16, and only the final byte is padded, so ``count`` values take exactly ceil(count*bits/8) bytes.
 """
 from __future__ import annotations
 
@@ -26,7 +16,6 @@ MAX_BITS = 16
 
 
 def packed_nbytes(count: int, bits: int) -> int:
-    """Bytes of ``count`` values packed at ``bits`` bits: ``ceil(count*bits/8)``."""
     return (count * bits + 7) // 8
 
 
@@ -44,12 +33,8 @@ def _word_layout(bits: int) -> tuple[int, int] | None:
 
 
 def pack_bits(indices: torch.Tensor, bits: int, *, check: bool = True) -> torch.Tensor:
-    """Pack integer ``indices`` (any shape, flattened in C order) into a 1-D uint8 tensor.
-
-    Every value must lie in ``[0, 2**bits)`` (ValueError otherwise). Result length:
-    ``ceil(indices.numel() * bits / 8)``. ``check=False`` skips the range check (two reductions and,
-    on a GPU, a host-device sync) for callers whose values are in range by construction.
-    """
+    """Integer ``indices`` (any shape, C order), each in [0, 2**bits), as a 1-D uint8 tensor. ``check=False``
+    skips the range check (a host sync on a GPU) for values in range by construction."""
     _check_bits(bits)
     if indices.dtype.is_floating_point or indices.dtype == torch.bool or indices.is_complex():
         raise ValueError(f"pack_bits needs an integer tensor, got dtype {indices.dtype}")
@@ -93,10 +78,7 @@ def pack_bits(indices: torch.Tensor, bits: int, *, check: bool = True) -> torch.
 
 
 def unpack_bits(data: torch.Tensor, bits: int, count: int) -> torch.Tensor:
-    """Inverse of :func:`pack_bits`: the first ``count`` values of the bit stream, as int64 ``(count,)``.
-
-    ``data`` must hold at least ``ceil(count*bits/8)`` bytes (ValueError otherwise); extra bytes are ignored.
-    """
+    """Inverse of :func:`pack_bits`: the first ``count`` values, int64; extra bytes are ignored."""
     _check_bits(bits)
     if data.dtype != torch.uint8:
         raise ValueError(f"unpack_bits needs a uint8 tensor, got dtype {data.dtype}")
@@ -140,11 +122,7 @@ def _row_pad(m: int, bits: int) -> int:
 
 
 def pack_bits_rows(indices: torch.Tensor, bits: int, *, check: bool = True) -> torch.Tensor:
-    """Pack each row of a 2-D ``(B, m)`` integer tensor separately: ``(B, ceil(m*bits/8))`` uint8.
-
-    Row ``b`` equals ``pack_bits(indices[b], bits)``, so each row (one sequence on the wire) is padded
-    only to its own final byte.
-    """
+    """Each row of a (B, m) tensor packed on its own, (B, ceil(m*bits/8)) uint8: row b is pack_bits(indices[b])."""
     if indices.dim() != 2:
         raise ValueError(f"pack_bits_rows needs a 2-D tensor, got shape {tuple(indices.shape)}")
     B, m = indices.shape

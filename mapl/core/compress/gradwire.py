@@ -1,10 +1,5 @@
-"""The backward message of the projection methods: the r-wide gradient on z, on the wire.
-
-``same`` (the default, the paper's): the values in the forward wire's float dtype (bf16), 2r bytes per token.
-``int8``: int8 codes with one absmax fp16 scale per token, r + 2 bytes. The gradient is quantised on the wire
-only (``pack_grad``), so the one-process pipeline (``WireTransfer``) and the multi-process runtime compute
-the same numbers, and the declared bytes are the metered ones.
-"""
+"""The projection methods' backward message (``compressor.grad_wire``): ``same`` sends dL/dz in the forward
+wire's float dtype (2r bytes per token, the paper's); ``int8`` absmax codes with one fp16 scale per token (r + 2)."""
 from __future__ import annotations
 
 import torch
@@ -15,7 +10,6 @@ __all__ = ["spec", "pack", "unpack", "floor_bits"]
 
 
 def spec(kind: str, lead_shape: tuple[int, ...], width: int, float_dtype: torch.dtype) -> list:
-    """Shapes and dtypes of one backward payload for ``lead_shape`` = (B, T)."""
     if kind == "int8":
         return [((*lead_shape, width), torch.int8), ((*lead_shape, 1), SCALE_DTYPE)]
     return [((*lead_shape, width), float_dtype)]
@@ -34,7 +28,6 @@ def unpack(kind: str, payload: list[torch.Tensor], dtype: torch.dtype) -> torch.
 
 
 def floor_bits(kind: str, width: int, float_dtype: torch.dtype) -> float:
-    """Bits per token the backward message cannot do without."""
     if kind == "int8":
         return float(8 * width + torch.finfo(SCALE_DTYPE).bits)
     return float(width * torch.finfo(float_dtype).bits)

@@ -1,18 +1,8 @@
-"""Boundary health: what the message z of a boundary looks like over training, and an early warning.
+"""Boundary health: running statistics of what each boundary sends, and an early warning.
 
-Why this exists: a MAPL+RVQ run (``tiny-P4-mapl-rvq-8x-3000steps-s1``) blew up late in training, and
-the cause was visible ~1,000 steps before the loss moved: single tokens with |z| hundreds of times the
-typical value, absorbed into the EMA codebooks. A loss curve shows none of that, so every boundary
-keeps cheap running statistics of what it sends, and the loop reads them every ``train.health_every``
-steps (one host read of a few scalars per boundary) and at every evaluation.
-
-    >>> h = BoundaryHealth()
-    >>> h.observe(z, training=True)        # every forward message (device tensors: no host sync)
-    >>> h.read()                           # {"train_max": ..., "train_rms": ..., "eval_max": ..., ...}; resets
-    >>> alarm = OutlierAlarm(factor=5.0)
-    >>> alarm.check(boundary=1, value=h_max)   # True when value > factor x the median of earlier readings
-
-Everything here observes; nothing changes a number the model computes.
+A MAPL+RVQ run (``tiny-P4-mapl-rvq-8x-3000steps-s1``) blew up late; the cause showed ~1,000 steps earlier as
+single tokens with |z| hundreds of times the typical value, absorbed into the EMA codebooks, invisible in the
+loss. Everything here observes; nothing changes a number the model computes.
 """
 from __future__ import annotations
 
@@ -25,11 +15,8 @@ __all__ = ["BoundaryHealth", "OutlierAlarm"]
 
 
 class BoundaryHealth:
-    """Running max |z| and RMS of z over a window, kept apart for training and evaluation messages.
-
-    ``observe`` keeps device tensors (no host read per micro-batch); ``read`` turns the window into
-    floats (one host read) and starts a new window. A window with no message reads as None.
-    """
+    """Running max |z| and RMS of z per window, training and evaluation apart. ``observe`` keeps device tensors
+    (no host read per message); ``read`` returns floats (None for an empty window) and starts a new window."""
 
     WINDOWS = ("train", "eval")
 
@@ -61,16 +48,11 @@ class BoundaryHealth:
 
 class OutlierAlarm:
     """Fires when a boundary's max |z| exceeds ``factor`` x the median of its earlier readings (the last
-    ``window`` of them; None: all).
+    ``window``; None: all), after ``min_history`` readings, and again only once the value grew tenfold.
 
-    The median (not the mean) so that the outliers being warned about do not raise the bar; over every
-    earlier reading by default, since a rolling window follows a slow outlier up (measured on seed 1 of
-    the cpu profile: boundary 1's max |z| grows 42 -> 1,197 over 700 steps, never 8x its last 10
-    readings' median but 11x the median of all readings after the warmups); at least
-    ``min_history`` readings before it can fire (the loop feeds it only readings after the learning-rate
-    warmup, when activations grow by an order of magnitude in a few hundred steps); and it fires
-    again for a boundary only once the value has grown tenfold since its last warning, so a growing
-    outlier prints one line per decade, not one per reading.
+    The median, so the outliers warned about do not raise the bar; over all readings, since a rolling window
+    follows a slow outlier up (cpu profile seed 1: boundary 1's max |z| grew 42 -> 1,197 over 700 steps, never
+    8x its last 10 readings' median but 11x the median of all).
     """
 
     def __init__(self, factor: float = 5.0, min_history: int = 5, window: int | None = None, after_step: int = 0):

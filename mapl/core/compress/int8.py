@@ -1,16 +1,12 @@
-"""8-bit absmax quantisation of activations and gradients (the SWARM / hivemind peer, 2x vs bf16).
-
-Quantisation happens on the wire (``pack``): the in-graph encode/decode are the identity, and the
-gradient crosses the wire quantised too, so both legs carry d + scale bytes per token.
-"""
+"""8-bit absmax quantisation of both legs on the wire (the SWARM / hivemind peer, 2x vs bf16)."""
 from __future__ import annotations
 
 import torch
 
-from .absmax import SCALE_DTYPE as _SCALE_DTYPE, absmax_dequantize, absmax_quantize
+from .absmax import SCALE_DTYPE, absmax_dequantize, absmax_quantize
 from .base import Compressor, _check_direction
 
-__all__ = ["Int8Compressor", "absmax_quantize", "absmax_dequantize"]
+__all__ = ["Int8Compressor"]
 
 
 class Int8Compressor(Compressor):
@@ -35,9 +31,9 @@ class Int8Compressor(Compressor):
     unpack_grad = unpack
 
     def payload_spec(self, lead_shape, direction, pending=0):
-        return [((*lead_shape, self.d_model), torch.int8), ((*lead_shape, self._n_scales()), _SCALE_DTYPE)]
+        return [((*lead_shape, self.d_model), torch.int8), ((*lead_shape, self._n_scales()), SCALE_DTYPE)]
 
     def wire_efficiency_floor(self, direction):
         """d int8 codes plus the fp16 scales, on both legs."""
         _check_direction(direction)
-        return float(8 * self.d_model + self._n_scales() * torch.finfo(_SCALE_DTYPE).bits)
+        return float(8 * self.d_model + self._n_scales() * torch.finfo(SCALE_DTYPE).bits)

@@ -1,9 +1,5 @@
-"""Orthonormal projection to r dimensions: MAPL (learned A_p on the Stiefel manifold, SPEL), SSN (one
-fixed shared U) and the projector ablations (fixed random per boundary, learned without constraint).
-
-Forward message: Z = X A (r bf16 values per token); backward: dL/dZ (r values). Because AᵀA = I, Aᵀ is
-the exact left inverse, so decode(encode(x)) = x for every x in col(A) (SSN's lossless guarantee).
-"""
+"""Orthonormal projection to r dimensions, Z = X A: MAPL (learned A on the Stiefel manifold), SSN (one fixed
+shared U) and the projector ablations. AᵀA = I makes Aᵀ the exact left inverse on col(A)."""
 from __future__ import annotations
 
 import torch
@@ -16,11 +12,8 @@ __all__ = ["ProjectionCompressor"]
 
 
 class _ReceiverSide(torch.autograd.Function):
-    """A as the receiver's copy sees it. Forward: A. Backward: the receiver-side term G_X̂ᵀZ is kept
-    apart (``comp._rx_grad``) instead of being summed into A.grad micro-batch by micro-batch, and is
-    folded in once per step by ``fold_receiver_grad``. This is what the multi-process runtime must do
-    (the term is computed on another process and sent back once per step), so both runtimes add the
-    same floating-point numbers in the same order and stay bit-identical."""
+    """A as the receiver's copy sees it. Backward keeps the receiver-side term apart (``comp._rx_grad``),
+    folded in once per step as the multi-process runtime must: both add the same floats in the same order."""
 
     @staticmethod
     def forward(ctx, A, comp):
@@ -35,8 +28,8 @@ class _ReceiverSide(torch.autograd.Function):
 
 
 class ProjectionCompressor(Compressor):
-    """``projector``: "spel" (learned, Stiefel, optimised by mapl.core.optim.SPEL), "unconstrained" (learned,
-    plain optimiser), "fixed" (random orthonormal per boundary), "fixed-shared" (SSN's one U)."""
+    """``projector``: "spel" (learned, optimised by SPEL), "unconstrained" (learned, plain optimiser),
+    "fixed" (random orthonormal per boundary), "fixed-shared" (SSN's one U)."""
 
     def __init__(self, d_model: int, basis: torch.Tensor, projector: str, receiver_grad: str = "exact",
                  method: str = "mapl"):
@@ -75,14 +68,12 @@ class ProjectionCompressor(Compressor):
         return self.A
 
     def fold_receiver_grad(self) -> None:
-        """Add the receiver-side gradient of A (accumulated over the step's micro-batches) to A.grad."""
         if self._rx_grad is not None:
             self.A.grad = self._rx_grad if self.A.grad is None else self.A.grad.add_(self._rx_grad)
             self._rx_grad = None
 
     def sync_payload(self):
-        # learned A_p is shipped to the receiver after every optimizer step, in fp32: a bf16 copy would
-        # break AᵀA = I on the receiver side (encode/decode mismatch of ~1e-3)
+        # sent in fp32 after every optimizer step: a bf16 copy would break AᵀA = I (~1e-3 mismatch)
         return {"A": self.A.detach().float()} if self.learned else {}
 
     @torch.no_grad()
@@ -91,7 +82,6 @@ class ProjectionCompressor(Compressor):
             self.A.copy_(payload["A"])
 
     def receiver_grad_bytes_per_step(self) -> int:
-        """Receiver-side gradient of A_p sent back (d x r fp32) when receiver_grad == "exact"."""
         return self.A.numel() * 4 if (self.learned and self.receiver_grad == "exact") else 0
 
     def diagnostics(self):

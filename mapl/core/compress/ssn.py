@@ -1,16 +1,7 @@
-"""Subspace Networks (SSN, Ramasinghe et al. 2025): the fixed-subspace baseline, made faithful.
-
-Every projection that writes into the residual stream (attention output ``wo``, MLP down ``w2``, the
-token embedding) is constrained to span(U) for one fixed seeded orthonormal U (d x k) shared by all
-boundaries; a fixed N(0, 1) token shift (the static anchor) is added at the embedding and removed
-before sending. With pre-norm blocks the boundary activation minus the shift then lies in span(U)
-exactly, so Z = (X - shift) U is lossless.
-
-We reparametrise (ProtocolNanoGPT's ``SubspaceLinear``: W = U Wk, Wk trainable, k x in) rather than
-project after each step (node0's ``ss_regularize``): the constraint then holds by construction at every
-moment (also mid-step and under any optimiser), Muon sees the k x in matrix it actually updates, and
-nothing needs re-projecting. The layers of the last stage write to nothing that is sent and stay free.
-"""
+"""Subspace Networks (SSN, Ramasinghe et al. 2025), the fixed-subspace baseline: every residual writer (``wo``,
+``w2``, the embedding) of a sending stage is reparametrised as W = U Wk for one fixed orthonormal U, so with
+pre-norm blocks and the static shift removed, Z = (X - shift) U is lossless. Reparametrised rather than projected
+after each step (node0's ``ss_regularize``): the constraint holds at every moment and under any optimiser."""
 from __future__ import annotations
 
 import torch
@@ -46,7 +37,7 @@ class SubspaceEmbedding(nn.Module):
 
 @torch.no_grad()
 def constrain_to_subspace(model: nn.Module, U: torch.Tensor, layer_ids: list[int]) -> None:
-    """Replace the residual writers of ``layer_ids`` (and the token embedding) by subspace versions."""
+    """Constrain the residual writers of ``layer_ids`` and the token embedding to span(U)."""
     model.tok_embeddings = SubspaceEmbedding(model.tok_embeddings.weight.data, U)
     for i in layer_ids:
         block = model.layers[str(i)]

@@ -1,17 +1,10 @@
-"""The step's one all-reduce: what every rank must agree on before the optimizer step.
-
-One float64 vector, summed over every rank:
+"""The step's one all-reduce, a float64 vector summed over every rank:
 
     [ per-parameter grad norms (N) | has-grad flags (N) | non-finite flags (2P) | stop request | loss ]
 
-* the norms give the GLOBAL gradient norm for clipping, bit-identical to ``clip_grad_norm_`` over
-  the whole model in one process (same per-parameter norms, stacked in the same order and grouped by
-  dtype as torch groups them); after the data-parallel sum every replica holds the same gradients,
-  so the norms arrive R times and are divided by R;
-* non-finite flags: stage s sets slot 2s when the message it received held NaN/Inf and 2s + 1 when
-  its own output did, so every rank can name the first place a NaN appeared;
-* a SIGINT/SIGTERM on any rank rides on the stop slot: every rank stops after the same step;
-* the loss: only last stages know it (each replica's mean over its micro-batches, pre-divided by R).
+The norms give the global norm for clipping, bit-identical to ``clip_grad_norm_`` in one process (same norms,
+same order, grouped by dtype as torch does; after the replicas' sum they arrive R times). Stage s flags 2s for a
+non-finite received message and 2s + 1 for its own output; a signal on any rank rides on the stop slot.
 """
 from __future__ import annotations
 
@@ -21,7 +14,7 @@ __all__ = ["StepAgreement", "nonfinite_place"]
 
 
 def nonfinite_place(flags: list[float]) -> str:
-    """The first place holding a non-finite value, from the 2P flags (received message, own output)."""
+    """The first place holding a non-finite value, from the 2P flags."""
     P = len(flags) // 2
     for s in range(P):
         if flags[2 * s] > 0:
@@ -55,8 +48,7 @@ class StepAgreement:
         return vec
 
     def read(self, vec: torch.Tensor) -> tuple[float, bool, list[float], list[bool]]:
-        """(global loss, stop agreed, non-finite flags, has-grad mask) from the summed vector, in one
-        host read."""
+        """(global loss, stop, non-finite flags, has-grad mask) from the summed vector, in one host read."""
         N, P = self.N, self.P
         if self.R > 1 and N:
             vec[:2 * N] /= self.R
@@ -64,7 +56,7 @@ class StepAgreement:
         return host[-1], host[-2] > 0, host[N:N + 2 * P], [f > 0 for f in host[:N]]
 
     def clip(self, vec: torch.Tensor, mask: list[bool], max_norm: float) -> None:
-        """Global-norm clipping of this rank's parameters with the norm of the whole model."""
+        """Clip this rank's parameters with the whole model's norm."""
         groups: dict = {}
         for i, (_, dt) in enumerate(self.global_params):
             if mask[i]:

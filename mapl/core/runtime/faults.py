@@ -1,18 +1,7 @@
-"""Fault injection for the multi-process tests, parsed once from the environment; and what makes a
-stage process leave when its launcher dies.
-
-Variables (all optional; a malformed one is refused with a one-line error at start-up):
-
-* ``MAPL_FAULT_KILL_RANK=r MAPL_FAULT_KILL_STEP=k``: rank r leaves with ``os._exit(1)`` in the middle
-  of step k (0-based, after its first forward), or, with ``MAPL_FAULT_MODE=hang``, stops answering
-  for ``MAPL_FAULT_HANG_S`` seconds (default 300) and then leaves;
-* ``MAPL_FAULT_SIGTERM_RANK=r MAPL_FAULT_SIGTERM_STEP=k``: rank r sends itself a real SIGTERM at the
-  start of step k (a graceful stop must follow: every rank finishes step k and exits 130);
-* ``MAPL_FAULT_CORRUPT_SYNC=r``: rank r perturbs the projector state it receives (the checksum
-  exchange must report the boundary);
-* ``MAPL_FAULT_DATA_DELAY_S=x``: rank 0 takes x seconds longer to open (verify) the data (the others
-  must wait for it, however long, and not report a dead peer).
-"""
+"""Fault injection for the multi-process tests, from the environment (a malformed variable is refused at start):
+``MAPL_FAULT_KILL_RANK``/``_STEP`` (exit, or with ``MAPL_FAULT_MODE=hang`` hang ``MAPL_FAULT_HANG_S``, in the
+middle of a step), ``MAPL_FAULT_SIGTERM_RANK``/``_STEP``, ``MAPL_FAULT_CORRUPT_SYNC`` (perturb the received
+state), ``MAPL_FAULT_DATA_DELAY_S`` (rank 0 opens the data later). And what makes a rank leave with its launcher."""
 from __future__ import annotations
 
 import ctypes
@@ -55,8 +44,8 @@ class FaultPlan:
     data_delay_s: float = 0.0
 
     @classmethod
-    def from_env(cls, env=None) -> "FaultPlan":
-        env = os.environ if env is None else env
+    def from_env(cls) -> "FaultPlan":
+        env = os.environ
         mode = env.get("MAPL_FAULT_MODE", "exit")
         if mode not in ("exit", "hang"):
             raise ValueError(f"MAPL_FAULT_MODE={mode!r} is invalid: allowed 'exit', 'hang'")
@@ -89,13 +78,9 @@ _PR_SET_PDEATHSIG = 1
 
 
 def exit_with_parent(sig: int = signal.SIGTERM, mechanism: str = "prctl", poll_s: float = 1.0) -> str:
-    """Make this process receive ``sig`` when its parent (the launcher) dies, so a killed launcher never
-    leaves stage processes training as orphans. SIGTERM is the graceful stop: the step in flight
-    completes, checkpoints are written, exit 130. ``mechanism``: ``"prctl"`` (Linux
-    ``prctl(PR_SET_PDEATHSIG)``; a watchdog thread polling the parent pid every ``poll_s`` where prctl is missing)
-    or ``"watchdog"`` (the thread always: the kernel's signal fires when the parent *thread* that spawned the
-    process ends, which is wrong for a process spawned by a pool's helper thread). Returns which mechanism is
-    active."""
+    """Receive ``sig`` (the graceful stop) when the parent dies, so no rank trains as an orphan: by
+    ``prctl(PR_SET_PDEATHSIG)``, or a thread polling the parent pid (``"watchdog"``; also where prctl is missing:
+    the kernel's signal fires when the spawning *thread* ends, wrong under a pool's helper thread). Which is active."""
     if mechanism not in ("prctl", "watchdog"):
         raise ValueError(f"mechanism={mechanism!r} is invalid: allowed 'prctl', 'watchdog'")
     parent = os.getppid()

@@ -1,17 +1,6 @@
-"""What a multi-process run measured: per-operation compute times, bytes per message, step wall time;
-turned into a ``mapl.core.link.StepMeasurement`` (the virtual clock's input) and the results' ``pipeline``
-section (with the link estimates, and measured vs modelled step time in real-delay mode).
-
-Compute times are taken per forward/backward of each micro-batch: with ``time.perf_counter`` on CPU,
-and with CUDA events on a GPU (read once per step, after the step's all-reduce has synchronised the
-host), so timing never adds a device synchronisation per operation. Waiting on communication and the
-step's end (optimizer) are spans of a :class:`SpanClock`: CUDA events on a GPU as well, where the host
-clock reads ~0 for an NCCL wait (it only orders streams) and launch time for an optimizer.
-
-Peak memory per process: ``torch.cuda.max_memory_allocated`` on a GPU (tensors only, what the memory
-plan counts); on a CPU the process's peak resident set (``VmHWM``: tensors plus the Python/torch
-runtime and allocator slack, so it sits above the plan by a few hundred MiB).
-"""
+"""What a multi-process run measured (per-operation compute, bytes per message, step wall time), as the link
+clock's ``StepMeasurement`` and the results' ``pipeline`` section. On a GPU spans are CUDA events read once
+complete, so timing adds no device sync; peak memory is ``max_memory_allocated`` there, the peak RSS on a CPU."""
 from __future__ import annotations
 
 import re
@@ -27,7 +16,6 @@ __all__ = ["OpTimer", "SpanClock", "merge_meters", "step_measurement", "pipeline
 
 
 def peak_memory(device: torch.device) -> tuple[int | None, str]:
-    """(bytes, what they are) of this process's peak memory so far on ``device``."""
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device)), "cuda_max_allocated"
     try:            # VmHWM, not ru_maxrss: Linux carries ru_maxrss over fork+exec from the parent
@@ -39,8 +27,7 @@ def peak_memory(device: torch.device) -> tuple[int | None, str]:
 
 
 def _mark(cuda: bool):
-    """Now: a CUDA event recorded on the current stream (it fires when the device gets there), or the
-    host clock."""
+    """Now: a CUDA event on the current stream, or the host clock."""
     if cuda:
         ev = torch.cuda.Event(enable_timing=True)
         ev.record()
@@ -70,7 +57,7 @@ class OpTimer:
             self.seconds[kind][m] += time.perf_counter() - started
 
     def read(self) -> tuple[list[float], list[float]]:
-        """(forward seconds, backward seconds) per micro-batch; call after the step's host sync."""
+        """(forward, backward) seconds per micro-batch; after the step's host sync."""
         for kind, m, a, b in self.events:
             b.synchronize()
             self.seconds[kind][m] += a.elapsed_time(b) / 1000.0
@@ -80,13 +67,8 @@ class OpTimer:
 
 
 class SpanClock:
-    """Seconds per training step of named spans (``wait``: blocked on communication; ``opt``: the step's
-    end once its sends are complete: the replicas' sum, clipping and the optimizer step, not the waits on
-    the link before it), measured where the work runs. On a GPU a span is two CUDA events on the
-    current stream, i.e. what the device spent between them: kernels, or a stream waiting for an NCCL
-    operation. They are read once complete (:meth:`collect`; ``block`` only at the end of the run), so
-    timing adds no host sync. On a CPU: ``time.perf_counter``. Spans outside a step (setup, evaluation)
-    are not counted."""
+    """Seconds per training step of named spans (``wait``: blocked on communication; ``opt``: the step's end),
+    measured where the work runs: on a GPU two CUDA events (an NCCL wait reads ~0 on the host clock)."""
 
     def __init__(self, device: torch.device, kinds: tuple[str, ...] = ("wait", "opt")):
         self.cuda = device.type == "cuda"
@@ -115,7 +97,7 @@ class SpanClock:
             self.per_step[kind][-1] += time.perf_counter() - started
 
     def collect(self, block: bool = False) -> dict[str, list[float]]:
-        """Add the spans whose end event has fired (all of them, waiting, with ``block``); per_step."""
+        """Add the spans whose end event fired (all, waiting, with ``block``); per_step."""
         left = []
         for kind, i, a, b in self._pending:
             if block:
@@ -150,8 +132,7 @@ def _mean_rows(rows, M):
 
 def step_measurement(schedule: str, merged: ByteMeter, timings: list[dict], steps: int, M: int,
                      replicas: int = 1) -> StepMeasurement:
-    """``timings``: one per stage (replica 0); ``merged``: every rank's meter (R replicas carry the
-    same messages, so bytes are divided by R)."""
+    """``timings``: one per stage (replica 0); ``merged``: every rank's meter (bytes divided by R)."""
     P, per_step = len(timings), max(1, steps) * replicas
 
     def message(direction, p):               # one micro-batch's message: data, piggybacked sync, ids
@@ -166,7 +147,6 @@ def step_measurement(schedule: str, merged: ByteMeter, timings: list[dict], step
 
 def pipeline_section(*, schedule: str, everyone: list[dict], merged: ByteMeter, boundaries: list[dict], steps: int,
                      M: int, replicas: int, info: dict, link) -> dict:
-    """The results' ``pipeline`` block (rank 0)."""
     P = len(everyone) // replicas
     stage_timings = [r["timing"] for r in everyone[:P]]         # replica 0's stages
     meas = step_measurement(schedule, merged, stage_timings, steps, M, replicas)

@@ -1,11 +1,5 @@
-"""The messages of one stage: what a forward sends (the compressor's payload, plus token ids when an
-anchor of a later stage needs them), what a receiver allocates, and the one-time dtype handshake.
-
-The receiver unpacks into the float dtype the sender's stage produced (fp32, or bf16 under autocast);
-the sender says which once per run, as the first message on the forward channel, so both sides agree
-without a configuration rule. Token ids travel as 16-bit when the vocabulary fits (the uint16 bit
-pattern in an int16 tensor) and are widened back on arrival.
-"""
+"""A stage's messages: a forward's payload (plus token ids when a later anchor needs them), what a receiver
+allocates, and the one-time dtype handshake (the sender says once which float dtype its stage produces)."""
 from __future__ import annotations
 
 import torch
@@ -29,7 +23,7 @@ class StageMessages:
 
     # -- sender side
     def fwd_message(self, out: torch.Tensor, ids: torch.Tensor, meter: ByteMeter | None) -> list[torch.Tensor]:
-        """The forward message of this stage's output (metered when ``meter`` is given: training only)."""
+        """The forward message of this stage's output (metered when ``meter`` is given)."""
         comp = self.comp_out
         comp.observe(out)
         payload = comp.pack(out)
@@ -73,7 +67,7 @@ class StageMessages:
             self.in_dtype = DTYPE_CODES[int(code[0])]
 
     def received(self, rx) -> list[torch.Tensor]:
-        """The tensors of a receive (waiting for it if it is still pending)."""
+        """The tensors of a receive, waiting for it if still pending."""
         return rx if isinstance(rx, list) else self.tx.wait(rx)
 
     def take_fwd(self, rx) -> tuple[list[torch.Tensor], torch.Tensor | None]:

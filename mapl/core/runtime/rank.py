@@ -1,10 +1,5 @@
-"""What one rank of ``mapl pipeline`` does, from an initialised process group to its results:
-compile what the first step would (before any timed wait), open the (prepared) data, make the groups
-and the transport, print the memory plan, build the stage (``PipelineEngine``), resume, and run the
-one training loop.
-
-    run_rank(cfg, topo, out=..., ckpt=..., timeout_s=cfg.train.comm_timeout_s)   # rank 0 returns the results
-"""
+"""One rank of ``mapl pipeline``, from an initialised process group to its results: compile what the first step
+would, open the data, make the groups and transport, print the memory plan, build the stage, resume, train."""
 from __future__ import annotations
 
 import os
@@ -37,11 +32,8 @@ def _gather_errors(err: str | None, group=None) -> None:
 
 
 def open_data(cfg: RunConfig, topo: Topology, faults: FaultPlan | None = None) -> RunData:
-    """The first process of every host opens the data first (verifying the shards against the manifest:
-    a full hash the first time on that host), then the others (a quick stamp check). Ranks wait for
-    each other for as long as that takes (the default group has no practical timeout) and say so after
-    5 s: a slow verification is never mistaken for a dead peer. An error on any rank ends every rank
-    with the same one-line message."""
+    """Each host's first process opens (verifies) the data first, then the others; ranks wait for it without a
+    timeout (saying so after 5 s), so a slow verification is never a dead peer. An error on any rank ends all."""
     local0 = int(os.environ.get("LOCAL_RANK", topo.rank)) == 0
     data, err = None, None
     for turn in (True, False):
@@ -64,14 +56,9 @@ def open_data(cfg: RunConfig, topo: Topology, faults: FaultPlan | None = None) -
 
 
 def print_memory_plan(cfg: RunConfig, vocab: int, topo: Topology, log) -> RunConfig:
-    """Rank 0 prints the memory plan per stage (``mapl.core.memory``, the planner's module); on a GPU every
-    rank refuses a plan whose stage does not fit its device. Nothing is printed until that module
-    exists in the tree. Returns ``cfg`` with ``train.activation_checkpointing: auto`` decided by the plan
-    (on exactly when the plan does not fit this device without it; off on a CPU)."""
-    try:
-        from .. import memory
-    except ImportError:
-        return cfg
+    """Rank 0 prints the memory plan; on a GPU every rank refuses a stage that does not fit. Returns ``cfg`` with
+    ``train.activation_checkpointing: auto`` decided by the plan."""
+    from .. import memory
     cuda = topo.device.type == "cuda"
     device_bytes = torch.cuda.get_device_properties(topo.device).total_memory if cuda else None
     plan = memory.memory_plan(cfg, vocab, device=topo.device.type, device_bytes=device_bytes)
@@ -83,10 +70,8 @@ def print_memory_plan(cfg: RunConfig, vocab: int, topo: Topology, log) -> RunCon
 
 
 def warm_compiled_kernels(cfg: RunConfig, topo: Topology, log) -> bool:
-    """Compile now what this stage's first step would compile: MAPL+RVQ's fused search (sender stages,
-    when the kernel resolves to 'fused' on this device; ~30 s cold on a CPU). In the first step its
-    neighbours would wait on it under the run's communication timeout; here, before the data is
-    opened, they wait in the setup group, which has none. Returns whether anything was compiled."""
+    """Compile MAPL+RVQ's fused search now (~30 s cold), where neighbours wait without a timeout, not in the first
+    step under the communication timeout. Whether anything was compiled."""
     from ..compress import build_boundary
     from ..compress.rvq.search import uses_fused, warm_fused_search
     q = cfg.compressor.rvq
@@ -105,8 +90,7 @@ def run_rank(cfg: RunConfig, topo: Topology, *, out: Path | None, ckpt: Path | N
              progress: bool = True, log=print, timeout_s: float = 60.0, link: LinkProfile | None = None,
              blocking: bool = False, resume_with_changes: bool = False, faults: FaultPlan | None = None,
              started: float | None = None) -> dict | None:
-    """Train ``cfg`` as rank ``topo.rank`` (process group initialised). Rank 0 returns the results dict
-    (and writes ``out``); the others return None."""
+    """Train ``cfg`` as rank ``topo.rank``; rank 0 returns the results dict (and writes ``out``), others None."""
     if cfg.train.threads or topo.device.type == "cpu":
         torch.set_num_threads(cfg.train.threads or 1)
     quiet = log if topo.rank == 0 else (lambda *a, **k: None)

@@ -1,14 +1,6 @@
-"""Per-stage checkpoints of the multi-process pipeline, written and resumed in agreement.
-
-Each stage's state goes to ``<ckpt stem>.rank<s>.pt`` (s = stage; with data parallelism replica 0
-writes, every replica reads, since replicas hold identical state); the previous one is kept as
-``.rank<s>.prev.pt``. A save is all-or-nothing: every rank first checks its values finite, and if any
-is not, no rank writes (the files on disk stay at one common step). As in the single process
-(``mapl.core.checkpoint``), a checkpoint the loop has not yet confirmed goes to ``.rank<s>.unconfirmed.pt``
-and is promoted (current -> previous, unconfirmed -> current: renames) when the next step's loss is
-finite on every rank. A resume takes the newest step that every stage has, current or previous file,
-and drops unconfirmed files left by a kill.
-"""
+"""Per-stage checkpoints of the multi-process pipeline, written and resumed in agreement: ``<stem>.rank<s>.pt``
+(replica 0 writes), the previous one kept as ``.rank<s>.prev.pt``. A save is all or nothing (if any rank holds a
+non-finite value, none writes), confirmed as in one process; a resume takes the newest step every stage has."""
 from __future__ import annotations
 
 import sys
@@ -21,20 +13,18 @@ __all__ = ["rank_ckpt_path", "stage_slot", "all_stage_files", "RankCheckpoints"]
 
 
 def rank_ckpt_path(ckpt: Path, stage: int, prev: bool = False) -> Path:
-    """``checkpoints/run.pt`` -> ``checkpoints/run.rank1.pt`` (``.rank1.prev.pt`` for the previous one;
-    ``checkpoint.unconfirmed_path`` of the current one is ``.rank1.unconfirmed.pt``)."""
+    """``run.pt`` -> ``run.rank1.pt`` (the previous one: ``run.rank1.prev.pt``)."""
     ckpt = Path(ckpt)
     stem = ckpt.with_suffix("") if ckpt.suffix == ".pt" else ckpt
     return stem.with_name(f"{stem.name}.rank{stage}{'.prev' if prev else ''}.pt")
 
 
 def stage_slot(ckpt: Path, stage: int, writer: bool = True) -> checkpoint.CheckpointSlot:
-    """Stage ``stage``'s checkpoint files: current, previous and unconfirmed."""
     return checkpoint.CheckpointSlot(rank_ckpt_path(ckpt, stage), rank_ckpt_path(ckpt, stage, prev=True), writer)
 
 
 def all_stage_files(ckpt: Path, stages: int) -> list[Path]:
-    """Every checkpoint file of every stage (what a run's output checks cover before it starts)."""
+    """Every checkpoint file of every stage."""
     return [p for s in range(stages) for p in stage_slot(ckpt, s).files()]
 
 
@@ -45,7 +35,6 @@ class RankCheckpoints:
         self.slot = stage_slot(ckpt, stage, writer)
 
     def remove(self) -> None:
-        """``--fresh``: drop this stage's files (replica 0 owns them)."""
         self.slot.remove()
 
     def _readable(self, allow_changes: bool, cfg) -> dict[int, tuple[Path, dict]]:
@@ -88,8 +77,7 @@ class RankCheckpoints:
         return state
 
     def save(self, cfg, model, optimizers, meter, state: LoopState, confirmed: bool = True) -> None:
-        """Every rank checks its values finite first; all write, or none does. ``confirmed=False``: to
-        the unconfirmed file, promoted by :meth:`confirm` (the loop calls it on every rank alike)."""
+        """Every rank checks its values finite first; all write, or none does."""
         bad = checkpoint.first_nonfinite(model, optimizers)
         with self.transport.during(f"checkpoint after step {state.step}"):
             found = self.transport.gather_object(bad and f"{bad} (stage {self.stage})", "checkpoint check")

@@ -1,18 +1,8 @@
-"""One rank process of ``mapl pipeline``, from its parsed command line to its exit: the process group, the
-check that every rank runs the same run, the output locks, :func:`mapl.core.runtime.rank.run_rank`, and
-how the process ends (one line per rank, its status for the launcher, its exit code).
-
-    run_rank_process(resolve, RankOptions(rendezvous_timeout_s=300.0), debug=False)   # never returns normally
-
-Why in the runtime: everything here happens inside a rank (under ``mapl.orchestration.launch``, torchrun
-or accelerate) and decides how the run's processes agree and end, as ``rank`` decides how they train; the
-command (``mapl.cli.pipeline``) only parses flags, and starting the ranks from one process is
-orchestration's (``mapl.orchestration.pipeline_launch``).
-
-Every way out is :func:`leave`/``_exit``: a status file for the launcher (``rank_status``) and
-``os._exit``, because the interpreter's normal teardown can block on a dead peer's socket. Exit codes
-(``mapl.base.cli``): 0 done, 2 invalid settings or files (one line per rank), 3 a peer died or the process
-group did not form in time, 4 non-finite values, 130 interrupted (checkpoints written).
+"""One rank process of ``mapl pipeline``, from its parsed command line to its exit: the process group, the check
+that every rank runs the same run, the output locks, ``run_rank``, and how it ends. Every way out writes a status
+for the launcher (``rank_status``) and leaves by ``os._exit`` (normal teardown can block on a dead peer's socket).
+Exit codes (``mapl.base.cli``): 0 done, 2 invalid settings or files, 3 a peer died or the group did not form,
+4 non-finite values, 130 interrupted (checkpoints written).
 """
 from __future__ import annotations
 
@@ -58,8 +48,7 @@ class RankOptions:
     progress: bool = True
 
     def shared(self) -> dict:
-        """The options every rank must share (``same_run``); not the output paths, which may differ per
-        machine, nor the timeouts, which change no number."""
+        """The options every rank must share (not the output paths or the timeouts)."""
         return {"fresh": self.fresh, "resume_with_changes": self.resume_with_changes,
                 "blocking_transport": self.blocking_transport, "link_delay": self.link_delay,
                 "link_latency_ms": self.link_latency_ms}
@@ -80,8 +69,8 @@ def _exit(rank: int, code: int, message: str = "") -> int:
 
 
 def run_rank_process(resolve: Callable[[], tuple[RunConfig, Path, Path]], options: RankOptions, debug: bool) -> int:
-    """This rank, start to end. ``resolve()`` builds the rank's config and its results and checkpoint paths
-    from its command line; a ValueError it raises is this rank's user error (one line, exit 2)."""
+    """This rank, start to end. ``resolve()`` builds its config and results and checkpoint paths (a ValueError:
+    exit 2)."""
     exit_with_parent()                  # a killed launcher must not leave this rank training as an orphan
     rank = int(os.environ.get("RANK", 0))
     started = time.time()
@@ -131,13 +120,12 @@ def run_rank_process(resolve: Callable[[], tuple[RunConfig, Path, Path]], option
 
 
 def _rank_files(out: Path, ckpt: Path, topo: Topology) -> list[Path]:
-    """The outputs this rank writes: rank 0 the results; replica 0 of each stage its checkpoints."""
     mine = [out] if topo.rank == 0 else []
     return mine + (stage_slot(ckpt, topo.stage).files() if topo.replica == 0 else [])
 
 
 def _results_refusal(rank: int, out: Path, cfg: RunConfig, options: RankOptions) -> str | None:
-    """Rank 0's results guard (``mapl.core.run.check_results_file``), as a message all ranks act on."""
+    """Rank 0's results guard as a message every rank acts on."""
     if rank != 0:
         return None
     try:
@@ -149,8 +137,7 @@ def _results_refusal(rank: int, out: Path, cfg: RunConfig, options: RankOptions)
 
 @contextlib.contextmanager
 def _deadline(seconds: float, rank: int):
-    """The process group must form within ``seconds``, else one line and exit 3 (the rendezvous itself
-    would wait for days: the default group's timeout also covers rank 0 preparing data)."""
+    """The process group must form within ``seconds``, else exit 3 (its own timeout is days: data preparation)."""
     where = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
     timer = threading.Timer(seconds, lambda: leave(rank, EXIT_PEER_FAILED, (
         f"error: rank {rank}: the process group did not form within {seconds:g} s (--rendezvous-timeout; "

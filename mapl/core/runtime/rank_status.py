@@ -1,11 +1,5 @@
-"""How a rank tells whoever started it why it ended: ``$MAPL_STATUS_DIR/rank<r>.json``.
-
-A launcher sees only exit codes, and accelerate or torchrun replace a rank's code with their own (1 and a
-ChildFailedError): each rank writes its status (``done``, ``error`` or ``interrupted``, the exit code and
-its one-line message) as it exits, and the launcher (``mapl.orchestration.launch``) reads them all. Both
-sides are here, in the runtime, because the writer is a rank process (``rank_process``), which may not
-import the orchestration layer above it.
-"""
+"""How a rank tells its launcher why it ended (``$MAPL_STATUS_DIR/rank<r>.json``): accelerate and torchrun replace
+a rank's exit code with their own. Both sides live here because the writer, a rank, may not import orchestration."""
 from __future__ import annotations
 
 import json
@@ -16,7 +10,7 @@ __all__ = ["write_status", "read_statuses"]
 
 
 def write_status(rank: int, status: str, code: int, message: str = "") -> None:
-    """Called by each rank as it exits (no-op without ``MAPL_STATUS_DIR``)."""
+    """Each rank as it exits (a no-op without ``MAPL_STATUS_DIR``)."""
     folder = os.environ.get("MAPL_STATUS_DIR")
     if folder:
         path = Path(folder) / f"rank{rank}.json"
@@ -26,7 +20,7 @@ def write_status(rank: int, status: str, code: int, message: str = "") -> None:
 
 
 def read_statuses(folder: Path) -> dict[int, dict]:
-    """rank -> {"status", "code", "message"} of every rank that wrote one into ``folder``."""
+    """rank -> {"status", "code", "message"} for every rank that wrote one."""
     out = {}
     for f in Path(folder).glob("rank*.json"):
         try:

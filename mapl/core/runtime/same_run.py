@@ -1,28 +1,7 @@
-"""Before any work, the ranks of one pipeline prove they were started for the same run.
-
-Every rank of ``mapl pipeline`` builds its config from its own command line and its own
-params.yaml, opens its own prepared data and runs its own copy of the code. On several machines any
-of these can differ, and nothing later notices: a different seed on one rank trains silently (the
-results claim rank 0's config), a different ratio or method breaks at the first message (a shape
-error, or a wait until the timeout that looks like a dead peer). So right after the process group
-is up, before data is opened or any file is locked or written, every rank sends every other its
-*fingerprint* and all compare:
-
-* ``config.*``: every field of the resolved run config (profile + the method's tuned settings +
-  flags + ``--set``), except those that may differ per machine without changing what is computed:
-  :data:`LOCAL_FIELDS` (the thread count, the data folder's path: its *content* is compared below,
-  activation checkpointing);
-* ``run.*``: the command-line options every rank must share (``--fresh``, ``--resume-with-changes``,
-  the transport mode and the emulated link), not the output paths or ``--timeout``;
-* ``data``: a hash of the prepared data's manifest (shard and tokenizer sha256s; ``None`` when the
-  rank has no readable manifest: opening the data then names the problem);
-* ``code``: :func:`mapl.core.fingerprint.code_fingerprint` of the training sources.
-
-Any difference is a :class:`RunMismatch` (a ``ValueError``: exit code 2) on every rank, one line
-naming each differing rank and field against rank 0; nothing is written.
-
-    fp = run_fingerprint(cfg, {"fresh": False, ...})
-    check_same_run(fp)          # collective on the default group; raises RunMismatch
+"""Before any work, the ranks of one pipeline prove they were started for the same run: each built its config,
+opened its data and runs its code on its own machine, and a difference would otherwise train silently or fail
+as a shape error or timeout. Every rank gathers every fingerprint (config but :data:`LOCAL_FIELDS`, shared
+options, data manifest, code) and all refuse, naming each differing rank and field, before anything is written.
 """
 from __future__ import annotations
 
@@ -55,8 +34,7 @@ def _flatten(d: dict, prefix: str = "") -> dict:
 
 
 def data_fingerprint(cfg: RunConfig) -> str | None:
-    """A hash of the prepared data's identity (tokenizer and shard sha256s, from its manifest; no shard
-    is read), or None when this rank has no readable manifest."""
+    """A hash of the prepared data's manifest (tokenizer and shard sha256s), or None without a readable one."""
     from ...data import read_manifest
     from ..engine import resolve_data_dir
     try:
@@ -68,7 +46,7 @@ def data_fingerprint(cfg: RunConfig) -> str | None:
 
 
 def run_fingerprint(cfg: RunConfig, options: dict) -> dict:
-    """What this rank runs: ``config.<field>``, ``run.<option>``, ``data`` and ``code`` (see the module)."""
+    """What this rank runs: ``config.<field>``, ``run.<option>``, ``data`` and ``code``."""
     from ..fingerprint import code_fingerprint
     config = {f"config.{k}": json.dumps(v, sort_keys=True, default=str)
               for k, v in _flatten(cfg.to_dict()).items() if k not in LOCAL_FIELDS}
@@ -83,8 +61,7 @@ def _describe(key: str, value) -> str:
 
 
 def differences(fingerprints: list[dict]) -> dict[int, list[str]]:
-    """Rank -> the keys where its fingerprint differs from rank 0's (only ranks that differ). A rank
-    without a readable data manifest is not compared on ``data``."""
+    """Rank -> the keys where its fingerprint differs from rank 0's (``data`` only where both have one)."""
     ref, out = fingerprints[0], {}
     for r, fp in enumerate(fingerprints[1:], 1):
         keys = [k for k in sorted(set(ref) | set(fp)) if ref.get(k) != fp.get(k)
@@ -98,7 +75,6 @@ _KINDS = (("config.", "settings"), ("run.", "options"), ("data", "prepared data"
 
 
 def mismatch_message(fingerprints: list[dict], diffs: dict[int, list[str]]) -> str:
-    """One line: what kind of thing differs, then per rank the fields with rank 0's and its value."""
     ref = fingerprints[0]
     kinds = [name for prefix, name in _KINDS if any(k.startswith(prefix) for keys in diffs.values() for k in keys)]
     per_rank = []
@@ -111,13 +87,12 @@ def mismatch_message(fingerprints: list[dict], diffs: dict[int, list[str]]) -> s
             + ". Start every rank with the same command, params.yaml, prepared data and training code")
 
 
-def check_same_run(fingerprint: dict, refusal: str | None = None, group=None) -> None:
-    """Collective (every rank of ``group``, default: the world): gather every rank's fingerprint and
-    raise :class:`RunMismatch` on every rank when any differs; else, when some rank brought a
-    ``refusal`` (e.g. rank 0's results guard), raise it as a ``ValueError`` on every rank."""
+def check_same_run(fingerprint: dict, refusal: str | None = None) -> None:
+    """Collective: raise :class:`RunMismatch` on every rank when any fingerprint differs, else any rank's
+    ``refusal`` (rank 0's results guard) as a ValueError on every rank."""
     import torch.distributed as dist
-    everyone = [None] * dist.get_world_size(group)
-    dist.all_gather_object(everyone, (fingerprint, refusal), group=group)
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, (fingerprint, refusal))
     diffs = differences([fp for fp, _ in everyone])
     if diffs:
         raise RunMismatch(mismatch_message([fp for fp, _ in everyone], diffs))

@@ -1,14 +1,5 @@
-"""Where each process sits: P pipeline stages x R data-parallel replicas, and the process groups.
-
-Global rank g runs stage ``g % P`` of replica ``g // P``: a replica's stages are consecutive ranks
-(neighbours in the pipeline are ranks g - 1 and g + 1), and the R copies of stage s (ranks s, s + P,
-s + 2P, ...) form that stage's data-parallel group, where gradients are summed every step. With
-R = 1 rank = stage, as in the plain pipeline.
-
-The default process group is created with a long timeout: before training, ranks may wait for rank 0
-to prepare the data for as long as that takes. Everything during training uses groups made with the
-run's timeout (``--timeout``), so a dead peer is reported within that time.
-"""
+"""Where each process sits: global rank g runs stage ``g % P`` of replica ``g // P`` (a replica's stages are
+consecutive ranks; the R copies of a stage form its data-parallel group), and the process groups."""
 from __future__ import annotations
 
 import os
@@ -20,7 +11,7 @@ import torch.distributed as dist
 
 __all__ = ["Topology", "init_distributed", "detect_launcher", "check_local_gpus", "SETUP_TIMEOUT_S"]
 
-# waiting for rank 0 to prepare data (tokenising a paper-scale corpus takes hours): "no timeout"
+# the default group's timeout: "none" (ranks may wait hours for data); training uses the run's timeout
 SETUP_TIMEOUT_S = 7 * 24 * 3600.0
 
 
@@ -37,11 +28,8 @@ def _wants_cuda() -> bool:
 
 
 def check_local_gpus(processes: int | None = None) -> None:
-    """Refuse (one-line ValueError) more stage processes on this machine than it has GPUs, on a CUDA
-    run: accelerate gives local rank i GPU ``i % device_count``, so ranks would share a GPU (memory
-    planned for one stage holding two) and NCCL fails inside its first operation. ``processes``: the
-    count this command is about to start; default the launcher's ``LOCAL_WORLD_SIZE`` (no check when
-    it is not set: the count per machine is then unknown)."""
+    """Refuse more stage processes on this CUDA machine than it has GPUs (ranks would share one, and NCCL fail).
+    ``processes``: default the launcher's ``LOCAL_WORLD_SIZE`` (unset: no check)."""
     if not _wants_cuda():
         return
     if processes is None:
@@ -57,8 +45,7 @@ def check_local_gpus(processes: int | None = None) -> None:
 
 
 def init_distributed() -> tuple[int, int, torch.device, str]:
-    """Process-group setup through accelerate (a launcher/initialiser only; it never wraps the model):
-    gloo on CPU, NCCL on GPU. Returns (rank, world, device, backend)."""
+    """Process-group setup through accelerate (which never wraps the model): (rank, world, device, backend)."""
     from accelerate import Accelerator
     from accelerate.utils import InitProcessGroupKwargs
 
@@ -113,12 +100,10 @@ class Topology:
         return None if self.last else self.rank + 1
 
     def peer(self, stage: int) -> int:
-        """The global rank of ``stage`` in this replica."""
         return self.replica * self.stages + stage
 
     def make_groups(self, timeout_s: float) -> tuple[object, object | None]:
-        """(a world group with the run's timeout, this stage's data-parallel group or None when R = 1).
-        Collective: every rank creates every group, in the same order."""
+        """(a world group with the run's timeout, this stage's data-parallel group or None); collective."""
         tmo = timedelta(seconds=timeout_s)
         world = dist.new_group(timeout=tmo)
         mine = None

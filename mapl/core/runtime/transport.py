@@ -1,31 +1,12 @@
-"""Point-to-point messages between neighbouring stages: raw bytes, metered waits, two modes.
+"""Point-to-point messages between neighbouring stages: each a list of tensors sent as ONE flat byte buffer (any
+dtype crosses gloo and NCCL alike), received into a buffer allocated from ``Compressor.payload_spec``.
 
-A message is a list of tensors sent as ONE flat byte buffer (their exact bytes, concatenated), so
-any dtype crosses gloo and NCCL alike and one message is one send. Receivers know the shapes and
-dtypes in advance (``Compressor.payload_spec``) and allocate the buffer from them.
-
-Modes:
-
-* **non-blocking** (default): sends are ``isend``s (the sender goes on computing while the message
-  is in flight), completed and their buffers freed one batch later (``release``: the worker's next
-  communication batch, an evaluation's next batch) or at the end of the step (``flush``), so a stage
-  holds at most two sends at once, not every send of its step; receives are posted ahead (``post``)
-  and waited only when the data is needed. The checker proves the schedules deadlock-free under
-  exactly this (``mapl.core.schedule.check_programs(..., transport="non-blocking")``). On CUDA,
-  ProcessGroupNCCL runs every send and receive on its own NCCL stream, ordered against the compute
-  stream by events: nothing here synchronises the device (no ``torch.cuda.synchronize``), so
-  communication overlaps compute.
-* **blocking** (``blocking=True``, for tests): every send is a ``dist.send`` that returns only once
-  the peer has posted the matching receive (gloo's send is rendezvous-like, as NCCL's is), so a
-  schedule that would deadlock on NCCL deadlocks here too, on CPU. A batch posts its receives
-  first, then its sends, then waits: the semantics ``mapl.core.schedule.check_programs`` proves
-  the schedules against.
-
-Each direction has its own process group (activations and synced state flow s -> s+1, gradients
-s+1 -> s): on NCCL each gets its own communicator and stream, so a queued gradient never waits
-behind an activation. Real-delay mode (``link``): each message carries its send time (8 bytes, not
-metered) and the receiver sleeps until it would have arrived over that link (the FIFO channel model
-of ``mapl.core.link``'s virtual clock); single host only (it compares ``time.time()`` across processes).
+Non-blocking (default): ``isend``s completed one batch later (``release``) or at the step's end (``flush``), so a
+stage holds at most two sends; receives posted ahead. Nothing synchronises the device, so communication overlaps
+compute. Blocking (tests): ``dist.send`` meets its receive as NCCL does, so a schedule that would deadlock on NCCL
+deadlocks on CPU too. Each direction has its own process group (on NCCL its own communicator and stream). The
+real-delay mode (``link``) stamps each message with its send time and sleeps the receiver until it would have
+arrived over the link (the virtual clock's channel model; one host only).
 """
 from __future__ import annotations
 
@@ -45,8 +26,7 @@ from .measure import SpanClock
 
 __all__ = ["CommError", "Transport", "PendingRecv", "TAGS"]
 
-# message kinds: gloo matches p2p messages by source and tag; NCCL ignores tags and relies on order,
-# which both sides keep identical (the schedule checker verifies it)
+# gloo matches messages by source and tag; NCCL by order, which the schedule checker verifies
 TAGS = {"fwd": 1, "bwd": 2, "rgrad": 3, "sync": 4, "meta": 5, "check": 6}
 _NAMES = {"fwd": "forward activations", "bwd": "gradients", "rgrad": "receiver-side projector gradient",
           "sync": "state sync", "meta": "dtype handshake", "check": "state checksum"}
@@ -54,7 +34,7 @@ _FORWARD_KINDS = ("fwd", "sync", "meta", "check")       # travel s -> s+1; the r
 
 
 class CommError(PeerFailure):
-    """A point-to-point or collective operation failed: a peer died, or the timeout expired."""
+    """A communication failed: a peer died, or the timeout expired."""
 
 
 def _raw(t: torch.Tensor) -> torch.Tensor:
@@ -91,9 +71,7 @@ class Transport:
     # -- errors
     @contextmanager
     def during(self, doing: str):
-        """Name what the stage does inside the block (``"step 12 (F3)"``, ``"state sync"``): every operation
-        that fails inside it says so. Nested blocks name the innermost; leaving a block restores the outer
-        name, so a failure is never reported under a stale one."""
+        """Name what the stage does inside the block (``"step 12 (F3)"``): a failure inside says so."""
         outer, self._doing = self._doing, doing
         try:
             yield
@@ -113,7 +91,7 @@ class Transport:
 
     # -- sending
     def send(self, tensors: list[torch.Tensor], peer: int, what: str) -> None:
-        """One message: blocking mode returns once the peer has it; else it completes in ``release``/``flush``."""
+        """One message: blocking returns once the peer has it; else it completes in ``release``/``flush``."""
         parts = [_raw(t.to(self.device)) for t in tensors]
         if self.link is not None:
             parts.insert(0, _raw(torch.tensor([time.time()], dtype=torch.float64, device=self.device)))
@@ -132,7 +110,7 @@ class Transport:
 
     # -- receiving
     def post(self, specs: list, peer: int, what: str) -> PendingRecv:
-        """Post a receive of a message made of tensors of ``specs`` [(shape, dtype)]; ``wait`` it later."""
+        """Post a receive of tensors of ``specs`` [(shape, dtype)]; ``wait`` it later."""
         stamped = self.link is not None
         buf = torch.empty(spec_bytes(specs) + (8 if stamped else 0), dtype=torch.uint8, device=self.device)
         try:
@@ -160,8 +138,7 @@ class Transport:
         return out
 
     def _emulate_link(self, peer: int, sent: float, nbytes: int) -> None:
-        """Sleep until the message would have arrived: the channel is a FIFO, free once the previous
-        message has been serialised (the same model as the virtual clock)."""
+        """Sleep until the message would have arrived over the FIFO channel (the virtual clock's model)."""
         start = max(sent, self._chan_free[peer])
         self._chan_free[peer] = start + self.link.transfer_s(nbytes)
         delay = self._chan_free[peer] + self.link.latency_s - time.time()
@@ -170,21 +147,18 @@ class Transport:
 
     # -- batches and step end
     def exchange(self, sends: list[tuple[list[torch.Tensor], int, str]], recvs: list[tuple[list, int, str]]) -> list:
-        """One batch: post ``recvs`` [(specs, peer, what)], then send ``sends`` [(tensors, peer, what)];
-        return the received messages."""
+        """One batch: post ``recvs`` [(specs, peer, what)], send ``sends`` [(tensors, peer, what)]; the received."""
         posted = [self.post(specs, peer, what) for specs, peer, what in recvs]
         for tensors, peer, what in sends:
             self.send(tensors, peer, what)
         return [self.wait(rx) for rx in posted]
 
     def flush(self) -> None:
-        """Complete every send in flight (their buffers are then free)."""
         self.release(keep=0)
 
     def release(self, keep: int) -> None:
-        """Complete the sends in flight but the ``keep`` newest, and drop their buffers. On gloo the wait
-        returns once the peer has taken the message; on NCCL it orders the current stream after the send
-        (no host block), after which the caching allocator may reuse the buffer safely."""
+        """Complete the sends in flight but the ``keep`` newest and drop their buffers (on NCCL the wait orders the
+        stream after the send, no host block)."""
         cut = max(0, len(self.pending) - keep)
         done, self.pending = self.pending[:cut], self.pending[cut:]
         t0 = self.clock.start()

@@ -5,21 +5,11 @@ stage (``prune_to_stage``); stage s > 0 also keeps its copy of boundary s-1's co
 receiver side). A step executes the stage's program (``mapl.core.schedule.step_program``: the
 body, then the tail; the checker proves exactly these actions deadlock-free):
 
-* ``F(m)``: take the received message (stage > 0), ``unpack`` it, run ``stage_forward``, then ``pack``
-  the output into the message for stage s+1 (plus token ids when an anchor needs them), or, on the
-  last stage, the loss (mean cross-entropy of the micro-batch / (M x R));
-* ``B(m)``: backward from the received gradient (``unpack_grad``), then ``pack_grad`` the input's
-  gradient for stage s-1;
-* ``Comm``: post the batch's receives, send its messages (``mapl.core.runtime.transport``).
-
-The tail ends the step as in one process: ``Comm`` rgrad: receiver-side projector gradients go back;
-``Barrier``: the gradients of data-parallel replicas are summed, one all-reduce (``agreement``) carries
-the grad norms (global clipping), non-finite flags, the stop request and the loss, the optimizer steps;
-``Comm`` sync: the learned state goes forward (``boundary_sync``). An evaluation is a program too
-(``schedule.eval_program``: each piece received, computed, sent on; then the loss's all-reduce). Every
-action runs inside ``Transport.during``, so a failed operation names the step and action it belongs to.
-This computes bit for bit what ``mapl.core.engine.LocalEngine`` computes; tests hold the two to the same
-losses.
+``F(m)`` unpacks the received message, runs ``stage_forward`` and packs the output for stage s+1 (the last stage:
+the loss / (M x R)); ``B(m)`` backpropagates the received gradient and packs its input's for stage s-1; the tail
+sends receiver-side gradients back, sums the replicas' gradients, runs the one all-reduce (``agreement``) and the
+optimizer step, then sends the learned state forward. Every action runs inside ``Transport.during``, so a failure
+names its step and action. This computes bit for bit what ``LocalEngine`` does.
 """
 from __future__ import annotations
 
@@ -55,7 +45,7 @@ __all__ = ["PipelineEngine"]
 
 
 class PipelineEngine:
-    """One stage of one replica (``mapl.core.loop.Engine``); every method is collective over all ranks."""
+    """One stage of one replica (a ``mapl.core.loop.Engine``); every method is collective over all ranks."""
 
     def __init__(self, cfg: RunConfig, topo: Topology, data: RunData, transport: Transport, dp_group,
                  ckpt: Path | None, log, info: dict, faults: FaultPlan | None = None):
@@ -143,7 +133,7 @@ class PipelineEngine:
         return outcome
 
     def _batch(self, step: int):
-        """This replica's share of the step's batch (first and last stages: ids and targets)."""
+        """This replica's share of the step's batch (first and last stages only)."""
         if not (self.topo.first or self.topo.last):
             return None, None
         x, y = self.data.batch(step, self.cfg.train)
@@ -196,8 +186,8 @@ class PipelineEngine:
         self.timer.stop("B", m, started)
 
     def _communicate(self, index: int, st: "_StepState") -> None:
-        """Post the batch's receives (and, non-blocking, the next batch's), then send its messages;
-        non-blocking, the earlier batches' sends are then completed and their buffers freed."""
+        """Post the batch's receives (non-blocking: and the next batch's), send its messages, then (non-blocking)
+        complete the earlier batches' sends."""
         comm = self.program[index]
         self._post_recvs(comm, st)
         held = len(self.tx.pending)
@@ -212,8 +202,7 @@ class PipelineEngine:
             nxt = next((a for a in self.program[index + 1:] if isinstance(a, Comm)), None)
             if nxt is not None:
                 self._post_recvs(nxt, st)
-            # one batch later, not at the step's end: a stage holds at most two sends (check_programs
-            # proves this order deadlock-free: transport="non-blocking")
+            # one batch later, not at the step's end: at most two sends held (check_programs proves this order)
             self.tx.release(keep=len(self.tx.pending) - held)
 
     def _post_recvs(self, comm: Comm, st: "_StepState") -> None:
@@ -227,14 +216,9 @@ class PipelineEngine:
     # -- step end
     def finish_step(self, step: int, loss_sum: torch.Tensor, bad_in: torch.Tensor, bad_out: torch.Tensor,
                     stop_requested=lambda: False) -> StepOutcome:
-        """The end of a step once every backward of this stage has run: the program's tail
-        (``schedule.step_tail``), interpreted in order: receiver-side gradients back (``Comm`` rgrad); the
-        ``Barrier``: the replicas' sum, the one all-reduce (``loss_sum``: this rank's share of the loss;
-        ``bad_in``/``bad_out``: its non-finite flags), clipping and the optimizer step; the learned state
-        forward (``Comm`` sync). A non-finite loss ends the step at the barrier on every rank alike (they all
-        read the same all-reduce), so no rank waits on a sync the others skip. Public so that another engine
-        driving this stage's model (benchmarks/peer_pipelining.py: torch's own schedules) ends its steps
-        exactly as this one does."""
+        """The step's tail once this stage's backwards ran. A non-finite loss ends the step at the barrier on every
+        rank alike (all read the same all-reduce). Public: benchmarks/peer_pipelining.py ends torch's schedules'
+        steps with it."""
         outcome = None
         for action in self.tail:
             with self.tx.during(f"step {step} ({_describe(action)})"):
@@ -251,10 +235,8 @@ class PipelineEngine:
         return outcome
 
     def _step_barrier(self, step: int, loss_sum, bad_in, bad_out, stop_requested) -> StepOutcome:
-        """Every send of the step completed, the replicas' gradients summed, the one all-reduce, then (finite)
-        clipping and the optimizer step. The ``opt`` span (the link model's per-stage step-end compute) starts
-        after the flush: the receiver-side gradients' exchange and the sends' completion before it are waits on
-        the link, which the model adds itself (state, bwd), so timing them here would count them twice."""
+        """The sends completed, the replicas' gradients summed, the one all-reduce, then (finite) clipping and the
+        optimizer step. The ``opt`` span starts after the flush: the link model adds those waits itself."""
         clock = self.tx.clock
         if not self.rg_in and self.comp_in is not None:     # the receiver's copy learns from the sender only
             for p in self.comp_in.parameters():
@@ -282,12 +264,11 @@ class PipelineEngine:
         return StepOutcome(loss, stop)
 
     def _synced_state(self) -> bool:
-        """Whether this stage's boundaries carry learned state forward after each step (the tail's sync)."""
         comp = self.comp_out if self.comp_out is not None else self.comp_in
         return comp is not None and bool(bsync.state_specs(comp)[0])
 
     def _exchange_receiver_grads(self) -> None:
-        """Receiver-side projector gradients go back to the sender (one batch: send to s-1, receive from s+1)."""
+        """Receiver-side projector gradients back to the sender (one batch)."""
         sends, recvs = [], []
         if self.rg_in:
             grads = bsync.receiver_grads(self.comp_in)
@@ -311,7 +292,7 @@ class PipelineEngine:
 
     @torch.no_grad()
     def _exchange_state(self) -> None:
-        """After the optimizer step: the learned state goes to the receiver's copy (one batch per stage)."""
+        """After the optimizer step: the learned state to the receiver's copy (one batch)."""
         sends, recvs, keys_in = [], [], []
         if self.comp_out is not None:
             keys, tensors = bsync.state_message(self.comp_out)
@@ -328,8 +309,7 @@ class PipelineEngine:
 
     # ---- evaluation (the same wire, forward only, eval mode) --------------------------------------
     def evaluate(self, step: int) -> Evaluation:
-        """The global validation losses (report set, then selection set), then the sender/receiver
-        state checksums (warning on mismatch)."""
+        """The global validation losses, then the state checksums (a warning on mismatch)."""
         val = Evaluation(self._validation_loss(step, self.data.val_batches, "evaluation"),
                          self._validation_loss(step, self.data.select_batches, "selection evaluation")
                          if self.data.select_batches else None)
@@ -341,10 +321,8 @@ class PipelineEngine:
 
     @torch.no_grad()
     def _validation_loss(self, step: int, batches: list, what: str) -> float:
-        """This stage's part of one evaluation: the program ``schedule.eval_program`` over this replica's
-        share of ``batches`` in pieces, interpreted in order; the last stage sums the pieces' token-weighted
-        losses (as ``LocalEngine.evaluate``, mapl.core.engine.batch_weight) on the device, in float64 as the
-        host would, so the evaluation reads the device once, after the all-reduce every stage joins."""
+        """This stage's part of one evaluation (``eval_program`` over this replica's share); the last stage sums the
+        token-weighted losses on the device in float64, read once after the all-reduce."""
         sm, dev = self.sm, self.topo.device
         was = sm.training
         sm.eval()
@@ -370,16 +348,15 @@ class PipelineEngine:
                 else:
                     self.msg.send(outbox.pop(m), self.topo.next, "fwd")
                     if piece.ends_batch:
-                        # complete this batch's sends before the next: the evaluation's messages are never all
-                        # held at once (the whole validation set's, 19 GiB at 1B uncompressed)
+                        # complete this batch's sends before the next (the whole set's: 19 GiB at 1B uncompressed)
                         self.tx.flush()
         sm.train(was)
         total, weight = vec.tolist()                # the evaluation's one host read
         return total / max(1.0, weight)
 
     def _validation_piece(self, piece: "_EvalPiece", received, outbox: dict) -> torch.Tensor | None:
-        """One evaluation micro-batch through this stage: its mean loss on the last stage (a 0-d tensor, left on
-        the device), else its message for stage s+1 (into ``outbox``)."""
+        """One evaluation micro-batch through this stage: the last stage's mean loss (on the device), else its
+        message for stage s+1 (into ``outbox``)."""
         dev = self.topo.device
         ids, z_in = (piece.x.to(dev) if self.topo.first else None), None
         if received is not None:
@@ -396,8 +373,7 @@ class PipelineEngine:
         return None
 
     def health(self) -> list[dict] | None:
-        """Each boundary's health window from its sender (every replica's), merged on the reporter:
-        maxima are the maxima over replicas, the other entries replica 0's (mapl.core.loop reads this)."""
+        """Each boundary's health window from its senders, merged on the reporter (``merge_health``)."""
         mine = self.comp_out.health_report() if self.comp_out is not None else None
         with self.tx.during("the boundaries' health report"):
             everyone = self.tx.gather_object(mine, "health")
@@ -406,7 +382,7 @@ class PipelineEngine:
         return [merge_health([everyone[r * self.P + s] for r in range(self.R)]) for s in range(self.P - 1)]
 
     def check_sync(self, step: int) -> list[bool]:
-        """Each boundary's shared-state checksum, sender vs receiver (per boundary, all replicas)."""
+        """Per boundary, whether sender and receiver state checksums agree on every replica."""
         sends = [([torch.tensor([bsync.checksum(self.comp_out)], dtype=torch.int64)], self.topo.next, "check")] \
             if self.comp_out is not None else []
         recvs = [([((1,), torch.int64)], self.topo.prev, "check")] if self.comp_in is not None else []
@@ -448,8 +424,7 @@ class PipelineEngine:
 
 
 def merge_health(replicas: list[dict]) -> dict:
-    """One boundary's health from its senders in every replica: ``*_max`` entries are maxima (an outlier
-    on any replica counts), the rest are replica 0's."""
+    """One boundary's health over replicas: ``*_max`` entries the maxima, the rest replica 0's."""
     out = dict(replicas[0])
     for key in out:
         if key.endswith("_max"):
@@ -471,8 +446,7 @@ def _check_replicas(cfg: RunConfig, replicas: int) -> None:
 
 
 class _StepState:
-    """What one step carries between its actions: the batch, messages in and out, saved activations,
-    the loss and non-finite flags (on the device: read once, with the step's all-reduce)."""
+    """What one step carries between its actions; the loss and non-finite flags stay on the device."""
 
     def __init__(self, batch, device):
         self.batch = batch
@@ -485,7 +459,7 @@ class _StepState:
 
 
 def _describe(action: Action) -> str:
-    """An action as error messages name it: "F3", "B0", "send fwd 3 to stage 2", "step all-reduce"."""
+    """An action as errors name it: "F3", "send fwd 3 to stage 2", "step all-reduce"."""
     if isinstance(action, Compute):
         return f"{action.kind}{action.mb}"
     if isinstance(action, Barrier):
@@ -495,7 +469,7 @@ def _describe(action: Action) -> str:
 
 
 def _micro_batch(action: Action) -> int | None:
-    """The micro-batch an action works on (None: a barrier, or a step-end exchange)."""
+    """The micro-batch an action works on (None: a barrier)."""
     if isinstance(action, Compute):
         return action.mb
     if isinstance(action, Comm):
@@ -505,7 +479,7 @@ def _micro_batch(action: Action) -> int | None:
 
 @dataclass(frozen=True)
 class _EvalPiece:
-    """One evaluation micro-batch: its place in the program, its tensors, its weight in the mean."""
+    """One evaluation micro-batch: its place in the program, tensors and weight in the mean."""
     index: int
     batch: int                   # the validation batch it belongs to (this replica's count)
     x: torch.Tensor
@@ -516,7 +490,7 @@ class _EvalPiece:
 
 
 def _eval_pieces(mine: list, batches: list, seqs: int) -> list[_EvalPiece]:
-    """This replica's validation batches ``mine`` (of all ``batches``) cut into evaluation micro-batches."""
+    """This replica's validation batches ``mine`` cut into evaluation micro-batches."""
     out = []
     for b, (x, y) in enumerate(mine):
         bw = batch_weight(y, batches)

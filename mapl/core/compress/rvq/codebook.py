@@ -1,17 +1,9 @@
 """Grouped residual VQ with EMA k-means codebooks: search, lookup, learning, dead-code revival.
 
-Z (width ``dim``) is cut into ``groups`` contiguous sub-vectors of ``ds = dim/groups`` dims; each
-group is quantised by ``rounds`` rounds of greedy residual search, each round with its own codebook
-of ``codebook_size`` (K) codewords. Codebooks: buffer ``(G, R, K, ds)``. One token costs
-``G*R*log2(K)`` bits.
-
-Learning rule (the paper leaves it open; we use the SoundStream / VQ-VAE-2 rule): EMA k-means on the
-sender, no gradient to the codebooks, no auxiliary loss; the model trains through the quantiser with
-the straight-through estimator (``WireTransfer``).
-
-    >>> q = ResidualVQ(dim=256, codebook_size=256)       # G = 128 groups of 2-dim codewords, R = 2
-    >>> idx = q.search(z)                                 # (..., G, R) int64
-    >>> z_q = q.lookup(idx)
+Z (width ``dim``) is cut into ``groups`` sub-vectors of ds = dim / groups; each is quantised by ``rounds`` rounds
+of greedy residual search with K codewords per round: G*R*log2(K) bits a token. The codebooks learn by EMA
+k-means on the sender (the SoundStream / VQ-VAE-2 rule; no gradient, no auxiliary loss); the model trains
+through the quantiser by the straight-through estimator (``WireTransfer``).
 """
 from __future__ import annotations
 
@@ -29,9 +21,8 @@ OP_NONE, OP_EMA, OP_INIT = 0, 1, 2
 
 
 def to_device_async(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A CPU-made tensor ``t`` on ``device`` without a host sync: a plain copy to a CUDA device waits for
-    the stream; through pinned memory it is queued behind it (non-blocking). Draws from the CPU
-    generator therefore stay the same numbers on every device. ``t`` itself on a CPU."""
+    """A CPU-made tensor on ``device`` without a host sync (through pinned memory): CPU draws stay the same
+    numbers on every device."""
     if device.type == "cpu":
         return t
     if device.type != "cuda":
@@ -40,18 +31,15 @@ def to_device_async(t: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 
 class DeviceFlag:
-    """A flag raised by device-side comparisons and read on the host only when asked (a check after an
-    evaluation, a checkpoint): a receiver detects a bad message without waiting for it per message."""
+    """A flag raised by device-side comparisons, read on the host only when asked (no host sync per message)."""
 
     def __init__(self, value: bool = False):
         self._host, self._device = bool(value), None
 
     def raise_if(self, condition: torch.Tensor) -> None:
-        """Raise the flag where the 0-d bool ``condition`` holds (queued on its device, nothing read)."""
         self._device = condition if self._device is None else self._device | condition
 
     def read(self) -> bool:
-        """The flag: one host read if a device-side condition is pending, none otherwise."""
         if self._device is not None:
             self._host |= bool(self._device)
             self._device = None
@@ -59,34 +47,21 @@ class DeviceFlag:
 
 
 def bincount(flat: torch.Tensor, n: int) -> torch.Tensor:
-    """``torch.bincount(flat, minlength=n)`` for values known to lie in 0..n-1 (int64), without a host
-    read: CUDA's bincount reads the input's min and max on the host to size its output."""
+    """``torch.bincount(flat, minlength=n)`` for values in 0..n-1, without CUDA bincount's host read."""
     return torch.zeros(n, dtype=torch.int64, device=flat.device).index_add_(0, flat, torch.ones_like(flat))
 
 
 def codebook_bits(k) -> int:
-    """log2 of a codebook size; refuses anything but a power of two in 2..65536."""
     if not isinstance(k, int) or isinstance(k, bool) or k < 2 or k & (k - 1) or k > 65536:
         raise ValueError(f"codebook_size={k!r} is invalid; allowed: a power of two in 2..65536")
     return k.bit_length() - 1
 
 
 class ResidualVQ(nn.Module):
-    """Grouped residual VQ with EMA k-means codebooks, k-means init and dead-code revival.
-
-    Stateful methods (:meth:`update`, :meth:`mirror`, :meth:`set_codebooks`) are only ever called by
-    the owner (``RVQCompressor.pack`` in training mode) or the receiver's mirror; :meth:`search` and
-    :meth:`lookup` are pure.
-
-    Buffers: ``codebooks (G,R,K,ds)``; EMA state ``cluster_size (G,R,K)`` and ``embed_sum (G,R,K,ds)``;
-    ``initted`` (k-means init done, or received); ``version`` (+1 per change of the codebooks).
-    All randomness (k-means seeding, revival samples) comes from a CPU generator seeded with ``seed``
-    (copied to the device without a host sync: :func:`to_device_async`).
-    Per message nothing is read back to the host: ``version`` and ``initted`` have host-side mirrors
-    (:attr:`host_version`, :attr:`host_initted`; read from the buffers once after a checkpoint load),
-    counts are fixed-size and revivals fixed-shape.
-    ``tile_bytes``: the search's memory budget per tile (0 = auto by device) and ``search_kernel``
-    (auto / matmul / fused): see mapl/core/compress/rvq/search.py.
+    """Buffers: ``codebooks`` (G,R,K,ds), EMA state ``cluster_size`` (G,R,K) and ``embed_sum``, ``initted``,
+    ``version`` (+1 per change). :meth:`search` and :meth:`lookup` are pure; :meth:`update` (the sender) and
+    :meth:`mirror` (a receiver) learn. Randomness comes from a CPU generator seeded with ``seed``; nothing is
+    read back to the host per message (host mirrors of ``version`` and ``initted``, fixed-shape revivals).
     """
 
     def __init__(self, *, dim: int, groups: int | None = None, rounds: int = 2, codebook_size: int = 256,
@@ -115,8 +90,7 @@ class ResidualVQ(nn.Module):
         self.tile_bytes = tile_bytes
         self.search_kernel = search_kernel
         self.seed = seed
-        # EMA count a revived code restarts with: a grace period of ~log(2)/(1-decay) updates before
-        # it can be revived again if it stays unused.
+        # a revived code's EMA count: ~log(2)/(1-decay) updates of grace before it can be revived again
         self.revive_count = 2.0 * self.dead_code_threshold if self.dead_code_threshold > 0 else 1.0
         G, R, K, ds = groups, rounds, codebook_size, self.sub_dim
         self._gen = torch.Generator().manual_seed(seed)
@@ -129,10 +103,6 @@ class ResidualVQ(nn.Module):
         self.register_buffer("initted", torch.tensor(not self.kmeans_init, device="cpu"))
         self.register_buffer("version", torch.zeros((), dtype=torch.int64, device="cpu"))
         self._host = {"version": 0, "initted": not self.kmeans_init}    # mirrors of the two buffers
-
-    def extra_repr(self) -> str:
-        return (f"dim={self.dim}, groups={self.groups}, rounds={self.rounds}, codebook_size={self.codebook_size}, "
-                f"bits_per_token={self.bits_per_token}")
 
     @property
     def bits_per_token(self) -> int:
@@ -150,12 +120,10 @@ class ResidualVQ(nn.Module):
     # ---- host-side mirrors (no host read per message) ---------------------------------------
     @property
     def host_version(self) -> int:
-        """``int(self.version)`` without reading the device."""
         return self._host["version"]
 
     @property
     def host_initted(self) -> bool:
-        """``bool(self.initted)`` without reading the device."""
         return self._host["initted"]
 
     def _bump_version(self) -> None:
@@ -163,21 +131,14 @@ class ResidualVQ(nn.Module):
         self._host["version"] += 1
 
     def mark_initted(self) -> None:
-        """The k-means init was made or received."""
         self.initted.fill_(True)
         self._host["initted"] = True
 
     # ---- pure ------------------------------------------------------------------------------
     @torch.no_grad()
     def search(self, z: torch.Tensor, *, codebooks: torch.Tensor | None = None, return_residual: bool = False):
-        """Greedy residual nearest-codeword search: ``z (..., dim) -> idx (..., G, R)`` (int64).
-
-        Round r quantises the residual left by rounds < r with codebook r (ties: the first minimum, as
-        ``argmin``), by this module's ``search_kernel`` and tile budget (mapl/core/compress/rvq/search.py).
-        Computed in float64 if z or the codebooks are float64, else float32. ``codebooks`` (default:
-        this module's) selects the codebooks searched. With ``return_residual`` also returns the final
-        residual ``z - lookup(idx)`` (as computed by the search), shape (..., dim).
-        """
+        """``z (..., dim) -> idx (..., G, R)`` int64 (and the final residual with ``return_residual``), searching
+        ``codebooks`` (default: these) in float64 if either is float64, else float32."""
         if z.shape[-1] != self.dim:
             raise ValueError(f"search expects last dim {self.dim}, got shape {tuple(z.shape)}")
         lead = z.shape[:-1]
@@ -190,8 +151,7 @@ class ResidualVQ(nn.Module):
         return (idx, resid.view(*lead, self.dim)) if return_residual else idx
 
     def lookup(self, idx: torch.Tensor, codebooks: torch.Tensor | None = None) -> torch.Tensor:
-        """Decode ``idx (..., G, R)`` with ``codebooks`` (default: this module's): sum over rounds of the
-        selected codewords, groups concatenated -> ``(..., dim)`` in the codebooks' dtype."""
+        """``idx (..., G, R) -> (..., dim)``: the rounds' codewords summed, groups concatenated."""
         cb = self.codebooks if codebooks is None else codebooks
         G, R = self.groups, self.rounds
         if idx.shape[-2:] != (G, R):
@@ -207,20 +167,17 @@ class ResidualVQ(nn.Module):
         return out.reshape(*lead, self.dim)
 
     def _row_offsets(self, device) -> torch.Tensor:
-        """(G, R) offsets of codebook (g, r) in the flat (G*R*K, ds) view: (g*R + r)*K."""
         G, R, K = self.groups, self.rounds, self.codebook_size
         return (torch.arange(G, device=device)[:, None] * R + torch.arange(R, device=device)) * K
 
     def code_counts(self, idx: torch.Tensor) -> torch.Tensor:
-        """Assignments per code in a batch: ``(G, R, K)`` in the codebooks' dtype (exact integers)."""
         G, R, K = self.groups, self.rounds, self.codebook_size
         i = idx.reshape(-1, G, R).long()
         counts = bincount((i + self._row_offsets(i.device)).reshape(-1), G * R * K)
         return counts.view(G, R, K).to(self.codebooks.dtype)
 
     def _targets(self, x: torch.Tensor, idx: torch.Tensor, cb: torch.Tensor) -> torch.Tensor:
-        """Round-r targets: the residuals the search (with codebooks ``cb``) quantised in round r.
-        x (N,G,ds) -> (N,G,R,ds)."""
+        """The residuals the search with ``cb`` quantised in each round: x (N,G,ds) -> (N,G,R,ds)."""
         G, R, K, ds = self.groups, self.rounds, self.codebook_size, x.shape[-1]
         out = torch.empty(*x.shape[:2], R, ds, dtype=x.dtype, device=x.device)
         flat_cb = cb.reshape(G * R * K, ds)
@@ -233,7 +190,6 @@ class ResidualVQ(nn.Module):
         return out
 
     def _assign(self, x: torch.Tensor, C: torch.Tensor) -> torch.Tensor:
-        """Nearest codeword per group: x (G,N,ds), C (G,K,ds) -> (G,N) int64, tiled like :meth:`search`."""
         G, K = C.shape[0], C.shape[1]
         c2 = (C * C).sum(-1).unsqueeze(1)
         Ct = C.transpose(1, 2).contiguous()
@@ -247,7 +203,6 @@ class ResidualVQ(nn.Module):
         return out
 
     def _kmeans(self, x: torch.Tensor) -> torch.Tensor:
-        """Residual k-means on a batch x (N,G,ds): codebooks (G,R,K,ds), one round after the other."""
         G, R, K, ds = self.groups, self.rounds, self.codebook_size, self.sub_dim
         N = x.shape[0]
         res = x.transpose(0, 1).contiguous()                          # (G, N, ds)
@@ -287,9 +242,8 @@ class ResidualVQ(nn.Module):
 
     @torch.no_grad()
     def _apply_revivals(self, rpos: torch.Tensor, rval: torch.Tensor) -> None:
-        """Replace codes ``rpos (G,R,M)`` (-1 = unused slot) by ``rval (G,R,M,ds)``; reset their EMA state.
-        Fixed shapes, no host read: every slot is scattered into a (K+1)-wide scratch whose last column
-        takes the unused slots (the used positions of a codebook are distinct), then selected by mask."""
+        """Replace codes ``rpos`` (G,R,M; -1 unused) by ``rval`` and reset their EMA state, without a host read:
+        slots scatter into a (K+1)-wide scratch whose last column takes the unused ones."""
         cb = self.codebooks
         G, R, K, ds = cb.shape
         k = torch.where(rpos >= 0, rpos.long(), K)
@@ -302,15 +256,13 @@ class ResidualVQ(nn.Module):
         self.embed_sum.copy_(torch.where(h, v * self.revive_count, self.embed_sum))
 
     def no_revivals(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The fixed-shape revival record that revives nothing: positions -1, values 0."""
         G, R, M, ds, cb = self.groups, self.rounds, self.max_revive, self.sub_dim, self.codebooks
         return (torch.full((G, R, M), -1, dtype=torch.int32, device=cb.device),
                 torch.zeros(G, R, M, ds, dtype=cb.dtype, device=cb.device))
 
     def _pick_revivals(self, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Dead codes (EMA count < threshold), at most ``max_revive`` per codebook (lowest counts first),
-        each paired with the round-r residual of a random token of the batch. Fixed shapes:
-        ``(G,R,M)`` int32 positions (-1 = none) and ``(G,R,M,ds)`` values, M = ``max_revive``."""
+        """Dead codes (EMA count < threshold), at most ``max_revive`` per codebook, lowest first, each paired with
+        a random token's residual: positions (G,R,M) int32 (-1 none) and values (G,R,M,ds)."""
         G, R, K = self.groups, self.rounds, self.codebook_size
         M, dev = self.max_revive, self.codebooks.device
         N = targets.shape[0]
@@ -333,17 +285,9 @@ class ResidualVQ(nn.Module):
 
     @torch.no_grad()
     def update(self, z: torch.Tensor, idx: torch.Tensor, *, codebooks: torch.Tensor | None = None) -> dict:
-        """One learning step from a batch ``z (..., dim)`` and its indices ``idx (..., G, R)`` from
-        :meth:`search` with ``codebooks`` (default: this module's current ones; another set, e.g. the
-        receiver's copy, makes this k-means with assignments by that set). Returns the op record a
-        mirror needs: ``{"op", "stat", "rpos", "rval", "n_tokens"}``.
-
-        * not yet initialised (``kmeans_init``): residual k-means on this batch replaces the codebooks
-          (``op=OP_INIT``, ``stat`` = new codebooks); no EMA step on this batch (its indices refer to
-          the old codebooks).
-        * otherwise (``op=OP_EMA``, ``stat`` = per-code sums of the round targets): EMA of cluster sizes
-          and sums, Laplace-smoothed codebooks, then dead-code revival.
-        """
+        """One learning step from ``z`` and its indices, searched with ``codebooks`` (default: these). Before the
+        init: residual k-means on this batch (OP_INIT, ``stat`` the codebooks); else EMA of counts and sums,
+        Laplace-smoothed codebooks, dead-code revival (OP_EMA, ``stat`` the sums). Returns the op record."""
         G, R, K, ds = self.groups, self.rounds, self.codebook_size, self.sub_dim
         x = z.detach().reshape(-1, G, ds).to(self.codebooks.dtype)
         i = idx.reshape(-1, G, R).long()
@@ -368,8 +312,7 @@ class ResidualVQ(nn.Module):
 
     @torch.no_grad()
     def mirror(self, op: int, stat: torch.Tensor, rpos: torch.Tensor, rval: torch.Tensor, idx: torch.Tensor) -> None:
-        """Apply a sender's :meth:`update` from its op record and the message's indices: bit-identical
-        to what the sender did (same elementwise ops on the same inputs; counts from ``idx``)."""
+        """Repeat a sender's :meth:`update` from its op record and the message's indices, bit-identically."""
         if op == OP_NONE:
             return
         i = idx.reshape(-1, self.groups, self.rounds)
@@ -384,7 +327,7 @@ class ResidualVQ(nn.Module):
 
     @torch.no_grad()
     def set_codebooks(self, cb: torch.Tensor) -> None:
-        """Overwrite the codebooks (e.g. from a checkpoint or a test); keeps counts, bumps the version."""
+        """Overwrite the codebooks (tests); keeps the counts, bumps the version."""
         self.codebooks.copy_(cb)
         self.embed_sum.copy_(self.codebooks * self.cluster_size.unsqueeze(-1))
         self.mark_initted()

@@ -1,9 +1,4 @@
-"""The boundary compressor of method ``mapl-rvq``: the projection, then residual VQ of z on the wire.
-
-    >>> comp = RVQCompressor(ProjectionCompressor(d, A, "spel"), RVQSettings(sync="stream"), seed=0)
-    >>> payload = comp.pack(comp.encode(x))        # sender: search, learn, sync tensors
-    >>> x_hat = comp.decode(comp.unpack(payload, torch.float32))   # receiver: its own codebook copy
-"""
+"""The boundary compressor of ``mapl-rvq``: the projection in-graph, then residual VQ of z on the wire."""
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -13,7 +8,7 @@ import torch
 from .. import gradwire
 from ..base import Compressor, _check_direction, spec_bytes, tensor_checksum
 from ..bitpack import pack_bits_rows, packed_nbytes, unpack_bits_rows
-from .codebook import OP_EMA, OP_INIT, OP_NONE, DeviceFlag, ResidualVQ, codebook_bits, to_device_async
+from .codebook import OP_EMA, OP_INIT, OP_NONE, DeviceFlag, ResidualVQ, to_device_async
 from .settings import RVQSettings
 from .sync import make_sync
 
@@ -24,8 +19,7 @@ SCALE_DTYPE = torch.bfloat16         # the per-token scale of scale="token" (set
 
 
 class _PendingSync(NamedTuple):
-    """The sync tensors of the sender's last training message, applied to its shadow of the receiver's copy
-    at the next ``pack`` (``search_with="receiver"``): what the receiver applies after decoding it."""
+    """The sender's last sync tensors, applied to its shadow of the receiver's copy at the next ``pack``."""
     version: int
     op: int
     tensors: list
@@ -33,68 +27,21 @@ class _PendingSync(NamedTuple):
 
 
 class RVQCompressor(Compressor):
-    """Projection (``inner``) + residual VQ of z on the wire. Method ``mapl-rvq``.
+    """Projection (``inner``) + residual VQ of z on the wire (docs/architecture.md, "RVQ").
 
-    In-graph ``encode``/``decode``/``code_dim`` are the inner projection's. On the wire:
-
-    forward payload (``payload_roles("fwd")`` in brackets)::
-
-        [data] codes   uint8 (B, ceil(T*G*R*log2K/8))  indices, bit-packed per sequence (padding only
-                                                        to the last byte of each sequence)
-        [data] scales  bf16  (B, T)  per-token RMS of z (``scale="token"`` only; absent for "none")
-        [sync] header  int64 (3,)   [sender codebook version, op, T]
-        [sync] ...     the sync strategy's tensors (mapl/core/compress/rvq/sync.py), fixed shapes
-                       independent of (B, T)
-
-    Codebook values travel in the codebooks' dtype (float32), so the receiver copy can become
-    bit-identical to the sender's (checksums). Backward payload: the r-wide gradient in ``grad_dtype``
-    (bf16 by default; not quantised).
-
-    Order of operations. ``pack(z)``: (1) search -> indices; (2) if training: EMA update (version
-    v+1), or the k-means init on the first training message; (3) sync tensors read from the
-    *updated* codebooks (the message carrying the init carries the whole codebook, in every mode).
-    ``unpack(payload)``: (1) unpack indices; (2) decode with the receiver copy; (3) apply the sync tensors to the
-    receiver copy. So message i is decoded with what messages < i delivered. The very first training message, whose indices come
-    from the pre-k-means codebooks, is decoded with the equally pre-k-means receiver copy.
-
-    Host reads: none per message (tests/test_gpu_path.py counts them; on CUDA, benchmarks/gpu/ too). ``pack``
-    and ``payload_spec`` keep host-side mirrors of versions and cursors, fixed-shape revivals, counts
-    without ``bincount``. ``unpack`` never reads the header: T follows from the codes' row length (a layout
-    of at least 8 bits per token; below that the header is read, one device-to-host copy per message), the
-    op is the one the receiver expects (:meth:`_expected_op`), the version is applied on the device; the
-    header is compared with what the receiver used on the device too, and a disagreement (a lost, reordered
-    or corrupted message) is reported by :meth:`check_sync`.
-
-    ``search_with`` (config default ``"receiver"``): searches the sender's *shadow* of the receiver
-    copy (the sender applies its own sync tensors of message i to the shadow at pack i+1, so the
-    shadow equals what the receiver decodes message i+1 with): encoder and decoder codebooks always
-    match and stream staleness only delays learning, at no extra bytes or compute; the EMA then learns
-    the centroids of the shadow's cells (k-means with delayed assignments). ``"sender"`` searches the
-    sender's learned codebooks, so a stream-synced receiver decodes some indices with stale codewords
-    until they are streamed again. For ``full`` the two are equivalent; ``mirrored`` keeps the copies
-    identical at search time, so it always searches the sender's.
-
-    ``max_staleness`` (config default None = the sync mode's own bound: ``2*ceil(K/n)`` for stream, 0
-    for full and mirrored): :meth:`check_sync` raises beyond it, or on a mirrored version gap.
-
-    ``sync_payload``/``apply_sync``/``checksum`` are the inner projector's (A is synced after each
-    optimizer step by the caller); codebook state travels in the forward payload and is checked with
-    :meth:`codebook_checksums` / :meth:`check_sync`. Codebooks learn only in ``pack`` in training
-    mode. In eval nothing is synced: an evaluation message carries zero-valued sync tensors (the
-    shapes stay static) that the receiver does not apply, so when and on how much text a run
-    evaluates never changes its training.
+    Forward payload: [data] codes, uint8 (B, ceil(T*G*R*log2K/8)), bit-packed per sequence; [data] scales, bf16
+    (B, T), with ``scale="token"`` only; [sync] header, int64 [sender version, op, T]; [sync] the sync strategy's
+    tensors (fixed shapes). Backward: the r-wide gradient in ``grad_dtype``. ``pack`` searches, learns (training
+    only) and reads the sync tensors from the updated codebooks; ``unpack`` decodes with the receiver's copy,
+    then applies the sync tensors, so message i is decoded with what messages < i delivered. Neither reads the
+    device per message.
     """
 
     method = "mapl-rvq"
 
     def __init__(self, inner: Compressor, settings: RVQSettings | None = None, *, seed: int = 0):
-        if not isinstance(inner, Compressor):
-            raise TypeError(f"inner must be a Compressor, got {type(inner).__name__}")
         q = RVQSettings() if settings is None else settings
-        if not isinstance(q, RVQSettings):
-            raise TypeError(f"settings must be an RVQSettings, got {type(q).__name__}")
         super().__init__(inner.d_model)
-        codebook_bits(q.codebook_size)
         self.settings, self.inner, self.scale, self.grad_dtype = q, inner, q.scale, q.grad_dtype
         self.rvq = ResidualVQ(**q.codebook_args(inner.code_dim, seed))     # the sender's codebooks (learned)
         self.recv = ResidualVQ(**q.codebook_args(inner.code_dim, seed))    # the receiver's copy: identical at version 0
@@ -141,10 +88,8 @@ class RVQCompressor(Compressor):
         return [codes, *scales, _HEADER, *self.sync.spec(with_init=self._init_is_next(pending))]
 
     def _init_is_next(self, pending: int = 0) -> bool:
-        """Whether the next message carries the k-means init (the first training message, before any
-        init was made or received). Sender and receiver objects agree on it from their own state: the
-        sender has not initialised ``rvq``, the receiver has not received the init into ``recv`` and has
-        no earlier message still pending (a look-ahead receive is posted before the init arrives)."""
+        """Whether the next message carries the k-means init, which sender and receiver judge from their own
+        state (a receiver with an earlier receive still pending was posted before the init arrived)."""
         return self.training and pending == 0 and not (self.rvq.host_initted or self.recv.host_initted)
 
     def payload_roles(self, direction: str) -> list[str]:
@@ -158,34 +103,31 @@ class RVQCompressor(Compressor):
         return int(self.scale == "token")
 
     def wire_bytes_per_token(self, direction: str) -> float:
-        """fwd: ``G*R*log2(K)/8`` -- exact when ``T*G*R*log2(K)`` is a multiple of 8, otherwise each
-        sequence carries < 1 byte of padding; sync bytes are apart (:meth:`sync_bytes_per_microbatch`).
-        bwd: ``r * sizeof(grad_dtype)`` (2r for bf16)."""
+        """fwd: G*R*log2(K)/8 (each sequence adds < 1 byte of padding; sync bytes apart); bwd: r grad_dtype values."""
         return self.wire_efficiency_floor(direction) / 8
 
     def wire_efficiency_floor(self, direction: str) -> float:
-        """fwd: the indices, ``G*R*log2(K)`` bits per token (+ the bf16 scale with ``scale="token"``);
-        bwd: r values in ``grad_dtype``."""
         _check_direction(direction)
         if direction == "fwd":
             return float(self.rvq.bits_per_token + self._n_scales * torch.finfo(SCALE_DTYPE).bits)
         return gradwire.floor_bits(self.grad_wire, self.code_dim, self.grad_dtype)
 
     def sync_bytes_per_microbatch(self) -> int:
-        """Declared codebook-sync bytes piggybacked on every forward message (independent of B, T)."""
         return spec_bytes([_HEADER, *self.sync.spec()])
 
     def one_off_sync_bytes(self) -> int:
-        """Extra bytes of the message that carries the k-means init (stream: the whole codebook, so
-        the receiver does not decode with pre-init codewords for a whole stream cycle)."""
+        """Extra bytes of the message carrying the k-means init (stream: the whole codebook, once)."""
         if not self.rvq.kmeans_init:
             return 0
         return spec_bytes(self.sync.spec(with_init=True)) - spec_bytes(self.sync.spec())
 
     # ---- wire: forward -----------------------------------------------------------------------
     def _shadow_codebooks(self) -> torch.Tensor | None:
-        """The codebooks to search with: the sender's (None) or its shadow of the receiver copy,
-        brought up to date with the sync tensors of the previous message."""
+        """The codebooks to search: the sender's (None) or its shadow of the receiver's copy, brought up to date.
+
+        Searching the shadow (``search_with="receiver"``), encoder and decoder codebooks always match: stream
+        staleness only delays learning. ``"sender"`` makes a stream-synced receiver decode some indices with
+        stale codewords until they are streamed again."""
         if self.search_with != "receiver":
             return None
         if self._pending is not None:
@@ -206,32 +148,28 @@ class RVQCompressor(Compressor):
         op = self.rvq.update(u, idx, codebooks=search_cb) if self.training else None
         op_code = OP_NONE if op is None else op["op"]
         header = to_device_async(torch.tensor([self.rvq.host_version, op_code, T], dtype=torch.int64, device="cpu"), z.device)
-        if not self.training:
-            # evaluation sends the sync tensors' shapes (static messages) but no codebook change: a
-            # slice sent here would move the stream's cursor and refresh the receiver early, so how
-            # often and on how many batches a run evaluates would change its training
+        if self.training:
+            sync = self.sync.sender_tensors(self.rvq, op)
+            if self.search_with == "receiver":
+                self._pending = _PendingSync(self.rvq.host_version, op_code, [t.clone() for t in sync], idx)
+        else:
+            # zeros of the sync shapes: a slice sent here would move the stream's cursor, so how often a run
+            # evaluates would change its training
             sync = [torch.zeros(shape, dtype=dtype, device=z.device) for shape, dtype in self.sync.spec()]
-            data = [codes, *scales]
-            self._record(z, u, idx, resid, scales, op, data, [header, *sync])
-            return [*data, header, *sync]
-        sync = self.sync.sender_tensors(self.rvq, op)
-        if self.search_with == "receiver":
-            self._pending = _PendingSync(self.rvq.host_version, op_code, [t.clone() for t in sync], idx)
         data = [codes, *scales]
         self._record(z, u, idx, resid, scales, op, data, [header, *sync])
         return [*data, header, *sync]
 
     def _normalise(self, z: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
-        """([scales on the wire], what the quantiser sees). ``scale="token"``: s_t = RMS of z_t, rounded
-        to bf16 *before* dividing, so sender and receiver scale by the same number."""
+        """([scales on the wire], what the quantiser sees). s_t = RMS of z_t is rounded to bf16 before dividing,
+        so sender and receiver scale by the same number."""
         if self.scale == "none":
             return [], z
         s = z.float().pow(2).mean(-1).sqrt().clamp_min(1e-12).to(SCALE_DTYPE)   # (B, T); bf16 keeps fp32's range
         return [s], z / s.to(z.dtype).unsqueeze(-1)
 
     def _record(self, z, u, idx, resid, scales, op, data, sync) -> None:
-        """Running statistics for :meth:`diagnostics` and :meth:`health_report` (kept as tensors: no
-        host sync per message)."""
+        """Running statistics for :meth:`diagnostics` and :meth:`health_report`, kept as tensors."""
         st = self._stats
         n = z.shape[0] * z.shape[1]
         st["microbatches"] += 1
@@ -245,8 +183,7 @@ class RVQCompressor(Compressor):
         st["batch_perplexity"] = torch.exp(-(p * p.clamp_min(1e-30).log()).sum(-1)).mean()
 
     def _record_outlier(self, z: torch.Tensor, err: torch.Tensor) -> None:
-        """The decoding error (in z's units) of the message's token with the largest |z|: absolute
-        (max over its r values) and relative (norm / norm). Window maxima, kept as tensors."""
+        """Window maxima of the decoding error of each message's largest-|z| token (absolute, relative)."""
         zt = z.detach().float().reshape(-1, z.shape[-1])
         t = zt.abs().amax(-1).argmax().view(1)        # a 1-element index: [0-d tensor] would read it on the host
         e = err.float().reshape(-1, z.shape[-1])[t][0]
@@ -272,8 +209,7 @@ class RVQCompressor(Compressor):
         return z_q
 
     def _message_tokens(self, nb: int, header: torch.Tensor) -> int:
-        """T of a message whose codes hold ``nb`` bytes per sequence: ``ceil(T * bits_per_token / 8)`` is
-        one-to-one for >= 8 bits per token, so T is the row length's; a narrower layout reads the header."""
+        """T from the codes' row length (one-to-one for >= 8 bits a token); a narrower layout reads the header."""
         per_token = self.rvq.bits_per_token
         if per_token >= 8:
             return 8 * nb // per_token
@@ -283,16 +219,14 @@ class RVQCompressor(Compressor):
         return T
 
     def _expected_op(self) -> int:
-        """The codebook op of the next message as the sender makes it: none in evaluation; in training the
-        k-means init until the receiver copy holds one (the sender initialises at its first training
-        message), an EMA step after. The receiver applies this op and checks the header's on the device."""
+        """The op of the next message as the sender makes it (the header's is checked on the device, not read)."""
         if not self.training:
             return OP_NONE
         return OP_INIT if not self.recv.host_initted else OP_EMA
 
     def _check_header(self, header: torch.Tensor, op: int, T: int) -> None:
-        """Queue the comparison of the header's [op, T] with what this receiver uses (no host read); only
-        mirrored sync computes from the op, so only there does a different op count."""
+        """Queue the comparison of the header's [op, T] with what this receiver used (read by ``check_sync``);
+        only mirrored sync computes from the op."""
         key = (op, T, header.device)
         if key not in self._expected:
             self._expected[key] = to_device_async(torch.tensor([op, T], dtype=torch.int64, device="cpu"),
@@ -335,17 +269,15 @@ class RVQCompressor(Compressor):
 
     # ---- codebook consistency ----------------------------------------------------------------
     def codebook_checksums(self) -> tuple[int, int]:
-        """(CRC32 of the sender's codebooks, CRC32 of the receiver's copy): equal iff bit-identical."""
+        """CRC32 of the sender's codebooks and of the receiver's copy."""
         return tensor_checksum(self.rvq.codebooks), tensor_checksum(self.recv.codebooks)
 
     def staleness(self) -> int:
-        """Versions the receiver copy is behind the newest sender version it has heard of."""
         return self.sync.staleness(self.recv)
 
     def check_sync(self, *, raise_on_error: bool = True) -> dict:
-        """Staleness vs ``max_staleness`` and (mirrored) version gaps; raises RuntimeError on either
-        unless ``raise_on_error=False``. ``identical`` compares the two copies held by this object
-        (meaningful where one object plays both sides, as in the single-process pipeline)."""
+        """Staleness against ``max_staleness``, version gaps and bad headers; RuntimeError unless
+        ``raise_on_error=False``. ``identical`` compares the two copies this object holds."""
         s = self.staleness()
         crc_s, crc_r = self.codebook_checksums()
         desync, bad_header = self.sync.desync, self._bad_header.read()
@@ -361,11 +293,8 @@ class RVQCompressor(Compressor):
 
     @torch.no_grad()
     def health_report(self) -> dict:
-        """The projection's window (max |z|, RMS) plus the quantiser's: the largest codeword norm of the
-        sender's codebooks and of the receiver copy this object holds (the sender's shadow of it when it
-        searches with the receiver's, the receiver's own on the receiving side), their distance relative
-        to the sender's norm, the last batch's code perplexity and the window's largest decoding error
-        of a message's largest-|z| token (absolute and relative)."""
+        """The projection's window plus codeword norms of both copies, their gap, the last batch's perplexity and
+        the window's largest-|z| token's decoding error."""
         rep = super().health_report()
         cs, cr = self.rvq.codebooks.float(), self.recv.codebooks.float()
         w, self._outlier = self._outlier, None

@@ -1,32 +1,10 @@
-"""Greedy residual nearest-codeword search: the bulk of an RVQ message's cost.
+"""Greedy residual nearest-codeword search, the bulk of an RVQ message's cost.
 
-Round r of the search quantises, per group, the residual left by rounds < r with codebook r: the
-nearest of K codewords, i.e. the argmin over k of ``||c_k||^2 - 2 x.c_k`` (``||x||^2`` is the same for
-every codeword; ties: the first minimum, as ``argmin``). Python loops run over tiles and rounds only;
-within a tile all its groups and tokens are one batched operation.
-
-Two kernels find the nearest codeword (``compressor.rvq.search_kernel``):
-
-* ``matmul``: distances by one batched matmul per tile and round ([res, 1] @ [-2c; ||c||^2]), then an
-  argmin. Exact and cache-friendly on a CPU when a tile's (groups, tokens, K) distance block is
-  cache-sized (``search_tile_bytes``, default 4 MiB there). On a GPU every distance is written to and
-  read back from memory: 8 bytes per distance, ~17 GB per 32k-token message at r = 256, K = 256, which
-  bounds it (large tiles, default 256 MiB, keep it from being launch-bound as well).
-* ``fused``: the same argmin compiled (torch.compile) into one kernel that never stores the distances.
-  Only the token dimension of the compiled kernel is symbolic: with a symbolic codeword dimension the
-  sum over it is a reduction of unknown length, inductor cannot inline it into the argmin and writes
-  the whole (G, N, K) fp32 distance block (measured on CPU at G = 128, N = 4,096, K = 256: +516 MiB
-  peak per call, against +4 MiB with static codeword, group and codebook dimensions; same indices).
-  Its transient memory is O(G·N) (:func:`search_transient_bytes`), one compile per (G, K, ds, dtype,
-  device) and per "one token or more", warmed before training (:func:`warm_fused_search`).
-* ``auto`` (default): matmul on a CPU (the cpu profile's numbers), fused on a GPU.
-
-Under a (non-infrastructure) ``TorchDispatchMode`` -- a host-read counter, a FLOP counter, a memory probe
--- the search runs the matmul kernel whatever the setting: dynamo does not compile a frame under such a
-mode, the ``fullgraph`` kernel then raises, and the failed frame stays failed for every later call in the
-process (:func:`fused_allowed`).
-
-Both are exact searches; they can differ only on exact distance ties computed with different rounding.
+Round r quantises, per group, the residual of rounds < r: argmin_k ||c_k||^2 - 2 x.c_k (ties: the first
+minimum). Kernels (``compressor.rvq.search_kernel``): ``matmul``, one batched matmul per tile and round, then an
+argmin (exact, cache-friendly on a CPU; on a GPU it writes every distance to memory); ``fused``, the same argmin
+compiled into one kernel that never stores the distances; ``auto``, matmul on a CPU, fused on a GPU. Both are
+exact; they can differ only on exact ties computed with different rounding.
 """
 from __future__ import annotations
 
@@ -44,14 +22,10 @@ GPU_TILE_BYTES = 256 << 20        # ... and on a GPU
 
 
 def first_argmin_(d: torch.Tensor, rev: torch.Tensor) -> torch.Tensor:
-    """``d.argmin(-1)`` (the first minimum on ties), overwriting ``d``; ``rev = arange(K, 0, -1)`` in d's dtype.
+    """``d.argmin(-1)`` (first minimum on ties), overwriting ``d``; ``rev = arange(K, 0, -1)`` in d's dtype.
 
-    ATen's CPU argmin is a scalar loop (~0.8 ns per value); this is four vectorised passes (~0.25 ns per
-    value on a cache-sized block): m = min over the row; d <- (d <= m) * (K - k), i.e. K - k exactly at
-    the minima and 0 elsewhere (an in-place float comparison, no bool tensor); the first minimum has the
-    largest K - k. Exact: the comparison is against the row's own minimum, and K <= 2**16 is exact in
-    float32. A row holding NaN yields an index in range (not necessarily argmin's). On a GPU, where
-    argmin is one parallel pass (also the first minimum), that is used instead.
+    ATen's CPU argmin is a scalar loop (~0.8 ns a value); this is four vectorised passes (~0.25 ns): d <- (d <= min)
+    * (K - k), whose largest entry is the first minimum. Exact (K <= 2**16 is exact in float32).
     """
     if d.is_cuda:
         return d.argmin(-1)
@@ -62,11 +36,8 @@ def first_argmin_(d: torch.Tensor, rev: torch.Tensor) -> torch.Tensor:
 
 
 def _nearest_fused(res: torch.Tensor, C: torch.Tensor, c2: torch.Tensor) -> torch.Tensor:
-    """argmin_k ||c_k||^2 - 2 res.c_k for res (g, n, ds), codebooks C (g, K, ds), c2 = ||C||^2 (g, K) ->
-    (g, n) int64 (the first minimum on ties). Written as an elementwise product, a sum over the few
-    codeword dims and an argmin so that torch.compile fuses it into one kernel: the (g, n, K) distances
-    stay in registers instead of making two trips through memory, which is what bounds the matmul
-    search on a GPU (see SEARCH_KERNELS). Only ever run compiled (eagerly it would build (g, n, K, ds))."""
+    """argmin_k ||c_k||^2 - 2 res.c_k, res (g, n, ds), C (g, K, ds), c2 (g, K) -> (g, n). Written so torch.compile
+    fuses it into one kernel (the distances stay in registers); only ever run compiled."""
     dot = (res.unsqueeze(2) * C.unsqueeze(1)).sum(-1)
     return (c2.unsqueeze(1) - 2.0 * dot).argmin(-1)
 
@@ -75,27 +46,22 @@ _COMPILED: dict[str, object] = {}
 
 
 def _fused_kernel():
-    """The compiled :func:`_nearest_fused` (compiled on first use; see :func:`_tokens_symbolic`).
-    ``dynamic=False``: every dimension is static unless marked, so the codeword dimension ds stays a
-    constant and the sum over it is unrolled into the argmin's loop (dynamic=True made it symbolic
-    and inductor then materialised the (G, N, K) distances)."""
+    """:func:`_nearest_fused`, compiled on first use. ``dynamic=False`` keeps the codeword dimension static: a
+    symbolic one made inductor materialise the (G, N, K) distances (+516 MiB per call at G=128, N=4,096)."""
     if "nearest" not in _COMPILED:
         _COMPILED["nearest"] = torch.compile(_nearest_fused, dynamic=False, fullgraph=True)
     return _COMPILED["nearest"]
 
 
 def _tokens_symbolic(res: torch.Tensor) -> torch.Tensor:
-    """Mark the token dimension of ``res`` (g, n, ds) dynamic, so that micro-batches, evaluation batches
-    and k-means samples of any size share one compiled kernel (n = 1 gets its own: dynamo specialises
-    sizes 0 and 1)."""
+    """Mark the token dimension dynamic: batches of any size share one compiled kernel (n = 1 gets its own)."""
     torch._dynamo.maybe_mark_dynamic(res, 1)
     return res
 
 
 def search_tiles(n_groups: int, n_tokens: int, K: int, budget_elems: int) -> tuple[int, int]:
-    """(groups, tokens) per search tile so a tile's (groups, tokens, K) distance block holds about
-    ``budget_elems`` values. All groups at once while that leaves >= 16 tokens per tile (few, large
-    batched matmuls); for large K, fewer groups per tile rather than fewer tokens."""
+    """(groups, tokens) per tile so its (groups, tokens, K) distances hold about ``budget_elems`` values: all
+    groups while that leaves >= 16 tokens per tile, else fewer groups rather than fewer tokens."""
     ts = budget_elems // (n_groups * K)
     if ts >= min(16, n_tokens):
         return n_groups, max(1, ts)
@@ -104,31 +70,25 @@ def search_tiles(n_groups: int, n_tokens: int, K: int, budget_elems: int) -> tup
 
 
 def tile_budget(tile_bytes: int, dtype: torch.dtype, device: torch.device) -> int:
-    """Distance values per tile: ``tile_bytes`` (0 = the device's default) over the value size."""
     budget = tile_bytes or (GPU_TILE_BYTES if device.type == "cuda" else CPU_TILE_BYTES)
     return max(1, budget // dtype.itemsize)
 
 
 def uses_fused(kernel: str, device: torch.device | str) -> bool:
-    """Whether ``kernel`` ('auto' | 'matmul' | 'fused') runs the compiled kernel on ``device``."""
     return kernel == "fused" or (kernel == "auto" and torch.device(device).type == "cuda")
 
 
 def fused_allowed() -> bool:
-    """Whether the compiled kernel may run now: not under a non-infrastructure dispatch mode, where dynamo
-    skips the frame and ``fullgraph=True`` turns the skip into an error that poisons the frame for the
-    rest of the process (torch 2.11-2.13)."""
+    """Not under a (non-infrastructure) dispatch mode (a host-read counter, a FLOP counter, a memory probe): dynamo
+    skips the frame there, and ``fullgraph=True`` turns that into an error that poisons the frame for the rest
+    of the process (torch 2.11-2.13)."""
     return not is_in_torch_dispatch_mode(include_infra_modes=False)
 
 
 def search_transient_bytes(n_tokens: int, groups: int, rounds: int, K: int, ds: int, *, kernel: str = "auto",
                            tile_bytes: int = 0, device: torch.device | str = "cpu", itemsize: int = 4) -> int:
-    """Peak bytes :func:`residual_search` allocates for one call with ``return_residual`` (as a pack does)
-    on ``n_tokens`` tokens, beyond its input: the per-round codebooks, the augmented residual
-    (G, N, ds+1), indices (N, G, R) int64 twice (the tile's and the output), the residual out, and per
-    round the nearest indices and their row offsets (G, N) int64 and the gathered codewords (G, N, ds).
-    The matmul kernel adds its tile's distance block (at most the tile budget) and two (g, n) row
-    reductions; the fused one nothing beyond O(G·N) (its distances never leave the kernel)."""
+    """Peak bytes one :func:`residual_search` with ``return_residual`` allocates beyond its input: codebooks,
+    residuals, indices and gathered codewords; the matmul kernel adds its tile's distance block."""
     G, N, R = groups, n_tokens, rounds
     fixed = R * G * K * ds * itemsize + G * N * (ds + 1) * itemsize + 2 * N * G * R * 8 + N * G * ds * itemsize
     per_round = 2 * G * N * 8 + G * N * ds * itemsize
@@ -143,8 +103,7 @@ def search_transient_bytes(n_tokens: int, groups: int, rounds: int, K: int, ds: 
 
 @torch.no_grad()                         # as ResidualVQ.search: grad mode is part of the compiled guard
 def warm_fused_search(groups: int, K: int, ds: int, dtype: torch.dtype, device: torch.device | str) -> None:
-    """Compile the fused kernel for this shape now (tens of seconds cold), not inside the first step,
-    where a neighbour stage would wait on us under the run's communication timeout."""
+    """Compile the fused kernel now (tens of seconds cold), not in the first step under the comm timeout."""
     g = torch.Generator().manual_seed(0)
     x = torch.randn(2, groups, ds, generator=g).to(device=device, dtype=dtype)
     C = torch.randn(groups, 1, K, ds, generator=g).to(device=device, dtype=dtype)
@@ -153,13 +112,12 @@ def warm_fused_search(groups: int, K: int, ds: int, dtype: torch.dtype, device: 
 
 def residual_search(x: torch.Tensor, C: torch.Tensor, *, kernel: str = "auto", tile_bytes: int = 0,
                     return_residual: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """x (N, G, ds) and codebooks C (G, R, K, ds), one dtype -> indices (N, G, R) int64 and, with
-    ``return_residual``, the final residual (N, G, ds) (else None). Token-major outputs, contiguous."""
+    """x (N, G, ds), codebooks C (G, R, K, ds) -> indices (N, G, R) int64 and the final residual (or None)."""
     N, G, ds = x.shape
     R, K, dev, dt = C.shape[1], C.shape[2], x.device, x.dtype
     xt = x.transpose(0, 1)                                              # (G, N, ds) view
     Cr = [C[:, r].contiguous() for r in range(R)]                       # (G, K, ds) per round
-    fused = uses_fused(kernel, dev) and fused_allowed()       # under a dispatch mode: matmul (module docstring)
+    fused = uses_fused(kernel, dev) and fused_allowed()
     nearest = _nearest(Cr, fused)
     idx = torch.empty(N, G, R, dtype=torch.int64, device=dev)
     resid = torch.empty(N, G, ds, dtype=dt, device=dev) if return_residual else None
@@ -179,8 +137,7 @@ def residual_search(x: torch.Tensor, C: torch.Tensor, *, kernel: str = "auto", t
 
 
 def _nearest(Cr: list[torch.Tensor], fused: bool):
-    """``f(res_aug, r, g0, g1) -> (g1-g0, n)``: the nearest codeword of round r for a tile of groups
-    g0:g1 whose residuals are ``res_aug[..., :-1]`` (``res_aug = [res, 1]``)."""
+    """``f(res_aug, r, g0, g1) -> (g1-g0, n)``: round r's nearest codewords for groups g0:g1 (res_aug = [res, 1])."""
     c2 = [(c * c).sum(-1) for c in Cr]                                  # ||c||^2 (G, K) per round
     if fused:
         kernel = _fused_kernel()
@@ -195,10 +152,7 @@ def _nearest(Cr: list[torch.Tensor], fused: bool):
 
 def _search_tile(res_aug: torch.Tensor, nearest, Cr: list[torch.Tensor], goff: torch.Tensor, g0: int,
                  g1: int) -> torch.Tensor:
-    """All rounds of one (groups g0:g1, tokens) tile: ``res_aug = [res, 1]`` (gs, n, ds+1) in, its
-    residual part updated in place; returns the indices (n, gs, R). ``nearest`` finds round r's
-    codewords; ``Cr`` are the full per-round codebooks (G, K, ds), indexed through ``goff`` (the tile's
-    row offsets into the flat (G*K, ds) table)."""
+    """Every round of one tile: its residual ``res_aug[..., :-1]`` updated in place; the indices (n, gs, R)."""
     res = res_aug[..., :-1]                                             # (gs, n, ds) view
     G, K, ds = Cr[0].shape
     out = torch.empty(res.shape[1], res.shape[0], len(Cr), dtype=torch.int64, device=res.device)

@@ -1,13 +1,4 @@
-"""``RVQSettings``: everything an :class:`~mapl.core.compress.rvq.RVQCompressor` is built from, in one object.
-
-The run's config (``compressor.rvq``, :class:`mapl.core.config.RVQConfig`) sets the knobs a study varies;
-the rest keep the library defaults below (tests and benchmarks set them directly). The sender's codebooks
-and the receiver's copy are two :class:`ResidualVQ` built from the same :meth:`RVQSettings.codebook_args`
-and seed, so they are identical at version 0.
-
-    >>> RVQSettings(rounds=1, sync="full")
-    >>> RVQSettings.from_config(cfg.compressor.rvq)
-"""
+"""``RVQSettings``: everything an ``RVQCompressor`` is built from; a run sets the knobs of ``compressor.rvq``."""
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
@@ -18,13 +9,6 @@ from ...config import RVQ_SCALES, RVQ_SEARCH_WITH
 
 __all__ = ["RVQSettings"]
 
-# How z is scaled before the quantiser (``scale``; README "Choices where the paper is silent"):
-#   "none"  the codes quantise z itself (fixed resolution: a token with |z| far beyond the codebooks'
-#           reach is decoded with an error the size of itself: benchmarks/rvq_branches.py's blow-up)
-#   "token" each token's z is divided by its RMS s_t, sent beside the codes in bf16 (2 B/token), and
-#           multiplied back on decode: the error is relative to |z|, like a bf16 wire's
-# Which codebooks the sender searches (``search_with``): its own learned ones, or its shadow of the
-# receiver's copy (RVQCompressor's docstring says what each does under each sync mode).
 
 
 @dataclass(frozen=True)
@@ -46,7 +30,7 @@ class RVQSettings:
     stream_fraction: float | None = None   # stream: the share of the codebook sent per message (None: default)
     max_staleness: int | None = None       # None = the sync mode's bound
     search_with: str = "receiver"
-    scale: str = "none"
+    scale: str = "none"                    # "token": quantise z / RMS(z_t), the scale sent in bf16: error relative to |z|
     grad_dtype: torch.dtype = torch.bfloat16    # the backward payload (the gradient on z, not quantised)
 
     def __post_init__(self):
@@ -60,13 +44,12 @@ class RVQSettings:
 
     @classmethod
     def from_config(cls, q) -> "RVQSettings":
-        """From a run's ``compressor.rvq`` (:class:`mapl.core.config.RVQConfig`, validated)."""
         return cls(groups=q.groups or None, rounds=q.rounds, codebook_size=q.codebook_size, decay=q.decay,
                    sync=q.sync, max_staleness=q.max_staleness, search_with=q.search_with,
                    tile_bytes=q.search_tile_bytes, search_kernel=q.search_kernel, scale=q.scale)
 
     def codebook_args(self, dim: int, seed: int) -> dict:
-        """The arguments of each of the two :class:`ResidualVQ` (sender's and receiver's copy)."""
+        """The arguments of the sender's and the receiver's :class:`ResidualVQ` (identical at version 0)."""
         mine = {"groups", "rounds", "codebook_size", "decay", "eps", "kmeans_init", "kmeans_iters",
                 "dead_code_threshold", "max_revive", "tile_bytes", "search_kernel"}
         args = {f.name: getattr(self, f.name) for f in fields(self) if f.name in mine}

@@ -1,31 +1,8 @@
-"""How the receiver's copy of the RVQ codebooks follows the sender's: three sync strategies.
-
-The sender owns the learned codebooks; the receiver decodes with its own copy. After the message
-header (``[sender version, op, T]``) every forward message carries the strategy's sync tensors, of
-fixed shapes independent of the message's (B, T):
-
-* :class:`StreamSync` (``stream``, the paper's): ``n`` codewords of every codebook per message,
-  walking a seeded random permutation of the K codes (a new one every ``ceil(K/n)`` messages), so
-  every codeword is refreshed at least once per cycle. Tensors: positions int32 (G,R,n), values
-  (G,R,n,ds). The k-means init moves every codeword at once, so the message that carries the init
-  sends the whole codebook instead (positions (G,R,K), values (G,R,K,ds)): a one-off, declared by
-  ``RVQCompressor.one_off_sync_bytes``.
-* :class:`FullSync` (``full``): the whole codebook (G,R,K,ds) in every message: exact, staleness 0, the
-  expensive reference (per message rather than per step, because the sender learns per message).
-* :class:`MirroredSync` (``mirrored``): the receiver repeats the sender's EMA update. Counts come from
-  the indices it already has; the per-code sums of the round targets (which need z) are sent, plus up
-  to ``max_revive`` revived codes per codebook, and the k-means init result once (in the sums' slot).
-  Tensors: stat (G,R,K,ds), revive positions int32 (G,R,M), revive values (G,R,M,ds). Bit-identical
-  copies, staleness 0, about the cost of ``full``.
-
-A strategy is a module so that its receiver-side bookkeeping (the version each codeword was last
-written at, the newest sender version heard of) and the stream's permutation travel in checkpoints.
-A message is applied without reading the device: the sender's version (header field 0) is written
-into that bookkeeping on the device, the op is the one the receiver expects (the first training
-message carries the k-means init, every later one an EMA step), the stream's cursor has a host-side
-mirror, and a mirrored version gap raises a :class:`~.codebook.DeviceFlag` that :attr:`desync` reads
-when asked (after an evaluation, at a checkpoint). The versions are read on the host only by
-:meth:`staleness`.
+"""How the receiver's copy of the RVQ codebooks follows the sender's; the tensors ride on every forward message
+after the header, in fixed shapes. ``stream`` (the paper's): n codewords of every codebook per message along a
+seeded random permutation (the k-means init message: the whole codebook, once); ``full``: the whole codebook
+every message; ``mirrored``: the receiver repeats the sender's EMA update from the per-code sums and revivals.
+A strategy is a module so its bookkeeping travels in checkpoints; a message is applied without a host read.
 """
 from __future__ import annotations
 
@@ -43,8 +20,7 @@ Spec = list[tuple[tuple[int, ...], torch.dtype]]
 
 
 class CodebookSync(nn.Module):
-    """One sync strategy. ``spec``/``sender_tensors`` on the sending side, ``apply`` on the receiving
-    side (or on the sender's shadow of the receiver copy); ``staleness`` is the receiver's view."""
+    """``spec``/``sender_tensors`` on the sending side, ``apply`` on the receiving one (or the sender's shadow)."""
 
     name: ClassVar[str]
 
@@ -59,7 +35,6 @@ class CodebookSync(nn.Module):
 
     @property
     def desync(self) -> bool:
-        """Whether a mirrored version gap was seen (reads the device flag once if a message raised it)."""
         return self._gap.read()
 
     def get_extra_state(self):
@@ -72,20 +47,16 @@ class CodebookSync(nn.Module):
         return 0
 
     def spec(self, with_init: bool = False) -> Spec:
-        """Shapes and dtypes of the sync tensors; ``with_init``: of the message carrying the k-means init."""
         raise NotImplementedError
 
     def sender_tensors(self, sender: ResidualVQ, op: dict | None) -> list[torch.Tensor]:
-        """The sync tensors of a message, read from the sender's codebooks after its update ``op``
-        (None when the codebooks did not learn)."""
         raise NotImplementedError
 
     @torch.no_grad()
     def apply(self, receiver: ResidualVQ, version: int | torch.Tensor, op: int, tensors: list[torch.Tensor],
               idx: torch.Tensor) -> None:
-        """Apply one message's sync tensors to the receiver copy (idempotent for stream and full).
-        ``version``: the sender's codebook version, a host int (the sender's shadow) or the message header's
-        0-d device tensor (a receiver: applied on the device, never read)."""
+        """Apply one message's sync tensors (idempotent for stream and full). ``version``: a host int (the
+        sender's shadow) or the header's 0-d device tensor (a receiver: never read)."""
         v = self._version_tensor(version)
         self._write(receiver, v, op, tensors, idx)
         if op == OP_INIT:
@@ -93,7 +64,6 @@ class CodebookSync(nn.Module):
         self.seen_version.copy_(torch.maximum(self.seen_version, v))
 
     def _version_tensor(self, version: int | torch.Tensor) -> torch.Tensor:
-        """``version`` as a 0-d int64 tensor beside the bookkeeping buffers (no host sync either way)."""
         dev = self.seen_version.device
         if isinstance(version, torch.Tensor):
             return version.to(device=dev, dtype=torch.int64)
@@ -104,7 +74,7 @@ class CodebookSync(nn.Module):
         raise NotImplementedError
 
     def staleness(self, receiver: ResidualVQ) -> int:
-        """Versions the receiver copy is behind the newest sender version it has heard of (one host read)."""
+        """Versions the receiver's copy is behind the newest sender version it has heard of (one host read)."""
         return int(self.seen_version - self.code_version.min())
 
 
@@ -145,7 +115,6 @@ class StreamSync(CodebookSync):
         return [((G, R, n), torch.int32), ((G, R, n, ds), self.dtype)]
 
     def _slice(self) -> torch.Tensor:
-        """Positions (G,R,n) of this message's slice; moves the cursor (a new permutation per cycle)."""
         K, n = self.shape[2], self.n
         c = self._cursor
         cols = (c * n + torch.arange(n, device=self.perm.device)) % K
@@ -222,7 +191,6 @@ SYNC_STRATEGIES: dict[str, type[CodebookSync]] = {c.name: c for c in (StreamSync
 
 
 def make_sync(mode: str, q: ResidualVQ, stream_fraction: float | None = None) -> CodebookSync:
-    """The strategy named ``mode`` for codebooks shaped like ``q``."""
     if mode not in SYNC_STRATEGIES:
         raise ValueError(f"sync={mode!r} is invalid; allowed: {', '.join(map(repr, SYNC_STRATEGIES))}")
     if mode == "stream":
