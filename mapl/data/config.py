@@ -10,8 +10,8 @@ from pathlib import Path
 
 from ..base.settings import check_fields, refuse
 
-__all__ = ["DataConfig", "dataset_dir_name", "token_config", "effective_token_config", "default_cache_dir",
-           "PROJECT_ROOT", "SOURCES", "TOKENIZERS", "DOC_SPLITS", "SAMPLINGS"]
+__all__ = ["DataConfig", "DataError", "MissingDataError", "prepare_command", "dataset_dir_name", "token_config",
+           "effective_token_config", "default_cache_dir", "PROJECT_ROOT", "SOURCES", "TOKENIZERS", "DOC_SPLITS"]
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
@@ -19,6 +19,21 @@ SOURCES = ("shakespeare", "shakespeare-parquet", "sympy-code", "python-code", "t
 TOKENIZERS = ("bpe", "byte", "mistral")
 DOC_SPLITS = ("file", "blank-line")
 SAMPLINGS = ("uniform", "epochs")
+
+
+class DataError(ValueError):
+    """Data that cannot be used as it is (missing, corrupt, truncated, other settings): one line naming the file (or
+    field), what is wrong and the fix."""
+
+
+class MissingDataError(DataError, FileNotFoundError):
+    """A prepared folder, manifest or shard is absent (also a ``FileNotFoundError``)."""
+
+
+def prepare_command(profile: str | None = None, rebuild: bool = False) -> str:
+    """The command that (re)creates a profile's data, quoted for error messages."""
+    cmd = f"mapl data --profile {profile or '<profile>'}" + (" --rebuild" if rebuild else "")
+    return f"`{cmd}`" if rebuild else f"`{cmd}` (or `dvc repro prepare`)"
 
 
 @dataclass(frozen=True)

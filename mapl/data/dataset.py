@@ -9,8 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from .batches import eval_batches, get_batch
-from .config import PROJECT_ROOT, DataConfig, dataset_dir_name
-from .errors import prepare_command
+from .config import PROJECT_ROOT, DataConfig, dataset_dir_name, prepare_command
 from .shards import TokenShard
 from .verify import read_manifest, verified_manifest, verify_file
 

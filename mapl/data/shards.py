@@ -11,8 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import DataError, prepare_command
-from .documents import Doc
+from .config import DataError, prepare_command
 
 __all__ = ["dtype_for", "ShardWriter", "TokenShard"]
 
@@ -45,7 +44,7 @@ class ShardWriter:
         else:
             self.f = open(self.path, "wb")
 
-    def write(self, doc: Doc, ids: np.ndarray, cap: int = 0) -> bool:
+    def write(self, name: str, ids: np.ndarray, cap: int = 0) -> bool:
         """Append one document; with ``cap`` > 0 the one that reaches it is cut so the shard holds exactly ``cap``
         tokens. True when the cap is reached."""
         full = cap > 0 and self.tokens + len(ids) >= cap
@@ -57,7 +56,7 @@ class ShardWriter:
         self.tokens += len(ids)
         self.docs += 1
         if len(self.names) <= _MAX_NAMES:
-            self.names.append(doc.name)
+            self.names.append(name)
         return full
 
     def sync(self) -> dict:

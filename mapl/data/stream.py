@@ -92,7 +92,7 @@ def _write_val(cfg: DataConfig, work: Path, tok, tok_sha: str, cache_dir, timer)
     writer, chain, position = ShardWriter(work / "val.bin", dtype), DocChain(), 0
     try:
         for position, doc, ids in encode_stream(tok, iter_records(cfg, cache_dir), timer):  # noqa: B007 -- saved below
-            writer.write(doc, ids)
+            writer.write(doc.name, ids)
             chain.add(doc)
             if writer.tokens >= cfg.val_tokens:
                 break
@@ -119,7 +119,7 @@ def _write_train(cfg: DataConfig, work: Path, tok, state: dict, cache_dir, timer
     try:
         # start= reads the resume position once, before the loop rebinds the name to the stream's current one
         for position, doc, ids in encode_stream(tok, iter_records(cfg, cache_dir, start=position), timer):  # noqa: B020 -- as said above
-            full = writer.write(doc, ids, cfg.max_train_tokens)
+            full = writer.write(doc.name, ids, cfg.max_train_tokens)
             chain.add(doc)
             progress.update(writer.tokens, position)
             if full:

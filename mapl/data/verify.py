@@ -14,8 +14,7 @@ from typing import Iterator
 
 import numpy as np
 
-from .config import DataConfig, effective_token_config, token_config
-from .errors import DataError, MissingDataError, prepare_command
+from .config import DataConfig, DataError, MissingDataError, effective_token_config, prepare_command, token_config
 from ..base.io import OutputError, atomic_write_json, read_json_object, waiting_lock
 
 __all__ = ["MANIFEST", "TOKENIZER_FILE", "FORMAT_VERSION", "read_manifest", "check_config", "verify_file",
