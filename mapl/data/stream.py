@@ -12,11 +12,11 @@ import time
 from pathlib import Path
 
 from .config import DataConfig, effective_token_config, token_config
-from ..base.io import atomic_write_json
 from .downloads import sha256_file
 from .shards import ShardWriter, dtype_for
-from .sources import DocChain, count_records, iter_records
+from .sources import DocChain, iter_records
 from .tokenizers import encode_stream
+from ..base.io import atomic_write_json
 
 __all__ = ["write_streamed", "Progress", "PROGRESS"]
 
@@ -27,28 +27,25 @@ CHUNK_SECONDS = 30.0        # a chunk also ends after this long, so a slow sourc
 
 
 class Progress:
-    """A log line every ``every_s`` seconds: train tokens, source records, rate and ETA, measured from the first
-    document written in this session (not counting the tokenizer, the val split or a resume)."""
+    """A log line every ``every_s`` seconds: train tokens, source record, rate and ETA (to the cap), measured from the
+    first document written in this session (not counting the tokenizer, the val split or a resume)."""
 
-    def __init__(self, label: str, cap: int, records: int | None, every_s: float):
-        self.label, self.cap, self.records, self.every_s = label, cap, records, every_s
+    def __init__(self, label: str, cap: int, every_s: float):
+        self.label, self.cap, self.every_s = label, cap, every_s
         self.start = time.monotonic()
-        self.base: tuple[float, int, float] | None = None         # (time, tokens, fraction) at the first document
+        self.base: tuple[float, int] | None = None         # (time, tokens) at the first document
 
     def update(self, tokens: int, position: int, final: bool = False) -> None:
         now = time.monotonic()
-        frac = max(tokens / self.cap if self.cap else 0.0, position / self.records if self.records else 0.0)
         if self.base is None:
-            self.base, self.last = (now, tokens, frac), now
+            self.base, self.last = (now, tokens), now
         if not final and now - self.last < self.every_s:
             return
-        (t0, tokens0, frac0), self.last = self.base, now
+        (t0, tokens0), self.last = self.base, now
         rate = (tokens - tokens0) / max(now - t0, 1e-9)
-        eta = "?" if frac <= frac0 else _hms((now - t0) * (1 - frac) / (frac - frac0))
-        of_cap = f" of {self.cap:,}" if self.cap else ""
-        of_records = f" of {self.records:,}" if self.records else ""
-        log.info("%s: train %s tokens%s, source record %s%s (%.1f%%), %.2f M tokens/s, %s", self.label,
-                 f"{tokens:,}", of_cap, f"{position:,}", of_records, 100 * frac, rate / 1e6,
+        eta = _hms((self.cap - tokens) / rate) if self.cap and rate > 0 else "?"
+        log.info("%s: train %s tokens%s, source record %s, %.2f M tokens/s, %s", self.label, f"{tokens:,}",
+                 f" of {self.cap:,}" if self.cap else "", f"{position:,}", rate / 1e6,
                  f"took {_hms(now - self.start)}" if final else f"ETA {eta}")
 
 
@@ -57,34 +54,25 @@ def _hms(seconds: float) -> str:
     return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
 
 
-def _mismatch(state: dict, work: Path, cfg: DataConfig, tok_sha: str) -> str:
-    """Why a progress record cannot be resumed ("" if it can)."""
-    if effective_token_config(state.get("config", {})) != effective_token_config(token_config(cfg)):
-        return "it is for other settings"
-    if state.get("tokenizer_sha256") != tok_sha:
-        return "it is for another tokenizer"
-    try:
-        if sha256_file(work / "val.bin") != state["val"]["sha256"]:
-            return "val.bin does not match it"
-        train = work / "train.bin"
-        if state["train"]["tokens"] and train.stat().st_size < state["train"]["tokens"] * state["itemsize"]:
-            return "train.bin is shorter than it says"
-    except OSError as e:
-        return f"{e.strerror}: {e.filename}"
-    return ""
-
-
-def _load_state(work: Path, cfg: DataConfig, tok_sha: str) -> dict | None:
-    """The progress record if it belongs to this config and tokenizer and its files are intact."""
+def _resumable(work: Path, cfg: DataConfig, tok_sha: str) -> dict | None:
+    """The progress record if it belongs to this config and tokenizer and its files are intact (else None, logged)."""
     try:
         state = json.loads((work / PROGRESS).read_text())
     except (OSError, ValueError):
         return None
-    why = _mismatch(state, work, cfg, tok_sha)
-    if why:
-        log.warning("%s: starting over (%s)", work / PROGRESS, why)
-        return None
-    return state
+    val, train = work / "val.bin", work / "train.bin"
+    if effective_token_config(state.get("config", {})) != effective_token_config(token_config(cfg)):
+        why = "it is for other settings"
+    elif state.get("tokenizer_sha256") != tok_sha:
+        why = "it is for another tokenizer"
+    elif not val.exists() or sha256_file(val) != state["val"]["sha256"]:
+        why = "val.bin does not match it"
+    elif state["train"]["tokens"] and (not train.exists() or train.stat().st_size < state["train"]["tokens"] * state["itemsize"]):
+        why = "train.bin is shorter than it says"
+    else:
+        return state
+    log.warning("%s: starting over (%s)", work / PROGRESS, why)
+    return None
 
 
 def _write_val(cfg: DataConfig, work: Path, tok, tok_sha: str, cache_dir, timer) -> dict:
@@ -139,7 +127,7 @@ def write_streamed(cfg: DataConfig, work: Path, tok, cache_dir=None, *, timer: l
                    every_s: float = 10.0, chunk_tokens: int = 1 << 24, label: str = "prepare") -> tuple[dict, str]:
     """Write (or finish) ``val.bin`` and ``train.bin`` in ``work``; their manifest entries and the corpus hash."""
     tok_sha = hashlib.sha256(tok.to_str().encode()).hexdigest()
-    state = _load_state(work, cfg, tok_sha)
+    state = _resumable(work, cfg, tok_sha)
     if state is None:
         shutil.rmtree(work, ignore_errors=True)
         work.mkdir(parents=True)
@@ -148,6 +136,6 @@ def write_streamed(cfg: DataConfig, work: Path, tok, cache_dir=None, *, timer: l
         log.info("%s: resuming at source record %s (train: %s tokens already written)", label,
                  f"{state['position']:,}", f"{state['train']['tokens']:,}")
     if state["train_entry"] is None:
-        progress = Progress(label, cfg.max_train_tokens, count_records(cfg, cache_dir), every_s)
+        progress = Progress(label, cfg.max_train_tokens, every_s)
         _write_train(cfg, work, tok, state, cache_dir, timer, progress, chunk_tokens)
     return {"val": state["val"], "train": state["train_entry"]}, state["chain"]
