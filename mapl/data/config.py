@@ -101,7 +101,8 @@ def effective_token_config(config: dict) -> dict:
 def dataset_dir_name(cfg: DataConfig) -> str:
     """Stable folder name, e.g. ``shakespeare-bpe2048``: source and tokenizer, then an 8-hex digest of the other
     token fields that differ from the defaults (``dclm-10b-mistral32k-<hash>``)."""
-    src = _slug(cfg.hf_id.rstrip("/").split("/")[-1]) if cfg.source == "hf" else cfg.source
+    slug = "".join(c if c.isalnum() or c in "-_." else "-" for c in cfg.hf_id.rstrip("/").split("/")[-1].lower())
+    src = (slug or "hf") if cfg.source == "hf" else cfg.source
     tok = {"bpe": f"bpe{cfg.vocab_size}", "byte": "byte", "mistral": "mistral32k"}[cfg.tokenizer]
     default = DataConfig()
     keys = ["paths", "hf_text_field", "val_fraction", "val_tokens", "max_train_tokens", "seed", "doc_split"]
@@ -113,10 +114,6 @@ def dataset_dir_name(cfg: DataConfig) -> str:
         return f"{src}-{tok}"
     digest = hashlib.sha256(json.dumps(extra, sort_keys=True, default=list).encode()).hexdigest()[:8]
     return f"{src}-{tok}-{digest}"
-
-
-def _slug(s: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_." else "-" for c in s.lower()) or "hf"
 
 
 def default_cache_dir() -> Path:

@@ -61,8 +61,6 @@ def open_dataset(cfg: DataConfig, data_dir: str | os.PathLike | None = None, *, 
 
 def load_split(out_dir: str | os.PathLike, split: str) -> TokenShard:
     """``train`` or ``val`` of a prepared folder, after checking it against the manifest (no config check)."""
-    if split not in ("train", "val"):
-        raise ValueError(f"split={split!r} is invalid: allowed: ['train', 'val']")
     out = Path(out_dir)
     m = read_manifest(out)
     entry = m["splits"][split]

@@ -34,11 +34,7 @@ class ShardWriter:
         self.names: list[str] = []
         if resume:
             self.f = open(self.path, "r+b")
-            keep = resume["tokens"] * self.dtype.itemsize
-            if os.fstat(self.f.fileno()).st_size < keep:
-                self.f.close()
-                raise DataError(f"{self.path} is shorter than its progress record ({keep} bytes)")
-            self.f.truncate(keep)
+            self.f.truncate(resume["tokens"] * self.dtype.itemsize)      # its length was checked (stream._resumable)
             self.h = hashlib.file_digest(self.f, "sha256")          # reads to the end: writes append
             self.tokens, self.docs, self.names = resume["tokens"], resume["documents"], list(resume["names"])
         else:

@@ -159,18 +159,15 @@ def _text_documents(cfg: DataConfig) -> Iterator[Doc]:
             yield Doc(f"{path}#{i}", block)
 
 
-def _parquet_files(cfg: DataConfig, cache_dir: Path | None) -> list[tuple[Path, str]]:
-    """(file, label used in document names) in reading order."""
-    if cfg.source == "shakespeare-parquet":
-        return [(shakespeare_parquet(cache_dir), SHAKESPEARE_PARQUET)]     # names independent of the machine
-    return [(p, str(p)) for p in _expand(cfg.paths)]
-
-
 def _parquet_records(cfg: DataConfig, cache_dir: Path | None, start: int) -> Iterator[tuple[int, Doc]]:
     """One document per non-empty row of column ``hf_text_field``; row groups before ``start`` are not read."""
     import pyarrow.parquet as pq        # comes with datasets; imported lazily (slow import)
+    if cfg.source == "shakespeare-parquet":         # document names independent of the machine
+        files = [(shakespeare_parquet(cache_dir), SHAKESPEARE_PARQUET)]
+    else:
+        files = [(p, str(p)) for p in _expand(cfg.paths)]
     base = 0                            # global index of the current file's first row
-    for path, label in _parquet_files(cfg, cache_dir):
+    for path, label in files:
         with _readable_parquet(path):
             pf = pq.ParquetFile(path)
         if cfg.hf_text_field not in pf.schema_arrow.names:

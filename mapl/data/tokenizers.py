@@ -165,16 +165,19 @@ def _pb_fields(buf: bytes) -> Iterator[tuple[int, int | bytes]]:
         field, wire = key >> 3, key & 7
         if wire == 0:
             value, i = _varint(buf, i)
-        elif wire == 1:
-            value, i = buf[i:i + 8], i + 8
         elif wire == 2:
             n, i = _varint(buf, i)
             value, i = buf[i:i + n], i + n
-        elif wire == 5:
-            value, i = buf[i:i + 4], i + 4
+        elif wire in (1, 5):                             # fixed 64 or 32 bits
+            n = 8 if wire == 1 else 4
+            value, i = buf[i:i + n], i + n
         else:
             raise DataError(f"unsupported protobuf wire type {wire}: not a SentencePiece .model file")
         yield field, value
+
+
+# (message, field) of the ModelProto -> the spec flag it sets: TrainerSpec (2) and NormalizerSpec (3)
+_SPM_FLAGS = {(2, 3): "model_type", (2, 35): "byte_fallback", (3, 3): "add_dummy_prefix", (3, 4): "remove_extra_whitespaces"}
 
 
 def read_spm(blob: bytes) -> tuple[list[tuple[str, float, int]], dict]:
@@ -182,28 +185,14 @@ def read_spm(blob: bytes) -> tuple[list[tuple[str, float, int]], dict]:
     pieces, spec = [], {"model_type": 1, "byte_fallback": False, "add_dummy_prefix": True,
                         "remove_extra_whitespaces": True}
     for field, value in _pb_fields(blob):
-        if field == 1:                                   # ModelProto.pieces
-            piece, score, kind = "", 0.0, 1
+        if field == 1:                                   # ModelProto.pieces: piece (1), score (2), type (3)
+            f = dict(_pb_fields(value))
+            pieces.append((f.get(1, b"").decode("utf-8"), struct.unpack("<f", f[2])[0] if 2 in f else 0.0, f.get(3, 1)))
+        elif field in (2, 3):
             for f, v in _pb_fields(value):
-                if f == 1:
-                    piece = v.decode("utf-8")
-                elif f == 2:
-                    score = struct.unpack("<f", v)[0]
-                elif f == 3:
-                    kind = v
-            pieces.append((piece, score, kind))
-        elif field == 2:                                 # TrainerSpec
-            for f, v in _pb_fields(value):
-                if f == 3:
-                    spec["model_type"] = v
-                elif f == 35:
-                    spec["byte_fallback"] = bool(v)
-        elif field == 3:                                 # NormalizerSpec
-            for f, v in _pb_fields(value):
-                if f == 3:
-                    spec["add_dummy_prefix"] = bool(v)
-                elif f == 4:
-                    spec["remove_extra_whitespaces"] = bool(v)
+                key = _SPM_FLAGS.get((field, f))
+                if key:
+                    spec[key] = v if key == "model_type" else bool(v)
     return pieces, spec
 
 

@@ -17,7 +17,7 @@ import numpy as np
 from .config import DataConfig, DataError, MissingDataError, effective_token_config, prepare_command, token_config
 from ..base.io import OutputError, atomic_write_json, read_json_object, waiting_lock
 
-__all__ = ["MANIFEST", "TOKENIZER_FILE", "FORMAT_VERSION", "read_manifest", "check_config", "verify_file",
+__all__ = ["MANIFEST", "TOKENIZER_FILE", "FORMAT_VERSION", "read_manifest", "verify_file",
            "verified_manifest"]
 
 MANIFEST = "manifest.json"
@@ -48,17 +48,6 @@ def read_manifest(out_dir: str | os.PathLike, profile: str | None = None) -> dic
         raise DataError(f"{path} has format {m.get('format')!r}, this code reads format {FORMAT_VERSION}; "
                         f"rebuild the folder with {prepare_command(profile, rebuild=True)}")
     return m
-
-
-def check_config(manifest: dict, cfg: DataConfig, out: Path, profile: str | None = None) -> None:
-    """Refuse a folder prepared for other data settings than ``cfg``'s."""
-    want = effective_token_config(token_config(cfg))
-    have = effective_token_config(manifest.get("config", {}))
-    diffs = [f"{k}: folder {have.get(k)!r}, config {want.get(k)!r}" for k in token_config(cfg)
-             if (k in want or k in have) and have.get(k) != want.get(k)]
-    if diffs:
-        raise DataError(f"{out} holds data prepared for other settings ({'; '.join(diffs)}); use another folder "
-                        f"or replace it with {prepare_command(profile, rebuild=True)}")
 
 
 def sha256_fd(fd: int) -> str:
@@ -112,20 +101,6 @@ class _Stamps:
             atomic_write_json(self.path, stamps)
 
 
-def _hash_and_stamp(path: Path, sha256: str, stamps: _Stamps, fix: str) -> tuple:
-    """Full sha256 of ``path``; a stamp if the file stayed unchanged and is not too fresh to trust."""
-    with open(path, "rb") as f:
-        before = _stat_key(os.fstat(f.fileno()))
-        actual = sha256_fd(f.fileno())
-        after = os.fstat(f.fileno())
-    if actual != sha256:
-        raise DataError(f"{path}: sha256 mismatch: manifest.json expects {sha256}, the file has {actual} "
-                        f"(corrupt, or from another preparation); rebuild it with {fix}")
-    if _stat_key(after) == before and time.time() - max(after.st_mtime, after.st_ctime) > _RACY_S:
-        stamps.record(path.name, before, sha256)
-    return _stat_key(after)
-
-
 def verify_file(path: Path, sha256: str, nbytes: int | None, profile: str | None = None, full: bool = False) -> None:
     """``path`` holds ``nbytes`` bytes whose sha256 is ``sha256``, or a ``DataError`` says what is wrong."""
     fix = prepare_command(profile, rebuild=True)
@@ -147,15 +122,30 @@ def verify_file(path: Path, sha256: str, nbytes: int | None, profile: str | None
     with stamps.locked(f"hashing {path}"):
         if not full and stamps.matches(path.name, _stat_key(path.stat()), sha256):
             return                   # another process of this host hashed it while we waited
-        _VERIFIED[(real, *_hash_and_stamp(path, sha256, stamps, fix))] = sha256
+        with open(path, "rb") as f:
+            before = _stat_key(os.fstat(f.fileno()))
+            actual = sha256_fd(f.fileno())
+            after = os.fstat(f.fileno())
+        if actual != sha256:
+            raise DataError(f"{path}: sha256 mismatch: manifest.json expects {sha256}, the file has {actual} "
+                            f"(corrupt, or from another preparation); rebuild it with {fix}")
+        # a stamp only if the file stayed unchanged while hashed and is not too fresh to trust
+        if _stat_key(after) == before and time.time() - max(after.st_mtime, after.st_ctime) > _RACY_S:
+            stamps.record(path.name, before, sha256)
+        _VERIFIED[(real, *_stat_key(after))] = sha256
 
 
 def verified_manifest(out: Path, cfg: DataConfig | None = None, profile: str | None = None,
                       full: bool = False) -> dict:
     """The manifest of a complete folder whose shards and tokenizer match it (and ``cfg``, if given)."""
     m = read_manifest(out, profile)
-    if cfg is not None:
-        check_config(m, cfg, out, profile)
+    if cfg is not None:             # refuse a folder prepared for other data settings
+        want, have = effective_token_config(token_config(cfg)), effective_token_config(m.get("config", {}))
+        diffs = [f"{k}: folder {have.get(k)!r}, config {want.get(k)!r}" for k in token_config(cfg)
+                 if (k in want or k in have) and have.get(k) != want.get(k)]
+        if diffs:
+            raise DataError(f"{out} holds data prepared for other settings ({'; '.join(diffs)}); use another folder "
+                            f"or replace it with {prepare_command(profile, rebuild=True)}")
     itemsize = np.dtype(m["dtype"]).itemsize
     for split in ("val", "train"):
         entry = m["splits"][split]
