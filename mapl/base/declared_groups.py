@@ -64,9 +64,7 @@ def declaration(params: dict) -> Declaration:
     if not isinstance(raw, dict) or not raw:
         raise ConfigError(f"params.yaml `{WHERE}:` = {raw!r} is invalid: declare every run group once, as "
                           "`name: {study: ..., role: ...}`")
-    groups = {}
-    for name, entry in raw.items():
-        groups[_checked_name(name, f"{WHERE}: group name")] = _entry(name, entry)
+    groups = {_checked_name(name, f"{WHERE}: group name"): _entry(name, entry) for name, entry in raw.items()}
     _check_roles(groups)
     return Declaration(groups)
 

@@ -70,25 +70,12 @@ def _open_temp(path: Path) -> tuple[int, Path]:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise _output_error(path, e, "cannot create the folder of") from e
-    while True:
-        # PID + random token: unique per process and per call; '.tmp' so no results glob picks it up
-        tmp = path.with_name(f"{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
-        try:
-            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666), tmp
-        except FileExistsError:      # 32 random bits collided: draw again
-            continue
-        except OSError as e:
-            raise _output_error(path, e) from e
-
-
-def _fsync_folder(folder: Path) -> None:
-    """Make the rename itself durable; some filesystems cannot fsync a folder (best effort)."""
-    with contextlib.suppress(OSError):
-        fd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+    # PID + random token: unique per process and per call; '.tmp' so no results glob picks it up
+    tmp = path.with_name(f"{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
+    try:
+        return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666), tmp
+    except OSError as e:
+        raise _output_error(path, e) from e
 
 
 @contextlib.contextmanager
@@ -109,7 +96,12 @@ def _atomic_file(path: PathLike):
         if isinstance(e, OSError):
             raise _output_error(path, e) from e
         raise
-    _fsync_folder(path.parent)
+    with contextlib.suppress(OSError):      # make the rename itself durable (best effort: some filesystems refuse)
+        fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def read_json_object(path: PathLike) -> dict | None:

@@ -4,6 +4,7 @@ is allowed. Knows no project setting (``mapl.core.config`` imports it, never the
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
@@ -63,19 +64,15 @@ def coerce(value, tp, name: str, from_string: bool = False):
         if isinstance(value, int) and not isinstance(value, bool):
             return value
         if from_string:
-            try:
+            with contextlib.suppress(ValueError):
                 return int(str(value).strip())
-            except ValueError:
-                pass
     elif tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
         # YAML 1.1 reads 1e-3 (no dot) as a string: a float literal is accepted from YAML too
         if from_string or isinstance(value, str):
-            try:
+            with contextlib.suppress(ValueError):
                 return float(str(value).strip())
-            except ValueError:
-                pass
     elif tp is str:
         if isinstance(value, str):
             return value
