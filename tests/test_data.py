@@ -26,9 +26,8 @@ import torch
 
 import mapl.data as D
 import mapl.data.build
+import mapl.data.dataset
 import mapl.data.downloads
-import mapl.data.stream
-import mapl.data.verify
 import mapl.cli.data as data_cli
 from mapl.data import DataConfig, DataError, MissingDataError
 
@@ -184,7 +183,7 @@ def snapshot(folder: Path) -> dict:
 def no_source(monkeypatch):
     """Any read of the corpus fails the test: refusals must not rebuild."""
     monkeypatch.setattr(mapl.data.build, "load_documents", lambda *a, **k: pytest.fail("the source was read"))
-    monkeypatch.setattr(mapl.data.stream, "iter_records", lambda *a, **k: pytest.fail("the source was read"))
+    monkeypatch.setattr(mapl.data.build, "iter_records", lambda *a, **k: pytest.fail("the source was read"))
 
 
 def test_flipped_byte_is_refused_with_both_hashes_and_nothing_is_rebuilt(tmp_path, monkeypatch):
@@ -269,13 +268,13 @@ def test_host_stamp_skips_the_hash_but_sees_any_write(tmp_path, monkeypatch):
     restores the mtime changes the ctime, so the stamp no longer matches and the hash runs again."""
     cfg = text_cfg(tmp_path, tokenizer="byte")
     D.prepare(cfg, tmp_path / "out")
-    monkeypatch.setattr(mapl.data.verify, "_RACY_S", -1.0)       # the files are fresh: allow stamping now
+    monkeypatch.setattr(mapl.data.dataset, "_RACY_S", -1.0)       # the files are fresh: allow stamping now
     calls = []
-    real = mapl.data.verify.sha256_fd
-    monkeypatch.setattr(mapl.data.verify, "sha256_fd", lambda fd, *a: calls.append(fd) or real(fd, *a))
+    real = mapl.data.dataset.sha256_fd
+    monkeypatch.setattr(mapl.data.dataset, "sha256_fd", lambda fd, *a: calls.append(fd) or real(fd, *a))
     D.open_dataset(cfg, tmp_path / "out")
     assert len(calls) == 3 and list((tmp_path / "out").glob(".verified-*.json"))   # train, val, tokenizer
-    mapl.data.verify._VERIFIED.clear()                           # as a new process on the same host
+    mapl.data.dataset._VERIFIED.clear()                           # as a new process on the same host
     D.open_dataset(cfg, tmp_path / "out")
     assert len(calls) == 3                                       # no hashing: the stamp matched
     shard = tmp_path / "out" / "val.bin"
@@ -296,15 +295,15 @@ def test_host_stamp_skips_the_hash_but_sees_any_write(tmp_path, monkeypatch):
 def test_stamp_goes_to_the_user_cache_when_the_folder_cannot_be_written(tmp_path, monkeypatch):
     cfg = text_cfg(tmp_path, tokenizer="byte")
     D.prepare(cfg, tmp_path / "out")
-    monkeypatch.setattr(mapl.data.verify, "_RACY_S", -1.0)
+    monkeypatch.setattr(mapl.data.dataset, "_RACY_S", -1.0)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    for lock in mapl.data.verify._Stamps(tmp_path / "out").candidates[:1]:
+    for lock in mapl.data.dataset._Stamps(tmp_path / "out").candidates[:1]:
         lock.with_name(lock.name + ".lock").mkdir()          # cannot be opened for writing, even by root
     D.open_dataset(cfg, tmp_path / "out")
     assert not list((tmp_path / "out").glob(".verified-*.json"))
     assert len(list((tmp_path / "xdg" / "mapl" / "verified").glob("*.json"))) == 1
-    mapl.data.verify._VERIFIED.clear()
-    monkeypatch.setattr(mapl.data.verify, "sha256_fd", lambda *a: pytest.fail("hashed despite the stamp"))
+    mapl.data.dataset._VERIFIED.clear()
+    monkeypatch.setattr(mapl.data.dataset, "sha256_fd", lambda *a: pytest.fail("hashed despite the stamp"))
     D.open_dataset(cfg, tmp_path / "out")
 
 
@@ -619,7 +618,7 @@ def test_parquet_records_resume_at_any_position(tmp_path):
 
 def interrupt_after(monkeypatch, records: int, starts: list):
     """Make the train phase of a streamed preparation die after ``records`` source records."""
-    real = mapl.data.stream.iter_records
+    real = mapl.data.build.iter_records
 
     def flaky(cfg, cache_dir=None, start=0):
         starts.append(start)
@@ -627,7 +626,7 @@ def interrupt_after(monkeypatch, records: int, starts: list):
             if start > 0 and k == records:
                 raise KeyboardInterrupt
             yield item
-    monkeypatch.setattr(mapl.data.stream, "iter_records", flaky)
+    monkeypatch.setattr(mapl.data.build, "iter_records", flaky)
 
 
 def test_interrupted_preparation_resumes_and_equals_an_uninterrupted_one(tmp_path, monkeypatch):
@@ -658,11 +657,11 @@ def test_budget_limited_tokenization_reads_only_what_it_needs(tmp_path, monkeypa
     rows = parquet_rows(2000)
     cfg = stream_cfg(tmp_path, rows, val_tokens=300, max_train_tokens=3000)
     encoded = []
-    real = mapl.data.stream.encode_stream
+    real = mapl.data.build.encode_stream
 
     def counting(tok, items, timer=None):
         return real(tok, ((p, d) for p, d in items if not encoded.append(d)), timer)
-    monkeypatch.setattr(mapl.data.stream, "encode_stream", counting)
+    monkeypatch.setattr(mapl.data.build, "encode_stream", counting)
     m = D.prepare(cfg, tmp_path / "out")
     assert m["splits"]["train"]["tokens"] == 3000                                # exact cap
     assert m["splits"]["val"]["tokens"] >= 300 and m["splits"]["val"]["documents"] < 10

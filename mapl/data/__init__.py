@@ -4,11 +4,10 @@ folder, a training process reads it with ``open_dataset(cfg.data, data_dir).batc
 from .batches import eval_batches, get_batch, take_windows, unigram_entropy, window_starts
 from .build import prepare
 from .config import DataConfig, DataError, MissingDataError, dataset_dir_name, default_cache_dir
-from .dataset import Dataset, default_data_dir, load_split, open_dataset
+from .dataset import TOKENIZER_FILE, Dataset, default_data_dir, load_split, open_dataset, read_manifest
 from .shards import ShardWriter, TokenShard, dtype_for
 from .sources import Doc, load_documents, split_documents
 from .tokenizers import byte_tokenizer, encode_documents, eot_id, mistral_tokenizer, train_bpe
-from .verify import TOKENIZER_FILE, read_manifest
 
 __all__ = ["open_dataset", "Dataset", "default_data_dir", "load_split", "read_manifest", "TokenShard", "get_batch",
            "eval_batches", "window_starts", "take_windows", "unigram_entropy", "DataError", "MissingDataError",

@@ -1,19 +1,162 @@
-"""The read API for training: open a prepared, verified folder (never build one); a problem is a one-line
-``DataError`` naming the file and the command that fixes it."""
+"""The read API for training: open a prepared folder (never build one) after checking that it is what its manifest
+says; each problem is one ``DataError`` line naming the file and the command that fixes it. A full sha256 runs once
+per host, then a stat stamp stands for it (docs/data.md, "Verification stamps").
+"""
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import json
 import os
+import socket
+import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 
 from .batches import eval_batches, get_batch
-from .config import PROJECT_ROOT, DataConfig, dataset_dir_name, prepare_command
+from .config import (PROJECT_ROOT, DataConfig, DataError, MissingDataError, dataset_dir_name, effective_token_config,
+                     prepare_command, token_config)
 from .shards import TokenShard
-from .verify import read_manifest, verified_manifest, verify_file
+from ..base.io import OutputError, atomic_write_json, read_json_object, waiting_lock
 
-__all__ = ["Dataset", "open_dataset", "default_data_dir", "load_split"]
+__all__ = ["Dataset", "open_dataset", "default_data_dir", "load_split", "MANIFEST", "TOKENIZER_FILE", "FORMAT_VERSION",
+           "read_manifest", "verify_file", "verified_manifest"]
+
+MANIFEST = "manifest.json"
+TOKENIZER_FILE = "tokenizer.json"
+FORMAT_VERSION = 1
+_RACY_S = 2.0                        # no stamp for a fresher file: a coarse mtime could hide a write in the same tick
+
+_VERIFIED: dict[tuple, str] = {}     # (path, dev, ino, size, mtime_ns, ctime_ns) -> sha256, this process
+
+
+def read_manifest(out_dir: str | os.PathLike, profile: str | None = None) -> dict:
+    """The folder's manifest; a clear error if the folder or the manifest is missing or unreadable."""
+    out = Path(out_dir)
+    path = out / MANIFEST
+    if not out.is_dir():
+        raise MissingDataError(f"{out}: no prepared dataset (the folder is missing); prepare it with "
+                               f"{prepare_command(profile)}")
+    if not path.exists():
+        raise MissingDataError(f"{path} is missing: the folder was never completely prepared; prepare it with "
+                               f"{prepare_command(profile)}")
+    try:
+        m = json.loads(path.read_text())
+        m["splits"]["train"], m["splits"]["val"], m["tokenizer"]["sha256"], m["dtype"]   # noqa: B018 -- a KeyError/TypeError names a malformed manifest
+    except (ValueError, KeyError, TypeError) as e:
+        raise DataError(f"{path} is not a valid manifest ({type(e).__name__}: {e}); rebuild the folder with "
+                        f"{prepare_command(profile, rebuild=True)}") from None
+    if m.get("format") != FORMAT_VERSION:
+        raise DataError(f"{path} has format {m.get('format')!r}, this code reads format {FORMAT_VERSION}; "
+                        f"rebuild the folder with {prepare_command(profile, rebuild=True)}")
+    return m
+
+
+def sha256_fd(fd: int) -> str:
+    """sha256 of an open file, read from its start (the descriptor stays open)."""
+    with open(fd, "rb", closefd=False) as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def _stat_key(st: os.stat_result) -> tuple:
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
+class _Stamps:
+    """The host's stamp file for one folder (file name -> sha256 + stat key): in the folder, or under
+    ``~/.cache/mapl/verified`` when the folder cannot be written (a read-only data mount)."""
+
+    def __init__(self, folder: Path):
+        host = socket.gethostname() or "host"
+        fallback = (Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mapl" / "verified"
+                    / f"{hashlib.sha256(str(folder.resolve()).encode()).hexdigest()[:16]}-{host}.json")
+        self.candidates = [folder / f".verified-{host}.json", fallback]
+        self.path: Path | None = None        # where this process records, once it holds that place's lock
+
+    def matches(self, name: str, key: tuple, sha: str) -> bool:
+        for path in self.candidates:
+            entry = (read_json_object(path) or {}).get(name)
+            if entry and entry.get("sha256") == sha and tuple(entry.get("stat", ())) == key:
+                return True
+        return False
+
+    @contextlib.contextmanager
+    def locked(self, what: str) -> Iterator[None]:
+        """Hold the lock of the first place that can be written (none: hash without a stamp)."""
+        with contextlib.ExitStack() as stack:
+            for path in self.candidates:
+                try:
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    stack.enter_context(waiting_lock(path, what))
+                except (OSError, OutputError):
+                    continue
+                self.path = path
+                break
+            yield
+
+    def record(self, name: str, key: tuple, sha: str) -> None:
+        if self.path is None:
+            return
+        stamps = read_json_object(self.path) or {}
+        stamps[name] = {"sha256": sha, "stat": list(key)}
+        with contextlib.suppress(OSError, OutputError):     # no stamp: the next start hashes again (slower, still safe)
+            atomic_write_json(self.path, stamps)
+
+
+def verify_file(path: Path, sha256: str, nbytes: int | None, profile: str | None = None, full: bool = False) -> None:
+    """``path`` holds ``nbytes`` bytes whose sha256 is ``sha256``, or a ``DataError`` says what is wrong."""
+    fix = prepare_command(profile, rebuild=True)
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        raise MissingDataError(f"{path} is missing (manifest.json lists it with sha256 {sha256}); rebuild the "
+                               f"folder with {fix}") from None
+    if nbytes is not None and st.st_size != nbytes:
+        raise DataError(f"{path} has {st.st_size} bytes, manifest.json says {nbytes} (truncated or replaced); "
+                        f"rebuild it with {fix}")
+    real = str(path.resolve())
+    if not full and _VERIFIED.get((real, *_stat_key(st))) == sha256:
+        return
+    stamps = _Stamps(path.parent)
+    if not full and stamps.matches(path.name, _stat_key(st), sha256):
+        _VERIFIED[(real, *_stat_key(st))] = sha256
+        return
+    with stamps.locked(f"hashing {path}"):
+        if not full and stamps.matches(path.name, _stat_key(path.stat()), sha256):
+            return                   # another process of this host hashed it while we waited
+        with open(path, "rb") as f:
+            before = _stat_key(os.fstat(f.fileno()))
+            actual = sha256_fd(f.fileno())
+            after = os.fstat(f.fileno())
+        if actual != sha256:
+            raise DataError(f"{path}: sha256 mismatch: manifest.json expects {sha256}, the file has {actual} "
+                            f"(corrupt, or from another preparation); rebuild it with {fix}")
+        # a stamp only if the file stayed unchanged while hashed and is not too fresh to trust
+        if _stat_key(after) == before and time.time() - max(after.st_mtime, after.st_ctime) > _RACY_S:
+            stamps.record(path.name, before, sha256)
+        _VERIFIED[(real, *_stat_key(after))] = sha256
+
+
+def verified_manifest(out: Path, cfg: DataConfig | None = None, profile: str | None = None,
+                      full: bool = False) -> dict:
+    """The manifest of a complete folder whose shards and tokenizer match it (and ``cfg``, if given)."""
+    m = read_manifest(out, profile)
+    if cfg is not None:             # refuse a folder prepared for other data settings
+        want, have = effective_token_config(token_config(cfg)), effective_token_config(m.get("config", {}))
+        diffs = [f"{k}: folder {have.get(k)!r}, config {want.get(k)!r}" for k in token_config(cfg)
+                 if (k in want or k in have) and have.get(k) != want.get(k)]
+        if diffs:
+            raise DataError(f"{out} holds data prepared for other settings ({'; '.join(diffs)}); use another folder "
+                            f"or replace it with {prepare_command(profile, rebuild=True)}")
+    itemsize = np.dtype(m["dtype"]).itemsize
+    for split in ("val", "train"):
+        entry = m["splits"][split]
+        verify_file(out / entry["file"], entry["sha256"], entry["tokens"] * itemsize, profile, full)
+    verify_file(out / TOKENIZER_FILE, m["tokenizer"]["sha256"], None, profile, full)
+    return m
 
 
 def default_data_dir(cfg: DataConfig) -> Path:
