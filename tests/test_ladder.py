@@ -15,7 +15,7 @@ from mapl.base.settings import ConfigError
 from mapl.core.config import load_params
 from mapl.core.model_config import PRESETS, count_params
 from mapl.data import DataConfig, DataError
-from mapl.data.downloads import CODE_PACKAGES, SYMPY, Sdist
+from mapl.data.sources import CODE_PACKAGES, SYMPY, Sdist
 from mapl.orchestration.ladder import check_ladder, ladder_settings, ladder_steps
 from mapl.report.studies.ladder import gap_slope, ladder_rungs, ladder_table, rung_params
 from tests.test_data import write_tarball
@@ -35,8 +35,8 @@ def _packages(cache: Path) -> tuple:
 
 def test_the_code_corpus_keeps_each_distinct_module_once_named_by_package(tmp_path, monkeypatch):
     packages = _packages(tmp_path)
-    monkeypatch.setattr(D.downloads, "pip_download", lambda *a, **k: pytest.fail("pip called despite cached sdists"))
-    monkeypatch.setattr(D.downloads, "CODE_PACKAGES", packages)
+    monkeypatch.setattr(D.sources, "pip_download", lambda *a, **k: pytest.fail("pip called despite cached sdists"))
+    monkeypatch.setattr(D.sources, "CODE_PACKAGES", packages)
     docs = D.sources.sdist_documents("python-code", tmp_path)
     assert [d.name for d in docs] == ["alpha/alpha/core.py", "alpha/alpha/util.py", "alpha/tests/test_core.py",
                                       "beta/beta/graph.py"]      # empty, duplicate and non-UTF-8 files dropped
@@ -55,7 +55,7 @@ def test_a_damaged_sdist_is_one_line_naming_the_file(tmp_path):
 
 def test_the_prepared_code_corpus_splits_by_module_and_its_manifest_names_every_source(tmp_path, monkeypatch):
     packages = _packages(tmp_path / "cache")
-    monkeypatch.setattr(D.downloads, "CODE_PACKAGES", packages)
+    monkeypatch.setattr(D.sources, "CODE_PACKAGES", packages)
     monkeypatch.setenv("MAPL_CACHE_DIR", str(tmp_path / "cache"))
     cfg = DataConfig(source="python-code", tokenizer="byte", val_fraction=0.25).validate()
     assert D.dataset_dir_name(cfg).startswith("python-code-byte")

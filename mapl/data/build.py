@@ -21,9 +21,9 @@ import numpy as np
 from .batches import unigram_entropy
 from .config import DataConfig, effective_token_config, token_config
 from .dataset import FORMAT_VERSION, MANIFEST, TOKENIZER_FILE, default_data_dir, verified_manifest
-from .downloads import sha256_file
 from .shards import ShardWriter, dtype_for
-from .sources import DocChain, code_inventory, describe_source, doc_hash, iter_records, load_documents, split_documents
+from .sources import (DocChain, code_inventory, describe_source, doc_hash, iter_records, load_documents, sha256_file,
+                      split_documents)
 from .tokenizers import build_tokenizer, encode_stream, eot_id, tokenizer_origin
 from ..base.io import atomic_write_bytes, atomic_write_json, waiting_lock
 

