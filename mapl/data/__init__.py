@@ -2,10 +2,9 @@
 folder, a training process reads it with ``open_dataset(cfg.data, data_dir).batch(step, batch_size, seq_len, seed)``.
 """
 from .batches import eval_batches, get_batch, take_windows, unigram_entropy, window_starts
-from .build import prepare
+from .build import ShardWriter, dtype_for, prepare
 from .config import DataConfig, DataError, MissingDataError, dataset_dir_name, default_cache_dir
-from .dataset import TOKENIZER_FILE, Dataset, default_data_dir, load_split, open_dataset, read_manifest
-from .shards import ShardWriter, TokenShard, dtype_for
+from .dataset import TOKENIZER_FILE, Dataset, TokenShard, default_data_dir, load_split, open_dataset, read_manifest
 from .sources import Doc, load_documents, split_documents
 from .tokenizers import byte_tokenizer, encode_documents, eot_id, mistral_tokenizer, train_bpe
 

@@ -8,8 +8,6 @@ import functools
 
 import numpy as np
 
-from .shards import TokenShard
-
 __all__ = ["window_starts", "take_windows", "get_batch", "eval_batches", "unigram_entropy"]
 
 
@@ -40,7 +38,7 @@ def window_starts(n_tokens: int, batch_size: int, seq_len: int, seed: int, step:
 
 def take_windows(tokens, starts: np.ndarray, length: int) -> np.ndarray:
     """``tokens[s : s + length]`` for each ``s`` in ``starts``, as int64 rows."""
-    if isinstance(tokens, TokenShard):
+    if hasattr(tokens, "windows"):             # a TokenShard: one pread per window
         return tokens.windows(starts, length).astype(np.int64)
     return np.asarray(tokens[np.asarray(starts)[:, None] + np.arange(length)], dtype=np.int64)
 

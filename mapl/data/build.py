@@ -19,21 +19,76 @@ from pathlib import Path
 import numpy as np
 
 from .batches import unigram_entropy
-from .config import DataConfig, effective_token_config, token_config
+from .config import DataConfig, DataError, effective_token_config, token_config
 from .dataset import FORMAT_VERSION, MANIFEST, TOKENIZER_FILE, default_data_dir, verified_manifest
-from .shards import ShardWriter, dtype_for
 from .sources import (DocChain, code_inventory, describe_source, doc_hash, iter_records, load_documents, sha256_file,
                       split_documents)
 from .tokenizers import build_tokenizer, encode_stream, eot_id, tokenizer_origin
 from ..base.io import atomic_write_bytes, atomic_write_json, waiting_lock
 
-__all__ = ["prepare", "write_streamed", "Progress", "WORK_DIR", "PROGRESS"]
+__all__ = ["prepare", "write_streamed", "ShardWriter", "dtype_for", "Progress", "WORK_DIR", "PROGRESS"]
 
 log = logging.getLogger("mapl.data")
 
 WORK_DIR = ".partial"
 PROGRESS = "progress.json"
 CHUNK_SECONDS = 30.0        # a streamed chunk also ends after this long, so a slow source loses at most this much
+_MAX_NAMES = 1000          # list document names in the manifest for small corpora only (works, files)
+
+
+def dtype_for(vocab_size: int) -> np.dtype:
+    return np.dtype("<u2") if vocab_size <= 2**16 else np.dtype("<u4")
+
+
+class ShardWriter:
+    """Appends whole documents to one shard file, hashing as it goes. ``resume`` (a :meth:`sync` state) continues
+    a file: the bytes it vouches for are kept and re-hashed, anything after them (an interrupted chunk) cut off."""
+
+    def __init__(self, path: Path, dtype: np.dtype, resume: dict | None = None):
+        self.path, self.dtype = Path(path), np.dtype(dtype)
+        self.h = hashlib.sha256()
+        self.tokens = self.docs = 0
+        self.names: list[str] = []
+        if resume:
+            self.f = open(self.path, "r+b")
+            self.f.truncate(resume["tokens"] * self.dtype.itemsize)      # its length was checked (stream._resumable)
+            self.h = hashlib.file_digest(self.f, "sha256")          # reads to the end: writes append
+            self.tokens, self.docs, self.names = resume["tokens"], resume["documents"], list(resume["names"])
+        else:
+            self.f = open(self.path, "wb")
+
+    def write(self, name: str, ids: np.ndarray, cap: int = 0) -> bool:
+        """Append one document; with ``cap`` > 0 the one that reaches it is cut so the shard holds exactly ``cap``
+        tokens. True when the cap is reached."""
+        full = cap > 0 and self.tokens + len(ids) >= cap
+        if full:
+            ids = ids[: cap - self.tokens]
+        b = np.ascontiguousarray(ids, dtype=self.dtype).tobytes()
+        self.f.write(b)
+        self.h.update(b)
+        self.tokens += len(ids)
+        self.docs += 1
+        if len(self.names) <= _MAX_NAMES:
+            self.names.append(name)
+        return full
+
+    def sync(self) -> dict:
+        """Flush to disk; the returned state resumes exactly here."""
+        self.f.flush()
+        os.fsync(self.f.fileno())
+        return {"tokens": self.tokens, "documents": self.docs, "names": list(self.names)}
+
+    def finish(self) -> dict:
+        """Close the file; its manifest entry (the file stays where it is)."""
+        self.sync()
+        self.f.close()
+        if self.tokens == 0:
+            raise DataError(f"{self.path.name} would be empty: the source has too little text for this split")
+        return {"file": self.path.name, "sha256": self.h.hexdigest(), "tokens": self.tokens,
+                "documents": self.docs, "works": self.names if len(self.names) <= _MAX_NAMES else None}
+
+    def close(self) -> None:
+        self.f.close()
 
 
 def prepare(cfg: DataConfig, out_dir: str | os.PathLike | None = None, cache_dir: Path | None = None, *,

@@ -1,10 +1,13 @@
 """The read API for training: open a prepared folder (never build one) after checking that it is what its manifest
 says; each problem is one ``DataError`` line naming the file and the command that fixes it. A full sha256 runs once
-per host, then a stat stamp stands for it (docs/data.md, "Verification stamps").
+per host, then a stat stamp stands for it (docs/data.md, "Verification stamps"). A shard is a flat file of
+little-endian token ids; the reader uses ``os.pread``, not a memory map, so a shard truncated while a run reads it is
+a one-line error instead of a SIGBUS.
 """
 from __future__ import annotations
 
 import contextlib
+import copy
 import hashlib
 import json
 import os
@@ -19,15 +22,15 @@ import numpy as np
 from .batches import eval_batches, get_batch
 from .config import (PROJECT_ROOT, DataConfig, DataError, MissingDataError, dataset_dir_name, effective_token_config,
                      prepare_command, token_config)
-from .shards import TokenShard
 from ..base.io import OutputError, atomic_write_json, read_json_object, waiting_lock
 
 __all__ = ["Dataset", "open_dataset", "default_data_dir", "load_split", "MANIFEST", "TOKENIZER_FILE", "FORMAT_VERSION",
-           "read_manifest", "verify_file", "verified_manifest"]
+           "read_manifest", "verify_file", "verified_manifest", "TokenShard"]
 
 MANIFEST = "manifest.json"
 TOKENIZER_FILE = "tokenizer.json"
 FORMAT_VERSION = 1
+_READ_PIECE = 1 << 28      # bytes per pread call for large reads (Linux caps one call below 2 GiB)
 _RACY_S = 2.0                        # no stamp for a fresher file: a coarse mtime could hide a write in the same tick
 
 _VERIFIED: dict[tuple, str] = {}     # (path, dev, ino, size, mtime_ns, ctime_ns) -> sha256, this process
@@ -157,6 +160,94 @@ def verified_manifest(out: Path, cfg: DataConfig | None = None, profile: str | N
         verify_file(out / entry["file"], entry["sha256"], entry["tokens"] * itemsize, profile, full)
     verify_file(out / TOKENIZER_FILE, m["tokenizer"]["sha256"], None, profile, full)
     return m
+
+
+class _File:
+    """One read-only descriptor per process (reopened after a fork), shared by a shard's views."""
+
+    def __init__(self, path: Path):
+        self.path, self.fd, self.pid = Path(path), -1, -1
+
+    def fileno(self) -> int:
+        if self.pid != os.getpid():
+            try:
+                self.fd, self.pid = os.open(self.path, os.O_RDONLY), os.getpid()
+            except FileNotFoundError:
+                raise DataError(f"{self.path} disappeared while in use; rebuild it with "
+                                f"{prepare_command(rebuild=True)}") from None
+        return self.fd
+
+    def __del__(self):
+        if self.pid == os.getpid():
+            os.close(self.fd)
+
+
+class TokenShard:
+    """Read-only token ids of one shard (or a contiguous view): ``len``, ``shard[i]``, ``shard[a:b]`` (a lazy
+    view), ``np.asarray(shard)`` and :meth:`windows` (batching). Every read checks it got all its bytes."""
+
+    def __init__(self, path: Path, dtype: np.dtype, tokens: int, fix: str = ""):
+        self.path, self.dtype, self.fix = Path(path), np.dtype(dtype), fix
+        self.file_tokens = tokens            # what the manifest says the whole file holds
+        self._file = _File(self.path)
+        self._start, self._len = 0, tokens
+
+    def _view(self, start: int, length: int) -> "TokenShard":
+        view = copy.copy(self)               # shares the descriptor
+        view._start, view._len = self._start + start, length
+        return view
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __getitem__(self, key):
+        if isinstance(key, (int, np.integer)):
+            i = int(key) + (self._len if key < 0 else 0)
+            if not 0 <= i < self._len:
+                raise IndexError(f"index {int(key)} out of range for {self._len} tokens")
+            return self.read(i, 1)[0]
+        if isinstance(key, slice):
+            start, stop, step = key.indices(self._len)
+            view = self._view(start, max(0, stop - start))
+            return view if step == 1 else np.asarray(view)[::step]
+        raise TypeError(f"TokenShard indices are ints or slices, not {type(key).__name__}; "
+                        f"use .windows(starts, length) for many windows")
+
+    def __iter__(self):
+        for start in range(0, self._len, 1 << 20):
+            yield from self.read(start, min(1 << 20, self._len - start))
+
+    def __array__(self, dtype=None, copy=None):
+        a = self.read(0, self._len)
+        return a if dtype is None else a.astype(dtype)
+
+    def read(self, start: int, count: int) -> np.ndarray:
+        """``count`` tokens from ``start`` (relative to this view)."""
+        out = np.empty(count, dtype=self.dtype)
+        view, nbytes = memoryview(out).cast("B"), count * self.dtype.itemsize
+        offset, done = (self._start + start) * self.dtype.itemsize, 0
+        while done < nbytes:
+            got = os.preadv(self._file.fileno(), [view[done:done + min(_READ_PIECE, nbytes - done)]], offset + done)
+            if got == 0:
+                self._short(offset + done, nbytes - done)
+            done += got
+        return out
+
+    def windows(self, starts: np.ndarray, length: int) -> np.ndarray:
+        """``len(starts) x length`` tokens: row i is ``self[starts[i] : starts[i] + length]``."""
+        starts = np.asarray(starts, dtype=np.int64)
+        if len(starts) and (starts.min() < 0 or starts.max() + length > self._len):
+            raise IndexError(f"windows [{starts.min()}, {starts.max() + length}) outside {self._len} tokens")
+        out = np.empty((len(starts), length), dtype=self.dtype)
+        for i, s in enumerate(starts.tolist()):
+            out[i] = self.read(s, length)
+        return out
+
+    def _short(self, offset: int, missing: int) -> None:
+        have = os.fstat(self._file.fileno()).st_size
+        raise DataError(f"{self.path}: {missing} bytes missing at byte {offset}: the file has {have} bytes, its "
+                        f"manifest says {self.file_tokens * self.dtype.itemsize} (truncated or replaced while in "
+                        f"use); rebuild it with {self.fix or prepare_command(rebuild=True)}")
 
 
 def default_data_dir(cfg: DataConfig) -> Path:
