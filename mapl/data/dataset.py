@@ -33,7 +33,6 @@ FORMAT_VERSION = 1
 _READ_PIECE = 1 << 28      # bytes per pread call for large reads (Linux caps one call below 2 GiB)
 _RACY_S = 2.0                        # no stamp for a fresher file: a coarse mtime could hide a write in the same tick
 
-_VERIFIED: dict[tuple, str] = {}     # (path, dev, ino, size, mtime_ns, ctime_ns) -> sha256, this process
 
 
 def read_manifest(out_dir: str | os.PathLike, profile: str | None = None) -> dict:
@@ -120,12 +119,8 @@ def verify_file(path: Path, sha256: str, nbytes: int | None, profile: str | None
     if nbytes is not None and st.st_size != nbytes:
         raise DataError(f"{path} has {st.st_size} bytes, manifest.json says {nbytes} (truncated or replaced); "
                         f"rebuild it with {fix}")
-    real = str(path.resolve())
-    if not full and _VERIFIED.get((real, *_stat_key(st))) == sha256:
-        return
     stamps = _Stamps(path.parent)
     if not full and stamps.matches(path.name, _stat_key(st), sha256):
-        _VERIFIED[(real, *_stat_key(st))] = sha256
         return
     with stamps.locked(f"hashing {path}"):
         if not full and stamps.matches(path.name, _stat_key(path.stat()), sha256):
@@ -140,7 +135,6 @@ def verify_file(path: Path, sha256: str, nbytes: int | None, profile: str | None
         # a stamp only if the file stayed unchanged while hashed and is not too fresh to trust
         if _stat_key(after) == before and time.time() - max(after.st_mtime, after.st_ctime) > _RACY_S:
             stamps.record(path.name, before, sha256)
-        _VERIFIED[(real, *_stat_key(after))] = sha256
 
 
 def verified_manifest(out: Path, cfg: DataConfig | None = None, profile: str | None = None,
@@ -212,10 +206,6 @@ class TokenShard:
             return view if step == 1 else np.asarray(view)[::step]
         raise TypeError(f"TokenShard indices are ints or slices, not {type(key).__name__}; "
                         f"use .windows(starts, length) for many windows")
-
-    def __iter__(self):
-        for start in range(0, self._len, 1 << 20):
-            yield from self.read(start, min(1 << 20, self._len - start))
 
     def __array__(self, dtype=None, copy=None):
         a = self.read(0, self._len)

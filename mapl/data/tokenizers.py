@@ -114,11 +114,8 @@ def mistral_tokenizer(cache_dir: Path | None = None):
 
 def eot_id(tok) -> int:
     """Id that separates documents: ``<|endoftext|>`` for bpe/byte, ``</s>`` for Mistral."""
-    for name in (EOT, "</s>"):
-        i = tok.token_to_id(name)
-        if i is not None:
-            return i
-    raise DataError("tokenizer has no end-of-text token (<|endoftext|> or </s>)")
+    i = tok.token_to_id(EOT)
+    return tok.token_to_id("</s>") if i is None else i
 
 
 def build_tokenizer(cfg: DataConfig, train_texts: list[str] | None, cache_dir: Path | None = None,
