@@ -186,11 +186,6 @@ class TokenShard:
         self._file = _File(self.path)
         self._start, self._len = 0, tokens
 
-    def _view(self, start: int, length: int) -> "TokenShard":
-        view = copy.copy(self)               # shares the descriptor
-        view._start, view._len = self._start + start, length
-        return view
-
     def __len__(self) -> int:
         return self._len
 
@@ -202,7 +197,8 @@ class TokenShard:
             return self.read(i, 1)[0]
         if isinstance(key, slice):
             start, stop, step = key.indices(self._len)
-            view = self._view(start, max(0, stop - start))
+            view = copy.copy(self)           # a lazy view that shares the descriptor
+            view._start, view._len = self._start + start, max(0, stop - start)
             return view if step == 1 else np.asarray(view)[::step]
         raise TypeError(f"TokenShard indices are ints or slices, not {type(key).__name__}; "
                         f"use .windows(starts, length) for many windows")
