@@ -3,12 +3,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-import torch
-
 from ...config import RVQ_SCALES, RVQ_SEARCH_WITH
 
 __all__ = ["RVQSettings"]
-
 
 
 @dataclass(frozen=True)
@@ -31,7 +28,6 @@ class RVQSettings:
     max_staleness: int | None = None       # None = the sync mode's bound
     search_with: str = "receiver"
     scale: str = "none"                    # "token": quantise z / RMS(z_t), the scale sent in bf16: error relative to |z|
-    grad_dtype: torch.dtype = torch.bfloat16    # the backward payload (the gradient on z, not quantised)
 
     def __post_init__(self):
         if self.search_with not in RVQ_SEARCH_WITH:
