@@ -358,17 +358,17 @@ def check_plan(plan: MemoryPlan, device_bytes: float, reserve_frac: float = 0.10
         raise ValueError(f"device memory {device_bytes!r} is invalid: must be > 0 bytes")
     limit = device_bytes * (1.0 - reserve_frac)
     worst = plan.peak
-    if worst.total > limit and worst.eval_peak > worst.train_total:
+    if worst.total <= limit:
+        return
+    allows = f"but the device allows {_gib(limit)} GiB ({_gib(device_bytes)} GiB less {reserve_frac:.0%} reserve)"
+    if worst.eval_peak > worst.train_total:
         raise ValueError(
             f"memory plan of {plan.run} does not fit: stage {worst.stage} needs {_gib(worst.total)} GiB to "
-            f"evaluate (training needs {_gib(worst.train_total)} GiB) but the device allows {_gib(limit)} GiB "
-            f"({_gib(device_bytes)} GiB less {reserve_frac:.0%} reserve); try a smaller "
+            f"evaluate (training needs {_gib(worst.train_total)} GiB) {allows}; try a smaller "
             f"train.eval_micro_batch_size, train.loss_chunk_tokens or more stages")
-    if worst.total > limit:
-        big = max(worst.terms().items(), key=lambda kv: kv[1])
-        raise ValueError(
-            f"memory plan of {plan.run} does not fit: stage {worst.stage} needs {_gib(worst.total)} GiB "
-            f"(largest term {big[0]} {_gib(big[1])} GiB) but the device allows {_gib(limit)} GiB "
-            f"({_gib(device_bytes)} GiB less {reserve_frac:.0%} reserve); try train.schedule=1f1b, "
-            f"activation checkpointing, smaller micro-batches (more of them) or more stages")
+    big = max(worst.terms().items(), key=lambda kv: kv[1])
+    raise ValueError(
+        f"memory plan of {plan.run} does not fit: stage {worst.stage} needs {_gib(worst.total)} GiB "
+        f"(largest term {big[0]} {_gib(big[1])} GiB) {allows}; try train.schedule=1f1b, "
+        f"activation checkpointing, smaller micro-batches (more of them) or more stages")
 
