@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Iterable, Sequence
 
 from .schedule import schedule_ops
@@ -147,9 +147,7 @@ class StepMeasurement:
                    tm["bwd_bytes"], tm["opt_s"], tm["state_fwd_bytes"], tm["state_bwd_bytes"], tm.get("collective", True))
 
     def to_dict(self) -> dict:
-        return {"schedule": self.schedule, "fwd_s": self.fwd_s, "bwd_s": self.bwd_s, "fwd_bytes": self.fwd_bytes,
-                "bwd_bytes": self.bwd_bytes, "opt_s": self.opt_s, "state_fwd_bytes": self.state_fwd_bytes,
-                "state_bwd_bytes": self.state_bwd_bytes, "collective": self.collective}
+        return asdict(self)
 
 
 # ---- the virtual clock ------------------------------------------------------------------------
