@@ -164,8 +164,9 @@ def test_scale_token_trains_through_the_wire_and_reports_health():
 
 
 def test_scale_is_validated():
-    with pytest.raises(ValueError, match="scale"):
-        _rvq("global")
+    from mapl.core.config import ConfigError, load_run_config
+    with pytest.raises(ConfigError, match=r"^compressor\.rvq\.scale='global' is invalid: allowed: 'none', 'token'"):
+        load_run_config("micro", {"compressor.rvq.scale": "global"})
 
 
 # ---- the loop and the results JSON ------------------------------------------------------------------
