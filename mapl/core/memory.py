@@ -12,7 +12,7 @@ from .config import RunConfig
 from .model import ModelConfig
 from .schedule import POSTS_AHEAD, schedule_ops
 
-__all__ = ["GiB", "StageMemory", "MemoryPlan", "memory_plan", "format_plan", "check_plan", "build_meta_stage",
+__all__ = ["GiB", "StageMemory", "MemoryPlan", "memory_plan", "format_plan", "check_plan",
            "block_activation_bytes_per_token", "head_activation_bytes_per_token", "resolve_precision",
            "resolve_checkpointing", "eval_block_bytes_per_token"]
 
@@ -155,18 +155,6 @@ def _optimizer_bytes(opts, params: set[int] | None = None) -> int:
     return total
 
 
-def build_meta_stage(cfg: RunConfig, vocab: int, s: int):
-    """Stage s as the runtime holds it, on the meta device: the pruned StagedModel, its optimizers, the receiver-side
-    compressor (None on stage 0)."""
-    from .stages import build_staged_model
-    from .optimizer_recipe import build_optimizers
-    with torch.device("meta"):
-        sm = build_staged_model(cfg, vocab).prune_to_stage(s)
-    comp_in = sm.boundaries[str(s - 1)] if s > 0 else None
-    recv = {id(p) for p in comp_in.parameters()} if comp_in is not None else set()
-    return sm, build_optimizers(sm, cfg, exclude=recv), comp_in
-
-
 def _opt_transient(opts, device: str) -> int:
     """Temporaries of one optimizer step: 2x the largest tensor; on CUDA at least AdamW's foreach group."""
     per_tensor, adam_group = 0, 0
@@ -180,8 +168,14 @@ def _opt_transient(opts, device: str) -> int:
 
 
 def _static_terms(cfg: RunConfig, vocab: int, s: int, device: str) -> tuple[StageMemory, object]:
-    """Parameters, gradients, optimizer and compressor state of stage s, from a meta build."""
-    sm, opts, comp_in = build_meta_stage(cfg, vocab, s)
+    """Parameters, gradients, optimizer and compressor state of stage s, from a meta build of the stage as the runtime
+    holds it (its optimizers leave the receiver's copy of boundary s-1 to the sender)."""
+    from .stages import build_staged_model
+    from .optimizer_recipe import build_optimizers
+    with torch.device("meta"):
+        sm = build_staged_model(cfg, vocab).prune_to_stage(s)
+    recv = {id(p) for p in sm.boundaries[str(s - 1)].parameters()} if s > 0 else set()
+    opts = build_optimizers(sm, cfg, exclude=recv)
     st = StageMemory(stage=s, layers=list(sm.split[s]), alive=0)
     side = [sm.anchors[k] for k in sm.anchors] + [sm.boundaries[k] for k in sm.boundaries]
     side_ids = {id(p) for m in side for p in m.parameters()}

@@ -104,10 +104,10 @@ class PipelineEngine:
         self.ckpts.save(self.cfg, self.sm, self.opts, self.meter, state, confirmed)
 
     def confirm(self) -> None:
-        self.ckpts.confirm()
+        self.ckpts.slot.confirm()
 
     def drop_unconfirmed(self) -> None:
-        self.ckpts.drop_unconfirmed()
+        self.ckpts.slot.drop_unconfirmed()
 
     # ---- one training step ---------------------------------------------------------------------
     def train_step(self, step: int, lr_scale: float, stop_requested=lambda: False) -> StepOutcome:
