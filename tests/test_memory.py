@@ -336,7 +336,8 @@ def test_eval_block_term_matches_the_measured_no_grad_peak(preset, precision):
     difference of two lengths), against the plan's count. Not bf16 at 150M on CPU: there autocast's
     bf16 weight copies (22 MB per block) move the peak to the down projection below ~700 tokens, and the
     plan's regime (32k tokens) would take a minute of CPU bf16 matmuls to reach."""
-    from mapl.core.memory import eval_block_bytes_per_token, live_tensor_peak
+    from mapl.core.memory import eval_block_bytes_per_token
+    from tests.helpers.live_bytes import live_tensor_peak
     if preset == "micro":
         mc = ModelConfig(vocab_size=256, d_model=64, n_layers=1, n_heads=4, n_kv_heads=1, ffn_hidden=192,
                          max_seq_len=512)
@@ -354,7 +355,7 @@ def test_eval_block_term_matches_the_measured_no_grad_peak(preset, precision):
 
 
 def test_live_tensor_peak_counts_what_is_alive_at_once():
-    from mapl.core.memory import live_tensor_peak
+    from tests.helpers.live_bytes import live_tensor_peak
     a = torch.randn(1000)                                # made before: not counted, nor its views
 
     def fn():
@@ -376,7 +377,7 @@ def _eval_plan(**over):
 def test_the_last_stage_eval_peak_matches_a_measured_evaluation():
     """A micro pipeline's last stage evaluating one batch without gradients (fp32 on CPU): the peak of
     the tensors it creates against the plan's evaluation term beyond the stage's state and wire."""
-    from mapl.core.memory import live_tensor_peak
+    from tests.helpers.live_bytes import live_tensor_peak
     for chunk in (0, 64):
         cfg = _cfg("mapl", **{"train.eval_batch_size": 8, "train.loss_chunk_tokens": chunk})
         plan = memory_plan(cfg, 256, device="cpu")

@@ -1,11 +1,21 @@
 """Pipeline schedules as stage programs, proved deadlock-free under rendezvous (NCCL-like) semantics."""
 import pytest
 
-from mapl.core.schedule import (POSTS_AHEAD, SCHEDULES, Barrier, Comm, Compute, ScheduleError, Transfer, _nonblocking_ops,
-                                        check_programs, eval_program, naive_program, schedule_ops, stage_program,
-                                        step_program, step_tail)
+from mapl.core.schedule import (POSTS_AHEAD, SCHEDULES, Barrier, Comm, Compute, ScheduleError, Transfer, _makes, _needs,
+                                _nonblocking_ops, check_programs, eval_program, schedule_ops, stage_program,
+                                step_program, step_tail)
 
 GRID = [(P, M) for P in (2, 4, 8) for M in (P, 2 * P, 4 * P)]
+
+
+def naive_program(schedule: str, n_stages: int, n_micro: int, stage: int) -> list:
+    """Each transfer alone, where it is needed or made: the checker shows it deadlocks 1F1B."""
+    program = []
+    for kind, m in schedule_ops(schedule, n_stages, n_micro, stage):
+        program += [Comm((t,)) for t in _needs(kind, m, stage, n_stages)]
+        program.append(Compute(kind, m))
+        program += [Comm((t,)) for t in _makes(kind, m, stage, n_stages)]
+    return program
 
 
 @pytest.mark.parametrize("tail", [(False, False), (True, True), (False, True)])

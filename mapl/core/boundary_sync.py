@@ -6,14 +6,11 @@ from __future__ import annotations
 
 import torch
 
+from .compress.base import payload_bytes
 from .wire import ByteMeter
 
 __all__ = ["receiver_grads", "receiver_grad_specs", "add_receiver_grads", "state_message", "state_specs",
-           "apply_state", "checksum", "meter_state", "meter_local_step"]
-
-
-def _nbytes(tensors) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors)
+           "apply_state", "meter_state", "meter_local_step"]
 
 
 def receiver_grads(comp) -> list[torch.Tensor]:
@@ -54,12 +51,8 @@ def apply_state(comp, keys: list[str], tensors: list[torch.Tensor]) -> None:
     comp.apply_sync({k: v.clone() for k, v in zip(keys, tensors, strict=True)})
 
 
-def checksum(comp) -> int:
-    return int(comp.checksum())
-
-
 def meter_state(meter: ByteMeter, boundary: int, direction: str, tensors_or_bytes) -> None:
-    n = tensors_or_bytes if isinstance(tensors_or_bytes, int) else _nbytes(tensors_or_bytes)
+    n = tensors_or_bytes if isinstance(tensors_or_bytes, int) else payload_bytes(tensors_or_bytes)
     meter.add(boundary, direction, "state", n)
 
 

@@ -27,7 +27,7 @@ __all__ = ["METHODS", "PROJECTORS", "ANCHORS", "SCHEDULES", "PRECISIONS", "RVQ_S
            "ConfigError", "setting", "build", "check_fields", "parse_set", "AnchorConfig", "ProjectorConfig",
            "SPELConfig", "RVQConfig", "CompressorConfig", "TrainConfig", "RunConfig", "PROJECT_ROOT", "RESUMABLE_FIELDS",
            "EXECUTION_FIELDS", "load_params", "load_run_config", "apply_overrides", "config_hash", "hashed_config",
-           "config_diff"]
+           "flatten_config", "config_diff"]
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
@@ -285,16 +285,21 @@ def config_hash(cfg: RunConfig) -> str:
     return hashlib.sha256(json.dumps(hashed_config(cfg), sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def config_diff(old: dict, new: dict, prefix: str = "") -> dict[str, tuple]:
-    """Dotted field -> (old, new) for every value that differs between two ``to_dict()`` results."""
+def flatten_config(d: dict, prefix: str = "") -> dict:
+    """Dotted field -> value of a ``to_dict()`` result (``model_overrides`` is one value)."""
     out = {}
-    for key in sorted(set(old) | set(new)):
-        a, b, name = old.get(key), new.get(key), f"{prefix}{key}"
-        if isinstance(a, dict) and isinstance(b, dict) and key != "model_overrides":
-            out.update(config_diff(a, b, name + "."))
-        elif a != b:
-            out[name] = (a, b)
+    for key, value in d.items():
+        if isinstance(value, dict) and key != "model_overrides":
+            out.update(flatten_config(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
     return out
+
+
+def config_diff(old: dict, new: dict) -> dict[str, tuple]:
+    """Dotted field -> (old, new) for every value that differs between two ``to_dict()`` results."""
+    a, b = flatten_config(old), flatten_config(new)
+    return {k: (a.get(k), b.get(k)) for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k)}
 
 
 # ---- params.yaml and overrides -------------------------------------------------------------------

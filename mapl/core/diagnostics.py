@@ -7,11 +7,7 @@ import torch
 
 from .optim import ortho_error, principal_angles
 
-__all__ = ["boundary_bases", "boundary_activations", "boundary_diagnostics"]
-
-
-def boundary_bases(sm) -> list[torch.Tensor | None]:
-    return [None if comp.basis() is None else comp.basis().detach().double() for comp in sm.compressors()]
+__all__ = ["boundary_activations", "boundary_diagnostics"]
 
 
 @torch.no_grad()
@@ -38,7 +34,7 @@ def _angles(A: torch.Tensor, B: torch.Tensor) -> dict:
 
 @torch.no_grad()
 def boundary_diagnostics(sm, batches) -> list[dict]:
-    bases = boundary_bases(sm)
+    bases = [None if comp.basis() is None else comp.basis().detach().double() for comp in sm.compressors()]
     acts = boundary_activations(sm, batches)
     out = []
     for p, (A, X) in enumerate(zip(bases, acts)):

@@ -95,9 +95,7 @@ def autocast_ctx(cfg: RunConfig, device: torch.device):
 def stage_of_parameter(name: str, split: list[list[int]]) -> int:
     """Which stage holds the parameter or buffer ``name`` of a StagedModel."""
     parts = name.split(".")
-    if parts[0] == "anchors":
-        return int(parts[1])
-    if parts[0] == "boundaries":                      # owned by the sender
+    if parts[0] in ("anchors", "boundaries"):        # a boundary is owned by its sender
         return int(parts[1])
     if parts[:2] == ["model", "layers"]:
         return next(s for s, layers in enumerate(split) if int(parts[2]) in layers)

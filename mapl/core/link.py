@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Iterable, Sequence
 
 from .schedule import schedule_ops
@@ -147,9 +147,7 @@ class StepMeasurement:
                    tm["bwd_bytes"], tm["opt_s"], tm["state_fwd_bytes"], tm["state_bwd_bytes"], tm.get("collective", True))
 
     def to_dict(self) -> dict:
-        return {"schedule": self.schedule, "fwd_s": self.fwd_s, "bwd_s": self.bwd_s, "fwd_bytes": self.fwd_bytes,
-                "bwd_bytes": self.bwd_bytes, "opt_s": self.opt_s, "state_fwd_bytes": self.state_fwd_bytes,
-                "state_bwd_bytes": self.state_bwd_bytes, "collective": self.collective}
+        return asdict(self)
 
 
 # ---- the virtual clock ------------------------------------------------------------------------
@@ -157,7 +155,6 @@ class StepMeasurement:
 class SimResult:
     step_time: float                      # steady state: stage 0's period over back-to-back steps
     floor: float
-    compute_end: list[float]              # per stage: end of its last backward (first step)
     events: list[tuple[int, str, int, float, float]]          # (stage, "F"/"B", micro-batch, start, end): first step
     messages: list[tuple[int, str, int, float, float]]        # (boundary, "fwd"/"bwd"/"state_*", mb, sent, arrival)
     first_step_time: float                # one step from an idle pipeline: the last stage's end
@@ -198,14 +195,13 @@ def simulate(meas: StepMeasurement, links, steps: int | None = None) -> SimResul
         stage0_ends.append(replay.fin[0])
     first_step = max(first.fin)
     period = first_step if steps == 1 else (stage0_ends[-1] - stage0_ends[0]) / (steps - 1)
-    return SimResult(step_time=period, floor=floor_time(meas, links), compute_end=first.compute_end,
-                     events=first.events, messages=first.messages, first_step_time=first_step)
+    return SimResult(step_time=period, floor=floor_time(meas, links), events=first.events, messages=first.messages,
+                     first_step_time=first_step)
 
 
 @dataclass
 class _Replay:
     fin: list[float]                      # per stage: its step over (free for the next one)
-    compute_end: list[float]
     events: list
     messages: list
 
@@ -265,7 +261,7 @@ def _replay_step(meas: StepMeasurement, links, fwd_ch, bwd_ch, start: list[float
             a = fwd_ch[p].send(done[p], meas.state_fwd_bytes[p])
             messages.append((p, "state_fwd", -1, done[p], a))
             fin[p + 1] = max(fin[p + 1], a)
-    return _Replay(fin, compute_end, events, messages)
+    return _Replay(fin, events, messages)
 
 
 def step_time(meas: StepMeasurement, links) -> float:

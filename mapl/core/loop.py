@@ -111,21 +111,14 @@ class StopFlag:
     def __enter__(self):
         for sig in (signal.SIGINT, signal.SIGTERM):
             try:
-                self._old[sig] = signal.signal(sig, self._handler)
+                self._old[sig] = signal.signal(sig, lambda signum, frame: setattr(self, "stop", True))
             except ValueError:       # not the main thread (some notebook runners): no graceful stop there
                 pass
         return self
 
-    def _handler(self, signum, frame):
-        self.stop = True
-
     def __exit__(self, *exc):
         for sig, handler in self._old.items():
             signal.signal(sig, handler)
-
-
-def _quiet(*args, **kwargs) -> None:
-    pass
 
 
 def run_loop(engine: Engine, state: LoopState, *, log: Callable = print, progress: bool = True,
@@ -135,7 +128,7 @@ def run_loop(engine: Engine, state: LoopState, *, log: Callable = print, progres
     from tqdm.auto import tqdm
 
     cfg, t = engine.cfg, engine.cfg.train
-    log = log if engine.reporter else _quiet
+    log = log if engine.reporter else (lambda *a, **k: None)
     bar = tqdm(total=t.steps, initial=state.step, disable=not (progress and engine.reporter), desc=cfg.name(),
                leave=False)
     alarm = outlier_alarm(state, t.health_warn_factor, ALARM_AFTER_WARMUPS * t.warmup_steps)

@@ -3,21 +3,18 @@ plan", says where each term comes from). The runtime prints it and, on a GPU, re
 (:func:`check_plan`); ``train.activation_checkpointing: auto`` asks it whether checkpointing is needed."""
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass, field, fields
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 
 from .compress.base import spec_bytes
 from .config import RunConfig
 from .model import ModelConfig
 from .schedule import POSTS_AHEAD, schedule_ops
 
-__all__ = ["GiB", "StageMemory", "MemoryPlan", "memory_plan", "format_plan", "check_plan", "build_meta_stage",
+__all__ = ["GiB", "StageMemory", "MemoryPlan", "memory_plan", "format_plan", "check_plan",
            "block_activation_bytes_per_token", "head_activation_bytes_per_token", "resolve_precision",
-           "resolve_checkpointing", "eval_block_bytes_per_token", "live_tensor_peak"]
+           "resolve_checkpointing", "eval_block_bytes_per_token"]
 
 GiB = 1024 ** 3
 # optimizer state in multiples of the parameter bytes (+ scalars per parameter tensor)
@@ -26,9 +23,7 @@ _STATE_SCALARS = {"AdamW": 4, "Adam": 4}          # AdamW keeps a float32 'step'
 
 
 def resolve_precision(precision: str, device: str) -> str:
-    """``train.precision`` -> 'fp32' | 'bf16' ('auto': bf16 on CUDA)."""
-    if precision not in ("auto", "fp32", "bf16"):
-        raise ValueError(f"train.precision={precision!r} is invalid: allowed 'auto', 'fp32', 'bf16'")
+    """``train.precision`` (validated by the config) -> 'fp32' | 'bf16' ('auto': bf16 on CUDA)."""
     return precision if precision != "auto" else ("bf16" if device.startswith("cuda") else "fp32")
 
 
@@ -44,57 +39,9 @@ def block_activation_bytes_per_token(mc: ModelConfig, precision: str, norm_cast:
 
 
 def eval_block_bytes_per_token(mc: ModelConfig, precision: str) -> int:
-    """Peak bytes per token of one block's no-grad forward beyond its input, as :func:`live_tensor_peak` measures."""
+    """Peak bytes per token of one block's no-grad forward beyond its input, as tests/helpers/live_bytes.py measures."""
     d, f = mc.d_model, mc.ffn_hidden
     return 4 * (2 * d + 3 * f) if precision == "fp32" else 8 * d + 6 * f
-
-
-class _LiveBytes(TorchDispatchMode):
-    """Counts the bytes of storages created inside it and still referenced; keeps the peak."""
-
-    def __init__(self):
-        super().__init__()
-        self.live: dict[int, list[int]] = {}      # storage pointer -> [bytes, tensors referring to it]
-        self.outside: set[int] = set()            # storages that existed before (parameters, inputs)
-        self.now = self.peak = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        for t in tree_leaves((args, kwargs)):
-            if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in self.live:
-                self.outside.add(t.untyped_storage().data_ptr())
-        out = func(*args, **(kwargs or {}))
-        for t in tree_leaves(out):
-            if isinstance(t, torch.Tensor) and t.device.type != "meta":
-                self._track(t)
-        return out
-
-    def _track(self, t: torch.Tensor) -> None:
-        st = t.untyped_storage()
-        key = st.data_ptr()
-        if key in self.outside and key not in self.live:      # a view of a tensor made before
-            return
-        if key not in self.live:
-            self.live[key] = [st.nbytes(), 0]
-            self.now += st.nbytes()
-            self.peak = max(self.peak, self.now)
-        self.live[key][1] += 1
-        weakref.finalize(t, self._drop, key)
-
-    def _drop(self, key: int) -> None:
-        entry = self.live.get(key)
-        if entry is not None:
-            entry[1] -= 1
-            if entry[1] == 0:
-                self.now -= entry[0]
-                del self.live[key]
-
-
-def live_tensor_peak(fn) -> tuple[int, object]:
-    """(peak bytes of the tensors ``fn()`` creates, its result) on any device: what the plan's terms are checked by."""
-    mode = _LiveBytes()
-    with mode:
-        out = fn()
-    return mode.peak, out
 
 
 def head_activation_bytes_per_token(mc: ModelConfig, precision: str) -> tuple[int, int]:
@@ -208,18 +155,6 @@ def _optimizer_bytes(opts, params: set[int] | None = None) -> int:
     return total
 
 
-def build_meta_stage(cfg: RunConfig, vocab: int, s: int):
-    """Stage s as the runtime holds it, on the meta device: the pruned StagedModel, its optimizers, the receiver-side
-    compressor (None on stage 0)."""
-    from .stages import build_staged_model
-    from .optimizer_recipe import build_optimizers
-    with torch.device("meta"):
-        sm = build_staged_model(cfg, vocab).prune_to_stage(s)
-    comp_in = sm.boundaries[str(s - 1)] if s > 0 else None
-    recv = {id(p) for p in comp_in.parameters()} if comp_in is not None else set()
-    return sm, build_optimizers(sm, cfg, exclude=recv), comp_in
-
-
 def _opt_transient(opts, device: str) -> int:
     """Temporaries of one optimizer step: 2x the largest tensor; on CUDA at least AdamW's foreach group."""
     per_tensor, adam_group = 0, 0
@@ -233,8 +168,14 @@ def _opt_transient(opts, device: str) -> int:
 
 
 def _static_terms(cfg: RunConfig, vocab: int, s: int, device: str) -> tuple[StageMemory, object]:
-    """Parameters, gradients, optimizer and compressor state of stage s, from a meta build."""
-    sm, opts, comp_in = build_meta_stage(cfg, vocab, s)
+    """Parameters, gradients, optimizer and compressor state of stage s, from a meta build of the stage as the runtime
+    holds it (its optimizers leave the receiver's copy of boundary s-1 to the sender)."""
+    from .stages import build_staged_model
+    from .optimizer_recipe import build_optimizers
+    with torch.device("meta"):
+        sm = build_staged_model(cfg, vocab).prune_to_stage(s)
+    recv = {id(p) for p in sm.boundaries[str(s - 1)].parameters()} if s > 0 else set()
+    opts = build_optimizers(sm, cfg, exclude=recv)
     st = StageMemory(stage=s, layers=list(sm.split[s]), alive=0)
     side = [sm.anchors[k] for k in sm.anchors] + [sm.boundaries[k] for k in sm.boundaries]
     side_ids = {id(p) for m in side for p in m.parameters()}
@@ -411,17 +352,17 @@ def check_plan(plan: MemoryPlan, device_bytes: float, reserve_frac: float = 0.10
         raise ValueError(f"device memory {device_bytes!r} is invalid: must be > 0 bytes")
     limit = device_bytes * (1.0 - reserve_frac)
     worst = plan.peak
-    if worst.total > limit and worst.eval_peak > worst.train_total:
+    if worst.total <= limit:
+        return
+    allows = f"but the device allows {_gib(limit)} GiB ({_gib(device_bytes)} GiB less {reserve_frac:.0%} reserve)"
+    if worst.eval_peak > worst.train_total:
         raise ValueError(
             f"memory plan of {plan.run} does not fit: stage {worst.stage} needs {_gib(worst.total)} GiB to "
-            f"evaluate (training needs {_gib(worst.train_total)} GiB) but the device allows {_gib(limit)} GiB "
-            f"({_gib(device_bytes)} GiB less {reserve_frac:.0%} reserve); try a smaller "
+            f"evaluate (training needs {_gib(worst.train_total)} GiB) {allows}; try a smaller "
             f"train.eval_micro_batch_size, train.loss_chunk_tokens or more stages")
-    if worst.total > limit:
-        big = max(worst.terms().items(), key=lambda kv: kv[1])
-        raise ValueError(
-            f"memory plan of {plan.run} does not fit: stage {worst.stage} needs {_gib(worst.total)} GiB "
-            f"(largest term {big[0]} {_gib(big[1])} GiB) but the device allows {_gib(limit)} GiB "
-            f"({_gib(device_bytes)} GiB less {reserve_frac:.0%} reserve); try train.schedule=1f1b, "
-            f"activation checkpointing, smaller micro-batches (more of them) or more stages")
+    big = max(worst.terms().items(), key=lambda kv: kv[1])
+    raise ValueError(
+        f"memory plan of {plan.run} does not fit: stage {worst.stage} needs {_gib(worst.total)} GiB "
+        f"(largest term {big[0]} {_gib(big[1])} GiB) {allows}; try train.schedule=1f1b, "
+        f"activation checkpointing, smaller micro-batches (more of them) or more stages")
 

@@ -21,21 +21,8 @@ import torch
 
 from .config import POLAR_METHODS
 
-__all__ = [
-    "sym",
-    "tangent_project",
-    "thin_svd",
-    "polar_svd",
-    "polar_express",
-    "msign",
-    "stiefel_random",
-    "ortho_error",
-    "principal_angles",
-    "SPEL",
-    "POLAR_METHODS",
-    "POLAR_EXPRESS_COEFFS",
-    "ieee_fp32",
-]
+__all__ = ["sym", "tangent_project", "thin_svd", "polar_svd", "polar_express", "msign", "stiefel_random",
+           "ortho_error", "principal_angles", "SPEL", "POLAR_METHODS", "POLAR_EXPRESS_COEFFS", "ieee_fp32"]
 
 # Polar Express degree-5 coefficients p(x) = a·x + b·x³ + c·x⁵, one triple per iteration (Algorithm 1 of arXiv
 # 2505.16932). The last, the quintic Newton-Schulz map (fixed point 1), repeats past the list.
@@ -171,12 +158,8 @@ def msign(X: torch.Tensor, method: str = "svd", steps: int = 10) -> torch.Tensor
 
 
 def _retract(Y: torch.Tensor, method: str, steps: int) -> torch.Tensor:
-    """polar(Y) onto St(d, r), always in >= float32: the constraint must hold to ~1e-5."""
-    if method == "svd":
-        return polar_svd(Y)
-    if method == "polar_express":
-        return polar_express(Y, steps=steps)
-    raise ValueError(f"unknown polar method {method!r}; allowed: {POLAR_METHODS}")
+    """polar(Y) onto St(d, r), always in >= float32: the constraint must hold to ~1e-5 (``method`` checked by SPEL)."""
+    return polar_svd(Y) if method == "svd" else polar_express(Y, steps=steps)
 
 
 def stiefel_random(d: int, r: int, seed: int | torch.Generator | None = None, *,

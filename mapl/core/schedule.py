@@ -15,7 +15,7 @@ from typing import Callable
 
 __all__ = ["SCHEDULES", "ONE_F_ONE_B", "POSTS_AHEAD", "schedule_ops", "Kind", "Op", "Msg", "Compute", "Transfer",
            "Comm", "Barrier", "Action", "stage_program", "step_tail", "step_program", "eval_program", "check_programs",
-           "ScheduleError", "naive_program"]
+           "ScheduleError"]
 
 
 # ---- the vocabulary of programs (string enums: they compare and hash as their values) --------------
@@ -151,16 +151,6 @@ def stage_program(schedule: str, n_stages: int, n_micro: int, stage: int) -> lis
         pending = _makes(kind, m, stage, n_stages)
     if pending:
         program.append(Comm(tuple(pending)))
-    return program
-
-
-def naive_program(schedule: str, n_stages: int, n_micro: int, stage: int) -> list[Action]:
-    """Each transfer alone, where it is needed or made: the checker shows it deadlocks 1F1B."""
-    program: list[Action] = []
-    for kind, m in schedule_ops(schedule, n_stages, n_micro, stage):
-        program += [Comm((t,)) for t in _needs(kind, m, stage, n_stages)]
-        program.append(Compute(kind, m))
-        program += [Comm((t,)) for t in _makes(kind, m, stage, n_stages)]
     return program
 
 

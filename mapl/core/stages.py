@@ -92,7 +92,7 @@ class StagedModel(nn.Module):
         """Stage s up to its last block, (h, anchor). The stream stays fp32 under bf16 autocast: a bf16 stream
         carrying SSN's N(0, 1) shift loses the small signal beside it (messages off by 10-20%)."""
         m = self.model
-        dt = self._stream_dtype(s)
+        dt = m.layers[str(self.split[s][0])].attn_norm.weight.dtype
         h = (m.embed(ids) if s == 0 else self.boundaries[str(s - 1)].decode(inp)).to(dt)
         a = self.anchors[str(s)](ids)
         if a is not None:
@@ -101,9 +101,6 @@ class StagedModel(nn.Module):
         for i in self.split[s]:
             h = self._block(m.layers[str(i)], h)
         return h, a
-
-    def _stream_dtype(self, s: int) -> torch.dtype:
-        return self.model.layers[str(self.split[s][0])].attn_norm.weight.dtype
 
     def _block(self, block: nn.Module, h: torch.Tensor) -> torch.Tensor:
         cos, sin = self.model.rope_cos, self.model.rope_sin

@@ -24,14 +24,6 @@ def _check_bits(bits: int) -> None:
         raise ValueError(f"bits={bits!r} is invalid; allowed: an int in 1..{MAX_BITS}")
 
 
-def _word_layout(bits: int) -> tuple[int, int] | None:
-    """(values per word, bytes per word) for the int64 word path, or None if a word would exceed 63 bits."""
-    lcm = bits * 8 // math.gcd(bits, 8)
-    if lcm > 63:
-        return None
-    return lcm // bits, lcm // 8
-
-
 def pack_bits(indices: torch.Tensor, bits: int, *, check: bool = True) -> torch.Tensor:
     """Integer ``indices`` (any shape, C order), each in [0, 2**bits), as a 1-D uint8 tensor. ``check=False``
     skips the range check (a host sync on a GPU) for values in range by construction."""
@@ -46,23 +38,9 @@ def pack_bits(indices: torch.Tensor, bits: int, *, check: bool = True) -> torch.
     if check and (int(v.min()) < 0 or int(v.max()) >= (1 << bits)):
         lo, hi = int(v.min()), int(v.max())
         raise ValueError(f"indices out of range for bits={bits}: min {lo}, max {hi}, allowed [0, {1 << bits})")
-    if bits == 8:
+    if bits == 8:                    # the default codebook (K = 256): one byte a value
         return v.to(torch.uint8)
-    layout = _word_layout(bits)
-    if layout is not None:
-        # g values -> one int64 word of g*bits (a multiple of 8) bits -> w bytes
-        g, w = layout
-        m = -(-n // g)
-        if m * g != n:
-            v = torch.cat([v, v.new_zeros(m * g - n)])
-        v = v.view(m, g)
-        word = v[:, 0].clone()
-        for j in range(1, g):
-            word |= v[:, j] << (j * bits)
-        shifts = torch.arange(0, 8 * w, 8, device=v.device)
-        out = ((word[:, None] >> shifts) & 0xFF).to(torch.uint8).reshape(-1)
-        return out[:nbytes]
-    # generic path (bits in {9, 11, 13, 15}): an (n, bits) bit matrix, one column per bit position
+    # an (n, bits) bit matrix, one column per bit position, read as one stream cut into bytes
     bm = torch.empty(n, bits, dtype=torch.uint8, device=v.device)
     for b in range(bits):
         bm[:, b] = (v >> b) & 1
@@ -91,20 +69,6 @@ def unpack_bits(data: torch.Tensor, bits: int, count: int) -> torch.Tensor:
         return torch.empty(0, dtype=torch.int64, device=data.device)
     if bits == 8:
         return data.to(torch.int64)
-    layout = _word_layout(bits)
-    if layout is not None:
-        g, w = layout
-        m = -(-nbytes // w)
-        d = data.to(torch.int64)
-        if m * w != nbytes:
-            d = torch.cat([d, d.new_zeros(m * w - nbytes)])
-        d = d.view(m, w)
-        word = d[:, 0].clone()
-        for j in range(1, w):
-            word |= d[:, j] << (8 * j)
-        shifts = torch.arange(0, g * bits, bits, device=data.device)
-        vals = (word[:, None] >> shifts) & ((1 << bits) - 1)
-        return vals.reshape(-1)[:count]
     bm = torch.empty(nbytes, 8, dtype=torch.uint8, device=data.device)
     for j in range(8):
         bm[:, j] = (data >> j) & 1

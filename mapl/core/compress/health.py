@@ -47,25 +47,24 @@ class BoundaryHealth:
 
 
 class OutlierAlarm:
-    """Fires when a boundary's max |z| exceeds ``factor`` x the median of its earlier readings (the last
-    ``window``; None: all), after ``min_history`` readings, and again only once the value grew tenfold.
+    """Fires when a boundary's max |z| exceeds ``factor`` x the median of all its earlier readings, after
+    ``min_history`` readings, and again only once the value grew tenfold.
 
     The median, so the outliers warned about do not raise the bar; over all readings, since a rolling window
     follows a slow outlier up (cpu profile seed 1: boundary 1's max |z| grew 42 -> 1,197 over 700 steps, never
     8x its last 10 readings' median but 11x the median of all).
     """
 
-    def __init__(self, factor: float = 5.0, min_history: int = 5, window: int | None = None, after_step: int = 0):
+    def __init__(self, factor: float = 5.0, min_history: int = 5, after_step: int = 0):
         if not factor >= 1:
             raise ValueError(f"factor={factor!r} is invalid; allowed: a number >= 1")
-        self.factor, self.min_history, self.window = float(factor), int(min_history), window
+        self.factor, self.min_history = float(factor), int(min_history)
         self.after_step = int(after_step)        # readings at or before this step are not judged (the caller's rule)
         self.history: dict[int, list[float]] = {}
         self._last_warned: dict[int, float] = {}
 
     def median(self, boundary: int) -> float | None:
         h = self.history.get(boundary, [])
-        h = h[-self.window:] if self.window else h
         return statistics.median(h) if len(h) >= self.min_history else None
 
     def check(self, boundary: int, value: float | None) -> bool:

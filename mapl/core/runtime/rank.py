@@ -110,7 +110,7 @@ def run_rank(cfg: RunConfig, topo: Topology, *, out: Path | None, ckpt: Path | N
             "transport": "blocking" if blocking else "non-blocking"}
     engine = PipelineEngine(cfg, topo, data, tx, dp_group, ckpt, quiet, info, faults)
     if fresh and engine.ckpts is not None:
-        engine.ckpts.remove()
+        engine.ckpts.slot.remove()
         engine.agree(None)                # every file is gone before any rank looks for one
     state = engine.resume(resume_with_changes)
     t = cfg.train

@@ -34,9 +34,6 @@ class RankCheckpoints:
         self.transport, self.log = transport, log
         self.slot = stage_slot(ckpt, stage, writer)
 
-    def remove(self) -> None:
-        self.slot.remove()
-
     def _readable(self, allow_changes: bool, cfg) -> dict[int, tuple[Path, dict]]:
         have = {}
         for path in (self.slot.path, self.slot.previous):
@@ -89,9 +86,3 @@ class RankCheckpoints:
                                  "the learning rate and resume with --resume-with-changes")
         self.slot.commit(lambda path: checkpoint.save(path, cfg=cfg, model=model, optimizers=optimizers, meter=meter,
                                                       state=state), state.step, confirmed)
-
-    def confirm(self) -> None:
-        self.slot.confirm()
-
-    def drop_unconfirmed(self) -> None:
-        self.slot.drop_unconfirmed()

@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from ..config import RunConfig
+from ..config import RunConfig, flatten_config
 
 __all__ = ["LOCAL_FIELDS", "RunMismatch", "run_fingerprint", "data_fingerprint", "differences", "mismatch_message",
            "check_same_run"]
@@ -20,17 +20,6 @@ _SHOWN = 6          # differing fields named per rank before "... and N more"
 
 class RunMismatch(ValueError):
     """The ranks were started for different runs (config, options, data or code)."""
-
-
-def _flatten(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for key, value in d.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict) and key != "model_overrides":
-            out.update(_flatten(value, name + "."))
-        else:
-            out[name] = value
-    return out
 
 
 def data_fingerprint(cfg: RunConfig) -> str | None:
@@ -49,7 +38,7 @@ def run_fingerprint(cfg: RunConfig, options: dict) -> dict:
     """What this rank runs: ``config.<field>``, ``run.<option>``, ``data`` and ``code``."""
     from ..fingerprint import code_fingerprint
     config = {f"config.{k}": json.dumps(v, sort_keys=True, default=str)
-              for k, v in _flatten(cfg.to_dict()).items() if k not in LOCAL_FIELDS}
+              for k, v in flatten_config(cfg.to_dict()).items() if k not in LOCAL_FIELDS}
     return {**config, **{f"run.{k}": json.dumps(v, default=str) for k, v in sorted(options.items())},
             "data": data_fingerprint(cfg), "code": code_fingerprint()}
 

@@ -104,10 +104,10 @@ class PipelineEngine:
         self.ckpts.save(self.cfg, self.sm, self.opts, self.meter, state, confirmed)
 
     def confirm(self) -> None:
-        self.ckpts.confirm()
+        self.ckpts.slot.confirm()
 
     def drop_unconfirmed(self) -> None:
-        self.ckpts.drop_unconfirmed()
+        self.ckpts.slot.drop_unconfirmed()
 
     # ---- one training step ---------------------------------------------------------------------
     def train_step(self, step: int, lr_scale: float, stop_requested=lambda: False) -> StepOutcome:
@@ -383,13 +383,13 @@ class PipelineEngine:
 
     def check_sync(self, step: int) -> list[bool]:
         """Per boundary, whether sender and receiver state checksums agree on every replica."""
-        sends = [([torch.tensor([bsync.checksum(self.comp_out)], dtype=torch.int64)], self.topo.next, "check")] \
+        sends = [([torch.tensor([self.comp_out.checksum()], dtype=torch.int64)], self.topo.next, "check")] \
             if self.comp_out is not None else []
         recvs = [([((1,), torch.int64)], self.topo.prev, "check")] if self.comp_in is not None else []
         with self.tx.during(f"checksum after step {step}"):
             got = self.tx.exchange(sends, recvs)
             self.tx.flush()
-            ok = int(got[0][0][0]) == bsync.checksum(self.comp_in) if recvs else None
+            ok = int(got[0][0][0]) == self.comp_in.checksum() if recvs else None
             everyone = self.tx.gather_object(ok, "checksums")
         return [all(everyone[r * self.P + s] for r in range(self.R)) for s in range(1, self.P)]
 

@@ -5,7 +5,6 @@ from typing import NamedTuple
 
 import torch
 
-from .. import gradwire
 from ..base import Compressor, _check_direction, spec_bytes, tensor_checksum
 from ..bitpack import pack_bits_rows, packed_nbytes, unpack_bits_rows
 from .codebook import OP_EMA, OP_INIT, OP_NONE, DeviceFlag, ResidualVQ, to_device_async
@@ -31,7 +30,7 @@ class RVQCompressor(Compressor):
 
     Forward payload: [data] codes, uint8 (B, ceil(T*G*R*log2K/8)), bit-packed per sequence; [data] scales, bf16
     (B, T), with ``scale="token"`` only; [sync] header, int64 [sender version, op, T]; [sync] the sync strategy's
-    tensors (fixed shapes). Backward: the r-wide gradient in ``grad_dtype``. ``pack`` searches, learns (training
+    tensors (fixed shapes). Backward: the r-wide gradient, as the projection's. ``pack`` searches, learns (training
     only) and reads the sync tensors from the updated codebooks; ``unpack`` decodes with the receiver's copy,
     then applies the sync tensors, so message i is decoded with what messages < i delivered. Neither reads the
     device per message.
@@ -42,7 +41,7 @@ class RVQCompressor(Compressor):
     def __init__(self, inner: Compressor, settings: RVQSettings | None = None, *, seed: int = 0):
         q = RVQSettings() if settings is None else settings
         super().__init__(inner.d_model)
-        self.settings, self.inner, self.scale, self.grad_dtype = q, inner, q.scale, q.grad_dtype
+        self.settings, self.inner, self.scale = q, inner, q.scale
         self.rvq = ResidualVQ(**q.codebook_args(inner.code_dim, seed))     # the sender's codebooks (learned)
         self.recv = ResidualVQ(**q.codebook_args(inner.code_dim, seed))    # the receiver's copy: identical at version 0
         self.sync = make_sync(q.sync, self.rvq, q.stream_fraction)
@@ -82,7 +81,7 @@ class RVQCompressor(Compressor):
         _check_direction(direction)
         B, T = lead_shape
         if direction == "bwd":
-            return gradwire.spec(self.grad_wire, (B, T), self.code_dim, self.grad_dtype)
+            return super().payload_spec(lead_shape, direction)
         codes = ((B, packed_nbytes(T * self.rvq.groups * self.rvq.rounds, self.rvq.bits)), torch.uint8)
         scales = [((B, T), SCALE_DTYPE)] * self._n_scales
         return [codes, *scales, _HEADER, *self.sync.spec(with_init=self._init_is_next(pending))]
@@ -95,7 +94,7 @@ class RVQCompressor(Compressor):
     def payload_roles(self, direction: str) -> list[str]:
         _check_direction(direction)
         if direction == "bwd":
-            return ["data"] * len(gradwire.spec(self.grad_wire, (1, 1), self.code_dim, self.grad_dtype))
+            return super().payload_roles(direction)
         return ["data"] * (1 + self._n_scales) + ["sync"] * (1 + len(self.sync.spec()))
 
     @property
@@ -103,14 +102,14 @@ class RVQCompressor(Compressor):
         return int(self.scale == "token")
 
     def wire_bytes_per_token(self, direction: str) -> float:
-        """fwd: G*R*log2(K)/8 (each sequence adds < 1 byte of padding; sync bytes apart); bwd: r grad_dtype values."""
+        """fwd: G*R*log2(K)/8 (each sequence adds < 1 byte of padding; sync bytes apart); bwd: r wire_dtype values."""
         return self.wire_efficiency_floor(direction) / 8
 
     def wire_efficiency_floor(self, direction: str) -> float:
         _check_direction(direction)
         if direction == "fwd":
             return float(self.rvq.bits_per_token + self._n_scales * torch.finfo(SCALE_DTYPE).bits)
-        return gradwire.floor_bits(self.grad_wire, self.code_dim, self.grad_dtype)
+        return super().wire_efficiency_floor(direction)
 
     def sync_bytes_per_microbatch(self) -> int:
         return spec_bytes([_HEADER, *self.sync.spec()])
@@ -233,13 +232,6 @@ class RVQCompressor(Compressor):
                                                   header.device)
         differs = header[1:] != self._expected[key]
         self._bad_header.raise_if(differs.any() if self.sync.name == "mirrored" else differs[1])
-
-    # ---- wire: backward (the gradient on z: grad_dtype, or int8 with compressor.grad_wire) ----------
-    def pack_grad(self, g: torch.Tensor) -> list[torch.Tensor]:
-        return gradwire.pack(self.grad_wire, g, self.grad_dtype)
-
-    def unpack_grad(self, payload: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
-        return gradwire.unpack(self.grad_wire, payload, dtype)
 
     # ---- shared state: the projector's (A after each optimizer step) ---------------------------
     @property

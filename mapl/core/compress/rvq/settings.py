@@ -1,14 +1,10 @@
-"""``RVQSettings``: everything an ``RVQCompressor`` is built from; a run sets the knobs of ``compressor.rvq``."""
+"""``RVQSettings``: everything an ``RVQCompressor`` is built from; a run sets the knobs of ``compressor.rvq``
+(``mapl.core.config.RVQConfig`` checks their values)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-import torch
-
-from ...config import RVQ_SCALES, RVQ_SEARCH_WITH
-
 __all__ = ["RVQSettings"]
-
 
 
 @dataclass(frozen=True)
@@ -31,16 +27,6 @@ class RVQSettings:
     max_staleness: int | None = None       # None = the sync mode's bound
     search_with: str = "receiver"
     scale: str = "none"                    # "token": quantise z / RMS(z_t), the scale sent in bf16: error relative to |z|
-    grad_dtype: torch.dtype = torch.bfloat16    # the backward payload (the gradient on z, not quantised)
-
-    def __post_init__(self):
-        if self.search_with not in RVQ_SEARCH_WITH:
-            raise ValueError(f"search_with={self.search_with!r} is invalid; allowed: "
-                             f"{', '.join(map(repr, RVQ_SEARCH_WITH))}")
-        if self.scale not in RVQ_SCALES:
-            raise ValueError(f"scale={self.scale!r} is invalid; allowed: {', '.join(map(repr, RVQ_SCALES))}")
-        if self.max_staleness is not None and self.max_staleness < 0:
-            raise ValueError(f"max_staleness={self.max_staleness!r} is invalid; allowed: None or an int >= 0")
 
     @classmethod
     def from_config(cls, q) -> "RVQSettings":
