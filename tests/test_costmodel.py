@@ -342,7 +342,7 @@ def test_measured_steps_take_each_methods_longest_budget_and_never_another_metho
     # a study at another projection ratio and the same budget (learned_fixed_4x) never stands for the method: the
     # runs are taken at the headline's projection ratio (measured_sources)
     from mapl.report.rows import at_projection_ratio
-    from mapl.report.studies import headline_ratio
+    from mapl.report.studies.headline import headline_ratio
 
     def at_headline_ratio(runs):
         return at_projection_ratio(runs, headline_ratio(runs))

@@ -1,5 +1,4 @@
-"""`mapl peer`: the peer systems' published cost on this artifact's link model (the code is mapl.planning.peer).
-It takes no flags: the parser documents the command and refuses a stray flag instead of ignoring it."""
+"""`mapl peer`: the peer systems' published cost on this artifact's link model (mapl.planning.peer)."""
 from __future__ import annotations
 
 from ..base.cli import run_cli
@@ -20,5 +19,4 @@ def _main(argv=None) -> int:
 
 
 def main(argv=None) -> int:
-    """The command; a user error is one line, Ctrl-C or SIGTERM exit 130 (mapl.base.cli.run_cli)."""
     return run_cli(_main, argv, prog=PROG)

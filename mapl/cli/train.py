@@ -22,7 +22,7 @@ EXAMPLES = """
     mapl train --name tiny-P4-mapl-8x-s1 --group seeds --method mapl --ratio 8 --train.seed 1   # as DVC runs it"""
 
 
-def add_run_arguments(ap: argparse.ArgumentParser, params: dict) -> None:
+def add_run_arguments(ap: argparse.ArgumentParser) -> None:
     """The flags both commands (``mapl train``, ``mapl pipeline``) share."""
     add_profile(ap, help="settings from params.yaml")
     ap.add_argument("--model", choices=list(PRESETS), metavar="PRESET", help="model preset (tiny, mini, 150M, ...)")
@@ -49,7 +49,7 @@ def parse_args(argv=None):
     """The flags, and any ``--SECTION.KEY VALUE`` pairs (how ``dvc.yaml`` writes a run's settings) as ``--set``."""
     ap = command_parser("train", "Train one run in this process; rerun the command to resume from its checkpoint.",
                         EXAMPLES)
-    add_run_arguments(ap, load_params())
+    add_run_arguments(ap)
     ap.add_argument("--name", help="the run's name (default: from its settings)")
     ap.add_argument("--group", help="a params.yaml run: results in its group's folder")
     args, rest = ap.parse_known_args(argv)
@@ -126,6 +126,4 @@ def _main(argv: list[str]) -> int:
 
 
 def main(argv=None) -> int:
-    """The CLI; exit codes and one-line errors as ``mapl.base.cli`` documents (0, 2 user error, 4 non-finite,
-    130 interrupted with the checkpoint written; ``--debug`` shows tracebacks)."""
     return run_cli(_main, argv, prog=PROG)

@@ -1,8 +1,6 @@
 """Step time of a pipeline run on a link, from compute, exact wire bytes, schedule and overlap; GPU-hours.
 
-A :class:`Case` is one run's step: per-stage compute of a micro-batch (measured, or FLOPs / (peak x MFU)), the
-bytes of every message of every boundary (asked from the compressor objects), the schedule and M;
-``Case.predict(link)`` replays it on mapl.core.link's virtual clock. docs/pipeline.md states what the FLOPs count.
+A :class:`Case` is one run's step, replayed on mapl.core.link's virtual clock; docs/pipeline.md says what it counts.
 """
 from __future__ import annotations
 
@@ -250,10 +248,8 @@ PLANNER_MICRO_BATCH_FACTORS = (1, 2)
 def with_schedule_variants(case: Case, cfg: RunConfig, gpu: GPUSpec, vocab_size: int | None = None,
                            schedules: Sequence[str] = PLANNER_SCHEDULES,
                            micro_batch_factors: Sequence[int] = (1,)) -> Case:
-    """``case`` with a variant for each of ``schedules`` (with and without activation checkpointing) whose memory
-    plan fits ``gpu.memory_bytes``, and for the same batch in k x M micro-batches (each k of
-    ``micro_batch_factors`` that divides it). Deeper warm-ups hold more graphs: each checkpointing setting
-    stops at the first schedule that does not fit."""
+    """``case`` with a variant per schedule, checkpointing and micro-batch factor whose memory plan fits the GPU
+    (schedules shallowest first: each setting stops at the first that does not fit)."""
     from ..core.memory import check_plan, memory_plan          # torch-heavy: only when variants are asked for
     variants = []
     M, batch = cfg.train.micro_batches, cfg.train.batch_size
@@ -275,9 +271,8 @@ def with_schedule_variants(case: Case, cfg: RunConfig, gpu: GPUSpec, vocab_size:
 
 
 def simulate_inbound(meas, link, steps: int = 4) -> float:
-    """Mean steady-state step time (after the first of ``steps``) under ProtocolNanoGPT's emulator: ONE inbound
-    wire per stage carries the forwards from s-1 and the gradients from s+1 in the order the stage consumes them,
-    each holding it for bytes/bandwidth + latency; steps follow back to back, without all-reduce or state sync."""
+    """Steady-state step time under ProtocolNanoGPT's emulator: one inbound wire per stage, held for bytes/bandwidth
+    + latency per message, steps back to back without all-reduce or state sync."""
     link = get_profile(link)
     P, M = meas.n_stages, meas.n_micro
     ops = [[(k, m, i) for i in range(steps) for k, m in schedule_ops(meas.schedule, P, M, s) + [("O", -1)]]
@@ -356,8 +351,7 @@ def _wall_clock(runs: Sequence[dict], n_gpus: int) -> float:
 
 def gpu_hours(profile: str = "paper", gpu: GPUSpec = H100, groups: Sequence[str] | None = None,
               n_gpus: Sequence[int] = (8, 64), params: dict | None = None) -> dict:
-    """GPU-hours of every run of ``profile``'s groups (default all), totals and wall-clock on ``n_gpus``; runs
-    use 1F1B (GPipe does not fit paper micro-batches) and a free link."""
+    """GPU-hours of every run of ``profile``'s groups, totals and wall-clock on ``n_gpus`` (1F1B, a free link)."""
     params = params or load_params()
     groups = list(groups or group_names(profile, params))
     cache, rows = {}, []

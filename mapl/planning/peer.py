@@ -41,9 +41,7 @@ def _peer_config(method: str, spec: dict):
 
 
 def peer_comparison() -> dict:
-    """Our step-time model at ProtocolNanoGPT's conditions against their published step times and speedup.
-    Per-op compute is FLOPs at the rate that reproduces their WAN-off step time (not published per op); both
-    link semantics are reported, ours (duplex channels) and theirs (one inbound wire per stage)."""
+    """Our step-time model at ProtocolNanoGPT's conditions (compute at the rate of their WAN-off step time)."""
     link = LinkProfile("200Mbps@50ms", PEER["bandwidth_bps"], PEER["latency_s"])
     out = {"source": PEER["source"], "link": link.name, "methods": {}}
     for method, spec in PEER["runs"].items():
