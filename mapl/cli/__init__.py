@@ -31,7 +31,6 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "plan": ("plan", "when compression pays: each method's steps to target against uncompressed"),
     "costmodel": ("costmodel", "GPU-hour estimate of a profile's run groups"),
     "memory": ("memory", "the memory plan per pipeline stage; refuses one that exceeds --device-gib"),
-    "peer": ("peer", "the peer systems' published cost on this artifact's link model"),
     "docs": ("docs", "write the documents' generated blocks from their sources; --check compares only"),
 }
 
