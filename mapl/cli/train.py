@@ -81,30 +81,25 @@ def config_from_args(args) -> RunConfig:
     return load_run_config(args.profile, over, from_string=True)
 
 
-def _check_recorded_config(profile: str, cfg: RunConfig, group: str) -> None:
-    """A run of params.yaml builds the config its DVC stage depends on (reports/<profile>/configs/<run>.json, written
-    from params.yaml by DVC's validate stage): flags that build another config are refused in one line."""
-    from ..base.io import read_json_object
-    from ..core.config import config_hash
-    from ..orchestration.groups import config_path
-    path = config_path(profile, cfg.name())
-    recorded = read_json_object(path) if path.is_file() else None
-    if recorded and (recorded.get("config_hash"), recorded.get("group")) != (config_hash(cfg), group):
-        raise ConfigError(f"these flags build another config than {path.relative_to(PROJECT_ROOT)} (params.yaml's run "
-                          f"{cfg.name()}): run it with `dvc repro train@{cfg.name()}`, or drop --group")
-
-
 def _main(argv: list[str]) -> int:
     args = parse_args(argv)
     cfg = config_from_args(args).validate()          # every check that needs no data, before torch loads
     if args.group:
         from ..base.declared_groups import declaration
-        from ..orchestration.groups import results_path
+        from ..base.io import read_json_object
+        from ..core.config import config_hash
+        from ..orchestration.groups import config_path, results_path
         from ..orchestration.sweep import checkpoint_path
-        if args.group not in declaration(load_params()).names():
+        declared = declaration(load_params()).names()
+        if args.group not in declared:
             raise ConfigError(f"--group {args.group!r} is invalid: allowed the groups params.yaml declares "
-                              f"({', '.join(declaration(load_params()).names())})")
-        _check_recorded_config(args.profile, cfg, args.group)
+                              f"({', '.join(declared)})")
+        # a run of params.yaml builds the config its DVC stage depends on (written by the validate stage)
+        path = config_path(args.profile, cfg.name())
+        recorded = read_json_object(path) if path.is_file() else None
+        if recorded and (recorded.get("config_hash"), recorded.get("group")) != (config_hash(cfg), args.group):
+            raise ConfigError(f"these flags build another config than {path.relative_to(PROJECT_ROOT)} (params.yaml's "
+                              f"run {cfg.name()}): run it with `dvc repro train@{cfg.name()}`, or drop --group")
         out = args.out or results_path(args.profile, cfg.name(), args.group)
         ckpt = args.ckpt or checkpoint_path(args.profile, cfg.name())
     else:

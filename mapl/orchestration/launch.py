@@ -6,6 +6,7 @@ Every rank writes its exit status to ``$MAPL_STATUS_DIR/rank<r>.json``; when eve
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -109,9 +110,7 @@ def launch(cfg_args: list[str], nprocs: int, port: int | None = None, *, launche
     # the exit codes of the ranks that ended by themselves say why the run ended, not a launcher's SIGKILL
     own = [c for r, c in enumerate(res.rank_returncodes) if r not in res.stopped]
     res.returncode = _outcome(own or res.rank_returncodes, res.statuses, nprocs, res.launcher_returncode)
-    for f in Path(status_dir).glob("*"):
-        f.unlink()
-    os.rmdir(status_dir)
+    shutil.rmtree(status_dir, ignore_errors=True)
     return res
 
 
@@ -138,9 +137,7 @@ def launch_machines(cfg_args: list[str], nprocs: int, machines: int, *, launcher
                        launcher_returncode=next((p.returncode for p in procs if p.returncode), 0))
     res.statuses = read_statuses(Path(status_dir))
     res.returncode = _outcome([], res.statuses, nprocs, res.launcher_returncode)
-    for f in Path(status_dir).glob("*"):
-        f.unlink()
-    os.rmdir(status_dir)
+    shutil.rmtree(status_dir, ignore_errors=True)
     return res
 
 

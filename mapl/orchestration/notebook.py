@@ -9,7 +9,6 @@ import ast
 import math
 import sys
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -19,32 +18,16 @@ __all__ = ["NotebookParameterError", "ProfilePaths", "check_parameters", "find_r
 INJECTED_MARK = "# Parameters"
 
 
-@dataclass(frozen=True)
 class ProfilePaths:
     """Where one profile's outputs live (profiles never write into each other's folders)."""
-    root: Path
-    profile: str
 
-    @property
-    def base(self) -> Path:
-        return self.root / "reports" / self.profile
-
-    @property
-    def results(self) -> Path:                 # results/<group>/<run>.json
-        return self.base / "results"
-
-    @property
-    def notebooks(self) -> Path:               # executed notebooks (papermill)
-        return self.base / "notebooks"
-
-    @property
-    def tables(self) -> Path:
-        return self.base / "tables"
-
-    @property
-    def figures(self) -> Path:
-        return self.base / "figures"
-
+    def __init__(self, root: Path, profile: str):
+        self.root, self.profile = Path(root), profile
+        self.base = self.root / "reports" / profile
+        self.results = self.base / "results"           # results/<group>/<run>.json
+        self.notebooks = self.base / "notebooks"       # executed notebooks (papermill)
+        self.tables = self.base / "tables"
+        self.figures = self.base / "figures"
 
 
 def find_root(start: Path | None = None) -> Path:

@@ -5,7 +5,6 @@ docs/reproducing.md describes the copy, ``--dir`` workspaces, signals and exit c
 from __future__ import annotations
 
 import contextlib
-import difflib
 import os
 import re
 import shutil
@@ -152,8 +151,7 @@ def _done(dest: Path, keep: bool) -> None:
 
 
 def repro(profile: str, root: Path = PROJECT_ROOT, copy_back: bool = False, keep: bool = False,
-          capture: bool = False, extra: list[str] | None = None, into: Path | None = None,
-          targets: list[str] | None = None) -> str:
+          capture: bool = False, into: Path | None = None, targets: list[str] | None = None) -> str:
     """``dvc repro [targets]`` on ``profile`` in a fresh copy (or the kept workspace ``into``); ``copy_back``:
     replace reports/<profile>/ here by the copy's. Returns the captured output or ''."""
     targets = list(targets or [])
@@ -169,7 +167,7 @@ def repro(profile: str, root: Path = PROJECT_ROOT, copy_back: bool = False, keep
     dest, env = _new_copy(profile, root, into)
     keep = keep or into is not None
     try:
-        log = dvc(["repro", *(extra or []), *targets], dest, env, capture)
+        log = dvc(["repro", *targets], dest, env, capture)
         if copy_back:
             src, target = dest / "reports" / profile, Path(root) / "reports" / profile
             shutil.rmtree(target, ignore_errors=True)
@@ -226,42 +224,25 @@ def smoke(root: Path = PROJECT_ROOT, keep: bool = False, capture: bool = False) 
     return (dest if keep else None), log
 
 
-def _files(base: Path, profile: str) -> dict[str, Path]:
-    out = base / "reports" / profile
-    found = {p.relative_to(base).as_posix(): p for sub in ("tables", "figures") if (out / sub).is_dir()
-             for p in sorted((out / sub).rglob("*")) if p.is_file()}
-    if (out / "metrics.json").is_file():
-        found[f"reports/{profile}/metrics.json"] = out / "metrics.json"
-    return found
-
-
-def compare_outputs(expected: Path, actual: Path, profile: str) -> list[str]:
-    """Differences between two checkouts' report outputs of ``profile`` (tables, figures, metrics.json)."""
-    a, b = _files(Path(expected), profile), _files(Path(actual), profile)
-    problems = [f"missing after re-execution: {k}" for k in sorted(set(a) - set(b))]
-    problems += [f"new after re-execution: {k}" for k in sorted(set(b) - set(a))]
-    for key in sorted(set(a) & set(b)):
-        old, new = a[key].read_bytes(), b[key].read_bytes()
-        if old == new:
-            continue
-        if key.endswith(".png"):
-            problems.append(f"differs: {key} (PNG, {len(old)} vs {len(new)} bytes)")
-            continue
-        diff = difflib.unified_diff(old.decode(errors="replace").splitlines(), new.decode(errors="replace").splitlines(),
-                                    "committed", "re-executed", n=0, lineterm="")
-        problems.append(f"differs: {key}\n    " + "\n    ".join(list(diff)[2:12]))
-    return problems
+def compare_outputs(copy: Path, profile: str, env: dict) -> list[str]:
+    """The report outputs of ``profile`` (tables, figures, metrics.json) that differ from what the copy committed."""
+    paths = [f"reports/{profile}/{sub}" for sub in ("tables", "figures", "metrics.json")]
+    status = _run(["git", "status", "--porcelain", "--untracked-files=all", "--", *paths], copy, env, capture=True)
+    words = {"D": "missing after re-execution", "??": "new after re-execution"}
+    problems = [f"{words.get(line[:2].strip(), 'differs')}: {line[3:]}" for line in status.splitlines()]
+    diff = _run(["git", "diff", "-U0", "--diff-filter=M", "--", *paths], copy, env, capture=True).splitlines()
+    return problems + ["    " + line for line in diff[:30] if line[:1] in "+-" and line[:3] not in ("+++", "---")]
 
 
 def verify(profile: str = "", root: Path = PROJECT_ROOT, keep: bool = False, capture: bool = False) -> list[str]:
     """Re-execute the report of ``profile`` (default: params.yaml's) in a copy; raises on a difference."""
     profile = profile or _default_profile(root)
-    if not _files(Path(root), profile):
+    if not (Path(root) / "reports" / profile / "tables").is_dir():
         raise ValueError(f"--profile {profile!r}: no committed report outputs under reports/{profile}/ to verify")
     dest, env = _new_copy(profile, root)
     try:
         dvc(["repro", "--force", "--single-item", "report"], dest, env, capture)
-        problems = compare_outputs(root, dest, profile)
+        problems = compare_outputs(dest, profile, env)
     finally:
         _done(dest, keep)
     if problems:
