@@ -21,7 +21,7 @@ from .progress import (LAUNCH_OVERHEAD_S, UNPREPARED_EVAL_TOKENS, StepProgress, 
                        estimate_group, eval_split_guessed, hms, named_warnings)
 
 __all__ = ["LAUNCHERS", "LauncherConfig", "launcher_config", "checkpoint_path", "prepare_data", "train_one",
-           "train_pool", "worker_init", "same_config", "sweep", "estimate_text"]
+           "train_pool", "worker_init", "sweep", "estimate_text"]
 
 LAUNCHERS = ("pool", "accelerate", "torchrun")
 
@@ -54,12 +54,6 @@ def prepare_data(cfgs: list[RunConfig]) -> None:
     from ..core.engine import resolve_data_dir
     for data_dir, cfg in {resolve_data_dir(c): c for c in cfgs}.items():
         mdata.prepare(cfg.data, data_dir)
-
-
-def same_config(out: Path, cfg: RunConfig) -> bool:
-    """``out`` holds a finished run's results of this very config (its hash)."""
-    res = read_json_object(out) if Path(out).is_file() else None
-    return bool(res) and (res.get("provenance") or {}).get("config_hash") == config_hash(cfg.validate())
 
 
 # ---- one run ---------------------------------------------------------------------------------------
@@ -200,8 +194,10 @@ def _measured_text(cfgs: list[RunConfig], out_dir: Path) -> str:
     """What the committed results of these runs (same config hash) took on the machine that trained them."""
     walls = []
     for cfg in cfgs:
-        res = read_json_object(Path(out_dir) / f"{cfg.name()}.json") if (Path(out_dir) / f"{cfg.name()}.json").is_file() else None
-        if res and same_config(Path(out_dir) / f"{cfg.name()}.json", cfg) and isinstance(res.get("train_wall_s"), (int, float)):
+        path = Path(out_dir) / f"{cfg.name()}.json"
+        res = (read_json_object(path) if path.is_file() else None) or {}
+        if (res.get("provenance") or {}).get("config_hash") == config_hash(cfg.validate()) and \
+                isinstance(res.get("train_wall_s"), (int, float)):
             walls.append(float(res["train_wall_s"]))
     if not walls:
         return ""
