@@ -229,7 +229,7 @@ def _worker(task: _Task) -> dict:
             "delta_pct": res["delta_pct"]}
 
 
-def _trunks(profile: str, st: FrozenTrunkSettings, params: dict, root: Path, log) -> list[tuple[RunConfig, Path, float]]:
+def _trunks(profile: str, st: FrozenTrunkSettings, params: dict, root: Path) -> list[tuple[RunConfig, Path, float]]:
     """(config, checkpoint, val loss) of every trunk, trained first (or restored from its checkpoint)."""
     specs, cfgs = trunk_specs(st), trunk_configs(profile, st, params)
     out_dir = study_dir(profile, root) / "trunks"
@@ -264,7 +264,7 @@ def run_study(profile: str, params: dict | None = None, root: Path = PROJECT_ROO
         log(f"frozen_trunk.{profile} has no seeds: nothing to run")
         return []
     fingerprint = code_fingerprint()
-    trunks = _trunks(profile, st, params, root, log)
+    trunks = _trunks(profile, st, params, root)
     workers = jobs or sweep.launcher_config(profile, params).jobs or 1
     first = st.seeds[0]
 
