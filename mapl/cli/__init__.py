@@ -5,25 +5,19 @@
     mapl pipeline --profile micro --method mapl --ratio 4 --stages 2
     mapl sweep --profile cpu --group main                     # a run group of params.yaml
 
-Each subcommand is a module of this package: its parser and one call into a layer, `main(argv) -> exit code`.
-Every parser comes from `command_parser` (argparse's usage, one sentence, the flags, two or three examples)
-and takes `--profile` from `add_profile` (params.yaml's profiles as its choices); tests/test_command.py holds
-each help to that shape and to one screen. The dispatcher reads only the first argument and imports only the
-module it names, so `mapl --help` and a mistyped command cost no torch import. Exit codes and one-line errors
-are mapl.base.cli's (0 done, 1 a bug, 2 a user error, 3 a peer failed, 4 non-finite values, 130 interrupted).
-
-This package is the commands layer (tests/test_layers.py): it alone imports argparse, and none imports it.
+Each subcommand is a module of this package, `main(argv) -> exit code`, its parser from `command_parser` and
+`add_profile`. The dispatcher imports only the module it names (no torch for `mapl --help`).
 """
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import sys
 import textwrap
 from typing import Sequence
 
-__all__ = ["COMMANDS", "main", "build_parser", "command_table", "command_parser", "add_profile",
-           "profile_names"]
+__all__ = ["COMMANDS", "main", "build_parser", "command_parser", "add_profile", "profile_names"]
 
 # command -> (module of this package, the one line `mapl --help` shows); the order is the help's
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -37,27 +31,19 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "plan": ("plan", "when compression pays: each method's steps to target against uncompressed"),
     "costmodel": ("costmodel", "GPU-hour estimate of a profile's run groups"),
     "memory": ("memory", "the memory plan per pipeline stage; refuses one that exceeds --device-gib"),
-    "peer": ("peer", "the peer systems' published cost on this artifact's link model"),
     "docs": ("docs", "write the documents' generated blocks from their sources; --check compares only"),
 }
 
 
 def command_parser(name: str, summary: str, examples: str, subcommands=None) -> argparse.ArgumentParser:
-    """A command's parser in the one shape every ``--help`` takes: argparse's usage, the one-sentence
-    ``summary``, the flags, then ``examples`` (one command a line, a ``# why`` after it if any) as the epilog.
-    ``subcommands``: the ``add_subparsers()`` of the parent command, for a subcommand (``mapl workspace repro``)."""
+    """A command's parser: usage, the one-sentence ``summary``, the flags, then ``examples`` (``subcommands``: the
+    parent's ``add_subparsers()``)."""
+    # the examples' line breaks kept; a help column wide enough for a long flag
     kw = dict(description=summary, epilog="examples:\n" + textwrap.indent(textwrap.dedent(examples).strip(), "  "),
-              formatter_class=_HelpFormatter)
+              formatter_class=functools.partial(argparse.RawDescriptionHelpFormatter, max_help_position=26))
     if subcommands is not None:
         return subcommands.add_parser(name, help=summary.rstrip("."), **kw)
     return argparse.ArgumentParser(prog=f"mapl {name}", **kw)
-
-
-class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """argparse's layout with the examples' line breaks kept and a help column wide enough for a long flag."""
-
-    def __init__(self, prog: str):
-        super().__init__(prog, max_help_position=26)
 
 
 def profile_names(params: dict | None = None) -> list[str]:
@@ -68,8 +54,7 @@ def profile_names(params: dict | None = None) -> list[str]:
 
 def add_profile(parser: argparse.ArgumentParser, default: str | None = "", help: str = "params.yaml profile",
                 required: bool = False) -> None:
-    """``--profile`` with params.yaml's profiles as its choices: one spelling and one error for every command.
-    ``default``: "" takes params.yaml's own ``profile:``, None leaves the flag unset."""
+    """``--profile`` with params.yaml's profiles as its choices (``default`` "": params.yaml's ``profile:``)."""
     from ..core.config import load_params
     params = load_params()
     default = None if required else params["profile"] if default == "" else default
@@ -77,18 +62,14 @@ def add_profile(parser: argparse.ArgumentParser, default: str | None = "", help:
                         help=help if default is None else f"{help} (default: %(default)s)")
 
 
-def command_table() -> str:
-    """``mapl --help``'s list: one line per command, its name and its summary."""
-    width = max(map(len, COMMANDS)) + 2
-    return "commands:\n" + "\n".join(f"  {name:<{width}}{summary}" for name, (_, summary) in COMMANDS.items())
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser: ``--help``, ``--version`` and the command's name (its flags are its own)."""
     from .. import __version__
+    width = max(map(len, COMMANDS)) + 2
+    table = "\n".join(f"  {name:<{width}}{summary}" for name, (_, summary) in COMMANDS.items())
     ap = argparse.ArgumentParser(prog="mapl", usage="mapl [-h] [--version] <command> [flags ...]",
                                  description=__doc__.split("\n\n")[0],
-                                 epilog=command_table() + "\n\n`mapl <command> --help` documents a command's flags; "
+                                 epilog=f"commands:\n{table}\n\n`mapl <command> --help` documents a command's flags; "
                                         "exit codes are those of mapl/base/cli.py.",
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--version", action="version", version=f"mapl {__version__}")

@@ -14,7 +14,6 @@ PROG = "mapl costmodel"
 
 
 def main(argv=None) -> int:
-    """The command; a user error is one line, Ctrl-C or SIGTERM exit 130 (mapl.base.cli.run_cli)."""
     return run_cli(_main, argv, prog=PROG)
 
 

@@ -1,8 +1,4 @@
-"""`mapl data`: prepare a dataset (the DVC stage prepare), check one, or rebuild one.
-
-The command: its flags, messages and the grid's budget notes; what prepares the data is mapl.data. The
-paper's offline route (a local parquet copy) is in docs/gpu.md, every exit code in docs/failure-modes.md.
-"""
+"""`mapl data`: prepare a dataset (the DVC stage prepare), check one, or rebuild one (the code is mapl.data)."""
 from __future__ import annotations
 
 import argparse
@@ -15,9 +11,9 @@ from pathlib import Path
 
 from ..base.cli import run_cli
 from ..base.io import OutputError
-from ..core.config import load_params, load_run_config
+from ..core.config import load_run_config
 from ..data.build import prepare
-from ..data.config import DOC_SPLITS, SOURCES, TOKENIZERS, DataConfig, DataError, effective_token_config, token_config
+from ..data.config import DOC_SPLITS, SOURCES, TOKENIZERS, DataConfig, DataError
 from ..data.dataset import default_data_dir
 from . import add_profile, command_parser
 
@@ -61,45 +57,6 @@ def config_from_args(args: argparse.Namespace) -> DataConfig:
     return DataConfig(**{k: v for k, v in vars(args).items() if k in names})
 
 
-def _profile_data(profile: str) -> DataConfig:
-    return load_run_config(profile).data
-
-
-def same_tokens(a: DataConfig, b: DataConfig) -> bool:
-    return effective_token_config(token_config(a)) == effective_token_config(token_config(b))
-
-
-def grid_need(profile: str) -> tuple[int, str]:
-    """The most train tokens one run of the profile reads (steps x batch x context), and which run."""
-    params = load_params()
-    base = load_run_config(profile, params=params)
-    t = base.train
-    best = (t.steps * t.batch_size * t.seq_len, f"the profile's defaults: {t.steps} x {t.batch_size} x {t.seq_len}")
-    for name, spec in ((params["profiles"][profile] or {}).get("runs") or {}).items():
-        c = load_run_config(profile, {k: v for k, v in spec.items() if k != "group"}, params=params)
-        n = c.train.steps * c.train.batch_size * c.train.seq_len
-        if same_tokens(c.data, base.data) and n > best[0]:
-            best = (n, f"{name}: {c.train.steps} steps x {c.train.batch_size} x {c.train.seq_len}")
-    return best
-
-
-def budget_notes(cfg: DataConfig, manifest: dict, need: int, who: str) -> list[str]:
-    """How the prepared train shard compares with what the profile's runs read."""
-    train = manifest["splits"]["train"]["tokens"]
-    passes = need / train
-    lines = [f"  grid: the largest run reads {need:,} train tokens ({who}) = {passes:.2f} passes over train "
-             f"(data.sampling={cfg.sampling})"]
-    if cfg.max_train_tokens > need:
-        lines.append(f"  note: data.max_train_tokens={cfg.max_train_tokens:,} prepares more than any run reads")
-    if cfg.max_train_tokens == 0 and cfg.val_tokens > 0 and passes < 1:
-        lines.append(f"  note: the whole source was tokenized; data.max_train_tokens: {need} would stop at what "
-                     f"the runs read")
-    if passes > 1 and cfg.sampling == "uniform":
-        lines.append(f"  note: with sampling=uniform about {100 * math.exp(-passes):.1f}% of the train tokens are "
-                     f"never read; sampling=epochs reads every window {passes:.2f} times")
-    return lines
-
-
 def summary(m: dict, out: Path) -> str:
     t, v = m["splits"]["train"], m["splits"]["val"]
     lines = [f"{out}: {m['source']}",
@@ -119,7 +76,7 @@ def _main(argv: list[str] | None = None) -> int:
         parser.error(f"--progress-every {args.progress_every:g} is invalid: must be a finite number of seconds > 0")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
-        cfg = (_profile_data(args.profile) if args.profile else config_from_args(args)).validate()
+        cfg = (load_run_config(args.profile).data if args.profile else config_from_args(args)).validate()
     except (ValueError, OSError) as e:
         parser.error(str(e))            # exit 2, message names the field and what is allowed
     out = Path(args.out) if args.out else default_data_dir(cfg)
@@ -134,12 +91,9 @@ def _main(argv: list[str] | None = None) -> int:
         print(f"{PROG}: interrupted; run the same command again to resume", file=sys.stderr)
         return 130
     print(summary(manifest, out))
-    if args.profile:
-        print("\n".join(budget_notes(cfg, manifest, *grid_need(args.profile))))
     print(f"  done in {time.perf_counter() - t0:.1f} s")
     return 0
 
 
 def main(argv=None) -> int:
-    """The command; a user error is one line, Ctrl-C or SIGTERM exit 130 (mapl.base.cli.run_cli)."""
     return run_cli(_main, argv, prog=PROG)

@@ -1,9 +1,4 @@
-"""`mapl docs`: write every generated block of the documents from its source; `--check` fails on a difference.
-
-The documents keep their tables of results, stages, benchmarks and run-time estimates between
-`<!-- generated:NAME -->` markers (mapl.report.docblocks); this command fills them, so none is ever copied by
-hand. `mapl docs --check` is what the test suite runs: exit 2 names the documents whose blocks differ.
-"""
+"""`mapl docs`: write every generated block of the documents from its source; `--check` fails on a difference."""
 from __future__ import annotations
 
 import sys
@@ -24,8 +19,7 @@ DOCUMENTS = ("README.md", "docs/reproducing.md", "notebooks/README.md", "benchma
 
 
 def estimate_block(root: Path) -> str:
-    """`mapl sweep --estimate` of the default profile as a fresh clone prints it (a code block): split sizes from
-    committed stamps only, so the block reads the same on every machine whatever it has prepared."""
+    """`mapl sweep --estimate` of the default profile as a fresh clone prints it (a code block)."""
     from ..orchestration import progress, sweep
     params = load_params(root / "params.yaml")
     with progress.committed_data_only():

@@ -1,6 +1,4 @@
-"""`mapl frozen-trunk`: the frozen-trunk study of a profile (params.yaml `frozen_trunk`; DVC stage frozen_trunk).
-
-The command only; the study, and why it is run this way, is mapl.orchestration.frozen_trunk's docstring."""
+"""`mapl frozen-trunk`: the frozen-trunk study of a profile (mapl.orchestration.frozen_trunk)."""
 from __future__ import annotations
 
 from ..base.cli import add_debug_flag, run_cli
@@ -14,7 +12,6 @@ PROG = "mapl frozen-trunk"
 
 
 def main(argv=None) -> int:
-    """The command; errors are one line (mapl.base.cli.run_cli)."""
     return run_cli(_main, argv, prog=PROG)
 
 

@@ -1,5 +1,4 @@
-"""`mapl memory`: the memory plan per pipeline stage (the code, and where its numbers come from, is
-mapl.core.memory)."""
+"""`mapl memory`: the memory plan per pipeline stage (mapl.core.memory)."""
 from __future__ import annotations
 
 import math
@@ -14,7 +13,6 @@ PROG = "mapl memory"
 
 
 def main(argv=None) -> int:
-    """The command; a user error is one line, Ctrl-C or SIGTERM exit 130 (mapl.base.cli.run_cli)."""
     return run_cli(_main, argv, prog=PROG)
 
 

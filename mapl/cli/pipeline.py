@@ -1,8 +1,4 @@
-"""`mapl pipeline`: the multi-process pipeline: one process per stage (x R data-parallel replicas), gloo on CPU,
-NCCL on GPU. The command only: flags, output defaults, and which of the two this process is (the command that
-starts the ranks, mapl.orchestration.pipeline_launch, or one rank, mapl.core.runtime.rank_process).
-docs/pipeline.md describes launchers, several machines, timeouts and why the stages are our own.
-"""
+"""`mapl pipeline`: one process per stage (x R replicas); this process starts the ranks, or is one (docs/pipeline.md)."""
 from __future__ import annotations
 
 import argparse
@@ -13,15 +9,14 @@ from pathlib import Path
 
 # No torch at import (as mapl.cli.train): the flags and the config are checked before the runtime loads.
 from ..base.cli import debug_requested, report
-from ..core.config import PROJECT_ROOT, SCHEDULES, TrainConfig, load_params
+from ..core.config import PROJECT_ROOT, SCHEDULES
 from ..core.link import PROFILES
 from . import command_parser
 from . import train as mtrain
 
-__all__ = ["main", "PROG", "DEFAULT_TIMEOUT_S", "DEFAULT_RENDEZVOUS_S"]
+__all__ = ["main", "PROG", "DEFAULT_RENDEZVOUS_S"]
 
 PROG = "mapl pipeline"
-DEFAULT_TIMEOUT_S = TrainConfig.comm_timeout_s        # train.comm_timeout_s unless a profile sets it
 DEFAULT_RENDEZVOUS_S = 300.0        # ranks of a several-machine launch are often started by hand, minutes apart
 
 
@@ -55,7 +50,7 @@ def _parse(argv: list[str]):
     if not (math.isfinite(value) and value > 0):
         raise ValueError(f"--rendezvous-timeout {value:g} is invalid: must be a finite number of seconds > 0")
     run_flags = argparse.ArgumentParser(prog=PROG, add_help=False)
-    mtrain.add_run_arguments(run_flags, load_params())
+    mtrain.add_run_arguments(run_flags)
     args = run_flags.parse_args(rest)
     if extra.schedule:
         args.set = list(args.set) + [f"train.schedule={extra.schedule}"]
@@ -71,7 +66,7 @@ def _paths(args, cfg) -> tuple[Path, Path]:
 
 
 def _launch(extra, args, argv: list[str]) -> int:
-    """No launcher around this process: start the ranks here (mapl.orchestration.pipeline_launch)."""
+    """No launcher around this process: start the ranks here."""
     cfg = mtrain.config_from_args(args)
     out, ckpt = _paths(args, cfg)
     from ..orchestration.pipeline_launch import launch_pipeline     # torch: once the flags and config are read
@@ -80,7 +75,7 @@ def _launch(extra, args, argv: list[str]) -> int:
 
 
 def _rank(extra, args, debug: bool) -> int:
-    """This process is one rank of a launch (mapl.core.runtime.rank_process)."""
+    """This process is one rank of a launch."""
     from ..core.runtime.rank_process import RankOptions, run_rank_process
 
     def resolve():
@@ -95,10 +90,7 @@ def _rank(extra, args, debug: bool) -> int:
 
 
 def _check_process_count(world: int, stages: int) -> None:
-    """Each rank refuses a launch that cannot be split into pipelines, from the launcher's WORLD_SIZE and
-    before the rendezvous (the process group would check it too, but only after joining: the first rank to
-    refuse closes its sockets while its peers still connect, and they end "peer died" instead of with this
-    line). Checked here, not in mapl.core.runtime: that package is part of the training fingerprint."""
+    """Refuse a WORLD_SIZE that is no multiple of P before the rendezvous (after it, peers would end "peer died")."""
     if world % stages:
         raise ValueError(f"{world} process(es) cannot be split into pipelines of stages={stages}: the process count "
                          f"must be a multiple of the stage count (P x replicas). Launch {stages} x R processes "
@@ -107,8 +99,6 @@ def _check_process_count(world: int, stages: int) -> None:
 
 
 def main(argv=None) -> int:
-    """The command; exit codes and one-line errors as mapl.base.cli documents (every rank, and this process when
-    it starts them)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = debug_requested(argv)
     argv = [a for a in argv if a != "--debug"]

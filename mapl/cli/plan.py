@@ -1,5 +1,4 @@
-"""`mapl plan`: when compression pays: each method's steps to target against uncompressed's (the code is
-mapl.planning.planner)."""
+"""`mapl plan`: each method's steps to target against uncompressed's (mapl.planning.planner)."""
 from __future__ import annotations
 
 import math
@@ -14,7 +13,6 @@ PROG = "mapl plan"
 
 
 def main(argv=None) -> int:
-    """The command; a user error is one line, Ctrl-C or SIGTERM exit 130 (mapl.base.cli.run_cli)."""
     return run_cli(_main, argv, prog=PROG)
 
 

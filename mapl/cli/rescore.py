@@ -1,5 +1,4 @@
-"""`mapl rescore`: re-score a run group's finished runs on text that neither selection nor reporting read
-(DVC stage rescore). The command only; what it scores, and why, is mapl.orchestration.rescore's docstring."""
+"""`mapl rescore`: score a group's finished runs on held-out windows (mapl.orchestration.rescore)."""
 from __future__ import annotations
 
 from ..base.cli import add_debug_flag, run_cli
@@ -14,7 +13,6 @@ PROG = "mapl rescore"
 
 
 def main(argv=None) -> int:
-    """The command; errors are one line (mapl.base.cli.run_cli)."""
     return run_cli(_main, argv, prog=PROG)
 
 

@@ -83,5 +83,4 @@ def _main(argv=None) -> int:
 
 
 def main(argv=None) -> int:
-    """The command; a user error is one line, Ctrl-C or SIGTERM exit 130 (:func:`mapl.base.cli.run_cli`)."""
     return run_cli(_main, argv, prog="mapl sweep")

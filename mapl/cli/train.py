@@ -22,7 +22,7 @@ EXAMPLES = """
     mapl train --name tiny-P4-mapl-8x-s1 --group seeds --method mapl --ratio 8 --train.seed 1   # as DVC runs it"""
 
 
-def add_run_arguments(ap: argparse.ArgumentParser, params: dict) -> None:
+def add_run_arguments(ap: argparse.ArgumentParser) -> None:
     """The flags both commands (``mapl train``, ``mapl pipeline``) share."""
     add_profile(ap, help="settings from params.yaml")
     ap.add_argument("--model", choices=list(PRESETS), metavar="PRESET", help="model preset (tiny, mini, 150M, ...)")
@@ -49,7 +49,7 @@ def parse_args(argv=None):
     """The flags, and any ``--SECTION.KEY VALUE`` pairs (how ``dvc.yaml`` writes a run's settings) as ``--set``."""
     ap = command_parser("train", "Train one run in this process; rerun the command to resume from its checkpoint.",
                         EXAMPLES)
-    add_run_arguments(ap, load_params())
+    add_run_arguments(ap)
     ap.add_argument("--name", help="the run's name (default: from its settings)")
     ap.add_argument("--group", help="a params.yaml run: results in its group's folder")
     args, rest = ap.parse_known_args(argv)
@@ -81,30 +81,25 @@ def config_from_args(args) -> RunConfig:
     return load_run_config(args.profile, over, from_string=True)
 
 
-def _check_recorded_config(profile: str, cfg: RunConfig, group: str) -> None:
-    """A run of params.yaml builds the config its DVC stage depends on (reports/<profile>/configs/<run>.json, written
-    from params.yaml by DVC's validate stage): flags that build another config are refused in one line."""
-    from ..base.io import read_json_object
-    from ..core.config import config_hash
-    from ..orchestration.groups import config_path
-    path = config_path(profile, cfg.name())
-    recorded = read_json_object(path) if path.is_file() else None
-    if recorded and (recorded.get("config_hash"), recorded.get("group")) != (config_hash(cfg), group):
-        raise ConfigError(f"these flags build another config than {path.relative_to(PROJECT_ROOT)} (params.yaml's run "
-                          f"{cfg.name()}): run it with `dvc repro train@{cfg.name()}`, or drop --group")
-
-
 def _main(argv: list[str]) -> int:
     args = parse_args(argv)
     cfg = config_from_args(args).validate()          # every check that needs no data, before torch loads
     if args.group:
         from ..base.declared_groups import declaration
-        from ..orchestration.groups import results_path
+        from ..base.io import read_json_object
+        from ..core.config import config_hash
+        from ..orchestration.groups import config_path, results_path
         from ..orchestration.sweep import checkpoint_path
-        if args.group not in declaration(load_params()).names():
+        declared = declaration(load_params()).names()
+        if args.group not in declared:
             raise ConfigError(f"--group {args.group!r} is invalid: allowed the groups params.yaml declares "
-                              f"({', '.join(declaration(load_params()).names())})")
-        _check_recorded_config(args.profile, cfg, args.group)
+                              f"({', '.join(declared)})")
+        # a run of params.yaml builds the config its DVC stage depends on (written by the validate stage)
+        path = config_path(args.profile, cfg.name())
+        recorded = read_json_object(path) if path.is_file() else None
+        if recorded and (recorded.get("config_hash"), recorded.get("group")) != (config_hash(cfg), args.group):
+            raise ConfigError(f"these flags build another config than {path.relative_to(PROJECT_ROOT)} (params.yaml's "
+                              f"run {cfg.name()}): run it with `dvc repro train@{cfg.name()}`, or drop --group")
         out = args.out or results_path(args.profile, cfg.name(), args.group)
         ckpt = args.ckpt or checkpoint_path(args.profile, cfg.name())
     else:
@@ -126,6 +121,4 @@ def _main(argv: list[str]) -> int:
 
 
 def main(argv=None) -> int:
-    """The CLI; exit codes and one-line errors as ``mapl.base.cli`` documents (0, 2 user error, 4 non-finite,
-    130 interrupted with the checkpoint written; ``--debug`` shows tracebacks)."""
     return run_cli(_main, argv, prog=PROG)

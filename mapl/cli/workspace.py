@@ -1,5 +1,4 @@
-"""`mapl workspace`: smoke, verify or repro a profile in a copy of the checkout (the code is
-mapl.orchestration.workspace; docs/reproducing.md describes the copy)."""
+"""`mapl workspace`: smoke, verify or repro a profile in a copy of the checkout (mapl.orchestration.workspace)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -35,7 +34,6 @@ def build_parser():
 
 
 def main(argv=None) -> int:
-    """The command; exit codes as mapl.orchestration.workspace.run_command documents."""
     args = build_parser().parse_args(argv)
     from ..orchestration.workspace import run_command
     return run_command(args.command, getattr(args, "profile", ""), copy_back=getattr(args, "copy_back", False),

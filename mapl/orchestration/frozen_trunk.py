@@ -1,16 +1,14 @@
 """When does learning the subspace pay? Boundaries inserted into a trained, frozen uncompressed model.
 
-Under joint training the stages can rotate what matters into whatever subspace they are given; on a frozen trunk
-they cannot. Only the projectors A_p and the anchors train, per projector: ``spel`` (the paper's), ``fixed`` (a
-random basis, anchors only) and ``unconstrained`` (Muon). Each projector's candidates (``frozen_trunk.<profile>
-.tune``) are trained on the first seed and the one with the lowest *selection* loss runs on every seed
-(``tuning.json``); the table reports the validation split, which the choice never saw. Outputs go to
-``reports/<profile>/frozen-trunk/`` run by run, so an interrupted study resumes.
+Only the projectors A_p and the anchors train, per projector (``spel``, ``fixed``, ``unconstrained``); a tuned
+projector's candidates run on the first seed and the lowest *selection* loss runs on every seed (``tuning.json``).
+docs/reproducing.md describes the study; its outputs are ``reports/<profile>/frozen-trunk/``, written whole.
 """
 from __future__ import annotations
 
 import math
 import multiprocessing as mp
+import shutil
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -21,7 +19,7 @@ from ..core.fingerprint import code_fingerprint
 from . import sweep
 
 __all__ = ["STUDIED", "TRAINABLE", "FrozenTrunkSettings", "settings", "study_dir", "trunk_specs", "trunk_configs",
-           "boundary_config", "candidates", "choose", "current", "frozen_engine", "train_frozen",
+           "boundary_config", "candidates", "choose", "frozen_engine", "train_frozen",
            "run_study"]
 
 STUDIED = ("spel", "fixed", "unconstrained")
@@ -41,8 +39,7 @@ class FrozenTrunkSettings:
 
 
 def settings(profile: str, params: dict | None = None) -> FrozenTrunkSettings:
-    """The profile's study, validated; a profile without an entry (or with no seeds) runs nothing.
-    Each bad value is a :class:`ConfigError` naming its field and what is allowed."""
+    """The profile's study, validated (one-line ``ConfigError``s); no entry or no seeds: nothing to run."""
     params = params or load_params()
     where = f"frozen_trunk.{profile}"
     raw = (params.get("frozen_trunk") or {}).get(profile)
@@ -114,8 +111,7 @@ def trunk_specs(st: FrozenTrunkSettings) -> list[dict]:
 
 
 def trunk_configs(profile: str, st: FrozenTrunkSettings, params: dict | None = None) -> list[RunConfig]:
-    """The trunk of each seed: the sweep's config of its spec (named as the sweep names it, so a group that
-    trains the same run shares its checkpoint)."""
+    """The trunk of each seed, named as the sweep names it (a group training the same run shares its checkpoint)."""
     return [sweep.spec_config(profile, spec, params).validate() for spec in trunk_specs(st)]
 
 
@@ -144,19 +140,12 @@ def boundary_config(profile: str, st: FrozenTrunkSettings, seed: int, projector:
 
 
 def choose(results: list[dict]) -> int:
-    """Index of the candidate with the lowest selection loss (the first among equals: the boundary spec
-    itself wins a tie); a candidate without a selection loss, or whose run failed, never wins."""
+    """Index of the candidate with the lowest finite selection loss (the first, the boundary spec, wins a tie)."""
     scored = [(r["select_loss"], k) for k, r in enumerate(results) if r and isinstance(r.get("select_loss"), float)
               and math.isfinite(r["select_loss"])]
     if not scored:
         raise RuntimeError("no tuning candidate has a finite selection loss (train.eval_tokens with a selection split?)")
     return min(scored)[1]
-
-
-def current(out: Path, cfg: RunConfig, trunk: RunConfig) -> bool:
-    """The boundary run's results at ``out`` are of this config and were trained on this trunk."""
-    res = read_json_object(out)
-    return sweep.same_config(out, cfg) and (res.get("trunk") or {}).get("config_hash") == config_hash(trunk)
 
 
 def frozen_engine(cfg: RunConfig, trunk_state: dict):
@@ -180,8 +169,7 @@ def _trunk_state(ckpt: Path) -> dict:
 
 
 def train_frozen(cfg: RunConfig, trunk_state: dict) -> dict:
-    """Train the boundaries of ``cfg`` on the frozen trunk; the results dict (losses on the report set, the
-    selection set beside them)."""
+    """Train the boundaries of ``cfg`` on the frozen trunk; the results dict."""
     import torch
 
     from ..core.loop import lr_factor
@@ -241,15 +229,11 @@ def _worker(task: _Task) -> dict:
             "delta_pct": res["delta_pct"]}
 
 
-def _trunks(profile: str, st: FrozenTrunkSettings, params: dict, root: Path, log) -> list[tuple[RunConfig, Path, float]]:
-    """(config, checkpoint, val loss) of every trunk, trained first. A trunk whose
-    results are here but whose checkpoint is gone is trained again: the study needs its weights."""
+def _trunks(profile: str, st: FrozenTrunkSettings, params: dict, root: Path) -> list[tuple[RunConfig, Path, float]]:
+    """(config, checkpoint, val loss) of every trunk, trained first (or restored from its checkpoint)."""
     specs, cfgs = trunk_specs(st), trunk_configs(profile, st, params)
     out_dir = study_dir(profile, root) / "trunks"
     ckpts = [sweep.checkpoint_path(profile, c.name()) for c in cfgs]
-    for cfg, ckpt in zip(cfgs, ckpts):
-        if not ckpt.exists():
-            (out_dir / f"{cfg.name()}.json").unlink(missing_ok=True)
     sweep.train_pool(profile, specs, out_dir, params=params)
     return [(c, k, read_json_object(out_dir / f"{c.name()}.json")["val_loss"]) for c, k in zip(cfgs, ckpts)]
 
@@ -267,34 +251,20 @@ def _run_tasks(tasks: list[_Task], workers: int, log) -> list[dict]:
     return status
 
 
-def _split_current(tasks: list[_Task], root: Path) -> tuple[list[dict], list[_Task]]:
-    """(status of the tasks whose results are current, the tasks left to train)."""
-    done = [t for t in tasks if current(t.out, t.cfg, t.trunk)]
-    return [{"run": t.cfg.name(), "skipped": "current"} for t in done], [t for t in tasks if t not in done]
-
-
-def _drop_stale(folder: Path, keep: set[str], log) -> None:
-    """Results of boundary runs the study no longer has (another seed list, another winner): not the study's."""
-    for path in sorted(folder.glob("frozen-*.json")):
-        if path.name not in keep:
-            path.unlink()
-            log(f"dropped {path.relative_to(folder.parent.parent)}: not a run of this study")
-
-
 def run_study(profile: str, params: dict | None = None, root: Path = PROJECT_ROOT, jobs: int = 0, log=print) -> list[dict]:
-    """Train what the profile's study lacks: the trunks; the first seed's candidates of every tuned projector
-    (and every run of the others); the winners (:func:`choose`, recorded in ``tuning.json``) on the other
-    seeds. The status of each boundary run. Raises RuntimeError naming every run that failed."""
+    """Train the profile's study into its folder, written whole; the status of each boundary run. Raises naming
+    every run that failed."""
     params = params or load_params()
     st = settings(profile, params)
     out_dir = study_dir(profile, root)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(out_dir, ignore_errors=True)          # as DVC does before the stage: no result of another study
+    out_dir.mkdir(parents=True)
     if not st.seeds:
         (out_dir / ".gitkeep").write_text("")
         log(f"frozen_trunk.{profile} has no seeds: nothing to run")
         return []
     fingerprint = code_fingerprint()
-    trunks = _trunks(profile, st, params, root, log)
+    trunks = _trunks(profile, st, params, root)
     workers = jobs or sweep.launcher_config(profile, params).jobs or 1
     first = st.seeds[0]
 
@@ -308,12 +278,12 @@ def run_study(profile: str, params: dict | None = None, root: Path = PROJECT_ROO
     if tuned:
         (out_dir / "tune").mkdir(exist_ok=True)
     untuned = [task(s, p, {}, tr, out_dir) for s, tr in zip(st.seeds, trunks) for p in st.projectors if p not in st.tune]
-    status, todo = _split_current([t for ts in tune_tasks.values() for t in ts] + untuned, root)
+    todo = [t for ts in tune_tasks.values() for t in ts] + untuned
     n_candidates = sum(map(len, tune_tasks.values()))
-    log(f"frozen trunk: {len(status) + len(todo) + (len(st.seeds) - 1) * len(tuned)} boundary run(s)"
+    log(f"frozen trunk: {len(todo) + (len(st.seeds) - 1) * len(tuned)} boundary run(s)"
         + (f" ({n_candidates} tuning candidates on seed {first})" if tuned else "")
-        + f", {len(status)} current, {len(todo)} to train" + (" first" if tuned else ""))
-    status += _run_tasks(todo, workers, log)
+        + f", {len(todo)} to train" + (" first" if tuned else ""))
+    status = _run_tasks(todo, workers, log)
     _raise_failed(status)                       # a failed candidate must not lose the tuning to the others
 
     # the winners: the first seed's copied from its candidate, the other seeds trained
@@ -327,15 +297,11 @@ def run_study(profile: str, params: dict | None = None, root: Path = PROJECT_ROO
                                        for t, r in zip(ts, results)]}
         log(f"  {proj}: tuned on seed {first}'s selection split -> {best.override or 'the boundary spec'}")
         final = task(first, proj, best.override, trunks[0], out_dir)
-        if not current(final.out, final.cfg, final.trunk) and best.out.exists():
-            atomic_write_bytes(final.out, best.out.read_bytes())   # the same config on the same trunk: the same numbers
-        winners += [final] + [task(s, proj, best.override, tr, out_dir) for s, tr in zip(st.seeds[1:], trunks[1:])]
+        atomic_write_bytes(final.out, best.out.read_bytes())   # the same config on the same trunk: the same numbers
+        winners += [task(s, proj, best.override, tr, out_dir) for s, tr in zip(st.seeds[1:], trunks[1:])]
     if tune_tasks:
         atomic_write_json(out_dir / "tuning.json", tuning)
-    done, todo = _split_current(winners, root)
-    status += done + _run_tasks(todo, workers, log)
-    _drop_stale(out_dir, {t.out.name for t in untuned + winners}, log)
-    _drop_stale(out_dir / "tune", {t.out.name for ts in tune_tasks.values() for t in ts}, log)
+    status += _run_tasks(winners, workers, log)
     _raise_failed(status)
     return status
 

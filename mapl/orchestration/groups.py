@@ -1,12 +1,5 @@
-"""A profile's runs: params.yaml's ``profiles.<p>.runs``, one DVC stage each (dvc.yaml ``train@<run>``).
-
-Each run is ``<name>: {group: <group>, <settings>}``. The group is declared once in params.yaml's ``groups:``
-(its study and role: :mod:`mapl.base.declared_groups`) and names the folder the run's results JSON goes to,
-``reports/<profile>/results/<group>/<name>.json``. The settings are overrides for
-:func:`mapl.core.config.load_run_config` (``method``, ``ratio``, ``projector``, ``anchor``, ``train.seed``, ...);
-a budget written once under ``budgets:`` is merged in with YAML's merge key (``{group: long, <<: *steps_3000,
-method: none}``), so every reader, DVC included, sees plain settings. Top-level ``runs:`` is an alias of the
-default profile's runs (``runs: *runs_cpu``): the mapping dvc.yaml's train stage iterates over.
+"""A profile's runs: params.yaml's ``profiles.<p>.runs`` (``<name>: {group: <group>, <settings>}``), one DVC stage
+each (dvc.yaml ``train@<run>``); results go to ``reports/<profile>/results/<group>/<name>.json``.
 """
 from __future__ import annotations
 
@@ -41,8 +34,7 @@ def config_path(profile: str, name: str, root: Path = PROJECT_ROOT) -> Path:
 
 
 def config_record(cfg: RunConfig, group: str) -> str:
-    """The JSON text of a run's resolved config: every field that changes its numbers (so DVC retrains exactly the
-    runs whose config an edit of params.yaml changes, whichever part of the file the change was in)."""
+    """The JSON text of a run's resolved config: every field that changes its numbers (what its DVC stage reads)."""
     record = {"run": cfg.name(), "group": group, "config_hash": config_hash(cfg), "config": hashed_config(cfg)}
     return json.dumps(record, indent=1, sort_keys=True, default=str) + "\n"
 
@@ -133,9 +125,7 @@ def check_runs(profile: str, params: dict) -> int:
 
 
 def run_name(cfg: RunConfig, profile_steps: int) -> str:
-    """model[-d<width>]-P<stages>-method[-<ratio>x][-proj-<kind>][-anchor-<kind>][-ar<anchor rank>][-sync-<mode>]
-    [-scale-<mode>][-grad-<wire>][-<steps>steps]-s<seed>: a variant or budget appears only where it differs from
-    the method's default or the profile's steps (the names of the frozen-trunk study's and rescoring's runs)."""
+    """``model-P<stages>-method[-<ratio>x]...-s<seed>``: a variant or budget appears only where it is not the default."""
     c, default = cfg.compressor.resolved(), METHODS[cfg.compressor.method]
     parts = [cfg.model, *([f"d{cfg.model_overrides['d_model']}"] if "d_model" in cfg.model_overrides else []),
              f"P{cfg.stages}", c.method]
@@ -159,8 +149,7 @@ def run_name(cfg: RunConfig, profile_steps: int) -> str:
 
 
 def spec_config(profile: str, spec: dict, params: dict | None = None, from_string: bool = False) -> RunConfig:
-    """The RunConfig of one spec (its ``group`` aside), named by ``name`` or :func:`run_name`; ``from_string``: the
-    values are command-line strings (DVC's unpacked spec), converted by each field's type."""
+    """The RunConfig of one spec (its ``group`` aside), named by ``name`` or :func:`run_name`."""
     params = params or load_params()
     over = {k: v for k, v in spec.items() if k != "group"}
     name = over.pop("name", "")

@@ -1,14 +1,4 @@
-"""The scale ladder's budget rule, checked like any other setting of params.yaml.
-
-params.yaml's ``ladder:`` block names the rungs (``ladder-d<d>`` presets), the tokens per non-embedding parameter
-every rung trains on, and the study's primary contrast. :func:`ladder_steps` turns the rule into a step count,
-:func:`check_ladder` refuses (one line naming the run) a ladder run of the cpu profile whose steps break it, a rung
-the block does not name, or a run that draws its windows other than in ``epochs`` order (so no window is read
-twice while a run stays under one epoch: the report's ladder table prints each run's epochs).
-
-    >>> ladder_steps("ladder-d64", 2, tokens_per_step=16 * 128)
-    393
-"""
+"""The scale ladder's budget rule (params.yaml ``ladder:``), checked like any other setting of params.yaml."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -55,9 +45,7 @@ def ladder_steps(model: str, tokens_per_param: float, tokens_per_step: int) -> i
 
 
 def check_ladder(profile: str, params: dict | None = None) -> int:
-    """Every run of ``profile``'s ladder groups follows the budget rule, on a named rung, under one epoch read in
-    ``epochs`` order; returns how many runs were checked. The micro profile only exercises the code path, so
-    its runs are held to the rung and the sampling, not to the budget."""
+    """Every ladder run follows the budget rule (micro: only the sampling), on a named rung, read in ``epochs`` order."""
     params = params if params is not None else load_params()
     st = ladder_settings(params)
     checked = 0

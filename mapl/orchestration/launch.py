@@ -1,19 +1,18 @@
 """Starting the P x R stage processes of ``mapl pipeline``: directly, or under accelerate or torchrun.
 
-``direct``: this process starts the ranks (RANK, WORLD_SIZE, MASTER_*) and forwards SIGTERM to them; killed, the
-ranks get SIGTERM from the kernel (``faults.exit_with_parent``). ``accelerate``: ``accelerate launch --multi_gpu``
-(on CPU with ``ACCELERATE_USE_CPU=true``: ``--cpu`` would start ONE process). ``torchrun``: ``--standalone`` or
-``--nnodes/--node_rank``. Every rank writes its exit status to ``$MAPL_STATUS_DIR/rank<r>.json``; when every rank
-stopped on a signal (checkpoints written) the outcome is 130 even where the launcher reports a failure.
+Every rank writes its exit status to ``$MAPL_STATUS_DIR/rank<r>.json``; when every rank stopped on a signal
+(checkpoints written) the outcome is 130 even where the launcher reports a failure. docs/pipeline.md says more.
 """
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -91,11 +90,8 @@ def _outcome(rank_codes: list[int], statuses: dict, nprocs: int, launcher_code: 
 def launch(cfg_args: list[str], nprocs: int, port: int | None = None, *, launcher: str = "accelerate",
            env: dict | None = None, timeout: float | None = None, cwd: Path | None = None,
            stream: bool = False, grace_s: float | None = None) -> LaunchResult:
-    """Run ``mapl pipeline <cfg_args>`` as ``nprocs`` processes and wait for them.
-    ``stream``: the ranks write to this process's stdout/stderr (the CLI); else output is captured.
-    ``grace_s`` (direct launcher): once any rank has ended, the others have this long to end too, else
-    they are stopped (SIGTERM, SIGKILL 5 s later; listed in ``stopped``): a stopped or hung rank
-    cannot keep the launcher waiting."""
+    """Run ``mapl pipeline <cfg_args>`` as ``nprocs`` processes and wait for them (``stream``: output not captured).
+    ``grace_s`` (direct): once a rank has ended, the others still running this much later are stopped."""
     if launcher not in LAUNCHERS:
         raise ValueError(f"launcher={launcher!r} is invalid: allowed {list(LAUNCHERS)}")
     port = port or free_port()
@@ -114,16 +110,13 @@ def launch(cfg_args: list[str], nprocs: int, port: int | None = None, *, launche
     # the exit codes of the ranks that ended by themselves say why the run ended, not a launcher's SIGKILL
     own = [c for r, c in enumerate(res.rank_returncodes) if r not in res.stopped]
     res.returncode = _outcome(own or res.rank_returncodes, res.statuses, nprocs, res.launcher_returncode)
-    for f in Path(status_dir).glob("*"):
-        f.unlink()
-    os.rmdir(status_dir)
+    shutil.rmtree(status_dir, ignore_errors=True)
     return res
 
 
 def launch_machines(cfg_args: list[str], nprocs: int, machines: int, *, launcher: str = "accelerate",
                     env: dict | None = None, timeout: float | None = None, cwd: Path | None = None) -> LaunchResult:
-    """Rehearse a multi-machine launch on this host: one launcher per "machine" (``--machine_rank`` /
-    ``--node_rank`` k), all on loopback, ``nprocs`` processes in all. Output of all machines is joined."""
+    """Rehearse a multi-machine launch on this host: one launcher per "machine", all on loopback."""
     port = free_port()
     status_dir = tempfile.mkdtemp(prefix="mapl-status-")
     env = child_env({**(env or {}), "MAPL_STATUS_DIR": status_dir})
@@ -144,9 +137,7 @@ def launch_machines(cfg_args: list[str], nprocs: int, machines: int, *, launcher
                        launcher_returncode=next((p.returncode for p in procs if p.returncode), 0))
     res.statuses = read_statuses(Path(status_dir))
     res.returncode = _outcome([], res.statuses, nprocs, res.launcher_returncode)
-    for f in Path(status_dir).glob("*"):
-        f.unlink()
-    os.rmdir(status_dir)
+    shutil.rmtree(status_dir, ignore_errors=True)
     return res
 
 
@@ -198,9 +189,7 @@ def _stop(procs, ranks: list[int], wait_s: float = 5.0) -> None:
 
 
 def _wait_all(procs, timeout, t0, grace_s=None) -> tuple[list, list]:
-    """Wait for every rank; SIGTERM to this process is passed on; SIGINT (Ctrl-C reaches the ranks
-    directly from the terminal) only waits; a second Ctrl-C kills them. With ``grace_s``, the ranks
-    still running ``grace_s`` after the first one ended are stopped. Returns (exit times, stopped ranks)."""
+    """Wait for every rank, passing SIGTERM on (a second Ctrl-C kills them); returns (exit times, stopped ranks)."""
     exit_s, stopped = [None] * len(procs), []
     interrupts = []
 
@@ -211,7 +200,7 @@ def _wait_all(procs, timeout, t0, grace_s=None) -> tuple[list, list]:
             if p.poll() is None:
                 p.send_signal(signal.SIGKILL if len(interrupts) > 1 else signal.SIGTERM)
     old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)} \
-        if _main_thread() else {}
+        if threading.current_thread() is threading.main_thread() else {}
     try:
         while any(x is None for x in exit_s):
             for r, p in enumerate(procs):
@@ -237,7 +226,3 @@ def _wait_all(procs, timeout, t0, grace_s=None) -> tuple[list, list]:
             signal.signal(s, h)
     return exit_s, stopped
 
-
-def _main_thread() -> bool:
-    import threading
-    return threading.current_thread() is threading.main_thread()

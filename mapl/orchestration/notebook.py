@@ -1,14 +1,7 @@
 """The notebooks' shared setup: project root, import path, quiet progress bars, the profile's folders.
 
-nbval runs a notebook with its own folder as the working directory, papermill with the caller's, and a
-reader may open it from anywhere under the checkout; so every notebook first puts the checkout's root
-(the folder holding dvc.yaml) on ``sys.path`` -- one line, because this module cannot be imported
-before that -- and then calls :func:`setup`::
-
-    import sys; from pathlib import Path
-    sys.path.insert(0, str(next(p for p in [Path.cwd(), *Path.cwd().parents] if (p / "dvc.yaml").exists())))
-    from mapl.orchestration.notebook import setup
-    nb = setup(profile)          # nb.root, nb.profile, nb.results, nb.notebooks, nb.tables, nb.figures, ...
+Every notebook first puts the checkout's root on ``sys.path`` (one line: nbval and papermill start it in other
+folders), then calls ``nb = setup(profile)``.
 """
 from __future__ import annotations
 
@@ -16,53 +9,25 @@ import ast
 import math
 import sys
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-__all__ = ["NotebookParameterError", "ProfilePaths", "check_parameters", "find_root", "kernel_parameters", "profile_paths",
-           "setup"]
+__all__ = ["NotebookParameterError", "ProfilePaths", "check_parameters", "find_root", "kernel_parameters", "setup"]
 
 # papermill's injected cell starts with this comment (papermill.translators, comment="Parameters")
 INJECTED_MARK = "# Parameters"
 
 
-@dataclass(frozen=True)
 class ProfilePaths:
     """Where one profile's outputs live (profiles never write into each other's folders)."""
-    root: Path
-    profile: str
 
-    @property
-    def base(self) -> Path:
-        return self.root / "reports" / self.profile
-
-    @property
-    def results(self) -> Path:                 # results/<group>/<run>.json
-        return self.base / "results"
-
-    @property
-    def notebooks(self) -> Path:               # executed notebooks (papermill)
-        return self.base / "notebooks"
-
-    @property
-    def tables(self) -> Path:
-        return self.base / "tables"
-
-    @property
-    def figures(self) -> Path:
-        return self.base / "figures"
-
-    @property
-    def metrics(self) -> Path:
-        return self.base / "metrics.json"
-
-    @property
-    def checkpoints(self) -> Path:             # git-ignored
-        return self.root / "checkpoints" / self.profile
-
-    def group_results(self, group: str) -> Path:
-        return self.results / group
+    def __init__(self, root: Path, profile: str):
+        self.root, self.profile = Path(root), profile
+        self.base = self.root / "reports" / profile
+        self.results = self.base / "results"           # results/<group>/<run>.json
+        self.notebooks = self.base / "notebooks"       # executed notebooks (papermill)
+        self.tables = self.base / "tables"
+        self.figures = self.base / "figures"
 
 
 def find_root(start: Path | None = None) -> Path:
@@ -74,13 +39,8 @@ def find_root(start: Path | None = None) -> Path:
     raise FileNotFoundError(f"no dvc.yaml in {start} or above: open the notebook inside a mapl checkout")
 
 
-def profile_paths(profile: str, root: Path | None = None) -> ProfilePaths:
-    return ProfilePaths(Path(root or find_root()), profile)
-
-
 class NotebookParameterError(ValueError):
-    """A papermill parameter the notebook does not declare, or of another type than its default. IPython shows
-    an exception by ``_render_traceback_`` when it has one: the cell's error output is this one line."""
+    """A papermill parameter the notebook does not declare, or of another type than its default (one line in IPython)."""
 
     def _render_traceback_(self) -> list[str]:
         return [f"error: {self}"]
@@ -113,12 +73,9 @@ def _kind(value) -> str:
 
 
 def check_parameters(namespace: dict, history: Sequence[str]) -> frozenset[str]:
-    """Hold papermill's injected parameters (``-p``/``-y``) to the notebook's ``parameters`` cell: a name the cell
-    does not assign would be ignored by every later cell, and a value of another type fails far from its cause,
-    so both are refused naming the parameter; so is a number that is not finite, or negative where the default is
-    not (a count, a time, a percentage). ``history``: the kernel's executed cell sources in order; the
-    injected cell (``# Parameters``) follows the parameters cell. Nothing to check without an injected cell
-    (nbval, or a reader editing the parameters cell). Returns the names papermill set."""
+    """Hold papermill's injected parameters to the notebook's ``parameters`` cell (the cell before the injected one
+    in ``history``): an undeclared name, another type, or a non-finite or negative number is refused naming it.
+    Returns the names papermill set."""
     at = [i for i, src in enumerate(history) if src.lstrip().startswith(INJECTED_MARK)]
     if not at or at[-1] == 0:
         return frozenset()
@@ -154,9 +111,8 @@ def kernel_parameters() -> tuple[dict, list[str]]:
 
 
 def setup(profile: str = "", root: Path | None = None) -> ProfilePaths:
-    """Papermill's parameters checked (:func:`check_parameters`), root first on ``sys.path`` (this checkout's
-    mapl, whichever copy is installed), tqdm's "IProgress not found" warning off (no ipywidgets in the kernel),
-    and the folders of ``profile`` (empty: params.yaml's ``profile:``; another name is refused)."""
+    """Papermill's parameters checked, root first on ``sys.path``, tqdm's IProgress warning off; the folders of
+    ``profile`` (empty: params.yaml's ``profile:``)."""
     check_parameters(*kernel_parameters())
     root = Path(root or find_root())
     if sys.path[0] != str(root):

@@ -1,7 +1,4 @@
-"""``mapl pipeline`` with no launcher around it: check the run's outputs, start its P x R ranks from this process
-(:func:`mapl.orchestration.launch.launch`) and say in one line how they ended. What each rank does is
-``mapl.core.runtime.rank_process``'s.
-"""
+"""``mapl pipeline`` with no launcher around it: start its P x R ranks here and say in one line how they ended."""
 from __future__ import annotations
 
 import os
@@ -22,8 +19,7 @@ LAUNCH_GRACE_S = 30.0       # beyond the run's comm timeout: how long the others
 
 def launch_pipeline(argv: Sequence[str], cfg: RunConfig, out: Path, ckpt: Path, *, replicas: int = 1,
                     launcher: str = "direct", replace_results: bool = False, resume_with_changes: bool = False) -> int:
-    """Start ``cfg.stages x replicas`` ranks of ``mapl pipeline <argv>`` and wait for them; every check that
-    can refuse the run comes first (a ValueError: one line, nothing started). Returns the run's exit code."""
+    """Start ``cfg.stages x replicas`` ranks of ``mapl pipeline <argv>`` after every check; the run's exit code."""
     check_output_paths(out, ckpt, all_stage_files(ckpt, cfg.stages))
     check_results_file(out, cfg, replace_results, resume_with_changes)
     if replicas < 1:

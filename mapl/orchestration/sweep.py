@@ -1,17 +1,6 @@
 """Training runs: one run as DVC's ``train@<run>`` stage trains it, many side by side, and what they will cost.
 
-How a profile's runs start is ``profiles.<p>.launcher``:
-
-* ``{kind: pool, jobs: 2}`` (micro, cpu): a run is one process of the single-process pipeline; ``jobs`` is how many
-  ``mapl sweep`` trains side by side (two 1-thread runs use 2 cores better than one 2-thread run);
-* ``{kind: accelerate, gpus: 8, memory_gib: 80}`` (paper; ``gpus: 0`` for paper-smoke on CPU, gloo): a run is one
-  ``accelerate launch`` of the multi-process pipeline, P processes, one GPU per stage; with ``memory_gib`` a run
-  whose memory plan (:mod:`mapl.core.memory`) does not fit is refused and its plan written beside its results.
-  ``torchrun`` works the same way.
-
-DVC decides which runs are stale; ``mapl sweep --group G`` only runs ``dvc repro --single-item train@<run>`` for the
-group's runs side by side (DVC holds its lock only while it reads and writes dvc.lock, not while a stage's command
-runs). The frozen-trunk study and the rescoring train runs outside DVC's stages with :func:`train_pool`.
+How a profile's runs start is ``profiles.<p>.launcher`` (params.yaml says more); DVC decides which runs are stale.
 """
 from __future__ import annotations
 
@@ -32,7 +21,7 @@ from .progress import (LAUNCH_OVERHEAD_S, UNPREPARED_EVAL_TOKENS, StepProgress, 
                        estimate_group, eval_split_guessed, hms, named_warnings)
 
 __all__ = ["LAUNCHERS", "LauncherConfig", "launcher_config", "checkpoint_path", "prepare_data", "train_one",
-           "train_pool", "worker_init", "same_config", "sweep", "estimate_text"]
+           "train_pool", "worker_init", "sweep", "estimate_text"]
 
 LAUNCHERS = ("pool", "accelerate", "torchrun")
 
@@ -67,18 +56,10 @@ def prepare_data(cfgs: list[RunConfig]) -> None:
         mdata.prepare(cfg.data, data_dir)
 
 
-def same_config(out: Path, cfg: RunConfig) -> bool:
-    """``out`` holds a finished run's results of this very config (its hash)."""
-    res = read_json_object(out) if Path(out).is_file() else None
-    return bool(res) and (res.get("provenance") or {}).get("config_hash") == config_hash(cfg.validate())
-
-
 # ---- one run ---------------------------------------------------------------------------------------
 def train_one(profile: str, cfg: RunConfig, spec: dict, out: Path, ckpt: Path, every_s: float = 5.0,
               by_launcher: bool = True, log=print, **run_flags) -> dict | None:
-    """Train ``cfg`` (the run ``spec`` of ``profile``): in this process, or with ``by_launcher`` as the profile's
-    launcher starts it (one launch of P ``mapl pipeline`` processes for accelerate and torchrun). Progress lines every
-    ``every_s`` seconds (0: none). Returns the results dict of an in-process run (None for a launched one)."""
+    """Train ``cfg`` here, or with ``by_launcher`` as the profile's launcher starts it; the results (None if launched)."""
     launcher = launcher_config(profile)
     prepare_data([cfg])
     if launcher.kind == "pool" or not by_launcher:
@@ -124,8 +105,7 @@ def _launch(profile: str, cfg: RunConfig, spec: dict, out: Path, ckpt: Path, lau
 
 # ---- runs outside DVC's stages (the frozen-trunk study's trunks, rescoring) ------------------------------
 def _pool_worker(args) -> dict:
-    """One run in a pool worker; its status goes back to the pool. When the parent is gone, nobody reads the status:
-    the worker leaves quietly (returning would print multiprocessing's BrokenPipeError traceback)."""
+    """One run in a pool worker; its status goes back to the pool (or, the parent gone, the worker leaves quietly)."""
     cfg, out, ckpt, every_s = args
     parent = os.getppid()
     from ..core.loop import Interrupted
@@ -147,20 +127,16 @@ def _pool_worker(args) -> dict:
 
 
 def worker_init() -> None:
-    """A pool worker stops with its parent however the parent dies (SIGTERM: the step completes, the checkpoint is
-    written). A watchdog thread, not PR_SET_PDEATHSIG: that signal fires when the parent *thread* ends, and a pool's
-    replacement workers are spawned by a helper thread that ends at every pool shutdown."""
+    """A pool worker stops with its parent however it dies (a watchdog: PR_SET_PDEATHSIG follows the parent *thread*)."""
     exit_with_parent(mechanism="watchdog", poll_s=0.5)
 
 
 def train_pool(profile: str, specs: list[dict], out_dir: Path, jobs: int = 0, every_s: float = 0.0,
                params: dict | None = None) -> list[dict]:
-    """Train each spec whose results in ``out_dir`` are not of its config, ``jobs`` side by side (0: the profile's
-    launcher.jobs), resuming from checkpoints; one status per spec. Raises naming the runs that failed."""
+    """Train each spec into ``out_dir``, ``jobs`` side by side, resuming from checkpoints; raises naming any failed run."""
     params = params or load_params()
-    cfgs = [spec_config(profile, s, params).validate() for s in specs]
-    todo = [c for c in cfgs if not same_config(Path(out_dir) / f"{c.name()}.json", c)]
-    status = [{"run": c.name(), "skipped": "current"} for c in cfgs if c not in todo]
+    todo = [spec_config(profile, s, params).validate() for s in specs]
+    status = []
     prepare_data(todo)
     workers = min(jobs or launcher_config(profile, params).jobs, len(todo))
     if todo:
@@ -179,9 +155,7 @@ def train_pool(profile: str, specs: list[dict], out_dir: Path, jobs: int = 0, ev
 
 # ---- many runs through DVC -------------------------------------------------------------------------
 def sweep(profile: str, names: list[str], jobs: int = 0, root: Path = PROJECT_ROOT) -> list[str]:
-    """``dvc repro --single-item train@<name>`` for every name (after ``dvc repro prepare``); DVC skips the runs
-    that are current. Side by side: ``jobs`` at a time (0: the profile's launcher.jobs), or on a GPU machine each
-    run as soon as its P GPUs are free (``CUDA_VISIBLE_DEVICES`` set to them). Returns the names that failed."""
+    """``dvc repro --single-item train@<name>`` per name, ``jobs`` (or, on GPUs, P free GPUs) at a time; the failed names."""
     params = load_params(Path(root) / "params.yaml")
     launcher, runs = launcher_config(profile, params), profile_runs(profile, params)
     need = {n: spec_config(profile, {"name": n, **runs[n]}, params).stages if launcher.gpus else 1 for n in names}
@@ -220,8 +194,10 @@ def _measured_text(cfgs: list[RunConfig], out_dir: Path) -> str:
     """What the committed results of these runs (same config hash) took on the machine that trained them."""
     walls = []
     for cfg in cfgs:
-        res = read_json_object(Path(out_dir) / f"{cfg.name()}.json") if (Path(out_dir) / f"{cfg.name()}.json").is_file() else None
-        if res and same_config(Path(out_dir) / f"{cfg.name()}.json", cfg) and isinstance(res.get("train_wall_s"), (int, float)):
+        path = Path(out_dir) / f"{cfg.name()}.json"
+        res = (read_json_object(path) if path.is_file() else None) or {}
+        if (res.get("provenance") or {}).get("config_hash") == config_hash(cfg.validate()) and \
+                isinstance(res.get("train_wall_s"), (int, float)):
             walls.append(float(res["train_wall_s"]))
     if not walls:
         return ""
@@ -229,9 +205,7 @@ def _measured_text(cfgs: list[RunConfig], out_dir: Path) -> str:
 
 
 def estimate_text(profile: str, params: dict | None = None) -> str:
-    """Runs per group and their wall time on this machine (:func:`mapl.orchestration.progress.estimate_core_seconds`),
-    trained as ``mapl sweep`` trains them. Profiles launched on GPUs are estimated in GPU-hours by the planning layer
-    (``mapl sweep --estimate``)."""
+    """Runs per group and their wall time on this machine, trained as ``mapl sweep`` trains them."""
     params = params or load_params()
     launcher = launcher_config(profile, params)
     workers = launcher.jobs if launcher.kind == "pool" else 1

@@ -1,11 +1,4 @@
-"""params.yaml as a whole, validated before DVC touches an output (dvc.yaml's first stage, ``validate``).
-
-DVC removes a stage's outputs before its command runs, so one bad value would delete committed results and fail
-deep inside a stage. ``mapl sweep --check --stamp reports/params-valid.txt`` runs :func:`check_params` first; every
-other stage depends on the stamp it writes. The check reads every part of the file that training reads: the group
-declaration, the named budgets, each profile's settings, launcher and runs, the frozen-trunk studies, the scale
-ladder's budget rule and the groups to rescore.
-"""
+"""params.yaml as a whole, validated before DVC touches an output (dvc.yaml's first stage, ``validate``)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -25,8 +18,7 @@ STAMP_TEXT = "params.yaml passed `mapl sweep --check` (DVC's validate stage)\n"
 
 
 def check_params(params: dict | None = None) -> str:
-    """Every profile of params.yaml as training reads it; the top-level ``profile:`` must name one and ``runs:`` be
-    its runs. Raises ``ConfigError`` (one line naming the key); returns a summary line."""
+    """Every part of params.yaml that training reads; raises a one-line ``ConfigError``, else returns a summary."""
     params = params or load_params()
     profiles = params["profiles"]
     profile = params.get("profile")

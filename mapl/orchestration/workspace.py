@@ -1,13 +1,10 @@
-"""The DVC pipeline on any profile in a temporary copy of this checkout, so nothing here changes (`mapl workspace`).
+"""The DVC pipeline on any profile in a copy of this checkout, so nothing here changes (`mapl workspace`).
 
-The copy holds every file git would commit here, gets a git repository of its own and params.yaml's
-``profile:`` set to the profile, so DVC runs there exactly as it would here; raw downloads are shared with
-this checkout. docs/reproducing.md describes the copy, ``--dir`` workspaces, signals and exit codes.
+docs/reproducing.md describes the copy, ``--dir`` workspaces, signals and exit codes.
 """
 from __future__ import annotations
 
 import contextlib
-import difflib
 import os
 import re
 import shutil
@@ -21,13 +18,10 @@ from pathlib import Path
 from ..base.cli import EXIT_INTERRUPTED, EXIT_STEP_FAILED, EXIT_USER_ERROR, SUPERVISED_ENV
 from ..core.config import PROJECT_ROOT
 
-__all__ = ["SMOKE_TARGETS", "MARKER", "Stopped", "WorkspaceError", "stage_names",
-           "checkout_files", "tool_env", "make_copy", "check_dir", "dvc", "repro", "smoke",
-           "compare_outputs", "verify", "run_command"]
+__all__ = ["SMOKE_TARGETS", "MARKER", "Stopped", "WorkspaceError", "stage_names", "tool_env", "make_copy", "check_dir",
+           "dvc", "repro", "smoke", "compare_outputs", "verify", "run_command"]
 
-# what `make smoke` reproduces: the report and the planner on the profile, and everything they need
-# (prepare, train@*). plan-paper (profile-independent: no micro code path; a minute or two of crossover searches) is left out.
-SMOKE_TARGETS = ("report", "plan")
+SMOKE_TARGETS = ("report", "plan")      # and what they need; plan-paper is profile-independent
 STOP_GRACE_S = 30.0          # after SIGTERM, how long the processes in a copy may take to stop (then SIGKILL)
 MARKER = Path(".git") / "mapl-workspace"     # in a copy: says the folder is a workspace made by this module
 _GIT_ID = {"GIT_AUTHOR_NAME": "mapl workspace", "GIT_AUTHOR_EMAIL": "workspace@mapl.invalid",
@@ -43,8 +37,7 @@ class Stopped(KeyboardInterrupt):
 
 
 def _stop_tree(proc: subprocess.Popen, grace_s: float = STOP_GRACE_S) -> None:
-    """SIGTERM to ``proc`` and every process below it (DVC, papermill, the kernel, training runs: a
-    graceful stop, checkpoints written), SIGKILL to any still there ``grace_s`` later."""
+    """SIGTERM to ``proc`` and every process below it (checkpoints written), SIGKILL to any left ``grace_s`` later."""
     import psutil
     try:
         root = psutil.Process(proc.pid)
@@ -63,8 +56,7 @@ def _stop_tree(proc: subprocess.Popen, grace_s: float = STOP_GRACE_S) -> None:
 
 
 def _run(cmd: list, cwd: Path, env: dict, capture: bool) -> str:
-    """Run ``cmd`` in a session of its own (a terminal's Ctrl-C reaches only this process, which stops
-    the whole tree below it: nothing keeps running in a copy that is about to be removed)."""
+    """Run ``cmd`` in a session of its own: a Ctrl-C reaches only this process, which stops the tree below it."""
     pipe = subprocess.PIPE if capture else None
     proc = subprocess.Popen(cmd, cwd=cwd, env=env, text=True, stdout=pipe, stderr=pipe, start_new_session=True)
     try:
@@ -78,18 +70,9 @@ def _run(cmd: list, cwd: Path, env: dict, capture: bool) -> str:
     return (out or "") + (err or "")
 
 
-def checkout_files(root: Path = PROJECT_ROOT) -> list[str]:
-    """Paths (relative) that git would commit: tracked, plus untracked and not ignored; only files that exist."""
-    out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=root,
-                         capture_output=True, check=True).stdout.decode()
-    return sorted({p for p in out.split("\0") if p and (Path(root) / p).is_file()})
-
-
 def tool_env(root: Path = PROJECT_ROOT, checkout: Path | None = None) -> dict:
-    """The environment of DVC in the copy ``checkout``: this venv first on PATH (DVC's commands call ``mapl``
-    and papermill), offline Hugging Face, no DVC analytics, raw downloads shared with ``root``. The copy is
-    first on PYTHONPATH: the venv's ``mapl`` script is installed from ``root`` and would import its code (and
-    read and write ``root``'s params.yaml, data and reports) where the copy's must run."""
+    """DVC's environment in the copy ``checkout``: this venv first on PATH, the copy first on PYTHONPATH (the venv's
+    ``mapl`` would import ``root``'s code), offline, raw downloads shared with ``root``."""
     venv_bin = str(Path(sys.executable).parent)
     env = {**os.environ, "PATH": venv_bin + os.pathsep + os.environ.get("PATH", ""), "DVC_NO_ANALYTICS": "1",
            "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1",
@@ -102,9 +85,11 @@ def tool_env(root: Path = PROJECT_ROOT, checkout: Path | None = None) -> dict:
 
 
 def make_copy(dest: Path, profile: str, root: Path = PROJECT_ROOT, env: dict | None = None) -> Path:
-    """Copy the checkout's files into ``dest``, set ``profile:`` and commit them in a new git repository."""
+    """Copy the files git would commit into ``dest``, set ``profile:`` and commit them in a new git repository."""
     dest = Path(dest)
-    for rel in checkout_files(root):
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=root,
+                            capture_output=True, check=True).stdout.decode()
+    for rel in sorted({p for p in listed.split("\0") if p and (Path(root) / p).is_file()}):
         target = dest / rel
         if rel == "dvc.lock" and target.exists():      # a lasting workspace keeps what its own runs recorded
             continue
@@ -125,9 +110,7 @@ def make_copy(dest: Path, profile: str, root: Path = PROJECT_ROOT, env: dict | N
 
 
 def check_dir(into: Path, root: Path = PROJECT_ROOT) -> None:
-    """A lasting workspace folder (``repro --dir``) must be new, empty, or a workspace this module made
-    before (it is refreshed: its checkpoints and DVC state stay). Anything else would have its files
-    overwritten, and then be ``git init``-ed and committed: refused in one line (``ValueError``)."""
+    """A ``--dir`` workspace must be new, empty, or one made before (refreshed); else a one-line ``ValueError``."""
     into, root = Path(into).resolve(), Path(root).resolve()
     if into == root or root.is_relative_to(into):
         raise ValueError(f"--dir {into} is this checkout or a folder above it: the copy would overwrite the checkout; "
@@ -148,8 +131,7 @@ def dvc(args: list[str], cwd: Path, env: dict, capture: bool = False) -> str:
 
 
 def _new_copy(profile: str, root: Path, into: Path | None = None) -> tuple[Path, dict]:
-    """A fresh temporary copy, or ``into`` (created or refreshed: what DVC, the shards and the
-    checkpoints left there stay, so an interrupted long run resumes)."""
+    """A fresh temporary copy, or ``into`` (refreshed: DVC's state and checkpoints stay, a run resumes)."""
     dest = Path(into) if into else Path(tempfile.mkdtemp(prefix=f"mapl-{profile}-"))
     env = tool_env(root, dest)
     try:
@@ -169,18 +151,15 @@ def _done(dest: Path, keep: bool) -> None:
 
 
 def repro(profile: str, root: Path = PROJECT_ROOT, copy_back: bool = False, keep: bool = False,
-          capture: bool = False, extra: list[str] | None = None, into: Path | None = None,
-          targets: list[str] | None = None) -> str:
-    """``dvc repro`` on ``profile`` in a fresh copy (or in the workspace ``into``, which is kept), of
-    ``targets`` (stage names; default all); with ``copy_back`` replace reports/<profile>/ here by the
-    copy's. Returns the captured output or ''."""
-    _check_profile(profile, root)
+          capture: bool = False, into: Path | None = None, targets: list[str] | None = None) -> str:
+    """``dvc repro [targets]`` on ``profile`` in a fresh copy (or the kept workspace ``into``); ``copy_back``:
+    replace reports/<profile>/ here by the copy's. Returns the captured output or ''."""
     targets = list(targets or [])
     unknown = sorted(set(targets) - set(stage_names(root, profile)))
     if unknown:
         raise ValueError(f"stage {unknown[0]!r} is invalid: allowed the stages of dvc.yaml (e.g. train, train@<run>, "
                          "report)")
-    if copy_back and profile == _default_profile(root):
+    if copy_back and profile == _default_profile(root):       # a typo would delete the committed reports
         raise ValueError(f"--profile {profile!r} is this checkout's default: run `dvc repro` here instead of "
                          "copying its reports back")
     if into is not None:
@@ -188,7 +167,7 @@ def repro(profile: str, root: Path = PROJECT_ROOT, copy_back: bool = False, keep
     dest, env = _new_copy(profile, root, into)
     keep = keep or into is not None
     try:
-        log = dvc(["repro", *(extra or []), *targets], dest, env, capture)
+        log = dvc(["repro", *targets], dest, env, capture)
         if copy_back:
             src, target = dest / "reports" / profile, Path(root) / "reports" / profile
             shutil.rmtree(target, ignore_errors=True)
@@ -200,8 +179,7 @@ def repro(profile: str, root: Path = PROJECT_ROOT, copy_back: bool = False, keep
 
 
 def stage_names(root: Path = PROJECT_ROOT, profile: str = "") -> list[str]:
-    """The DVC stages of dvc.yaml as ``dvc repro`` names them in a copy on ``profile`` (default: this checkout's):
-    ``stage``, and ``train@<run>`` for each of the profile's runs; ``train`` alone names all of them."""
+    """dvc.yaml's stages as ``dvc repro`` names them on ``profile`` (default: this checkout's), ``train@<run>`` too."""
     import yaml
 
     from ..core.config import load_params
@@ -219,25 +197,14 @@ def _default_profile(root: Path) -> str:
     return load_params(Path(root) / "params.yaml")["profile"]
 
 
-def _check_profile(profile: str, root: Path) -> str:
-    """``profile`` if params.yaml defines it; else a one-line ``ConfigError`` (before anything is copied)."""
-    from ..core.config import ConfigError, load_params
-    profiles = load_params(Path(root) / "params.yaml")["profiles"]
-    if profile not in profiles:
-        raise ConfigError(f"--profile {profile!r} is invalid: allowed: {sorted(profiles)} (params.yaml)")
-    return profile
-
-
 def _git_status(root: Path) -> str:
     return subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=root, capture_output=True,
                           text=True, check=True).stdout
 
 
 def smoke(root: Path = PROJECT_ROOT, keep: bool = False, capture: bool = False) -> tuple[Path | None, str]:
-    """The pipeline up to the report and plan (:data:`SMOKE_TARGETS`) on ``micro`` in a copy; a second
-    ``dvc repro`` must do nothing and this
-    checkout's ``git status`` must not change. Returns the copy's path (when ``keep``, else None) and
-    the first repro's output (when ``capture``, else '')."""
+    """:data:`SMOKE_TARGETS` on ``micro`` in a copy; a second repro must do nothing, this checkout's git status not
+    change. Returns (the copy's path when ``keep``, the first repro's output when ``capture``)."""
     t0, before = time.monotonic(), _git_status(root)
     dest, env = _new_copy("micro", root)
     try:
@@ -257,44 +224,25 @@ def smoke(root: Path = PROJECT_ROOT, keep: bool = False, capture: bool = False) 
     return (dest if keep else None), log
 
 
-def _files(base: Path, profile: str) -> dict[str, Path]:
-    out = base / "reports" / profile
-    found = {p.relative_to(base).as_posix(): p for sub in ("tables", "figures") if (out / sub).is_dir()
-             for p in sorted((out / sub).rglob("*")) if p.is_file()}
-    if (out / "metrics.json").is_file():
-        found[f"reports/{profile}/metrics.json"] = out / "metrics.json"
-    return found
-
-
-def compare_outputs(expected: Path, actual: Path, profile: str) -> list[str]:
-    """Differences between two checkouts' report outputs of ``profile`` (tables, figures, metrics.json):
-    files only in one of them, and files whose bytes differ (with the first differing lines of text)."""
-    a, b = _files(Path(expected), profile), _files(Path(actual), profile)
-    problems = [f"missing after re-execution: {k}" for k in sorted(set(a) - set(b))]
-    problems += [f"new after re-execution: {k}" for k in sorted(set(b) - set(a))]
-    for key in sorted(set(a) & set(b)):
-        old, new = a[key].read_bytes(), b[key].read_bytes()
-        if old == new:
-            continue
-        if key.endswith(".png"):
-            problems.append(f"differs: {key} (PNG, {len(old)} vs {len(new)} bytes)")
-            continue
-        diff = difflib.unified_diff(old.decode(errors="replace").splitlines(), new.decode(errors="replace").splitlines(),
-                                    "committed", "re-executed", n=0, lineterm="")
-        problems.append(f"differs: {key}\n    " + "\n    ".join(list(diff)[2:12]))
-    return problems
+def compare_outputs(copy: Path, profile: str, env: dict) -> list[str]:
+    """The report outputs of ``profile`` (tables, figures, metrics.json) that differ from what the copy committed."""
+    paths = [f"reports/{profile}/{sub}" for sub in ("tables", "figures", "metrics.json")]
+    status = _run(["git", "status", "--porcelain", "--untracked-files=all", "--", *paths], copy, env, capture=True)
+    words = {"D": "missing after re-execution", "??": "new after re-execution"}
+    problems = [f"{words.get(line[:2].strip(), 'differs')}: {line[3:]}" for line in status.splitlines()]
+    diff = _run(["git", "diff", "-U0", "--diff-filter=M", "--", *paths], copy, env, capture=True).splitlines()
+    return problems + ["    " + line for line in diff[:30] if line[:1] in "+-" and line[:3] not in ("+++", "---")]
 
 
 def verify(profile: str = "", root: Path = PROJECT_ROOT, keep: bool = False, capture: bool = False) -> list[str]:
-    """Re-execute the report stage of ``profile`` (default: params.yaml's) from the committed results in
-    a copy and compare its tables, figures and metrics with the committed ones; raises on a difference."""
-    profile = _check_profile(profile or _default_profile(root), root)
-    if not _files(Path(root), profile):
+    """Re-execute the report of ``profile`` (default: params.yaml's) in a copy; raises on a difference."""
+    profile = profile or _default_profile(root)
+    if not (Path(root) / "reports" / profile / "tables").is_dir():
         raise ValueError(f"--profile {profile!r}: no committed report outputs under reports/{profile}/ to verify")
     dest, env = _new_copy(profile, root)
     try:
         dvc(["repro", "--force", "--single-item", "report"], dest, env, capture)
-        problems = compare_outputs(root, dest, profile)
+        problems = compare_outputs(dest, profile, env)
     finally:
         _done(dest, keep)
     if problems:
@@ -305,8 +253,7 @@ def verify(profile: str = "", root: Path = PROJECT_ROOT, keep: bool = False, cap
 
 def run_command(command: str, profile: str = "", copy_back: bool = False, keep: bool = False,
                 into: Path | None = None, targets: list[str] | None = None) -> int:
-    """``mapl workspace <command>`` (smoke, repro or verify) with its exit code: 2 a user error, 5 a step in the
-    copy failed or the outputs differ, 130 SIGINT/SIGTERM (every process in the copy is stopped first)."""
+    """``mapl workspace <command>``'s exit code: 2 a user error, 5 a failed step or a difference, 130 a signal."""
     old = _stop_on_signals()
     try:
         if command == "smoke":
@@ -333,8 +280,7 @@ def run_command(command: str, profile: str = "", copy_back: bool = False, keep: 
 
 
 def _stop_on_signals() -> dict:
-    """SIGTERM (and SIGINT) raise :class:`Stopped` in the main thread, so the finally blocks stop the
-    processes in the copy and remove a temporary copy. Returns the previous handlers."""
+    """SIGTERM and SIGINT raise :class:`Stopped`, so the finally blocks clean up; returns the previous handlers."""
     def stop(signum, frame):
         raise Stopped(f"{signal.Signals(signum).name} received")
     return {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}

@@ -1,8 +1,6 @@
 """Step time of a pipeline run on a link, from compute, exact wire bytes, schedule and overlap; GPU-hours.
 
-A :class:`Case` is one run's step: per-stage compute of a micro-batch (measured, or FLOPs / (peak x MFU)), the
-bytes of every message of every boundary (asked from the compressor objects), the schedule and M;
-``Case.predict(link)`` replays it on mapl.core.link's virtual clock. docs/pipeline.md states what the FLOPs count.
+A :class:`Case` is one run's step, replayed on mapl.core.link's virtual clock; docs/pipeline.md says what it counts.
 """
 from __future__ import annotations
 
@@ -14,7 +12,7 @@ import torch
 
 from ..core.compress.base import spec_bytes
 from ..core.config import config_hash, load_params, RunConfig
-from ..core.link import floor_time, get_profile, IDEAL, schedule_ops, simulate, StepMeasurement
+from ..core.link import floor_time, IDEAL, simulate, StepMeasurement
 from ..core.optimizer_recipe import build_optimizers
 from ..core.schedule import ONE_F_ONE_B
 from ..core.stages import build_staged_model
@@ -24,7 +22,7 @@ from ..orchestration.groups import group_names, group_specs, spec_config
 __all__ = ["GPUSpec", "H100", "H200", "DEFAULT_MFU", "StageCompute", "BoundaryBytes", "Case", "Prediction",
            "stage_flops", "flop_compute", "measured_compute", "boundary_bytes", "wire_ratio", "build_case",
            "PLANNER_SCHEDULES", "PLANNER_MICRO_BATCH_FACTORS", "with_schedule_variants",
-           "simulate_inbound", "gpu_hours", "format_gpu_hours"]
+           "gpu_hours", "format_gpu_hours"]
 
 DEFAULT_MFU = 0.35        # kernel-level fraction of peak while a stage computes (bubbles are modelled apart)
 NS_STEPS = 5              # torch.optim.Muon's Newton-Schulz iterations
@@ -191,8 +189,8 @@ class Case:
     def micro_batches(self) -> int:
         return len(self.compute.fwd_s[0])
 
-    def step_time(self, link, channels: str = "duplex") -> float:
-        return self.predict(link, channels).step_s
+    def step_time(self, link) -> float:
+        return self.predict(link).step_s
 
     def one_step_time(self, link) -> float:
         """This case's own schedule for one step from an idle pipeline (``predict`` is the steady state)."""
@@ -204,17 +202,12 @@ class Case:
         return (self.schedule + (" + checkpointing" if self.checkpointing else "")
                 + (f", M = {self.micro_batches}" if self.more_micro_batches else ""))
 
-    def predict(self, link, channels: str = "duplex") -> Prediction:
-        """The step on ``link``: duplex, the fastest of this case and its variants; inbound, its own schedule."""
+    def predict(self, link) -> Prediction:
+        """The step on ``link``: the fastest of this case and its variants."""
         meas = _link_measurement(self)
-        if channels == "duplex":
-            own = Prediction(simulate(meas, link).step_time, simulate(meas, IDEAL).step_time, floor_time(meas, link),
-                             self.label)
-            return min([own] + [v.predict(link) for v in self.variants], key=lambda p: p.step_s)
-        if channels == "inbound":
-            return Prediction(simulate_inbound(meas, link), simulate_inbound(meas, IDEAL), floor_time(meas, link),
-                              self.label)
-        raise ValueError(f"channels={channels!r} is invalid: allowed 'duplex', 'inbound'")
+        own = Prediction(simulate(meas, link).step_time, simulate(meas, IDEAL).step_time, floor_time(meas, link),
+                         self.label)
+        return min([own] + [v.predict(link) for v in self.variants], key=lambda p: p.step_s)
 
     def scaled(self, k: float) -> "Case":
         """Every compute time x k (another MFU: k = mfu / mfu'), variants too."""
@@ -250,10 +243,8 @@ PLANNER_MICRO_BATCH_FACTORS = (1, 2)
 def with_schedule_variants(case: Case, cfg: RunConfig, gpu: GPUSpec, vocab_size: int | None = None,
                            schedules: Sequence[str] = PLANNER_SCHEDULES,
                            micro_batch_factors: Sequence[int] = (1,)) -> Case:
-    """``case`` with a variant for each of ``schedules`` (with and without activation checkpointing) whose memory
-    plan fits ``gpu.memory_bytes``, and for the same batch in k x M micro-batches (each k of
-    ``micro_batch_factors`` that divides it). Deeper warm-ups hold more graphs: each checkpointing setting
-    stops at the first schedule that does not fit."""
+    """``case`` with a variant per schedule, checkpointing and micro-batch factor whose memory plan fits the GPU
+    (schedules shallowest first: each setting stops at the first that does not fit)."""
     from ..core.memory import check_plan, memory_plan          # torch-heavy: only when variants are asked for
     variants = []
     M, batch = cfg.train.micro_batches, cfg.train.batch_size
@@ -272,47 +263,6 @@ def with_schedule_variants(case: Case, cfg: RunConfig, gpu: GPUSpec, vocab_size:
                     variant = build_case(var, gpu=gpu, vocab_size=vocab_size, checkpointing=ckpt)
                     variants.append(replace(variant, more_micro_batches=k > 1))
     return replace(case, variants=tuple(variants))
-
-
-def simulate_inbound(meas, link, steps: int = 4) -> float:
-    """Mean steady-state step time (after the first of ``steps``) under ProtocolNanoGPT's emulator: ONE inbound
-    wire per stage carries the forwards from s-1 and the gradients from s+1 in the order the stage consumes them,
-    each holding it for bytes/bandwidth + latency; steps follow back to back, without all-reduce or state sync."""
-    link = get_profile(link)
-    P, M = meas.n_stages, meas.n_micro
-    ops = [[(k, m, i) for i in range(steps) for k, m in schedule_ops(meas.schedule, P, M, s) + [("O", -1)]]
-           for s in range(P)]
-    pos, free, wire = [0] * P, [0.0] * P, [0.0] * P
-    sent = {}                        # (stage, "F"/"B", m, step) -> end time of the op that sends
-    step_end = [[0.0] * steps for _ in range(P)]
-    remaining = sum(map(len, ops))
-    while remaining:
-        progressed = False
-        for s in range(P):
-            while pos[s] < len(ops[s]):
-                kind, m, i = ops[s][pos[s]]
-                ready = free[s]
-                src = (s - 1, "F") if kind == "F" and s > 0 else (s + 1, "B") if kind == "B" and s < P - 1 else None
-                if src is not None:
-                    key = (*src, m, i)
-                    if key not in sent:
-                        break
-                    nbytes = meas.fwd_bytes[s - 1] if kind == "F" else meas.bwd_bytes[s]
-                    wire[s] = max(wire[s], sent[key]) + link.transfer_s(nbytes) + link.latency_s
-                    ready = max(ready, wire[s])
-                dur = meas.fwd_s[s][m] if kind == "F" else meas.bwd_s[s][m] if kind == "B" else meas.opt_s[s]
-                free[s] = ready + dur
-                if kind == "O":
-                    step_end[s][i] = free[s]
-                else:
-                    sent[(s, kind, m, i)] = free[s]
-                pos[s] += 1
-                remaining -= 1
-                progressed = True
-        if not progressed:
-            raise RuntimeError("schedule deadlocks in the inbound-wire clock (a bug)")
-    ends = [max(step_end[s][i] for s in range(P)) for i in range(steps)]
-    return (ends[-1] - ends[0]) / (steps - 1) if steps > 1 else ends[0]
 
 
 # ---- GPU-hours of a profile -----------------------------------------------------------------------
@@ -356,8 +306,7 @@ def _wall_clock(runs: Sequence[dict], n_gpus: int) -> float:
 
 def gpu_hours(profile: str = "paper", gpu: GPUSpec = H100, groups: Sequence[str] | None = None,
               n_gpus: Sequence[int] = (8, 64), params: dict | None = None) -> dict:
-    """GPU-hours of every run of ``profile``'s groups (default all), totals and wall-clock on ``n_gpus``; runs
-    use 1F1B (GPipe does not fit paper micro-batches) and a free link."""
+    """GPU-hours of every run of ``profile``'s groups, totals and wall-clock on ``n_gpus`` (1F1B, a free link)."""
     params = params or load_params()
     groups = list(groups or group_names(profile, params))
     cache, rows = {}, []

@@ -1,9 +1,7 @@
 """When does compression pay? Steps to target, time to target, crossover bandwidths (notebooks/when_it_pays).
 
-Time to target = steps to target x step time (mapl.planning.costmodel). Steps to target come from our own
-loss curves (:func:`steps_ratios`: each method against uncompressed, paired by seed at each training length)
-or, at paper scale, from the paper's final-loss penalties through a loss-vs-tokens fit
-(:func:`ratio_from_penalty` states the conversion and its assumption).
+Time to target = steps to target (our loss curves, or the paper's penalties through a loss-vs-tokens fit) x step
+time (mapl.planning.costmodel).
 """
 from __future__ import annotations
 
@@ -16,7 +14,7 @@ from typing import Callable, Sequence
 from ..core.link import LinkProfile, steps_to_target
 from ..report import paper_table1
 from ..report.rows import at_best_validation, is_reference, load_results, main_model, select
-from ..report.studies.ttt import common_target as report_target, method_curve, on_target_set
+from ..report.studies.ttt import common_target, method_curve, on_target_set   # the report's target, re-used
 
 __all__ = ["LOSS_FITS", "load_runs", "main_model_runs", "steps_ratios", "ratio_trend", "steps_ratio_table",
            "steps_report", "ratio_from_penalty", "paper_steps_ratios", "common_target", "time_to_target_rows",
@@ -29,8 +27,7 @@ LOSS_FITS = {          # B and beta of L(D) = L_inf + B D^-beta
 
 
 def load_runs(results_dir: str | Path, variants: bool = False) -> list[dict]:
-    """The rows of the runs under ``results_dir/<group>/*.json`` as the report selects them (mapl.report.rows)
-    that have a validation curve; the methods' default configurations only unless ``variants``."""
+    """The report's rows of the runs under ``results_dir`` with a validation curve (default configurations only)."""
     return [r for r in select(load_results("", Path(results_dir).resolve()))
             if r["val_loss_curve"] and (variants or r["variant"] == r["method"])]
 
@@ -61,9 +58,8 @@ def _spread(values: Sequence[float]) -> dict:
 
 
 def steps_ratios(runs: Sequence[dict], target_pct: float = 2.0) -> list[dict]:
-    """Per (model, variant, wire ratio, budget): the steps to reach uncompressed's best loss (at its best
-    validation step) + ``target_pct`` %, over uncompressed's steps to it, paired by seed, with its spread over
-    seeds. A run that never gets there gives a lower bound, budget / uncompressed's steps (``censored``)."""
+    """Per (model, variant, wire ratio, budget): steps to uncompressed's best loss + ``target_pct`` % over
+    uncompressed's, paired by seed; a run that never gets there gives a lower bound (``censored``)."""
     dense = {(r["model"], r["steps"], r["seed"]): r for r in runs if is_reference(r)}
     per = defaultdict(dict)
     for r in runs:
@@ -106,8 +102,7 @@ def steps_ratio_table(ratios: Sequence[dict]) -> str:
 
 
 def ratio_trend(runs: Sequence[dict]) -> list[dict]:
-    """Along each (variant, wire ratio)'s longest budget paired with uncompressed: at each evaluation step s,
-    the steps to reach uncompressed's loss at s (same seed) over s; mean/min/max over the seeds that do."""
+    """At each evaluation step s of the longest budget: steps to uncompressed's loss at s (same seed) over s."""
     dense = {(r["model"], r["steps"], r["seed"]): r for r in runs if is_reference(r)}
     paired = defaultdict(list)
     for r in runs:
@@ -131,13 +126,8 @@ def ratio_trend(runs: Sequence[dict]) -> list[dict]:
 
 
 def ratio_from_penalty(delta_loss: float, tokens: float, fit: str = "chinchilla") -> float:
-    """Steps-to-target ratio implied by a final-loss penalty ``delta_loss`` after ``tokens``.
-
-    At a fixed model size L(D) = L_inf + B D^-beta (D tokens). A method ``delta`` above uncompressed after D0
-    tokens behaves like uncompressed training on k x D0 tokens with B (k D0)^-beta = B D0^-beta + delta, so it
-    needs 1/k = (1 + delta / (B D0^-beta))^(1/beta) times the steps. B, beta: Chinchilla's fit or its
-    replication (:data:`LOSS_FITS`; the two bracket the ratio). It assumes the penalty is lost token efficiency:
-    a penalty that stayed constant with more tokens would never be made up."""
+    """Steps-to-target ratio implied by a final-loss penalty ``delta_loss`` after ``tokens``:
+    (1 + delta / (B D0^-beta))^(1/beta) under L(D) = L_inf + B D^-beta, the penalty taken as lost token efficiency."""
     f = LOSS_FITS[fit]
     reducible = f["B"] * tokens ** -f["beta"]
     base = 1 + delta_loss / reducible
@@ -161,15 +151,9 @@ def paper_steps_ratios(scale: str, stages: int = 4, tokens: float | None = None)
     return out
 
 
-def common_target(runs: Sequence[dict], target_pct: float = 2.0) -> tuple[float, int, int] | None:
-    """The report's time-to-target target on these runs: (target, budget, seeds); None without uncompressed."""
-    return report_target(runs, target_pct)
-
-
 def time_to_target_rows(runs: Sequence[dict], cases: dict, bandwidths: Sequence[float], latency_s: float = 0.0,
                         target_pct: float = 2.0) -> list[dict]:
-    """Time to target by the report's rule (mapl.report.studies.ttt: its target and mean curves) with the step time of
-    each (method, wire ratio)'s Case in ``cases`` on each bandwidth."""
+    """Time to target by the report's rule with each (method, wire ratio)'s step time on each bandwidth."""
     common = common_target(runs, target_pct)
     if common is None:
         return []
@@ -188,8 +172,8 @@ def time_to_target_rows(runs: Sequence[dict], cases: dict, bandwidths: Sequence[
 
 def crossover_bandwidth(time_a: Callable[[float], float], time_b: Callable[[float], float],
                         lo: float = 1e5, hi: float = 1e12, iters: int = 50) -> float:
-    """Bandwidth (bit/s) below which ``a`` is faster, by bisection in log bandwidth: ``math.inf`` if a is faster
-    at both ends of [lo, hi], 0.0 if slower at both; if a is faster only at the high end, the one above which."""
+    """Bandwidth (bit/s) where ``a`` and ``b`` swap, by bisection in log bandwidth (inf: a faster on all of
+    [lo, hi]; 0.0: slower on all)."""
     def f(bw: float) -> float:
         return time_a(bw) - time_b(bw)
 
@@ -208,8 +192,7 @@ def crossover_bandwidth(time_a: Callable[[float], float], time_b: Callable[[floa
 
 def crossover_interval(step_a, steps_a: tuple[float, float], step_b, steps_b: tuple[float, float],
                        rel_err: float, **kw) -> dict:
-    """Crossover of a against b with its range: the step-time error against a and for b (and the reverse), with
-    each side's (low, high) steps; ``low``/``high`` bracket ``mid``."""
+    """Crossover of a against b (``mid``) and its range over the step-time error and each side's steps."""
     def cross(ka, kb, na, nb):
         return crossover_bandwidth(lambda bw: na * ka * step_a(bw), lambda bw: nb * kb * step_b(bw), **kw)
     mid = cross(1, 1, sum(steps_a) / 2, sum(steps_b) / 2)

@@ -1,9 +1,4 @@
-"""The planner notebook's cases, summaries and figures (notebooks/when_it_pays.ipynb).
-
-Cases are our measured profile (:func:`bench_cases`: compute measured by benchmarks/pipeline.py) or a paper shape
-on a public GPU spec (:func:`paper_cases`: FLOP-based compute); :func:`plan` turns cases and steps to target into
-the speedup grid, time-to-target curves and crossover bandwidths that the tables and figures present.
-"""
+"""The planner notebook's cases (measured, or a paper shape on a public GPU spec), summaries and figures."""
 from __future__ import annotations
 
 import json
@@ -34,8 +29,7 @@ __all__ = ["MEASURED_VARIANTS", "measured_sources", "pick_measured", "measured_s
 
 
 def _bench_config(profile: str, entry: dict):
-    """The profile's config whose declared bytes equal a benchmark entry's metered bytes (the entry records the
-    wire ratio, not the projection ratio: matching the bytes checks both)."""
+    """The profile's config whose declared bytes equal a benchmark entry's metered bytes."""
     tm = entry["timing"]
     metered = [(tm["fwd_bytes"][p], tm["bwd_bytes"][p], tm["state_fwd_bytes"][p], tm["state_bwd_bytes"][p])
                for p in range(len(tm["fwd_bytes"]))]
@@ -66,8 +60,7 @@ def bench_cases(bench_json: str | Path, profile: str = "cpu") -> dict:
 
 
 def flop_cases(profile: str, methods: dict, gpu) -> dict:
-    """(method, wire ratio) -> Case of ``profile`` with FLOP-based compute on ``gpu``; ``methods``: method ->
-    projection ratio (None: none/int8)."""
+    """(method, wire ratio) -> Case of ``profile`` with FLOP-based compute on ``gpu`` (``methods``: method -> ratio)."""
     out = {}
     for m, r in methods.items():
         cfg = load_run_config(profile, {"method": m, "ratio": r})
@@ -78,8 +71,7 @@ def flop_cases(profile: str, methods: dict, gpu) -> dict:
 
 def run_ratios(runs: Sequence[dict], methods: Sequence[str], given: dict | None = None,
                fallback: float = 8.0) -> dict:
-    """method -> projection ratio for :func:`flop_cases`: ``given[method]``, else the most common among the
-    method's longest runs, else ``fallback``; None for none and int8."""
+    """method -> projection ratio: ``given``, else the most common of its longest runs, else ``fallback``."""
     out = {}
     for m in methods:
         mine = [r for r in runs if r["method"] == m and r.get("projection_ratio")]
@@ -131,24 +123,19 @@ def paper_steps(model: str, stages: int, keys: Sequence[tuple], steps: int | Non
     return {k: (steps * ratios[k[0]]["low"], steps * ratios[k[0]]["high"]) for k in keys}
 
 
-# The variants that stand for a method when the paper-scale prediction takes our measured steps, in order of
-# preference at equal budget. MAPL+RVQ's long runs carry the per-token scale: its default configuration (scale
-# none) was trained only at 300 steps, and a 300-step ratio beside the other methods' 3,000-step ones is not
-# comparable (it made MAPL+RVQ look cheaper than MAPL).
+# The variants that stand for a method in the measured steps, preferred first: MAPL+RVQ's long runs carry the
+# per-token scale (its default configuration was trained only at 300 steps).
 MEASURED_VARIANTS = {"mapl-rvq": ("mapl-rvq-scaled", "mapl-rvq")}
 
 
 def measured_sources(keys: Sequence[tuple], results_dir: str | Path, target_pct: float = 2.0) -> dict:
-    """(method, ratio) -> the steps_ratios row that stands for the method (:func:`pick_measured`) among the main
-    model's runs under ``results_dir`` at the headline's projection ratio (a study at another ratio and the same
-    budget, learned_fixed_4x, would otherwise tie with the headline's and win by row order)."""
+    """(method, ratio) -> the steps_ratios row that stands for the method, at the headline's projection ratio."""
     runs = main_model_runs(load_runs(results_dir, variants=True)) if Path(results_dir).is_dir() else []
     return pick_measured(steps_ratios(at_projection_ratio(runs, headline_ratio(runs)), target_pct), keys)
 
 
 def pick_measured(ratios: Sequence[dict], keys: Sequence[tuple]) -> dict:
-    """Per key, among the method's variants in :data:`MEASURED_VARIANTS` (default: its own configuration), the
-    row of the longest budget, then the preferred variant, then the most seeds; uncompressed left out."""
+    """Per key, the method's row of the longest budget, then the preferred variant, then the most seeds."""
     out = {}
     for key in keys:
         allowed = MEASURED_VARIANTS.get(key[0], (key[0],))
@@ -160,8 +147,7 @@ def pick_measured(ratios: Sequence[dict], keys: Sequence[tuple]) -> dict:
 
 def measured_steps(model: str, keys: Sequence[tuple], results_dir: str | Path, target_pct: float = 2.0,
                    steps: int | None = None) -> dict:
-    """(method, ratio) -> (low, high) steps at a paper scale from *our* measured steps-to-target ratios (min and
-    max over seeds of :func:`measured_sources`' row) times the paper budget; a method without one is left out."""
+    """(method, ratio) -> (low, high) steps at a paper scale: our measured ratios (over seeds) x the paper budget."""
     steps = _paper_budget(model) if steps is None else steps
     src = measured_sources(keys, results_dir, target_pct)
     return {key: (steps, steps) if key[0] == "none" else (steps * src[key]["min"], steps * src[key]["max"])
@@ -179,10 +165,8 @@ def paper_cases(model: str, methods: Sequence[str], stages: int, micro_batches: 
                 seq_len: int, gpu, ratios: dict | None = None, model_overrides: dict | None = None,
                 schedules: Sequence[str] = PLANNER_SCHEDULES, overrides: dict | None = None,
                 micro_batch_factors: Sequence[int] = PLANNER_MICRO_BATCH_FACTORS) -> dict:
-    """(method, wire ratio) -> Case of the paper profile at ``model`` with the paper's ratio for that scale (or
-    ``ratios[method]``), FLOP-based compute on ``gpu``, 1F1B and a variant for each of ``schedules`` and
-    ``micro_batch_factors`` that fits ``gpu``'s memory (:func:`with_schedule_variants`; ``schedules=()``: 1F1B
-    only). ``overrides``: further settings of every method's config."""
+    """(method, wire ratio) -> Case of the paper profile at ``model``: FLOP-based compute on ``gpu``, 1F1B and each
+    schedule variant that fits its memory (``schedules=()``: 1F1B only)."""
     paper = paper_steps_ratios(model, stages)
     out = {}
     for m in methods:
@@ -201,8 +185,7 @@ def paper_cases(model: str, methods: Sequence[str], stages: int, micro_batches: 
 
 
 def bandwidth_grid(bandwidths: Sequence[float], points: Sequence[float] = (), margin: float = 3.0) -> list[float]:
-    """``bandwidths`` (bit/s) extended on their 1-3-10 ladder until they span every finite, nonzero value of
-    ``points`` (crossovers and their ranges) with ``margin`` to spare: every crossover then shows."""
+    """``bandwidths`` extended on their 1-3-10 ladder to span every finite nonzero of ``points`` with ``margin``."""
     grid = sorted(set(float(b) for b in bandwidths))
     pts = [x for x in points if x and math.isfinite(x)]
     if not grid or not pts:
@@ -222,10 +205,7 @@ def bandwidth_grid(bandwidths: Sequence[float], points: Sequence[float] = (), ma
 def plan(cases: dict, steps: dict, bandwidths: Sequence[float], latencies: Sequence[float], latency_s: float,
          rel_err: float, reference: str = "none", rival: str | None = "ssn",
          compute_scales: Sequence[float] = (), fit_grid: bool = True) -> dict:
-    """Everything the notebook shows for one model: ``cases`` method -> Case, ``steps`` method -> (low, high)
-    steps to target (None: never; such methods are listed in ``never``). ``compute_scales``: compute x k
-    estimates whose crossovers widen the range; ``fit_grid``: extend the bandwidths to span every crossover;
-    ``empty``: view (heatmap, curve, crossovers) -> why it has nothing to show."""
+    """Everything the notebook shows for one model from ``cases`` and ``steps`` (method -> (low, high) or None)."""
     ok = {m: c for m, c in cases.items() if steps.get(m) is not None}
     mid = {m: sum(steps[m]) / 2 for m in ok}
     cross = {}
@@ -346,8 +326,7 @@ def _headline(what: str, title: str, fig) -> str:
 
 def heatmap_figure(grid: dict, bandwidths: Sequence[float], latencies: Sequence[float], title: str = "",
                    reference: str = "none", path: str | Path | None = None):
-    """Speedup of time to target over ``reference`` per bandwidth x latency, a panel per method, the contour at 1;
-    None when no other method is in the grid."""
+    """Speedup of time to target over ``reference`` per bandwidth x latency, a panel per method (or None)."""
     import numpy as np
     from matplotlib.colors import LogNorm
     methods = [m for m in grid if m != reference]
@@ -382,8 +361,7 @@ def heatmap_figure(grid: dict, bandwidths: Sequence[float], latencies: Sequence[
 
 def curve_figure(curves: dict, bandwidths: Sequence[float], rel_err: float, crossovers: dict | None = None,
                  title: str = "", path: str | Path | None = None):
-    """Time to target against bandwidth per method, ``curves[m] = (low, mid, high)`` seconds, a band for the steps
-    range and the step-time error, crossovers marked; None without a curve."""
+    """Time to target against bandwidth per method (``curves[m] = (low, mid, high)`` s), or None without a curve."""
     if not curves:
         return None
     from matplotlib.lines import Line2D
