@@ -1,21 +1,4 @@
-"""The claims ledger (``claims.md``): each claim of the paper beside what we measured, and a verdict.
-
-A row of :data:`CLAIMS` is data: the paper's claim, the paper's side (a range of Δ% or the lead it claims, read
-from ``reports/paper-numbers.csv``), what of ours it reads, the rule of its verdict and the table to see. The
-rules read our interval at its family's level:
-
-* ``range``: reproduced when the interval of Δ% lies inside the claimed range, contradicted when it lies wholly
-  outside, inconclusive when it straddles a bound;
-* ``order`` (B ahead of A, read from A − B): reproduced when the interval excludes 0 on the claimed side and does
-  not lie wholly below the claimed lead, contradicted when it lies on the other side of 0 or wholly below the
-  lead, inconclusive otherwise (sign and size are reported separately);
-* ``bytes``: all bytes per token of MAPL over the compressed variant's, reproduced from :data:`BYTES_REPRODUCED`;
-* ``scale``: the scale ladder's slope of the gap in ln(parameters), read as an order;
-* fewer than :data:`MIN_SEEDS` seeds, or nothing run: not testable here.
-
-The rows of one paper claim are one family: an order family read at Holm's levels, a range family at
-Bonferroni's, a family of one at 95 %.
-"""
+"""The claims ledger: each claim of the paper beside what we measured, and a verdict (rules: docs/protocol.md)."""
 from __future__ import annotations
 
 from dataclasses import dataclass

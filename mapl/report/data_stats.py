@@ -1,8 +1,4 @@
-"""Corpus and tokenizer statistics for ``notebooks/data.ipynb`` (not part of the results report).
-
-    >>> lengths = token_byte_lengths(tok)                    # bytes of text per token id
-    >>> token_length_histogram(val_tokens, lengths)          # {bytes: occurrences}
-"""
+"""Corpus and tokenizer statistics for notebooks/data.ipynb (not part of the results report)."""
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,7 +1,4 @@
-"""The documents' generated blocks (``<!-- generated:NAME -->`` … ``<!-- /generated:NAME -->``), each rendered from
-committed files (tables, ``dvc.yaml``, the benchmarks' docstrings): ``mapl docs`` writes them, ``mapl docs --check``
-(a test) fails when one differs, so the README's ledger cannot drift from ``claims.md``.
-"""
+"""The docs' generated blocks (<!-- generated:NAME -->), rendered from committed files; `mapl docs --check` fails on drift."""
 from __future__ import annotations
 
 import ast

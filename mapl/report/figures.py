@@ -1,8 +1,4 @@
-"""Drawing: every figure of the report on matplotlib's object API and the Agg canvas (pyplot's global state is
-never touched). Each method keeps its colour and marker (:mod:`mapl.report.style`), legends name methods and
-ratios, every error bar and band says what it shows, and labels beside points overlap nothing
-(:func:`place_labels`). The ``*_figure`` functions draw; the ``*_plot`` ones add a caption and a takeaway.
-"""
+"""Drawing on matplotlib's object API and the Agg canvas; colours and markers from style, labels placed to overlap nothing."""
 from __future__ import annotations
 
 import math

@@ -1,18 +1,4 @@
-"""``reports/<profile>/metrics.json`` for ``dvc metrics show`` and ``dvc metrics diff``: the ledger's verdicts and
-the primary contrasts, the same few keys in every profile. The per-run numbers stay in the tables, and in the LaTeX
-macros (``tables/macros.tex``, :func:`macro_numbers`).
-
-``reproduced``, ``contradicted``, ``inconclusive``, ``not_testable``: how many of the ledger's claims have each
-verdict; ``ssn_minus_mapl``: the headline's primary contrast (points of Δ%, its 95 % interval); ``ladder_slope``:
-the scale ladder's slope of that gap per ln(parameters); ``heldout_kjv``, ``unread_train``: SSN − MAPL on each
-held-out set's scores (the headline's runs where they are scored, else the corpus study's). A contrast reads
-``+1.59 [+1.03, +2.15]``; without an interval ``+0.50 (n = 1)``; without runs ``not run``.
-
-Macro keys never embed the model's name (``main.mapl_8x.delta_pct``, ``long_paired.ssn_8x_minus_mapl_8x.mean``): a
-configuration is its variant and, with a projector, its wire ratio (``mapl_rvq_16x``: MAPL+VQ at projection 8x),
-suffixed for another model or P than the profile's main ones (``mapl_6x_m500m``, ``mapl_4x_p8``). A macro is
-``\\res`` + the CamelCased key, digits spelled out: ``\\resMainMaplEightXDeltaPct``.
-"""
+"""metrics.json (the ledger's verdicts and the primary contrasts) and the LaTeX macros (keys: docs/report.md)."""
 from __future__ import annotations
 
 import json

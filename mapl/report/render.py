@@ -1,12 +1,4 @@
-"""Tables and figures as files: cell formats, :class:`Table` and :class:`Plot` (each with its caption and a takeaway
-computed from its numbers), their Markdown/CSV/LaTeX/PNG writers, where a profile's outputs go, and ``show``.
-
-    >>> t = Table("demo", "Demo", ["a", "b"], [[1, "x"]], caption="What it shows.", takeaway="So what.")
-    >>> print(t.markdown(), end="")
-    | a | b |
-    |---|---|
-    | 1 | x |
-"""
+"""Tables and figures as files: cell formats, Table and Plot with caption and takeaway, their writers, and show."""
 from __future__ import annotations
 
 import csv
@@ -61,8 +53,7 @@ def fmt_delta(summary: dict | None) -> str:
 
 @dataclass
 class Table:
-    """``name``: file stem; ``caption``: what it shows and how; ``takeaway``: one line from its numbers (for an
-    empty table: why it is empty)."""
+    """A table with its file stem, caption and takeaway (for an empty table: why it is empty)."""
     name: str
     title: str
     header: list[str]
@@ -82,8 +73,7 @@ class Table:
 
 @dataclass
 class Plot:
-    """A figure with its file stem, caption and takeaway; ``empty``: nothing to draw (a one-line note, still
-    written: the file always exists)."""
+    """A figure with its file stem, caption and takeaway; ``empty``: nothing to draw (the file is still written)."""
     name: str
     caption: str
     takeaway: str
@@ -162,8 +152,8 @@ def save_figure(fig: Figure, path: str | Path | None) -> Figure:
 
 
 def output_paths(root: str | Path, profile: str, results: str | Path = "", out: str | Path = "") -> dict[str, Path]:
-    """``results`` (default ``reports/<profile>/results``), ``tables``, ``figures`` and ``metrics`` under ``out``
-    (default ``reports/<profile>``); relative paths from ``root``."""
+    """``results``, ``tables``, ``figures`` and ``metrics`` paths (defaults under ``reports/<profile>``)."""
+
     root = Path(root)
     base = root / (out or Path("reports") / profile)
     return {"results": root / (results or results_dir(profile)), "tables": base / "tables",

@@ -1,6 +1,4 @@
-"""The token and width axes: each method's Δ% and the paired SSN − MAPL gap at every training budget of the main
-model (groups main, tokens, long) and at every width of its family (group width), at the headline ratio.
-"""
+"""The token and width axes: each method's Δ% and the paired SSN − MAPL gap at every budget and width."""
 from __future__ import annotations
 
 from typing import Sequence

@@ -1,16 +1,4 @@
-"""The control studies: why MAPL beats SSN, and when learning the subspace pays; each a table here and a row of the
-claims ledger.
-
-* ``decompose`` (and ``decompose_capacity``): SSN with MAPL's anchors, MAPL with one shared fixed subspace, the
-  anchors alone, SSN + anchors widened to MAPL's parameter count, beside the headline's none, SSN and MAPL;
-* ``learned_fixed_4x``: SPEL against the fixed random projector at 4x (the paper's ablation ratio);
-* ``frontier``: the paper's Figure 1 at the headline budget, every method at every ratio on the group's seeds;
-* ``corpus``: none, SSN and MAPL on a corpus seen at most once in the budget;
-* ``blocks``: stages of several blocks at P = 4 and P = 8.
-
-A configuration's Δ% is per seed against that seed's plain uncompressed run; a study's comparisons A − B (points,
-positive: B ahead) are one exploratory family at Holm's levels (:func:`tested_family`).
-"""
+"""The control studies (decompose, learned_fixed_4x, frontier, corpus, blocks): why MAPL beats SSN."""
 from __future__ import annotations
 
 import statistics

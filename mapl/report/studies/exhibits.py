@@ -1,7 +1,4 @@
-"""The exhibits a reviewer reads first, from the same comparisons as the ledger and the study tables: the primary
-contrast seed by seed, learned against fixed projectors in every setting (each at its level in the ledger's
-family), and where the SSN − MAPL order holds (the primary at 95 %, the rest one exploratory Holm family).
-"""
+"""The exhibits a reviewer reads first: the primary contrast by seed, learned vs fixed, where the order holds."""
 from __future__ import annotations
 
 from typing import Sequence

@@ -1,8 +1,4 @@
-"""The frozen-trunk study (:mod:`mapl.orchestration.frozen_trunk`): a trained uncompressed model frozen, MAPL's
-boundaries inserted and only A_p and the anchors trained, with SPEL, a fixed random basis and the unconstrained
-projector. Its results (``reports/<profile>/frozen-trunk/``) become tables, a figure and a row of the claims
-ledger; Δ% is each run's validation loss against its own trunk's.
-"""
+"""The frozen-trunk study: only A_p and the anchors train on a frozen uncompressed model; Δ% against its trunk."""
 from __future__ import annotations
 
 import json

@@ -1,9 +1,4 @@
-"""The headline at the long budget (group ``long`` and its variants' groups): each method's Δ% over seeds, the
-paired comparisons (the primary contrast SSN − MAPL, named before its runs, at 95 %; the others one exploratory
-family at Holm's levels), every run's loss and activation scale, and the figures of the headline's runs.
-
-Everything is the main model at the *headline ratio*: the projection ratio of group ``long``'s MAPL runs.
-"""
+"""The headline at the long budget (group long), at the headline ratio: Δ%, paired comparisons, runs, figures."""
 from __future__ import annotations
 
 from collections import Counter

@@ -1,8 +1,4 @@
-"""Finished runs rescored on windows no run trained, selected or reported on (:mod:`mapl.orchestration.rescore`):
-a held-out text (prose corpora) and the training windows a run never read (runs drawing by epochs under one
-epoch). Two tables: each configuration's Δ% on the validation split beside its Δ% on each set, and the claims
-ledger read again on each set's scores, beside its verdict on the validation split.
-"""
+"""Finished runs rescored on held-out windows: Δ% on each set, and the ledger's verdicts read again there."""
 from __future__ import annotations
 
 import json

@@ -1,11 +1,4 @@
-"""The scale ladder: does MAPL's lead over SSN grow with model size?
-
-Rungs are the ``ladder-d<d>`` presets (only the width changes) on the code corpus at the same tokens per
-non-embedding parameter, each method's learning rate tuned per rung (study ``ladder_tune``). The study's primary
-contrast, named before its runs: the least-squares slope of every (rung, seed) paired SSN − MAPL gap against
-ln(non-embedding parameters), with its 95 % t interval (n − 2 df). A line extended to the paper's 150M is drawn
-as an extrapolation, never a verdict.
-"""
+"""The scale ladder: the slope of the paired SSN − MAPL gap against ln(non-embedding parameters)."""
 from __future__ import annotations
 
 import math

@@ -1,7 +1,4 @@
-"""The main (short) budget: the Table 1 analog beside the paper's, the ablations, the seed spread, the boundary
-geometry and the codebook sync; and the per-run table of a group. Table 1 pools every seed of a configuration
-at its model's main budget (the steps of its ``main`` runs: ``main`` holds seed 0, ``seeds`` the others).
-"""
+"""The main (short) budget: Table 1 analog, the ablations, seed spread, boundary geometry, codebook sync."""
 from __future__ import annotations
 
 import statistics

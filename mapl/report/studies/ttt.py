@@ -1,11 +1,4 @@
-"""Time to a target loss on a simulated link: measured step times (``benchmarks/pipeline.py``) replayed on links
-of several bandwidths and latencies by :mod:`mapl.core.link`'s virtual clock, times the steps each method needs
-to reach one common target on its validation curve (the planner applies the same rule).
-
-The target: the uncompressed run's best val loss at its longest budget (mean over seeds) plus ``target_pct``
-percent. A method's steps come from the mean val curve of its longest default-configured run at the measured
-wire ratio, among the runs on the target's validation tokens; a method that never gets there is listed so.
-"""
+"""Time to a target loss on a simulated link (mapl.core.link) from measured step times and validation curves."""
 from __future__ import annotations
 
 import json

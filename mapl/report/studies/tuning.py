@@ -1,6 +1,4 @@
-"""The tuning protocol (groups ``tune``, ``tune2``: learning rates chosen on the selection windows, which no
-reported number uses) and the budget-matched check of the tuned cells (group ``lr_check``).
-"""
+"""The tuning protocol (groups tune, tune2) and the budget-matched check of the tuned cells (group lr_check)."""
 from __future__ import annotations
 
 import statistics
