@@ -26,8 +26,8 @@ def data_summary_table(manifest: dict) -> tuple[list, list]:
 
 
 def token_byte_lengths(tok) -> np.ndarray:
-    """Bytes of UTF-8 text per token id of a ``tokenizers.Tokenizer`` (special tokens: 0; a byte-level symbol or
-    a ``<0xNN>`` fallback one byte, SentencePiece's ``▁`` a space)."""
+    """Bytes of UTF-8 text per token id of a ``tokenizers.Tokenizer`` (special tokens: 0)."""
+
     from tokenizers.pre_tokenizers import ByteLevel
     alphabet = set(ByteLevel.alphabet())
     vocab = tok.get_vocab(with_added_tokens=True)

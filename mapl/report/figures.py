@@ -28,9 +28,8 @@ LOSS_LABEL = "loss (nats / token)"
 
 def new_figure(ncols: int = 1, width: float = 5.0, height: float = 3.8) -> tuple[Figure, list]:
     """A figure of ``ncols`` panels of ``width`` x ``height`` inches on the Agg canvas."""
-    fig = Figure(figsize=(width * ncols, height), layout="constrained")
-    FigureCanvasAgg(fig)
-    return fig, list(fig.subplots(1, ncols, squeeze=False)[0])
+    fig, grid = new_grid(1, ncols, width * ncols, height)
+    return fig, list(grid[0])
 
 
 def new_grid(nrows: int, ncols: int, width: float, height: float, **subplots) -> tuple[Figure, np.ndarray]:
@@ -111,9 +110,8 @@ def _alignment(angle: float) -> tuple[str, str]:
 
 def place_labels(ax, points: Sequence[tuple[float, float]], texts: Sequence[str], colours: Sequence[str] | None = None,
                  fontsize: float = 7) -> list:
-    """Write ``texts[i]`` next to ``points[i]`` at the first offset (nearest first) where it covers no marker, error
-    bar, text or earlier label inside the axes, else where it covers least; a far label gets a leader line.
-    Deterministic. Call it once the axes' limits and scales are final: it fixes the figure's layout."""
+    """Write ``texts[i]`` next to ``points[i]`` at the nearest offset that covers nothing (else the least); call it
+    once the axes' limits and scales are final: it fixes the figure's layout."""
     fig = ax.figure
     fig.canvas.draw()                                 # run the layout once: the transforms are final from here on
     fig.set_layout_engine("none")
@@ -161,11 +159,6 @@ def _bars(s: dict, kind: str) -> tuple[float, float] | None:
     return None if not s["delta_std"] else (s["delta_std"], s["delta_std"])
 
 
-def _setups(sums: Sequence[dict], main: str | None) -> list[tuple]:
-    """(model, P, steps) of the summaries, the main model's first."""
-    return sorted({(s["model"], s["stages"], s["steps"]) for s in sums}, key=lambda k: (k[0] != main, str(k[0]), k[1], k[2]))
-
-
 def _pareto_panel(ax, sums: Sequence[dict], xkey: str, bars: str) -> tuple[list, list, list]:
     """One setup's Δ% against ``xkey``, a line per variant; returns its points, wire ratios and colours."""
     lines = defaultdict(list)
@@ -203,9 +196,10 @@ def _span_an_octave(ax, xs: Sequence[float]) -> None:
 
 
 def pareto_figure(sums: Sequence[dict], bars: str = "sd", main: str | None = None) -> Figure:
-    """Δ% against forward (left) and total (right) bytes per token and boundary, a row of panels per (model, P,
-    budget), a line per variant through its ratios, each point labelled with its wire ratio; bars: ``bars``."""
-    setups = _setups(sums, main) or [None]
+    """Δ% against forward (left) and total (right) bytes per token, a row of panels per (model, P, budget), a line
+    per variant, each point labelled with its wire ratio."""
+    setups = sorted({(s["model"], s["stages"], s["steps"]) for s in sums},
+                    key=lambda k: (k[0] != main, str(k[0]), k[1], k[2])) or [None]
     fig, grid = new_grid(len(setups), 2, 7.4, 2.5 * len(setups) + 1.3)
     columns = (("fwd_bytes_per_token", "forward bytes / token / boundary (log₂)", "forward payload"),
                ("total_bytes_per_token", "total bytes / token / boundary (log₂)", "total: both directions, ids, sync"))
@@ -234,11 +228,6 @@ def pareto_figure(sums: Sequence[dict], bars: str = "sd", main: str | None = Non
 
 
 # ---- loss curves -----------------------------------------------------------------------------------------
-def _smooth(y: Sequence[float], k: int) -> np.ndarray:
-    y = np.asarray(y, dtype=float)
-    return y if k <= 1 or len(y) < k else np.convolve(y, np.ones(k) / k, mode="valid")
-
-
 def _mean_curve(runs: Sequence[dict], key: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Steps, mean, min and max over seeds of one curve, on the steps every seed has."""
     curves = [dict(r[key]) for r in runs if r[key]]
@@ -250,8 +239,7 @@ def _mean_curve(runs: Sequence[dict], key: str) -> tuple[np.ndarray, np.ndarray,
 
 
 def loss_curves_figure(rows: Sequence[dict], smooth: int | None = None, title: str = "") -> Figure:
-    """Train loss (moving mean over ``smooth`` steps) and val loss against step, a line per configuration (mean
-    over seeds, band: their range); colour and marker by method, line style by wire ratio."""
+    """Train loss (moving mean) and val loss against step, a line per configuration (band: the seeds' range)."""
     fig, (ax_t, ax_v) = new_figure(2, 3.8, 3.6)
     smooth = smooth or max(10, max((r["steps"] or 0 for r in rows), default=0) // 30)
     groups = group_runs(sorted(rows, key=sort_key))
@@ -264,7 +252,8 @@ def loss_curves_figure(rows: Sequence[dict], smooth: int | None = None, title: s
         kw = {**style(r["variant"]), "ls": linestyle(r["wire_ratio"]), "lw": 1.2}
         steps, mean, lo, hi = _mean_curve(runs, "train_loss_curve")
         if len(steps):
-            y, lo_s, hi_s = (_smooth(v, smooth) for v in (mean, lo, hi))
+            y, lo_s, hi_s = (v if len(v) < smooth else np.convolve(v, np.ones(smooth) / smooth, mode="valid")
+                             for v in (mean, lo, hi))
             x = steps[len(steps) - len(y):]
             ax_t.plot(x, y, markevery=max(1, len(x) // 6), ms=5, label=name, **kw)
             if len(runs) > 1:
@@ -324,8 +313,7 @@ def _delta_axes(ax, xs: Sequence[float], xlabel: str, title: str) -> None:
 
 def axis_figure(points: Sequence[dict], xkey: str, xlabel: str, variants: Sequence[str], title: str,
                 empty: str, separate: Sequence[str] = ()) -> Figure:
-    """Each variant's Δ% against ``xkey`` (log2; bars: sd; ``separate`` in a panel of their own) and the paired
-    SSN - MAPL gap (bars: 95% t interval; dots: the seeds)."""
+    """Each variant's Δ% against ``xkey`` (``separate`` in a panel of their own) and the paired SSN - MAPL gap."""
     fig, axes = new_figure(3 if separate else 2, 3.4 if separate else 3.8, 3.5)
     ax_d, ax_g = axes[0], axes[-1]
     ax_s = axes[1] if separate else None
@@ -408,8 +396,7 @@ def _wrap(text: str, width: int = 22) -> str:
 
 
 def health_figure(runs: Sequence[dict], title: str = "") -> Figure:
-    """Boundary health as small multiples: a row per configuration, a column per boundary, a thin line per seed, a
-    tick at a seed's first outlier warning; one log y scale for all."""
+    """Boundary health: a row per configuration, a column per boundary, a line per seed, a tick at its first warning."""
     configs = _configurations(runs)
     n_b = max((len(r["health_readings"][0]["boundaries"]) for r in runs if r["health_readings"]), default=1)
     fig, grid = new_grid(max(1, len(configs)), n_b, 7.0, 0.8 * max(1, len(configs)) + 1.3, sharex=True, sharey=True)
@@ -446,8 +433,7 @@ def health_figure(runs: Sequence[dict], title: str = "") -> Figure:
 
 # ---- the in-run gap --------------------------------------------------------------------------------------
 def gap_curves_figure(gap: dict, generalisation: dict, title: str = "") -> Figure:
-    """Left: the paired in-run gap against step with its 95 % band. Right: validation − training loss per
-    method."""
+    """Left: the paired in-run gap against step with its 95 % band. Right: validation − training loss per method."""
     fig, (ax_g, ax_o) = new_figure(2, 3.8, 3.4)
     ssn, mapl = variant_label("ssn"), variant_label("mapl")
     if len(gap.get("steps", [])):
@@ -476,8 +462,8 @@ def gap_curves_figure(gap: dict, generalisation: dict, title: str = "") -> Figur
 
 # ---- ours against the paper ------------------------------------------------------------------------------
 def paper_scatter_figure(cells: Sequence[dict], model: str | None = None) -> Figure:
-    """Our Δ% (bars: sd) against the paper's for the same method and ratio, filled at the headline budget,
-    hollow at the main one, each point numbered and keyed in the legend; dashed: where the two agree."""
+    """Our Δ% against the paper's per cell (hollow: main budget), each point numbered and keyed in the legend."""
+
     fig, (ax,) = new_figure(1, 7.4, 4.0)
     fig.suptitle("Our Δ% against the paper's, per cell" + (f" ({model})" if model else ""))
     if not cells:

@@ -31,8 +31,7 @@ def _contrast(c: dict | None) -> str:
 
 def metrics(ledger: Sequence[dict], rows: Sequence[dict], corpus_rows: Sequence[dict] | None = None,
             rescores: dict[str, dict] | None = None, redrawn: Sequence[dict] = ()) -> dict:
-    """The metrics (keys: the module docstring) from the ledger's rows (:func:`mapl.report.claims.claims`), the
-    report's rows, the rows with the other corpus and the held-out scores."""
+    """The metrics (keys: docs/report.md) from the ledger's rows, the report's rows and the held-out scores."""
     corpus_rows = rows if corpus_rows is None else corpus_rows
     out: dict = {key: sum(c["verdict"] == v for c in ledger) for v, key in _VERDICT_KEYS.items()}
     out["ssn_minus_mapl"] = _contrast(headline_contrast("ssn", "mapl")(Evidence(rows)))
@@ -106,8 +105,8 @@ def _axis(points: Sequence[dict], name) -> dict:
 
 
 def macro_numbers(rows: Sequence[dict]) -> dict:
-    """Every headline number by key (the module docstring): the main budget, the ablations, the headline, its paired
-    comparisons, the token and width axes; sections without runs are left out."""
+    """Every headline number by key (docs/report.md); sections without runs are left out."""
+
     model, stages = main_model(rows), _main_stages(rows)
     out: dict = {"runs": len(rows)}
     sections = {"main": table1_summaries(rows), "ablations": _ablation_sums(rows),

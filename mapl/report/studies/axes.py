@@ -71,8 +71,8 @@ def _study_row(key_cells: list, p: dict) -> list:
 
 
 def token_table(rows: Sequence[dict], best: bool = False, train_tokens: int | None = None) -> Table:
-    """Each method's Δ% and the paired SSN - MAPL gap at every budget; ``best``: at each run's best validation loss
-    (early stopping); ``train_tokens``: the training split's size, for an epochs column."""
+    """Each method's Δ% and the SSN - MAPL gap at every budget (``best``: early stopping; ``train_tokens``: epochs)."""
+
     scored = at_best_validation(rows) if best else list(rows)
     points = token_points(scored)
     ratio = headline_ratio(rows)

@@ -62,8 +62,7 @@ def study_summaries(rows: Sequence[dict], configs: Sequence[tuple], model: str, 
                     stages: int | None = None, data_source: str | None = None,
                     ratio: float | None = None) -> dict[str, dict]:
     """name -> summary of each configuration (name, variant, model suffix) at ``steps`` on ``seeds``, whichever
-    group trained it; ``ratio``: compressed runs at this projection ratio only (MAPL trains at 8x in long and at 4x
-    in learned_fixed_4x at one budget)."""
+    group trained it; ``ratio``: compressed runs at this projection ratio only."""
     out = {}
     at_ratio = at_projection_ratio(rows, ratio)
     for name, variant, suffix in configs:
@@ -173,13 +172,20 @@ def decomposition_paired_table(rows: Sequence[dict]) -> Table:
                  PAIRED_HEADER, paired_body(comps), caption, takeaway)
 
 
-def learned_fixed_study(rows: Sequence[dict]) -> tuple[dict, list[dict], int | None]:
-    model, steps, seeds = _group_budget(rows, "learned_fixed_4x")
+def _one_contrast_study(rows: Sequence[dict], group: str, configs: Sequence[tuple], contrast: tuple,
+                        **where) -> tuple[dict, list[dict], int | None]:
+    """A group's configurations at its budget and seeds, with one paired contrast (A, B, what)."""
+    model, steps, seeds = _group_budget(rows, group)
     if model is None:
         return {}, [], None
-    sums = study_summaries(rows, (("none", "none", ""), ("mapl-fixed", "mapl-fixed", ""), ("mapl", "mapl", "")),
-                           model, steps, seeds, ratio=_group_ratio(rows, "learned_fixed_4x"))
-    return sums, tested_family(study_comparisons(sums, (("mapl-fixed", "mapl", "learning the subspace (SPEL)"),))), steps
+    sums = study_summaries(rows, configs, model, steps, seeds, ratio=_group_ratio(rows, group), **where)
+    return sums, tested_family(study_comparisons(sums, (contrast,))), steps
+
+
+def learned_fixed_study(rows: Sequence[dict]) -> tuple[dict, list[dict], int | None]:
+    return _one_contrast_study(rows, "learned_fixed_4x", (("none", "none", ""), ("mapl-fixed", "mapl-fixed", ""),
+                                                          ("mapl", "mapl", "")),
+                               ("mapl-fixed", "mapl", "learning the subspace (SPEL)"))
 
 
 def learned_fixed_table(rows: Sequence[dict]) -> Table:
@@ -267,13 +273,9 @@ HEADLINE_THREE = (("none", "none", ""), ("ssn", "ssn", ""), ("mapl", "mapl", "")
 
 
 def corpus_study(rows: Sequence[dict]) -> tuple[dict, list[dict], int | None]:
-    model, steps, seeds = _group_budget(rows, "corpus")
-    if model is None:
-        return {}, [], None
-    source = next(r.get("data_source", "") for r in rows if r["group"] == "corpus")
-    sums = study_summaries(rows, HEADLINE_THREE, model, steps, seeds, data_source=source,
-                           ratio=_group_ratio(rows, "corpus"))
-    return sums, tested_family(study_comparisons(sums, (("ssn", "mapl", "the primary contrast on this corpus"),))), steps
+    source = next((r.get("data_source", "") for r in rows if r["group"] == "corpus"), None)
+    return _one_contrast_study(rows, "corpus", HEADLINE_THREE, ("ssn", "mapl", "the primary contrast on this corpus"),
+                               data_source=source)
 
 
 def _final_train_loss(run: dict, frac: float = 0.1) -> float | None:
@@ -322,8 +324,7 @@ def _sampling_words(pool: Sequence[dict]) -> str:
 
 def _penalty_sentence(val: dict, unread: dict | None, train: dict[int, float],
                       reference: dict[int, float]) -> str | None:
-    """One configuration's penalties on the validation split, the unread windows and the training stream, and
-    the documents' share of the gap between the first and the last."""
+    """One configuration's penalties on the validation split, the unread windows and the training stream."""
     stream = _stream_deltas(train, reference)
     if unread is None or not stream or val["delta_pct"] is None or unread["delta_pct"] is None:
         return None
@@ -338,8 +339,8 @@ def _penalty_sentence(val: dict, unread: dict | None, train: dict[int, float],
 
 
 def corpus_table(rows: Sequence[dict], rescores: dict[str, dict] | None = None) -> Table:
-    """None, SSN and MAPL on a corpus that does not repeat within the budget: validation and training loss and,
-    where ``rescores`` has them, the Δ% on the training windows the runs never read."""
+    """None, SSN and MAPL on a corpus that does not repeat: validation, training and unread-window Δ%."""
+
     sums, comps, steps = corpus_study(rows)
     names = [n for n in ("none", "ssn", "mapl") if n in sums]
     runs = {run for n in names for run in sums[n]["runs"]}
@@ -454,19 +455,14 @@ _LEDGER = {"decompose": (decomposition_study, "ssn+anchors"),
            "blocks": (blocks_study, "ssn")}
 
 
-def _ledger_study(study: str):
-    if study not in _LEDGER:
-        raise ValueError(f"study={study!r}: allowed {', '.join(repr(k) for k in _LEDGER)}")
-    return _LEDGER[study]
-
-
 def study_comparison(rows: Sequence[dict], study: str) -> dict | None:
     """The comparison ``<arm> − MAPL`` a study's ledger row reads (blocks: at P = 4); None without it."""
-    build, arm = _ledger_study(study)
+    build, arm = _LEDGER[study]
     return next((c for c in build(rows)[1] if (c["a"]["name"], c["b"]["name"]) == (arm, "mapl")
                  and (study != "blocks" or c["a"]["stages"] == 4)), None)
 
 
 def study_configurations(rows: Sequence[dict], study: str) -> dict[str, dict]:
     """A study's summaries by configuration name, for the ledger's range claims."""
-    return _ledger_study(study)[0](rows)[0]
+    return _LEDGER[study][0](rows)[0]
+

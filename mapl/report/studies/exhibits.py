@@ -77,8 +77,7 @@ def _learned_fixed_claims() -> list[tuple[int, Claim]]:
 
 
 def learned_fixed_summary_table(rows: Sequence[dict], frozen_rows: Sequence[dict] | None = None) -> Table:
-    """fixed − learned (SPEL) in every setting we measured, each at its level in the ledger's family and
-    with the ledger's verdict."""
+    """fixed − learned (SPEL) in every setting we measured, at its level and verdict in the ledger."""
     ev = Evidence(rows, None, frozen_rows)
     measured = [spec.reads(ev) for spec in CLAIMS]
     levels = family_levels(CLAIMS, measured)
@@ -149,8 +148,8 @@ def _reading(c: dict) -> str:
 
 
 def order_holds_table(rows: Sequence[dict], corpus_rows: Sequence[dict] | None = None) -> Table:
-    """The paired SSN − MAPL gap at every setting with both methods: the primary at 95 %, the others one
-    exploratory Holm family (fewer than 3 seeds: no verdict)."""
+    """The paired SSN − MAPL gap at every setting with both methods (the others one exploratory Holm family)."""
+
     entries = _entries(rows, corpus_rows)
     explore = [i for i, (s, c) in enumerate(entries) if not s["primary"] and c["n"] >= MIN_SEEDS]
     levels = {i: h["level"] for i, h in zip(explore, holm([t_test_p(entries[i][1]["diffs"]) for i in explore]))}

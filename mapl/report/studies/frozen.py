@@ -50,8 +50,8 @@ def setting_label(override: dict | None) -> str:
 
 
 def frozen_summaries(runs: Sequence[dict]) -> dict[str, dict]:
-    """projector -> ``steps``, ``ratio``, ``setting``, ``seeds``, ``deltas`` (seed -> Δ% against its trunk), their
-    mean and std, the mean losses before and after, and the trainable parameters."""
+    """projector -> its summary: Δ% against its trunk per seed, mean and std, losses before and after."""
+
     out = {}
     for proj in FROZEN_PROJECTORS:
         mine = [r for r in runs if r["projector"] == proj]

@@ -93,13 +93,19 @@ def gap_sentence(c: dict) -> str:
             f"steps ({c['n']} seed{'s' if c['n'] > 1 else ''}{ci}){verdict}")
 
 
-def _paper_delta(s: dict) -> str:
+def _paper_entry(s: dict) -> dict | None:
+    """The paper's entry beside a summary: App. C's fixed projector, else Table 1's match."""
     if s["variant"] == "mapl-fixed":
-        p = next((e for e in paper.paper_ablation("projector") if e["variant"] == "fixed"), None)
-        return f"{fmt_pct(p['delta_pct'])} (App. C, {p['scale']}, {fmt_ratio(p['projection_ratio'])})" if p else DASH
-    p = paper.paper_match(s["method"], s["projection_ratio"], s["stages"], s["model"])
+        return next((e for e in paper.paper_ablation("projector") if e["variant"] == "fixed"), None)
+    return paper.paper_match(s["method"], s["projection_ratio"], s["stages"], s["model"])
+
+
+def _paper_delta(s: dict) -> str:
+    p = _paper_entry(s)
     if p is None or s["method"] == "none":
         return DASH
+    if s["variant"] == "mapl-fixed":
+        return f"{fmt_pct(p['delta_pct'])} (App. C, {p['scale']}, {fmt_ratio(p['projection_ratio'])})"
     return f"{fmt_pct(p['delta_pct'])} (Table 1, {p['scale']}, P={p['stages']}, {fmt_ratio(p['reported_ratio'])})"
 
 
@@ -131,9 +137,8 @@ def headline_table(rows: Sequence[dict], group: str = "long") -> Table:
 
 
 def tested_comparisons(comps: Sequence[dict], primary: tuple | None = PRIMARY, family_size: int | None = None) -> list[dict]:
-    """Each comparison with its t, Wilcoxon and sign tests and the interval it is read with: 95% for the
-    ``primary`` contrast, Holm's level for the exploratory ones (``primary`` None: all exploratory), over a family
-    of ``family_size`` when declared (a missing comparison counts as p = 1)."""
+    """Each comparison with its tests and interval: 95% for the ``primary`` contrast, Holm's level over the
+    exploratory family (of ``family_size`` when declared) for the others."""
     out = [{**c, "primary": (c["a"]["variant"], c["b"]["variant"]) == primary, "t_p": t_test_p(c["diffs"]),
             "wilcoxon_p": wilcoxon_p(c["diffs"]), "sign_p": sign_test_p(c["diffs"])} for c in comps]
     explore = [c for c in out if not c["primary"]]
@@ -178,8 +183,7 @@ def paired_table(rows: Sequence[dict], group: str = "long") -> Table:
 
 
 def runs_table(rows: Sequence[dict], group: str = "long") -> Table:
-    """Every run of the headline methods at the long budget: final and best loss, the boundary activation scale and
-    its health (a run that blows up shows there before its loss does)."""
+    """Every run of the headline methods at the long budget: final and best loss, activation scale, health."""
     steps, ratio = budget_steps(rows, group, main_model(rows)), headline_ratio(rows)
     # at the headline's ratio: a study at another ratio and the same budget (learned_fixed_4x) is not the headline
     pool = sorted(study_pool(at_best_validation(rows), ratio, steps) if steps else [],
@@ -241,8 +245,7 @@ def _bytes_takeaway(sums: Sequence[dict], ratio: float | None) -> str:
 
 def pareto_plot(rows: Sequence[dict], group: str | None = None, sums: Sequence[dict] | None = None,
                 takeaway: Callable[[Sequence[dict]], str] | None = None) -> Plot:
-    """Δ% against forward and total bytes per token at the main budget, or at ``group``'s (file
-    ``pareto-<group>``); ``sums`` and ``takeaway``: other summaries to draw and their sentence (the frontier's)."""
+    """Δ% against bytes per token at the main budget or ``group``'s; ``sums``, ``takeaway``: others to draw."""
     if sums is None:
         sums = table1_summaries(rows) if group is None else headline_summaries(rows, group)
     budget = ("each model's main budget" if group is None
@@ -331,22 +334,17 @@ def gap_curves_plot(rows: Sequence[dict], group: str = "long") -> Plot:
 
 
 def paper_scatter_plot(rows: Sequence[dict]) -> Plot:
-    """Our Δ% against the paper's for every method and ratio both have, of the main model at the main budget
-    (hollow) and the headline budget (filled)."""
+    """Our Δ% against the paper's for every method and ratio both have (main and headline budgets)."""
     cells, model = [], main_model(rows)
     main = [s for s in table1_summaries(rows) if s["model"] == model]
     for budget, sums in (("main", main), ("long", headline_summaries(rows))):
         for s in sums:
             if s["method"] == "none" or s["delta_pct"] is None:
                 continue
-            if s["variant"] == "mapl-fixed":
-                p = next((e for e in paper.paper_ablation("projector") if e["variant"] == "fixed"), None)
-            elif s["variant"] in (s["method"], "mapl-rvq-scaled"):
-                p = paper.paper_match(s["method"], s["projection_ratio"], s["stages"], s["model"])
-            else:
-                p = None
+            p = _paper_entry(s) if s["variant"] in (s["method"], "mapl-fixed", "mapl-rvq-scaled") else None
             if p is None:
                 continue
+
             cells.append({"variant": s["variant"], "budget": budget, "paper": p["delta_pct"], "ours": s["delta_pct"],
                           "std": s["delta_std"], "label": f"{figure_label(s['variant'], s['wire_ratio'], s['projection_ratio'])}"
                                                            f", {fmt_int(s['steps'])} steps"})

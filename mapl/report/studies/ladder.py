@@ -33,8 +33,7 @@ def rung_params(model: str) -> int | None:
 
 
 def ladder_rungs(rows: Sequence[dict]) -> list[dict]:
-    """Per rung with runs (smallest first): ``model``, ``d``, ``params`` (non-embedding), ``steps``, ``tokens``,
-    ``sums`` (variant -> summary), ``gap`` (paired SSN − MAPL, or None) and MAPL's ``geometry``."""
+    """Per rung with runs (smallest first): size, budget, ``sums`` (variant -> summary), ``gap`` and ``geometry``."""
     groups = set(declared().groups_of(LADDER_STUDY))
     mine = [r for r in rows if r["group"] in groups and _RUNG.match(r["model"] or "")]
     out = []
@@ -68,8 +67,7 @@ def _geometry(pool: Sequence[dict]) -> dict | None:
 
 
 def gap_slope(rungs: Sequence[dict], level: float = 0.95) -> dict | None:
-    """Least-squares slope of every (rung, seed) gap on ln(parameters): ``slope``, ``intercept``, ``ci`` (n − 2 df),
-    ``n``, ``rungs``, ``level``; None with fewer than two rungs or three gaps."""
+    """Least-squares fit of every (rung, seed) gap on ln(parameters), ``ci`` on n − 2 df; None if under-determined."""
     pts = [(math.log(r["params"]), d) for r in rungs if r["gap"] for d in r["gap"]["diffs"]]
     xs = {x for x, _ in pts}
     if len(xs) < 2 or len(pts) < 3:
@@ -98,10 +96,6 @@ def ladder_slope_comparison(rows: Sequence[dict]) -> dict | None:
             "steps": (span[0]["steps"], span[-1]["steps"])}
 
 
-def _epochs(r: dict) -> str:
-    return f"{r['tokens'] / r['train_split_tokens']:.2f}" if r["train_split_tokens"] and r["tokens"] else DASH
-
-
 def ladder_table(rows: Sequence[dict]) -> Table:
     """One row per rung: size, budget, each method's Δ%, the paired gap, MAPL's captured energy, bytes."""
     rungs = ladder_rungs(rows)
@@ -110,7 +104,9 @@ def ladder_table(rows: Sequence[dict]) -> Table:
         s, g = r["sums"], r["gap"]
         none = s.get("none")
         body.append([r["model"], r["d"], f"{r['params'] / 1e6:.2f}M", fmt_int(r["steps"]),
-                     f"{r['tokens'] / r['params']:.2f}" if r["tokens"] else DASH, _epochs(r),
+                     f"{r['tokens'] / r['params']:.2f}" if r["tokens"] else DASH,
+                     f"{r['tokens'] / r['train_split_tokens']:.2f}" if r["train_split_tokens"] and r["tokens"] else DASH,
+
                      ",".join(map(str, none["seeds"])) if none else DASH,
                      fmt_pm(none["val_loss"], none["val_loss_std"]) if none else DASH,
                      *(fmt_pm(s[v]["delta_pct"], s[v]["delta_std"], 2, pct=True) if v in s else DASH
@@ -139,8 +135,7 @@ def ladder_table(rows: Sequence[dict]) -> Table:
 
 
 def ladder_plot(rows: Sequence[dict], paper_rows: Sequence[dict] = ()) -> Plot:
-    """Left: SSN's and MAPL's Δ% against parameters (``paper_rows``: Table 1's at its three sizes). Right: the gap per
-    rung, the fitted slope and its extrapolation to 150M (dashed)."""
+    """Left: Δ% against parameters (``paper_rows``: Table 1's). Right: the gap, its slope, extrapolated to 150M."""
     rungs = [r for r in ladder_rungs(rows) if r["sums"]]
     fig, (ax, gap_ax) = new_figure(2, width=5.2, height=4.0)
     caption = (f"Left: Δ% of SSN and MAPL at 8× against non-embedding parameters (log scale), error bars: "
@@ -205,8 +200,7 @@ def _slope_line(ax, fit: dict, measured: Sequence[float]) -> None:
 
 
 def ladder_tuning_table(rows_all: Sequence[dict]) -> Table:
-    """Every ladder tuning run: each Muon learning rate's selection loss per rung and method, the winner marked (a
-    winner is trained once, as the ladder's seed-0 run: its row is read from there)."""
+    """Every ladder tuning run per rung and method, the winner marked (read from the ladder's seed-0 run)."""
     decl = declared()
     tuning, winners = set(decl.groups_of("ladder_tune")), set(decl.groups_of("ladder"))
     tune = [r for r in rows_all if r["group"] in tuning or (r["group"] in winners and r["seed"] == 0)]

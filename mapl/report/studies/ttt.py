@@ -21,31 +21,20 @@ __all__ = ["load_bench", "common_target", "on_target_set", "method_curve", "time
 
 
 def load_bench(path: str | Path, profile: str | None = None) -> list[dict]:
-    """Step measurements of a pipeline benchmark JSON (``[]`` when missing or of another ``profile``): ``method``,
-    ``wire_ratio`` and ``measurement`` (:class:`mapl.core.link.StepMeasurement`) per entry; other shapes skipped."""
+    """The pipeline benchmark's step measurement per method (``[]`` when missing or of another ``profile``)."""
     from ...core.link import StepMeasurement
     path = Path(path)
     if not path.exists():
         return []
     data = json.loads(path.read_text())
-    if profile and isinstance(data, dict) and data.get("profile", profile) != profile:
+    if profile and data.get("profile", profile) != profile:
         return []
-    entries = (data.get("methods") or data.get("measurements") or []) if isinstance(data, dict) else data
-    out = []
-    for e in entries if isinstance(entries, list) else []:
-        try:
-            meas = StepMeasurement.from_results(e) if "pipeline" in e else StepMeasurement(**e["timing"])
-        except (KeyError, TypeError, ValueError):
-            continue
-        ratio = e.get("ratio", 1.0 if e.get("method") == "none" else None)
-        wire = None if ratio is None else float(f"{float(ratio):.3g}")
-        out.append({"method": e.get("method", "none"), "wire_ratio": wire, "measurement": meas})
-    return out
+    return [{"method": e["method"], "wire_ratio": float(f"{float(e['ratio']):.3g}"),
+             "measurement": StepMeasurement(**e["timing"])} for e in data["methods"] if "timing" in e]
 
 
 def common_target(rows: Sequence[dict], target_pct: float = 2.0) -> tuple[float, int, int] | None:
-    """The time-to-target target (the report's and the planner's): the main model's uncompressed best val loss at
-    its longest budget, mean over seeds, + ``target_pct`` %. (target, budget, seeds); None without such a run."""
+    """(target, budget, seeds) of time to target (docs/report.md; the planner's too); None without a reference."""
     dense = _target_runs(rows)
     if not dense:
         return None
@@ -71,8 +60,7 @@ def on_target_set(rows: Sequence[dict]) -> list[dict]:
 
 
 def method_curve(rows: Sequence[dict], method: str, wire_ratio: float | None) -> tuple[int | None, int, list]:
-    """The time-to-target curve: (budget, seeds, mean val curve on the evaluations every seed has) of the longest
-    default-configured run of ``method`` at ``wire_ratio`` (budget None: no such run)."""
+    """(budget, seeds, mean val curve) of the longest default-configured run of ``method`` at ``wire_ratio``."""
     cands = [r for r in rows if r["method"] == method and r["variant"] == method
              and (method == "none" or r["wire_ratio"] == wire_ratio)]
     if not cands:
@@ -85,8 +73,8 @@ def method_curve(rows: Sequence[dict], method: str, wire_ratio: float | None) ->
 
 def time_to_target_rows(rows: Sequence[dict], bench: Sequence[dict], bandwidths_bps: Sequence[float],
                         target_pct: float = 2.0, latencies_s: Sequence[float] = (0.0,)) -> list[dict]:
-    """One dict per (measured method, latency, bandwidth): its curve's ``budget`` and ``seeds``, ``target``,
-    ``steps_to_target``, ``step_s`` and ``time_s`` (None: never)."""
+    """One dict per (measured method, latency, bandwidth): ``budget``, ``seeds``, ``target``, ``steps_to_target``,
+    ``step_s`` and ``time_s`` (None: never)."""
     from ...core.link import LinkProfile, step_time, steps_to_target
     common = common_target(rows, target_pct)
     if common is None or not bench:

@@ -54,8 +54,7 @@ def _scored_on(tune: Sequence[dict]) -> str:
 
 
 def tuning_table(rows_all: Sequence[dict]) -> Table:
-    """Every tuning cell's learning rates and score, the best per method marked; ``rows_all``: the rows with the
-    tuning groups."""
+    """Every tuning cell's learning rates and score, the best per method marked."""
     tune = sorted([r for r in rows_all if r["group"] in ("tune", "tune2")],
                   key=lambda r: (sort_key(r)[:5], tuning_score(r)))
     best = {v: min((r for r in tune if r["variant"] == v), key=tuning_score)["run"]
@@ -87,8 +86,7 @@ def _cell_text(r: dict, named: bool = False) -> str:
 
 
 def _tuned_runs(rows_all: Sequence[dict], check: dict) -> dict[int, dict]:
-    """seed -> the run a check is paired with: a reported study's run of its configuration (reported studies train
-    at the tuned cells, so which study holds it need not be named)."""
+    """seed -> the reported run of a check's configuration (reported studies train at the tuned cells)."""
     def configuration(r: dict) -> tuple:
         return r["variant"], r["model"], r["stages"], r["wire_ratio"], r["steps"]
     return {r["seed"]: r for r in rows_all if study_role(r["group"]) == "reported" and not r["eval_offset"]
@@ -96,8 +94,8 @@ def _tuned_runs(rows_all: Sequence[dict], check: dict) -> dict[int, dict]:
 
 
 def lr_check_table(rows_all: Sequence[dict]) -> Table:
-    """Each check cell (group ``lr_check``) beside the tuned run of its configuration and seed, both scored on the
-    selection set: the paired difference check − tuned (negative: retune at this budget)."""
+    """Each check cell (group ``lr_check``) against the tuned run of its seed: check − tuned on the selection set."""
+
     checks = [r for r in rows_all if r["group"] == "lr_check"]
     header = ["method", "check cell (μ, emb[, SPEL])", "tuned cell", "steps", "seeds", "check − tuned (selection)",
               "95% CI", "reading"]
