@@ -274,17 +274,13 @@ def loss_curves_figure(rows: Sequence[dict], smooth: int | None = None, title: s
         fig.legend(handles, labels, loc="outside lower center", ncol=3, fontsize=7,
                    title=("line: mean over seeds; " + bars_text("range", "band")) if several_seeds else None,
                    title_fontsize=7)
-        _zoom_to_tail(ax_t, [ln.get_ydata() for ln in ax_t.get_lines()])
+        # clip the y range to the last 90% of the curves (the first steps' loss hides the rest)
+        tails = [np.asarray(y)[len(y) // 10:] for y in (ln.get_ydata() for ln in ax_t.get_lines()) if len(y) > 10]
+        if tails:
+            lo, hi = min(t.min() for t in tails), max(t.max() for t in tails)
+            ax_t.set_ylim(lo - 0.02 * (hi - lo), hi + 0.05 * (hi - lo))
     fig.suptitle(title or "Loss curves")
     return fig
-
-
-def _zoom_to_tail(ax, ys) -> None:
-    """Clip the y range to the last 90% of the curves (the first steps' loss hides the rest)."""
-    tails = [np.asarray(y)[len(y) // 10:] for y in ys if len(y) > 10]
-    if tails:
-        lo, hi = min(t.min() for t in tails), max(t.max() for t in tails)
-        ax.set_ylim(lo - 0.02 * (hi - lo), hi + 0.05 * (hi - lo))
 
 
 # ---- the token and width axes ----------------------------------------------------------------------------
@@ -370,20 +366,6 @@ def _axis_legend(fig, delta_axes: Sequence, gap_axes) -> None:
 
 
 # ---- boundary health -------------------------------------------------------------------------------------
-def _configurations(runs: Sequence[dict]) -> dict[tuple, list[dict]]:
-    """(variant, wire ratio, projection ratio) -> its runs, in the report's method order."""
-    out = defaultdict(list)
-    for r in sorted(runs, key=sort_key):
-        out[(r["variant"], r["wire_ratio"], r["projection_ratio"])].append(r)
-    return dict(out)
-
-
-def _health_series(r: dict, p: int) -> tuple[list, list]:
-    pts = [(h["step"], h["boundaries"][p]["train_max"]) for h in r["health_readings"]
-           if p < len(h["boundaries"]) and h["boundaries"][p].get("train_max") is not None]
-    return (list(zip(*pts)) if pts else ([], []))
-
-
 def _wrap(text: str, width: int = 22) -> str:
     """Break a row label at ', ' or ' (' past ``width`` characters."""
     if len(text) <= width:
@@ -397,7 +379,9 @@ def _wrap(text: str, width: int = 22) -> str:
 
 def health_figure(runs: Sequence[dict], title: str = "") -> Figure:
     """Boundary health: a row per configuration, a column per boundary, a line per seed, a tick at its first warning."""
-    configs = _configurations(runs)
+    configs = defaultdict(list)             # (variant, wire ratio, projection ratio) -> its runs, in method order
+    for r in sorted(runs, key=sort_key):
+        configs[(r["variant"], r["wire_ratio"], r["projection_ratio"])].append(r)
     n_b = max((len(r["health_readings"][0]["boundaries"]) for r in runs if r["health_readings"]), default=1)
     fig, grid = new_grid(max(1, len(configs)), n_b, 7.0, 0.8 * max(1, len(configs)) + 1.3, sharex=True, sharey=True)
     fig.suptitle(title or "Boundary health")
@@ -408,8 +392,10 @@ def health_figure(runs: Sequence[dict], title: str = "") -> Figure:
         colour = style(variant)["color"]
         for p, ax in enumerate(row):
             for r in mine:
-                x, y = _health_series(r, p)
-                ax.plot(x, y, color=colour, lw=0.6, alpha=0.8)
+                pts = [(h["step"], h["boundaries"][p]["train_max"]) for h in r["health_readings"]
+                       if p < len(h["boundaries"]) and h["boundaries"][p].get("train_max") is not None]
+                ax.plot(*(zip(*pts) if pts else ([], [])), color=colour, lw=0.6, alpha=0.8)
+
                 if r.get("first_warning_step") is not None:     # the run's, not a boundary's: a tick on the top edge
                     ax.plot([r["first_warning_step"]], [1.0], transform=ax.get_xaxis_transform(), ls="none",
                             marker="v", ms=4, color=NEUTRAL["ink"], clip_on=False)
