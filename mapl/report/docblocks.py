@@ -10,6 +10,9 @@ from typing import Callable
 
 import yaml
 
+from .render import to_markdown
+
+
 __all__ = ["BlockError", "blocks_in", "replace_block", "short_ours", "claims_block", "headline_block",
            "notebook_parameters", "stages_block",
            "benchmarks_block", "RENDERERS"]
@@ -37,14 +40,8 @@ def replace_block(text: str, name: str, content: str) -> str:
     return f"{head}{start}\n{content.rstrip()}\n{end}{tail}"
 
 
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ").strip()
-
-
 def _table(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines)
+    return to_markdown(header, [[c.replace("\n", " ").strip() for c in row] for row in rows]).rstrip("\n")
 
 
 def _read_csv(path: Path) -> list[dict[str, str]]:

@@ -52,12 +52,6 @@ def write_metrics(m: dict, path: str | Path) -> dict:
 _ROUND = {"val_loss": 6, "val_loss_std": 6}
 
 
-def _main_stages(rows: Sequence[dict]) -> int | None:
-    model = main_model(rows)                 # once: inside the generator it would recount the rows for each row
-    counts = Counter(r["stages"] for r in rows if r["model"] == model)
-    return min(counts, key=lambda p: (-counts[p], p)) if counts else None
-
-
 def metric_name(s: dict, model: str | None = None, stages: int | None = None) -> str:
     """``mapl_8x``; with a suffix for a model other than ``model`` or a P other than ``stages``."""
     name = s["variant"].replace("-", "_")
@@ -91,15 +85,6 @@ def _paired(c: dict) -> dict:
     return e
 
 
-def _section(sums: Sequence[dict], model, stages) -> dict:
-    return {metric_name(s, model, stages): _entry(s) for s in sums}
-
-
-def _ablation_sums(rows: Sequence[dict]) -> list[dict]:
-    keys = {run_key(r, False) for r in rows if r["group"] == "ablations" and r["variant"] != r["method"]}
-    return summarize([r for r in rows if run_key(r, False) in keys], rows)
-
-
 def _axis(points: Sequence[dict], name) -> dict:
     return {name(p): {"ssn_minus_mapl": _paired(p["gap"])} for p in points if p["gap"]}
 
@@ -107,13 +92,17 @@ def _axis(points: Sequence[dict], name) -> dict:
 def macro_numbers(rows: Sequence[dict]) -> dict:
     """Every headline number by key (docs/report.md); sections without runs are left out."""
 
-    model, stages = main_model(rows), _main_stages(rows)
+    model = main_model(rows)
+    counts = Counter(r["stages"] for r in rows if r["model"] == model)
+    stages = min(counts, key=lambda p: (-counts[p], p)) if counts else None
+    ablated = {run_key(r, False) for r in rows if r["group"] == "ablations" and r["variant"] != r["method"]}
     out: dict = {"runs": len(rows)}
-    sections = {"main": table1_summaries(rows), "ablations": _ablation_sums(rows),
+    sections = {"main": table1_summaries(rows), "ablations": summarize([r for r in rows if run_key(r, False) in ablated], rows),
                 "long": headline_summaries(rows, "long")}
     for key, sums in sections.items():
         if sums:
-            out[key] = _section(sums, model, stages)
+            out[key] = {metric_name(s, model, stages): _entry(s) for s in sums}
+
     paired = {f"{metric_name(c['a'], model, stages)}_minus_{metric_name(c['b'], model, stages)}": _paired(c)
               for c in comparisons(sections["long"])}
     if paired:

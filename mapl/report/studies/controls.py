@@ -287,26 +287,7 @@ def _final_train_loss(run: dict, frac: float = 0.1) -> float | None:
     return sum(tail) / len(tail)
 
 
-def _stream_deltas(train: dict[int, float], reference: dict[int, float]) -> list[float]:
-    """Per seed, the training loss's Δ% against the same seed's uncompressed run."""
-    return [100 * (train[s] - reference[s]) / reference[s] for s in sorted(train) if s in reference]
-
-
-def _train_delta(train: dict[int, float], reference: dict[int, float]) -> str:
-    """Mean ± std over seeds of the training loss's Δ% (under one epoch: an in-distribution held-out loss)."""
-    deltas = _stream_deltas(train, reference)
-    if not deltas:
-        return DASH
-    return fmt_pm(statistics.fmean(deltas), statistics.stdev(deltas) if len(deltas) > 1 else None, 2, pct=True)
-
-
 UNREAD = "unread-train"    # mapl.orchestration.rescore's set of the training split's windows a run never read
-
-
-def _unread_summaries(pool: Sequence[dict], sums: dict, names: Sequence[str], rescores: dict[str, dict]) -> dict:
-    """name -> its summary on the unread training windows (each seed against its own uncompressed run there)."""
-    scored = {s["variant"]: s for s in summarize(rescored_rows(pool, rescores, UNREAD))}
-    return {n: scored[sums[n]["variant"]] for n in names if sums[n]["variant"] in scored}
 
 
 def _sampling_words(pool: Sequence[dict]) -> str:
@@ -322,10 +303,8 @@ def _sampling_words(pool: Sequence[dict]) -> str:
             "mixes windows read before with new ones")
 
 
-def _penalty_sentence(val: dict, unread: dict | None, train: dict[int, float],
-                      reference: dict[int, float]) -> str | None:
+def _penalty_sentence(val: dict, unread: dict | None, stream: list[float]) -> str | None:
     """One configuration's penalties on the validation split, the unread windows and the training stream."""
-    stream = _stream_deltas(train, reference)
     if unread is None or not stream or val["delta_pct"] is None or unread["delta_pct"] is None:
         return None
     v, u, t = val["delta_pct"], unread["delta_pct"], statistics.fmean(stream)
@@ -340,18 +319,23 @@ def _penalty_sentence(val: dict, unread: dict | None, train: dict[int, float],
 
 def corpus_table(rows: Sequence[dict], rescores: dict[str, dict] | None = None) -> Table:
     """None, SSN and MAPL on a corpus that does not repeat: validation, training and unread-window Δ%."""
-
     sums, comps, steps = corpus_study(rows)
     names = [n for n in ("none", "ssn", "mapl") if n in sums]
     runs = {run for n in names for run in sums[n]["runs"]}
     pool = [r for r in rows if r["run"] in runs]
     train = {n: {r["seed"]: t for r in pool if r["run"] in sums[n]["runs"]
                  if (t := _final_train_loss(r)) is not None} for n in names}
-    unread = _unread_summaries(pool, sums, names, rescores or {})
+    scored = {s["variant"]: s for s in summarize(rescored_rows(pool, rescores or {}, UNREAD))}
+    unread = {n: scored[sums[n]["variant"]] for n in names if sums[n]["variant"] in scored}
+    # per seed, the training loss's Δ% against the same seed's uncompressed run (under one epoch: a held-out loss)
+    ref = train.get("none", {})
+    stream = {n: [100 * (train[n][s] - ref[s]) / ref[s] for s in sorted(train[n]) if s in ref] for n in names}
     body = []
     for row, name in zip(_summary_rows(sums, names), names):
+        d = stream[name]
         body.append(row + [fmt(statistics.fmean(train[name].values()), 4) if train[name] else DASH,
-                           _train_delta(train[name], train.get("none", {})) if name != "none" else DASH]
+                           DASH if name == "none" or not d else
+                           fmt_pm(statistics.fmean(d), statistics.stdev(d) if len(d) > 1 else None, 2, pct=True)]
                     + ([fmt_delta(unread.get(name)) if name != "none" else DASH] if unread else []))
     source = pool[0].get("data_source") or DASH if pool else DASH    # corpus_study reads one source
     caption = (f"None, SSN and MAPL at the headline's settings on `{source}`, a corpus seen under once in the budget "
@@ -363,7 +347,7 @@ def corpus_table(rows: Sequence[dict], rescores: dict[str, dict] | None = None) 
                   "uncompressed run on the same windows: unread windows of the modules training read, where the "
                   "validation split is modules no run read." if unread else ""))
     penalties = [p for n in names if n != "none"
-                 if (p := _penalty_sentence(sums[n], unread.get(n), train[n], train.get("none", {})))]
+                 if (p := _penalty_sentence(sums[n], unread.get(n), stream[n]))]
     takeaway = ("; ".join(_sentence(c) for c in comps) + "." + "".join(f" {p}." for p in penalties) if comps
                 else NO_RUNS.format("corpus"))
     return Table("corpus", "A corpus that does not repeat (group corpus)",
@@ -408,16 +392,6 @@ def _forest_entries(rows: Sequence[dict], corpus_rows: Sequence[dict] | None) ->
     return out
 
 
-def _forest_label(study: str, c: dict) -> str:
-    """A forest row's name with its interval's level."""
-    level = f" [{100 * c['level']:.1f} %]" if c["ci"] and c.get("level") else ""
-    return f"{study}: {_name(c['a'])} − {_name(c['b'])}{level}"
-
-
-def _dot(kind: str) -> Line2D:
-    return Line2D([], [], ls="none", marker="o", color=NEUTRAL[kind])
-
-
 def controls_plot(rows: Sequence[dict], corpus_rows: Sequence[dict] | None = None) -> Plot:
     """Every comparison of the control studies as a forest plot, each interval at its study's Holm level."""
     entries = _forest_entries(rows, corpus_rows)
@@ -434,11 +408,15 @@ def controls_plot(rows: Sequence[dict], corpus_rows: Sequence[dict] | None = Non
                     color=NEUTRAL["resolved" if resolved else "unresolved"])
     ax.axvline(0, color=NEUTRAL["guide"], linestyle=":", linewidth=1)
     ax.set_yticks(range(len(entries)))
-    ax.set_yticklabels([_forest_label(study, c) for study, c in reversed(entries)], fontsize=8)
+    ax.set_yticklabels([f"{study}: {_name(c['a'])} − {_name(c['b'])}"
+                        + (f" [{100 * c['level']:.1f} %]" if c["ci"] and c.get("level") else "")
+                        for study, c in reversed(entries)], fontsize=8)
     ax.set_xlabel("A − B, paired difference of Δ%\n(percentage points; > 0: B ahead)")
     fig.suptitle("Control studies: paired comparisons A − B, mean over seeds")
     ax.grid(alpha=0.3, axis="x")
-    fig.legend([_dot("resolved"), _dot("unresolved"), bars_handle()],
+    fig.legend([*(Line2D([], [], ls="none", marker="o", color=NEUTRAL[k]) for k in ("resolved", "unresolved")),
+                bars_handle()],
+
                ["interval excludes 0", "interval includes 0", f"{bars_text('holm')} [level]"],
                loc="outside lower center", ncol=3, fontsize=7)
     resolved = [f"{study}: {_name(c['a'])} − {_name(c['b'])}" for study, c in entries

@@ -100,15 +100,11 @@ def _never(t: dict) -> str:
     return "no run on the target's validation set" if t["budget"] is None else f"never in {t['budget']:,} steps"
 
 
-def _mbit(bw: float) -> str:
-    return f"{bw / 1e6:g}"
-
-
 def time_to_target_table(ttt: Sequence[dict]) -> Table:
     """One row per method and latency; one column of seconds per bandwidth."""
     bws = sorted({t["bandwidth_bps"] for t in ttt})
     header = ["method", "latency (ms)", "curve (steps, seeds)", "steps to target",
-              *(f"time (s) at {_mbit(bw)} Mbit/s" for bw in bws)]
+              *(f"time (s) at {bw / 1e6:g} Mbit/s" for bw in bws)]
     body = []
     for (method, ratio, lat), ts in _by_line(ttt).items():
         t0 = ts[0]
@@ -128,10 +124,9 @@ def time_to_target_table(ttt: Sequence[dict]) -> Table:
 
 def _by_line(ttt: Sequence[dict]) -> dict[tuple, list[dict]]:
     lines: dict[tuple, list[dict]] = {}
-    def order(t: dict) -> tuple:
-        return (METHOD_ORDER.index(t["method"]) if t["method"] in METHOD_ORDER else 99, t["wire_ratio"] or 0,
-                t["latency_s"], t["bandwidth_bps"])
-    for t in sorted(ttt, key=order):
+    for t in sorted(ttt, key=lambda t: (METHOD_ORDER.index(t["method"]) if t["method"] in METHOD_ORDER else 99,
+                                       t["wire_ratio"] or 0, t["latency_s"], t["bandwidth_bps"])):
+
         lines.setdefault((t["method"], t["wire_ratio"], t["latency_s"]), []).append(t)
     return lines
 
@@ -145,7 +140,7 @@ def _takeaway(ttt: Sequence[dict]) -> str:
             reach = [t for t in ttt if t["latency_s"] == lat and t["bandwidth_bps"] == bw and t["time_s"] is not None]
             if reach:
                 best = min(reach, key=lambda t: t["time_s"])
-                parts.append(f"{_mbit(bw)} Mbit/s at {lat * 1e3:g} ms: {label(best['method'], best['wire_ratio'])} "
+                parts.append(f"{bw / 1e6:g} Mbit/s at {lat * 1e3:g} ms: {label(best['method'], best['wire_ratio'])} "
                              f"({best['time_s']:,.0f} s)")
     never = sorted({label(t["method"], t["wire_ratio"]) for t in ttt
                     if t["steps_to_target"] is None and t["budget"] is not None})

@@ -13,13 +13,6 @@ from .main_budget import NO_RUNS
 __all__ = ["tuning_score", "tuning_table", "lr_check_table"]
 
 
-def _cell(r: dict, fields: Sequence[str]) -> tuple:
-    return tuple(r.get(f) for f in fields)
-
-
-_TUNED = ("lr_muon", "lr_embed", "lr_head")
-
-
 def tuning_score(r: dict) -> float:
     """A tuning cell's score: its selection-set loss (older results: its loss on the tuning slice)."""
     return r["select_loss"] if r.get("select_loss") is not None else r["val_loss"]
@@ -30,13 +23,17 @@ def _tuning_takeaway(tune: Sequence[dict], rows: Sequence[dict]) -> str:
     for variant in dict.fromkeys(r["variant"] for r in tune):
         runs = [r for r in tune if r["variant"] == variant]
         best = min(runs, key=tuning_score)
-        fields = _TUNED + (("proj_lr_mult",) if best["projector"] else ())
+        fields = ("lr_muon", "lr_embed", "lr_head") + (("proj_lr_mult",) if best["projector"] else ())
+
+        def _cell(r: dict) -> tuple:
+            return tuple(r.get(f) for f in fields)
         parts.append(f"{label(variant, best['wire_ratio'])} μ {best['lr_muon']:g}, emb {best['lr_embed']:g} "
                      f"({tuning_score(best):.3f}, best of {len(runs)} cells)")
         main = [r for r in rows if r["group"] == "main" and r["variant"] == variant
                 and r["wire_ratio"] == best["wire_ratio"]]
-        if main and any(_cell(m, fields) != _cell(best, fields) for m in main):
-            used = next((r for r in runs if _cell(r, fields) == _cell(main[0], fields)), None)
+        if main and any(_cell(m) != _cell(best) for m in main):
+            used = next((r for r in runs if _cell(r) == _cell(main[0])), None)
+
             gap = tuning_score(used) - tuning_score(best) if used else 0.0
             unmatched.append(label(variant, best["wire_ratio"]) + (
                 f" (their cell μ {used['lr_muon']:g}, emb {used['lr_embed']:g} scored {tuning_score(used):.4f}, "
