@@ -428,7 +428,6 @@ def claims_table(rows: Sequence[dict], corpus_rows: Sequence[dict] | None = None
     body = [[c["claim"], c["paper"], f"{c['ours']} ({c['table']})", c["verdict"], c["reason"],
              DASH if c["level"] is None else f"its own · {_pct(c['level'])}" if c["family_size"] == 1
              else f"{c['family']} ({c['family_size']} rows) · {_pct(c['level'])}"] for c in ledger]
-
     counts = {v: sum(c["verdict"] == v for c in ledger) for v in VERDICTS}
     takeaway = (f"{len(ledger)} claims: {counts[REPRODUCED]} reproduced, {counts[CONTRADICTED]} contradicted, "
                 f"{counts[INCONCLUSIVE]} inconclusive, {counts[NOT_TESTABLE]} not testable here: "

@@ -27,7 +27,6 @@ def data_summary_table(manifest: dict) -> tuple[list, list]:
 
 def token_byte_lengths(tok) -> np.ndarray:
     """Bytes of UTF-8 text per token id of a ``tokenizers.Tokenizer`` (special tokens: 0)."""
-
     from tokenizers.pre_tokenizers import ByteLevel
     alphabet = set(ByteLevel.alphabet())
     vocab = tok.get_vocab(with_added_tokens=True)

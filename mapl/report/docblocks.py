@@ -120,7 +120,6 @@ def _script_doc(path: Path) -> list[str]:
 
 def _benchmark_row(path: Path) -> list[str] | None:
     """(script, what it answers, command, writes); a script without a ``Writes:`` line is a helper (None)."""
-
     doc = _script_doc(path)
     writes = next((ln.strip()[len("Writes:"):].strip().rstrip(".") for ln in doc if ln.strip().startswith("Writes:")), "")
     if not writes:

@@ -298,10 +298,10 @@ def _delta_series(ax, points: Sequence[dict], xkey: str, v: str, jitter: float) 
                 label=figure_label(v, s0["wire_ratio"], s0["projection_ratio"]), **style(v))
 
 
-def _delta_axes(ax, xs: Sequence[float], xlabel: str, title: str) -> None:
+def _delta_axes(ax, xs: Sequence[float], xlabel: str, title: str, ylabel: str = DELTA_LABEL) -> None:
     _log2_axis(ax)
     ax.set_xticks(xs)
-    ax.set(xlabel=xlabel, ylabel=DELTA_LABEL)
+    ax.set(xlabel=xlabel, ylabel=ylabel)
     ax.set_title(title, fontsize=10)
     _zero_line(ax)
     ax.grid(alpha=0.3)
@@ -336,13 +336,8 @@ def axis_figure(points: Sequence[dict], xkey: str, xlabel: str, variants: Sequen
         ax_g.errorbar([x for x, _ in gaps], mean, yerr=err, capsize=4, color=NEUTRAL["ink"], marker="o", ms=6,
                       label="mean over seeds")
         ax_g.scatter([], [], s=14, color=style("ssn")["color"], alpha=0.45, lw=0, label="one seed")
-        _log2_axis(ax_g)
-        ax_g.set_xticks(xs)
         ssn, mapl = variant_label("ssn"), variant_label("mapl")
-        ax_g.set(xlabel=xlabel, ylabel=f"{ssn} Δ − {mapl} Δ (% points)")
-        ax_g.set_title(f"paired {ssn} − {mapl} (> 0: {mapl} ahead)", fontsize=10)
-        _zero_line(ax_g)
-        ax_g.grid(alpha=0.3)
+        _delta_axes(ax_g, xs, xlabel, f"paired {ssn} − {mapl} (> 0: {mapl} ahead)", f"{ssn} Δ − {mapl} Δ (% points)")
     else:
         empty_note(ax_g, "no point with both SSN and MAPL")
     _delta_axes(ax_d, xs, xlabel, "each method's Δ%")
@@ -395,7 +390,6 @@ def health_figure(runs: Sequence[dict], title: str = "") -> Figure:
                 pts = [(h["step"], h["boundaries"][p]["train_max"]) for h in r["health_readings"]
                        if p < len(h["boundaries"]) and h["boundaries"][p].get("train_max") is not None]
                 ax.plot(*(zip(*pts) if pts else ([], [])), color=colour, lw=0.6, alpha=0.8)
-
                 if r.get("first_warning_step") is not None:     # the run's, not a boundary's: a tick on the top edge
                     ax.plot([r["first_warning_step"]], [1.0], transform=ax.get_xaxis_transform(), ls="none",
                             marker="v", ms=4, color=NEUTRAL["ink"], clip_on=False)
@@ -449,7 +443,6 @@ def gap_curves_figure(gap: dict, generalisation: dict, title: str = "") -> Figur
 # ---- ours against the paper ------------------------------------------------------------------------------
 def paper_scatter_figure(cells: Sequence[dict], model: str | None = None) -> Figure:
     """Our Δ% against the paper's per cell (hollow: main budget), each point numbered and keyed in the legend."""
-
     fig, (ax,) = new_figure(1, 7.4, 4.0)
     fig.suptitle("Our Δ% against the paper's, per cell" + (f" ({model})" if model else ""))
     if not cells:

@@ -91,7 +91,6 @@ def _axis(points: Sequence[dict], name) -> dict:
 
 def macro_numbers(rows: Sequence[dict]) -> dict:
     """Every headline number by key (docs/report.md); sections without runs are left out."""
-
     model = main_model(rows)
     counts = Counter(r["stages"] for r in rows if r["model"] == model)
     stages = min(counts, key=lambda p: (-counts[p], p)) if counts else None
@@ -102,7 +101,6 @@ def macro_numbers(rows: Sequence[dict]) -> dict:
     for key, sums in sections.items():
         if sums:
             out[key] = {metric_name(s, model, stages): _entry(s) for s in sums}
-
     paired = {f"{metric_name(c['a'], model, stages)}_minus_{metric_name(c['b'], model, stages)}": _paired(c)
               for c in comparisons(sections["long"])}
     if paired:

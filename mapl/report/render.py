@@ -61,14 +61,11 @@ class Table:
     caption: str = ""
     takeaway: str = ""
 
-    def markdown(self) -> str:
-        return to_markdown(self.header, self.body)
-
     def render(self) -> str:
         """What the notebook displays; an empty table is one line, its title and takeaway."""
         if not self.body:
             return f"**{self.title}:** {self.takeaway}\n"
-        return f"**{self.title}.** {self.caption}\n\n{self.markdown()}\n*Takeaway:* {self.takeaway}\n"
+        return f"**{self.title}.** {self.caption}\n\n{to_markdown(self.header, self.body)}\n*Takeaway:* {self.takeaway}\n"
 
 
 @dataclass
@@ -128,7 +125,7 @@ def write_table(table: Table, folder: str | Path) -> str:
     """Write ``<folder>/<name>.md``, ``.csv`` and ``.tex`` atomically; returns the Markdown."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    md = f"# {table.title}\n\n{table.caption}\n\n" + (table.markdown() if table.body else "_no rows_\n")
+    md = f"# {table.title}\n\n{table.caption}\n\n" + (to_markdown(table.header, table.body) if table.body else "_no rows_\n")
     md += f"\nTakeaway: {table.takeaway}\n"
     atomic_write_text(folder / f"{table.name}.md", md)
     atomic_write_text(folder / f"{table.name}.csv", to_csv(table.header, table.body))
@@ -153,7 +150,6 @@ def save_figure(fig: Figure, path: str | Path | None) -> Figure:
 
 def output_paths(root: str | Path, profile: str, results: str | Path = "", out: str | Path = "") -> dict[str, Path]:
     """``results``, ``tables``, ``figures`` and ``metrics`` paths (defaults under ``reports/<profile>``)."""
-
     root = Path(root)
     base = root / (out or Path("reports") / profile)
     return {"results": root / (results or results_dir(profile)), "tables": base / "tables",

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from collections import Counter, defaultdict
 from functools import lru_cache
 from pathlib import Path
@@ -15,7 +16,8 @@ __all__ = ["declared", "study_role", "study_groups", "METHOD_ORDER", "KEY",
            "ResultsError", "results_dir", "row_from_result", "eval_set", "load_results", "select",
            "total_bytes_per_token", "variant_of", "is_reference", "is_default", "run_key", "group_runs", "sort_key",
            "MAPL_DEFAULTS", "setting_of", "rescored_rows", "redrawn_rows",
-           "report_selections", "main_model", "budget_steps", "at_projection_ratio", "at_best_validation", "train_split_tokens"]
+           "report_selections", "boundary_mean", "main_model",
+ "budget_steps", "at_projection_ratio", "at_best_validation", "train_split_tokens"]
 
 METHOD_ORDER = ("none", "int8", "ssn", "mapl", "mapl-rvq")
 KEY = ("model", "stages", "method", "wire_ratio", "projector", "anchor", "anchor_rank", "rvq_sync", "rvq_scale",
@@ -334,7 +336,6 @@ def at_projection_ratio(rows: Iterable[dict], ratio: float | None) -> list[dict]
 
 def at_best_validation(rows: Iterable[dict]) -> list[dict]:
     """Each row at its best step (chosen on the selection curve where there is one, so as not to flatter it)."""
-
     out = []
     for r in rows:
         curve = r.get("val_loss_curve") or [[r["steps"], r["val_loss"]]]
@@ -344,6 +345,12 @@ def at_best_validation(rows: Iterable[dict]) -> list[dict]:
         out.append({**r, "val_loss": best, "best_step": step, "final_val_loss": r["val_loss"],
                     "best_chosen_on": "selection set" if r.get("select_loss_curve") else "report set"})
     return out
+
+
+def boundary_mean(runs: Iterable[dict], key: str) -> float | None:
+    """Mean of ``key`` over every boundary's geometry diagnostics of ``runs`` (None without any)."""
+    values = [d[key] for r in runs for d in r.get("boundary_diagnostics") or [] if "captured_energy" in d]
+    return statistics.fmean(values) if values else None
 
 
 def train_split_tokens(root: str | Path, profile: str) -> int | None:

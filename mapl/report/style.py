@@ -116,7 +116,6 @@ def _method_of(variant: str) -> str:
 
 def style(variant: str) -> dict:
     """Matplotlib colour and marker of a variant (outside :data:`STYLE`: its method's, hollow)."""
-
     if variant in STYLE:
         colour_, marker = STYLE[variant]
         return {"color": colour_, "marker": marker}

@@ -74,7 +74,6 @@ def _study_row(key_cells: list, p: dict) -> list:
 
 def token_table(rows: Sequence[dict], best: bool = False, train_tokens: int | None = None) -> Table:
     """Each method's Δ% and the SSN - MAPL gap at every budget (``best``: early stopping; ``train_tokens``: epochs)."""
-
     scored = at_best_validation(rows) if best else list(rows)
     points = token_points(scored)
     ratio = headline_ratio(rows)
@@ -118,7 +117,6 @@ def width_points(rows: Sequence[dict]) -> list[dict]:
     steps = main_budget(rows, model) if model else None
     pool = study_pool(rows, headline_ratio(rows), steps, same_model=False)
     return [{"d": p["d_model"], "steps": steps, **p} for p in _points(rows, pool, "d_model")]
-
 
 
 def width_table(rows: Sequence[dict]) -> Table:

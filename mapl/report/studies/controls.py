@@ -8,7 +8,7 @@ from matplotlib.lines import Line2D
 
 from ..figures import empty_note, new_figure
 from ..render import DASH, Plot, Table, fmt, fmt_ci, fmt_delta, fmt_int, fmt_pct, fmt_pm
-from ..rows import at_projection_ratio, budget_steps, rescored_rows, study_groups
+from ..rows import at_projection_ratio, boundary_mean, budget_steps, rescored_rows, study_groups
 from ..stats import paired, summarize, t_interval
 from ..style import NEUTRAL, STUDY_ARM_LABELS, bars_handle, bars_text, fmt_ratio, variant_label
 from .headline import gap_sentence, pareto_plot, reading, tested_comparisons
@@ -242,10 +242,9 @@ def frontier_plot(rows: Sequence[dict]) -> Plot:
 
 def _captured(rows: Sequence[dict], s: dict) -> float | None:
     """The boundary energy a configuration's projector keeps, mean over boundaries and its seeds."""
-    caps = [d["captured_energy"] for r in rows if r["variant"] == s["variant"] and r["model"] == s["model"]
-            and r["steps"] == s["steps"] and r["projection_ratio"] == s["projection_ratio"] and r["seed"] in s["seeds"]
-            for d in r.get("boundary_diagnostics") or [] if "captured_energy" in d]
-    return statistics.fmean(caps) if caps else None
+    return boundary_mean([r for r in rows if r["variant"] == s["variant"] and r["model"] == s["model"]
+                          and r["steps"] == s["steps"] and r["projection_ratio"] == s["projection_ratio"]
+                          and r["seed"] in s["seeds"]], "captured_energy")
 
 
 def frontier_table(rows: Sequence[dict]) -> Table:
@@ -416,7 +415,6 @@ def controls_plot(rows: Sequence[dict], corpus_rows: Sequence[dict] | None = Non
     ax.grid(alpha=0.3, axis="x")
     fig.legend([*(Line2D([], [], ls="none", marker="o", color=NEUTRAL[k]) for k in ("resolved", "unresolved")),
                 bars_handle()],
-
                ["interval excludes 0", "interval includes 0", f"{bars_text('holm')} [level]"],
                loc="outside lower center", ncol=3, fontsize=7)
     resolved = [f"{study}: {_name(c['a'])} − {_name(c['b'])}" for study, c in entries

@@ -115,7 +115,6 @@ def _entries(rows: Sequence[dict], corpus_rows: Sequence[dict] | None) -> list[t
             out.append(({"model": f"{a['base_model']}, d = {a['d_model']}" if "[" in a["model"] and a.get("d_model")
                          else a["model"], "corpus": "Shakespeare", "P": a["stages"], "primary": False,
                          "what": "the width axis"}, p["gap"]))
-
     source = corpus_rows if corpus_rows is not None else rows
     for c in corpus_study(source)[1]:
         out.append(({"model": c["a"]["model"], "corpus": "Python (code)", "P": c["a"]["stages"], "primary": False,
@@ -140,7 +139,6 @@ def _reading(c: dict) -> str:
 
 def order_holds_table(rows: Sequence[dict], corpus_rows: Sequence[dict] | None = None) -> Table:
     """The paired SSN − MAPL gap at every setting with both methods (the others one exploratory Holm family)."""
-
     entries = _entries(rows, corpus_rows)
     explore = [i for i, (s, c) in enumerate(entries) if not s["primary"] and c["n"] >= MIN_SEEDS]
     levels = {i: h["level"] for i, h in zip(explore, holm([t_test_p(entries[i][1]["diffs"]) for i in explore]))}

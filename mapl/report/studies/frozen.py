@@ -51,7 +51,6 @@ def setting_label(override: dict | None) -> str:
 
 def frozen_summaries(runs: Sequence[dict]) -> dict[str, dict]:
     """projector -> its summary: Δ% against its trunk per seed, mean and std, losses before and after."""
-
     out = {}
     for proj in FROZEN_PROJECTORS:
         mine = [r for r in runs if r["projector"] == proj]

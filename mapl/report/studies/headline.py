@@ -344,7 +344,6 @@ def paper_scatter_plot(rows: Sequence[dict]) -> Plot:
             p = _paper_entry(s) if s["variant"] in (s["method"], "mapl-fixed", "mapl-rvq-scaled") else None
             if p is None:
                 continue
-
             cells.append({"variant": s["variant"], "budget": budget, "paper": p["delta_pct"], "ours": s["delta_pct"],
                           "std": s["delta_std"], "label": f"{figure_label(s['variant'], s['wire_ratio'], s['projection_ratio'])}"
                                                            f", {fmt_int(s['steps'])} steps"})

@@ -122,7 +122,6 @@ def heldout_claims_table(rows: Sequence[dict], corpus_rows: Sequence[dict], resc
 def heldout_contrasts(rows: Sequence[dict], corpus_rows: Sequence[dict], rescores: dict[str, dict],
                       redrawn: Sequence[dict] = ()) -> dict[str, dict | None]:
     """set -> SSN − MAPL on its scores (the headline's, else the corpus study's; else the first redraw's)."""
-
     reads = (headline_contrast("ssn", "mapl"), study_contrast("corpus"))
     out: dict[str, dict | None] = {name: None for name in SET_LABELS}
     for name in SET_LABELS:

@@ -11,7 +11,7 @@ import numpy as np
 from ...core.model_config import PRESETS, count_params
 from ..figures import empty_note, new_figure
 from ..render import DASH, Plot, Table, fmt, fmt_ci, fmt_int, fmt_pm
-from ..rows import declared
+from ..rows import boundary_mean, declared
 from ..stats import paired, summarize, t_interval, t_quantile
 from ..style import BARS, NEUTRAL, colour, variant_label
 
@@ -50,20 +50,14 @@ def ladder_rungs(rows: Sequence[dict]) -> list[dict]:
         out.append({"model": model, "d": int(_RUNG.match(model).group(1)), "params": rung_params(model),
                     "steps": steps, "tokens": max((r["tokens"] or 0) for r in pool) if pool else None,
                     "train_split_tokens": split.pop() if len(split) == 1 else None,
-                    "sums": sums, "gap": gap, "geometry": _geometry(pool)})
+                    "sums": sums, "gap": gap, "geometry": _mapl_energy([r for r in pool if r["variant"] == "mapl"])})
     return out
 
 
-def _geometry(pool: Sequence[dict]) -> dict | None:
+def _mapl_energy(mapl: Sequence[dict]) -> tuple[float, float] | None:
     """MAPL's captured boundary energy and the best rank-r basis's, mean over boundaries and seeds."""
-    caps, pcas = [], []
-    for r in pool:
-        if r["variant"] != "mapl":
-            continue
-        diags = [d for d in r.get("boundary_diagnostics") or [] if "captured_energy" in d]
-        caps += [d["captured_energy"] for d in diags]
-        pcas += [d["pca_energy"] for d in diags]
-    return {"captured": statistics.fmean(caps), "pca": statistics.fmean(pcas)} if caps else None
+    captured = boundary_mean(mapl, "captured_energy")
+    return None if captured is None else (captured, boundary_mean(mapl, "pca_energy"))
 
 
 def gap_slope(rungs: Sequence[dict], level: float = 0.95) -> dict | None:
@@ -106,13 +100,12 @@ def ladder_table(rows: Sequence[dict]) -> Table:
         body.append([r["model"], r["d"], f"{r['params'] / 1e6:.2f}M", fmt_int(r["steps"]),
                      f"{r['tokens'] / r['params']:.2f}" if r["tokens"] else DASH,
                      f"{r['tokens'] / r['train_split_tokens']:.2f}" if r["train_split_tokens"] and r["tokens"] else DASH,
-
                      ",".join(map(str, none["seeds"])) if none else DASH,
                      fmt_pm(none["val_loss"], none["val_loss_std"]) if none else DASH,
                      *(fmt_pm(s[v]["delta_pct"], s[v]["delta_std"], 2, pct=True) if v in s else DASH
                        for v in ("ssn", "mapl")),
                      fmt_pm(g["mean"], g["std"], 2) if g else DASH, fmt_ci(g["ci"]) if g else DASH,
-                     f"{r['geometry']['captured']:.3f} / {r['geometry']['pca']:.3f}" if r["geometry"] else DASH,
+                     "{:.3f} / {:.3f}".format(*r["geometry"]) if r["geometry"] else DASH,
                      " / ".join(fmt(s[v]["total_bytes_per_token"], 1) for v in ("ssn", "mapl") if v in s) or DASH])
     fit = gap_slope(rungs)
     caption = ("The scale ladder (study ladder): the ladder-d presets (8 layers, P = 4: two blocks per stage) on the "

@@ -223,7 +223,6 @@ def _geometry_takeaway(geo: dict) -> str:
 
 def diagnostics_table(rows: Sequence[dict]) -> Table:
     """Per run with a projector (seed 0): captured energy, PCA optimum, principal angles, orthogonality drift."""
-
     header = ["run", "method", "steps", "r", "captured energy", "PCA energy (best rank-r)", "angle adjacent (°)",
               "angle to PCA (°)", "max |AᵀA−I|"]
     body, geo, model = [], {}, main_model(rows)

@@ -126,7 +126,6 @@ def _by_line(ttt: Sequence[dict]) -> dict[tuple, list[dict]]:
     lines: dict[tuple, list[dict]] = {}
     for t in sorted(ttt, key=lambda t: (METHOD_ORDER.index(t["method"]) if t["method"] in METHOD_ORDER else 99,
                                        t["wire_ratio"] or 0, t["latency_s"], t["bandwidth_bps"])):
-
         lines.setdefault((t["method"], t["wire_ratio"], t["latency_s"]), []).append(t)
     return lines
 

@@ -33,7 +33,6 @@ def _tuning_takeaway(tune: Sequence[dict], rows: Sequence[dict]) -> str:
                 and r["wire_ratio"] == best["wire_ratio"]]
         if main and any(_cell(m) != _cell(best) for m in main):
             used = next((r for r in runs if _cell(r) == _cell(main[0])), None)
-
             gap = tuning_score(used) - tuning_score(best) if used else 0.0
             unmatched.append(label(variant, best["wire_ratio"]) + (
                 f" (their cell μ {used['lr_muon']:g}, emb {used['lr_embed']:g} scored {tuning_score(used):.4f}, "
@@ -92,7 +91,6 @@ def _tuned_runs(rows_all: Sequence[dict], check: dict) -> dict[int, dict]:
 
 def lr_check_table(rows_all: Sequence[dict]) -> Table:
     """Each check cell (group ``lr_check``) against the tuned run of its seed: check − tuned on the selection set."""
-
     checks = [r for r in rows_all if r["group"] == "lr_check"]
     header = ["method", "check cell (μ, emb[, SPEL])", "tuned cell", "steps", "seeds", "check − tuned (selection)",
               "95% CI", "reading"]
