@@ -55,10 +55,7 @@ _BUDGET = re.compile(r"\(((?:[\d.]+%, )?n = \d+)[^)]*\)")
 
 
 def short_ours(cell: str) -> str:
-    """A ledger cell as the README prints it: estimate, interval, level and seeds (``claims.md`` has the rest).
-
-    >>> short_ours("MAPL: +1.24% [+0.80, +1.68] (n = 8, 3,000 steps, 8× on the wire, 74.0 B/token in all) (headline.md)")
-    'MAPL: +1.24% [+0.80, +1.68] (n = 8) (headline.md)'"""
+    """A ledger cell as the README prints it: estimate, interval, level and seeds (``claims.md`` has the rest)."""
     return _BUDGET.sub(r"(\1)", cell)
 
 

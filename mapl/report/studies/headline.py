@@ -197,7 +197,9 @@ def runs_table(rows: Sequence[dict], group: str = "long") -> Table:
         body.append([variant_label(r["variant"]), r["seed"], fmt(r["final_val_loss"]), fmt(r["val_loss"]),
                      fmt_int(r["best_step"]), fmt(scale, 1) if scale else DASH,
                      fmt(r["codebook_batch_perplexity"], 0) if r["codebook_batch_perplexity"] else DASH,
-                     *_health_cells(r)])
+                     *([f"{fmt(r['max_abs_z_peak'], 1)} (b{r['max_abs_z_boundary']})",
+                        fmt_int(r["first_warning_step"]) if r["first_warning_step"] is not None else "none"]
+                       if r.get("health_recorded") else ["not recorded", "not recorded"])])
     caption = (f"Each run of the headline methods at the {fmt_int(steps)}-step budget"
                + (f" and the headline's projection ratio ({fmt_ratio(ratio)})" if ratio else "")
                + ": the final and the lowest validation loss (at which "
@@ -209,13 +211,6 @@ def runs_table(rows: Sequence[dict], group: str = "long") -> Table:
                "in the first 3 warmups not judged).")
     return Table("runs-long", f"Every run at {fmt_int(steps)} steps: final and best loss, activation scale", header,
                  body, caption, _runs_takeaway(pool, rms) if body else NO_RUNS.format(group))
-
-
-def _health_cells(r: dict) -> list[str]:
-    if not r.get("health_recorded"):
-        return ["not recorded", "not recorded"]
-    peak = f"{fmt(r['max_abs_z_peak'], 1)} (b{r['max_abs_z_boundary']})"
-    return [peak, fmt_int(r["first_warning_step"]) if r["first_warning_step"] is not None else "none"]
 
 
 def _runs_takeaway(pool: Sequence[dict], rms: dict) -> str:
