@@ -13,7 +13,7 @@ from ..stats import paired, summarize, t_interval
 from ..style import NEUTRAL, STUDY_ARM_LABELS, bars_handle, bars_text, fmt_ratio, variant_label
 from .headline import gap_sentence, pareto_plot, reading, tested_comparisons
 
-__all__ = ["DECOMPOSITION", "DECOMPOSITION_COMPARISONS", "study_summaries", "study_comparisons", "tested_family",
+__all__ = ["DECOMPOSITION", "DECOMPOSITION_COMPARISONS", "study_summaries", "study_comparisons",
            "paired_body", "PAIRED_HEADER", "decomposition_study", "learned_fixed_study", "frontier_study",
            "corpus_study", "blocks_study", "decomposition_table", "decomposition_paired_table", "learned_fixed_table",
            "corpus_table", "blocks_table", "controls_plot", "study_comparison", "study_configurations",
@@ -88,11 +88,6 @@ def study_comparisons(sums: dict[str, dict], pairs: Sequence[tuple]) -> list[dic
     return out
 
 
-def tested_family(comps: Sequence[dict], family_size: int | None = None) -> list[dict]:
-    """A study's comparisons as one exploratory Holm family of ``family_size`` when declared."""
-    return tested_comparisons(comps, primary=None, family_size=family_size)
-
-
 def _name(s: dict) -> str:
     return STUDY_ARM_LABELS.get(s.get("name"), variant_label(s["variant"]))
 
@@ -133,7 +128,8 @@ def decomposition_study(rows: Sequence[dict]) -> tuple[dict, list[dict], int | N
     if capacity_steps == steps:
         seeds = sorted(set(seeds) | set(capacity_seeds))
     sums = study_summaries(rows, DECOMPOSITION, model, steps, seeds, ratio=_group_ratio(rows, "decompose"))
-    return sums, tested_family(study_comparisons(sums, DECOMPOSITION_COMPARISONS), len(DECOMPOSITION_COMPARISONS)), steps
+    comps = study_comparisons(sums, DECOMPOSITION_COMPARISONS)
+    return sums, tested_comparisons(comps, None, len(DECOMPOSITION_COMPARISONS)), steps
 
 
 def decomposition_table(rows: Sequence[dict]) -> Table:
@@ -179,7 +175,7 @@ def _one_contrast_study(rows: Sequence[dict], group: str, configs: Sequence[tupl
     if model is None:
         return {}, [], None
     sums = study_summaries(rows, configs, model, steps, seeds, ratio=_group_ratio(rows, group), **where)
-    return sums, tested_family(study_comparisons(sums, (contrast,))), steps
+    return sums, tested_comparisons(study_comparisons(sums, (contrast,)), None), steps
 
 
 def learned_fixed_study(rows: Sequence[dict]) -> tuple[dict, list[dict], int | None]:
@@ -221,7 +217,7 @@ def frontier_study(rows: Sequence[dict]) -> tuple[list[dict], list[dict], int | 
         comps += study_comparisons(at, [(a, b, "") for a, b in FRONTIER_COMPARISONS])
     # one exploratory family over every ratio's comparisons (SSN − MAPL at 8x on these seeds included: the primary
     # contrast is the headline's 8 seeds, read on its own in the ledger)
-    return sums, tested_family(comps, len(FRONTIER_COMPARISONS) * len(ratios)), steps
+    return sums, tested_comparisons(comps, None, len(FRONTIER_COMPARISONS) * len(ratios)), steps
 
 
 def _frontier_takeaway(sums: Sequence[dict]) -> str:
@@ -365,7 +361,7 @@ def blocks_study(rows: Sequence[dict]) -> tuple[dict, list[dict], int | None]:
                                                                            stages=p, ratio=ratio).items()}
         sums.update(at_p)
         comps += study_comparisons(at_p, ((f"ssn P={p}", f"mapl P={p}", f"the primary contrast at P = {p}"),))
-    return sums, tested_family(comps), steps
+    return sums, tested_comparisons(comps, None), steps
 
 
 def blocks_table(rows: Sequence[dict]) -> Table:
