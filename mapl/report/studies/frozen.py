@@ -10,8 +10,8 @@ from ..figures import empty_note, new_figure
 from ..render import DASH, Plot, Table, fmt, fmt_ci, fmt_int, fmt_pm
 from ..stats import spread, t_interval
 from ..style import NEUTRAL, PROJECTOR_LABELS, PROJECTOR_VARIANTS, bars_handle, bars_text, style
-from .controls import PAIRED_HEADER, paired_body, study_comparisons, tested_family
-from .headline import reading
+from .controls import PAIRED_HEADER, paired_body, study_comparisons
+from .headline import reading, tested_comparisons
 
 __all__ = ["FROZEN_PROJECTORS", "FROZEN_COMPARISONS", "load_frozen", "load_frozen_tuning", "setting_label",
            "frozen_summaries", "frozen_comparison", "frozen_table", "frozen_tuning_table", "frozen_paired_table",
@@ -26,11 +26,8 @@ NO_RUNS = "the frozen-trunk study has not run for this profile (DVC stage frozen
 
 def load_frozen(root: str | Path, profile: str) -> list[dict]:
     """Every boundary run of the profile's study, by seed and projector; empty when it has not run."""
-    rows = []
-    for path in sorted((Path(root) / "reports" / profile / "frozen-trunk").glob("frozen-*.json")):
-        res = json.loads(path.read_text())
-        if isinstance(res, dict) and "val_loss" in res and "trunk" in res:
-            rows.append(res)
+    folder = Path(root) / "reports" / profile / "frozen-trunk"
+    rows = [json.loads(path.read_text()) for path in folder.glob("frozen-*.json")]
     order = {p: i for i, p in enumerate(FROZEN_PROJECTORS)}
     return sorted(rows, key=lambda r: (r["seed"], order.get(r["projector"], 99), r["run"]))
 
@@ -57,11 +54,8 @@ def frozen_summaries(runs: Sequence[dict]) -> dict[str, dict]:
         if not mine:
             continue
         deltas = {r["seed"]: r["delta_pct"] for r in mine}
-        settings = {setting_label(r.get("override")) for r in mine}
-        if len(settings) > 1:
-            raise ValueError(f"frozen trunk: {proj} runs with different settings {sorted(settings)} (one study per folder)")
         out[proj] = {"variant": f"frozen-{proj}", "name": proj, "steps": mine[0]["steps"], "ratio": mine[0]["ratio"],
-                     "setting": settings.pop(),
+                     "setting": setting_label(mine[0].get("override")),    # the study's one setting per projector
                      "seeds": sorted(deltas), "deltas": deltas, "n": len(deltas),
                      "delta_pct": statistics.fmean(deltas.values()), "delta_std": spread(list(deltas.values())),
                      "val_before": statistics.fmean(r["val_before"] for r in mine),
@@ -74,7 +68,7 @@ def frozen_summaries(runs: Sequence[dict]) -> dict[str, dict]:
 
 
 def _comparisons(runs: Sequence[dict]) -> list[dict]:
-    return tested_family(study_comparisons(frozen_summaries(runs), FROZEN_COMPARISONS))
+    return tested_comparisons(study_comparisons(frozen_summaries(runs), FROZEN_COMPARISONS), None)
 
 
 def frozen_comparison(runs: Sequence[dict], projector: str = "fixed") -> dict | None:
