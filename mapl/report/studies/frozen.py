@@ -54,8 +54,11 @@ def frozen_summaries(runs: Sequence[dict]) -> dict[str, dict]:
         if not mine:
             continue
         deltas = {r["seed"]: r["delta_pct"] for r in mine}
+        settings = {setting_label(r.get("override")) for r in mine}
+        if len(settings) > 1:
+            raise ValueError(f"frozen trunk: {proj} runs with different settings {sorted(settings)} (one study per folder)")
         out[proj] = {"variant": f"frozen-{proj}", "name": proj, "steps": mine[0]["steps"], "ratio": mine[0]["ratio"],
-                     "setting": setting_label(mine[0].get("override")),    # the study's one setting per projector
+                     "setting": settings.pop(),
                      "seeds": sorted(deltas), "deltas": deltas, "n": len(deltas),
                      "delta_pct": statistics.fmean(deltas.values()), "delta_std": spread(list(deltas.values())),
                      "val_before": statistics.fmean(r["val_before"] for r in mine),

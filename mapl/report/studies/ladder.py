@@ -15,12 +15,9 @@ from ..rows import boundary_mean, declared
 from ..stats import paired, summarize, t_interval, t_quantile
 from ..style import BARS, NEUTRAL, colour, variant_label
 
-__all__ = ["LADDER_STUDY", "PRIMARY_SLOPE", "PAPER_SIZES", "rung_params", "ladder_rungs", "gap_slope", "ladder_table",
+__all__ = ["PAPER_SIZES", "rung_params", "ladder_rungs", "gap_slope", "ladder_table",
            "ladder_tuning_table", "ladder_plot", "ladder_slope_comparison"]
 
-LADDER_STUDY = "ladder"
-# The scale ladder's one primary contrast, named in params.yaml and the README before its first run
-PRIMARY_SLOPE = "slope of the paired SSN − MAPL gap (points of Δ%) per unit of ln(non-embedding parameters), at 8×"
 _RUNG = re.compile(r"^ladder-d(\d+)$")
 # the paper's sizes on the same axis: the non-embedding parameters of our presets of those names (their d is the
 # paper's; the rest is our choice, mapl/core/model_config.py)
@@ -34,7 +31,7 @@ def rung_params(model: str) -> int | None:
 
 def ladder_rungs(rows: Sequence[dict]) -> list[dict]:
     """Per rung with runs (smallest first): size, budget, ``sums`` (variant -> summary), ``gap`` and ``geometry``."""
-    groups = set(declared().groups_of(LADDER_STUDY))
+    groups = set(declared().groups_of("ladder"))
     mine = [r for r in rows if r["group"] in groups and _RUNG.match(r["model"] or "")]
     out = []
     for model in sorted({r["model"] for r in mine}, key=rung_params):

@@ -81,14 +81,6 @@ def _cell_text(r: dict, named: bool = False) -> str:
     return f"{mu}, {emb}" + (f", SPEL ×{step:g}" if step is not None else "")
 
 
-def _tuned_runs(rows_all: Sequence[dict], check: dict) -> dict[int, dict]:
-    """seed -> the reported run of a check's configuration (reported studies train at the tuned cells)."""
-    def configuration(r: dict) -> tuple:
-        return r["variant"], r["model"], r["stages"], r["wire_ratio"], r["steps"]
-    return {r["seed"]: r for r in rows_all if study_role(r["group"]) == "reported" and not r["eval_offset"]
-            and configuration(r) == configuration(check)}
-
-
 def lr_check_table(rows_all: Sequence[dict]) -> Table:
     """Each check cell (group ``lr_check``) against the tuned run of its seed: check − tuned on the selection set."""
     checks = [r for r in rows_all if r["group"] == "lr_check"]
@@ -97,10 +89,15 @@ def lr_check_table(rows_all: Sequence[dict]) -> Table:
     body, sentences = [], []
     def cell_of(r: dict) -> tuple:          # one row per checked cell: a method may be checked at several
         return r["variant"], r["wire_ratio"], r["lr_muon"], r["lr_embed"], _spel_step(r)
+
+    def configuration(r: dict) -> tuple:
+        return r["variant"], r["model"], r["stages"], r["wire_ratio"], r["steps"]
     for cell in dict.fromkeys(map(cell_of, checks)):
         variant = cell[0]
         mine = [r for r in checks if cell_of(r) == cell]
-        tuned = _tuned_runs(rows_all, mine[0])
+        # seed -> the reported run of the check's configuration (reported studies train at the tuned cells)
+        tuned = {r["seed"]: r for r in rows_all if study_role(r["group"]) == "reported" and not r["eval_offset"]
+                 and configuration(r) == configuration(mine[0])}
         pairs = [(r, tuned[r["seed"]]) for r in mine if r["seed"] in tuned]
         diffs = [tuning_score(a) - tuning_score(b) for a, b in pairs]
         ci = t_interval(diffs)
