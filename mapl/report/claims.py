@@ -1,21 +1,4 @@
-"""The claims ledger (``claims.md``): each claim of the paper beside what we measured, and a verdict.
-
-A row of :data:`CLAIMS` is data: the paper's claim, the paper's side (a range of Δ% or the lead it claims, read
-from ``reports/paper-numbers.csv``), what of ours it reads, the rule of its verdict and the table to see. The
-rules read our interval at its family's level:
-
-* ``range``: reproduced when the interval of Δ% lies inside the claimed range, contradicted when it lies wholly
-  outside, inconclusive when it straddles a bound;
-* ``order`` (B ahead of A, read from A − B): reproduced when the interval excludes 0 on the claimed side and does
-  not lie wholly below the claimed lead, contradicted when it lies on the other side of 0 or wholly below the
-  lead, inconclusive otherwise (sign and size are reported separately);
-* ``bytes``: all bytes per token of MAPL over the compressed variant's, reproduced from :data:`BYTES_REPRODUCED`;
-* ``scale``: the scale ladder's slope of the gap in ln(parameters), read as an order;
-* fewer than :data:`MIN_SEEDS` seeds, or nothing run: not testable here.
-
-The rows of one paper claim are one family: an order family read at Holm's levels, a range family at
-Bonferroni's, a family of one at 95 %.
-"""
+"""The claims ledger: each claim of the paper beside what we measured, and a verdict (rules: docs/protocol.md)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -45,8 +28,7 @@ NOT_RUN = "not run: no results of it among the runs"
 
 
 class Ruling(NamedTuple):
-    """A verdict, its reason as a sentence, and the reason as data (``grounds``: what another ledger's row is compared
-    by, since the sentence names the interval's level, which differs between ledgers)."""
+    """A verdict, its reason, and the reason as data (``grounds``: comparable across ledgers of other levels)."""
     verdict: str
     reason: str
     grounds: tuple = ()
@@ -89,8 +71,7 @@ def range_verdict(ci, low: float | None, high: float | None, n: int = MIN_SEEDS,
 
 
 def order_verdict(c: dict | None, size: float | None = None) -> Ruling:
-    """The claim "B ahead of A" (by at least ``size`` points where the paper states a lead) against the comparison
-    A − B ``c``; grounds ``("sign", claimed | reversed | unresolved)`` and ``("size", short | includes | above)``."""
+    """The claim "B ahead of A" (by at least ``size`` points where the paper states a lead) against A − B ``c``."""
     if c is None:
         return _untestable(0, "")
     if c["n"] < MIN_SEEDS or c["ci"] is None:
@@ -142,11 +123,11 @@ def order_row(claim: Claim, side: PaperSide, c: dict | None, level: float = 0.95
     return f"{claim.label}: {_comparison_cell(c)}", order_verdict(c, side.size)
 
 
-def bytes_row(claim: Claim, side: PaperSide, pair: tuple[dict, dict] | None, level: float = 0.95):
+def bytes_row(claim: Claim, side: PaperSide, pair: tuple[dict | None, dict | None], level: float = 0.95):
     """All bytes per token of MAPL over the compressed variant's (a count, no interval); no row without both."""
-    if pair is None:
-        return None
     s, m = pair
+    if s is None or m is None:
+        return None
     fwd = m["fwd_bytes_per_token"] / s["fwd_bytes_per_token"]
     total = m["total_bytes_per_token"] / s["total_bytes_per_token"]
     unquantised = ("the token ids are not quantised, the gradient is int8 (MAPL's: bf16)"
@@ -160,8 +141,7 @@ def bytes_row(claim: Claim, side: PaperSide, pair: tuple[dict, dict] | None, lev
 
 
 def scale_row(claim: Claim, side: PaperSide, measured: tuple, level: float = 0.95) -> tuple[str, Ruling]:
-    """The gap's growth with model size: the scale ladder's slope read as an order (positive: the claim); without a
-    slope, what the width axis shows and no verdict."""
+    """The scale ladder's slope read as an order (positive: the claim); without one, the width axis, no verdict."""
     slope, (widths, span) = measured
     if slope is None:
         return (f"SSN − MAPL by width (width.md): {widths or DASH}",
@@ -182,8 +162,7 @@ RULES: dict[str, Callable] = {"range": range_row, "order": order_row, "bytes": b
 # ---- what a claim reads ------------------------------------------------------------------------------------------
 @dataclass
 class Evidence:
-    """The report's rows, the rows with the other corpus's groups too, and the frozen-trunk runs; the headline's
-    summaries and tested comparisons computed once for every row."""
+    """The report's rows, those with the other corpus, the frozen-trunk runs; the headline computed once."""
     rows: Sequence[dict]
     corpus_rows: Sequence[dict] | None = None
     frozen_rows: Sequence[dict] | None = None
@@ -229,8 +208,7 @@ def frozen_contrast(projector: str) -> Reader:
 
 
 def ablation_contrast(field: str, value: str) -> Reader:
-    """MAPL with ``field`` = ``value`` − MAPL, paired by seed, at the setting where the ablation has the most seeds
-    (a tie: the longer run)."""
+    """MAPL with ``field`` = ``value`` − MAPL, paired by seed, where the ablation has the most seeds (tie: longer)."""
     def read(ev: Evidence) -> dict | None:
         other = next(k for k in MAPL_DEFAULTS if k != field)
         ablated = [r for r in ev.rows if r["method"] == "mapl" and r[field] == value
@@ -248,14 +226,6 @@ def ablation_contrast(field: str, value: str) -> Reader:
         a = next(iter(sums.values()), None)
         p = paired(a["deltas"], b["deltas"]) if a and b else None
         return {"a": a, "b": b, **p} if p else None
-    return read
-
-
-def bytes_against(compressed: Reader, against: Reader) -> Reader:
-    """(``compressed``'s summary, ``against``'s): the bytes ratio's two sides; None without both."""
-    def read(ev: Evidence):
-        s, m = compressed(ev), against(ev)
-        return (s, m) if s is not None and m is not None else None
     return read
 
 
@@ -315,9 +285,7 @@ def stated(text: str) -> Callable[[], PaperSide]:
 
 # ---- the claims --------------------------------------------------------------------------------------------------
 class Claim(NamedTuple):
-    """A row of the ledger: the paper's ``claim``, its ``paper`` side, what of ours it ``reads``, the ``rule`` of its
-    verdict, the ``table`` to see, how the cell names what it reads (``label``; ``label_measured``: the measured
-    variant's own name) and its ``family`` (empty: a family of its own)."""
+    """A ledger row: ``label_measured``: the cell names the measured variant; ``family`` empty: a family of its own."""
     claim: str
     paper: Callable[[], PaperSide]
     reads: Reader
@@ -371,7 +339,7 @@ CLAIMS: tuple[Claim, ...] = (
           abstract_bound("mapl-rvq", "16× at ≤ {:g} % (abstract)"), _RVQ, "range", "headline.md", "MAPL+VQ",
           label_measured=True),
     Claim("RVQ halves the bytes again", stated("2× (MAPL+VQ at twice MAPL's ratio, Table 1)"),
-          bytes_against(_RVQ_BYTES, headline("mapl")), "bytes", "headline.md"),
+          lambda ev: (_RVQ_BYTES(ev), headline("mapl")(ev)), "bytes", "headline.md"),
     Claim("the anchors matter (no anchor is worse than the factorized one)",
           ablation_pair("anchor_ablation", "none", "factorized", "no anchor", "factorized", "App. G"),
           ablation_contrast("anchor", "none"), "order", "ablation-anchor.md", "no anchor − MAPL"),
@@ -401,8 +369,7 @@ CLAIMS: tuple[Claim, ...] = (
 
 # ---- the ledger --------------------------------------------------------------------------------------------------
 def family_levels(specs: Sequence[Claim], measured: Sequence) -> list[tuple[float, int]]:
-    """(level, family size m) of each row: an order family at Holm's levels over its rows' paired t tests, a range
-    family at 1 − 0.05/m, a family of one at 95 %; only rows with an interval count in m."""
+    """(level, family size m) of each row (docs/protocol.md); only rows with an interval count in m."""
     out = [(0.95, 1)] * len(specs)
     families: dict[str, list[int]] = {}
     for i, spec in enumerate(specs):
@@ -429,8 +396,7 @@ def at_level(c: dict | None, level: float) -> dict | None:
 
 
 def evaluate(spec: Claim, ev: Evidence, measured=None, level: float = 0.95, family_size: int = 1) -> dict | None:
-    """The ledger row of one claim: ``claim``, ``paper``, ``ours``, ``verdict``, ``reason``, ``grounds``, ``table``,
-    ``family``, ``family_size`` and ``level``; None where its rule has nothing to say without the runs."""
+    """The ledger row of one claim; None where its rule has nothing to say without the runs."""
     side = spec.paper()
     measured = spec.reads(ev) if measured is None else measured
     if spec.rule == "order":
@@ -446,8 +412,7 @@ def evaluate(spec: Claim, ev: Evidence, measured=None, level: float = 0.95, fami
 
 def claims(rows: Sequence[dict], corpus_rows: Sequence[dict] | None = None,
            frozen_rows: Sequence[dict] | None = None) -> list[dict]:
-    """The ledger's rows, each at its family's level. ``corpus_rows``: the rows with the other corpus's groups too;
-    ``frozen_rows``: the frozen-trunk runs (without them: not run)."""
+    """The ledger's rows, each at its family's level."""
     ev = Evidence(rows, corpus_rows, frozen_rows)
     measured = [spec.reads(ev) for spec in CLAIMS]
     levels = family_levels(CLAIMS, measured)
@@ -455,21 +420,14 @@ def claims(rows: Sequence[dict], corpus_rows: Sequence[dict] | None = None,
             if (row := evaluate(spec, ev, m, level, size)) is not None]
 
 
-def _family_cell(c: dict) -> str:
-    if c["level"] is None:
-        return DASH
-    if c["family_size"] == 1:
-        return f"its own · {_pct(c['level'])}"
-    return f"{c['family']} ({c['family_size']} rows) · {_pct(c['level'])}"
-
-
 def claims_table(rows: Sequence[dict], corpus_rows: Sequence[dict] | None = None,
                  frozen_rows: Sequence[dict] | None = None, ledger: Sequence[dict] | None = None) -> Table:
     """The ledger as a table (``claims.md``); ``ledger``: its :func:`claims` where the caller has them."""
     ledger = claims(rows, corpus_rows, frozen_rows) if ledger is None else ledger
     header = ["paper's claim", "paper", "ours (table)", "verdict", "why", "family · level"]
-    body = [[c["claim"], c["paper"], f"{c['ours']} ({c['table']})", c["verdict"], c["reason"], _family_cell(c)]
-            for c in ledger]
+    body = [[c["claim"], c["paper"], f"{c['ours']} ({c['table']})", c["verdict"], c["reason"],
+             DASH if c["level"] is None else f"its own · {_pct(c['level'])}" if c["family_size"] == 1
+             else f"{c['family']} ({c['family_size']} rows) · {_pct(c['level'])}"] for c in ledger]
     counts = {v: sum(c["verdict"] == v for c in ledger) for v in VERDICTS}
     takeaway = (f"{len(ledger)} claims: {counts[REPRODUCED]} reproduced, {counts[CONTRADICTED]} contradicted, "
                 f"{counts[INCONCLUSIVE]} inconclusive, {counts[NOT_TESTABLE]} not testable here: "

@@ -1,8 +1,4 @@
-"""Corpus and tokenizer statistics for ``notebooks/data.ipynb`` (not part of the results report).
-
-    >>> lengths = token_byte_lengths(tok)                    # bytes of text per token id
-    >>> token_length_histogram(val_tokens, lengths)          # {bytes: occurrences}
-"""
+"""Corpus and tokenizer statistics for notebooks/data.ipynb (not part of the results report)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -30,8 +26,7 @@ def data_summary_table(manifest: dict) -> tuple[list, list]:
 
 
 def token_byte_lengths(tok) -> np.ndarray:
-    """Bytes of UTF-8 text per token id of a ``tokenizers.Tokenizer`` (special tokens: 0; a byte-level symbol or
-    a ``<0xNN>`` fallback one byte, SentencePiece's ``▁`` a space)."""
+    """Bytes of UTF-8 text per token id of a ``tokenizers.Tokenizer`` (special tokens: 0)."""
     from tokenizers.pre_tokenizers import ByteLevel
     alphabet = set(ByteLevel.alphabet())
     vocab = tok.get_vocab(with_added_tokens=True)

@@ -1,7 +1,4 @@
-"""The documents' generated blocks (``<!-- generated:NAME -->`` … ``<!-- /generated:NAME -->``), each rendered from
-committed files (tables, ``dvc.yaml``, the benchmarks' docstrings): ``mapl docs`` writes them, ``mapl docs --check``
-(a test) fails when one differs, so the README's ledger cannot drift from ``claims.md``.
-"""
+"""The docs' generated blocks (<!-- generated:NAME -->), rendered from committed files; `mapl docs --check` fails on drift."""
 from __future__ import annotations
 
 import ast
@@ -12,6 +9,9 @@ from pathlib import Path
 from typing import Callable
 
 import yaml
+
+from .render import to_markdown
+
 
 __all__ = ["BlockError", "blocks_in", "replace_block", "short_ours", "claims_block", "headline_block",
            "notebook_parameters", "stages_block",
@@ -40,14 +40,8 @@ def replace_block(text: str, name: str, content: str) -> str:
     return f"{head}{start}\n{content.rstrip()}\n{end}{tail}"
 
 
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ").strip()
-
-
 def _table(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines)
+    return to_markdown(header, [[c.replace("\n", " ").strip() for c in row] for row in rows]).rstrip("\n")
 
 
 def _read_csv(path: Path) -> list[dict[str, str]]:
@@ -61,10 +55,7 @@ _BUDGET = re.compile(r"\(((?:[\d.]+%, )?n = \d+)[^)]*\)")
 
 
 def short_ours(cell: str) -> str:
-    """A ledger cell as the README prints it: estimate, interval, level and seeds (``claims.md`` has the rest).
-
-    >>> short_ours("MAPL: +1.24% [+0.80, +1.68] (n = 8, 3,000 steps, 8× on the wire, 74.0 B/token in all) (headline.md)")
-    'MAPL: +1.24% [+0.80, +1.68] (n = 8) (headline.md)'"""
+    """A ledger cell as the README prints it: estimate, interval, level and seeds (``claims.md`` has the rest)."""
     return _BUDGET.sub(r"(\1)", cell)
 
 
@@ -125,8 +116,7 @@ def _script_doc(path: Path) -> list[str]:
 
 
 def _benchmark_row(path: Path) -> list[str] | None:
-    """(script, what it answers, command, writes) from its documentation; a script without a ``Writes:`` line is a
-    helper and is not listed."""
+    """(script, what it answers, command, writes); a script without a ``Writes:`` line is a helper (None)."""
     doc = _script_doc(path)
     writes = next((ln.strip()[len("Writes:"):].strip().rstrip(".") for ln in doc if ln.strip().startswith("Writes:")), "")
     if not writes:

@@ -1,8 +1,4 @@
-"""Drawing: every figure of the report on matplotlib's object API and the Agg canvas (pyplot's global state is
-never touched). Each method keeps its colour and marker (:mod:`mapl.report.style`), legends name methods and
-ratios, every error bar and band says what it shows, and labels beside points overlap nothing
-(:func:`place_labels`). The ``*_figure`` functions draw; the ``*_plot`` ones add a caption and a takeaway.
-"""
+"""Drawing on matplotlib's object API and the Agg canvas; colours and markers from style, labels placed to overlap nothing."""
 from __future__ import annotations
 
 import math
@@ -32,9 +28,8 @@ LOSS_LABEL = "loss (nats / token)"
 
 def new_figure(ncols: int = 1, width: float = 5.0, height: float = 3.8) -> tuple[Figure, list]:
     """A figure of ``ncols`` panels of ``width`` x ``height`` inches on the Agg canvas."""
-    fig = Figure(figsize=(width * ncols, height), layout="constrained")
-    FigureCanvasAgg(fig)
-    return fig, list(fig.subplots(1, ncols, squeeze=False)[0])
+    fig, grid = new_grid(1, ncols, width * ncols, height)
+    return fig, list(grid[0])
 
 
 def new_grid(nrows: int, ncols: int, width: float, height: float, **subplots) -> tuple[Figure, np.ndarray]:
@@ -115,9 +110,8 @@ def _alignment(angle: float) -> tuple[str, str]:
 
 def place_labels(ax, points: Sequence[tuple[float, float]], texts: Sequence[str], colours: Sequence[str] | None = None,
                  fontsize: float = 7) -> list:
-    """Write ``texts[i]`` next to ``points[i]`` at the first offset (nearest first) where it covers no marker, error
-    bar, text or earlier label inside the axes, else where it covers least; a far label gets a leader line.
-    Deterministic. Call it once the axes' limits and scales are final: it fixes the figure's layout."""
+    """Write ``texts[i]`` next to ``points[i]`` at the nearest offset that covers nothing (else the least); call it
+    once the axes' limits and scales are final: it fixes the figure's layout."""
     fig = ax.figure
     fig.canvas.draw()                                 # run the layout once: the transforms are final from here on
     fig.set_layout_engine("none")
@@ -165,11 +159,6 @@ def _bars(s: dict, kind: str) -> tuple[float, float] | None:
     return None if not s["delta_std"] else (s["delta_std"], s["delta_std"])
 
 
-def _setups(sums: Sequence[dict], main: str | None) -> list[tuple]:
-    """(model, P, steps) of the summaries, the main model's first."""
-    return sorted({(s["model"], s["stages"], s["steps"]) for s in sums}, key=lambda k: (k[0] != main, str(k[0]), k[1], k[2]))
-
-
 def _pareto_panel(ax, sums: Sequence[dict], xkey: str, bars: str) -> tuple[list, list, list]:
     """One setup's Δ% against ``xkey``, a line per variant; returns its points, wire ratios and colours."""
     lines = defaultdict(list)
@@ -207,9 +196,10 @@ def _span_an_octave(ax, xs: Sequence[float]) -> None:
 
 
 def pareto_figure(sums: Sequence[dict], bars: str = "sd", main: str | None = None) -> Figure:
-    """Δ% against forward (left) and total (right) bytes per token and boundary, a row of panels per (model, P,
-    budget), a line per variant through its ratios, each point labelled with its wire ratio; bars: ``bars``."""
-    setups = _setups(sums, main) or [None]
+    """Δ% against forward (left) and total (right) bytes per token, a row of panels per (model, P, budget), a line
+    per variant, each point labelled with its wire ratio."""
+    setups = sorted({(s["model"], s["stages"], s["steps"]) for s in sums},
+                    key=lambda k: (k[0] != main, str(k[0]), k[1], k[2])) or [None]
     fig, grid = new_grid(len(setups), 2, 7.4, 2.5 * len(setups) + 1.3)
     columns = (("fwd_bytes_per_token", "forward bytes / token / boundary (log₂)", "forward payload"),
                ("total_bytes_per_token", "total bytes / token / boundary (log₂)", "total: both directions, ids, sync"))
@@ -238,11 +228,6 @@ def pareto_figure(sums: Sequence[dict], bars: str = "sd", main: str | None = Non
 
 
 # ---- loss curves -----------------------------------------------------------------------------------------
-def _smooth(y: Sequence[float], k: int) -> np.ndarray:
-    y = np.asarray(y, dtype=float)
-    return y if k <= 1 or len(y) < k else np.convolve(y, np.ones(k) / k, mode="valid")
-
-
 def _mean_curve(runs: Sequence[dict], key: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Steps, mean, min and max over seeds of one curve, on the steps every seed has."""
     curves = [dict(r[key]) for r in runs if r[key]]
@@ -254,8 +239,7 @@ def _mean_curve(runs: Sequence[dict], key: str) -> tuple[np.ndarray, np.ndarray,
 
 
 def loss_curves_figure(rows: Sequence[dict], smooth: int | None = None, title: str = "") -> Figure:
-    """Train loss (moving mean over ``smooth`` steps) and val loss against step, a line per configuration (mean
-    over seeds, band: their range); colour and marker by method, line style by wire ratio."""
+    """Train loss (moving mean) and val loss against step, a line per configuration (band: the seeds' range)."""
     fig, (ax_t, ax_v) = new_figure(2, 3.8, 3.6)
     smooth = smooth or max(10, max((r["steps"] or 0 for r in rows), default=0) // 30)
     groups = group_runs(sorted(rows, key=sort_key))
@@ -268,7 +252,8 @@ def loss_curves_figure(rows: Sequence[dict], smooth: int | None = None, title: s
         kw = {**style(r["variant"]), "ls": linestyle(r["wire_ratio"]), "lw": 1.2}
         steps, mean, lo, hi = _mean_curve(runs, "train_loss_curve")
         if len(steps):
-            y, lo_s, hi_s = (_smooth(v, smooth) for v in (mean, lo, hi))
+            y, lo_s, hi_s = (v if len(v) < smooth else np.convolve(v, np.ones(smooth) / smooth, mode="valid")
+                             for v in (mean, lo, hi))
             x = steps[len(steps) - len(y):]
             ax_t.plot(x, y, markevery=max(1, len(x) // 6), ms=5, label=name, **kw)
             if len(runs) > 1:
@@ -289,17 +274,13 @@ def loss_curves_figure(rows: Sequence[dict], smooth: int | None = None, title: s
         fig.legend(handles, labels, loc="outside lower center", ncol=3, fontsize=7,
                    title=("line: mean over seeds; " + bars_text("range", "band")) if several_seeds else None,
                    title_fontsize=7)
-        _zoom_to_tail(ax_t, [ln.get_ydata() for ln in ax_t.get_lines()])
+        # clip the y range to the last 90% of the curves (the first steps' loss hides the rest)
+        tails = [np.asarray(y)[len(y) // 10:] for y in (ln.get_ydata() for ln in ax_t.get_lines()) if len(y) > 10]
+        if tails:
+            lo, hi = min(t.min() for t in tails), max(t.max() for t in tails)
+            ax_t.set_ylim(lo - 0.02 * (hi - lo), hi + 0.05 * (hi - lo))
     fig.suptitle(title or "Loss curves")
     return fig
-
-
-def _zoom_to_tail(ax, ys) -> None:
-    """Clip the y range to the last 90% of the curves (the first steps' loss hides the rest)."""
-    tails = [np.asarray(y)[len(y) // 10:] for y in ys if len(y) > 10]
-    if tails:
-        lo, hi = min(t.min() for t in tails), max(t.max() for t in tails)
-        ax.set_ylim(lo - 0.02 * (hi - lo), hi + 0.05 * (hi - lo))
 
 
 # ---- the token and width axes ----------------------------------------------------------------------------
@@ -317,10 +298,10 @@ def _delta_series(ax, points: Sequence[dict], xkey: str, v: str, jitter: float) 
                 label=figure_label(v, s0["wire_ratio"], s0["projection_ratio"]), **style(v))
 
 
-def _delta_axes(ax, xs: Sequence[float], xlabel: str, title: str) -> None:
+def _delta_axes(ax, xs: Sequence[float], xlabel: str, title: str, ylabel: str = DELTA_LABEL) -> None:
     _log2_axis(ax)
     ax.set_xticks(xs)
-    ax.set(xlabel=xlabel, ylabel=DELTA_LABEL)
+    ax.set(xlabel=xlabel, ylabel=ylabel)
     ax.set_title(title, fontsize=10)
     _zero_line(ax)
     ax.grid(alpha=0.3)
@@ -328,8 +309,7 @@ def _delta_axes(ax, xs: Sequence[float], xlabel: str, title: str) -> None:
 
 def axis_figure(points: Sequence[dict], xkey: str, xlabel: str, variants: Sequence[str], title: str,
                 empty: str, separate: Sequence[str] = ()) -> Figure:
-    """Each variant's Δ% against ``xkey`` (log2; bars: sd; ``separate`` in a panel of their own) and the paired
-    SSN - MAPL gap (bars: 95% t interval; dots: the seeds)."""
+    """Each variant's Δ% against ``xkey`` (``separate`` in a panel of their own) and the paired SSN - MAPL gap."""
     fig, axes = new_figure(3 if separate else 2, 3.4 if separate else 3.8, 3.5)
     ax_d, ax_g = axes[0], axes[-1]
     ax_s = axes[1] if separate else None
@@ -356,13 +336,8 @@ def axis_figure(points: Sequence[dict], xkey: str, xlabel: str, variants: Sequen
         ax_g.errorbar([x for x, _ in gaps], mean, yerr=err, capsize=4, color=NEUTRAL["ink"], marker="o", ms=6,
                       label="mean over seeds")
         ax_g.scatter([], [], s=14, color=style("ssn")["color"], alpha=0.45, lw=0, label="one seed")
-        _log2_axis(ax_g)
-        ax_g.set_xticks(xs)
         ssn, mapl = variant_label("ssn"), variant_label("mapl")
-        ax_g.set(xlabel=xlabel, ylabel=f"{ssn} Δ − {mapl} Δ (% points)")
-        ax_g.set_title(f"paired {ssn} − {mapl} (> 0: {mapl} ahead)", fontsize=10)
-        _zero_line(ax_g)
-        ax_g.grid(alpha=0.3)
+        _delta_axes(ax_g, xs, xlabel, f"paired {ssn} − {mapl} (> 0: {mapl} ahead)", f"{ssn} Δ − {mapl} Δ (% points)")
     else:
         empty_note(ax_g, "no point with both SSN and MAPL")
     _delta_axes(ax_d, xs, xlabel, "each method's Δ%")
@@ -386,20 +361,6 @@ def _axis_legend(fig, delta_axes: Sequence, gap_axes) -> None:
 
 
 # ---- boundary health -------------------------------------------------------------------------------------
-def _configurations(runs: Sequence[dict]) -> dict[tuple, list[dict]]:
-    """(variant, wire ratio, projection ratio) -> its runs, in the report's method order."""
-    out = defaultdict(list)
-    for r in sorted(runs, key=sort_key):
-        out[(r["variant"], r["wire_ratio"], r["projection_ratio"])].append(r)
-    return dict(out)
-
-
-def _health_series(r: dict, p: int) -> tuple[list, list]:
-    pts = [(h["step"], h["boundaries"][p]["train_max"]) for h in r["health_readings"]
-           if p < len(h["boundaries"]) and h["boundaries"][p].get("train_max") is not None]
-    return (list(zip(*pts)) if pts else ([], []))
-
-
 def _wrap(text: str, width: int = 22) -> str:
     """Break a row label at ', ' or ' (' past ``width`` characters."""
     if len(text) <= width:
@@ -412,9 +373,10 @@ def _wrap(text: str, width: int = 22) -> str:
 
 
 def health_figure(runs: Sequence[dict], title: str = "") -> Figure:
-    """Boundary health as small multiples: a row per configuration, a column per boundary, a thin line per seed, a
-    tick at a seed's first outlier warning; one log y scale for all."""
-    configs = _configurations(runs)
+    """Boundary health: a row per configuration, a column per boundary, a line per seed, a tick at its first warning."""
+    configs = defaultdict(list)             # (variant, wire ratio, projection ratio) -> its runs, in method order
+    for r in sorted(runs, key=sort_key):
+        configs[(r["variant"], r["wire_ratio"], r["projection_ratio"])].append(r)
     n_b = max((len(r["health_readings"][0]["boundaries"]) for r in runs if r["health_readings"]), default=1)
     fig, grid = new_grid(max(1, len(configs)), n_b, 7.0, 0.8 * max(1, len(configs)) + 1.3, sharex=True, sharey=True)
     fig.suptitle(title or "Boundary health")
@@ -425,8 +387,9 @@ def health_figure(runs: Sequence[dict], title: str = "") -> Figure:
         colour = style(variant)["color"]
         for p, ax in enumerate(row):
             for r in mine:
-                x, y = _health_series(r, p)
-                ax.plot(x, y, color=colour, lw=0.6, alpha=0.8)
+                pts = [(h["step"], h["boundaries"][p]["train_max"]) for h in r["health_readings"]
+                       if p < len(h["boundaries"]) and h["boundaries"][p].get("train_max") is not None]
+                ax.plot(*(zip(*pts) if pts else ([], [])), color=colour, lw=0.6, alpha=0.8)
                 if r.get("first_warning_step") is not None:     # the run's, not a boundary's: a tick on the top edge
                     ax.plot([r["first_warning_step"]], [1.0], transform=ax.get_xaxis_transform(), ls="none",
                             marker="v", ms=4, color=NEUTRAL["ink"], clip_on=False)
@@ -450,8 +413,7 @@ def health_figure(runs: Sequence[dict], title: str = "") -> Figure:
 
 # ---- the in-run gap --------------------------------------------------------------------------------------
 def gap_curves_figure(gap: dict, generalisation: dict, title: str = "") -> Figure:
-    """Left: the paired in-run gap against step with its 95 % band. Right: validation − training loss per
-    method."""
+    """Left: the paired in-run gap against step with its 95 % band. Right: validation − training loss per method."""
     fig, (ax_g, ax_o) = new_figure(2, 3.8, 3.4)
     ssn, mapl = variant_label("ssn"), variant_label("mapl")
     if len(gap.get("steps", [])):
@@ -480,8 +442,7 @@ def gap_curves_figure(gap: dict, generalisation: dict, title: str = "") -> Figur
 
 # ---- ours against the paper ------------------------------------------------------------------------------
 def paper_scatter_figure(cells: Sequence[dict], model: str | None = None) -> Figure:
-    """Our Δ% (bars: sd) against the paper's for the same method and ratio, filled at the headline budget,
-    hollow at the main one, each point numbered and keyed in the legend; dashed: where the two agree."""
+    """Our Δ% against the paper's per cell (hollow: main budget), each point numbered and keyed in the legend."""
     fig, (ax,) = new_figure(1, 7.4, 4.0)
     fig.suptitle("Our Δ% against the paper's, per cell" + (f" ({model})" if model else ""))
     if not cells:

@@ -1,18 +1,4 @@
-"""``reports/<profile>/metrics.json`` for ``dvc metrics show`` and ``dvc metrics diff``: the ledger's verdicts and
-the primary contrasts, the same few keys in every profile. The per-run numbers stay in the tables, and in the LaTeX
-macros (``tables/macros.tex``, :func:`macro_numbers`).
-
-``reproduced``, ``contradicted``, ``inconclusive``, ``not_testable``: how many of the ledger's claims have each
-verdict; ``ssn_minus_mapl``: the headline's primary contrast (points of Δ%, its 95 % interval); ``ladder_slope``:
-the scale ladder's slope of that gap per ln(parameters); ``heldout_kjv``, ``unread_train``: SSN − MAPL on each
-held-out set's scores (the headline's runs where they are scored, else the corpus study's). A contrast reads
-``+1.59 [+1.03, +2.15]``; without an interval ``+0.50 (n = 1)``; without runs ``not run``.
-
-Macro keys never embed the model's name (``main.mapl_8x.delta_pct``, ``long_paired.ssn_8x_minus_mapl_8x.mean``): a
-configuration is its variant and, with a projector, its wire ratio (``mapl_rvq_16x``: MAPL+VQ at projection 8x),
-suffixed for another model or P than the profile's main ones (``mapl_6x_m500m``, ``mapl_4x_p8``). A macro is
-``\\res`` + the CamelCased key, digits spelled out: ``\\resMainMaplEightXDeltaPct``.
-"""
+"""metrics.json (the ledger's verdicts and the primary contrasts) and the LaTeX macros (keys: docs/report.md)."""
 from __future__ import annotations
 
 import json
@@ -45,8 +31,7 @@ def _contrast(c: dict | None) -> str:
 
 def metrics(ledger: Sequence[dict], rows: Sequence[dict], corpus_rows: Sequence[dict] | None = None,
             rescores: dict[str, dict] | None = None, redrawn: Sequence[dict] = ()) -> dict:
-    """The metrics (keys: the module docstring) from the ledger's rows (:func:`mapl.report.claims.claims`), the
-    report's rows, the rows with the other corpus and the held-out scores."""
+    """The metrics (keys: docs/report.md) from the ledger's rows, the report's rows and the held-out scores."""
     corpus_rows = rows if corpus_rows is None else corpus_rows
     out: dict = {key: sum(c["verdict"] == v for c in ledger) for v, key in _VERDICT_KEYS.items()}
     out["ssn_minus_mapl"] = _contrast(headline_contrast("ssn", "mapl")(Evidence(rows)))
@@ -65,12 +50,6 @@ def write_metrics(m: dict, path: str | Path) -> dict:
 
 # ---- the macros: every number of the per-run tables' headline rows ----------------------------------------------
 _ROUND = {"val_loss": 6, "val_loss_std": 6}
-
-
-def _main_stages(rows: Sequence[dict]) -> int | None:
-    model = main_model(rows)                 # once: inside the generator it would recount the rows for each row
-    counts = Counter(r["stages"] for r in rows if r["model"] == model)
-    return min(counts, key=lambda p: (-counts[p], p)) if counts else None
 
 
 def metric_name(s: dict, model: str | None = None, stages: int | None = None) -> str:
@@ -106,29 +85,22 @@ def _paired(c: dict) -> dict:
     return e
 
 
-def _section(sums: Sequence[dict], model, stages) -> dict:
-    return {metric_name(s, model, stages): _entry(s) for s in sums}
-
-
-def _ablation_sums(rows: Sequence[dict]) -> list[dict]:
-    keys = {run_key(r, False) for r in rows if r["group"] == "ablations" and r["variant"] != r["method"]}
-    return summarize([r for r in rows if run_key(r, False) in keys], rows)
-
-
 def _axis(points: Sequence[dict], name) -> dict:
     return {name(p): {"ssn_minus_mapl": _paired(p["gap"])} for p in points if p["gap"]}
 
 
 def macro_numbers(rows: Sequence[dict]) -> dict:
-    """Every headline number by key (the module docstring): the main budget, the ablations, the headline, its paired
-    comparisons, the token and width axes; sections without runs are left out."""
-    model, stages = main_model(rows), _main_stages(rows)
+    """Every headline number by key (docs/report.md); sections without runs are left out."""
+    model = main_model(rows)
+    counts = Counter(r["stages"] for r in rows if r["model"] == model)
+    stages = min(counts, key=lambda p: (-counts[p], p)) if counts else None
+    ablated = {run_key(r, False) for r in rows if r["group"] == "ablations" and r["variant"] != r["method"]}
     out: dict = {"runs": len(rows)}
-    sections = {"main": table1_summaries(rows), "ablations": _ablation_sums(rows),
+    sections = {"main": table1_summaries(rows), "ablations": summarize([r for r in rows if run_key(r, False) in ablated], rows),
                 "long": headline_summaries(rows, "long")}
     for key, sums in sections.items():
         if sums:
-            out[key] = _section(sums, model, stages)
+            out[key] = {metric_name(s, model, stages): _entry(s) for s in sums}
     paired = {f"{metric_name(c['a'], model, stages)}_minus_{metric_name(c['b'], model, stages)}": _paired(c)
               for c in comparisons(sections["long"])}
     if paired:

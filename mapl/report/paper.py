@@ -1,13 +1,4 @@
-"""The paper's numbers, read from one data file (``reports/paper-numbers.csv``): no number of the paper is written in
-code. One row per number: ``table`` (table1, projector_ablation, anchor_ablation, geometry, abstract, ...),
-``scale``, ``stages``, ``method``, ``variant``, ``reported_ratio`` (MAPL+VQ: twice the projection ratio),
-``projection_ratio``, ``quantity``, ``value``, ``unit``, ``source``, ``certainty`` (:data:`CERTAINTY`:
-CONFIRMED-primary, the abstract or the authors' code; CONFIRMED-secondary, consistent digests of the tables;
-TERTIARY, one digest; INFERRED, our arithmetic) and ``note``.
-
-    >>> [e["value"] for e in paper_rows("table1", scale="150M", method="mapl", stages=4)]
-    [3.156, 0.84]
-"""
+"""The paper's numbers, one row each with its source and certainty, read from reports/paper-numbers.csv."""
 from __future__ import annotations
 
 import csv
@@ -29,39 +20,28 @@ def _number(text: str) -> float | int | None:
     return int(x) if x.is_integer() and "." not in text else x
 
 
-@lru_cache(maxsize=4)
-def _load(path: str) -> tuple[dict, ...]:
-    try:
-        with open(path, newline="") as f:
-            rows = list(csv.DictReader(f))
-    except FileNotFoundError:
-        raise FileNotFoundError(f"paper numbers file {path} is missing: it ships with the repository "
-                                f"(reports/paper-numbers.csv)") from None
-    out = []
-    for i, r in enumerate(rows, start=2):
-        if r["certainty"] not in CERTAINTY:
-            raise ValueError(f"{path}:{i}: certainty={r['certainty']!r} is invalid: allowed {list(CERTAINTY)}")
-        out.append({**r, **{k: _number(r[k]) for k in _NUMERIC}})
-    return tuple(out)
+@lru_cache(maxsize=1)
+def _load() -> tuple[dict, ...]:
+    with open(PAPER_NUMBERS, newline="") as f:
+        return tuple({**r, **{k: _number(r[k]) for k in _NUMERIC}} for r in csv.DictReader(f))
 
 
-def paper_rows(table: str | None = None, path: str | Path = PAPER_NUMBERS, **eq) -> list[dict]:
-    """Rows of the file (copies) of ``table`` with ``row[k] == v`` for every keyword (numbers as numbers)."""
-    return [dict(r) for r in _load(str(path)) if (table is None or r["table"] == table)
+def paper_rows(table: str | None = None, **eq) -> list[dict]:
+    """Rows (copies) of ``table`` with ``row[k] == v`` for every keyword (numbers as numbers)."""
+    return [dict(r) for r in _load() if (table is None or r["table"] == table)
             and all(r.get(k) == v for k, v in eq.items())]
 
 
-def paper_value(table: str, quantity: str, path: str | Path = PAPER_NUMBERS, **eq) -> dict | None:
+def paper_value(table: str, quantity: str, **eq) -> dict | None:
     """The one row of ``table`` with this ``quantity`` (and keywords), or None."""
-    rows = paper_rows(table, path, quantity=quantity, **eq)
+    rows = paper_rows(table, quantity=quantity, **eq)
     if len(rows) > 1:
         raise ValueError(f"paper numbers: {len(rows)} rows match table={table!r} quantity={quantity!r} {eq}")
     return rows[0] if rows else None
 
 
 def paper_table1(method: str | None = None, stages: int | None = None) -> list[dict]:
-    """Table 1, one dict per (scale, method, P): ``reported_ratio``, ``projection_ratio``, ``val_loss``, ``delta_pct``
-    (uncompressed: 0.0), ``certainty``, ``source``."""
+    """Table 1, one dict per (scale, method, P) with its ratios, ``val_loss`` and ``delta_pct`` (uncompressed: 0)."""
     out: dict[tuple, dict] = {}
     for r in paper_rows("table1"):
         if (method and r["method"] != method) or (stages and r["stages"] != stages):
@@ -75,8 +55,8 @@ def paper_table1(method: str | None = None, stages: int | None = None) -> list[d
 
 
 def paper_match(method: str, projection_ratio: float | None, stages: int | None, model: str = "") -> dict | None:
-    """The Table 1 entry beside one of ours: same method and projection ratio, at ``model``'s scale if it is one of
-    the paper's (else the smallest), at the same P if the paper has it (else P = 4)."""
+    """The Table 1 entry beside one of ours: same method and projection ratio, at ``model``'s scale (else the
+    smallest) and P (else 4)."""
     cands = [e for e in paper_table1(method) if method == "none" or e["projection_ratio"] == projection_ratio]
     if not cands:
         return None

@@ -1,12 +1,4 @@
-"""Tables and figures as files: cell formats, :class:`Table` and :class:`Plot` (each with its caption and a takeaway
-computed from its numbers), their Markdown/CSV/LaTeX/PNG writers, where a profile's outputs go, and ``show``.
-
-    >>> t = Table("demo", "Demo", ["a", "b"], [[1, "x"]], caption="What it shows.", takeaway="So what.")
-    >>> print(t.markdown(), end="")
-    | a | b |
-    |---|---|
-    | 1 | x |
-"""
+"""Tables and figures as files: cell formats, Table and Plot with caption and takeaway, their writers, and show."""
 from __future__ import annotations
 
 import csv
@@ -61,8 +53,7 @@ def fmt_delta(summary: dict | None) -> str:
 
 @dataclass
 class Table:
-    """``name``: file stem; ``caption``: what it shows and how; ``takeaway``: one line from its numbers (for an
-    empty table: why it is empty)."""
+    """A table with its file stem, caption and takeaway (for an empty table: why it is empty)."""
     name: str
     title: str
     header: list[str]
@@ -70,20 +61,16 @@ class Table:
     caption: str = ""
     takeaway: str = ""
 
-    def markdown(self) -> str:
-        return to_markdown(self.header, self.body)
-
     def render(self) -> str:
         """What the notebook displays; an empty table is one line, its title and takeaway."""
         if not self.body:
             return f"**{self.title}:** {self.takeaway}\n"
-        return f"**{self.title}.** {self.caption}\n\n{self.markdown()}\n*Takeaway:* {self.takeaway}\n"
+        return f"**{self.title}.** {self.caption}\n\n{to_markdown(self.header, self.body)}\n*Takeaway:* {self.takeaway}\n"
 
 
 @dataclass
 class Plot:
-    """A figure with its file stem, caption and takeaway; ``empty``: nothing to draw (a one-line note, still
-    written: the file always exists)."""
+    """A figure with its file stem, caption and takeaway; ``empty``: nothing to draw (the file is still written)."""
     name: str
     caption: str
     takeaway: str
@@ -138,7 +125,7 @@ def write_table(table: Table, folder: str | Path) -> str:
     """Write ``<folder>/<name>.md``, ``.csv`` and ``.tex`` atomically; returns the Markdown."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    md = f"# {table.title}\n\n{table.caption}\n\n" + (table.markdown() if table.body else "_no rows_\n")
+    md = f"# {table.title}\n\n{table.caption}\n\n" + (to_markdown(table.header, table.body) if table.body else "_no rows_\n")
     md += f"\nTakeaway: {table.takeaway}\n"
     atomic_write_text(folder / f"{table.name}.md", md)
     atomic_write_text(folder / f"{table.name}.csv", to_csv(table.header, table.body))
@@ -162,8 +149,7 @@ def save_figure(fig: Figure, path: str | Path | None) -> Figure:
 
 
 def output_paths(root: str | Path, profile: str, results: str | Path = "", out: str | Path = "") -> dict[str, Path]:
-    """``results`` (default ``reports/<profile>/results``), ``tables``, ``figures`` and ``metrics`` under ``out``
-    (default ``reports/<profile>``); relative paths from ``root``."""
+    """``results``, ``tables``, ``figures`` and ``metrics`` paths (defaults under ``reports/<profile>``)."""
     root = Path(root)
     base = root / (out or Path("reports") / profile)
     return {"results": root / (results or results_dir(profile)), "tables": base / "tables",

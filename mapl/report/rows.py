@@ -1,20 +1,9 @@
-"""Results JSON -> one flat *row* per run; loading, selection, keys and budgets.
-
-    >>> rows = select(load_results(ROOT, results_dir("cpu")), profile="cpu")
-
-A row holds the run's ``run``, ``group`` (the study of its folder, as params.yaml's ``groups:`` declares it),
-``profile``, ``model`` (the preset with any shape overrides: ``tiny[d_model=64]``), ``base_model``, ``d_model``,
-``stages`` (P), ``method``, ``projector``, ``anchor``, ``rvq_sync``, ``rvq_scale``, ``grad_wire``, ``variant``
-(the method plus every setting off its default: ``mapl-fixed``, ``mapl-rvq-scaled-grad-int8``), the two ratios
-(``wire_ratio`` = 2d / forward bytes per token, what the results call ``ratio``; ``projection_ratio`` = d / r),
-``seed``, ``steps``, ``tokens``, ``eval_offset``, ``eval_set``, the losses and their curves, bytes per token and
-boundary by kind (:func:`total_bytes_per_token`), the tuned learning rates, the boundary diagnostics and the
-early warning's record.
-"""
+"""Results JSON -> one flat row per run (fields: docs/report.md); loading, selection, keys and budgets."""
 from __future__ import annotations
 
 import json
 import math
+import statistics
 from collections import Counter, defaultdict
 from functools import lru_cache
 from pathlib import Path
@@ -27,7 +16,8 @@ __all__ = ["declared", "study_role", "study_groups", "METHOD_ORDER", "KEY",
            "ResultsError", "results_dir", "row_from_result", "eval_set", "load_results", "select",
            "total_bytes_per_token", "variant_of", "is_reference", "is_default", "run_key", "group_runs", "sort_key",
            "MAPL_DEFAULTS", "setting_of", "rescored_rows", "redrawn_rows",
-           "report_selections", "main_model", "budget_steps", "at_projection_ratio", "at_best_validation", "train_split_tokens"]
+           "report_selections", "boundary_mean", "main_model",
+ "budget_steps", "at_projection_ratio", "at_best_validation", "train_split_tokens"]
 
 METHOD_ORDER = ("none", "int8", "ssn", "mapl", "mapl-rvq")
 KEY = ("model", "stages", "method", "wire_ratio", "projector", "anchor", "anchor_rank", "rvq_sync", "rvq_scale",
@@ -78,8 +68,7 @@ def _round(x: float | None) -> float | None:
 
 
 def total_bytes_per_token(res: dict) -> float | None:
-    """Bytes per training token and boundary, both directions, everything on the wire: (fwd + bwd + ids +
-    piggyback + state) bytes of the run / (tokens x (P - 1)); the results' own total where they carry one."""
+    """All bytes on the wire per training token and boundary (the results' own total where they carry one)."""
     total = (res.get("wire") or {}).get("total_bytes_per_token_per_boundary")
     return float(total) if total is not None else _per_token(res)
 
@@ -111,15 +100,10 @@ def variant_of(method: str, projector: str | None, anchor: str | None, rvq_sync:
     return name
 
 
-def _model_name(res: dict, cfg: dict) -> str:
-    over = cfg.get("model_overrides") or {}
-    inner = ",".join(f"{k}={v}" for k, v in sorted(over.items()))
-    return res.get("model", "") + (f"[{inner}]" if inner else "")
-
-
 def row_from_result(res: dict, group: str = "") -> dict:
-    """One flat row from a results JSON dict (fields: the module docstring)."""
+    """One flat row from a results JSON dict (fields: docs/report.md)."""
     cfg, wire, prov = res.get("config") or {}, res.get("wire") or {}, res.get("provenance") or {}
+    overrides = ",".join(f"{k}={v}" for k, v in sorted((cfg.get("model_overrides") or {}).items()))
     method, projector = res.get("method", "none"), res.get("projector")
     rvq_sync = _get(cfg, "compressor.rvq.sync", "compressor.rvq_sync") if method == "mapl-rvq" else None
     rvq_scale = (_get(cfg, "compressor.rvq.scale") or "none") if method == "mapl-rvq" else None
@@ -128,7 +112,7 @@ def row_from_result(res: dict, group: str = "") -> dict:
     return {
         "run": res.get("run", ""), "group": group, "profile": cfg.get("profile", ""),
         "config_hash": prov.get("config_hash", ""),
-        "model": _model_name(res, cfg), "base_model": res.get("model", ""),
+        "model": res.get("model", "") + (f"[{overrides}]" if overrides else ""), "base_model": res.get("model", ""),
         "d_model": int(uncompressed // 2) if uncompressed else None, "stages": res.get("stages"),
         "method": method, "projector": projector, "anchor": res.get("anchor"), "rvq_sync": rvq_sync,
         "rvq_scale": rvq_scale, "grad_wire": grad_wire,
@@ -158,8 +142,7 @@ def row_from_result(res: dict, group: str = "") -> dict:
 
 
 def eval_set(cfg: dict) -> str:
-    """Which validation tokens ``val_loss`` is measured on: ``"whole split"`` or ``"val[a:b)"`` (the first
-    65,536 tokens in the oldest results). Losses on different sets are not comparable."""
+    """Which validation tokens ``val_loss`` is measured on: ``"whole split"`` or ``"val[a:b)"``."""
     tokens, offset = _get(cfg, "train.eval_tokens"), _get(cfg, "train.eval_offset") or 0
     if tokens is None:
         tokens = 65536                               # the setting's default before it was written out
@@ -169,8 +152,7 @@ def eval_set(cfg: dict) -> str:
 
 
 def _health(health: dict | None) -> dict:
-    """The early warning's record: the readings, the largest training-message max |z| (and where), the first
-    warning's step (None: never)."""
+    """The early warning's record: readings, the largest max |z| (and where), the first warning's step."""
     readings = (health or {}).get("readings") or []
     peak = max(((b.get("train_max"), p) for r in readings for p, b in enumerate(r["boundaries"])
                 if b.get("train_max") is not None), default=(None, None))
@@ -185,14 +167,8 @@ def _min_over_boundaries(diagnostics, key: str) -> float | None:
     return min(values) if values else None
 
 
-def _study_rank(study: str, order: tuple[str, ...]) -> tuple:
-    """Where a configuration is in two studies, the first declared keeps it; undeclared folders come last."""
-    return (order.index(study) if study in order else len(order), study)
-
-
 class ResultsError(ValueError):
-    """A results JSON the report cannot use, in one line naming the file (leaving it out would silently change
-    every table it is in)."""
+    """A results JSON the report cannot use (leaving it out would silently change every table it is in)."""
 
 
 _FIX = "rerun that run (e.g. `dvc repro train@<group>`), or move the file out of the results folder"
@@ -200,30 +176,6 @@ _FIX = "rerun that run (e.g. `dvc repro train@<group>`), or move the file out of
 
 def _finite(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-# the top-level fields the tables read, with the type each must have where present (a hand-edited or foreign file
-# with ``"steps": "many"`` had failed deep inside a table with a TypeError)
-_FIELD_TYPES: dict[str, tuple[type, ...]] = {
-    "run": (str,), "method": (str,), "model": (str,), "projector": (str,), "anchor": (str,), "stages": (int,),
-    "steps": (int,), "tokens": (int,), "n_params": (int,), "train_split_tokens": (int,), "ratio": (int, float),
-    "nominal_ratio": (int, float), "select_loss": (int, float), "wall_s": (int, float), "train_wall_s": (int, float),
-    "tokens_per_s": (int, float), "wire": (dict,), "config": (dict,), "diagnostics": (dict,),
-    "boundary_diagnostics": (list,)}
-_WANT = {(str,): "a string", (int,): "an integer", (int, float): "a finite number", (dict,): "an object",
-         (list,): "a list"}
-
-
-def _check_fields(path: Path, res: dict) -> None:
-    """Each field of :data:`_FIELD_TYPES` the file has is of its type (``null`` allowed: no value)."""
-    for key, types in _FIELD_TYPES.items():
-        value = res.get(key)
-        if value is None:
-            continue
-        bad = isinstance(value, bool) or not isinstance(value, types) or (
-            isinstance(value, float) and not math.isfinite(value))
-        if bad:
-            raise ResultsError(f"{path}: {key} is {value!r}, not {_WANT[types]}: the file is damaged; {_FIX}")
 
 
 def _check_losses(path: Path, res: dict) -> None:
@@ -253,14 +205,12 @@ def _read(path: Path) -> dict | None:
     if not (isinstance(res, dict) and "val_loss" in res and "method" in res):
         return None
     _check_losses(path, res)
-    _check_fields(path, res)
     return res
 
 
 def load_results(root: str | Path, results: str | Path = "reports/results", dedupe: bool = True) -> list[dict]:
-    """Rows of every results JSON under ``<root>/<results>``, sorted by :func:`sort_key`; a file that cannot be
-    used raises :class:`ResultsError`. ``dedupe``: one row per :func:`run_key` among the reported runs, the first
-    declared study keeping a configuration two studies share; tuning runs and redraws are all kept."""
+    """Rows of every results JSON under ``<root>/<results>``, sorted by :func:`sort_key`; ``dedupe``: one row per
+    :func:`run_key` among the reported runs (the first declared study keeps a configuration two share)."""
     base = Path(root) / results
     found, groups = [], declared()
     for path in sorted(base.rglob("*.json")) if base.is_dir() else []:
@@ -268,8 +218,8 @@ def load_results(root: str | Path, results: str | Path = "reports/results", dedu
         if res is not None:
             folder = path.parent.relative_to(base).as_posix() if path.parent != base else ""
             found.append(row_from_result(res, groups.study_of(folder)))
-    order = groups.studies()
-    found.sort(key=lambda r: (_study_rank(r["group"], order), r["run"]))
+    order = groups.studies()            # undeclared folders last
+    found.sort(key=lambda r: (order.index(r["group"]) if r["group"] in order else len(order), r["group"], r["run"]))
     rows, seen = [], set()
     for r in found:
         # a redraw repeats a reported study's configurations on purpose: keyed by its own group, never deduplicated
@@ -289,9 +239,8 @@ def sort_key(r: dict) -> tuple:
 
 def select(rows: Iterable[dict], profile: str | None = None, eval_offset: int | None = 0, tuning: bool = False,
            other_corpus: bool = False, **eq) -> list[dict]:
-    """Rows of ``profile`` at ``eval_offset`` (None: any) with ``row[k] == v`` for every keyword, without the tuning
-    studies unless ``tuning``, the other corpus's unless ``other_corpus``, and never a redraw; rows without a loss
-    are dropped."""
+    """Rows of ``profile`` at ``eval_offset`` (None: any) with ``row[k] == v``, with a loss, never a redraw; the
+    tuning and other-corpus studies only if asked."""
     out, groups = [], declared()
     left_out = {*APART_ROLES, *(() if other_corpus else ("other-corpus",))} - ({"tuning"} if tuning else set())
     for r in rows:
@@ -307,16 +256,14 @@ def select(rows: Iterable[dict], profile: str | None = None, eval_offset: int | 
 
 
 def report_selections(loaded: Iterable[dict], profile: str) -> tuple[list[dict], list[dict], list[dict]]:
-    """``rows_all`` (every run), ``rows`` (the reported runs) and ``corpus_rows`` (those plus the other corpus),
-    each selected from the loaded rows (a view that drops a group cannot give it back)."""
+    """``rows_all`` (every run), ``rows`` (the reported runs) and ``corpus_rows`` (those plus the other corpus)."""
     loaded = list(loaded)
     rows_all = select(loaded, profile=profile, eval_offset=None, tuning=True, other_corpus=True)
     return rows_all, select(loaded, profile=profile), select(loaded, profile=profile, other_corpus=True)
 
 
 def redrawn_rows(loaded: Iterable[dict], profile: str) -> list[dict]:
-    """The profile's ``redraw`` rows, each read as the study it draws again (``group``; ``draw``: the redraw's).
-    Never pool them with the report's views."""
+    """The profile's redraw rows, ``group`` the study they draw again, ``draw`` their own (never pooled)."""
     groups = declared()
     return [{**r, "group": groups.redrawn_study(r["group"]), "draw": r["group"]} for r in loaded
             if r.get("val_loss") is not None and r["profile"] == profile
@@ -334,8 +281,7 @@ def is_default(r: dict) -> bool:
 
 
 def rescored_rows(rows: Sequence[dict], rescores: dict[str, dict], set_name: str | None = None) -> list[dict]:
-    """The rows of the runs scored (the score's validation loss must be the row's), with ``val_loss`` the score
-    on ``set_name`` (None: kept) and the curves dropped."""
+    """The rows of the runs scored, ``val_loss`` their score on ``set_name`` (None: kept), curves dropped."""
     out = []
     for r in rows:
         entry = rescores.get(r["run"])
@@ -389,8 +335,7 @@ def at_projection_ratio(rows: Iterable[dict], ratio: float | None) -> list[dict]
 
 
 def at_best_validation(rows: Iterable[dict]) -> list[dict]:
-    """Each row with ``val_loss`` at its best step (early stopping), chosen on the selection curve where there
-    is one (so the choice does not flatter the score); ``best_step``, ``final_val_loss`` and ``best_chosen_on``."""
+    """Each row at its best step (chosen on the selection curve where there is one, so as not to flatter it)."""
     out = []
     for r in rows:
         curve = r.get("val_loss_curve") or [[r["steps"], r["val_loss"]]]
@@ -400,6 +345,12 @@ def at_best_validation(rows: Iterable[dict]) -> list[dict]:
         out.append({**r, "val_loss": best, "best_step": step, "final_val_loss": r["val_loss"],
                     "best_chosen_on": "selection set" if r.get("select_loss_curve") else "report set"})
     return out
+
+
+def boundary_mean(runs: Iterable[dict], key: str) -> float | None:
+    """Mean of ``key`` over every boundary's geometry diagnostics of ``runs`` (None without any)."""
+    values = [d[key] for r in runs for d in r.get("boundary_diagnostics") or [] if "captured_energy" in d]
+    return statistics.fmean(values) if values else None
 
 
 def train_split_tokens(root: str | Path, profile: str) -> int | None:

@@ -1,13 +1,4 @@
-"""Δ% against the uncompressed run, summaries over seeds, paired comparisons, t intervals and exact tests.
-
-Δ% = 100 (L - L_ref) / L_ref, L_ref the uncompressed run of the same model, steps and seed (else the mean over
-its seeds). A *paired* comparison of A and B takes, on each seed both have, Δ%(A) - Δ%(B) in points (the seed's
-data order cancels); its interval is the Student t interval of the mean. No scipy: the report runs on the
-project's own stack.
-
-    >>> round(t_quantile(0.975, 2), 4)
-    4.3027
-"""
+"""Δ% against the uncompressed run, summaries over seeds, paired comparisons, t intervals and exact tests (no scipy)."""
 from __future__ import annotations
 
 import math
@@ -16,7 +7,8 @@ from typing import Sequence
 
 from .rows import KEY, group_runs, is_reference
 
-__all__ = ["delta_pct", "reference_loss", "seed_deltas", "summarize", "t_quantile", "t_interval", "paired", "t_test_p",
+__all__ = ["delta_pct", "reference_loss", "summarize",
+ "t_quantile", "t_interval", "paired", "t_test_p",
            "wilcoxon_p", "sign_test_p", "holm", "spread"]
 
 
@@ -28,9 +20,7 @@ def delta_pct(loss: float | None, ref: float | None) -> float | None:
 
 
 def reference_loss(rows: Sequence[dict], r: dict) -> float | None:
-    """The uncompressed loss for ``r``: the plain uncompressed run of the same model, corpus, steps, profile and
-    seed, preferring the same P (without that seed: the mean over seeds); a model with shape overrides and no
-    uncompressed run of its own is measured against its base model's."""
+    """The uncompressed loss for ``r`` (the rule: docs/report.md)."""
     def plain(x: dict) -> bool:
         return (is_reference(x) and x["steps"] == r["steps"]
                 and x["profile"] == r["profile"] and x.get("val_loss") is not None
@@ -48,29 +38,18 @@ def reference_loss(rows: Sequence[dict], r: dict) -> float | None:
     return None
 
 
-def seed_deltas(runs: Sequence[dict], within: Sequence[dict]) -> dict[int, float]:
-    """seed -> Δ% of each run (references looked up in ``within``)."""
-    out = {}
-    for r in runs:
-        d = delta_pct(r["val_loss"], reference_loss(within, r))
-        if d is not None:
-            out[r["seed"]] = d
-    return out
-
-
 def spread(values: Sequence[float]) -> float | None:
     return statistics.stdev(values) if len(values) >= 2 else None
 
 
 def summarize(rows: Sequence[dict], within: Sequence[dict] | None = None) -> list[dict]:
-    """One summary per configuration (:func:`mapl.report.rows.run_key` without the seed): its key, ratios and
-    bytes, ``n``, ``seeds``, the val loss's mean, std, min and max, Δ% (mean and std over seeds) and ``deltas``
-    (seed -> Δ%); references looked up in ``within`` (default: ``rows``)."""
+    """One summary per configuration (run_key without the seed): n, seeds, the loss's mean, std, min, max, Δ%'s
+    mean and std, ``deltas`` (seed -> Δ%; references looked up in ``within``, default ``rows``)."""
     within = rows if within is None else within
     out = []
     for runs in group_runs(rows).values():
         losses = [x["val_loss"] for x in runs]
-        deltas = seed_deltas(runs, within)
+        deltas = {r["seed"]: d for r in runs if (d := delta_pct(r["val_loss"], reference_loss(within, r))) is not None}
         first = runs[0]
         keep = ("variant", "projection_ratio", "d_model", "base_model", "profile", "fwd_bytes_per_token",
                 "bwd_bytes_per_token", "total_bytes_per_token", "state_bytes_per_token", "sync_bytes_per_token",
@@ -126,8 +105,7 @@ def t_interval(values: Sequence[float], level: float = 0.95) -> tuple[float, flo
 
 
 def paired(a: dict[int, float], b: dict[int, float], level: float = 0.95) -> dict | None:
-    """a[seed] - b[seed] over the seeds both have: ``seeds``, ``diffs``, ``n``, ``mean``, ``std``, ``ci``, ``level``;
-    None without a common seed."""
+    """a[seed] - b[seed] over the seeds both have (None without one): seeds, diffs, n, mean, std, ci, level."""
     seeds = sorted(set(a) & set(b))
     if not seeds:
         return None
@@ -151,8 +129,7 @@ def t_test_p(values: Sequence[float]) -> float | None:
 
 
 def wilcoxon_p(values: Sequence[float]) -> float | None:
-    """Two-sided p of the exact Wilcoxon signed-rank test (zeros dropped, mid-ranks for ties, every sign pattern
-    enumerated, n <= 20); None without a nonzero value."""
+    """Two-sided p of the exact Wilcoxon signed-rank test (zeros dropped, mid-ranks, n <= 20)."""
     nonzero = [v for v in values if v != 0]
     n = len(nonzero)
     if n == 0 or n > 20:
@@ -189,10 +166,8 @@ def sign_test_p(values: Sequence[float]) -> float | None:
 
 
 def holm(pvalues: Sequence[float | None], alpha: float = 0.05) -> list[dict]:
-    """Holm's step-down procedure over a family: per test ``p_adj``, ``rejected`` at ``alpha`` and the ``level`` of its
-    interval. The k-th smallest p is tested at alpha / (m - k) while every smaller one was rejected; from the first
-    p not rejected on, every test is read at the Bonferroni level 1 - alpha / m (the later step levels would assume
-    the earlier nulls false). A None p stays None and is not counted in m."""
+    """Holm's step-down procedure (docs/protocol.md): per test ``p_adj``, ``rejected`` and its interval's ``level``;
+    a None p stays None and is not counted."""
     ranked = sorted((p, i) for i, p in enumerate(pvalues) if p is not None)
     m = len(ranked)
     out: list[dict] = [{"p_adj": None, "level": None, "rejected": None} for _ in pvalues]

@@ -1,17 +1,4 @@
-"""The one plot style of the report and the planner: display names, one colour and one marker per method
-and variant (never reused), the neutral colours of guides and notes, and what an error bar means.
-
-A figure's legend names a method and its ratio on the wire (``MAPL+VQ 16× (proj. 8×)``), never a
-run id; the line style encodes the wire ratio where one panel holds several ratios of a method. Every
-error bar or band says what it is (:data:`BARS`): the sd over seeds where the point is a spread, a 95 %
-interval of the mean where the point is a comparison. No other module holds a colour or a method's
-display name.
-
-    >>> label("mapl-rvq", 16, 8)
-    'MAPL+VQ 16× (proj. 8×)'
-    >>> bars_text("ci95")
-    'bars: 95 % t interval of the mean'
-"""
+"""The one plot style: display names, one colour and marker per variant (never reused), neutral colours, what a bar shows."""
 from __future__ import annotations
 
 from matplotlib.lines import Line2D
@@ -102,14 +89,12 @@ def fmt_ratio(x: float | None) -> str:
 
 
 def variant_label(variant: str, figure: bool = False) -> str:
-    """Display name of a variant (unknown ones: the id itself); ``figure``: the decomposition study's arms
-    named too (:data:`FIGURE_LABELS`)."""
+    """Display name of a variant (unknown: the id); ``figure``: the decomposition's variants named too."""
     return (FIGURE_LABELS if figure else VARIANT_LABELS).get(variant, variant)
 
 
 def label(variant: str, wire_ratio: float | None, projection_ratio: float | None = None, figure: bool = False) -> str:
-    """Legend label: the variant's name and its wire ratio, with the projection ratio d/r where the
-    two differ (MAPL+VQ); the uncompressed run has no ratio. ``figure``: as :func:`variant_label`'s."""
+    """``MAPL+VQ 16× (proj. 8×)``: the name, the wire ratio and the projection ratio where they differ."""
     name = variant_label(variant, figure)
     if variant == "none" or wire_ratio is None:
         return name
@@ -120,8 +105,7 @@ def label(variant: str, wire_ratio: float | None, projection_ratio: float | None
 
 
 def figure_label(variant: str, wire_ratio: float | None, projection_ratio: float | None = None) -> str:
-    """A figure's legend label (:func:`label` with every variant of :data:`STYLE` named; an uncompressed arm,
-    anchors or not, has no ratio)."""
+    """A figure's legend label: :func:`label` with every variant named, no ratio for an uncompressed arm."""
     return label(variant, None if _method_of(variant) == "none" else wire_ratio, projection_ratio, figure=True)
 
 
@@ -131,8 +115,7 @@ def _method_of(variant: str) -> str:
 
 
 def style(variant: str) -> dict:
-    """Matplotlib keywords (colour, marker) of a variant; one outside :data:`STYLE` takes its
-    method's colour with a hollow marker."""
+    """Matplotlib colour and marker of a variant (outside :data:`STYLE`: its method's, hollow)."""
     if variant in STYLE:
         colour_, marker = STYLE[variant]
         return {"color": colour_, "marker": marker}

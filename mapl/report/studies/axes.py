@@ -1,6 +1,4 @@
-"""The token and width axes: each method's Δ% and the paired SSN − MAPL gap at every training budget of the main
-model (groups main, tokens, long) and at every width of its family (group width), at the headline ratio.
-"""
+"""The token and width axes: each method's Δ% and the paired SSN − MAPL gap at every budget and width."""
 from __future__ import annotations
 
 from typing import Sequence
@@ -16,22 +14,24 @@ from .main_budget import NO_RUNS, main_budget
 __all__ = ["token_points", "token_table", "tokens_plot", "width_points", "width_table", "width_plot"]
 
 
-def token_points(rows: Sequence[dict]) -> list[dict]:
-    """Per step count: ``steps``, ``tokens``, ``sums`` (variant -> summary), ``gap`` (SSN − MAPL) and ``eval_set``."""
-    pool = study_pool(rows, headline_ratio(rows))
+def _points(rows: Sequence[dict], pool: Sequence[dict], key: str) -> list[dict]:
+    """Per value of ``key`` with an uncompressed run: ``sums`` (variant -> summary), ``gap`` (SSN − MAPL) and
+    ``eval_set``."""
     out = []
-    for steps in sorted({r["steps"] for r in pool}):
-        sums = {s["variant"]: s for s in summarize([r for r in pool if r["steps"] == steps], rows)}
-        if "none" not in sums or len(sums) < 2:
-            continue
-        gap = next((c for c in comparisons(list(sums.values())) if c["a"]["variant"] == "ssn"), None)
-        out.append({"steps": steps, "tokens": sums["none"]["tokens"], "sums": sums, "gap": gap,
-                    "eval_set": _eval_sets([r for r in pool if r["steps"] == steps])})
+    for x in sorted({r[key] for r in pool if r[key]}):
+        mine = [r for r in pool if r[key] == x]
+        sums = {s["variant"]: s for s in summarize(mine, rows)}
+        if "none" in sums and len(sums) >= 2:
+            gap = next((c for c in comparisons(list(sums.values())) if c["a"]["variant"] == "ssn"), None)
+            out.append({key: x, "sums": sums, "gap": gap,
+                        "eval_set": " + ".join(sorted({r.get("eval_set", "") for r in mine}))})
     return out
 
 
-def _eval_sets(runs: Sequence[dict]) -> str:
-    return " + ".join(sorted({r.get("eval_set", "") for r in runs}))
+def token_points(rows: Sequence[dict]) -> list[dict]:
+    """Per step count: ``steps``, ``tokens``, ``sums`` (variant -> summary), ``gap`` (SSN − MAPL) and ``eval_set``."""
+    return [{**p, "tokens": p["sums"]["none"]["tokens"]} for p in _points(rows, study_pool(rows, headline_ratio(rows)),
+                                                                          "steps")]
 
 
 def _eval_set_note(points: Sequence[dict], what: str = "budgets", name=lambda p: f"{fmt_int(p['steps'])} steps") -> str:
@@ -73,8 +73,7 @@ def _study_row(key_cells: list, p: dict) -> list:
 
 
 def token_table(rows: Sequence[dict], best: bool = False, train_tokens: int | None = None) -> Table:
-    """Each method's Δ% and the paired SSN - MAPL gap at every budget; ``best``: at each run's best validation loss
-    (early stopping); ``train_tokens``: the training split's size, for an epochs column."""
+    """Each method's Δ% and the SSN - MAPL gap at every budget (``best``: early stopping; ``train_tokens``: epochs)."""
     scored = at_best_validation(rows) if best else list(rows)
     points = token_points(scored)
     ratio = headline_ratio(rows)
@@ -117,15 +116,7 @@ def width_points(rows: Sequence[dict]) -> list[dict]:
     model = main_model(rows)
     steps = main_budget(rows, model) if model else None
     pool = study_pool(rows, headline_ratio(rows), steps, same_model=False)
-    out = []
-    for d in sorted({r["d_model"] for r in pool if r["d_model"]}):
-        sums = {s["variant"]: s for s in summarize([r for r in pool if r["d_model"] == d], rows)}
-        if "none" not in sums or len(sums) < 2:
-            continue
-        gap = next((c for c in comparisons(list(sums.values())) if c["a"]["variant"] == "ssn"), None)
-        out.append({"d": d, "steps": steps, "sums": sums, "gap": gap,
-                    "eval_set": _eval_sets([r for r in pool if r["d_model"] == d])})
-    return out
+    return [{"d": p["d_model"], "steps": steps, **p} for p in _points(rows, pool, "d_model")]
 
 
 def width_table(rows: Sequence[dict]) -> Table:

@@ -1,16 +1,4 @@
-"""The control studies: why MAPL beats SSN, and when learning the subspace pays; each a table here and a row of the
-claims ledger.
-
-* ``decompose`` (and ``decompose_capacity``): SSN with MAPL's anchors, MAPL with one shared fixed subspace, the
-  anchors alone, SSN + anchors widened to MAPL's parameter count, beside the headline's none, SSN and MAPL;
-* ``learned_fixed_4x``: SPEL against the fixed random projector at 4x (the paper's ablation ratio);
-* ``frontier``: the paper's Figure 1 at the headline budget, every method at every ratio on the group's seeds;
-* ``corpus``: none, SSN and MAPL on a corpus seen at most once in the budget;
-* ``blocks``: stages of several blocks at P = 4 and P = 8.
-
-A configuration's Δ% is per seed against that seed's plain uncompressed run; a study's comparisons A − B (points,
-positive: B ahead) are one exploratory family at Holm's levels (:func:`tested_family`).
-"""
+"""The control studies (decompose, learned_fixed_4x, frontier, corpus, blocks): why MAPL beats SSN."""
 from __future__ import annotations
 
 import statistics
@@ -20,12 +8,12 @@ from matplotlib.lines import Line2D
 
 from ..figures import empty_note, new_figure
 from ..render import DASH, Plot, Table, fmt, fmt_ci, fmt_delta, fmt_int, fmt_pct, fmt_pm
-from ..rows import at_projection_ratio, budget_steps, rescored_rows, study_groups
+from ..rows import at_projection_ratio, boundary_mean, budget_steps, rescored_rows, study_groups
 from ..stats import paired, summarize, t_interval
 from ..style import NEUTRAL, STUDY_ARM_LABELS, bars_handle, bars_text, fmt_ratio, variant_label
 from .headline import gap_sentence, pareto_plot, reading, tested_comparisons
 
-__all__ = ["DECOMPOSITION", "DECOMPOSITION_COMPARISONS", "study_summaries", "study_comparisons", "tested_family",
+__all__ = ["DECOMPOSITION", "DECOMPOSITION_COMPARISONS", "study_summaries", "study_comparisons",
            "paired_body", "PAIRED_HEADER", "decomposition_study", "learned_fixed_study", "frontier_study",
            "corpus_study", "blocks_study", "decomposition_table", "decomposition_paired_table", "learned_fixed_table",
            "corpus_table", "blocks_table", "controls_plot", "study_comparison", "study_configurations",
@@ -74,8 +62,7 @@ def study_summaries(rows: Sequence[dict], configs: Sequence[tuple], model: str, 
                     stages: int | None = None, data_source: str | None = None,
                     ratio: float | None = None) -> dict[str, dict]:
     """name -> summary of each configuration (name, variant, model suffix) at ``steps`` on ``seeds``, whichever
-    group trained it; ``ratio``: compressed runs at this projection ratio only (MAPL trains at 8x in long and at 4x
-    in learned_fixed_4x at one budget)."""
+    group trained it; ``ratio``: compressed runs at this projection ratio only."""
     out = {}
     at_ratio = at_projection_ratio(rows, ratio)
     for name, variant, suffix in configs:
@@ -99,11 +86,6 @@ def study_comparisons(sums: dict[str, dict], pairs: Sequence[tuple]) -> list[dic
             if p:
                 out.append({"a": sums[a], "b": sums[b], "what": what, **p})
     return out
-
-
-def tested_family(comps: Sequence[dict], family_size: int | None = None) -> list[dict]:
-    """A study's comparisons as one exploratory Holm family of ``family_size`` when declared."""
-    return tested_comparisons(comps, primary=None, family_size=family_size)
 
 
 def _name(s: dict) -> str:
@@ -146,7 +128,8 @@ def decomposition_study(rows: Sequence[dict]) -> tuple[dict, list[dict], int | N
     if capacity_steps == steps:
         seeds = sorted(set(seeds) | set(capacity_seeds))
     sums = study_summaries(rows, DECOMPOSITION, model, steps, seeds, ratio=_group_ratio(rows, "decompose"))
-    return sums, tested_family(study_comparisons(sums, DECOMPOSITION_COMPARISONS), len(DECOMPOSITION_COMPARISONS)), steps
+    comps = study_comparisons(sums, DECOMPOSITION_COMPARISONS)
+    return sums, tested_comparisons(comps, None, len(DECOMPOSITION_COMPARISONS)), steps
 
 
 def decomposition_table(rows: Sequence[dict]) -> Table:
@@ -185,13 +168,20 @@ def decomposition_paired_table(rows: Sequence[dict]) -> Table:
                  PAIRED_HEADER, paired_body(comps), caption, takeaway)
 
 
-def learned_fixed_study(rows: Sequence[dict]) -> tuple[dict, list[dict], int | None]:
-    model, steps, seeds = _group_budget(rows, "learned_fixed_4x")
+def _one_contrast_study(rows: Sequence[dict], group: str, configs: Sequence[tuple], contrast: tuple,
+                        **where) -> tuple[dict, list[dict], int | None]:
+    """A group's configurations at its budget and seeds, with one paired contrast (A, B, what)."""
+    model, steps, seeds = _group_budget(rows, group)
     if model is None:
         return {}, [], None
-    sums = study_summaries(rows, (("none", "none", ""), ("mapl-fixed", "mapl-fixed", ""), ("mapl", "mapl", "")),
-                           model, steps, seeds, ratio=_group_ratio(rows, "learned_fixed_4x"))
-    return sums, tested_family(study_comparisons(sums, (("mapl-fixed", "mapl", "learning the subspace (SPEL)"),))), steps
+    sums = study_summaries(rows, configs, model, steps, seeds, ratio=_group_ratio(rows, group), **where)
+    return sums, tested_comparisons(study_comparisons(sums, (contrast,)), None), steps
+
+
+def learned_fixed_study(rows: Sequence[dict]) -> tuple[dict, list[dict], int | None]:
+    return _one_contrast_study(rows, "learned_fixed_4x", (("none", "none", ""), ("mapl-fixed", "mapl-fixed", ""),
+                                                          ("mapl", "mapl", "")),
+                               ("mapl-fixed", "mapl", "learning the subspace (SPEL)"))
 
 
 def learned_fixed_table(rows: Sequence[dict]) -> Table:
@@ -227,7 +217,7 @@ def frontier_study(rows: Sequence[dict]) -> tuple[list[dict], list[dict], int | 
         comps += study_comparisons(at, [(a, b, "") for a, b in FRONTIER_COMPARISONS])
     # one exploratory family over every ratio's comparisons (SSN − MAPL at 8x on these seeds included: the primary
     # contrast is the headline's 8 seeds, read on its own in the ledger)
-    return sums, tested_family(comps, len(FRONTIER_COMPARISONS) * len(ratios)), steps
+    return sums, tested_comparisons(comps, None, len(FRONTIER_COMPARISONS) * len(ratios)), steps
 
 
 def _frontier_takeaway(sums: Sequence[dict]) -> str:
@@ -248,10 +238,9 @@ def frontier_plot(rows: Sequence[dict]) -> Plot:
 
 def _captured(rows: Sequence[dict], s: dict) -> float | None:
     """The boundary energy a configuration's projector keeps, mean over boundaries and its seeds."""
-    caps = [d["captured_energy"] for r in rows if r["variant"] == s["variant"] and r["model"] == s["model"]
-            and r["steps"] == s["steps"] and r["projection_ratio"] == s["projection_ratio"] and r["seed"] in s["seeds"]
-            for d in r.get("boundary_diagnostics") or [] if "captured_energy" in d]
-    return statistics.fmean(caps) if caps else None
+    return boundary_mean([r for r in rows if r["variant"] == s["variant"] and r["model"] == s["model"]
+                          and r["steps"] == s["steps"] and r["projection_ratio"] == s["projection_ratio"]
+                          and r["seed"] in s["seeds"]], "captured_energy")
 
 
 def frontier_table(rows: Sequence[dict]) -> Table:
@@ -279,13 +268,9 @@ HEADLINE_THREE = (("none", "none", ""), ("ssn", "ssn", ""), ("mapl", "mapl", "")
 
 
 def corpus_study(rows: Sequence[dict]) -> tuple[dict, list[dict], int | None]:
-    model, steps, seeds = _group_budget(rows, "corpus")
-    if model is None:
-        return {}, [], None
-    source = next(r.get("data_source", "") for r in rows if r["group"] == "corpus")
-    sums = study_summaries(rows, HEADLINE_THREE, model, steps, seeds, data_source=source,
-                           ratio=_group_ratio(rows, "corpus"))
-    return sums, tested_family(study_comparisons(sums, (("ssn", "mapl", "the primary contrast on this corpus"),))), steps
+    source = next((r.get("data_source", "") for r in rows if r["group"] == "corpus"), None)
+    return _one_contrast_study(rows, "corpus", HEADLINE_THREE, ("ssn", "mapl", "the primary contrast on this corpus"),
+                               data_source=source)
 
 
 def _final_train_loss(run: dict, frac: float = 0.1) -> float | None:
@@ -297,26 +282,7 @@ def _final_train_loss(run: dict, frac: float = 0.1) -> float | None:
     return sum(tail) / len(tail)
 
 
-def _stream_deltas(train: dict[int, float], reference: dict[int, float]) -> list[float]:
-    """Per seed, the training loss's Δ% against the same seed's uncompressed run."""
-    return [100 * (train[s] - reference[s]) / reference[s] for s in sorted(train) if s in reference]
-
-
-def _train_delta(train: dict[int, float], reference: dict[int, float]) -> str:
-    """Mean ± std over seeds of the training loss's Δ% (under one epoch: an in-distribution held-out loss)."""
-    deltas = _stream_deltas(train, reference)
-    if not deltas:
-        return DASH
-    return fmt_pm(statistics.fmean(deltas), statistics.stdev(deltas) if len(deltas) > 1 else None, 2, pct=True)
-
-
 UNREAD = "unread-train"    # mapl.orchestration.rescore's set of the training split's windows a run never read
-
-
-def _unread_summaries(pool: Sequence[dict], sums: dict, names: Sequence[str], rescores: dict[str, dict]) -> dict:
-    """name -> its summary on the unread training windows (each seed against its own uncompressed run there)."""
-    scored = {s["variant"]: s for s in summarize(rescored_rows(pool, rescores, UNREAD))}
-    return {n: scored[sums[n]["variant"]] for n in names if sums[n]["variant"] in scored}
 
 
 def _sampling_words(pool: Sequence[dict]) -> str:
@@ -332,11 +298,8 @@ def _sampling_words(pool: Sequence[dict]) -> str:
             "mixes windows read before with new ones")
 
 
-def _penalty_sentence(val: dict, unread: dict | None, train: dict[int, float],
-                      reference: dict[int, float]) -> str | None:
-    """One configuration's penalties on the validation split, the unread windows and the training stream, and
-    the documents' share of the gap between the first and the last."""
-    stream = _stream_deltas(train, reference)
+def _penalty_sentence(val: dict, unread: dict | None, stream: list[float]) -> str | None:
+    """One configuration's penalties on the validation split, the unread windows and the training stream."""
     if unread is None or not stream or val["delta_pct"] is None or unread["delta_pct"] is None:
         return None
     v, u, t = val["delta_pct"], unread["delta_pct"], statistics.fmean(stream)
@@ -350,19 +313,24 @@ def _penalty_sentence(val: dict, unread: dict | None, train: dict[int, float],
 
 
 def corpus_table(rows: Sequence[dict], rescores: dict[str, dict] | None = None) -> Table:
-    """None, SSN and MAPL on a corpus that does not repeat within the budget: validation and training loss and,
-    where ``rescores`` has them, the Δ% on the training windows the runs never read."""
+    """None, SSN and MAPL on a corpus that does not repeat: validation, training and unread-window Δ%."""
     sums, comps, steps = corpus_study(rows)
     names = [n for n in ("none", "ssn", "mapl") if n in sums]
     runs = {run for n in names for run in sums[n]["runs"]}
     pool = [r for r in rows if r["run"] in runs]
     train = {n: {r["seed"]: t for r in pool if r["run"] in sums[n]["runs"]
                  if (t := _final_train_loss(r)) is not None} for n in names}
-    unread = _unread_summaries(pool, sums, names, rescores or {})
+    scored = {s["variant"]: s for s in summarize(rescored_rows(pool, rescores or {}, UNREAD))}
+    unread = {n: scored[sums[n]["variant"]] for n in names if sums[n]["variant"] in scored}
+    # per seed, the training loss's Δ% against the same seed's uncompressed run (under one epoch: a held-out loss)
+    ref = train.get("none", {})
+    stream = {n: [100 * (train[n][s] - ref[s]) / ref[s] for s in sorted(train[n]) if s in ref] for n in names}
     body = []
     for row, name in zip(_summary_rows(sums, names), names):
+        d = stream[name]
         body.append(row + [fmt(statistics.fmean(train[name].values()), 4) if train[name] else DASH,
-                           _train_delta(train[name], train.get("none", {})) if name != "none" else DASH]
+                           DASH if name == "none" or not d else
+                           fmt_pm(statistics.fmean(d), statistics.stdev(d) if len(d) > 1 else None, 2, pct=True)]
                     + ([fmt_delta(unread.get(name)) if name != "none" else DASH] if unread else []))
     source = pool[0].get("data_source") or DASH if pool else DASH    # corpus_study reads one source
     caption = (f"None, SSN and MAPL at the headline's settings on `{source}`, a corpus seen under once in the budget "
@@ -374,7 +342,7 @@ def corpus_table(rows: Sequence[dict], rescores: dict[str, dict] | None = None) 
                   "uncompressed run on the same windows: unread windows of the modules training read, where the "
                   "validation split is modules no run read." if unread else ""))
     penalties = [p for n in names if n != "none"
-                 if (p := _penalty_sentence(sums[n], unread.get(n), train[n], train.get("none", {})))]
+                 if (p := _penalty_sentence(sums[n], unread.get(n), stream[n]))]
     takeaway = ("; ".join(_sentence(c) for c in comps) + "." + "".join(f" {p}." for p in penalties) if comps
                 else NO_RUNS.format("corpus"))
     return Table("corpus", "A corpus that does not repeat (group corpus)",
@@ -393,7 +361,7 @@ def blocks_study(rows: Sequence[dict]) -> tuple[dict, list[dict], int | None]:
                                                                            stages=p, ratio=ratio).items()}
         sums.update(at_p)
         comps += study_comparisons(at_p, ((f"ssn P={p}", f"mapl P={p}", f"the primary contrast at P = {p}"),))
-    return sums, tested_family(comps), steps
+    return sums, tested_comparisons(comps, None), steps
 
 
 def blocks_table(rows: Sequence[dict]) -> Table:
@@ -419,16 +387,6 @@ def _forest_entries(rows: Sequence[dict], corpus_rows: Sequence[dict] | None) ->
     return out
 
 
-def _forest_label(study: str, c: dict) -> str:
-    """A forest row's name with its interval's level."""
-    level = f" [{100 * c['level']:.1f} %]" if c["ci"] and c.get("level") else ""
-    return f"{study}: {_name(c['a'])} − {_name(c['b'])}{level}"
-
-
-def _dot(kind: str) -> Line2D:
-    return Line2D([], [], ls="none", marker="o", color=NEUTRAL[kind])
-
-
 def controls_plot(rows: Sequence[dict], corpus_rows: Sequence[dict] | None = None) -> Plot:
     """Every comparison of the control studies as a forest plot, each interval at its study's Holm level."""
     entries = _forest_entries(rows, corpus_rows)
@@ -445,11 +403,14 @@ def controls_plot(rows: Sequence[dict], corpus_rows: Sequence[dict] | None = Non
                     color=NEUTRAL["resolved" if resolved else "unresolved"])
     ax.axvline(0, color=NEUTRAL["guide"], linestyle=":", linewidth=1)
     ax.set_yticks(range(len(entries)))
-    ax.set_yticklabels([_forest_label(study, c) for study, c in reversed(entries)], fontsize=8)
+    ax.set_yticklabels([f"{study}: {_name(c['a'])} − {_name(c['b'])}"
+                        + (f" [{100 * c['level']:.1f} %]" if c["ci"] and c.get("level") else "")
+                        for study, c in reversed(entries)], fontsize=8)
     ax.set_xlabel("A − B, paired difference of Δ%\n(percentage points; > 0: B ahead)")
     fig.suptitle("Control studies: paired comparisons A − B, mean over seeds")
     ax.grid(alpha=0.3, axis="x")
-    fig.legend([_dot("resolved"), _dot("unresolved"), bars_handle()],
+    fig.legend([*(Line2D([], [], ls="none", marker="o", color=NEUTRAL[k]) for k in ("resolved", "unresolved")),
+                bars_handle()],
                ["interval excludes 0", "interval includes 0", f"{bars_text('holm')} [level]"],
                loc="outside lower center", ncol=3, fontsize=7)
     resolved = [f"{study}: {_name(c['a'])} − {_name(c['b'])}" for study, c in entries
@@ -466,19 +427,14 @@ _LEDGER = {"decompose": (decomposition_study, "ssn+anchors"),
            "blocks": (blocks_study, "ssn")}
 
 
-def _ledger_study(study: str):
-    if study not in _LEDGER:
-        raise ValueError(f"study={study!r}: allowed {', '.join(repr(k) for k in _LEDGER)}")
-    return _LEDGER[study]
-
-
 def study_comparison(rows: Sequence[dict], study: str) -> dict | None:
     """The comparison ``<arm> − MAPL`` a study's ledger row reads (blocks: at P = 4); None without it."""
-    build, arm = _ledger_study(study)
+    build, arm = _LEDGER[study]
     return next((c for c in build(rows)[1] if (c["a"]["name"], c["b"]["name"]) == (arm, "mapl")
                  and (study != "blocks" or c["a"]["stages"] == 4)), None)
 
 
 def study_configurations(rows: Sequence[dict], study: str) -> dict[str, dict]:
     """A study's summaries by configuration name, for the ledger's range claims."""
-    return _ledger_study(study)[0](rows)[0]
+    return _LEDGER[study][0](rows)[0]
+

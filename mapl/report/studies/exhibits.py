@@ -1,12 +1,9 @@
-"""The exhibits a reviewer reads first, from the same comparisons as the ledger and the study tables: the primary
-contrast seed by seed, learned against fixed projectors in every setting (each at its level in the ledger's
-family), and where the SSN − MAPL order holds (the primary at 95 %, the rest one exploratory Holm family).
-"""
+"""The exhibits a reviewer reads first: the primary contrast by seed, learned vs fixed, where the order holds."""
 from __future__ import annotations
 
 from typing import Sequence
 
-from ..claims import CLAIMS, MIN_SEEDS, Claim, Evidence, at_level, family_levels, order_verdict
+from ..claims import CLAIMS, MIN_SEEDS, Evidence, at_level, family_levels, order_verdict
 from ..figures import empty_note, new_grid
 from ..render import DASH, Plot, Table, fmt_ci, fmt_int
 from ..rows import budget_steps, main_model
@@ -63,30 +60,21 @@ def _signed(c: dict) -> str:
     return f"{c['mean']:+.2f}" + (f" ± {c['std']:.2f}" if c.get("std") is not None else "")
 
 
-def _model(s: dict) -> str:
-    """A model's name in a table: ``tiny``, or ``tiny, d = 64`` for its width variants."""
-    return f"{s['base_model']}, d = {s['d_model']}" if "[" in s["model"] and s.get("d_model") else s["model"]
-
-
 # ---- learned against fixed, every setting ------------------------------------------------------------------------
 _SETTINGS = {"headline's 8×": ("joint training", "headline-paired.md"),
              "ablation's 4×": ("joint training", "learned-fixed-4x.md"),
              "frozen trunk": ("frozen trunk: only A_p and the anchors train", "frozen-trunk-paired.md")}
 
 
-def _learned_fixed_claims() -> list[tuple[int, Claim]]:
-    family = next(c.family for c in CLAIMS if "fixed random one (at the headline's" in c.claim)
-    return [(i, c) for i, c in enumerate(CLAIMS) if c.family == family]
-
-
 def learned_fixed_summary_table(rows: Sequence[dict], frozen_rows: Sequence[dict] | None = None) -> Table:
-    """fixed − learned (SPEL) in every setting we measured, each at its level in the ledger's family and
-    with the ledger's verdict."""
+    """fixed − learned (SPEL) in every setting we measured, at its level and verdict in the ledger."""
     ev = Evidence(rows, None, frozen_rows)
     measured = [spec.reads(ev) for spec in CLAIMS]
     levels = family_levels(CLAIMS, measured)
+    family = next(c.family for c in CLAIMS if "fixed random one (at the headline's" in c.claim)
+    specs = [(i, c) for i, c in enumerate(CLAIMS) if c.family == family]
     body = []
-    for i, spec in _learned_fixed_claims():
+    for i, spec in specs:
         c = at_level(measured[i], levels[i][0])
         training, table = next(v for k, v in _SETTINGS.items() if k in spec.claim)
         if c is None:
@@ -100,7 +88,7 @@ def learned_fixed_summary_table(rows: Sequence[dict], frozen_rows: Sequence[dict
                "training, where the model co-adapts to its boundaries, and on a trained, frozen trunk, where only the "
                "projectors and the anchors train. The three rows are one family (the paper's claim, App. C): each "
                "interval at its Holm level; verdict: the claims ledger's rule, with the paper's lead of "
-               f"{_paper_lead():g} points as the size where it applies.")
+               f"{specs[0][1].paper().size or 0.0:g} points as the size where it applies.")
     joint = [b for b in body if b[0] == "joint training" and b[6] != "not run"]
     frozen = next((b for b in body if b[0].startswith("frozen") and b[6] != "not run"), None)
     takeaway = ("Joint training: " + ("; ".join(f"{b[1]} {b[4]} points {b[5]}: {b[6]}" for b in joint) or "no runs")
@@ -108,10 +96,6 @@ def learned_fixed_summary_table(rows: Sequence[dict], frozen_rows: Sequence[dict
                                         else "no runs") + ".")
     header = ["training", "ratio", "steps", "seeds", "fixed − learned (points)", "interval (level)", "verdict", "table"]
     return Table("learned-vs-fixed", "Learned against fixed projectors, every setting", header, body, caption, takeaway)
-
-
-def _paper_lead() -> float:
-    return _learned_fixed_claims()[0][1].paper().size or 0.0
 
 
 # ---- where the SSN − MAPL order holds ----------------------------------------------------------------------------
@@ -127,8 +111,10 @@ def _entries(rows: Sequence[dict], corpus_rows: Sequence[dict] | None) -> list[t
                          "what": "the headline (primary contrast)" if primary else "the token axis"}, p["gap"]))
     for p in width_points(rows):
         if p["gap"] and p["gap"]["a"]["model"] != model:
-            out.append(({"model": _model(p["gap"]["a"]), "corpus": "Shakespeare", "P": p["gap"]["a"]["stages"],
-                         "primary": False, "what": "the width axis"}, p["gap"]))
+            a = p["gap"]["a"]                # a width variant: "tiny, d = 64"
+            out.append(({"model": f"{a['base_model']}, d = {a['d_model']}" if "[" in a["model"] and a.get("d_model")
+                         else a["model"], "corpus": "Shakespeare", "P": a["stages"], "primary": False,
+                         "what": "the width axis"}, p["gap"]))
     source = corpus_rows if corpus_rows is not None else rows
     for c in corpus_study(source)[1]:
         out.append(({"model": c["a"]["model"], "corpus": "Python (code)", "P": c["a"]["stages"], "primary": False,
@@ -152,8 +138,7 @@ def _reading(c: dict) -> str:
 
 
 def order_holds_table(rows: Sequence[dict], corpus_rows: Sequence[dict] | None = None) -> Table:
-    """The paired SSN − MAPL gap at every setting with both methods: the primary at 95 %, the others one
-    exploratory Holm family (fewer than 3 seeds: no verdict)."""
+    """The paired SSN − MAPL gap at every setting with both methods (the others one exploratory Holm family)."""
     entries = _entries(rows, corpus_rows)
     explore = [i for i, (s, c) in enumerate(entries) if not s["primary"] and c["n"] >= MIN_SEEDS]
     levels = {i: h["level"] for i, h in zip(explore, holm([t_test_p(entries[i][1]["diffs"]) for i in explore]))}

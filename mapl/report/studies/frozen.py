@@ -1,8 +1,4 @@
-"""The frozen-trunk study (:mod:`mapl.orchestration.frozen_trunk`): a trained uncompressed model frozen, MAPL's
-boundaries inserted and only A_p and the anchors trained, with SPEL, a fixed random basis and the unconstrained
-projector. Its results (``reports/<profile>/frozen-trunk/``) become tables, a figure and a row of the claims
-ledger; Δ% is each run's validation loss against its own trunk's.
-"""
+"""The frozen-trunk study: only A_p and the anchors train on a frozen uncompressed model; Δ% against its trunk."""
 from __future__ import annotations
 
 import json
@@ -14,8 +10,8 @@ from ..figures import empty_note, new_figure
 from ..render import DASH, Plot, Table, fmt, fmt_ci, fmt_int, fmt_pm
 from ..stats import spread, t_interval
 from ..style import NEUTRAL, PROJECTOR_LABELS, PROJECTOR_VARIANTS, bars_handle, bars_text, style
-from .controls import PAIRED_HEADER, paired_body, study_comparisons, tested_family
-from .headline import reading
+from .controls import PAIRED_HEADER, paired_body, study_comparisons
+from .headline import reading, tested_comparisons
 
 __all__ = ["FROZEN_PROJECTORS", "FROZEN_COMPARISONS", "load_frozen", "load_frozen_tuning", "setting_label",
            "frozen_summaries", "frozen_comparison", "frozen_table", "frozen_tuning_table", "frozen_paired_table",
@@ -30,11 +26,8 @@ NO_RUNS = "the frozen-trunk study has not run for this profile (DVC stage frozen
 
 def load_frozen(root: str | Path, profile: str) -> list[dict]:
     """Every boundary run of the profile's study, by seed and projector; empty when it has not run."""
-    rows = []
-    for path in sorted((Path(root) / "reports" / profile / "frozen-trunk").glob("frozen-*.json")):
-        res = json.loads(path.read_text())
-        if isinstance(res, dict) and "val_loss" in res and "trunk" in res:
-            rows.append(res)
+    folder = Path(root) / "reports" / profile / "frozen-trunk"
+    rows = [json.loads(path.read_text()) for path in folder.glob("frozen-*.json")]
     order = {p: i for i, p in enumerate(FROZEN_PROJECTORS)}
     return sorted(rows, key=lambda r: (r["seed"], order.get(r["projector"], 99), r["run"]))
 
@@ -54,8 +47,7 @@ def setting_label(override: dict | None) -> str:
 
 
 def frozen_summaries(runs: Sequence[dict]) -> dict[str, dict]:
-    """projector -> ``steps``, ``ratio``, ``setting``, ``seeds``, ``deltas`` (seed -> Δ% against its trunk), their
-    mean and std, the mean losses before and after, and the trainable parameters."""
+    """projector -> its summary: Δ% against its trunk per seed, mean and std, losses before and after."""
     out = {}
     for proj in FROZEN_PROJECTORS:
         mine = [r for r in runs if r["projector"] == proj]
@@ -79,7 +71,7 @@ def frozen_summaries(runs: Sequence[dict]) -> dict[str, dict]:
 
 
 def _comparisons(runs: Sequence[dict]) -> list[dict]:
-    return tested_family(study_comparisons(frozen_summaries(runs), FROZEN_COMPARISONS))
+    return tested_comparisons(study_comparisons(frozen_summaries(runs), FROZEN_COMPARISONS), None)
 
 
 def frozen_comparison(runs: Sequence[dict], projector: str = "fixed") -> dict | None:

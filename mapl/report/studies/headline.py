@@ -1,9 +1,4 @@
-"""The headline at the long budget (group ``long`` and its variants' groups): each method's Δ% over seeds, the
-paired comparisons (the primary contrast SSN − MAPL, named before its runs, at 95 %; the others one exploratory
-family at Holm's levels), every run's loss and activation scale, and the figures of the headline's runs.
-
-Everything is the main model at the *headline ratio*: the projection ratio of group ``long``'s MAPL runs.
-"""
+"""The headline at the long budget (group long), at the headline ratio: Δ%, paired comparisons, runs, figures."""
 from __future__ import annotations
 
 from collections import Counter
@@ -98,13 +93,19 @@ def gap_sentence(c: dict) -> str:
             f"steps ({c['n']} seed{'s' if c['n'] > 1 else ''}{ci}){verdict}")
 
 
-def _paper_delta(s: dict) -> str:
+def _paper_entry(s: dict) -> dict | None:
+    """The paper's entry beside a summary: App. C's fixed projector, else Table 1's match."""
     if s["variant"] == "mapl-fixed":
-        p = next((e for e in paper.paper_ablation("projector") if e["variant"] == "fixed"), None)
-        return f"{fmt_pct(p['delta_pct'])} (App. C, {p['scale']}, {fmt_ratio(p['projection_ratio'])})" if p else DASH
-    p = paper.paper_match(s["method"], s["projection_ratio"], s["stages"], s["model"])
+        return next((e for e in paper.paper_ablation("projector") if e["variant"] == "fixed"), None)
+    return paper.paper_match(s["method"], s["projection_ratio"], s["stages"], s["model"])
+
+
+def _paper_delta(s: dict) -> str:
+    p = _paper_entry(s)
     if p is None or s["method"] == "none":
         return DASH
+    if s["variant"] == "mapl-fixed":
+        return f"{fmt_pct(p['delta_pct'])} (App. C, {p['scale']}, {fmt_ratio(p['projection_ratio'])})"
     return f"{fmt_pct(p['delta_pct'])} (Table 1, {p['scale']}, P={p['stages']}, {fmt_ratio(p['reported_ratio'])})"
 
 
@@ -136,9 +137,8 @@ def headline_table(rows: Sequence[dict], group: str = "long") -> Table:
 
 
 def tested_comparisons(comps: Sequence[dict], primary: tuple | None = PRIMARY, family_size: int | None = None) -> list[dict]:
-    """Each comparison with its t, Wilcoxon and sign tests and the interval it is read with: 95% for the
-    ``primary`` contrast, Holm's level for the exploratory ones (``primary`` None: all exploratory), over a family
-    of ``family_size`` when declared (a missing comparison counts as p = 1)."""
+    """Each comparison with its tests and interval: 95% for the ``primary`` contrast, Holm's level over the
+    exploratory family (of ``family_size`` when declared) for the others."""
     out = [{**c, "primary": (c["a"]["variant"], c["b"]["variant"]) == primary, "t_p": t_test_p(c["diffs"]),
             "wilcoxon_p": wilcoxon_p(c["diffs"]), "sign_p": sign_test_p(c["diffs"])} for c in comps]
     explore = [c for c in out if not c["primary"]]
@@ -183,8 +183,7 @@ def paired_table(rows: Sequence[dict], group: str = "long") -> Table:
 
 
 def runs_table(rows: Sequence[dict], group: str = "long") -> Table:
-    """Every run of the headline methods at the long budget: final and best loss, the boundary activation scale and
-    its health (a run that blows up shows there before its loss does)."""
+    """Every run of the headline methods at the long budget: final and best loss, activation scale, health."""
     steps, ratio = budget_steps(rows, group, main_model(rows)), headline_ratio(rows)
     # at the headline's ratio: a study at another ratio and the same budget (learned_fixed_4x) is not the headline
     pool = sorted(study_pool(at_best_validation(rows), ratio, steps) if steps else [],
@@ -198,7 +197,9 @@ def runs_table(rows: Sequence[dict], group: str = "long") -> Table:
         body.append([variant_label(r["variant"]), r["seed"], fmt(r["final_val_loss"]), fmt(r["val_loss"]),
                      fmt_int(r["best_step"]), fmt(scale, 1) if scale else DASH,
                      fmt(r["codebook_batch_perplexity"], 0) if r["codebook_batch_perplexity"] else DASH,
-                     *_health_cells(r)])
+                     *([f"{fmt(r['max_abs_z_peak'], 1)} (b{r['max_abs_z_boundary']})",
+                        fmt_int(r["first_warning_step"]) if r["first_warning_step"] is not None else "none"]
+                       if r.get("health_recorded") else ["not recorded", "not recorded"])])
     caption = (f"Each run of the headline methods at the {fmt_int(steps)}-step budget"
                + (f" and the headline's projection ratio ({fmt_ratio(ratio)})" if ratio else "")
                + ": the final and the lowest validation loss (at which "
@@ -210,13 +211,6 @@ def runs_table(rows: Sequence[dict], group: str = "long") -> Table:
                "in the first 3 warmups not judged).")
     return Table("runs-long", f"Every run at {fmt_int(steps)} steps: final and best loss, activation scale", header,
                  body, caption, _runs_takeaway(pool, rms) if body else NO_RUNS.format(group))
-
-
-def _health_cells(r: dict) -> list[str]:
-    if not r.get("health_recorded"):
-        return ["not recorded", "not recorded"]
-    peak = f"{fmt(r['max_abs_z_peak'], 1)} (b{r['max_abs_z_boundary']})"
-    return [peak, fmt_int(r["first_warning_step"]) if r["first_warning_step"] is not None else "none"]
 
 
 def _runs_takeaway(pool: Sequence[dict], rms: dict) -> str:
@@ -246,8 +240,7 @@ def _bytes_takeaway(sums: Sequence[dict], ratio: float | None) -> str:
 
 def pareto_plot(rows: Sequence[dict], group: str | None = None, sums: Sequence[dict] | None = None,
                 takeaway: Callable[[Sequence[dict]], str] | None = None) -> Plot:
-    """Δ% against forward and total bytes per token at the main budget, or at ``group``'s (file
-    ``pareto-<group>``); ``sums`` and ``takeaway``: other summaries to draw and their sentence (the frontier's)."""
+    """Δ% against bytes per token at the main budget or ``group``'s; ``sums``, ``takeaway``: others to draw."""
     if sums is None:
         sums = table1_summaries(rows) if group is None else headline_summaries(rows, group)
     budget = ("each model's main budget" if group is None
@@ -336,20 +329,14 @@ def gap_curves_plot(rows: Sequence[dict], group: str = "long") -> Plot:
 
 
 def paper_scatter_plot(rows: Sequence[dict]) -> Plot:
-    """Our Δ% against the paper's for every method and ratio both have, of the main model at the main budget
-    (hollow) and the headline budget (filled)."""
+    """Our Δ% against the paper's for every method and ratio both have (main and headline budgets)."""
     cells, model = [], main_model(rows)
     main = [s for s in table1_summaries(rows) if s["model"] == model]
     for budget, sums in (("main", main), ("long", headline_summaries(rows))):
         for s in sums:
             if s["method"] == "none" or s["delta_pct"] is None:
                 continue
-            if s["variant"] == "mapl-fixed":
-                p = next((e for e in paper.paper_ablation("projector") if e["variant"] == "fixed"), None)
-            elif s["variant"] in (s["method"], "mapl-rvq-scaled"):
-                p = paper.paper_match(s["method"], s["projection_ratio"], s["stages"], s["model"])
-            else:
-                p = None
+            p = _paper_entry(s) if s["variant"] in (s["method"], "mapl-fixed", "mapl-rvq-scaled") else None
             if p is None:
                 continue
             cells.append({"variant": s["variant"], "budget": budget, "paper": p["delta_pct"], "ours": s["delta_pct"],

@@ -1,8 +1,4 @@
-"""Finished runs rescored on windows no run trained, selected or reported on (:mod:`mapl.orchestration.rescore`):
-a held-out text (prose corpora) and the training windows a run never read (runs drawing by epochs under one
-epoch). Two tables: each configuration's Δ% on the validation split beside its Δ% on each set, and the claims
-ledger read again on each set's scores, beside its verdict on the validation split.
-"""
+"""Finished runs rescored on held-out windows: Δ% on each set, and the ledger's verdicts read again there."""
 from __future__ import annotations
 
 import json
@@ -37,8 +33,7 @@ def _sets(rescores: dict[str, dict]) -> list[str]:
 
 
 def heldout_table(rows: Sequence[dict], rescores: dict[str, dict], redrawn: Sequence[dict] = ()) -> Table:
-    """Each rescored configuration's Δ% on the validation split and on each set (each seed against its own
-    uncompressed run scored on the same windows); ``redrawn``: a redraw's runs (the group column names it)."""
+    """Each rescored configuration's Δ% on the validation split and on each held-out set (and a redraw's runs)."""
     rows = [*rows, *redrawn]
     sets = _sets(rescores)
     header = ["group", "configuration", "model", "steps", "seeds", "val Δ%", *[f"{SET_LABELS[s]} Δ%" for s in sets],
@@ -78,8 +73,7 @@ def _draws(rows: Sequence[dict], corpus_rows: Sequence[dict], redrawn: Sequence[
 
 
 def _move(before: dict, after: dict) -> str:
-    """``yes`` where the verdict moves, "no, its reason moves" where it stays on other grounds (compared as data: the
-    reason's sentence names its level, which differs between ledgers)."""
+    """``yes`` where the verdict moves, "no, its reason moves" where it stays on other grounds."""
     if after["verdict"] != before["verdict"]:
         return "yes"
     if after["grounds"] != before["grounds"]:
@@ -89,8 +83,7 @@ def _move(before: dict, after: dict) -> str:
 
 def heldout_claims_table(rows: Sequence[dict], corpus_rows: Sequence[dict], rescores: dict[str, dict],
                          redrawn: Sequence[dict] = (), ledger: Sequence[dict] | None = None) -> Table:
-    """The ledger's verdicts from the rescored runs' scores on each set, beside the validation split's:
-    claims.md's (``ledger``) for the committed runs, a redraw's own for its runs."""
+    """The ledger's verdicts on each held-out set beside the validation split's (a redraw: its own)."""
     ledger = claims(rows, corpus_rows) if ledger is None else ledger
     header = ["paper's claim", "set", "verdict (validation)", "ours (set)", "verdict (set)", "moves"]
     body, moves = [], []
@@ -128,8 +121,7 @@ def heldout_claims_table(rows: Sequence[dict], corpus_rows: Sequence[dict], resc
 
 def heldout_contrasts(rows: Sequence[dict], corpus_rows: Sequence[dict], rescores: dict[str, dict],
                       redrawn: Sequence[dict] = ()) -> dict[str, dict | None]:
-    """set -> the SSN − MAPL comparison on its scores (the headline's where its runs are scored, else the corpus
-    study's), of the committed runs or else the first redraw scored; None where nothing is scored."""
+    """set -> SSN − MAPL on its scores (the headline's, else the corpus study's; else the first redraw's)."""
     reads = (headline_contrast("ssn", "mapl"), study_contrast("corpus"))
     out: dict[str, dict | None] = {name: None for name in SET_LABELS}
     for name in SET_LABELS:

@@ -1,11 +1,4 @@
-"""The scale ladder: does MAPL's lead over SSN grow with model size?
-
-Rungs are the ``ladder-d<d>`` presets (only the width changes) on the code corpus at the same tokens per
-non-embedding parameter, each method's learning rate tuned per rung (study ``ladder_tune``). The study's primary
-contrast, named before its runs: the least-squares slope of every (rung, seed) paired SSN − MAPL gap against
-ln(non-embedding parameters), with its 95 % t interval (n − 2 df). A line extended to the paper's 150M is drawn
-as an extrapolation, never a verdict.
-"""
+"""The scale ladder: the slope of the paired SSN − MAPL gap against ln(non-embedding parameters)."""
 from __future__ import annotations
 
 import math
@@ -18,16 +11,13 @@ import numpy as np
 from ...core.model_config import PRESETS, count_params
 from ..figures import empty_note, new_figure
 from ..render import DASH, Plot, Table, fmt, fmt_ci, fmt_int, fmt_pm
-from ..rows import declared
+from ..rows import boundary_mean, declared
 from ..stats import paired, summarize, t_interval, t_quantile
 from ..style import BARS, NEUTRAL, colour, variant_label
 
-__all__ = ["LADDER_STUDY", "PRIMARY_SLOPE", "PAPER_SIZES", "rung_params", "ladder_rungs", "gap_slope", "ladder_table",
+__all__ = ["PAPER_SIZES", "rung_params", "ladder_rungs", "gap_slope", "ladder_table",
            "ladder_tuning_table", "ladder_plot", "ladder_slope_comparison"]
 
-LADDER_STUDY = "ladder"
-# The scale ladder's one primary contrast, named in params.yaml and the README before its first run
-PRIMARY_SLOPE = "slope of the paired SSN − MAPL gap (points of Δ%) per unit of ln(non-embedding parameters), at 8×"
 _RUNG = re.compile(r"^ladder-d(\d+)$")
 # the paper's sizes on the same axis: the non-embedding parameters of our presets of those names (their d is the
 # paper's; the rest is our choice, mapl/core/model_config.py)
@@ -40,9 +30,8 @@ def rung_params(model: str) -> int | None:
 
 
 def ladder_rungs(rows: Sequence[dict]) -> list[dict]:
-    """Per rung with runs (smallest first): ``model``, ``d``, ``params`` (non-embedding), ``steps``, ``tokens``,
-    ``sums`` (variant -> summary), ``gap`` (paired SSN − MAPL, or None) and MAPL's ``geometry``."""
-    groups = set(declared().groups_of(LADDER_STUDY))
+    """Per rung with runs (smallest first): size, budget, ``sums`` (variant -> summary), ``gap`` and ``geometry``."""
+    groups = set(declared().groups_of("ladder"))
     mine = [r for r in rows if r["group"] in groups and _RUNG.match(r["model"] or "")]
     out = []
     for model in sorted({r["model"] for r in mine}, key=rung_params):
@@ -58,25 +47,18 @@ def ladder_rungs(rows: Sequence[dict]) -> list[dict]:
         out.append({"model": model, "d": int(_RUNG.match(model).group(1)), "params": rung_params(model),
                     "steps": steps, "tokens": max((r["tokens"] or 0) for r in pool) if pool else None,
                     "train_split_tokens": split.pop() if len(split) == 1 else None,
-                    "sums": sums, "gap": gap, "geometry": _geometry(pool)})
+                    "sums": sums, "gap": gap, "geometry": _mapl_energy([r for r in pool if r["variant"] == "mapl"])})
     return out
 
 
-def _geometry(pool: Sequence[dict]) -> dict | None:
+def _mapl_energy(mapl: Sequence[dict]) -> tuple[float, float] | None:
     """MAPL's captured boundary energy and the best rank-r basis's, mean over boundaries and seeds."""
-    caps, pcas = [], []
-    for r in pool:
-        if r["variant"] != "mapl":
-            continue
-        diags = [d for d in r.get("boundary_diagnostics") or [] if "captured_energy" in d]
-        caps += [d["captured_energy"] for d in diags]
-        pcas += [d["pca_energy"] for d in diags]
-    return {"captured": statistics.fmean(caps), "pca": statistics.fmean(pcas)} if caps else None
+    captured = boundary_mean(mapl, "captured_energy")
+    return None if captured is None else (captured, boundary_mean(mapl, "pca_energy"))
 
 
 def gap_slope(rungs: Sequence[dict], level: float = 0.95) -> dict | None:
-    """Least-squares slope of every (rung, seed) gap on ln(parameters): ``slope``, ``intercept``, ``ci`` (n − 2 df),
-    ``n``, ``rungs``, ``level``; None with fewer than two rungs or three gaps."""
+    """Least-squares fit of every (rung, seed) gap on ln(parameters), ``ci`` on n − 2 df; None if under-determined."""
     pts = [(math.log(r["params"]), d) for r in rungs if r["gap"] for d in r["gap"]["diffs"]]
     xs = {x for x, _ in pts}
     if len(xs) < 2 or len(pts) < 3:
@@ -105,10 +87,6 @@ def ladder_slope_comparison(rows: Sequence[dict]) -> dict | None:
             "steps": (span[0]["steps"], span[-1]["steps"])}
 
 
-def _epochs(r: dict) -> str:
-    return f"{r['tokens'] / r['train_split_tokens']:.2f}" if r["train_split_tokens"] and r["tokens"] else DASH
-
-
 def ladder_table(rows: Sequence[dict]) -> Table:
     """One row per rung: size, budget, each method's Δ%, the paired gap, MAPL's captured energy, bytes."""
     rungs = ladder_rungs(rows)
@@ -117,13 +95,14 @@ def ladder_table(rows: Sequence[dict]) -> Table:
         s, g = r["sums"], r["gap"]
         none = s.get("none")
         body.append([r["model"], r["d"], f"{r['params'] / 1e6:.2f}M", fmt_int(r["steps"]),
-                     f"{r['tokens'] / r['params']:.2f}" if r["tokens"] else DASH, _epochs(r),
+                     f"{r['tokens'] / r['params']:.2f}" if r["tokens"] else DASH,
+                     f"{r['tokens'] / r['train_split_tokens']:.2f}" if r["train_split_tokens"] and r["tokens"] else DASH,
                      ",".join(map(str, none["seeds"])) if none else DASH,
                      fmt_pm(none["val_loss"], none["val_loss_std"]) if none else DASH,
                      *(fmt_pm(s[v]["delta_pct"], s[v]["delta_std"], 2, pct=True) if v in s else DASH
                        for v in ("ssn", "mapl")),
                      fmt_pm(g["mean"], g["std"], 2) if g else DASH, fmt_ci(g["ci"]) if g else DASH,
-                     f"{r['geometry']['captured']:.3f} / {r['geometry']['pca']:.3f}" if r["geometry"] else DASH,
+                     "{:.3f} / {:.3f}".format(*r["geometry"]) if r["geometry"] else DASH,
                      " / ".join(fmt(s[v]["total_bytes_per_token"], 1) for v in ("ssn", "mapl") if v in s) or DASH])
     fit = gap_slope(rungs)
     caption = ("The scale ladder (study ladder): the ladder-d presets (8 layers, P = 4: two blocks per stage) on the "
@@ -146,8 +125,7 @@ def ladder_table(rows: Sequence[dict]) -> Table:
 
 
 def ladder_plot(rows: Sequence[dict], paper_rows: Sequence[dict] = ()) -> Plot:
-    """Left: SSN's and MAPL's Δ% against parameters (``paper_rows``: Table 1's at its three sizes). Right: the gap per
-    rung, the fitted slope and its extrapolation to 150M (dashed)."""
+    """Left: Δ% against parameters (``paper_rows``: Table 1's). Right: the gap, its slope, extrapolated to 150M."""
     rungs = [r for r in ladder_rungs(rows) if r["sums"]]
     fig, (ax, gap_ax) = new_figure(2, width=5.2, height=4.0)
     caption = (f"Left: Δ% of SSN and MAPL at 8× against non-embedding parameters (log scale), error bars: "
@@ -212,8 +190,7 @@ def _slope_line(ax, fit: dict, measured: Sequence[float]) -> None:
 
 
 def ladder_tuning_table(rows_all: Sequence[dict]) -> Table:
-    """Every ladder tuning run: each Muon learning rate's selection loss per rung and method, the winner marked (a
-    winner is trained once, as the ladder's seed-0 run: its row is read from there)."""
+    """Every ladder tuning run per rung and method, the winner marked (read from the ladder's seed-0 run)."""
     decl = declared()
     tuning, winners = set(decl.groups_of("ladder_tune")), set(decl.groups_of("ladder"))
     tune = [r for r in rows_all if r["group"] in tuning or (r["group"] in winners and r["seed"] == 0)]

@@ -1,7 +1,4 @@
-"""The main (short) budget: the Table 1 analog beside the paper's, the ablations, the seed spread, the boundary
-geometry and the codebook sync; and the per-run table of a group. Table 1 pools every seed of a configuration
-at its model's main budget (the steps of its ``main`` runs: ``main`` holds seed 0, ``seeds`` the others).
-"""
+"""The main (short) budget: Table 1 analog, the ablations, seed spread, boundary geometry, codebook sync."""
 from __future__ import annotations
 
 import statistics
@@ -9,12 +6,12 @@ from typing import Sequence
 
 from .. import paper
 from ..render import DASH, Table, fmt, fmt_int, fmt_pct, fmt_pm
-from ..rows import MAPL_DEFAULTS, budget_steps, is_default, main_model, setting_of, sort_key
-from ..stats import delta_pct, reference_loss, summarize
+from ..rows import MAPL_DEFAULTS, budget_steps, is_default, main_model, setting_of
+from ..stats import summarize
 from ..style import fmt_ratio, label, variant_label
 
 __all__ = ["NO_RUNS", "main_budget", "table1_summaries", "table1", "paper_table1_table", "order_sentence",
-           "ablation_table", "seed_table", "diagnostics_table", "rvq_sync_table", "val_loss_table"]
+           "ablation_table", "seed_table", "diagnostics_table", "rvq_sync_table"]
 
 NO_RUNS = "no runs in group {}: nothing to show."
 
@@ -101,8 +98,7 @@ def paper_table1_table() -> Table:
 
 
 def order_sentence(ours: dict[str, float], theirs: dict[str, float], names: dict[str, str]) -> str:
-    """Two orderings (ascending Δ%) over the names both have: "the same order as the paper's" only when they
-    match."""
+    """Two orderings (ascending Δ%) over the names both have: "the same order" only when they match."""
     common = [k for k in ours if k in theirs]
     mine = sorted(common, key=ours.get)
     paper_order = sorted(common, key=theirs.get)
@@ -119,8 +115,7 @@ _ABLATION = {"projector": ("projector", "spel", "Appendix C"), "anchor": ("ancho
 
 
 def _on_shared_seeds(pool: Sequence[dict], field: str) -> list[dict]:
-    """The runs of each setting on the seeds all its configurations share, so an order sentence ranks means over
-    the same seeds (a setting sharing none keeps all its runs)."""
+    """The runs of each setting on the seeds all its configurations share (none shared: all of them)."""
     seeds: dict[tuple, dict] = {}
     for r in pool:
         seeds.setdefault(setting_of(r), {}).setdefault(r[field], set()).add(r["seed"])
@@ -129,8 +124,7 @@ def _on_shared_seeds(pool: Sequence[dict], field: str) -> list[dict]:
 
 
 def ablation_table(rows: Sequence[dict], kind: str) -> Table:
-    """MAPL with its projector (``kind="projector"``, the paper's App. C) or anchor (``"anchor"``, App. G) varied,
-    at every setting with an ``ablations`` run; the paper's rows beside."""
+    """MAPL with its projector (App. C) or anchor (App. G) varied at every ``ablations`` setting; the paper's beside."""
     field, default, source = _ABLATION[kind]
     other = "anchor" if field == "projector" else "projector"
     settings = sorted({setting_of(r) for r in rows if r["group"] == "ablations" and r["method"] == "mapl"
@@ -228,8 +222,7 @@ def _geometry_takeaway(geo: dict) -> str:
 
 
 def diagnostics_table(rows: Sequence[dict]) -> Table:
-    """Per run with a projector (seed 0): captured energy, the PCA optimum at its rank, principal angles and
-    orthogonality drift (means over boundaries)."""
+    """Per run with a projector (seed 0): captured energy, PCA optimum, principal angles, orthogonality drift."""
     header = ["run", "method", "steps", "r", "captured energy", "PCA energy (best rank-r)", "angle adjacent (°)",
               "angle to PCA (°)", "max |AᵀA−I|"]
     body, geo, model = [], {}, main_model(rows)
@@ -271,13 +264,3 @@ def rvq_sync_table(rows: Sequence[dict]) -> Table:
     return Table("rvq-sync", "MAPL+VQ codebook sync", header, body,
                  "Per boundary and training token: forward payload, codebook sync (streamed slices piggybacked "
                  "on the data, or full copies), projector exchange and the total of both directions.", takeaway)
-
-
-def val_loss_table(rows: Sequence[dict]) -> tuple[list, list]:
-    """``(header, body)``: every run with its loss and Δ% (against the uncompressed run among ``rows``)."""
-    header = ["run", "method", "wire ratio", "projector", "anchor", "seed", "steps", "val loss", "Δ%"]
-    body = [[r["run"], variant_label(r["method"]), fmt_ratio(r["wire_ratio"]), r["projector"] or DASH, r["anchor"],
-             r["seed"], r["steps"], fmt(r["val_loss"]),
-             fmt_pct(delta_pct(r["val_loss"], reference_loss(rows, r))) if r["method"] != "none" else DASH]
-            for r in sorted(rows, key=sort_key)]
-    return header, body

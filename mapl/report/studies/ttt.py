@@ -1,11 +1,4 @@
-"""Time to a target loss on a simulated link: measured step times (``benchmarks/pipeline.py``) replayed on links
-of several bandwidths and latencies by :mod:`mapl.core.link`'s virtual clock, times the steps each method needs
-to reach one common target on its validation curve (the planner applies the same rule).
-
-The target: the uncompressed run's best val loss at its longest budget (mean over seeds) plus ``target_pct``
-percent. A method's steps come from the mean val curve of its longest default-configured run at the measured
-wire ratio, among the runs on the target's validation tokens; a method that never gets there is listed so.
-"""
+"""Time to a target loss on a simulated link (mapl.core.link) from measured step times and validation curves."""
 from __future__ import annotations
 
 import json
@@ -28,31 +21,20 @@ __all__ = ["load_bench", "common_target", "on_target_set", "method_curve", "time
 
 
 def load_bench(path: str | Path, profile: str | None = None) -> list[dict]:
-    """Step measurements of a pipeline benchmark JSON (``[]`` when missing or of another ``profile``): ``method``,
-    ``wire_ratio`` and ``measurement`` (:class:`mapl.core.link.StepMeasurement`) per entry; other shapes skipped."""
+    """The pipeline benchmark's step measurement per method (``[]`` when missing or of another ``profile``)."""
     from ...core.link import StepMeasurement
     path = Path(path)
     if not path.exists():
         return []
     data = json.loads(path.read_text())
-    if profile and isinstance(data, dict) and data.get("profile", profile) != profile:
+    if profile and data.get("profile", profile) != profile:
         return []
-    entries = (data.get("methods") or data.get("measurements") or []) if isinstance(data, dict) else data
-    out = []
-    for e in entries if isinstance(entries, list) else []:
-        try:
-            meas = StepMeasurement.from_results(e) if "pipeline" in e else StepMeasurement(**e["timing"])
-        except (KeyError, TypeError, ValueError):
-            continue
-        ratio = e.get("ratio", 1.0 if e.get("method") == "none" else None)
-        wire = None if ratio is None else float(f"{float(ratio):.3g}")
-        out.append({"method": e.get("method", "none"), "wire_ratio": wire, "measurement": meas})
-    return out
+    return [{"method": e["method"], "wire_ratio": float(f"{float(e['ratio']):.3g}"),
+             "measurement": StepMeasurement(**e["timing"])} for e in data["methods"] if "timing" in e]
 
 
 def common_target(rows: Sequence[dict], target_pct: float = 2.0) -> tuple[float, int, int] | None:
-    """The time-to-target target (the report's and the planner's): the main model's uncompressed best val loss at
-    its longest budget, mean over seeds, + ``target_pct`` %. (target, budget, seeds); None without such a run."""
+    """(target, budget, seeds) of time to target (docs/report.md; the planner's too); None without a reference."""
     dense = _target_runs(rows)
     if not dense:
         return None
@@ -78,8 +60,7 @@ def on_target_set(rows: Sequence[dict]) -> list[dict]:
 
 
 def method_curve(rows: Sequence[dict], method: str, wire_ratio: float | None) -> tuple[int | None, int, list]:
-    """The time-to-target curve: (budget, seeds, mean val curve on the evaluations every seed has) of the longest
-    default-configured run of ``method`` at ``wire_ratio`` (budget None: no such run)."""
+    """(budget, seeds, mean val curve) of the longest default-configured run of ``method`` at ``wire_ratio``."""
     cands = [r for r in rows if r["method"] == method and r["variant"] == method
              and (method == "none" or r["wire_ratio"] == wire_ratio)]
     if not cands:
@@ -92,8 +73,8 @@ def method_curve(rows: Sequence[dict], method: str, wire_ratio: float | None) ->
 
 def time_to_target_rows(rows: Sequence[dict], bench: Sequence[dict], bandwidths_bps: Sequence[float],
                         target_pct: float = 2.0, latencies_s: Sequence[float] = (0.0,)) -> list[dict]:
-    """One dict per (measured method, latency, bandwidth): its curve's ``budget`` and ``seeds``, ``target``,
-    ``steps_to_target``, ``step_s`` and ``time_s`` (None: never)."""
+    """One dict per (measured method, latency, bandwidth): ``budget``, ``seeds``, ``target``, ``steps_to_target``,
+    ``step_s`` and ``time_s`` (None: never)."""
     from ...core.link import LinkProfile, step_time, steps_to_target
     common = common_target(rows, target_pct)
     if common is None or not bench:
@@ -119,15 +100,11 @@ def _never(t: dict) -> str:
     return "no run on the target's validation set" if t["budget"] is None else f"never in {t['budget']:,} steps"
 
 
-def _mbit(bw: float) -> str:
-    return f"{bw / 1e6:g}"
-
-
 def time_to_target_table(ttt: Sequence[dict]) -> Table:
     """One row per method and latency; one column of seconds per bandwidth."""
     bws = sorted({t["bandwidth_bps"] for t in ttt})
     header = ["method", "latency (ms)", "curve (steps, seeds)", "steps to target",
-              *(f"time (s) at {_mbit(bw)} Mbit/s" for bw in bws)]
+              *(f"time (s) at {bw / 1e6:g} Mbit/s" for bw in bws)]
     body = []
     for (method, ratio, lat), ts in _by_line(ttt).items():
         t0 = ts[0]
@@ -147,10 +124,8 @@ def time_to_target_table(ttt: Sequence[dict]) -> Table:
 
 def _by_line(ttt: Sequence[dict]) -> dict[tuple, list[dict]]:
     lines: dict[tuple, list[dict]] = {}
-    def order(t: dict) -> tuple:
-        return (METHOD_ORDER.index(t["method"]) if t["method"] in METHOD_ORDER else 99, t["wire_ratio"] or 0,
-                t["latency_s"], t["bandwidth_bps"])
-    for t in sorted(ttt, key=order):
+    for t in sorted(ttt, key=lambda t: (METHOD_ORDER.index(t["method"]) if t["method"] in METHOD_ORDER else 99,
+                                       t["wire_ratio"] or 0, t["latency_s"], t["bandwidth_bps"])):
         lines.setdefault((t["method"], t["wire_ratio"], t["latency_s"]), []).append(t)
     return lines
 
@@ -164,7 +139,7 @@ def _takeaway(ttt: Sequence[dict]) -> str:
             reach = [t for t in ttt if t["latency_s"] == lat and t["bandwidth_bps"] == bw and t["time_s"] is not None]
             if reach:
                 best = min(reach, key=lambda t: t["time_s"])
-                parts.append(f"{_mbit(bw)} Mbit/s at {lat * 1e3:g} ms: {label(best['method'], best['wire_ratio'])} "
+                parts.append(f"{bw / 1e6:g} Mbit/s at {lat * 1e3:g} ms: {label(best['method'], best['wire_ratio'])} "
                              f"({best['time_s']:,.0f} s)")
     never = sorted({label(t["method"], t["wire_ratio"]) for t in ttt
                     if t["steps_to_target"] is None and t["budget"] is not None})

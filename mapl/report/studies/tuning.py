@@ -1,6 +1,4 @@
-"""The tuning protocol (groups ``tune``, ``tune2``: learning rates chosen on the selection windows, which no
-reported number uses) and the budget-matched check of the tuned cells (group ``lr_check``).
-"""
+"""The tuning protocol (groups tune, tune2) and the budget-matched check of the tuned cells (group lr_check)."""
 from __future__ import annotations
 
 import statistics
@@ -15,13 +13,6 @@ from .main_budget import NO_RUNS
 __all__ = ["tuning_score", "tuning_table", "lr_check_table"]
 
 
-def _cell(r: dict, fields: Sequence[str]) -> tuple:
-    return tuple(r.get(f) for f in fields)
-
-
-_TUNED = ("lr_muon", "lr_embed", "lr_head")
-
-
 def tuning_score(r: dict) -> float:
     """A tuning cell's score: its selection-set loss (older results: its loss on the tuning slice)."""
     return r["select_loss"] if r.get("select_loss") is not None else r["val_loss"]
@@ -32,13 +23,16 @@ def _tuning_takeaway(tune: Sequence[dict], rows: Sequence[dict]) -> str:
     for variant in dict.fromkeys(r["variant"] for r in tune):
         runs = [r for r in tune if r["variant"] == variant]
         best = min(runs, key=tuning_score)
-        fields = _TUNED + (("proj_lr_mult",) if best["projector"] else ())
+        fields = ("lr_muon", "lr_embed", "lr_head") + (("proj_lr_mult",) if best["projector"] else ())
+
+        def _cell(r: dict) -> tuple:
+            return tuple(r.get(f) for f in fields)
         parts.append(f"{label(variant, best['wire_ratio'])} μ {best['lr_muon']:g}, emb {best['lr_embed']:g} "
                      f"({tuning_score(best):.3f}, best of {len(runs)} cells)")
         main = [r for r in rows if r["group"] == "main" and r["variant"] == variant
                 and r["wire_ratio"] == best["wire_ratio"]]
-        if main and any(_cell(m, fields) != _cell(best, fields) for m in main):
-            used = next((r for r in runs if _cell(r, fields) == _cell(main[0], fields)), None)
+        if main and any(_cell(m) != _cell(best) for m in main):
+            used = next((r for r in runs if _cell(r) == _cell(main[0])), None)
             gap = tuning_score(used) - tuning_score(best) if used else 0.0
             unmatched.append(label(variant, best["wire_ratio"]) + (
                 f" (their cell μ {used['lr_muon']:g}, emb {used['lr_embed']:g} scored {tuning_score(used):.4f}, "
@@ -56,8 +50,7 @@ def _scored_on(tune: Sequence[dict]) -> str:
 
 
 def tuning_table(rows_all: Sequence[dict]) -> Table:
-    """Every tuning cell's learning rates and score, the best per method marked; ``rows_all``: the rows with the
-    tuning groups."""
+    """Every tuning cell's learning rates and score, the best per method marked."""
     tune = sorted([r for r in rows_all if r["group"] in ("tune", "tune2")],
                   key=lambda r: (sort_key(r)[:5], tuning_score(r)))
     best = {v: min((r for r in tune if r["variant"] == v), key=tuning_score)["run"]
@@ -88,28 +81,23 @@ def _cell_text(r: dict, named: bool = False) -> str:
     return f"{mu}, {emb}" + (f", SPEL ×{step:g}" if step is not None else "")
 
 
-def _tuned_runs(rows_all: Sequence[dict], check: dict) -> dict[int, dict]:
-    """seed -> the run a check is paired with: a reported study's run of its configuration (reported studies train
-    at the tuned cells, so which study holds it need not be named)."""
-    def configuration(r: dict) -> tuple:
-        return r["variant"], r["model"], r["stages"], r["wire_ratio"], r["steps"]
-    return {r["seed"]: r for r in rows_all if study_role(r["group"]) == "reported" and not r["eval_offset"]
-            and configuration(r) == configuration(check)}
-
-
 def lr_check_table(rows_all: Sequence[dict]) -> Table:
-    """Each check cell (group ``lr_check``) beside the tuned run of its configuration and seed, both scored on the
-    selection set: the paired difference check − tuned (negative: retune at this budget)."""
+    """Each check cell (group ``lr_check``) against the tuned run of its seed: check − tuned on the selection set."""
     checks = [r for r in rows_all if r["group"] == "lr_check"]
     header = ["method", "check cell (μ, emb[, SPEL])", "tuned cell", "steps", "seeds", "check − tuned (selection)",
               "95% CI", "reading"]
     body, sentences = [], []
     def cell_of(r: dict) -> tuple:          # one row per checked cell: a method may be checked at several
         return r["variant"], r["wire_ratio"], r["lr_muon"], r["lr_embed"], _spel_step(r)
+
+    def configuration(r: dict) -> tuple:
+        return r["variant"], r["model"], r["stages"], r["wire_ratio"], r["steps"]
     for cell in dict.fromkeys(map(cell_of, checks)):
         variant = cell[0]
         mine = [r for r in checks if cell_of(r) == cell]
-        tuned = _tuned_runs(rows_all, mine[0])
+        # seed -> the reported run of the check's configuration (reported studies train at the tuned cells)
+        tuned = {r["seed"]: r for r in rows_all if study_role(r["group"]) == "reported" and not r["eval_offset"]
+                 and configuration(r) == configuration(mine[0])}
         pairs = [(r, tuned[r["seed"]]) for r in mine if r["seed"] in tuned]
         diffs = [tuning_score(a) - tuning_score(b) for a, b in pairs]
         ci = t_interval(diffs)
