@@ -1195,10 +1195,10 @@ FAULTS = [
     Fault("report-results-truncated", "a truncated results JSON among the runs the report reads (was: left out "
           "without a word: Table 1's MAPL 8x row lost a seed)", "mapl plan res", 2,
           r"^error: .*/res/main/b\.json is not valid JSON \(truncated\? .*\): the report would leave this run out of "
-          r"every table; rerun that run \(e\.g\. `dvc repro train@<group>`\), or move the file out of the results "
+          r"every table; rerun that run \(`dvc repro train@<run>`\), or move the file out of the results "
           r"folder$",
           "error: <results>/<group>/<run>.json is not valid JSON (truncated? ...): the report would leave this run out of "
-          "every table; rerun that run (e.g. `dvc repro train@<group>`), or move the file out of the results folder",
+          "every table; rerun that run (`dvc repro train@<run>`), or move the file out of the results folder",
           "the report (`mapl.report.load_results`: the report notebook, the planner) refuses before any table",
           "every file", "rerun the run, or move the file away",
           setup=both(seed("--steps 2"), results_folder(lambda p: os.truncate(p, p.stat().st_size // 2))), before_torch=True),

@@ -171,11 +171,34 @@ class ResultsError(ValueError):
     """A results JSON the report cannot use (leaving it out would silently change every table it is in)."""
 
 
-_FIX = "rerun that run (e.g. `dvc repro train@<group>`), or move the file out of the results folder"
+_FIX = "rerun that run (`dvc repro train@<run>`), or move the file out of the results folder"
 
 
 def _finite(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+# the top-level fields the tables read, with the type each must have where present (a hand-edited or foreign file
+# with ``"steps": "many"`` fails here in one line, not deep inside a table with a TypeError)
+_FIELD_TYPES: dict[str, tuple[type, ...]] = {
+    "run": (str,), "method": (str,), "model": (str,), "projector": (str,), "anchor": (str,), "stages": (int,),
+    "steps": (int,), "tokens": (int,), "n_params": (int,), "train_split_tokens": (int,), "ratio": (int, float),
+    "nominal_ratio": (int, float), "select_loss": (int, float), "wall_s": (int, float), "train_wall_s": (int, float),
+    "tokens_per_s": (int, float), "wire": (dict,), "config": (dict,), "diagnostics": (dict,),
+    "boundary_diagnostics": (list,)}
+_WANT = {(str,): "a string", (int,): "an integer", (int, float): "a finite number", (dict,): "an object",
+         (list,): "a list"}
+
+
+def _check_fields(path: Path, res: dict) -> None:
+    """Each field of :data:`_FIELD_TYPES` the file has is of its type (``null`` allowed: no value)."""
+    for key, types in _FIELD_TYPES.items():
+        value = res.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, types) or (
+                isinstance(value, float) and not math.isfinite(value)):
+            raise ResultsError(f"{path}: {key} is {value!r}, not {_WANT[types]}: the file is damaged; {_FIX}")
 
 
 def _check_losses(path: Path, res: dict) -> None:
@@ -205,6 +228,7 @@ def _read(path: Path) -> dict | None:
     if not (isinstance(res, dict) and "val_loss" in res and "method" in res):
         return None
     _check_losses(path, res)
+    _check_fields(path, res)
     return res
 
 
