@@ -65,9 +65,9 @@ PYTEST := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest -q -rs --durati
 # the project's tests, and the GPU kit's beside it (they run on a CPU)
 TESTS  := tests benchmarks/gpu
 
-# The test sets (markers in pyproject.toml). `make test` must stay under 12 minutes on 2 cores from a fresh clone,
-# install included: lint, every in-process test and a chosen share of the child-process tests; the rest is
-# marked `full` (each place says why) and runs in `make test-all`. Lint first: a style failure costs seconds.
+# The test sets (markers in pyproject.toml). `make test` must stay under 10 minutes on 2 cores from a fresh clone,
+# install included: lint, the unit and property tests and a chosen share of the slow and child-process tests; the
+# rest is marked `full` (tests/conftest.py's FULL_ONLY and each marker say why) and runs in `make test-all`. Lint first: a style failure costs seconds.
 test: install lint
 	$(PYTEST) -m "not full" $(TESTS)
 

@@ -94,13 +94,63 @@ def on_meta():
 # `slow` tests are long whatever they run. `make test-fast` deselects both and sets MAPL_TEST_IN_PROCESS=1,
 # under which an unmarked test that starts a child process fails and names the marker it lacks, so the fast
 # set stays fast as tests are added. `make test` runs every test not marked `full` and sets nothing; `make
-# test-all` then runs the `full` ones (heavy child-process groups that do not fit `make test`'s 12 minutes).
+# test-all` then runs the `full` ones (the slowest end-to-end cases, which do not fit `make test`'s 10 minutes).
 IN_PROCESS_ONLY = os.environ.get("MAPL_TEST_IN_PROCESS") == "1"
 
 
+# The slowest end-to-end cases, run by `make test-all` (CI) but not by `make test` (10 minutes on 2 cores, install
+# included): each repeats a contract a faster test of `make test` already checks, named beside it.
+FULL_ONLY = {
+    "tests/test_bench.py::test_slow_link_benchmark_models_the_planner_against_1f1b":
+        "the slow-link benchmark end to end (2 min); its refusals and the cost model's tests stay",
+    "tests/test_bench.py::test_slow_link_keep_measured_carries_the_measured_part_or_refuses":
+        "a second slow-link benchmark run (75 s)",
+    "tests/test_bench.py::test_slow_link_refuses_a_micro_batch_factor_that_does_not_split_the_micro_batch":
+        "starts the benchmark to see one refusal; the cost model's argument checks stay",
+    "tests/test_bench.py::test_quick_report_has_every_section": "the quick benchmark report end to end",
+    "tests/test_pipeline.py::test_deep_1f1b_for_slow_links_is_bit_identical[True]":
+        "deep 1F1B on the blocking transport; the non-blocking case stays",
+    "tests/test_pipeline.py::test_mapl_rvq_parity[4-1f1b-torchrun-True]":
+        "P=4 RVQ parity on the blocking transport; the other RVQ parity cases stay",
+    "tests/test_pipeline.py::test_parity_mapl_p2_1f1b_accelerate_blocking_transport":
+        "accelerate on the blocking transport; the torchrun parity cases stay",
+    "tests/test_pipeline.py::test_sigterm_on_one_rank_stops_all_after_the_same_step_and_resume_is_exact[mapl]":
+        "SIGTERM on a MAPL pipeline; the single-process SIGINT resume tests stay",
+    "tests/test_frozen_trunk.py::test_a_tuned_projector_runs_its_winner_on_every_seed":
+        "the frozen-trunk study's tuning end to end (micro runs)",
+    "tests/test_frozen_trunk.py::test_frozen_trunk_trains_only_the_boundaries_and_anchors":
+        "the frozen-trunk study end to end (micro runs)",
+    "tests/test_rescore.py::test_a_group_is_scored_once_and_only_from_the_committed_checkpoints":
+        "the rescore command end to end; its selection tests stay",
+    "tests/test_data.py::test_real_shakespeare": "tokenizes the real corpus; the synthetic-corpus tests stay",
+    "tests/test_gpu_path.py::test_the_fused_search_is_compiled_before_training_and_the_first_pack_reuses_it":
+        "compiles the fused search (15 s)",
+    "tests/test_optim.py::test_orthogonality_holds_over_10k_spel_steps[bf16-autocast]":
+        "10,000 SPEL steps; the 2,000-step Stiefel tests (1e-5) stay",
+    "tests/test_optim.py::test_orthogonality_holds_over_10k_spel_steps[fp32]":
+        "10,000 SPEL steps; the 2,000-step Stiefel tests (1e-5) stay",
+    "tests/test_peer_pipelining.py::test_smallest_cell_losses_bit_identical_to_the_library":
+        "the peer benchmark's smallest cell end to end",
+    "tests/test_rvq.py::test_fused_search_transient_memory_is_o_of_tokens_times_groups":
+        "a memory measurement over large searches",
+    "tests/test_reliability.py::test_a_run_in_a_folder_with_spaces_and_non_ascii_letters_and_no_home":
+        "a whole run in an odd folder",
+    "tests/test_fast_guard.py::test_a_module_fixture_cannot_start_a_child_process_for_an_unmarked_test[-False]":
+        "runs pytest inside pytest",
+    "tests/test_fast_guard.py::test_a_module_fixture_cannot_start_a_child_process_for_an_unmarked_test"
+    "[@pytest.mark.process-True]": "runs pytest inside pytest",
+    "tests/test_protocol.py::test_how_often_a_run_evaluates_does_not_change_its_training[mapl-rvq]":
+        "the RVQ case of a contract the MAPL case checks",
+}
+
+
 def pytest_collection_modifyitems(config, items):
-    """`full` only on a `slow` or `process` test: an in-process unit test left out of `make test` would be in
-    `make test-fast` but not in the README's command, which must cover every in-process test."""
+    """Mark :data:`FULL_ONLY` `full` (and `slow`). `full` only on a `slow` or `process` test: an in-process unit
+    test left out of `make test` would be in `make test-fast` but not in the README's command."""
+    for item in items:
+        if item.nodeid in FULL_ONLY:
+            item.add_marker(pytest.mark.slow)
+            item.add_marker(pytest.mark.full)
     wrong = [i.nodeid for i in items if i.get_closest_marker("full")
              and not (i.get_closest_marker("slow") or i.get_closest_marker("process"))]
     if wrong:
