@@ -49,11 +49,12 @@ def checkpoint_path(profile: str, name: str) -> Path:
 
 
 def prepare_data(cfgs: list[RunConfig]) -> None:
-    """Each dataset the runs read, prepared once here (idempotent), never by a pipeline's stage processes."""
+    """Each dataset a pool of runs reads, prepared once here (idempotent), never by a pipeline's stage processes or
+    by one `mapl train` (its data is the prepare stage's: training never builds data)."""
     from .. import data as mdata
     from ..core.engine import resolve_data_dir
     for data_dir, cfg in {resolve_data_dir(c): c for c in cfgs}.items():
-        mdata.prepare(cfg.data, data_dir)
+        mdata.prepare(cfg.data, data_dir, profile=cfg.profile)
 
 
 # ---- one run ---------------------------------------------------------------------------------------
@@ -61,7 +62,6 @@ def train_one(profile: str, cfg: RunConfig, spec: dict, out: Path, ckpt: Path, e
               by_launcher: bool = True, log=print, **run_flags) -> dict | None:
     """Train ``cfg`` here, or with ``by_launcher`` as the profile's launcher starts it; the results (None if launched)."""
     launcher = launcher_config(profile)
-    prepare_data([cfg])
     if launcher.kind == "pool" or not by_launcher:
         from ..core.run import run
         progress = StepProgress(cfg.name(), every_s) if every_s else None
