@@ -8,7 +8,7 @@
 #   make paper-smoke  the paper code path at paper shapes on CPU, in a temporary copy; results land in reports/paper-smoke/ (git-ignored)
 #   make docs         rewrite the documents' generated blocks from their sources (a test runs `mapl docs --check`)
 #   make lint         ruff (rules and their reasons in pyproject.toml [tool.ruff]); seconds
-#   make test-all     `make test`, then the `full` tests: every test once (CI runs it, .ci/run)
+#   make test-all     `make test`, then the `full` tests: every test once (about 90 minutes on 2 cores)
 #   make test-fast    the in-process unit tests only
 PYTHON ?= python3
 VENV   ?= .venv
@@ -61,7 +61,7 @@ paper-smoke: install
 lint: install
 	$(VENV)/bin/ruff check .
 
-PYTEST := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest -q -rs --durations=20
+PYTEST := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest -q -rfEs --durations=20
 # the project's tests, and the GPU kit's beside it (they run on a CPU)
 TESTS  := tests benchmarks/gpu
 
