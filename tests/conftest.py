@@ -98,7 +98,7 @@ def on_meta():
 IN_PROCESS_ONLY = os.environ.get("MAPL_TEST_IN_PROCESS") == "1"
 
 
-# The slowest end-to-end cases, run by `make test-all` but not by `make test` (what CI runs) (10 minutes on 2 cores, install
+# The slowest end-to-end cases, run by `make test-all` but not by `make test` (CI's command; 10 minutes on 2 cores, install
 # included): each repeats a contract a faster test of `make test` already checks, named beside it.
 FULL_ONLY = {
     "tests/test_bench.py::test_slow_link_benchmark_models_the_planner_against_1f1b":
