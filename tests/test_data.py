@@ -270,8 +270,8 @@ def test_host_stamp_skips_the_hash_but_sees_any_write(tmp_path, monkeypatch):
     D.prepare(cfg, tmp_path / "out")
     monkeypatch.setattr(mapl.data.dataset, "_RACY_S", -1.0)       # the files are fresh: allow stamping now
     calls = []
-    real = mapl.data.dataset.sha256_fd
-    monkeypatch.setattr(mapl.data.dataset, "sha256_fd", lambda fd, *a: calls.append(fd) or real(fd, *a))
+    real = mapl.data.dataset.digest_fd
+    monkeypatch.setattr(mapl.data.dataset, "digest_fd", lambda fd, *a: calls.append(fd) or real(fd, *a))
     D.open_dataset(cfg, tmp_path / "out")
     assert len(calls) == 3 and list((tmp_path / "out").glob(".verified-*.json"))   # train, val, tokenizer
     D.open_dataset(cfg, tmp_path / "out")
@@ -291,6 +291,49 @@ def test_host_stamp_skips_the_hash_but_sees_any_write(tmp_path, monkeypatch):
         D.prepare(cfg, tmp_path / "out", full_verify=True)
 
 
+def _edit_manifest(folder: Path, edit) -> None:
+    path = folder / "manifest.json"
+    m = json.loads(path.read_text())
+    edit(m)
+    path.write_text(json.dumps(m))
+
+
+def test_a_token_id_beyond_the_vocabulary_is_refused_when_the_shard_is_opened(tmp_path, monkeypatch):
+    # was: an IndexError traceback from torch.embedding at the first batch (the manifest's hash had been updated)
+    cfg = text_cfg(tmp_path, tokenizer="byte")
+    out = tmp_path / "out"
+    D.prepare(cfg, out)
+    monkeypatch.setattr(mapl.data.dataset, "_RACY_S", -1.0)
+    D.open_dataset(cfg, out)                                     # stamped, with the largest id checked
+    shard = out / "val.bin"
+    ids = np.fromfile(shard, dtype="<u2")
+    ids[5] = 300                                                 # the byte tokenizer has 257 ids
+    ids.tofile(shard)
+    _edit_manifest(out, lambda m: m["splits"]["val"].update(sha256=hashlib.sha256(shard.read_bytes()).hexdigest()))
+    with pytest.raises(DataError, match=r"val\.bin: token id 300 is beyond the vocabulary \(manifest\.json: vocab_size "
+                                        r"257\): the shard and the tokenizer come from different preparations"):
+        D.open_dataset(cfg, out)
+    with pytest.raises(DataError, match="token id 300 is beyond"):       # no stamp was written for it
+        D.load_split(out, "val")
+
+
+@pytest.mark.parametrize("edit,message", [
+    (lambda m: m["splits"]["train"].update(tokens="many"), r"splits\.train\.tokens='many' is invalid: must be an integer >= 0"),
+    (lambda m: m["splits"]["val"].update(file="../x.bin"), r"splits\.val\.file='\.\./x\.bin' is invalid: must be a file name"),
+    (lambda m: m.update(dtype="float32"), r"dtype='float32' is invalid: must be 'uint16' or 'uint32'"),
+    (lambda m: m["tokenizer"].pop("sha256"), r"tokenizer\.sha256 is missing"),
+    (lambda m: m.update(vocab_size=True), r"vocab_size=True is invalid: must be an integer >= 1"),
+])
+def test_a_manifest_field_of_the_wrong_type_is_one_line_naming_it(tmp_path, edit, message):
+    # was: "invalid literal for int()" with no file or field
+    cfg = text_cfg(tmp_path, tokenizer="byte")
+    D.prepare(cfg, tmp_path / "out")
+    _edit_manifest(tmp_path / "out", edit)
+    with pytest.raises(DataError, match=r"manifest\.json: " + message) as e:
+        D.open_dataset(cfg, tmp_path / "out")
+    assert "\n" not in str(e.value) and "--rebuild" in str(e.value)
+
+
 def test_stamp_goes_to_the_user_cache_when_the_folder_cannot_be_written(tmp_path, monkeypatch):
     cfg = text_cfg(tmp_path, tokenizer="byte")
     D.prepare(cfg, tmp_path / "out")
@@ -301,7 +344,7 @@ def test_stamp_goes_to_the_user_cache_when_the_folder_cannot_be_written(tmp_path
     D.open_dataset(cfg, tmp_path / "out")
     assert not list((tmp_path / "out").glob(".verified-*.json"))
     assert len(list((tmp_path / "xdg" / "mapl" / "verified").glob("*.json"))) == 1
-    monkeypatch.setattr(mapl.data.dataset, "sha256_fd", lambda *a: pytest.fail("hashed despite the stamp"))
+    monkeypatch.setattr(mapl.data.dataset, "digest_fd", lambda *a: pytest.fail("hashed despite the stamp"))
     D.open_dataset(cfg, tmp_path / "out")
 
 

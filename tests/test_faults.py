@@ -676,6 +676,12 @@ FAULTS = [
           f"{T} --set train.grad_clip=-1 {IO}", 2, r"^error: train\.grad_clip=-1\.0 is invalid: must be >= 0$",
           "error: train.grad_clip=-1.0 is invalid: must be >= 0",
           "refused before any work", "nothing written", "fix the value", before_torch=True),
+    Fault("warmup-longer-than-run", "a warm-up longer than the run (`--set train.warmup_steps=5 --steps 2`; was: "
+          "accepted, and the run never left its warm-up)", f"{T} --steps 2 --set train.warmup_steps=5 {IO}", 2,
+          r"^error: train\.warmup_steps=5 is invalid: must be <= train\.steps=2 \(a longer warm-up never reaches the "
+          r"peak learning rate\)$",
+          "error: train.warmup_steps=5 is invalid: must be <= train.steps=2 (a longer warm-up never reaches the peak "
+          "learning rate)", "refused before any work", "nothing written", "fix the value", before_torch=True),
     Fault("seed-negative", "a flag out of its range (`--seed -1`)", f"{T} --seed -1 {IO}", 2,
           r"^error: train\.seed=-1 is invalid: must be >= 0$", "error: train.seed=-1 is invalid: must be >= 0",
           "refused before any work", "nothing written", "fix the value", slow=True, before_torch=True),
@@ -1037,6 +1043,24 @@ FAULTS = [
           2, r"^error: train\.grad_clip=-1\.0 is invalid: must be >= 0$",
           "error: train.grad_clip=-1.0 is invalid: must be >= 0", "refused before any rank starts",
           "nothing written", "fix the value"),
+    Fault("pipeline-env-not-a-number", "a launcher variable that is not a number (`WORLD_SIZE=abc`; was: "
+          "'invalid literal for int()' without the variable)", MP, 2,
+          r"^error: environment variable WORLD_SIZE='abc' is invalid: must be an integer$",
+          "error: environment variable WORLD_SIZE='abc' is invalid: must be an integer",
+          "refused before the rendezvous", "nothing written", "fix the launcher's environment",
+          env={"WORLD_SIZE": "abc", "RANK": "0"}, before_torch=True),
+    Fault("pipeline-rank-beyond-world", "`RANK` at or above `WORLD_SIZE` (was: exit 3 with gloo's own text, read as "
+          "a peer failure)", MP, 2,
+          r"^error: environment variable RANK=2 is invalid: must be in \[0, WORLD_SIZE=2\) \(ranks are numbered "
+          r"from 0\)$",
+          "error: environment variable RANK=2 is invalid: must be in [0, WORLD_SIZE=2) (ranks are numbered from 0)",
+          "refused before the rendezvous", "nothing written", "number the ranks 0 .. WORLD_SIZE - 1",
+          env={"WORLD_SIZE": "2", "RANK": "2"}, before_torch=True),
+    Fault("pipeline-rendezvous-env", "`MAPL_RENDEZVOUS_TIMEOUT=abc` (was: a message without the variable)", MP, 2,
+          r"^error: environment variable MAPL_RENDEZVOUS_TIMEOUT='abc' is invalid: must be a number$",
+          "error: environment variable MAPL_RENDEZVOUS_TIMEOUT='abc' is invalid: must be a number",
+          "refused before any rank starts", "nothing written", "give seconds (or `--rendezvous-timeout`)",
+          env={"MAPL_RENDEZVOUS_TIMEOUT": "abc"}, before_torch=True),
     Fault("pipeline-bad-timeout", "a communication timeout that is not a positive number of seconds (`--timeout 0`)",
           f"{MP} --timeout 0", 2, r"^error: train\.comm_timeout_s=0\.0 is invalid: must be > 0$",
           "error: train.comm_timeout_s=0.0 is invalid: must be > 0", "refused before any rank starts",
@@ -1297,6 +1321,13 @@ FAULTS = [
               "      micro-P2-none-s0: {group: main, method: none}\n",
               "      micro-P2-none-s0: {group: main, method: none}\n      micro-P2-none-s0: {group: seeds, method: none}\n",
               1)), slow=True, before_torch=True),
+    Fault("plan-results-a-file", "`mapl plan` on a file, not a results folder (was: 'does not exist')",
+          "mapl plan afile", 2,
+          r"^error: results folder afile is not a folder: give the folder of a profile's results, e\.g\. "
+          r"reports/cpu/results$",
+          "error: results folder afile is not a folder: give the folder of a profile's results, e.g. reports/cpu/results",
+          "refused before any result is read", "every file", "give the folder", setup=write("afile", "x"),
+          before_torch=True),
     Fault("plan-target-nan", "`mapl plan --target-pct nan` (or ≤ 0; was: a report of 'no run' for nan, of nothing "
           "reached for a negative target)", "mapl plan res --target-pct nan", 2,
           r"^error: --target-pct nan is invalid: must be a finite number > 0 \(percent above uncompressed's best "

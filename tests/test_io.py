@@ -210,6 +210,67 @@ def test_check_writable_refuses_an_impossible_path(tmp_path, case, message):
     assert str(path) in str(e.value) and "\n" not in str(e.value)
 
 
+def _not_regular(tmp_path: Path, kind: str) -> Path:
+    path = tmp_path / kind
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "socket":
+        import socket
+        sock = socket.socket(socket.AF_UNIX)
+        sock.bind(str(path))
+        sock.close()
+    elif kind == "link_to_fifo":
+        os.mkfifo(tmp_path / "target")
+        path.symlink_to(tmp_path / "target")
+    return path
+
+
+@pytest.mark.parametrize("kind,message", [("fifo", "a FIFO"), ("socket", "a socket"),
+                                          ("link_to_fifo", "a FIFO .*a symbolic link to")])
+@pytest.mark.parametrize("write", ["json", "torch", "check"])
+def test_an_output_that_is_not_a_regular_file_is_never_replaced(tmp_path, kind, message, write):
+    # the rename of an atomic write replaced whatever stood at the path: a device node, a FIFO, a socket
+    path = _not_regular(tmp_path, kind)
+    before = os.lstat(path)
+    call = {"json": lambda: atomic_write_json(path, {"a": 1}), "torch": lambda: atomic_torch_save({"a": 1}, path),
+            "check": lambda: check_writable(path)}[write]
+    with pytest.raises(OutputError, match=message) as e:
+        call()
+    after = os.lstat(path)
+    assert (after.st_mode, after.st_ino) == (before.st_mode, before.st_ino)
+    assert str(path) in str(e.value) and "\n" not in str(e.value) and _leftovers(tmp_path) == []
+
+
+def test_a_device_node_is_refused_without_writing(monkeypatch):
+    # read-only on /dev/null: the refusal comes from its stat, before any temp file or rename
+    monkeypatch.setattr(os, "open", lambda *a, **k: pytest.fail("a device node reached os.open"))
+    with pytest.raises(OutputError, match="/dev/null: it is a character device, not a regular file"):
+        atomic_write_json("/dev/null", {"a": 1})
+
+
+def test_a_symbolic_link_to_a_regular_file_is_replaced_and_its_target_kept(tmp_path):
+    target = tmp_path / "elsewhere.json"
+    target.write_text("{}")
+    link = tmp_path / "r.json"
+    link.symlink_to(target)
+    atomic_write_json(link, {"a": 1})
+    assert not link.is_symlink() and json.loads(link.read_text()) == {"a": 1} and target.read_text() == "{}"
+
+
+def test_a_lock_whose_holder_line_cannot_be_written_leaves_no_lock_file(tmp_path, monkeypatch):
+    real_write = os.write
+
+    def full_disk(fd, data):
+        if data.startswith(str(os.getpid()).encode()):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(fd, data)
+    monkeypatch.setattr(os, "write", full_disk)
+    with pytest.raises(OutputError, match=r"cannot write the lock file .*r.json.lock: No space left on device \(the disk"):
+        with OutputLock(tmp_path / "r.json"):
+            pass
+    assert list(tmp_path.iterdir()) == []
+
+
 # ---- output locks ---------------------------------------------------------------------------
 HOLDER = """
 import sys, time

@@ -167,6 +167,28 @@ def test_without_grace_every_rank_is_waited_for():
     assert stopped == [] and [p.returncode for p in procs] == [0, 0] and exit_s[1] >= 1.4
 
 
+@pytest.mark.parametrize("codes,expected", [([0, 0], 0), ([-9, 3], 3), ([0, -15], 3), ([4, 3], 4), ([2, 2], 2)])
+def test_a_rank_killed_by_a_signal_ends_the_launch_as_a_peer_failure(codes, expected):
+    # was: rank 0's -9 became the launcher's exit status 247, a code no table documents
+    from mapl.orchestration.launch import _outcome
+    assert _outcome(codes, {}, len(codes), None) == expected
+
+
+def test_status_folders_of_dead_launchers_are_removed(tmp_path, monkeypatch):
+    # a SIGKILLed launcher cannot remove its status folder: the next launch does
+    import tempfile
+
+    from mapl.orchestration.launch import status_folder
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    dead = tmp_path / "mapl-status-999999999-abc"           # above Linux's PID limit: never a live process
+    live = tmp_path / f"mapl-status-{os.getppid()}-def"
+    for folder in (dead, live):
+        folder.mkdir()
+        (folder / "rank0.json").write_text("{}")
+    new = status_folder()
+    assert not dead.exists() and live.exists() and Path(new).name.startswith(f"mapl-status-{os.getpid()}-")
+
+
 # ---- a finished run's results are never replaced by another config's (mapl.core.run.check_results_file) -----
 def _results_of(cfg) -> dict:
     from mapl.core.config import config_hash

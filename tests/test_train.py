@@ -220,6 +220,24 @@ def test_resume_refuses_changes_outside_the_resumable_fields(micro_cfg, tmp_path
             resume_with_changes=True)
 
 
+@pytest.mark.parametrize("step,message", [
+    (1000, r"state\.step=1000 is beyond this run's train\.steps=2: it trained further than the run asks"),
+    (-1, r"state\.step=-1 is invalid: must be an integer >= 0"),
+    ("3", r"state\.step='3' is invalid: must be an integer >= 0")])
+def test_a_checkpoint_step_outside_the_budget_is_refused(micro_cfg, tmp_path, step, message):
+    # was: a step counter of 1,000 resumed a 2-step run, whose results then claimed 1,000 steps
+    from mapl.core.checkpoint import CheckpointError
+    cfg, ck, out = micro_cfg("none", **{"train.steps": 2}), tmp_path / "c.pt", tmp_path / "r.json"
+    run(cfg, ckpt=ck, progress=False, log=lambda *a: None)
+    saved = torch.load(ck, weights_only=True)
+    saved["state"]["step"] = step
+    torch.save(saved, ck)
+    before = ck.read_bytes()
+    with pytest.raises(CheckpointError, match=message) as e:
+        run(cfg, ckpt=ck, out=out, progress=False, log=lambda *a: None)
+    assert "\n" not in str(e.value) and ck.read_bytes() == before and not out.exists()
+
+
 def test_checkpoint_with_missing_keys_is_one_line(micro_cfg, tmp_path):
     from mapl.core.checkpoint import CheckpointError
     ck = tmp_path / "c.pt"

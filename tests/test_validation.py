@@ -31,6 +31,7 @@ BAD_CONFIGS = [
     ({"train.schedule": "1f1b", "train.micro_batches": 1, "train.batch_size": 4}, "1f1b needs at least"),
     ({"train.micro_batches": 3}, "must divide train.batch_size=4"),
     ({"train.steps": 0}, "train.steps=0"),
+    ({"train.steps": 5, "train.warmup_steps": 6}, r"train.warmup_steps=6 is invalid: must be <= train.steps=5"),
     ({"train.precision": "fp8"}, "train.precision='fp8'"),
     ({"train.schedule": "zb"}, "train.schedule='zb'"),
     ({"train.min_lr_frac": 2}, "train.min_lr_frac=2"),

@@ -12,12 +12,13 @@ import logging
 import os
 import secrets
 import shlex
+import stat
 import sys
 import time
 from pathlib import Path
 
 __all__ = ["OutputError", "read_json_object", "atomic_write_text", "atomic_write_bytes", "atomic_write_json", "atomic_torch_save",
-           "check_writable", "OutputLock", "waiting_lock", "os_error_hint"]
+           "check_writable", "refuse_non_regular", "OutputLock", "waiting_lock", "os_error_hint"]
 
 PathLike = str | os.PathLike
 log = logging.getLogger(__name__)
@@ -62,10 +63,29 @@ def _output_error(path: Path, e: OSError, doing: str = "cannot write") -> Output
     return OutputError(f"{doing} {path}: {cause}" + (f" ({hint})" if hint else ""))
 
 
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+          (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"))
+
+
+def refuse_non_regular(path: PathLike) -> None:
+    """An output is a regular file or does not exist yet: the rename of an atomic write would otherwise replace a
+    device node, FIFO, socket or folder (``--out /dev/null`` as root would replace the system's /dev/null). A symbolic
+    link is followed only to a regular file; the link itself is then replaced by the file, never its target."""
+    path = Path(path)
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return       # a new file, a dangling link the rename replaces, or a bad parent the next step names
+    for test, kind in _KINDS:
+        if test(mode):
+            via = f" (a symbolic link to {os.path.realpath(path)})" if path.is_symlink() else ""
+            raise OutputError(f"cannot write {path}: it is {kind}{via}, not a regular file; give a file path "
+                              "(an output replaces only regular files)")
+
+
 def _open_temp(path: Path) -> tuple[int, Path]:
     """Create a fresh temp file next to ``path`` (O_EXCL: never shared, mode from the umask)."""
-    if path.is_dir():
-        raise OutputError(f"cannot write {path}: it is a directory (give a file path)")
+    refuse_non_regular(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -267,8 +287,12 @@ def _acquire(path: Path, waiting_for: str | None = None) -> int:
         if same:
             break
         os.close(fd)
-    os.ftruncate(fd, 0)
-    os.write(fd, f"{os.getpid()}\n{shlex.join(sys.orig_argv or [sys.executable, *sys.argv])}\n".encode())
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n{shlex.join(sys.orig_argv or [sys.executable, *sys.argv])}\n".encode())
+    except OSError as e:                 # a full disk: leave no 0-byte lock file behind
+        _release(path, fd)
+        raise _output_error(lock, e, "cannot write the lock file") from e
     return fd
 
 

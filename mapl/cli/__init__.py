@@ -17,7 +17,7 @@ import sys
 import textwrap
 from typing import Sequence
 
-__all__ = ["COMMANDS", "main", "build_parser", "command_parser", "add_profile", "profile_names"]
+__all__ = ["COMMANDS", "main", "build_parser", "command_parser", "add_profile", "profile_names", "Parser"]
 
 # command -> (module of this package, the one line `mapl --help` shows); the order is the help's
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -35,6 +35,16 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse, except that ``--flag=--`` is a usage error: argparse drops a value of ``--`` and hands the command
+    an empty list, unchecked against the flag's choices or type (found by tests/test_fuzz.py)."""
+
+    def _get_values(self, action, arg_strings):
+        if action.option_strings and action.nargs is None and arg_strings == ["--"]:
+            self.error(f"argument {'/'.join(action.option_strings)}: expected one argument")
+        return super()._get_values(action, arg_strings)
+
+
 def command_parser(name: str, summary: str, examples: str, subcommands=None) -> argparse.ArgumentParser:
     """A command's parser: usage, the one-sentence ``summary``, the flags, then ``examples`` (``subcommands``: the
     parent's ``add_subparsers()``)."""
@@ -43,7 +53,7 @@ def command_parser(name: str, summary: str, examples: str, subcommands=None) -> 
               formatter_class=functools.partial(argparse.RawDescriptionHelpFormatter, max_help_position=26))
     if subcommands is not None:
         return subcommands.add_parser(name, help=summary.rstrip("."), **kw)
-    return argparse.ArgumentParser(prog=f"mapl {name}", **kw)
+    return Parser(prog=f"mapl {name}", **kw)
 
 
 def profile_names(params: dict | None = None) -> list[str]:

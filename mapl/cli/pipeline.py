@@ -11,7 +11,7 @@ from pathlib import Path
 from ..base.cli import debug_requested, report
 from ..core.config import PROJECT_ROOT, SCHEDULES
 from ..core.link import PROFILES
-from . import command_parser
+from . import Parser, command_parser
 from . import train as mtrain
 
 __all__ = ["main", "PROG", "DEFAULT_RENDEZVOUS_S"]
@@ -31,8 +31,7 @@ def _extra_parser() -> argparse.ArgumentParser:
     ap.add_argument("--timeout", default=os.environ.get("MAPL_PG_TIMEOUT"), metavar="S",
                     help="limit of any wait in training (env MAPL_PG_TIMEOUT)")
     ap.add_argument("--rendezvous-timeout", type=float, metavar="S",
-                    default=float(os.environ.get("MAPL_RENDEZVOUS_TIMEOUT", DEFAULT_RENDEZVOUS_S)),
-                    help="rendezvous limit (env MAPL_RENDEZVOUS_TIMEOUT)")
+                    help=f"rendezvous limit (env MAPL_RENDEZVOUS_TIMEOUT; default {DEFAULT_RENDEZVOUS_S:g})")
     ap.add_argument("--blocking-transport", action="store_true",
                     help="every send waits for its receive, as on NCCL")
     ap.add_argument("--link-delay", metavar="LINK",
@@ -46,10 +45,12 @@ def _extra_parser() -> argparse.ArgumentParser:
 def _parse(argv: list[str]):
     """(this command's own flags, the `mapl train` flags, the arguments every rank gets)."""
     extra, rest = _extra_parser().parse_known_args(argv)
+    if extra.rendezvous_timeout is None:
+        extra.rendezvous_timeout = _env_number("MAPL_RENDEZVOUS_TIMEOUT", float, DEFAULT_RENDEZVOUS_S)
     value = extra.rendezvous_timeout         # --timeout is checked as the config field below
     if not (math.isfinite(value) and value > 0):
         raise ValueError(f"--rendezvous-timeout {value:g} is invalid: must be a finite number of seconds > 0")
-    run_flags = argparse.ArgumentParser(prog=PROG, add_help=False)
+    run_flags = Parser(prog=PROG, add_help=False)
     mtrain.add_run_arguments(run_flags)
     args = run_flags.parse_args(rest)
     if extra.schedule:
@@ -89,6 +90,29 @@ def _rank(extra, args, debug: bool) -> int:
     return run_rank_process(resolve, options, debug)
 
 
+def _env_number(name: str, kind: type, default):
+    """The number in environment variable ``name`` (``default`` when unset), or a ValueError naming the variable."""
+    text = os.environ.get(name)
+    if text is None:
+        return default
+    try:
+        return kind(text)
+    except ValueError:
+        what = "an integer" if kind is int else "a number"
+        raise ValueError(f"environment variable {name}={text!r} is invalid: must be {what}") from None
+
+
+def check_launch_env() -> None:
+    """A launcher's RANK and WORLD_SIZE, checked before the rendezvous: afterwards a mistake here reads as a peer
+    failure (gloo's own text, exit 3)."""
+    world, rank = _env_number("WORLD_SIZE", int, 1), _env_number("RANK", int, 0)
+    if world < 1:
+        raise ValueError(f"environment variable WORLD_SIZE={world} is invalid: must be >= 1")
+    if not 0 <= rank < world:
+        raise ValueError(f"environment variable RANK={rank} is invalid: must be in [0, WORLD_SIZE={world}) (ranks "
+                         "are numbered from 0)")
+
+
 def _check_process_count(world: int, stages: int) -> None:
     """Refuse a WORLD_SIZE that is no multiple of P before the rendezvous (after it, peers would end "peer died")."""
     if world % stages:
@@ -106,6 +130,7 @@ def main(argv=None) -> int:
         extra, args, argv = _parse(argv)
         if "WORLD_SIZE" not in os.environ:          # no launcher around us: start the ranks here
             return _launch(extra, args, argv)
+        check_launch_env()
     except (ValueError, FileNotFoundError) as e:
         return report(e, prog=PROG, debug=debug)
     return _rank(extra, args, debug)

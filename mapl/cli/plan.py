@@ -29,7 +29,9 @@ def _main(argv: list[str]) -> int:
         raise ValueError(f"--target-pct {a.target_pct:g} is invalid: must be a finite number > 0 (percent above "
                          "uncompressed's best loss)")
     if not a.results.is_dir():
-        raise ValueError(f"results folder {a.results} does not exist")
+        what = "is not a folder" if a.results.exists() else "does not exist"
+        raise ValueError(f"results folder {a.results} {what}: give the folder of a profile's results, "
+                         "e.g. reports/cpu/results")
     from ..planning.planner import load_runs, main_model_runs, steps_report
     runs = main_model_runs(load_runs(a.results, variants=True))
     print(f"{len(runs)} runs of the main model in {a.results}\n")

@@ -9,6 +9,7 @@ once a forward on its weights was finite: ``run.pt`` is always a checkpoint the 
 from __future__ import annotations
 
 import os
+import zipfile
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -135,11 +136,11 @@ class CheckpointSlot:
 
 def read(path: Path) -> dict:
     """Load a checkpoint (``weights_only``) and check its shape, or a one-line error."""
+    _check_crc(path)
     try:
         ck = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:          # noqa: BLE001 -- torch raises many types for a bad file
-        raise CheckpointError(f"checkpoint {path} cannot be loaded safely (truncated, foreign, or needs pickled "
-                              f"objects): {type(e).__name__}: {str(e)[:200]}. Delete it or use --fresh") from None
+        raise _unloadable(path, e) from None
     if not isinstance(ck, dict) or not str(ck.get("format", "")).startswith("mapl-checkpoint"):
         raise CheckpointError(f"checkpoint {path} is not a mapl checkpoint; delete it or use --fresh")
     if ck["format"] != FORMAT:
@@ -150,11 +151,33 @@ def read(path: Path) -> dict:
     if missing:
         raise CheckpointError(f"checkpoint {path} lacks {missing}: it is damaged or was not written by mapl; delete "
                               "it or use --fresh")
+    step = ck["state"]["step"]
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise CheckpointError(f"checkpoint {path}: state.step={step!r} is invalid: must be an integer >= 0 (a damaged "
+                              "or edited file); delete it or use --fresh")
     bad = _first_nonfinite_saved(ck)
     if bad is not None:     # save() never writes one; a file edited or damaged on disk must not resume a run
         raise CheckpointError(f"checkpoint {path} holds non-finite values in {bad}: it was not written that way by "
                               "mapl (a damaged or edited file); delete it or use --fresh")
     return ck
+
+
+def _unloadable(path: Path, e: BaseException) -> CheckpointError:
+    return CheckpointError(f"checkpoint {path} cannot be loaded safely (truncated, foreign, or needs pickled objects): "
+                           f"{type(e).__name__}: {str(e)[:200]}. Delete it or use --fresh")
+
+
+def _check_crc(path: Path) -> None:
+    """torch.save writes a zip whose records carry CRC-32s, but torch.load does not check them: a flipped bit in a
+    weight loads as another weight. Python's zipfile checks them (one read of the file, at resume only)."""
+    try:
+        with zipfile.ZipFile(path) as z:
+            bad = z.testzip()
+    except Exception as e:          # noqa: BLE001 -- a damaged archive fails in many ways (BadZipFile, OSError, ...)
+        raise _unloadable(path, e) from None
+    if bad is not None:
+        raise CheckpointError(f"checkpoint {path}: its record {bad} fails its CRC-32 check (the file was damaged after "
+                              "it was written); delete it or use --fresh")
 
 
 def _first_nonfinite_saved(ck: dict) -> str | None:
@@ -227,8 +250,16 @@ def restore(ck: dict, path: Path, cfg: RunConfig, model: torch.nn.Module, optimi
                 from None
         for group, hyper in zip(opt.param_groups, fresh):      # this run's settings (a resume may change LRs)
             group.update(hyper)
+    if checkpoint_step(ck) > cfg.train.steps:       # the loop would end at once and report the checkpoint's step count
+        raise CheckpointError(f"checkpoint {path}: state.step={checkpoint_step(ck)} is beyond this run's "
+                              f"train.steps={cfg.train.steps}: it trained further than the run asks; raise train.steps "
+                              "(with --resume-with-changes), use another --ckpt path, or --fresh")
     meter.load_state_dict(ck["meter"])
-    state = LoopState.from_dict(ck["state"])
+    try:
+        state = LoopState.from_dict(ck["state"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise CheckpointError(f"checkpoint {path}: its loop state is damaged ({type(e).__name__}: {str(e)[:120]}); "
+                              "delete it or use --fresh") from None
     if changes:
         state.resumed_with_changes.append({"step": state.step, "changes": changes})
     return state

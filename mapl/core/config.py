@@ -202,6 +202,9 @@ class TrainConfig:
 
     def validate(self, stages: int) -> "TrainConfig":
         check_fields(self, "train")
+        if self.warmup_steps > self.steps:
+            refuse("train.warmup_steps", self.warmup_steps, f"must be <= train.steps={self.steps} (a longer warm-up "
+                                                            "never reaches the peak learning rate)")
         if self.batch_size % self.micro_batches:
             refuse("train.micro_batches", self.micro_batches, f"must divide train.batch_size={self.batch_size}")
         if self.schedule in ONE_F_ONE_B and self.micro_batches < stages:

@@ -25,7 +25,7 @@ from .config import (PROJECT_ROOT, DataConfig, DataError, MissingDataError, data
 from ..base.io import OutputError, atomic_write_json, read_json_object, waiting_lock
 
 __all__ = ["Dataset", "open_dataset", "default_data_dir", "load_split", "MANIFEST", "TOKENIZER_FILE", "FORMAT_VERSION",
-           "read_manifest", "verify_file", "verified_manifest", "TokenShard"]
+           "read_manifest", "verify_file", "verified_manifest", "TokenShard", "digest_fd"]
 
 MANIFEST = "manifest.json"
 TOKENIZER_FILE = "tokenizer.json"
@@ -45,22 +45,60 @@ def read_manifest(out_dir: str | os.PathLike, profile: str | None = None) -> dic
     if not path.exists():
         raise MissingDataError(f"{path} is missing: the folder was never completely prepared; prepare it with "
                                f"{prepare_command(profile)}")
+    fix = f"rebuild the folder with {prepare_command(profile, rebuild=True)}"
     try:
         m = json.loads(path.read_text())
-        m["splits"]["train"], m["splits"]["val"], m["tokenizer"]["sha256"], m["dtype"]   # noqa: B018 -- a KeyError/TypeError names a malformed manifest
-    except (ValueError, KeyError, TypeError) as e:
-        raise DataError(f"{path} is not a valid manifest ({type(e).__name__}: {e}); rebuild the folder with "
-                        f"{prepare_command(profile, rebuild=True)}") from None
-    if m.get("format") != FORMAT_VERSION:
-        raise DataError(f"{path} has format {m.get('format')!r}, this code reads format {FORMAT_VERSION}; "
-                        f"rebuild the folder with {prepare_command(profile, rebuild=True)}")
+    except ValueError as e:
+        raise DataError(f"{path} is not a valid manifest ({type(e).__name__}: {e}); {fix}") from None
+    if not isinstance(m, dict) or m.get("format") != FORMAT_VERSION:
+        found = m.get("format") if isinstance(m, dict) else None
+        raise DataError(f"{path} has format {found!r}, this code reads format {FORMAT_VERSION}; {fix}")
+    problem = _manifest_problem(m)
+    if problem:
+        raise DataError(f"{path}: {problem} (a damaged or edited manifest); {fix}")
     return m
 
 
-def sha256_fd(fd: int) -> str:
-    """sha256 of an open file, read from its start (the descriptor stays open)."""
+# the manifest fields a reader uses -> (type, what is allowed); hand-written: seven fields do not need a schema library
+_MANIFEST_FIELDS = {
+    "dtype": (str, lambda v: v in ("uint16", "uint32"), "'uint16' or 'uint32'"),
+    "vocab_size": (int, lambda v: v >= 1, "an integer >= 1"),
+    "tokenizer.sha256": (str, lambda v: len(v) == 64, "a sha256 hex digest"),
+    **{f"splits.{split}.{key}": rule for split in ("train", "val") for key, rule in {
+        "file": (str, lambda v: v and "/" not in v and v not in (".", ".."), "a file name in the folder"),
+        "sha256": (str, lambda v: len(v) == 64, "a sha256 hex digest"),
+        "tokens": (int, lambda v: v >= 0, "an integer >= 0")}.items()},
+}
+
+
+def _manifest_problem(m: dict) -> str | None:
+    """The first manifest field that is missing, of the wrong type or out of range, said as a user reads it."""
+    for field, (kind, ok, allowed) in _MANIFEST_FIELDS.items():
+        value: object = m
+        for part in field.split("."):
+            if not isinstance(value, dict) or part not in value:
+                return f"{field} is missing"
+            value = value[part]
+        if isinstance(value, bool) or not isinstance(value, kind) or not ok(value):
+            return f"{field}={value!r} is invalid: must be {allowed}"
+    return None
+
+
+def _dtype(m: dict) -> np.dtype:
+    return np.dtype(m["dtype"]).newbyteorder("<")
+
+
+def digest_fd(fd: int, dtype: np.dtype | None = None) -> tuple[str, int | None]:
+    """sha256 of an open file read from its start (the descriptor stays open) and, for a shard of ``dtype``, its
+    largest token id, in the same pass."""
+    h, top = hashlib.sha256(), None
     with open(fd, "rb", closefd=False) as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
+        while chunk := f.read(1 << 24):                 # 16 MiB: a multiple of every token size
+            h.update(chunk)
+            if dtype is not None and len(chunk) >= dtype.itemsize:
+                ids = np.frombuffer(chunk, dtype, len(chunk) // dtype.itemsize)
+                top = max(top if top is not None else -1, int(ids.max()))
+    return h.hexdigest(), top
 
 
 def _stat_key(st: os.stat_result) -> tuple:
@@ -78,10 +116,12 @@ class _Stamps:
         self.candidates = [folder / f".verified-{host}.json", fallback]
         self.path: Path | None = None        # where this process records, once it holds that place's lock
 
-    def matches(self, name: str, key: tuple, sha: str) -> bool:
+    def matches(self, name: str, key: tuple, sha: str, vocab: int | None) -> bool:
+        """A stamp of this content whose token ids were checked against ``vocab`` (None: not a shard)."""
         for path in self.candidates:
             entry = (read_json_object(path) or {}).get(name)
-            if entry and entry.get("sha256") == sha and tuple(entry.get("stat", ())) == key:
+            if entry and entry.get("sha256") == sha and tuple(entry.get("stat", ())) == key and (
+                    vocab is None or isinstance(entry.get("max_id"), int) and entry["max_id"] < vocab):
                 return True
         return False
 
@@ -99,17 +139,20 @@ class _Stamps:
                 break
             yield
 
-    def record(self, name: str, key: tuple, sha: str) -> None:
+    def record(self, name: str, key: tuple, sha: str, max_id: int | None) -> None:
         if self.path is None:
             return
         stamps = read_json_object(self.path) or {}
-        stamps[name] = {"sha256": sha, "stat": list(key)}
+        stamps[name] = {"sha256": sha, "stat": list(key), **({} if max_id is None else {"max_id": max_id})}
         with contextlib.suppress(OSError, OutputError):     # no stamp: the next start hashes again (slower, still safe)
             atomic_write_json(self.path, stamps)
 
 
-def verify_file(path: Path, sha256: str, nbytes: int | None, profile: str | None = None, full: bool = False) -> None:
-    """``path`` holds ``nbytes`` bytes whose sha256 is ``sha256``, or a ``DataError`` says what is wrong."""
+def verify_file(path: Path, sha256: str, nbytes: int | None, profile: str | None = None, full: bool = False,
+                shard: tuple[np.dtype, int] | None = None) -> None:
+    """``path`` holds ``nbytes`` bytes whose sha256 is ``sha256`` and, for a ``shard`` (dtype, vocabulary size), only
+    token ids below the vocabulary size; or a ``DataError`` says what is wrong."""
+    dtype, vocab = shard if shard else (None, None)
     fix = prepare_command(profile, rebuild=True)
     try:
         st = path.stat()
@@ -120,21 +163,24 @@ def verify_file(path: Path, sha256: str, nbytes: int | None, profile: str | None
         raise DataError(f"{path} has {st.st_size} bytes, manifest.json says {nbytes} (truncated or replaced); "
                         f"rebuild it with {fix}")
     stamps = _Stamps(path.parent)
-    if not full and stamps.matches(path.name, _stat_key(st), sha256):
+    if not full and stamps.matches(path.name, _stat_key(st), sha256, vocab):
         return
     with stamps.locked(f"hashing {path}"):
-        if not full and stamps.matches(path.name, _stat_key(path.stat()), sha256):
+        if not full and stamps.matches(path.name, _stat_key(path.stat()), sha256, vocab):
             return                   # another process of this host hashed it while we waited
         with open(path, "rb") as f:
             before = _stat_key(os.fstat(f.fileno()))
-            actual = sha256_fd(f.fileno())
+            actual, max_id = digest_fd(f.fileno(), dtype)
             after = os.fstat(f.fileno())
         if actual != sha256:
             raise DataError(f"{path}: sha256 mismatch: manifest.json expects {sha256}, the file has {actual} "
                             f"(corrupt, or from another preparation); rebuild it with {fix}")
+        if vocab is not None and max_id is not None and max_id >= vocab:     # else torch.embedding's IndexError
+            raise DataError(f"{path}: token id {max_id} is beyond the vocabulary (manifest.json: vocab_size {vocab}): "
+                            f"the shard and the tokenizer come from different preparations; rebuild it with {fix}")
         # a stamp only if the file stayed unchanged while hashed and is not too fresh to trust
         if _stat_key(after) == before and time.time() - max(after.st_mtime, after.st_ctime) > _RACY_S:
-            stamps.record(path.name, before, sha256)
+            stamps.record(path.name, before, sha256, max_id)
 
 
 def verified_manifest(out: Path, cfg: DataConfig | None = None, profile: str | None = None,
@@ -148,10 +194,11 @@ def verified_manifest(out: Path, cfg: DataConfig | None = None, profile: str | N
         if diffs:
             raise DataError(f"{out} holds data prepared for other settings ({'; '.join(diffs)}); use another folder "
                             f"or replace it with {prepare_command(profile, rebuild=True)}")
-    itemsize = np.dtype(m["dtype"]).itemsize
+    dtype = _dtype(m)
     for split in ("val", "train"):
         entry = m["splits"][split]
-        verify_file(out / entry["file"], entry["sha256"], entry["tokens"] * itemsize, profile, full)
+        verify_file(out / entry["file"], entry["sha256"], entry["tokens"] * dtype.itemsize, profile, full,
+                    shard=(dtype, m["vocab_size"]))
     verify_file(out / TOKENIZER_FILE, m["tokenizer"]["sha256"], None, profile, full)
     return m
 
@@ -266,7 +313,7 @@ class Dataset:
 
 def _shard(out: Path, m: dict, split: str, profile: str | None) -> TokenShard:
     entry = m["splits"][split]
-    return TokenShard(out / entry["file"], np.dtype(m["dtype"]).newbyteorder("<"), entry["tokens"],
+    return TokenShard(out / entry["file"], _dtype(m), entry["tokens"],
                       fix=prepare_command(profile, rebuild=True))
 
 
@@ -284,5 +331,6 @@ def load_split(out_dir: str | os.PathLike, split: str) -> TokenShard:
     out = Path(out_dir)
     m = read_manifest(out)
     entry = m["splits"][split]
-    verify_file(out / entry["file"], entry["sha256"], entry["tokens"] * np.dtype(m["dtype"]).itemsize)
+    verify_file(out / entry["file"], entry["sha256"], entry["tokens"] * _dtype(m).itemsize,
+                shard=(_dtype(m), m["vocab_size"]))
     return _shard(out, m, split, None)

@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..base.cli import EXIT_PEER_FAILED
 from ..core.config import PROJECT_ROOT
 from ..core.runtime.rank_status import read_statuses
 
@@ -79,11 +80,34 @@ def launcher_command(launcher: str, nprocs: int, port: int, module_args: list[st
     raise ValueError(f"launcher={launcher!r} is invalid: allowed {list(LAUNCHERS)}")
 
 
+def status_folder() -> str:
+    """A fresh folder for the ranks' exit statuses, named by this launcher's PID; the folders of launchers that
+    died without removing theirs (SIGKILL) go first."""
+    base = Path(tempfile.gettempdir())
+    for old in base.glob("mapl-status-*-*"):
+        pid = old.name.split("-")[2]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(old, ignore_errors=True)
+    return tempfile.mkdtemp(prefix=f"mapl-status-{os.getpid()}-")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:          # another user's process: alive, and not ours to clean
+        return True
+    return True
+
+
 def _outcome(rank_codes: list[int], statuses: dict, nprocs: int, launcher_code: int | None) -> int:
     if len(statuses) == nprocs and all(s["status"] == "interrupted" for s in statuses.values()):
         return INTERRUPTED
     if rank_codes:
-        return 0 if all(c == 0 for c in rank_codes) else next(c for c in rank_codes if c != 0)
+        first = next((c for c in rank_codes if c != 0), 0)
+        # a rank killed by a signal (Popen's -N; as an exit status 256 - N, e.g. 247) failed as a peer: exit 3
+        return EXIT_PEER_FAILED if first < 0 else first
     return launcher_code if launcher_code is not None else 1
 
 
@@ -95,7 +119,7 @@ def launch(cfg_args: list[str], nprocs: int, port: int | None = None, *, launche
     if launcher not in LAUNCHERS:
         raise ValueError(f"launcher={launcher!r} is invalid: allowed {list(LAUNCHERS)}")
     port = port or free_port()
-    status_dir = tempfile.mkdtemp(prefix="mapl-status-")
+    status_dir = status_folder()
     env = child_env({**(env or {}), "MAPL_STATUS_DIR": status_dir})
     module_args = [*RANK_COMMAND, *map(str, cfg_args)]
     t0 = time.time()
@@ -118,7 +142,7 @@ def launch_machines(cfg_args: list[str], nprocs: int, machines: int, *, launcher
                     env: dict | None = None, timeout: float | None = None, cwd: Path | None = None) -> LaunchResult:
     """Rehearse a multi-machine launch on this host: one launcher per "machine", all on loopback."""
     port = free_port()
-    status_dir = tempfile.mkdtemp(prefix="mapl-status-")
+    status_dir = status_folder()
     env = child_env({**(env or {}), "MAPL_STATUS_DIR": status_dir})
     module_args = [*RANK_COMMAND, *map(str, cfg_args)]
     t0 = time.time()

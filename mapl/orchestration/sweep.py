@@ -13,7 +13,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..base.io import atomic_write_json, check_writable, read_json_object
+from ..base.io import atomic_write_json, atomic_write_text, check_writable, read_json_object
 from ..core.config import PROJECT_ROOT, ConfigError, RunConfig, build, check_fields, config_hash, load_params, setting
 from ..core.runtime.faults import exit_with_parent
 from .groups import group_names, group_specs, profile_runs, results_dir, spec_config
@@ -81,7 +81,7 @@ def _memory_refusal(cfg: RunConfig, out: Path, launcher: LauncherConfig) -> str 
     verdict = (f"needs {need / GiB:.1f} GiB {where}; {launcher.memory_gib:g} GiB less 10 % allows "
                f"{limit / GiB:.1f}: {'launched' if need <= limit else 'NOT launched (memory plan only)'}")
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".memory.md").write_text(format_plan(plan) + f"\n\n{verdict}\n")
+    atomic_write_text(out.with_suffix(".memory.md"), format_plan(plan) + f"\n\n{verdict}\n")
     atomic_write_json(out.with_suffix(".memory.json"), {**plan.to_dict(), "verdict": verdict})
     return None if need <= limit else verdict
 
