@@ -17,7 +17,7 @@ MAPL   := $(VENV)/bin/mapl
 STAMP  := $(VENV)/.mapl-installed
 
 export DVC_NO_ANALYTICS := 1
-# dvc.yaml's commands call mapl/papermill from PATH: the project's venv comes first
+# dvc.yaml's commands call mapl from PATH: the project's venv comes first
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 export PYTHONHASHSEED := 0
 

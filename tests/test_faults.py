@@ -1321,6 +1321,10 @@ FAULTS = [
               "      micro-P2-none-s0: {group: main, method: none}\n",
               "      micro-P2-none-s0: {group: main, method: none}\n      micro-P2-none-s0: {group: seeds, method: none}\n",
               1)), slow=True, before_torch=True),
+    Fault("notebook-missing", "`mapl notebook` (how dvc.yaml executes a notebook) on a notebook that does not exist",
+          "mapl notebook nope.ipynb out/nope.ipynb", 2, r"^error: notebook nope\.ipynb does not exist$",
+          "error: notebook nope.ipynb does not exist", "refused before a kernel starts", "nothing written",
+          "name a notebook of notebooks/", before_torch=True),
     Fault("plan-results-a-file", "`mapl plan` on a file, not a results folder (was: 'does not exist')",
           "mapl plan afile", 2,
           r"^error: results folder afile is not a folder: give the folder of a profile's results, e\.g\. "

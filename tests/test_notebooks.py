@@ -4,9 +4,12 @@ the paper-smoke rehearsal, `make verify`; and fast static checks of dvc.yaml, pa
 committed notebooks. Nothing here writes into the repository (the smoke run checks `git status`).
 """
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -374,12 +377,19 @@ def test_committed_notebook_cell_ids_are_unique(name):
 
 
 # ---- papermill parameters: a name the notebook does not declare, or a value of another type, is refused ------------
-DECLARED = 'profile = ""          # a comment\njobs = 0\ntarget_pct = 2.0\nlatencies_ms = [0.0, 50.0]\n'
+DECLARED = ('profile = ""          # a comment\njobs = 0\ntarget_pct = 2.0\nlatencies_ms = [0.0, 50.0]\nmfu = 0.35\n'
+            'mfu_range = [0.25, 0.5]\n')
 
 
 @pytest.mark.parametrize("injected, message", [
-    ("methods = []", "parameter 'methods' is not one of this notebook's: allowed jobs, latencies_ms, profile, target_pct "
-     "(its parameters cell)"),
+    ("methods = []", "parameter 'methods' is not one of this notebook's: allowed jobs, latencies_ms, mfu, mfu_range, "
+     "profile, target_pct (its parameters cell)"),
+    # the rules of the CLI flags of the same quantity (was: accepted by the notebook, refused by the CLI)
+    ("target_pct = 0", "parameter target_pct=0 is invalid: must be a finite number > 0 (percent above uncompressed's "
+     "best loss)"),
+    ("mfu = 2.0", "parameter mfu=2 is invalid: must be in (0, 1] (the fraction of the peak sustained while computing)"),
+    ("mfu_range = [0.25, 0.0]", "parameter mfu_range=0 is invalid: must be in (0, 1] (the fraction of the peak "
+     "sustained while computing)"),
     ("jobs = 2.5", "parameter jobs=2.5 is invalid: must be an integer like its default 0"),
     ("profile = 3", "parameter profile=3 is invalid: must be a string like its default ''"),
     ("target_pct = float('nan')", "parameter target_pct=nan is invalid: must be a finite number >= 0 (its default is 2.0)"),
@@ -401,6 +411,42 @@ def test_declared_parameters_of_their_type_pass_and_nbval_has_none_to_check():
     check_parameters({"jobs": 2, "target_pct": 3, "profile": "cpu"},                # an int where a float is declared
                      ["", DECLARED, '# Parameters\njobs = 2\ntarget_pct = 3\nprofile = "cpu"\n'])
     check_parameters({}, ["", DECLARED, "nb = setup(profile)"])                   # nbval: no injected cell
+
+
+def test_mapl_notebook_types_parameters_as_papermill_does():
+    from mapl.cli.notebook import parameter_value
+    assert [parameter_value(v) for v in ("True", "False", "None", "50", "-2", "0.5", "1e3", "cpu", "")] == \
+        [True, False, None, 50, -2, 0.5, 1000.0, "cpu", ""]
+
+
+def _mapl_notebook(args: list[str], **kw) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.Popen([sys.executable, "-m", "mapl.cli", "notebook", *args], cwd=ROOT, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)
+
+
+@pytest.mark.process
+def test_mapl_notebook_prints_a_refused_parameter_in_one_line(tmp_path):
+    # was (papermill's command, as dvc.yaml ran it): the good line inside papermill's traceback, exit 1
+    p = _mapl_notebook(["notebooks/when_it_pays.ipynb", str(tmp_path / "o.ipynb"), "-p", "case", "paper", "-p", "mfu",
+                        "2.0"])
+    _, err = p.communicate(timeout=300)
+    assert p.returncode == 2 and err == ("error: parameter mfu=2 is invalid: must be in (0, 1] (the fraction of the "
+                                         "peak sustained while computing)\n"), err
+
+
+@pytest.mark.process
+@pytest.mark.slow
+@pytest.mark.full      # the kernel start and a report's first cells: ~15 s; the one-line path is checked above
+def test_mapl_notebook_interrupted_is_one_line_and_exit_130(tmp_path):
+    # Ctrl-C reaches the command's process group; the kernel (a session of its own) is shut down by the client
+    p = _mapl_notebook(["notebooks/report.ipynb", str(tmp_path / "r.ipynb"), "-p", "profile", "cpu", "-p", "out",
+                        str(tmp_path / "rep")], start_new_session=True,
+                       preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    time.sleep(12)
+    os.killpg(p.pid, signal.SIGINT)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 130 and err.count("\n") == 1 and err.startswith("interrupted: notebooks/report.ipynb "), err
 
 
 @pytest.mark.process

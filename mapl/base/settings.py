@@ -14,7 +14,7 @@ import typing
 from dataclasses import field, fields, is_dataclass
 
 __all__ = ["ConfigError", "refuse", "setting", "coerce", "field_hints", "check_fields", "build", "field_type",
-           "parse_set", "set_nested"]
+           "parse_set", "set_nested", "QUANTITIES", "check_quantity"]
 
 
 class ConfigError(ValueError):
@@ -34,6 +34,29 @@ def setting(default=None, *, choices=None, min=None, min_exclusive=None, max=Non
     if factory is not None:
         return field(default_factory=factory, metadata=meta)
     return field(default=default, metadata=meta)
+
+
+# ---- quantities a command flag and a notebook parameter share ------------------------------------------------------
+# name -> (lowest (excluded), highest (included) or None, what it is); the one declaration the CLI's flags
+# (--target-pct, --mfu, --peak-tflops, --device-gib) and the notebooks' parameters are both checked against
+QUANTITIES = {
+    "target_pct": (0, None, "percent above uncompressed's best loss"),
+    "mfu": (0, 1, "the fraction of the peak sustained while computing"),
+    "peak_tflops": (0, None, ""),
+    "device_gib": (0, None, "GiB of device memory"),
+}
+
+
+def check_quantity(quantity: str, value, label: str) -> None:
+    """``value`` within :data:`QUANTITIES` ``[quantity]``, or a ``ConfigError``: '<label> <value> is invalid: ...'."""
+    low, high, what = QUANTITIES[quantity]
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if number and math.isfinite(value) and value > low and (high is None or value <= high):
+        return
+    rule = f"must be in ({low:g}, {high:g}]" if high is not None else f"must be a finite number > {low:g}"
+    shown = f"{value:g}" if number else repr(value)
+    sep = "" if label.endswith("=") else " "
+    raise ConfigError(f"{label}{sep}{shown} is invalid: {rule}" + (f" ({what})" if what else ""))
 
 
 # ---- typed conversion ---------------------------------------------------------------------------

@@ -32,6 +32,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "costmodel": ("costmodel", "GPU-hour estimate of a profile's run groups"),
     "memory": ("memory", "the memory plan per pipeline stage; refuses one that exceeds --device-gib"),
     "docs": ("docs", "write the documents' generated blocks from their sources; --check compares only"),
+    "notebook": ("notebook", "execute a notebook with papermill (dvc.yaml's stages); one line on a user error"),
 }
 
 

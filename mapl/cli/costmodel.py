@@ -1,10 +1,10 @@
 """`mapl costmodel`: GPU-hour estimate of a profile's run groups (the code is mapl.planning.costmodel)."""
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 from ..base.cli import run_cli
+from ..base.settings import check_quantity
 from ..base.io import atomic_write_text, check_writable
 from . import add_profile, command_parser
 
@@ -31,11 +31,8 @@ def _main(argv: list[str]) -> int:
     ap.add_argument("--out", type=Path, help="also write the text here")
     a = ap.parse_args(argv)
     # a zero MFU or peak divided by zero deep in the clock (a traceback); a negative one gave negative hours
-    if not (math.isfinite(a.mfu) and 0 < a.mfu <= 1):
-        raise ValueError(f"--mfu {a.mfu:g} is invalid: must be in (0, 1] (the fraction of the peak sustained "
-                         "while computing)")
-    if not (math.isfinite(a.peak_tflops) and a.peak_tflops > 0):
-        raise ValueError(f"--peak-tflops {a.peak_tflops:g} is invalid: must be a finite number > 0")
+    check_quantity("mfu", a.mfu, "--mfu")
+    check_quantity("peak_tflops", a.peak_tflops, "--peak-tflops")
     if a.out:
         check_writable(a.out)                   # before the estimate, not after it
     gpu = GPUSpec(f"NVIDIA H100/H200 SXM, dense bf16 {a.peak_tflops:g} TFLOP/s", a.peak_tflops * 1e12, a.mfu)

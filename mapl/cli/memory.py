@@ -1,9 +1,9 @@
 """`mapl memory`: the memory plan per pipeline stage (mapl.core.memory)."""
 from __future__ import annotations
 
-import math
 
 from ..base.cli import run_cli
+from ..base.settings import check_quantity
 from ..core.config import SCHEDULES, load_run_config
 from . import add_profile, command_parser
 
@@ -35,8 +35,8 @@ def _main(argv: list[str]) -> int:
     a = ap.parse_args(argv)
     over = {"model": a.model, "method": a.method, "ratio": a.ratio, "stages": a.stages,
             "train.schedule": a.schedule, "train.micro_batches": a.micro_batches, "train.seq_len": a.seq_len}
-    if a.device_gib is not None and not (math.isfinite(a.device_gib) and a.device_gib > 0):
-        raise ValueError(f"--device-gib {a.device_gib:g} is invalid: must be a finite number > 0 (GiB of device memory)")
+    if a.device_gib is not None:
+        check_quantity("device_gib", a.device_gib, "--device-gib")
     cfg = load_run_config(a.profile, over)
     from ..core.memory import GiB, check_plan, format_plan, memory_plan    # torch: the stages are built on meta
     device_bytes = a.device_gib * GiB if a.device_gib else None

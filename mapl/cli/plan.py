@@ -1,10 +1,10 @@
 """`mapl plan`: each method's steps to target against uncompressed's (mapl.planning.planner)."""
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 from ..base.cli import run_cli
+from ..base.settings import check_quantity
 from . import command_parser
 
 __all__ = ["main", "PROG"]
@@ -25,9 +25,7 @@ def _main(argv: list[str]) -> int:
     ap.add_argument("--target-pct", type=float, default=2.0, metavar="PCT",
                     help="target: uncompressed's best loss + PCT %% (default 2)")
     a = ap.parse_args(argv)
-    if not (math.isfinite(a.target_pct) and a.target_pct > 0):     # nan gave "no run", a negative target nothing
-        raise ValueError(f"--target-pct {a.target_pct:g} is invalid: must be a finite number > 0 (percent above "
-                         "uncompressed's best loss)")
+    check_quantity("target_pct", a.target_pct, "--target-pct")     # nan gave "no run", a negative target nothing
     if not a.results.is_dir():
         what = "is not a folder" if a.results.exists() else "does not exist"
         raise ValueError(f"results folder {a.results} {what}: give the folder of a profile's results, "

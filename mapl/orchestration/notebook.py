@@ -12,6 +12,8 @@ import warnings
 from pathlib import Path
 from typing import Sequence
 
+from ..base.settings import ConfigError, check_quantity
+
 __all__ = ["NotebookParameterError", "ProfilePaths", "check_parameters", "find_root", "kernel_parameters", "setup"]
 
 # papermill's injected cell starts with this comment (papermill.translators, comment="Parameters")
@@ -72,6 +74,10 @@ def _kind(value) -> str:
     return type(value).__name__
 
 
+# notebook parameter -> the quantity of mapl.base.settings it is (the same rule as the CLI flag of that quantity)
+NOTEBOOK_QUANTITIES = {"target_pct": "target_pct", "mfu": "mfu", "mfu_range": "mfu", "gpu_peak_tflops": "peak_tflops"}
+
+
 def check_parameters(namespace: dict, history: Sequence[str]) -> frozenset[str]:
     """Hold papermill's injected parameters to the notebook's ``parameters`` cell (the cell before the injected one
     in ``history``): an undeclared name, another type, or a non-finite or negative number is refused naming it.
@@ -95,6 +101,12 @@ def check_parameters(namespace: dict, history: Sequence[str]) -> frozenset[str]:
         if want in ("int", "float") and default >= 0 and not (math.isfinite(value) and value >= 0):
             raise NotebookParameterError(f"parameter {name}={value!r} is invalid: must be a finite number >= 0 "
                                          f"(its default is {default!r})")
+        if name in NOTEBOOK_QUANTITIES:       # the CLI flag's own rule (mapl.base.settings.QUANTITIES)
+            for item in value if isinstance(value, list) else [value]:
+                try:
+                    check_quantity(NOTEBOOK_QUANTITIES[name], item, f"parameter {name}=")
+                except ConfigError as e:
+                    raise NotebookParameterError(str(e)) from None
     return frozenset(given)
 
 

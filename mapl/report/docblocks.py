@@ -95,7 +95,7 @@ def stages_block(root: Path) -> str:
         body = stage.get("do", stage)
         label = f"`{name}@<group>`" if "foreach" in stage else f"`{name}`"
         cmd = " ".join(body["cmd"]) if isinstance(body["cmd"], list) else body["cmd"]
-        found = re.search(r"papermill (notebooks/[\w.]+\.ipynb)", cmd)
+        found = re.search(r"mapl notebook (notebooks/[\w.]+\.ipynb)", cmd)
         notebook = ""
         if found:
             names = ", ".join(f"`{p}`" for p in notebook_parameters(root / found.group(1)))
