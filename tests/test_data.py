@@ -291,6 +291,15 @@ def test_host_stamp_skips_the_hash_but_sees_any_write(tmp_path, monkeypatch):
         D.prepare(cfg, tmp_path / "out", full_verify=True)
 
 
+def test_a_failed_first_build_leaves_no_empty_folder(tmp_path):
+    # was: the output folder (and its parents) stayed behind, empty
+    (tmp_path / "empty.parquet").write_bytes(b"")
+    cfg = DataConfig(source="parquet", paths=(str(tmp_path / "empty.parquet"),), tokenizer="byte")
+    with pytest.raises(DataError, match="not a readable parquet file"):
+        D.prepare(cfg, tmp_path / "a" / "b")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.parquet"]
+
+
 def _edit_manifest(folder: Path, edit) -> None:
     path = folder / "manifest.json"
     m = json.loads(path.read_text())

@@ -419,6 +419,21 @@ def test_mapl_notebook_types_parameters_as_papermill_does():
         [True, False, None, 50, -2, 0.5, 1000.0, "cpu", ""]
 
 
+def test_mapl_notebook_keeps_the_kernel_connection_file_in_a_folder_of_its_own(tmp_path, monkeypatch):
+    # was: a /tmp/tmp*.json connection file left by every killed run; now a killed run's folder goes at the next run
+    import tempfile
+
+    from mapl.cli.notebook import _kernel_runtime
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    killed = tmp_path / "mapl-kernel-999999999-abc"
+    killed.mkdir()
+    (killed / "tmpx.json").write_text("{}")
+    with _kernel_runtime():
+        inside = Path(tempfile.gettempdir())
+        assert inside.parent == tmp_path and inside.name.startswith(f"mapl-kernel-{os.getpid()}-")
+    assert tempfile.gettempdir() == str(tmp_path) and list(tmp_path.iterdir()) == []
+
+
 def _mapl_notebook(args: list[str], **kw) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     return subprocess.Popen([sys.executable, "-m", "mapl.cli", "notebook", *args], cwd=ROOT, env=env, text=True,

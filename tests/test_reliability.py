@@ -178,14 +178,14 @@ def test_status_folders_of_dead_launchers_are_removed(tmp_path, monkeypatch):
     # a SIGKILLed launcher cannot remove its status folder: the next launch does
     import tempfile
 
-    from mapl.orchestration.launch import status_folder
+    from mapl.base.io import owned_temp_folder
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     dead = tmp_path / "mapl-status-999999999-abc"           # above Linux's PID limit: never a live process
     live = tmp_path / f"mapl-status-{os.getppid()}-def"
     for folder in (dead, live):
         folder.mkdir()
         (folder / "rank0.json").write_text("{}")
-    new = status_folder()
+    new = owned_temp_folder("mapl-status")
     assert not dead.exists() and live.exists() and Path(new).name.startswith(f"mapl-status-{os.getpid()}-")
 
 

@@ -18,7 +18,8 @@ import time
 from pathlib import Path
 
 __all__ = ["OutputError", "read_json_object", "atomic_write_text", "atomic_write_bytes", "atomic_write_json", "atomic_torch_save",
-           "check_writable", "refuse_non_regular", "OutputLock", "waiting_lock", "os_error_hint"]
+           "check_writable", "refuse_non_regular", "OutputLock", "waiting_lock", "os_error_hint",
+           "owned_temp_folder"]
 
 PathLike = str | os.PathLike
 log = logging.getLogger(__name__)
@@ -305,3 +306,25 @@ def _read_holder(lock: Path) -> str:
                 return f"PID {pid.strip()} ({cmd.strip()})"
         time.sleep(0.01)
     return f"another process (see {lock})"
+
+
+def owned_temp_folder(prefix: str) -> str:
+    """A fresh temporary folder ``<prefix>-<pid>-<random>`` for this process. The folders of ``prefix`` whose process
+    is gone (killed before it could remove its own, e.g. by SIGKILL) are removed first."""
+    import shutil
+    import tempfile
+    for old in Path(tempfile.gettempdir()).glob(f"{prefix}-*-*"):
+        pid = old.name[len(prefix) + 1:].split("-")[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(old, ignore_errors=True)
+    return tempfile.mkdtemp(prefix=f"{prefix}-{os.getpid()}-")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:          # another user's process: alive, and not ours to clean
+        return True
+    return True

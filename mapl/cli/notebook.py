@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
 
 from ..base.cli import EXIT_BUG, add_debug_flag, run_cli
+from ..base.io import owned_temp_folder
 from . import command_parser
 
 __all__ = ["main", "PROG", "parameter_value"]
@@ -60,7 +62,7 @@ def _main(argv: list[str]) -> int:
         raise FileNotFoundError(f"notebook {args.notebook} does not exist")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     import papermill                 # lazily: `mapl --help` and the checks above need no Jupyter stack
-    with _kernel_stderr() as replay:
+    with _kernel_runtime(), _kernel_stderr() as replay:
         try:
             papermill.execute_notebook(str(args.notebook), str(args.out), progress_bar=False,
                                        extra_arguments=QUIET_KERNEL,
@@ -81,6 +83,19 @@ def _main(argv: list[str]) -> int:
     sys.stderr.write(str(bug) + f"\n{PROG}: {args.notebook} raised {bug.ename} in cell {bug.exec_count}: a bug, please "
                                 "report it with the traceback above\n")
     return EXIT_BUG
+
+
+@contextlib.contextmanager
+def _kernel_runtime():
+    """The kernel's connection file (nbclient writes it with ``tempfile``) in a folder of this process, removed
+    afterwards; a killed run's folder is removed by the next run, and no other program's files are touched."""
+    folder, old = owned_temp_folder("mapl-kernel"), tempfile.tempdir
+    tempfile.tempdir = folder
+    try:
+        yield
+    finally:
+        tempfile.tempdir = old
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @contextlib.contextmanager

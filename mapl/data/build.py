@@ -101,10 +101,19 @@ def prepare(cfg: DataConfig, out_dir: str | os.PathLike | None = None, cache_dir
     out = Path(out_dir) if out_dir else default_data_dir(cfg)
     if not rebuild and (out / MANIFEST).exists():
         return _existing(out, cfg, profile, full_verify)
-    with waiting_lock(out / ".prepare", f"preparing {out}"):
-        if not rebuild and (out / MANIFEST).exists():        # finished by another process while we waited
-            return _existing(out, cfg, profile, full_verify)
-        return _build(cfg, out, cache_dir, progress_every_s, chunk_tokens)
+    created = [p for p in (out, *out.parents) if not p.exists()]      # deepest first
+    try:
+        with waiting_lock(out / ".prepare", f"preparing {out}"):
+            if not rebuild and (out / MANIFEST).exists():        # finished by another process while we waited
+                return _existing(out, cfg, profile, full_verify)
+            return _build(cfg, out, cache_dir, progress_every_s, chunk_tokens)
+    except BaseException:
+        for folder in created:     # a failed first build leaves no empty folder (a resumable work folder stays)
+            try:
+                folder.rmdir()
+            except OSError:
+                break
+        raise
 
 
 def _existing(out: Path, cfg: DataConfig, profile: str | None, full_verify: bool) -> dict:

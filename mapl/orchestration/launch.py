@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..base.cli import EXIT_PEER_FAILED
+from ..base.io import owned_temp_folder
 from ..core.config import PROJECT_ROOT
 from ..core.runtime.rank_status import read_statuses
 
@@ -80,27 +81,6 @@ def launcher_command(launcher: str, nprocs: int, port: int, module_args: list[st
     raise ValueError(f"launcher={launcher!r} is invalid: allowed {list(LAUNCHERS)}")
 
 
-def status_folder() -> str:
-    """A fresh folder for the ranks' exit statuses, named by this launcher's PID; the folders of launchers that
-    died without removing theirs (SIGKILL) go first."""
-    base = Path(tempfile.gettempdir())
-    for old in base.glob("mapl-status-*-*"):
-        pid = old.name.split("-")[2]
-        if pid.isdigit() and not _alive(int(pid)):
-            shutil.rmtree(old, ignore_errors=True)
-    return tempfile.mkdtemp(prefix=f"mapl-status-{os.getpid()}-")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:          # another user's process: alive, and not ours to clean
-        return True
-    return True
-
-
 def _outcome(rank_codes: list[int], statuses: dict, nprocs: int, launcher_code: int | None) -> int:
     if len(statuses) == nprocs and all(s["status"] == "interrupted" for s in statuses.values()):
         return INTERRUPTED
@@ -119,7 +99,7 @@ def launch(cfg_args: list[str], nprocs: int, port: int | None = None, *, launche
     if launcher not in LAUNCHERS:
         raise ValueError(f"launcher={launcher!r} is invalid: allowed {list(LAUNCHERS)}")
     port = port or free_port()
-    status_dir = status_folder()
+    status_dir = owned_temp_folder("mapl-status")
     env = child_env({**(env or {}), "MAPL_STATUS_DIR": status_dir})
     module_args = [*RANK_COMMAND, *map(str, cfg_args)]
     t0 = time.time()
@@ -142,7 +122,7 @@ def launch_machines(cfg_args: list[str], nprocs: int, machines: int, *, launcher
                     env: dict | None = None, timeout: float | None = None, cwd: Path | None = None) -> LaunchResult:
     """Rehearse a multi-machine launch on this host: one launcher per "machine", all on loopback."""
     port = free_port()
-    status_dir = status_folder()
+    status_dir = owned_temp_folder("mapl-status")
     env = child_env({**(env or {}), "MAPL_STATUS_DIR": status_dir})
     module_args = [*RANK_COMMAND, *map(str, cfg_args)]
     t0 = time.time()
