@@ -166,6 +166,7 @@ def test_a_sweep_runs_each_stage_through_dvc_side_by_side(monkeypatch):
         return Done(1 if cmd[-1].endswith("s1") else 0)
 
     monkeypatch.setattr(sweep.subprocess, "run", fake_run)
+    monkeypatch.setattr(sweep, "check_disk_space", lambda cfgs, folder: None)   # the paper's checkpoints need TBs
     names = [s["name"] for s in G.group_specs("micro", "main", PARAMS)] + ["micro-P2-none-s1"]
     assert sweep.sweep("micro", names) == ["micro-P2-none-s1"]                 # the one that failed
     assert calls[0] == ["repro", "prepare"] and sorted(c[-1] for c in calls[1:]) == sorted(f"train@{n}" for n in names)
@@ -178,6 +179,23 @@ def test_a_sweep_runs_each_stage_through_dvc_side_by_side(monkeypatch):
     with pytest.raises(ConfigError, match=r"needs 8 GPUs \(one per stage\) but profiles.paper.launcher.gpus=4"):
         monkeypatch.setattr(sweep, "launcher_config", lambda p, params=None: sweep.LauncherConfig("accelerate", gpus=4))
         sweep.sweep("paper", paper)
+
+
+def test_a_group_whose_checkpoints_do_not_fit_the_disk_is_refused_before_its_first_run(monkeypatch, tmp_path):
+    import shutil
+    from collections import namedtuple
+
+    from mapl.base.io import OutputError
+    monkeypatch.setattr(sweep.subprocess, "run", lambda *a, **k: pytest.fail("a run started"))
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10**9, 10**9 - 10**5, 10**5))    # 0.1 MB free
+    names = [s["name"] for s in G.group_specs("micro", "main", PARAMS)]
+    with pytest.raises(OutputError, match=r"cannot write the checkpoints of 4 run\(s\) under .*checkpoints/micro: no "
+                                          r"space left on the device \(0 MB free, about [\d,.]+ MB needed\); free space"):
+        sweep.sweep("micro", names)
+    cfgs = [G.spec_config("micro", s, PARAMS) for s in G.group_specs("micro", "main", PARAMS)]
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10**12, 0, 10**12))
+    sweep.check_disk_space(cfgs, tmp_path / "checkpoints" / "micro")          # fits
 
 
 def test_the_sweep_command_refuses_another_profile_and_reports_failures(monkeypatch, capsys):

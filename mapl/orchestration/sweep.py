@@ -5,6 +5,7 @@ How a profile's runs start is ``profiles.<p>.launcher`` (params.yaml says more);
 from __future__ import annotations
 
 import multiprocessing as mp
+import shutil
 import os
 import statistics
 import subprocess
@@ -13,7 +14,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..base.io import atomic_write_json, atomic_write_text, check_writable, read_json_object
+from ..base.io import OutputError, atomic_write_json, atomic_write_text, check_writable, read_json_object
 from ..core.config import PROJECT_ROOT, ConfigError, RunConfig, build, check_fields, config_hash, load_params, setting
 from ..core.runtime.faults import exit_with_parent
 from .groups import group_names, group_specs, profile_runs, results_dir, spec_config
@@ -165,6 +166,8 @@ def sweep(profile: str, names: list[str], jobs: int = 0, root: Path = PROJECT_RO
                           f"profiles.{profile}.launcher.gpus={launcher.gpus}")
     slots = launcher.gpus or jobs or (launcher.jobs if launcher.kind == "pool" else 1)
     check_writable(Path(root) / "dvc.lock")      # a read-only checkout: one line here, not DVC's own error
+    check_disk_space([spec_config(profile, {"name": n, **runs[n]}, params) for n in names],
+                     Path(root) / "checkpoints" / profile)
     dvc = [sys.executable, "-m", "dvc", "repro"]
     if subprocess.run([*dvc, "prepare"], cwd=root).returncode:
         raise RuntimeError("`dvc repro prepare` failed (its output is above): the runs need their data")
@@ -187,6 +190,23 @@ def sweep(profile: str, names: list[str], jobs: int = 0, root: Path = PROJECT_RO
     for t in threads:
         t.join()
     return failed
+
+
+def check_disk_space(cfgs: list[RunConfig], folder: Path) -> None:
+    """Refuse a group whose checkpoints would not fit the free space of ``folder``'s disk, before its first run (a
+    full disk would stop it at some later checkpoint). Each run keeps its checkpoint and the one before it; a third
+    copy exists while one is written. A checkpoint holds the weights, the optimizer state and the compressors'
+    state (the memory plan's fp32 terms)."""
+    from ..core.memory import memory_plan      # torch: stages are built on the meta device
+    sizes = [sum(s.params + s.optimizer + s.compressor for s in memory_plan(c, device="cpu").stages) for c in cfgs]
+    if not sizes:
+        return
+    need = 2 * sum(sizes) + max(sizes)
+    where = next(p for p in (folder, *folder.parents) if p.exists())
+    free = shutil.disk_usage(where).free
+    if need > free:
+        raise OutputError(f"cannot write the checkpoints of {len(cfgs)} run(s) under {folder}: no space left on the "
+                          f"device ({free / 1e6:,.0f} MB free, about {need / 1e6:,.0f} MB needed); free space and rerun")
 
 
 # ---- what it will cost -----------------------------------------------------------------------------
