@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import json
 import shutil
 import tempfile
@@ -23,6 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import mapl.cli
+import mapl.orchestration.launch
 import mapl.orchestration.pipeline_launch
 import mapl.orchestration.sweep
 from mapl.core.config import RunConfig, flatten_config
@@ -63,7 +65,8 @@ def _assert_clean(argv: list[str], code: int, stderr: str) -> None:
 def no_runs(monkeypatch, tmp_path):
     """Commands parse, validate and check their paths as usual, but nothing trains or launches; cwd is a temp folder."""
     monkeypatch.setattr(mapl.orchestration.sweep, "train_one", lambda *a, **k: None)
-    monkeypatch.setattr(mapl.orchestration.pipeline_launch, "launch_pipeline", lambda *a, **k: 0)
+    monkeypatch.setattr(mapl.orchestration.pipeline_launch, "launch",
+                        lambda *a, **k: mapl.orchestration.launch.LaunchResult([], 0, "", "", 0.0))
     for var in ("WORLD_SIZE", "RANK", "MAPL_RENDEZVOUS_TIMEOUT", "MAPL_PG_TIMEOUT"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.chdir(tmp_path)
@@ -240,3 +243,22 @@ def _results_fuzz(examples: int):
 
 test_a_corrupted_results_file_is_refused_in_one_line = _results_fuzz(FEW)
 test_a_corrupted_results_file_many = pytest.mark.slow(pytest.mark.full(_results_fuzz(MANY)))
+
+
+@pytest.mark.parametrize("argv", [
+    ["train", "--profile", "micro", "--out", "{fifo}", "--ckpt", "r.pt"],
+    ["train", "--profile", "micro", "--out", "r.json", "--ckpt", "{fifo}"],
+    ["pipeline", "--profile", "micro", "--out", "{fifo}", "--ckpt", "r.pt"],
+    ["costmodel", "--profile", "micro", "--out", "{fifo}"],
+    ["notebook", "notebooks/report.ipynb", "{fifo}"],
+], ids=["train-out", "train-ckpt", "pipeline-out", "costmodel-out", "notebook-out"])
+def test_every_command_that_writes_refuses_an_output_that_is_not_a_regular_file(no_runs, argv):
+    # was: the results JSON renamed over whatever stood at --out (as root, `--out /dev/null` replaced /dev/null)
+    os.mkfifo(no_runs / "fifo")
+    if argv[0] == "notebook":
+        argv = [argv[0], str(Path(mapl.cli.__file__).parents[2] / argv[1]), argv[2]]
+    argv = [a.replace("{fifo}", str(no_runs / "fifo")) for a in argv]
+    code, err = _run_cli(argv)
+    assert code == 2 and err.strip().endswith("it is a FIFO (named pipe), not a regular file; give a file path (an "
+                                              "output replaces only regular files)"), err
+    assert (no_runs / "fifo").is_fifo()

@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 
 from ..base.cli import EXIT_BUG, add_debug_flag, run_cli
-from ..base.io import owned_temp_folder
+from ..base.io import check_writable, owned_temp_folder
 from . import command_parser
 
 __all__ = ["main", "PROG", "parameter_value"]
@@ -60,7 +60,7 @@ def _main(argv: list[str]) -> int:
     args = ap.parse_args(argv)
     if not args.notebook.is_file():
         raise FileNotFoundError(f"notebook {args.notebook} does not exist")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
+    check_writable(args.out)         # papermill writes the copy in place as cells run: a FIFO would block it
     import papermill                 # lazily: `mapl --help` and the checks above need no Jupyter stack
     with _kernel_runtime(), _kernel_stderr() as replay:
         try:
