@@ -858,3 +858,13 @@ def test_mistral_tokenizer():
 # (the conversion matched sentencepiece on 3,000+ tinyshakespeare blocks and whitespace/unicode edge cases)
 SP_REFERENCE = [22557, 1526, 28808, 1791, 347, 28725, 442, 459, 298, 347, 28747, 13, 28705, 369, 349, 272,
                 2996, 28723, 28705, 243, 162, 167, 153]
+
+
+def test_mapl_data_with_a_profile_prepares_every_dataset_its_runs_read():
+    # training never builds data: a corpus study's run on a fresh clone found no prepared folder
+    from mapl.cli.data import profile_datasets
+    from mapl.core.config import load_run_config
+    folders = profile_datasets("micro")
+    first, *others = folders.items()
+    assert first[1] == load_run_config("micro").data.validate() and first[0] == D.default_data_dir(first[1])
+    assert sorted(cfg.source for _, cfg in others) == ["python-code", "sympy-code"]

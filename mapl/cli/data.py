@@ -25,10 +25,10 @@ PROG = "mapl data"
 def build_parser() -> argparse.ArgumentParser:
     d = DataConfig()
     p = command_parser("data", "Prepare, verify or rebuild a tokenized dataset (DVC stage prepare).", """
-        mapl data --profile cpu                 # the profile's data settings; resumable
+        mapl data --profile cpu                 # every dataset the profile's runs read; resumable
         mapl data --profile cpu --verify        # re-hash every file, ignoring this host's stamps
         mapl data --source text --paths 'corpus/*.txt' --doc-split blank-line --tokenizer byte""")
-    add_profile(p, None, "use this profile's data settings, not the flags")
+    add_profile(p, None, "every dataset this profile's runs read (with --out: its own data settings), not the flags")
     p.add_argument("--out", metavar="DIR", help="output folder (default: data/<dataset name>)")
     p.add_argument("--rebuild", action="store_true", help="replace an existing prepared folder")
     p.add_argument("--verify", action="store_true", help="re-hash an existing folder's files in full")
@@ -76,23 +76,41 @@ def _main(argv: list[str] | None = None) -> int:
         parser.error(f"--progress-every {args.progress_every:g} is invalid: must be a finite number of seconds > 0")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
-        cfg = (load_run_config(args.profile).data if args.profile else config_from_args(args)).validate()
+        if args.profile and not args.out:
+            folders = profile_datasets(args.profile)
+        else:
+            cfg = (load_run_config(args.profile).data if args.profile else config_from_args(args)).validate()
+            folders = {Path(args.out) if args.out else default_data_dir(cfg): cfg}
     except (ValueError, OSError) as e:
         parser.error(str(e))            # exit 2, message names the field and what is allowed
-    out = Path(args.out) if args.out else default_data_dir(cfg)
-    t0 = time.perf_counter()
-    try:
-        manifest = prepare(cfg, out, Path(args.cache_dir) if args.cache_dir else None, rebuild=args.rebuild,
-                           profile=args.profile, full_verify=args.verify, progress_every_s=args.progress_every)
-    except (DataError, OutputError, OSError) as e:
-        print(f"{PROG}: error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"{PROG}: interrupted; run the same command again to resume", file=sys.stderr)
-        return 130
-    print(summary(manifest, out))
-    print(f"  done in {time.perf_counter() - t0:.1f} s")
+    for out, cfg in folders.items():
+        t0 = time.perf_counter()
+        try:
+            manifest = prepare(cfg, out, Path(args.cache_dir) if args.cache_dir else None, rebuild=args.rebuild,
+                               profile=args.profile, full_verify=args.verify, progress_every_s=args.progress_every)
+        except (DataError, OutputError, OSError) as e:
+            print(f"{PROG}: error: {e}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:
+            print(f"{PROG}: interrupted; run the same command again to resume", file=sys.stderr)
+            return 130
+        print(summary(manifest, out))
+        print(f"  done in {time.perf_counter() - t0:.1f} s")
     return 0
+
+
+def profile_datasets(profile: str) -> dict[Path, DataConfig]:
+    """Folder -> data settings of every dataset the profile reads: its own ``data:`` first, then each other one a run
+    of params.yaml trains on (a corpus study's). Training never builds data, so the prepare stage builds them all."""
+    from ..orchestration.groups import profile_runs, spec_config
+    from ..core.config import load_params
+    params = load_params()
+    own = load_run_config(profile).data.validate()
+    folders = {default_data_dir(own): own}
+    for name, spec in profile_runs(profile, params).items():
+        cfg = spec_config(profile, {"name": name, **spec}, params)
+        folders.setdefault(Path(cfg.data_dir) if cfg.data_dir else default_data_dir(cfg.data), cfg.data.validate())
+    return folders
 
 
 def main(argv=None) -> int:
