@@ -1005,6 +1005,16 @@ FAULTS = [
           "choose another output path", "the second run is refused at start", "the first run's files and locks",
           "wait, stop the other run, or choose other paths",
           setup=holder(f"{T} --steps 100000 {TOO_LONG} {IO}", r"step 2/100000 "), after=stop_holder),
+    Fault("pipeline-outputs-locked", "a pipeline on the `--out` of a `mapl train` that is running (was: rank 0 "
+          "refused, rank 1 ended with gloo's 'Connection closed by peer' and a traceback)",
+          "mapl pipeline @run --steps 2 --out {dir}/r.json --ckpt {dir}/p.pt", 2,
+          (r"^error: rank 0: .*r\.json is in use by PID \d+ \(.*mapl(\.cli)? train.*\): wait for that run to finish",
+           r"^error: rank 1: .*r\.json is in use by PID \d+ \(.*mapl(\.cli)? train.*\): wait for that run to finish",
+           r"^error: the pipeline failed \(exit codes per rank: \[2, 2\]\)$"),
+          "error: rank R: <path> is in use by PID <pid> (<its command line>): wait for that run to finish, ... (the "
+          "same line on every rank)", "every rank refuses before training: the ranks agree on their locks first",
+          "the first run's files and locks", "wait, stop the other run, or choose other paths", stderr="ranks",
+          setup=holder(f"{T} --steps 100000 {TOO_LONG} {IO}", r"step 2/100000 "), after=stop_holder, slow=True),
     Fault("results-other-config", "a run of another config on the `--out` of a finished run (was: replaced, exit 0)",
           f"{T} --steps 2 --seed 1 --out r.json --ckpt other.pt", 2,
           r"^error: --out r\.json holds the results of another config \(train\.seed 0 -> 1\): this run would replace "

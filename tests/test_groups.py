@@ -159,6 +159,10 @@ def test_each_runs_resolved_config_is_written_for_its_stage(tmp_path):
     assert json.loads(path.read_text())["config_hash"] != record["config_hash"]
     assert json.loads(G.config_path("micro", "micro-P2-none-s0", tmp_path).read_text())["config_hash"] == \
         config_hash(G.spec_config("micro", G.group_specs("micro", "main", PARAMS)[0], PARAMS).validate())
+    # the folder persists across DVC runs (a refused params.yaml must not empty it): a removed run's config goes here
+    del params["profiles"]["micro"]["runs"]["micro-P2-ssn-4x-s0"]
+    G.write_configs("micro", params, tmp_path)
+    assert not path.exists() and G.config_path("micro", "micro-P2-none-s0", tmp_path).exists()
 
 
 def test_the_committed_configs_are_what_params_yaml_resolves_to():

@@ -40,13 +40,18 @@ def config_record(cfg: RunConfig, group: str) -> str:
 
 
 def write_configs(profile: str, params: dict, root: Path = PROJECT_ROOT) -> int:
-    """Write :func:`config_record` of every run of ``profile`` (DVC's validate stage); returns how many."""
+    """Write :func:`config_record` of every run of ``profile`` (DVC's validate stage) and remove the configs of runs
+    params.yaml no longer has (the folder persists: DVC does not clear it, so a refused params.yaml keeps it whole);
+    returns how many."""
     runs = profile_runs(profile, params)
-    for name, spec in runs.items():
-        path = config_path(profile, name, root)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(path, config_record(spec_config(profile, {"name": name, **spec}, params).validate(),
-                                              spec["group"]))
+    records = {config_path(profile, name, root): config_record(spec_config(profile, {"name": name, **spec}, params)
+                                                               .validate(), spec["group"]) for name, spec in runs.items()}
+    folder = config_path(profile, "x", root).parent
+    folder.mkdir(parents=True, exist_ok=True)
+    for path, text in records.items():
+        atomic_write_text(path, text)
+    for stale in set(folder.glob("*.json")) - set(records):
+        stale.unlink()
     return len(runs)
 
 

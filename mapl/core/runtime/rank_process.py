@@ -91,20 +91,26 @@ def run_rank_process(resolve: Callable[[], tuple[RunConfig, Path, Path]], option
     except Exception as e:              # noqa: BLE001 -- the rendezvous failed
         return leave(rank, EXIT_PEER_FAILED, f"error: rank {rank}: process-group setup failed: "
                                              f"{type(e).__name__}: {e}")
-    try:                                # before anything is opened, locked or written: one run on every rank
-        check_same_run(run_fingerprint(cfg, options.shared()), _results_refusal(rank, out, cfg, options))
-    except ValueError as e:
+    lock, refusal = _lock_outputs(out, ckpt, topo)
+    try:                                # before anything is opened or written: one run on every rank, and its files
+        check_same_run(run_fingerprint(cfg, options.shared()),
+                       "; ".join(filter(None, (_results_refusal(rank, out, cfg, options), refusal))) or None)
+    except ValueError as e:             # every rank ends with the same line: none is left waiting on a peer
+        lock.release()
         return leave(rank, EXIT_USER_ERROR, f"error: rank {rank}: {e}")
     if cfg.stages < 2:
+        lock.release()
         return leave(rank, EXIT_USER_ERROR, f"error: rank {rank}: mapl pipeline needs stages >= 2; for one "
                                             "stage use mapl train")
     try:
-        with OutputLock(*_rank_files(out, ckpt, topo)):     # a second run on the same files is refused
+        try:                            # the lock is held since before the agreement above
             if rank == 0:
                 check_output_paths(out, ckpt, all_stage_files(ckpt, cfg.stages))
             res = run_rank(cfg, topo, out=out, ckpt=ckpt, fresh=options.fresh, progress=options.progress,
                            timeout_s=cfg.train.comm_timeout_s, link=link, blocking=options.blocking_transport,
                            resume_with_changes=options.resume_with_changes, faults=faults, started=started)
+        finally:
+            lock.release()
     except BaseException as e:          # noqa: BLE001 -- one line per rank (a bug: its traceback), then out
         _exit(rank, report(e, prog=PROG, label=f"rank {rank} (stage {topo.stage})", debug=debug), str(e))
     if res is not None:
@@ -117,6 +123,18 @@ def run_rank_process(resolve: Callable[[], tuple[RunConfig, Path, Path]], option
     except Exception:                   # noqa: BLE001 -- results are written; teardown is best effort
         pass
     return 0
+
+
+def _lock_outputs(out: Path, ckpt: Path, topo: Topology) -> tuple[OutputLock, str | None]:
+    """This rank's output locks, taken before the ranks agree to start (a second run on the same files is refused by
+    every rank, not only by the one whose file is held); the lock and why it could not be taken, or None."""
+    lock = OutputLock()
+    try:
+        lock = OutputLock(*_rank_files(out, ckpt, topo))
+        lock.__enter__()
+    except ValueError as e:
+        return lock, str(e)
+    return lock, None
 
 
 def _rank_files(out: Path, ckpt: Path, topo: Topology) -> list[Path]:
