@@ -239,8 +239,10 @@ def test_dvc_yaml_stages():
         assert st.get("desc"), f"stage {name} has no desc"
         for out in st.get("outs", []) + st.get("metrics", []) + st.get("plots", []):
             (path, opts), = out.items()
-            # the rescore stage's scores persist: they are its resume state (a scored run is not scored again)
-            persist = {"persist": True} if (name, path) == ("rescore", "reports/${profile}/rescore") else {}
+            # the rescore stage's scores persist: they are its resume state (a scored run is not scored again); the
+            # validate stage's configs persist: a refused params.yaml must not have DVC delete them
+            persist = {"persist": True} if (name, path) in (("rescore", "reports/${profile}/rescore"),
+                                                             ("validate", "reports/${profile}/configs")) else {}
             assert opts == {"cache": False, **persist}, f"{name}: {path} must be committed (cache: false)"
             # plan-paper (the paper's shapes, no training) and validate (every profile's params) are the
             # profile-independent stages
