@@ -43,6 +43,15 @@ VALUES = st.one_of(st.sampled_from(SPECIALS), st.integers(-10**12, 10**12).map(s
 SETTING_KEYS = sorted(flatten_config(RunConfig().to_dict()))
 
 
+def fuzzed(**strategies):
+    """A property ``body`` drawn from ``strategies``, twice: FEW examples (``make test``), MANY (``full``)."""
+    def both(body):
+        def drawn(n):
+            return settings(FUZZ, max_examples=n)(given(**strategies)(body))
+        return drawn(FEW), pytest.mark.slow(pytest.mark.full(drawn(MANY)))
+    return both
+
+
 def _run_cli(argv: list[str]) -> tuple[int, str]:
     """``mapl <argv>`` in this process: (exit code, stderr)."""
     err = io.StringIO()
@@ -73,17 +82,14 @@ def no_runs(monkeypatch, tmp_path):
     return tmp_path
 
 
-def _settings_fuzz(examples: int):
-    @settings(FUZZ, max_examples=examples)
-    @given(key=st.sampled_from(SETTING_KEYS + ["method", "ratio", "train", "magic.key", "train.magic"]), value=VALUES)
-    def check(no_runs, key, value):
-        argv = ["train", "--profile", "micro", "--set", f"{key}={value}", "--out", "r.json", "--ckpt", "r.pt"]
-        _assert_clean(argv, *_run_cli(argv))
-    return check
+def _any_setting(no_runs, key, value):
+    argv = ["train", "--profile", "micro", "--set", f"{key}={value}", "--out", "r.json", "--ckpt", "r.pt"]
+    _assert_clean(argv, *_run_cli(argv))
 
 
-test_every_setting_with_a_random_value_is_accepted_or_one_line = _settings_fuzz(FEW)
-test_every_setting_with_a_random_value_many = pytest.mark.slow(pytest.mark.full(_settings_fuzz(MANY)))
+test_every_setting_with_a_random_value_is_accepted_or_one_line, test_every_setting_with_a_random_value_many = \
+    fuzzed(key=st.sampled_from([*SETTING_KEYS, "method", "ratio", "train", "magic.key", "train.magic"]),
+           value=VALUES)(_any_setting)
 
 FLAGS = {
     "train": ["--model", "--method", "--ratio", "--projector", "--anchor", "--stages", "--steps", "--seed", "--name",
@@ -98,21 +104,17 @@ FLAGS = {
 CASES = [(command, flag) for command, flags in FLAGS.items() for flag in flags]
 
 
-def _flags_fuzz(examples: int):
-    @settings(FUZZ, max_examples=examples)
-    @given(case=st.sampled_from(CASES), value=VALUES)
-    def check(no_runs, case, value):
-        command, flag = case
-        argv = [command, "--profile", "micro"] if command not in ("plan",) else [command]
-        if command in ("train", "pipeline") and flag not in ("--out", "--ckpt"):
-            argv += ["--out", "r.json", "--ckpt", "r.pt"]
-        argv += [f"{flag}={value}"] if flag else [value]       # "=": a value may start with '-'
-        _assert_clean(argv, *_run_cli(argv))
-    return check
+def _any_flag(no_runs, case, value):
+    command, flag = case
+    argv = [command, "--profile", "micro"] if command not in ("plan",) else [command]
+    if command in ("train", "pipeline") and flag not in ("--out", "--ckpt"):
+        argv += ["--out", "r.json", "--ckpt", "r.pt"]
+    argv += [f"{flag}={value}"] if flag else [value]       # "=": a value may start with '-'
+    _assert_clean(argv, *_run_cli(argv))
 
 
-test_every_flag_with_a_random_value_is_accepted_or_one_line = _flags_fuzz(FEW)
-test_every_flag_with_a_random_value_many = pytest.mark.slow(pytest.mark.full(_flags_fuzz(MANY)))
+test_every_flag_with_a_random_value_is_accepted_or_one_line, test_every_flag_with_a_random_value_many = \
+    fuzzed(case=st.sampled_from(CASES), value=VALUES)(_any_flag)
 
 
 # ---- corrupted files -----------------------------------------------------------------------------------------------
@@ -155,17 +157,13 @@ def _refused_or_same(load, path: Path, original, same) -> None:
     assert path.read_bytes() == before
 
 
-def _checkpoint_fuzz(examples: int):
-    @settings(FUZZ, max_examples=examples)
-    @given(**CORRUPTION)
-    def check(finished_run, flips, cut):
-        from mapl.core import checkpoint
-        original = checkpoint.read(finished_run["ckpt"])
-        with tempfile.TemporaryDirectory() as d:
-            path = Path(d) / "r.pt"
-            path.write_bytes(_corrupt(finished_run["ckpt"].read_bytes(), flips, cut))
-            _refused_or_same(checkpoint.read, path, original, _same_checkpoint)
-    return check
+def _corrupt_checkpoint(finished_run, flips, cut):
+    from mapl.core import checkpoint
+    original = checkpoint.read(finished_run["ckpt"])
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "r.pt"
+        path.write_bytes(_corrupt(finished_run["ckpt"].read_bytes(), flips, cut))
+        _refused_or_same(checkpoint.read, path, original, _same_checkpoint)
 
 
 def _same_checkpoint(a, b) -> bool:
@@ -178,25 +176,21 @@ def _same_checkpoint(a, b) -> bool:
     return type(a) is type(b) and a == b
 
 
-test_a_corrupted_checkpoint_is_refused_in_one_line = _checkpoint_fuzz(FEW)
-test_a_corrupted_checkpoint_many = pytest.mark.slow(pytest.mark.full(_checkpoint_fuzz(MANY)))
+test_a_corrupted_checkpoint_is_refused_in_one_line, test_a_corrupted_checkpoint_many = \
+    fuzzed(**CORRUPTION)(_corrupt_checkpoint)
 
 
-def _manifest_fuzz(examples: int):
-    @settings(FUZZ, max_examples=examples)
-    @given(**CORRUPTION)
-    def check(finished_run, flips, cut):
-        from mapl.data.dataset import verified_manifest
-        source = finished_run["data"]
-        original = verified_manifest(source)
-        with tempfile.TemporaryDirectory() as d:
-            folder = Path(d) / "data"
-            shutil.copytree(source, folder, ignore=shutil.ignore_patterns(".verified-*", "*.lock"))
-            path = folder / "manifest.json"
-            path.write_bytes(_corrupt(path.read_bytes(), flips, cut))
-            # what a reader uses must match; other fields (the source's description) may differ harmlessly
-            _refused_or_same(lambda p: verified_manifest(p.parent), path, original, _same_shards)
-    return check
+def _corrupt_manifest(finished_run, flips, cut):
+    from mapl.data.dataset import verified_manifest
+    source = finished_run["data"]
+    original = verified_manifest(source)
+    with tempfile.TemporaryDirectory() as d:
+        folder = Path(d) / "data"
+        shutil.copytree(source, folder, ignore=shutil.ignore_patterns(".verified-*", "*.lock"))
+        path = folder / "manifest.json"
+        path.write_bytes(_corrupt(path.read_bytes(), flips, cut))
+        # what a reader uses must match; other fields (the source's description) may differ harmlessly
+        _refused_or_same(lambda p: verified_manifest(p.parent), path, original, _same_shards)
 
 
 def _same_shards(a: dict, b: dict) -> bool:
@@ -207,42 +201,35 @@ def _same_shards(a: dict, b: dict) -> bool:
     return used(a) == used(b)
 
 
-test_a_corrupted_manifest_is_refused_in_one_line = _manifest_fuzz(FEW)
-test_a_corrupted_manifest_many = pytest.mark.slow(pytest.mark.full(_manifest_fuzz(MANY)))
+test_a_corrupted_manifest_is_refused_in_one_line, test_a_corrupted_manifest_many = \
+    fuzzed(**CORRUPTION)(_corrupt_manifest)
 
 
-def _results_fuzz(examples: int):
-    @settings(FUZZ, max_examples=examples)
-    @given(**CORRUPTION)
-    def check(finished_run, flips, cut):
-        from mapl.report.rows import load_results
-        with tempfile.TemporaryDirectory() as d:
-            path = Path(d) / "results" / "main" / "r.json"
-            path.parent.mkdir(parents=True)
-            path.write_bytes(_corrupt(finished_run["results"].read_bytes(), flips, cut))
-
-            def rows(p):
-                return load_results(Path(d), "results")
-            try:
-                json.loads(path.read_bytes())
-                readable = True
-            except ValueError:
-                readable = False
-            before = path.read_bytes()
-            try:
-                got = rows(path)
-            except ValueError as e:
-                assert "\n" not in str(e) and str(path) in str(e), str(e)
-            else:
-                # a file still read as a run's results: its numbers are whatever the bytes now say, so the report
-                # takes it or leaves it (not a run's results) -- but never by a traceback
-                assert readable and isinstance(got, list)
-            assert path.read_bytes() == before
-    return check
+def _corrupt_results(finished_run, flips, cut):
+    from mapl.report.rows import load_results
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "results" / "main" / "r.json"
+        path.parent.mkdir(parents=True)
+        path.write_bytes(_corrupt(finished_run["results"].read_bytes(), flips, cut))
+        try:
+            json.loads(path.read_bytes())
+            readable = True
+        except ValueError:
+            readable = False
+        before = path.read_bytes()
+        try:
+            got = load_results(Path(d), "results")
+        except ValueError as e:
+            assert "\n" not in str(e) and str(path) in str(e), str(e)
+        else:
+            # a file still read as a run's results: its numbers are whatever the bytes now say, so the report
+            # takes it or leaves it (not a run's results) -- but never by a traceback
+            assert readable and isinstance(got, list)
+        assert path.read_bytes() == before
 
 
-test_a_corrupted_results_file_is_refused_in_one_line = _results_fuzz(FEW)
-test_a_corrupted_results_file_many = pytest.mark.slow(pytest.mark.full(_results_fuzz(MANY)))
+test_a_corrupted_results_file_is_refused_in_one_line, test_a_corrupted_results_file_many = \
+    fuzzed(**CORRUPTION)(_corrupt_results)
 
 
 @pytest.mark.parametrize("argv", [
