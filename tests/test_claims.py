@@ -18,16 +18,17 @@ def test_ablation_rows_read_the_setting_with_the_most_seeds():
                  study_row("ablations", "mapl", 8, seed=s, steps=300, loss=4.3, projector="unconstrained"),
                  study_row("ablations", "mapl", 8, seed=s, steps=300, loss=4.4, anchor="none")]
     ledger = {c["claim"]: c for c in R.claims(rows)}
-    stiefel = ledger["the Stiefel constraint helps (a learned projector without it is worse; under joint training)"]
+    stiefel = ledger["the Stiefel constraint helps: a learned projector without it is worse by 1.72 points (under "
+                     "joint training)"]
     assert "n = 3, 3,000 steps" in stiefel["ours"] and stiefel["ours"].startswith("unconstrained − MAPL: +")
     assert stiefel["verdict"] in ("reproduced", "contradicted")        # 3 seeds, a spread of 0.001: resolved
-    assert stiefel["family"] == ledger["the Stiefel constraint helps (a learned projector without it is worse; on a "
-                                       "frozen trunk)"]["family"]
-    anchor = ledger["the anchors matter (no anchor is worse than the factorized one)"]
+    assert stiefel["family_size"] == 1          # the frozen-trunk row is a mechanism study, outside the ledger
+    anchor = ledger["the anchors matter: no anchor is worse than the factorized one by 1.28 points"]
     assert "n = 3, 3,000 steps" in anchor["ours"]
     # without the rerun the 300-step pair is read: two seeds give no verdict
     short = [r for r in rows if r["group"] != "ablations_long"]
-    row = {c["claim"]: c for c in R.claims(short)}["the anchors matter (no anchor is worse than the factorized one)"]
+    row = {c["claim"]: c for c in R.claims(short)}["the anchors matter: no anchor is worse than the factorized one by "
+                                                   "1.28 points"]
     assert "n = 2, 300 steps" in row["ours"] and row["verdict"] == "not testable here"
 
 
@@ -74,7 +75,7 @@ def test_a_verdict_that_stays_for_another_reason_says_so_in_the_heldout_ledger()
                          "scores": {"heldout-kjv": r["val_loss"] + (0.5 if r["method"] == "mapl" else 0.0)}}
               for r in redrawn}
     table = R.heldout_claims_table(committed, committed, scores, redrawn)
-    primary = next(b for b in table.body if b[0].startswith("MAPL is ahead of SSN at equal compression"))
+    primary = next(b for b in table.body if b[0].startswith("MAPL is ahead of SSN by over 5 % at equal compression"))
     # contradicted on its size on validation (ahead by less than the paper's 5 points), on its sign held out
     assert (primary[2], primary[4], primary[5]) == ("contradicted", "contradicted", "no, its reason moves")
     assert "the order is reversed" in table.takeaway
@@ -96,3 +97,31 @@ def test_the_heldout_ledger_compares_a_verdicts_grounds_never_its_wording():
     assert _move(before, {"verdict": reversed_.verdict, "reason": short.reason, "grounds": reversed_.grounds}) \
         == "no, its reason moves"
     assert _move(before, {**before, "verdict": "inconclusive"}) == "yes"
+
+
+def test_every_claim_states_the_size_the_paper_claims():
+    """A claim's text carries its claimed size, so "contradicted" never sits beside a number that reads as agreement
+    (an order contradicted because it falls short of the paper's lead says which lead)."""
+    from mapl.report.claims import CLAIMS, MECHANISMS
+    for spec in (*CLAIMS, *MECHANISMS):
+        side = spec.paper()
+        if spec.rule == "order" and side.size is not None and spec not in MECHANISMS:
+            assert f"{side.size:g}" in spec.claim or f"over {side.size:g} %" in spec.claim, spec.claim
+        if spec.rule == "range" and side.high is not None:
+            assert f"{side.high:g} %" in spec.claim or "8-15 %" in spec.claim, spec.claim
+
+
+def test_the_ledgers_held_out_columns_and_the_mechanisms_stay_out_of_its_tally():
+    rows = [r for r in study_rows() if r["data_source"] == ""]
+    scores = rescored(rows, lambda r: 0.2 if r["method"] == "mapl" else 0.0)
+    ledger = R.claims(rows, rows)
+    held = R.heldout_verdicts(rows, rows, scores, (), ledger)
+    assert list(held) == ["held-out text (KJV)"]
+    table = R.claims_table(rows, rows, ledger=ledger, heldout=held)
+    assert table.header[4] == "verdict on held-out text (KJV)"
+    cost = next(b for b in table.body if b[0].startswith("MAPL at 4-8×"))
+    assert (cost[3], cost[4]) == ("reproduced", "contradicted")         # validation, then held out
+    assert all(b[4] == "—" for b in table.body if b[0] not in held["held-out text (KJV)"])
+    assert not any("frozen trunk" in c["claim"] for c in ledger)
+    assert table.takeaway.startswith(f"{len(ledger)} claims: ")
+    assert [c["verdict"] for c in R.mechanisms(rows, rows)] == ["not testable here"] * 2    # no frozen-trunk runs

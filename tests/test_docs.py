@@ -120,10 +120,15 @@ def test_the_claims_block_is_the_ledger_row_by_row():
     import csv
     from mapl.report.docblocks import claims_block
     rows = list(csv.DictReader((ROOT / "reports/cpu/tables/claims.csv").open()))
-    block = claims_block(ROOT).splitlines()[2:]
+    table, tally = claims_block(ROOT).split("\n\n")
+    block = table.splitlines()[2:]
     assert len(block) == len(rows)
     for line, row in zip(block, rows):
         assert row["paper's claim"] in line and f"**{row['verdict']}**" in line
+        assert "%, n = " not in line                  # one interval level in the README: the rule is stated once
+    counts = [sum(r["verdict"] == v for r in rows) for v in ("reproduced", "contradicted", "inconclusive")]
+    assert tally.startswith(f"**{len(rows)} claims: {counts[0]} reproduced, {counts[1]} contradicted, "
+                            f"{counts[2]} inconclusive, ")
 
 
 def test_the_documented_estimate_ignores_what_this_machine_prepared(tmp_path, monkeypatch):

@@ -112,23 +112,26 @@ def test_a_ladder_run_off_the_budget_rule_is_refused_naming_it():
 
 
 # ---- the analysis ------------------------------------------------------------------------------------------------
-def _ladder_row(model, method, seed, loss, group="ladder"):
+def _ladder_row(model, method, seed, loss, group="ladder", steps=None):
     from tests.helpers.report_data import result
     d = PRESETS[model].d_model
-    res = result(method, 8 if method != "none" else 1, seed=seed, steps=ladder_steps(model, 2, 2048), loss=loss,
-                 model=model, name=f"{model}-{method}-s{seed}", d=d)
+    steps = steps or ladder_steps(model, 2, 2048)
+    res = result(method, 8 if method != "none" else 1, seed=seed, steps=steps, loss=loss,
+                 model=model, name=f"{model}-{steps}-{method}-s{seed}", d=d)
     return {**R.row_from_result({**res, "train_split_tokens": 23_907_284}, group), "data_source": "python-code"}
 
 
-def _ladder_rows(gaps: dict[str, float], seeds=range(4)):
+def _ladder_rows(gaps: dict, seeds=range(4)):
+    """``gaps``: rung -> gap at the budget rule's steps, or (rung, steps) -> gap (a cell off the rule)."""
     rows = []
-    for model, gap in gaps.items():
+    for cell, gap in gaps.items():
+        model, steps = cell if isinstance(cell, tuple) else (cell, None)
         for s in seeds:
             none = 3.0 - 0.1 * math.log(rung_params(model)) + 0.01 * s
             mapl = none * 1.02
             ssn = mapl + none * (gap + 0.05 * (s - 1.5)) / 100          # the paired gap in points, with a seed spread
-            rows += [_ladder_row(model, "none", s, none), _ladder_row(model, "ssn", s, ssn),
-                     _ladder_row(model, "mapl", s, mapl)]
+            rows += [_ladder_row(model, "none", s, none, steps=steps), _ladder_row(model, "ssn", s, ssn, steps=steps),
+                     _ladder_row(model, "mapl", s, mapl, steps=steps)]
     return rows
 
 
@@ -158,14 +161,46 @@ def test_the_ladder_table_states_budget_epochs_and_the_slope():
     assert "no runs of the scale ladder yet" in ladder_table([]).takeaway
 
 
-def test_the_ledger_reads_the_gaps_growth_from_the_ladders_slope():
-    models = ("ladder-d64", "ladder-d128", "ladder-d192")
-    grows = _ladder_rows({m: 1.0 + 0.8 * math.log(rung_params(m) / rung_params(models[0])) for m in models})
-    row = next(c for c in R.claims([], grows) if c["claim"].startswith("the SSN − MAPL gap grows"))
-    assert row["verdict"] == "reproduced" and row["table"] == "ladder.md"
-    assert row["ours"].startswith("slope of SSN − MAPL per ln(params): +0.80 points") and "3 rungs" in row["ours"]
-    shrinks = _ladder_rows({m: 2.0 - 0.8 * math.log(rung_params(m) / rung_params(models[0])) for m in models})
-    assert next(c for c in R.claims([], shrinks) if "grows" in c["claim"])["verdict"] == "contradicted"
+_CELLS = (("ladder-d64", 400), ("ladder-d64", 2400), ("ladder-d128", 400), ("ladder-d128", 1600),
+          ("ladder-d192", 1600), ("ladder-d192", 2400))
+_WOBBLE = (0.05, -0.03, -0.04, 0.06, -0.02, 0.01)        # per-cell deviations: the fit has a residual to read
+
+
+def _cell_gaps(size: float, length: float) -> dict:
+    """(rung, steps) -> 1 + size ln(params / d64's) + length ln(steps / 400), plus a per-cell wobble."""
+    p0 = rung_params("ladder-d64")
+    return {(m, st): 1.0 + size * math.log(rung_params(m) / p0) + length * math.log(st / 400) + w
+            for (m, st), w in zip(_CELLS, _WOBBLE)}
+
+
+def test_the_size_coefficient_holds_steps_and_needs_cells_off_the_budget_rule():
+    from mapl.report.studies.ladder import size_length_fit, size_length_table
+    fit = size_length_fit(ladder_rungs(_ladder_rows(_cell_gaps(0.8, 0.0))))
+    assert fit["identified"] and fit["cells"] == 6 and fit["df"] == 3 and fit["unit"] == "cell"
+    assert fit["size"] == pytest.approx(0.8, abs=0.1) and fit["ci"][0] > 0
+    length_only = size_length_fit(ladder_rungs(_ladder_rows(_cell_gaps(0.0, 0.8))))
+    assert length_only["steps_coef"] == pytest.approx(0.8, abs=0.1) and length_only["ci"][0] < 0 < length_only["ci"][1]
+    # the budget rule's rungs alone: three cells for three coefficients, and the slope on size cannot tell them apart
+    rule = ladder_rungs(_ladder_rows({m: 1.0 + 0.8 * math.log(rung_params(m)) for m in _CELLS_RULE}))
+    assert not size_length_fit(rule)["identified"] and size_length_fit(rule)["corr"] > 0.999
+    assert "not separated yet" in size_length_table(_ladder_rows({m: 1.0 for m in _CELLS_RULE})).takeaway
+
+
+_CELLS_RULE = ("ladder-d64", "ladder-d128", "ladder-d192")
+
+
+def test_the_ledgers_scale_row_follows_the_size_coefficient_not_the_slope():
+    def row(rows):
+        return next(c for c in R.claims([], rows) if c["claim"].startswith("the SSN − MAPL gap grows"))
+    grows = row(_ladder_rows(_cell_gaps(0.8, 0.0)))
+    assert grows["verdict"] == "reproduced" and grows["table"] == "size-length.md"
+    assert grows["ours"].startswith("ln(params) coefficient, steps held: +0.79 points") and "6 cells, 3 df" in grows["ours"]
+    assert row(_ladder_rows(_cell_gaps(-0.8, 0.0)))["verdict"] == "contradicted"
+    assert row(_ladder_rows(_cell_gaps(0.0, 0.8)))["verdict"] == "inconclusive"        # length, not size
+    # on the budget rule's rungs a slope that grows with size is no verdict: size and length move together
+    rule = row(_ladder_rows({m: 1.0 + 0.8 * math.log(rung_params(m)) for m in _CELLS_RULE}))
+    assert rule["verdict"] == "inconclusive" and rule["grounds"] == ("confounded",)
+    assert "not identified (3 cells" in rule["ours"] and "slope on size alone +0.80 points" in rule["ours"]
     none = next(c for c in R.claims([]) if "grows" in c["claim"])
     assert none["verdict"] == "not testable here" and "fewer than two rungs" in none["reason"]
 

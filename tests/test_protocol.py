@@ -181,8 +181,8 @@ def test_the_bytes_claim_reads_the_int8_backward_where_it_was_trained():
 
 
 def test_the_rows_of_one_claim_are_one_family_read_at_holms_levels():
-    """The learned-vs-fixed claim read at 8x, at 4x and on the frozen trunk is one family of three: the frozen row's
-    tiny p is rejected first (step level 1 - 0.05/3); Holm stops at the next, so the other two read at 1 - 0.05/3."""
+    """A claim read in three rows is one family of three: the third row's tiny p is rejected first (step level
+    1 - 0.05/3); Holm stops at the next, so the other two read at 1 - 0.05/3."""
     from mapl.report.claims import Claim, family_levels, stated, study_contrast
     def spec(fam, rule="order"):
         return Claim("c", stated("x"), study_contrast("s"), rule, "t.md", family=fam)

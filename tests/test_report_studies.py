@@ -214,12 +214,16 @@ def test_frozen_trunk_tables_pair_by_seed_and_feed_the_ledger(tmp_path):
     c = R.frozen_comparison(loaded)
     assert c["n"] == 3 and c["diffs"] == pytest.approx([100 * (0.05 + 0.001 * s) / 3.9 for s in range(3)])
     assert c["level"] == pytest.approx(1 - 0.05 / 2) or c["level"] == pytest.approx(0.95)      # Holm over the two
-    row = next(x for x in R.claims(study_rows(), frozen_rows=loaded) if "fixed random one on a trained" in x["claim"])
+    # the frozen trunk is a mechanism study: the ledger's rules, its own family, outside the ledger
+    assert not any("frozen trunk" in x["claim"] for x in R.claims(study_rows(), frozen_rows=loaded))
+    found = R.mechanisms(study_rows(), frozen_rows=loaded)
+    row = next(x for x in found if "a learned subspace" in x["claim"])
     assert row["verdict"] == "reproduced" and row["table"] == "frozen-trunk-paired.md"
-    stiefel = next(x for x in R.claims(study_rows(), frozen_rows=loaded)
-                   if "Stiefel" in x["claim"] and "frozen trunk" in x["claim"])
+    stiefel = next(x for x in found if "Stiefel" in x["claim"])
     assert stiefel["ours"].startswith("unconstrained − SPEL, frozen trunk: ") and "claimed lead of 1.72" in stiefel["reason"]
-    assert next(x for x in R.claims(study_rows()) if "frozen trunk" in x["claim"])["reason"].startswith("not run")
+    assert {x["family_size"] for x in found} == {2}
+    assert R.mechanisms(study_rows())[0]["reason"].startswith("not run")
+    assert [b[0] for b in R.mechanisms_table(study_rows(), frozen_rows=loaded).body] == [x["claim"] for x in found]
     assert R.frozen_plot(loaded).empty is False and R.frozen_plot([]).empty is True
     assert R.load_frozen(tmp_path, "micro") == [] and R.frozen_table([]).body == []
     mixed = loaded + [{**loaded[0], "seed": 9, "override": {}}]

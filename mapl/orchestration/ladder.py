@@ -24,6 +24,7 @@ class LadderSettings:
     stages: int = setting(4, min=2)
     seeds: tuple[int, ...] = field(default=(0, 1, 2, 3))
     primary: str = setting("")
+    length_cells: tuple[dict, ...] = field(default=())     # {model, steps}: cells off the budget rule (size vs length)
 
 
 def ladder_settings(params: dict | None = None) -> LadderSettings:
@@ -36,6 +37,12 @@ def ladder_settings(params: dict | None = None) -> LadderSettings:
     if unknown:
         raise ConfigError(f"ladder.rungs={list(st.rungs)!r} is invalid: {unknown} are not ladder presets "
                           f"(allowed {sorted(k for k in PRESETS if k.startswith('ladder-d'))})")
+    for i, cell in enumerate(st.length_cells):
+        model, steps = cell.get("model"), cell.get("steps")
+        if set(cell) != {"model", "steps"} or model not in PRESETS or not str(model).startswith("ladder-d") \
+                or not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+            raise ConfigError(f"ladder.length_cells[{i}]={cell!r} is invalid: a mapping {{model: <ladder preset>, "
+                              "steps: <int >= 1>}")
     return st
 
 

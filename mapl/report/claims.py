@@ -18,7 +18,8 @@ from .style import variant_label
 
 __all__ = ["VERDICTS", "REPRODUCED", "CONTRADICTED", "INCONCLUSIVE", "NOT_TESTABLE", "MIN_SEEDS", "BYTES_REPRODUCED",
            "NOT_RUN", "Ruling", "PaperSide", "range_verdict", "order_verdict", "RULES", "Evidence", "Claim", "CLAIMS",
-           "at_level", "family_levels", "evaluate", "claims", "claims_table"]
+           "MECHANISMS", "at_level", "family_levels", "evaluate", "claims", "mechanisms", "tally", "claims_table",
+           "mechanisms_table"]
 
 VERDICTS = ("reproduced", "contradicted", "inconclusive", "not testable here")
 REPRODUCED, CONTRADICTED, INCONCLUSIVE, NOT_TESTABLE = VERDICTS
@@ -141,19 +142,29 @@ def bytes_row(claim: Claim, side: PaperSide, pair: tuple[dict | None, dict | Non
 
 
 def scale_row(claim: Claim, side: PaperSide, measured: tuple, level: float = 0.95) -> tuple[str, Ruling]:
-    """The scale ladder's slope read as an order (positive: the claim); without one, the width axis, no verdict."""
+    """The scale ladder's primary analysis read as an order (positive: the claim): the gap's ln(parameters)
+    coefficient with training length held. Where the cells run cannot separate size from length: inconclusive."""
     slope, (widths, span) = measured
     if slope is None:
         return (f"SSN − MAPL by width (width.md): {widths or DASH}",
                 Ruling(NOT_TESTABLE, f"the scale ladder has fewer than two rungs with paired runs; the width axis ({span} "
                        "parameters, one seed at 300 steps) gives no interval", ("too few rungs",)))
-    verdict, reason, grounds = order_verdict(slope)
-    lo, hi = slope["params"]
-    return (f"slope of SSN − MAPL per ln(params): {slope['mean']:+.2f} points {fmt_ci(slope['ci'])} "
-            f"({_pct(slope['level'])}, n = {slope['n']}, {slope['rungs']} rungs, {lo / 1e6:.2f}M-{hi / 1e6:.2f}M "
-            "non-embedding parameters)",
-            Ruling(verdict, reason.replace("the paired", "the slope's") + "; a statement about our rungs, not the "
-                   "paper's sizes", grounds))
+    size, (lo, hi) = slope["size"], slope["params"]
+    alone = (f"slope on size alone {slope['mean']:+.2f} points {fmt_ci(slope['ci'])} ({_pct(slope['level'])}, seeds "
+             f"pooled, n = {slope['n']}, {slope['rungs']} rungs, {lo / 1e6:.2f}M-{hi / 1e6:.2f}M non-embedding "
+             "parameters)")
+    if not size["identified"]:
+        corr = f", ln(params) and ln(steps) correlate at r = {size['corr']:.4f}" if size["corr"] is not None else ""
+        return (f"ln(params) coefficient, steps held: not identified ({size['cells']} cells{corr}); {alone}",
+                Ruling(INCONCLUSIVE, "size and training length move together on the cells run: the primary analysis "
+                       f"(the size coefficient with steps held) is not identified ({size['why']}); the slope on size "
+                       "alone cannot separate them", ("confounded",)))
+    verdict, reason, grounds = order_verdict({"mean": size["size"], "ci": size["ci"], "n": size["n"],
+                                              "level": size["level"]})
+    return (f"ln(params) coefficient, steps held: {size['size']:+.2f} points {fmt_ci(size['ci'])} "
+            f"({_pct(size['level'])}, {size['cells']} cells, {size['df']} df); {alone}",
+            Ruling(verdict, reason.replace("the paired", "the size coefficient's") + "; a statement about our "
+                   "cells, not the paper's sizes", grounds))
 
 
 RULES: dict[str, Callable] = {"range": range_row, "order": order_row, "bytes": bytes_row, "scale": scale_row}
@@ -318,29 +329,25 @@ CLAIMS: tuple[Claim, ...] = (
     Claim("SSN loses 8-15 % at the same ratios", table1_span("ssn"), headline("ssn"), "range", "headline.md", "SSN",
           family=_SSN_RANGE),
     # the primary contrast was named before its runs: a family of its own, read at 95 %
-    Claim("MAPL is ahead of SSN at equal compression (primary contrast, named in advance)", abstract_gap("ssn"),
+    Claim("MAPL is ahead of SSN by over 5 % at equal compression (primary contrast, named in advance)",
+          abstract_gap("ssn"),
           headline_contrast("ssn", "mapl"), "order", "headline-paired.md", "SSN − MAPL"),
-    Claim("a learned subspace (SPEL) beats a fixed random one (at the headline's 8×)", _LEARNED_FIXED,
+    Claim("a learned subspace (SPEL) beats a fixed random one, by 0.35 points (at the headline's 8×)", _LEARNED_FIXED,
           headline_contrast("mapl-fixed", "mapl"), "order", "headline-paired.md", "fixed − MAPL",
           family=_LEARNED_BEATS_FIXED),
-    Claim("a learned subspace (SPEL) beats a fixed random one (at the ablation's 4×)", _LEARNED_FIXED,
+    Claim("a learned subspace (SPEL) beats a fixed random one, by 0.35 points (at the ablation's 4×)", _LEARNED_FIXED,
           study_contrast("learned_fixed_4x"), "order", "learned-fixed-4x.md", "fixed − MAPL", family=_LEARNED_BEATS_FIXED),
-    Claim("a learned subspace (SPEL) beats a fixed random one on a trained, frozen trunk (no co-adaptation: only A_p "
-          "and the anchors train)", stated("implied by App. C (measured there under joint training)"),
-          frozen_contrast("fixed"), "order", "frozen-trunk-paired.md", "fixed − SPEL, frozen trunk",
-          family=_LEARNED_BEATS_FIXED),
-    Claim("the Stiefel constraint helps (a learned projector without it is worse; under joint training)", _STIEFEL_PAIR,
+    Claim("the Stiefel constraint helps: a learned projector without it is worse by 1.72 points (under joint "
+          "training)", _STIEFEL_PAIR,
           ablation_contrast("projector", "unconstrained"), "order", "ablation-projector.md", "unconstrained − MAPL",
           family=_STIEFEL),
-    Claim("the Stiefel constraint helps (a learned projector without it is worse; on a frozen trunk)", _STIEFEL_PAIR,
-          frozen_contrast("unconstrained"), "order", "frozen-trunk-paired.md", "unconstrained − SPEL, frozen trunk",
-          family=_STIEFEL),
-    Claim("MAPL+VQ (twice MAPL's forward compression) costs at most ~3 %",
+    # the paper's MAPL+VQ runs at twice MAPL's ratio; ours is what its codes measure (the cell's "× on the wire")
+    Claim("MAPL+VQ at 16× (twice MAPL's 8× in the paper) costs at most ~3 %",
           abstract_bound("mapl-rvq", "16× at ≤ {:g} % (abstract)"), _RVQ, "range", "headline.md", "MAPL+VQ",
           label_measured=True),
     Claim("RVQ halves the bytes again", stated("2× (MAPL+VQ at twice MAPL's ratio, Table 1)"),
           lambda ev: (_RVQ_BYTES(ev), headline("mapl")(ev)), "bytes", "headline.md"),
-    Claim("the anchors matter (no anchor is worse than the factorized one)",
+    Claim("the anchors matter: no anchor is worse than the factorized one by 1.28 points",
           ablation_pair("anchor_ablation", "none", "factorized", "no anchor", "factorized", "App. G"),
           ablation_contrast("anchor", "none"), "order", "ablation-anchor.md", "no anchor − MAPL"),
     Claim("MAPL's lead over SSN is more than its anchors (SSN given MAPL's anchors still trails)", _IMPLIED_SUBSPACES,
@@ -349,7 +356,7 @@ CLAIMS: tuple[Claim, ...] = (
     Claim("MAPL's lead over SSN is more than its parameters (SSN with its anchors, widened to MAPL's count, still "
           "trails)", _IMPLIED_SUBSPACES, study_contrast("decompose_capacity"), "order", "decompose-paired.md",
           "SSN + anchors, parameter-matched − MAPL", family=_MORE_THAN_ANCHORS),
-    Claim("MAPL is ahead of SSN on a corpus seen at most once (the paper's regime)",
+    Claim("MAPL is ahead of SSN by over 5 % on a corpus seen at most once (the paper's regime)",
           abstract_gap("ssn", "by over {:g} % (abstract), on DCLM at 20 tokens per parameter: under one pass (Table 1)"),
           study_contrast("corpus"), "order", "corpus.md", "SSN − MAPL", family=_MAPL_AHEAD_OF_SSN),
     # the two range claims again in the paper's regime (a corpus seen under once): the headline's are on a corpus
@@ -358,12 +365,26 @@ CLAIMS: tuple[Claim, ...] = (
           "range", "corpus.md", "SSN", family=_SSN_RANGE),
     Claim("MAPL costs at most ~2 % (on a corpus seen at most once)", abstract_bound("mapl"),
           study_configuration("corpus", "mapl"), "range", "corpus.md", "MAPL", family=_MAPL_RANGE),
-    Claim("MAPL is ahead of SSN with several blocks per stage (the paper's models)",
+    Claim("MAPL is ahead of SSN by over 5 % with several blocks per stage (the paper's models)",
           abstract_gap("ssn", "by over {:g} % (abstract), at P = 4 and 8 on 150M-1B models (Table 1)"),
           study_contrast("blocks"), "order", "blocks.md", "SSN − MAPL at P = 4", family=_MAPL_AHEAD_OF_SSN),
-    # the scale ladder's primary contrast, named before its runs: a family of its own, read at 95 %
-    Claim("the SSN − MAPL gap grows with model scale (150M to 1B)", stated("Table 1 (150M, 500M, 1B)"), ladder_slope,
-          "scale", "ladder.md"),
+    # the scale ladder's primary contrast, named before its runs (the size coefficient with training length held):
+    # a family of its own, read at 95 %
+    Claim("the SSN − MAPL gap grows with model size (the paper: 150M to 1B; ours: an analogue at 0.4-2.5M "
+          "parameters, training length held)", stated("Table 1 (150M, 500M, 1B)"), ladder_slope, "scale",
+          "size-length.md"),
+)
+
+# Mechanism studies: why MAPL's lead exists, not claims of the paper's; the same rules, their own families, kept out
+# of the ledger's tally (mechanisms.md)
+_FROZEN = "the frozen trunk"
+MECHANISMS: tuple[Claim, ...] = (
+    Claim("on a trained, frozen trunk (no co-adaptation: only A_p and the anchors train) a learned subspace (SPEL) "
+          "beats a fixed random one", stated("implied by App. C (measured there under joint training)"),
+          frozen_contrast("fixed"), "order", "frozen-trunk-paired.md", "fixed − SPEL, frozen trunk", family=_FROZEN),
+    Claim("on a trained, frozen trunk the Stiefel constraint helps (a learned projector without it is worse)",
+          _STIEFEL_PAIR, frozen_contrast("unconstrained"), "order", "frozen-trunk-paired.md",
+          "unconstrained − SPEL, frozen trunk", family=_FROZEN),
 )
 
 
@@ -410,35 +431,84 @@ def evaluate(spec: Claim, ev: Evidence, measured=None, level: float = 0.95, fami
             "level": level if spec.rule in ("order", "range") else None}
 
 
-def claims(rows: Sequence[dict], corpus_rows: Sequence[dict] | None = None,
-           frozen_rows: Sequence[dict] | None = None) -> list[dict]:
-    """The ledger's rows, each at its family's level."""
+def _ledger(specs: Sequence[Claim], rows: Sequence[dict], corpus_rows: Sequence[dict] | None,
+            frozen_rows: Sequence[dict] | None) -> list[dict]:
     ev = Evidence(rows, corpus_rows, frozen_rows)
-    measured = [spec.reads(ev) for spec in CLAIMS]
-    levels = family_levels(CLAIMS, measured)
-    return [row for spec, m, (level, size) in zip(CLAIMS, measured, levels)
+    measured = [spec.reads(ev) for spec in specs]
+    levels = family_levels(specs, measured)
+    return [row for spec, m, (level, size) in zip(specs, measured, levels)
             if (row := evaluate(spec, ev, m, level, size)) is not None]
 
 
-def claims_table(rows: Sequence[dict], corpus_rows: Sequence[dict] | None = None,
-                 frozen_rows: Sequence[dict] | None = None, ledger: Sequence[dict] | None = None) -> Table:
-    """The ledger as a table (``claims.md``); ``ledger``: its :func:`claims` where the caller has them."""
-    ledger = claims(rows, corpus_rows, frozen_rows) if ledger is None else ledger
-    header = ["paper's claim", "paper", "ours (table)", "verdict", "why", "family · level"]
-    body = [[c["claim"], c["paper"], f"{c['ours']} ({c['table']})", c["verdict"], c["reason"],
-             DASH if c["level"] is None else f"its own · {_pct(c['level'])}" if c["family_size"] == 1
-             else f"{c['family']} ({c['family_size']} rows) · {_pct(c['level'])}"] for c in ledger]
+def claims(rows: Sequence[dict], corpus_rows: Sequence[dict] | None = None,
+           frozen_rows: Sequence[dict] | None = None) -> list[dict]:
+    """The ledger's rows (the paper's claims), each at its family's level."""
+    return _ledger(CLAIMS, rows, corpus_rows, frozen_rows)
+
+
+def mechanisms(rows: Sequence[dict], corpus_rows: Sequence[dict] | None = None,
+               frozen_rows: Sequence[dict] | None = None) -> list[dict]:
+    """The mechanism studies' rows (:data:`MECHANISMS`), read by the ledger's rules in their own families."""
+    return _ledger(MECHANISMS, rows, corpus_rows, frozen_rows)
+
+
+def tally(ledger: Sequence[dict]) -> str:
+    """"N claims: a reproduced, b contradicted, c inconclusive, d not testable here"."""
     counts = {v: sum(c["verdict"] == v for c in ledger) for v in VERDICTS}
-    takeaway = (f"{len(ledger)} claims: {counts[REPRODUCED]} reproduced, {counts[CONTRADICTED]} contradicted, "
-                f"{counts[INCONCLUSIVE]} inconclusive, {counts[NOT_TESTABLE]} not testable here: "
-                + "; ".join(f"{c['claim']}: {c['verdict']}" for c in ledger) + ".")
+    return (f"{len(ledger)} claims: {counts[REPRODUCED]} reproduced, {counts[CONTRADICTED]} contradicted, "
+            f"{counts[INCONCLUSIVE]} inconclusive, {counts[NOT_TESTABLE]} not testable here")
+
+
+def _family_cell(c: dict) -> str:
+    if c["level"] is None:
+        return DASH
+    if c["family_size"] == 1:
+        return f"its own · {_pct(c['level'])}"
+    return f"{c['family']} ({c['family_size']} rows) · {_pct(c['level'])}"
+
+
+_RULE_TEXT = ("Verdict rule (mapl/report/claims.py): reproduced when our interval lies inside a claimed range, or "
+              "excludes 0 on the claimed side of an order without lying below the lead the paper claims; "
+              "contradicted when it lies wholly outside the range, on the other side of 0, or wholly below the "
+              "claimed lead; inconclusive otherwise; fewer than 3 seeds, or a scale we cannot train, is not testable "
+              "here. Interval levels: the rows that test one paper claim are one family, and a family's verdicts err "
+              "with probability at most 5 % together: its intervals are read at Holm's levels (orders) or "
+              "Bonferroni's (ranges), so a row's level is 95 % for a family of one and higher in a larger family "
+              "(the last column).")
+
+
+def claims_table(rows: Sequence[dict], corpus_rows: Sequence[dict] | None = None,
+                 frozen_rows: Sequence[dict] | None = None, ledger: Sequence[dict] | None = None,
+                 heldout: dict[str, dict[str, str]] | None = None) -> Table:
+    """The ledger as a table (``claims.md``); ``ledger``: its :func:`claims` where the caller has them; ``heldout``:
+    set label -> {claim: its verdict on that set} (:func:`mapl.report.studies.heldout.heldout_verdicts`)."""
+    ledger = claims(rows, corpus_rows, frozen_rows) if ledger is None else ledger
+    heldout = heldout or {}
+    header = ["paper's claim", "paper", "ours (table)", "verdict", *[f"verdict on {name}" for name in heldout],
+              "why", "family · level"]
+    body = [[c["claim"], c["paper"], f"{c['ours']} ({c['table']})", c["verdict"],
+             *[verdicts.get(c["claim"], DASH) for verdicts in heldout.values()], c["reason"], _family_cell(c)]
+            for c in ledger]
+    takeaway = f"{tally(ledger)}: " + "; ".join(f"{c['claim']}: {c['verdict']}" for c in ledger) + "."
     caption = ("Each claim of the paper beside our measurement at the headline budget (group long) or the "
-               "study named in brackets; a verdict holds at the model size, budget and corpus of its row. Verdict "
-               "rule (mapl/report/claims.py): reproduced when our interval lies "
-               "inside a claimed range, or excludes 0 on the claimed side of an order without lying below the "
-               "lead the paper claims; contradicted when it lies wholly outside the range, on the other side of "
-               "0, or wholly below the claimed lead; inconclusive otherwise; fewer than 3 seeds, or a scale we "
-               "cannot train, is not testable here. The rows of one paper claim are one family: its intervals "
-               "at Holm's levels (orders) or Bonferroni's (ranges), a family of one at 95%.")
+               "study named in brackets; a verdict holds at the model size, budget and corpus of its row, on the "
+               "validation split; the held-out columns give the same rule's verdict on the same checkpoints scored "
+               "on text no run read (heldout-claims.md; — where the rescored runs cannot test the row). "
+               + _RULE_TEXT + " The mechanism studies (why MAPL leads; not claims of the paper) are in "
+               "mechanisms.md, outside this tally.")
     return Table("claims", "Claims ledger: the paper's claims against our measurements", header, body, caption,
                  takeaway)
+
+
+def mechanisms_table(rows: Sequence[dict], corpus_rows: Sequence[dict] | None = None,
+                     frozen_rows: Sequence[dict] | None = None) -> Table:
+    """The mechanism studies' rows by the ledger's rules (``mechanisms.md``), outside the ledger's tally."""
+    found = mechanisms(rows, corpus_rows, frozen_rows)
+    header = ["mechanism", "paper", "ours (table)", "verdict", "why", "family · level"]
+    body = [[c["claim"], c["paper"], f"{c['ours']} ({c['table']})", c["verdict"], c["reason"], _family_cell(c)]
+            for c in found]
+    caption = ("Studies of why MAPL leads, read by the claims ledger's rules (claims.md) but not claims of the "
+               "paper, so not counted in its tally. " + _RULE_TEXT)
+    takeaway = "; ".join(f"{c['claim']}: {c['verdict']}" for c in found) + "." if found else \
+        "no mechanism study has runs (the frozen-trunk study: DVC stage frozen_trunk)."
+    return Table("mechanisms", "Mechanisms: why MAPL leads, by the ledger's rules", header, body, caption, takeaway)

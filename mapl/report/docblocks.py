@@ -51,19 +51,29 @@ def _read_csv(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
-_BUDGET = re.compile(r"\(((?:[\d.]+%, )?n = \d+)[^)]*\)")
+_BUDGET = re.compile(r"\((?:[\d.]+%, )?(n = \d+)[^)]*\)")
 
 
 def short_ours(cell: str) -> str:
-    """A ledger cell as the README prints it: estimate, interval, level and seeds (``claims.md`` has the rest)."""
+    """A ledger cell as the README prints it: estimate, interval and seeds (``claims.md`` has the level and the rest)."""
     return _BUDGET.sub(r"(\1)", cell)
 
 
 def claims_block(root: Path, profile: str = "cpu") -> str:
-    """The claims ledger, one line per claim: the claim, the paper's number, ours (short), the verdict."""
+    """The claims ledger, one line per claim: the claim, the paper's number, ours (short), the verdict on validation
+    and on held-out text; the tally under it, and the one rule for the intervals' levels."""
     rows = _read_csv(root / "reports" / profile / "tables" / "claims.csv")
-    return _table(["the paper's claim", "paper", "ours (table)", "verdict"],
-                  [[r["paper's claim"], r["paper"], short_ours(r["ours (table)"]), f"**{r['verdict']}**"] for r in rows])
+    held = [k for k in (rows[0] if rows else {}) if k.startswith("verdict on ")]
+    header = ["the paper's claim", "paper", "ours (table; familywise 95 % interval)", "verdict (validation)",
+              *[k.replace("verdict on ", "on ") for k in held]]
+    body = [[r["paper's claim"], r["paper"], short_ours(r["ours (table)"]), f"**{r['verdict']}**",
+             *[r[k] for k in held]] for r in rows]
+    counts = {v: sum(r["verdict"] == v for r in rows) for v in ("reproduced", "contradicted", "inconclusive",
+                                                                "not testable here")}
+    tally = ", ".join(f"{n} {v}" for v, n in counts.items())
+    return (f"{_table(header, body)}\n\n**{len(rows)} claims: {tally}** (on the validation split). Each interval "
+            "is read so that the rows testing one paper claim err with probability at most 5 % together (the "
+            f"levels per row and the rule: `reports/{profile}/tables/claims.md`).")
 
 
 def headline_block(root: Path, profile: str = "cpu") -> str:

@@ -10,7 +10,8 @@ from ..render import DASH, Table, fmt_delta, fmt_int, fmt_pct, fmt_pm
 from ..rows import rescored_rows, run_key
 from ..stats import summarize
 
-__all__ = ["SET_LABELS", "NO_SCORES", "load_rescores", "heldout_table", "heldout_claims_table", "heldout_contrasts"]
+__all__ = ["SET_LABELS", "NO_SCORES", "load_rescores", "heldout_table", "heldout_readings", "heldout_verdicts",
+           "heldout_claims_table", "heldout_contrasts"]
 
 SET_LABELS = {"heldout-kjv": "held-out text (KJV)", "unread-train": "unread training windows"}
 NO_SCORES = ("no run group is rescored on this profile (params.yaml `rescore.<profile>` is empty; DVC stage "
@@ -81,29 +82,47 @@ def _move(before: dict, after: dict) -> str:
     return "no"
 
 
-def heldout_claims_table(rows: Sequence[dict], corpus_rows: Sequence[dict], rescores: dict[str, dict],
-                         redrawn: Sequence[dict] = (), ledger: Sequence[dict] | None = None) -> Table:
-    """The ledger's verdicts on each held-out set beside the validation split's (a redraw: its own)."""
+def heldout_readings(rows: Sequence[dict], corpus_rows: Sequence[dict], rescores: dict[str, dict],
+                     redrawn: Sequence[dict] = (), ledger: Sequence[dict] | None = None) -> list[dict]:
+    """Each claim the rescored runs can test, per set and draw: ``claim``, ``set``, ``where``, ``before`` (its
+    validation ledger row), ``after`` (its row on the set), ``move``."""
     ledger = claims(rows, corpus_rows) if ledger is None else ledger
-    header = ["paper's claim", "set", "verdict (validation)", "ours (set)", "verdict (set)", "moves"]
-    body, moves = [], []
+    out = []
     for draw, mine, corpus_mine in _draws(rows, corpus_rows, redrawn):
         # a redraw's held-out verdicts move from its own validation verdicts, not from another draw's
         before_ledger = {c["claim"]: c for c in (claims(mine, mine) if draw else ledger)}
         for name in _sets(rescores):
             where = SET_LABELS[name] + (f", draw {draw}" if draw else "")
             for c in claims(rescored_rows(mine, rescores, name), rescored_rows(corpus_mine, rescores, name)):
-                mine_before = before_ledger.get(c["claim"])
-                if c["verdict"] == NOT_TESTABLE or mine_before is None:
-                    continue
-                before = mine_before["verdict"]
-                move = _move(mine_before, c)
-                if move == "yes":
-                    moves.append(f"{c['claim']}: {before} -> {c['verdict']} ({where})")
-                elif move != "no":
-                    moves.append(f"{c['claim']}: {before} on both, its reason moves to: {c['reason']} ({where})")
-                # the row's numbers are read from the held-out scores here, not from the table the ledger's row cites
-                body.append([c["claim"], where, before, c["ours"], c["verdict"], move])
+                before = before_ledger.get(c["claim"])
+                if c["verdict"] != NOT_TESTABLE and before is not None:
+                    out.append({"claim": c["claim"], "set": name, "where": where, "before": before, "after": c,
+                                "move": _move(before, c)})
+    return out
+
+
+def heldout_verdicts(rows: Sequence[dict], corpus_rows: Sequence[dict], rescores: dict[str, dict],
+                     redrawn: Sequence[dict] = (), ledger: Sequence[dict] | None = None) -> dict[str, dict[str, str]]:
+    """The ledger's held-out columns: set label -> {claim: its verdict there} (every set the rescores have)."""
+    out: dict[str, dict[str, str]] = {SET_LABELS[name]: {} for name in _sets(rescores)}
+    for r in heldout_readings(rows, corpus_rows, rescores, redrawn, ledger):
+        out[SET_LABELS[r["set"]]].setdefault(r["claim"], r["after"]["verdict"])
+    return out
+
+
+def heldout_claims_table(rows: Sequence[dict], corpus_rows: Sequence[dict], rescores: dict[str, dict],
+                         redrawn: Sequence[dict] = (), ledger: Sequence[dict] | None = None) -> Table:
+    """The ledger's verdicts on each held-out set beside the validation split's (a redraw: its own)."""
+    header = ["paper's claim", "set", "verdict (validation)", "ours (set)", "verdict (set)", "moves"]
+    body, moves = [], []
+    for r in heldout_readings(rows, corpus_rows, rescores, redrawn, ledger):
+        before, c, where = r["before"]["verdict"], r["after"], r["where"]
+        if r["move"] == "yes":
+            moves.append(f"{c['claim']}: {before} -> {c['verdict']} ({where})")
+        elif r["move"] != "no":
+            moves.append(f"{c['claim']}: {before} on both, its reason moves to: {c['reason']} ({where})")
+        # the row's numbers are read from the held-out scores here, not from the table the ledger's row cites
+        body.append([c["claim"], where, before, c["ours"], c["verdict"], r["move"]])
     caption = ("Each claim the rescored runs can test (3 or more seeds of what it reads), read again with the "
                "ledger's rules (claims.md) from their scores on the held-out windows (heldout.md), beside its "
                "verdict from the validation split: claims.md's for the committed runs; for a draw of a study made "

@@ -15,7 +15,8 @@ from ..rows import boundary_mean, declared
 from ..stats import paired, summarize, t_interval, t_quantile
 from ..style import BARS, NEUTRAL, colour, variant_label
 
-__all__ = ["PAPER_SIZES", "rung_params", "ladder_rungs", "gap_slope", "ladder_table",
+__all__ = ["PAPER_SIZES", "SIZE_UNIT", "rung_params", "ladder_rungs", "gap_slope", "size_length_fit",
+           "size_length_table", "ladder_table",
            "ladder_tuning_table", "ladder_plot", "ladder_slope_comparison"]
 
 _RUNG = re.compile(r"^ladder-d(\d+)$")
@@ -34,15 +35,15 @@ def ladder_rungs(rows: Sequence[dict]) -> list[dict]:
     groups = set(declared().groups_of("ladder"))
     mine = [r for r in rows if r["group"] in groups and _RUNG.match(r["model"] or "")]
     out = []
-    for model in sorted({r["model"] for r in mine}, key=rung_params):
-        pool = [r for r in mine if r["model"] == model and r["method"] in ("none", "ssn", "mapl")
+    # a cell is a rung at one training length: the budget rule gives each rung one, the size-vs-length cells more
+    for model, steps in sorted({(r["model"], r["steps"]) for r in mine}, key=lambda k: (rung_params(k[0]), k[1])):
+        pool = [r for r in mine if r["model"] == model and r["steps"] == steps and r["method"] in ("none", "ssn", "mapl")
                 and r["variant"] in ("none", "ssn", "mapl")]
         sums = {s["variant"]: s for s in summarize(pool, rows)}
         gap = None
         if "ssn" in sums and "mapl" in sums:
             p = paired(sums["ssn"]["deltas"], sums["mapl"]["deltas"])
             gap = {"a": sums["ssn"], "b": sums["mapl"], **p} if p else None
-        steps = max(r["steps"] for r in pool) if pool else None
         split = {r.get("train_split_tokens") for r in pool} - {None}
         out.append({"model": model, "d": int(_RUNG.match(model).group(1)), "params": rung_params(model),
                     "steps": steps, "tokens": max((r["tokens"] or 0) for r in pool) if pool else None,
@@ -57,9 +58,23 @@ def _mapl_energy(mapl: Sequence[dict]) -> tuple[float, float] | None:
     return None if captured is None else (captured, boundary_mean(mapl, "pca_energy"))
 
 
-def gap_slope(rungs: Sequence[dict], level: float = 0.95) -> dict | None:
-    """Least-squares fit of every (rung, seed) gap on ln(parameters), ``ci`` on n − 2 df; None if under-determined."""
-    pts = [(math.log(r["params"]), d) for r in rungs if r["gap"] for d in r["gap"]["diffs"]]
+def _points(rungs: Sequence[dict], unit: str, drop_seeds: Sequence[int] = ()) -> list[tuple[dict, float]]:
+    """(cell, gap) per paired seed (``unit`` "seed") or per cell, its mean gap (``unit`` "cell")."""
+    pts = []
+    for r in rungs:
+        if not r["gap"]:
+            continue
+        diffs = [d for s, d in zip(r["gap"]["seeds"], r["gap"]["diffs"]) if s not in drop_seeds]
+        if diffs:
+            pts += [(r, d) for d in diffs] if unit == "seed" else [(r, statistics.fmean(diffs))]
+    return pts
+
+
+def gap_slope(rungs: Sequence[dict], level: float = 0.95, unit: str = "seed",
+              drop_seeds: Sequence[int] = ()) -> dict | None:
+    """Least-squares fit of the gap on ln(parameters) alone, one point per paired seed (``unit`` "seed") or per cell
+    ("cell"), ``ci`` on n − 2 df; None if under-determined (under two sizes, or no degree of freedom)."""
+    pts = [(math.log(r["params"]), d) for r, d in _points(rungs, unit, drop_seeds)]
     xs = {x for x, _ in pts}
     if len(xs) < 2 or len(pts) < 3:
         return None
@@ -75,8 +90,42 @@ def gap_slope(rungs: Sequence[dict], level: float = 0.95) -> dict | None:
             "rungs": len(xs), "level": level, "mean_x": mx, "sxx": sxx, "resid_var": resid / (n - 2)}
 
 
+# The primary analysis of the scale ladder, declared before the size-vs-length cells ran (params.yaml
+# ``ladder.primary``): the coefficient of ln(non-embedding parameters) in an ordinary least-squares fit of the cell
+# mean paired SSN − MAPL gap (8×) on ln(parameters) and ln(steps), with its 95 % t interval on cells − 3 degrees of
+# freedom. The cell (a rung at one training length), not the seed, is the unit: what varies between cells (the
+# rate each rung was tuned at, the data it read) is not seed noise, and seeds pooled would count it as replication.
+SIZE_UNIT = "cell"
+
+
+def size_length_fit(rungs: Sequence[dict], unit: str = SIZE_UNIT, drop_seeds: Sequence[int] = (),
+                    level: float = 0.95) -> dict:
+    """The gap on [1, ln params, ln steps]: ``size`` (its coefficient), ``ci``, ``df``, ``n`` points, ``cells``,
+    ``corr`` (of ln params and ln steps over the cells) and ``identified`` (False: no interval, ``why`` says)."""
+    pts = _points(rungs, unit, drop_seeds)
+    cells = {(r["model"], r["steps"]) for r, _ in pts}
+    x = np.array([[1.0, math.log(r["params"]), math.log(r["steps"])] for r, _ in pts]).reshape(-1, 3)
+    y = np.array([d for _, d in pts])
+    logs = np.array([[math.log(rung_params(m)), math.log(s)] for m, s in sorted(cells)]).reshape(-1, 2)
+    corr = float(np.corrcoef(logs.T)[0, 1]) if len(cells) >= 2 and logs.std(axis=0).all() else None
+    out = {"unit": unit, "n": len(pts), "cells": len(cells), "df": len(pts) - 3, "corr": corr, "level": level,
+           "size": None, "steps_coef": None, "se": None, "ci": None, "identified": False}
+    if len(cells) < 3 or np.linalg.matrix_rank(x) < 3 or len(pts) <= 3:
+        out["why"] = (f"{len(cells)} cell(s) give {len(pts)} point(s) for 3 coefficients: no degree of freedom"
+                      if len(pts) <= 3 else "size and training length are collinear on the cells run")
+        return out
+    coef, *_ = np.linalg.lstsq(x, y, rcond=None)
+    resid = y - x @ coef
+    cov = float(resid @ resid) / (len(pts) - 3) * np.linalg.inv(x.T @ x)
+    se = math.sqrt(cov[1, 1])
+    half = t_quantile(0.5 + level / 2, len(pts) - 3) * se
+    return {**out, "size": float(coef[1]), "steps_coef": float(coef[2]), "se": se,
+            "ci": (float(coef[1]) - half, float(coef[1]) + half), "identified": True, "why": ""}
+
+
 def ladder_slope_comparison(rows: Sequence[dict]) -> dict | None:
-    """The slope as a comparison the ledger reads (``mean``, ``ci``, ``n``, ``level``), with the rungs' span."""
+    """The slope on size alone as a comparison (``mean``, ``ci``, ``n``, ``level``), with the rungs' span and the
+    primary analysis (``size``: :func:`size_length_fit`) the ledger reads."""
     rungs = ladder_rungs(rows)
     fit = gap_slope(rungs)
     if fit is None:
@@ -84,7 +133,63 @@ def ladder_slope_comparison(rows: Sequence[dict]) -> dict | None:
     span = [r for r in rungs if r["gap"]]
     return {"mean": fit["slope"], "ci": fit["ci"], "n": fit["n"], "level": fit["level"], "std": None,
             "rungs": fit["rungs"], "params": (span[0]["params"], span[-1]["params"]),
-            "steps": (span[0]["steps"], span[-1]["steps"])}
+            "steps": (span[0]["steps"], span[-1]["steps"]), "size": size_length_fit(rungs)}
+
+
+_ANALYSES = (("primary: size, steps held", "size", "cell", ()),
+             ("size, steps held", "size", "seed", ()),
+             ("size, steps held, without seed 0", "size", "seed", (0,)),
+             ("size alone (steps move with it)", "slope", "cell", ()),
+             ("size alone (steps move with it)", "slope", "seed", ()),
+             ("size alone, without seed 0", "slope", "seed", (0,)))
+
+
+def _analysis_row(rungs: Sequence[dict], name: str, model: str, unit: str, drop: tuple) -> list:
+    unit_name = "cell means" if unit == "cell" else "seeds pooled"
+    if model == "size":
+        f = size_length_fit(rungs, unit, drop)
+        if not f["identified"]:
+            return [name, unit_name, f["n"], f["cells"], f["df"], "not identified", f["why"], DASH]
+        return [name, unit_name, f["n"], f["cells"], f["df"], f"{f['size']:+.2f}", fmt_ci(f["ci"]),
+                f"{f['steps_coef']:+.2f}"]
+    f = gap_slope(rungs, unit=unit, drop_seeds=drop)
+    if f is None:
+        return [name, unit_name, DASH, DASH, DASH, "not identified", "fewer than two sizes or no degree of freedom",
+                DASH]
+    return [name, unit_name, f["n"], f["rungs"], f["n"] - 2, f"{f['slope']:+.2f}", fmt_ci(f["ci"]), DASH]
+
+
+def size_length_table(rows: Sequence[dict]) -> Table:
+    """The scale ladder's primary analysis and its secondaries: the gap's coefficient of ln(parameters) with and
+    without ln(steps) held, per cell and with seeds pooled, with and without the tuning seed (``size-length.md``)."""
+    rungs = [r for r in ladder_rungs(rows) if r["gap"]]
+    header = ["analysis", "unit", "points", "cells", "df", "ln(params) coefficient (points)", "95% CI",
+              "ln(steps) coefficient"]
+    body = [_analysis_row(rungs, *a) for a in _ANALYSES] if rungs else []
+    primary = size_length_fit(rungs) if rungs else None
+    cells = ", ".join(f"{r['model']} at {fmt_int(r['steps'])} steps" for r in rungs)
+    caption = ("Does MAPL's lead grow with model size, or with training length? The paired SSN − MAPL gap at 8× "
+               "(points; > 0: MAPL ahead) fitted by least squares on ln(non-embedding parameters) and ln(steps). "
+               "Primary, named before the size-vs-length cells ran: the ln(parameters) coefficient with ln(steps) "
+               "held, one point per cell (a rung at one training length: its mean over seeds), 95 % t interval on "
+               "cells − 3 df. Secondary: seeds pooled (one point per paired seed; between-cell variation counted "
+               "as replication), without seed 0 (each rung's tuning seed), and the slope on size alone. Cells: "
+               f"{cells or 'none yet'}. The budget rule (2 tokens per parameter) makes steps grow with parameters; "
+               "params.yaml ladder.length_cells declares the cells that break the collinearity. Disclosed: the top "
+               "rung was declared as d = 192 and cut to d = 160 after the d64 and d128 rungs had results, before "
+               "any run of it (a d = 192 run costs about an hour here).")
+    if primary is None:
+        takeaway = "no paired runs of the scale ladder yet."
+    elif not primary["identified"]:
+        corr = f"ln(params) and ln(steps) correlate at r = {primary['corr']:.6f} over the cells; " \
+            if primary["corr"] is not None else ""
+        takeaway = (f"Size and training length are not separated yet: {corr}the primary coefficient is not "
+                    f"identified ({primary['why']}). The slope on size alone cannot tell a gap that grows with size "
+                    "from one that grows with training length.")
+    else:
+        takeaway = (f"With training length held, the gap changes by {primary['size']:+.2f} points per ln(parameters), "
+                    f"95% interval {fmt_ci(primary['ci'])} ({primary['cells']} cells, {primary['df']} df).")
+    return Table("size-length", "Scale ladder: model size against training length", header, body, caption, takeaway)
 
 
 def ladder_table(rows: Sequence[dict]) -> Table:
