@@ -60,14 +60,15 @@ def short_ours(cell: str) -> str:
 
 
 def claims_block(root: Path, profile: str = "cpu") -> str:
-    """The claims ledger, one line per claim: the claim, the paper's number, ours (short), the verdict on validation
-    and on held-out text; the tally under it, and the one rule for the intervals' levels."""
+    """The claims ledger, one line per claim: the claim, ours (short), the verdict on validation and on held-out
+    text; the tally under it, and the one rule for the intervals' levels."""
     rows = _read_csv(root / "reports" / profile / "tables" / "claims.csv")
     held = [k for k in (rows[0] if rows else {}) if k.startswith("verdict on ")]
-    header = ["the paper's claim", "paper", "ours (table; familywise 95 % interval)", "verdict (validation)",
+    # the paper's cell (its source) stays in claims.md: each claim's text carries the size it claims
+    header = ["the paper's claim", "ours (table; familywise 95 % interval)", "verdict (validation)",
               *[k.replace("verdict on ", "on ") for k in held]]
-    body = [[r["paper's claim"], r["paper"], short_ours(r["ours (table)"]), f"**{r['verdict']}**",
-             *[r[k] for k in held]] for r in rows]
+    body = [[r["paper's claim"], short_ours(r["ours (table)"]), f"**{r['verdict']}**", *[r[k] for k in held]]
+            for r in rows]
     counts = {v: sum(r["verdict"] == v for r in rows) for v in ("reproduced", "contradicted", "inconclusive",
                                                                 "not testable here")}
     tally = ", ".join(f"{n} {v}" for v, n in counts.items())
