@@ -260,3 +260,29 @@ def test_heldout_deltas_are_each_seeds_own_uncompressed_run_on_the_same_windows(
     # a score of another draw (its validation loss not the row's) is left out
     stale = {k: {**v, "val_loss": v["val_loss"] + 1e-9} for k, v in rescored(rows, lambda r: 1.0).items()}
     assert R.heldout_table(rows, stale).body == [] and R.heldout_table(rows, {}).takeaway == R.NO_SCORES
+
+
+def _anchor_rank_row(group, ratio, seed, loss, rank=0):
+    from tests.helpers.report_data import result
+    res = result("mapl", ratio, seed=seed, steps=3000, loss=loss, name=f"mapl-{ratio}x-ar{rank}-s{seed}")
+    if rank:
+        res["config"]["compressor"]["anchor"] = {"rank": rank}
+    return {**R.row_from_result(res, group), "data_source": ""}
+
+
+def test_the_frontier_with_the_anchor_rank_held_is_its_own_arm_and_says_what_the_rank_does():
+    rows = []
+    for s, none in enumerate([3.50, 3.52, 3.48]):
+        rows += [study_row("long", "none", seed=s, loss=none), study_row("frontier", "ssn", 16, seed=s, loss=none + 0.10),
+                 _anchor_rank_row("frontier", 16, s, none + 0.10 + 0.001 * s),                  # tied with SSN
+                 _anchor_rank_row("frontier_anchor", 16, s, none + 0.05 + 0.002 * s, rank=16)]  # the lead returns
+    assert {r["variant"] for r in rows if r["group"] == "frontier_anchor"} == {"mapl-ar16"}
+    # the frontier's own MAPL 16x point is the default anchor rank's, never pooled with the set rank's
+    frontier_mapl = next(s for s in R.frontier_study(rows)[0] if s["variant"] == "mapl")
+    assert frontier_mapl["runs"] == [f"mapl-16x-ar0-s{s}" for s in range(3)]
+    table = R.frontier_anchor_table(rows)
+    assert [(b[0], b[2]) for b in table.body] == [("SSN", "—"), ("MAPL", 8), ("MAPL, anchor rank 16", 16)]
+    assert table.takeaway.startswith("16×: SSN − MAPL ") and "with MAPL, anchor rank 16; the set rank moves MAPL by -1." \
+        in table.takeaway and "(resolved, 3 seeds)" in table.takeaway
+    without = R.frontier_anchor_table([r for r in rows if r["group"] != "frontier_anchor"])
+    assert without.body == [] and without.takeaway.startswith("no runs of group frontier_anchor")

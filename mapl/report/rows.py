@@ -83,14 +83,17 @@ def _per_token(res: dict, *kinds: str) -> float | None:
 
 
 def variant_of(method: str, projector: str | None, anchor: str | None, rvq_sync: str | None = None,
-               rvq_scale: str | None = None, grad_wire: str | None = None) -> str:
-    """The method plus every setting off the method's default: ``mapl-fixed``, ``mapl-rvq-scaled-grad-int8``."""
+               rvq_scale: str | None = None, grad_wire: str | None = None, anchor_rank: int = 0) -> str:
+    """The method plus every setting off the method's default: ``mapl-fixed``, ``mapl-rvq-scaled-grad-int8``,
+    ``mapl-ar16`` (a projector's anchors at a rank set apart from r, which they follow by default)."""
     default = METHODS.get(method, {})
     name = method
     if projector is not None and projector != default.get("projector"):
         name += f"-{projector}"
     if anchor is not None and anchor != default.get("anchor"):
         name += f"-anchor-{anchor}"
+    if anchor_rank and projector is not None:
+        name += f"-ar{anchor_rank}"
     if rvq_sync not in (None, "stream"):
         name += f"-sync-{rvq_sync}"
     if rvq_scale not in (None, "none"):
@@ -116,7 +119,8 @@ def row_from_result(res: dict, group: str = "") -> dict:
         "d_model": int(uncompressed // 2) if uncompressed else None, "stages": res.get("stages"),
         "method": method, "projector": projector, "anchor": res.get("anchor"), "rvq_sync": rvq_sync,
         "rvq_scale": rvq_scale, "grad_wire": grad_wire,
-        "variant": variant_of(method, projector, res.get("anchor"), rvq_sync, rvq_scale, grad_wire),
+        "variant": variant_of(method, projector, res.get("anchor"), rvq_sync, rvq_scale, grad_wire,
+                              _get(cfg, "compressor.anchor.rank") or 0),
         "wire_ratio": _round(res.get("ratio", 1.0)),
         "projection_ratio": _round(res.get("nominal_ratio")) if projector else None,
         "seed": prov.get("seed", _get(cfg, "train.seed") or 0), "steps": res.get("steps"),

@@ -1,6 +1,8 @@
 """The one plot style: display names, one colour and marker per variant (never reused), neutral colours, what a bar shows."""
 from __future__ import annotations
 
+import re
+
 from matplotlib.lines import Line2D
 
 __all__ = ["METHOD_LABELS", "VARIANT_LABELS", "STUDY_VARIANT_LABELS", "FIGURE_LABELS", "STUDY_ARM_LABELS",
@@ -89,8 +91,13 @@ def fmt_ratio(x: float | None) -> str:
 
 
 def variant_label(variant: str, figure: bool = False) -> str:
-    """Display name of a variant (unknown: the id); ``figure``: the decomposition's variants named too."""
-    return (FIGURE_LABELS if figure else VARIANT_LABELS).get(variant, variant)
+    """Display name of a variant (unknown: the id); ``figure``: the decomposition's variants named too; a set anchor
+    rank (``mapl-ar16``) is named after its base variant's label."""
+    labels = FIGURE_LABELS if figure else VARIANT_LABELS
+    held = re.fullmatch(r"(.+)-ar(\d+)", variant)
+    if variant not in labels and held:
+        return f"{variant_label(held.group(1), figure)}, anchor rank {held.group(2)}"
+    return labels.get(variant, variant)
 
 
 def label(variant: str, wire_ratio: float | None, projection_ratio: float | None = None, figure: bool = False) -> str:

@@ -17,7 +17,7 @@ __all__ = ["DECOMPOSITION", "DECOMPOSITION_COMPARISONS", "study_summaries", "stu
            "paired_body", "PAIRED_HEADER", "decomposition_study", "learned_fixed_study", "frontier_study",
            "corpus_study", "blocks_study", "decomposition_table", "decomposition_paired_table", "learned_fixed_table",
            "corpus_table", "blocks_table", "controls_plot", "study_comparison", "study_configurations",
-           "FRONTIER_VARIANTS", "frontier_table", "frontier_plot"]
+           "FRONTIER_VARIANTS", "frontier_table", "frontier_plot", "frontier_anchor_study", "frontier_anchor_table"]
 
 NO_RUNS = "no runs of group {} yet (see README, 'Results')."
 
@@ -243,6 +243,71 @@ def _captured(rows: Sequence[dict], s: dict) -> float | None:
                           and r["seed"] in s["seeds"]], "captured_energy")
 
 
+# The frontier without the anchor-rank confound (group ``frontier_anchor``): MAPL's anchor rank follows r by default,
+# so along the frontier its anchors shrink with the projection. MAPL at the frontier's other ratios with the
+# headline's anchor rank, beside SSN and MAPL of those ratios on the same seeds: three comparisons per ratio, one
+# exploratory family declared in advance.
+FRONTIER_ANCHOR_COMPARISONS = 3
+
+
+def frontier_anchor_study(rows: Sequence[dict]) -> tuple[list[dict], list[dict]]:
+    """(summaries, comparisons): per ratio of group frontier_anchor, SSN, MAPL and MAPL at the set anchor rank;
+    SSN − MAPL, SSN − MAPL (set rank), MAPL (set rank) − MAPL."""
+    model, steps, seeds = _group_budget(rows, "frontier_anchor")
+    if model is None:
+        return [], []
+    mine = [r for r in rows if r["group"] == "frontier_anchor"]
+    held = sorted({r["variant"] for r in mine})
+    sums, comps = [], []
+    for ratio in sorted({r["projection_ratio"] for r in mine}):
+        at = study_summaries(rows, (("ssn", "ssn", ""), ("mapl", "mapl", ""), *((v, v, "") for v in held)),
+                             model, steps, seeds, ratio=ratio)
+        sums += list(at.values())
+        comps += study_comparisons(at, [("ssn", "mapl", ""), *(("ssn", v, "") for v in held),
+                                        *((v, "mapl", "") for v in held)])
+    ratios = len({r["projection_ratio"] for r in mine})
+    return sums, tested_comparisons(comps, None, FRONTIER_ANCHOR_COMPARISONS * ratios)
+
+
+def _anchor_reading(comps: Sequence[dict], ratio: float) -> str:
+    """At one ratio: SSN − MAPL with MAPL's own anchor rank and with the set one, and what the set rank does."""
+    at = [c for c in comps if c["a"]["projection_ratio"] == ratio]
+    tied = next((c for c in at if (c["a"]["variant"], c["b"]["variant"]) == ("ssn", "mapl")), None)
+    held = next((c for c in at if c["a"]["variant"] == "ssn" and c["b"]["variant"] != "mapl"), None)
+    rank = next((c for c in at if c["b"]["variant"] == "mapl" and c["a"]["variant"] != "ssn"), None)
+    if not (tied and held and rank):
+        return f"{fmt_ratio(ratio)}: not every arm has runs on a common seed yet"
+    moves = rank["ci"] is not None and (rank["ci"][0] > 0 or rank["ci"][1] < 0)
+    return (f"{fmt_ratio(ratio)}: SSN − MAPL {tied['mean']:+.2f} points {fmt_ci(tied['ci'])} with MAPL's own anchor "
+            f"rank, {held['mean']:+.2f} {fmt_ci(held['ci'])} with {variant_label(held['b']['variant'])}; the set rank "
+            f"moves MAPL by {rank['mean']:+.2f} {fmt_ci(rank['ci'])} ("
+            + ("resolved" if moves else "not resolved") + f", {rank['n']} seeds)")
+
+
+def frontier_anchor_table(rows: Sequence[dict]) -> Table:
+    """Each arm of group frontier_anchor's ratios and the comparisons that say whether anchor capacity or compression
+    ends MAPL's lead along the frontier (``frontier-anchor.md``)."""
+    sums, comps = frontier_anchor_study(rows)
+    header = [SUMMARY_HEADER[0], "proj. d/r", "anchor rank", *SUMMARY_HEADER[4:]]
+    body = []
+    for s in sums:
+        row = _summary_rows({"x": s}, ["x"])[0]
+        r = round(s["d_model"] / s["projection_ratio"]) if s.get("d_model") and s["projection_ratio"] else None
+        rank = s.get("anchor_rank") or (r if s["method"] == "mapl" else None)
+        body.append([row[0], fmt_ratio(s["projection_ratio"]), rank if rank else DASH, *row[4:]])
+    ratios = sorted({s["projection_ratio"] for s in sums})
+    caption = ("MAPL's anchor rank follows its projection rank r unless set, so along the frontier its anchors shrink "
+               "as it compresses more (at d = 128: 32, 16 and 8 at 4×, 8× and 16×). Group frontier_anchor trains "
+               "MAPL at the frontier's other ratios with the headline's (8×) anchor rank, on the frontier's seeds; "
+               "beside it SSN and MAPL of the frontier at the same ratio and seeds. Δ% per seed against that seed's "
+               "uncompressed run. Comparisons (points; positive: the second ahead): SSN − MAPL, SSN − MAPL at the "
+               "set rank, and MAPL at the set rank − MAPL, one exploratory family at Holm's levels. If MAPL's lead "
+               "returns at 16× with the larger anchors, anchor capacity ended it there; if not, compression did.")
+    takeaway = ("; ".join(_anchor_reading(comps, x) for x in ratios) + "."
+                if sums else NO_RUNS.format("frontier_anchor"))
+    return Table("frontier-anchor", "The frontier with the anchor rank held", header, body, caption, takeaway)
+
+
 def frontier_table(rows: Sequence[dict]) -> Table:
     """Every point of the frontier with the energy its projector keeps; the comparisons at each ratio."""
     sums, comps, steps = frontier_study(rows)
@@ -260,6 +325,11 @@ def frontier_table(rows: Sequence[dict]) -> Table:
                "are one exploratory family, each at its Holm-adjusted level.")
     takeaway = ("; ".join(gap_sentence(c) for c in comps) + "." if comps else
                 NO_RUNS.format("frontier") if not sums else "no pair with a common seed.")
+    held_sums, held_comps = frontier_anchor_study(rows)
+    if held_comps:      # whether compression or anchor capacity ends the lead (frontier-anchor.md)
+        takeaway += (" With the anchor rank held at the headline's (frontier-anchor.md): "
+                     + "; ".join(_anchor_reading(held_comps, x) for x in sorted({s["projection_ratio"] for s in held_sums}))
+                     + ".")
     return Table("frontier", f"Loss against compression at the headline budget ({study_groups('frontier')})",
                  header, body, caption, takeaway)
 
