@@ -10,10 +10,10 @@ from mapl import report as R
 from mapl.base.cli import EXIT_NOT_CONSISTENT, EXIT_USER_ERROR
 from mapl.cli import rerun as cli
 from mapl.base.io import OutputError
-from mapl.core.config import load_params
+from mapl.core.config import ConfigError, load_params
 from mapl.orchestration import groups, rerun, sweep
 from mapl.report.stats import t_quantile
-from tests.helpers.report_data import result
+from tests.helpers.report_data import result, write
 
 LOSSES = {"none": [3.50, 3.52, 3.48], "ssn": [3.60, 3.63, 3.57], "mapl": [3.55, 3.56, 3.52]}
 
@@ -103,9 +103,12 @@ def test_the_command_exits_6_on_not_consistent_and_names_the_check(tmp_path, mon
      "error: --results /nonexistent is invalid: no such folder"),
     (["--group", "long", "--seeds", "0"], "error: --tolerance is required: "),
     (["--group", "long", "--seeds", "0", "--tolerance", "-1"], "error: --tolerance -1.0 is invalid"),
+    (["--group", "long", "--seeds", "0", "--tolerance", "inf"], "error: --tolerance inf is invalid"),
     (["--group", "long", "--seeds", "7", "--tolerance", "1"], "error: --seeds 7 is invalid: no run of the group has it"),
     (["--group", "frontier", "--seeds", "0", "--tolerance", "1"],
      "error: --group frontier is invalid for a rerun: profile micro has no uncompressed run of seed(s) 0"),
+    (["--group", "corpus", "--seeds", "0", "--tolerance", "1"],
+     "error: --group corpus is invalid for a rerun: it has no compressed run to judge"),
     (["--group", "main", "--seeds", "0", "--tolerance", "1"],
      "error: --results {results} is invalid: no committed results of group main in it"),
 ])
@@ -117,6 +120,16 @@ def test_a_user_error_is_one_line_and_exit_2_before_any_training(argv, line, tmp
     assert cli.main(["--profile", "micro", *argv]) == EXIT_USER_ERROR
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(line.format(results=results)), err
+
+
+def test_a_committed_result_of_another_config_is_refused_before_any_training(tmp_path, monkeypatch):
+    results = tmp_path / "results"
+    for name, method in (("micro-P2-none-40steps-s0", "none"), ("micro-P2-mapl-4x-40steps-s0", "mapl")):
+        write(results, "long", result(method, 4, steps=40, model="micro", stages=2, profile="micro", name=name))
+    monkeypatch.setattr(sweep, "train_pool", lambda *a, **k: pytest.fail("trained"))
+    with pytest.raises(ConfigError, match=r"^micro-P2-none-40steps-s0: no committed result of this config in .*long: "
+                                          r"params.yaml builds another config than was committed"):
+        rerun.rerun_group("micro", "long", [0], results, tmp_path / "out")
 
 
 # ---- end to end on micro runs ----------------------------------------------------------------------------------

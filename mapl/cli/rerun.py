@@ -2,6 +2,7 @@
 (mapl.orchestration.rerun; the rule: docs/protocol.md, "A reviewer's rerun")."""
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from ..base.cli import EXIT_NOT_CONSISTENT, add_debug_flag, run_cli
@@ -52,8 +53,8 @@ def _main(argv: list[str]) -> int:
 def _tolerance(args, results: Path, params: dict) -> rerun.Tolerance:
     """``--tolerance``, else the spread the profile's committed redraws measure; refused before any training."""
     if args.tolerance is not None:
-        if not args.tolerance >= 0:
-            raise ConfigError(f"--tolerance {args.tolerance} is invalid: points of Δ%, >= 0")
+        if not (math.isfinite(args.tolerance) and args.tolerance >= 0):     # inf would pass any rerun
+            raise ConfigError(f"--tolerance {args.tolerance} is invalid: points of Δ%, finite and >= 0")
         return rerun.Tolerance(args.tolerance, args.tolerance, "given by --tolerance")
     measured = rerun.profile_tolerance(args.profile, results, params)
     if measured is None:

@@ -14,7 +14,7 @@ from typing import Sequence
 
 from ..base.declared_groups import declaration
 from ..base.io import OutputError
-from ..core.config import PROJECT_ROOT, ConfigError, config_hash, load_params
+from ..core.config import PROJECT_ROOT, ConfigError, RunConfig, config_hash, load_params
 from ..report.rows import is_reference, load_results, run_key
 from ..report.stats import paired, summarize, t_quantile
 from . import sweep
@@ -163,15 +163,20 @@ def format_judgement(checks: Sequence[Check], same: Sequence[tuple[str, float, f
     return "\n".join(lines)
 
 
-def _check_group(profile: str, cfgs: list, seeds: list[int], group: str) -> None:
-    """Each seed has its uncompressed reference run and the group something compressed to judge."""
-    plain = {c.train.seed for c in cfgs if c.compressor.resolved().method == "none"
-             and c.compressor.resolved().anchor.kind == "none"}
+def _is_reference(cfg: RunConfig) -> bool:
+    """A plain uncompressed run (no anchors either): the only Δ% reference (report.rows.is_reference for a config)."""
+    c = cfg.compressor.resolved()
+    return c.method == "none" and c.anchor.kind == "none"
+
+
+def _check_group(profile: str, cfgs: list[RunConfig], seeds: list[int], group: str) -> None:
+    """Each seed has its uncompressed reference run, and the group something compressed to judge."""
+    plain = {c.train.seed for c in cfgs if _is_reference(c)}
     lacking = [s for s in seeds if s not in plain]
     if lacking:
         raise ConfigError(f"--group {group} is invalid for a rerun: profile {profile} has no uncompressed run of "
                           f"seed(s) {', '.join(map(str, lacking))} in it (Δ% needs the same seed's reference)")
-    if all(c.train.seed in plain and c.compressor.resolved().method == "none" for c in cfgs):
+    if all(map(_is_reference, cfgs)):
         raise ConfigError(f"--group {group} is invalid for a rerun: it has no compressed run to judge")
 
 
@@ -202,7 +207,7 @@ def rerun_group(profile: str, group: str, seeds: list[int], results: Path, out: 
     return committed, group_rows(out.parent, out.name, names)
 
 
-def _train(todo: list[tuple[dict, object]], profile: str, out: Path, params: dict) -> None:
+def _train(todo: list[tuple[dict, RunConfig]], profile: str, out: Path, params: dict) -> None:
     """As the train stage trains them (the profile's launcher), but with checkpoints of their own under ``out``: the
     committed runs' checkpoints, where they are here, would only hand back the committed numbers."""
     ckpts = out / "checkpoints"
