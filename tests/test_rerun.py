@@ -171,6 +171,10 @@ def test_a_rerun_on_this_machine_is_consistent_until_a_committed_loss_moves(tiny
     assert cli.main(argv) == EXIT_NOT_CONSISTENT
     assert "verdict: not consistent: probe-mapl, probe-ssn − probe-mapl" in capsys.readouterr().out
 
+    # a launch that wrote nothing is an error, never "consistent, 0 checks"
+    monkeypatch.setattr(sweep, "train_pool", lambda *a, **k: None)
+    with pytest.raises(RuntimeError, match="no results of probe-mapl-s0, probe-none-s0, probe-ssn-s0 after training"):
+        rerun.rerun_group("micro", "probe", [0], results, tmp_path / "empty", params)
     # never into the committed results
     with pytest.raises(OutputError, match="is inside the committed results"):
         rerun.rerun_group("micro", "probe", [0], results, results / "probe" / "x", params)

@@ -204,7 +204,10 @@ def rerun_group(profile: str, group: str, seeds: list[int], results: Path, out: 
         if cfg.name() in done and done[cfg.name()]["config_hash"] != config_hash(cfg):
             raise OutputError(f"{out / cfg.name()}.json is another config's rerun: delete it, or pick another --out")
     _train([(s, c) for s, c in zip(specs, cfgs) if c.name() not in done], profile, out, params)
-    return committed, group_rows(out.parent, out.name, names)
+    ours = group_rows(out.parent, out.name, names)
+    if len(ours) != len(names):         # a launch that wrote nothing must not read as "consistent, 0 checks"
+        raise RuntimeError(f"{out}: no results of {', '.join(sorted(names - {r['run'] for r in ours}))} after training")
+    return committed, ours
 
 
 def _train(todo: list[tuple[dict, RunConfig]], profile: str, out: Path, params: dict) -> None:
