@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from mapl.base.cli import (EXIT_BUG, EXIT_CODES, EXIT_INTERRUPTED, EXIT_NON_FINITE, EXIT_PEER_FAILED, EXIT_STEP_FAILED,
-                           EXIT_USER_ERROR, PeerFailure, error_line, exit_code, run_cli)
+from mapl.base.cli import (EXIT_BUG, EXIT_CODES, EXIT_INTERRUPTED, EXIT_NON_FINITE, EXIT_NOT_CONSISTENT,
+                           EXIT_PEER_FAILED, EXIT_STEP_FAILED, EXIT_USER_ERROR, PeerFailure, error_line, exit_code, run_cli)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -217,7 +217,7 @@ def test_project_errors_map_to_their_codes():
     assert exit_code(PeerFailure("x")) == EXIT_PEER_FAILED
     assert exit_code(RuntimeError("x")) == exit_code(KeyError("x")) == EXIT_BUG
     assert set(EXIT_CODES) == {0, EXIT_BUG, EXIT_USER_ERROR, EXIT_PEER_FAILED, EXIT_NON_FINITE, EXIT_STEP_FAILED,
-                               EXIT_INTERRUPTED}
+                               EXIT_NOT_CONSISTENT, EXIT_INTERRUPTED}
 
 
 def test_the_machines_os_errors_are_user_errors_with_a_hint():

@@ -1371,6 +1371,13 @@ FAULTS = [
           "error: group long of profile micro: 2 run(s) have no results (micro-P2-none-40steps-s0, ...): train it first "
           "(mapl sweep --group long)", "refused before any run is scored", "nothing written",
           "train the group, then rescore it", slow=True),
+    Fault("rerun-no-tolerance", "`mapl rerun` where the results hold no redraw group of the profile: no measured "
+          "cross-machine spread", "mapl rerun --profile micro --group long --seeds 0 --results .", 2,
+          r"^error: --tolerance is required: \. has no results of a redraw group of profile micro to measure the "
+          r"cross-machine spread from$",
+          "error: --tolerance is required: <results> has no results of a redraw group of profile micro to measure the "
+          "cross-machine spread from", "refused before any run", "nothing written",
+          "give --tolerance POINTS (docs/protocol.md, a reviewer's rerun)", before_torch=True),
     Fault("workspace-dir-not-empty", "`mapl workspace repro --dir` on a folder that holds other files (was: they "
           "were overwritten, then `git init`, `git add -A`, `git commit` in it)",
           "mapl workspace repro --profile micro --dir mine", 2,

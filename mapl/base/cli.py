@@ -16,8 +16,8 @@ from contextlib import contextmanager
 from typing import Callable, NoReturn, Sequence
 
 __all__ = ["EXIT_OK", "EXIT_BUG", "EXIT_USER_ERROR", "EXIT_PEER_FAILED", "EXIT_NON_FINITE", "EXIT_STEP_FAILED",
-           "EXIT_INTERRUPTED", "EXIT_CODES", "fail", "USER_ERRORS", "PeerFailure", "exit_code", "error_line", "report", "run_cli",
-           "add_debug_flag", "debug_requested", "SUPERVISED_ENV"]
+           "EXIT_NOT_CONSISTENT", "EXIT_INTERRUPTED", "EXIT_CODES", "fail", "USER_ERRORS", "PeerFailure", "exit_code",
+           "error_line", "report", "run_cli", "add_debug_flag", "debug_requested", "SUPERVISED_ENV"]
 
 EXIT_OK = 0
 EXIT_BUG = 1                 # Python's own code for an uncaught exception
@@ -25,6 +25,7 @@ EXIT_USER_ERROR = 2          # argparse's code for a usage error: the same famil
 EXIT_PEER_FAILED = 3
 EXIT_NON_FINITE = 4
 EXIT_STEP_FAILED = 5         # a supervisor's step failed: neither a bug here nor the user's input as such
+EXIT_NOT_CONSISTENT = 6      # a verdict, not a failure: `mapl rerun` ran and its numbers disagree with the committed
 EXIT_INTERRUPTED = 130       # the shell's 128 + SIGINT
 
 EXIT_CODES = {
@@ -37,6 +38,8 @@ EXIT_CODES = {
     EXIT_STEP_FAILED: "a run that `mapl sweep` started, or a step that `mapl workspace` ran in its copy, failed (its "
                       "output is printed), or the re-executed report differs from the committed one (each difference "
                       "named)",
+    EXIT_NOT_CONSISTENT: "`mapl rerun` trained and judged its runs: not consistent with the committed results by "
+                         "docs/protocol.md's rerun rule (each check outside its interval is named)",
     EXIT_INTERRUPTED: "interrupted (Ctrl-C / SIGTERM): stopped after the step in flight, checkpoint written",
 }
 

@@ -4,6 +4,7 @@
     mapl train --profile cpu --method mapl --ratio 8          # one run in this process
     mapl pipeline --profile micro --method mapl --ratio 4 --stages 2
     mapl sweep --profile cpu --group main                     # a run group of params.yaml
+    mapl rerun --group long --seeds 0,1                       # a reviewer's rerun, judged against the committed
 
 Each subcommand is a module of this package, `main(argv) -> exit code`, its parser from `command_parser` and
 `add_profile`. The dispatcher imports only the module it names (no torch for `mapl --help`).
@@ -27,6 +28,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "sweep": ("sweep", "train a group's runs through DVC, estimate them, or validate params.yaml"),
     "frozen-trunk": ("frozen_trunk", "the frozen-trunk study of a profile (DVC stage frozen_trunk)"),
     "rescore": ("rescore", "score finished runs on held-out windows no choice saw (DVC stage rescore)"),
+    "rerun": ("rerun", "train k seeds of a committed group again and judge them (exit 6: not consistent)"),
     "workspace": ("workspace", "smoke, verify or repro a profile in a copy of the checkout"),
     "plan": ("plan", "when compression pays: each method's steps to target against uncompressed"),
     "costmodel": ("costmodel", "GPU-hour estimate of a profile's run groups"),

@@ -11,7 +11,7 @@ from ..orchestration import sweep, validate
 from ..orchestration.groups import group_specs, runs_of_seeds, write_configs
 from . import add_profile, command_parser
 
-__all__ = ["main", "estimate"]
+__all__ = ["main", "estimate", "seed_list"]
 
 EXAMPLES = """
     mapl sweep --group long               # its stale runs two at a time: dvc repro -s train@<run> each
@@ -28,7 +28,7 @@ def estimate(profile: str, params: dict) -> str:
     return sweep.estimate_text(profile, params)
 
 
-def _seed_list(text: str) -> list[int]:
+def seed_list(text: str) -> list[int]:
     """``--seeds 0,1`` -> [0, 1], ``--seeds 4-7`` -> [4, 5, 6, 7]; anything else is argparse's one-line error."""
     seeds = []
     for part in text.split(","):
@@ -48,7 +48,7 @@ def _main(argv=None) -> int:
     what.add_argument("--group", help="train this group's runs (through DVC: only the stale ones train)")
     what.add_argument("--estimate", action="store_true", help="print runs and estimated wall time per group")
     what.add_argument("--check", action="store_true", help="validate every profile and run of params.yaml")
-    ap.add_argument("--seeds", type=_seed_list, help="with --group: only its runs of these seeds, e.g. 1, 0,1 or 4-7")
+    ap.add_argument("--seeds", type=seed_list, help="with --group: only its runs of these seeds, e.g. 1, 0,1 or 4-7")
     ap.add_argument("--stamp", type=Path, help="with --check: write each run's resolved config, then this file")
     ap.add_argument("--jobs", type=int, default=0, help="runs side by side (default: the profile's launcher.jobs)")
     args = ap.parse_args(argv)

@@ -133,15 +133,17 @@ def worker_init() -> None:
 
 
 def train_pool(profile: str, specs: list[dict], out_dir: Path, jobs: int = 0, every_s: float = 0.0,
-               params: dict | None = None) -> list[dict]:
-    """Train each spec into ``out_dir``, ``jobs`` side by side, resuming from checkpoints; raises naming any failed run."""
+               params: dict | None = None, ckpt_dir: Path | None = None) -> list[dict]:
+    """Train each spec into ``out_dir``, ``jobs`` side by side, resuming from checkpoints (the profile's, or those in
+    ``ckpt_dir``); raises naming any failed run."""
     params = params or load_params()
     todo = [spec_config(profile, s, params).validate() for s in specs]
     status = []
     prepare_data(todo)
     workers = min(jobs or launcher_config(profile, params).jobs, len(todo))
     if todo:
-        tasks = [(c, Path(out_dir) / f"{c.name()}.json", checkpoint_path(profile, c.name()), every_s) for c in todo]
+        ckpt = (lambda name: Path(ckpt_dir) / f"{name}.pt") if ckpt_dir else (lambda name: checkpoint_path(profile, name))
+        tasks = [(c, Path(out_dir) / f"{c.name()}.json", ckpt(c.name()), every_s) for c in todo]
         with mp.get_context("spawn").Pool(workers, initializer=worker_init, maxtasksperchild=1) as pool:
             for st in pool.imap_unordered(_pool_worker, tasks):
                 status.append(st)
