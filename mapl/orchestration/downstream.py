@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Callable, NamedTuple
 
 from ..base.io import atomic_write_json, read_json_object
-from ..core.config import PROJECT_ROOT, ConfigError, RunConfig
+from ..core.config import PROJECT_ROOT, ConfigError
 from ..data.config import DataConfig, DataError
 from . import cloze
 
@@ -76,18 +76,25 @@ def find_run(run: Path, ckpt: Path | None = None) -> RunFiles:
                             "name the run's checkpoint (.pt) or results JSON instead")
         run = found[0]
     if run.suffix == ".pt":
-        results = run.with_suffix(".json")
-        return RunFiles(_existing_checkpoint(ckpt or run), results if results.is_file() else None)
+        beside = run.with_suffix(".json")
+        return RunFiles(_existing_checkpoint(ckpt or run), beside if _run_results(beside) else None)
     if run.suffix != ".json":
         raise EvalError(f"{run} is neither a checkpoint (.pt), a results JSON nor a folder")
-    res = read_json_object(run)
+    res = _run_results(run)
     if res is None:
-        raise EvalError(f"{run} not found: name a run's results JSON, its checkpoint or their folder")
+        raise EvalError(f"{run} is no run's results JSON (missing, unreadable, or without its run and config): name "
+                        "a run's results JSON, its checkpoint or their folder")
     if ckpt is None:
         from .sweep import checkpoint_path
         beside = run.with_suffix(".pt")
-        ckpt = beside if beside.is_file() else checkpoint_path(res.get("config", {}).get("profile", ""), res["run"])
+        ckpt = beside if beside.is_file() else checkpoint_path(str(res["config"].get("profile", "")), str(res["run"]))
     return RunFiles(_existing_checkpoint(ckpt), run)
+
+
+def _run_results(path: Path) -> dict | None:
+    """The results JSON at ``path`` if it is a run's (its name and config recorded), else None."""
+    res = read_json_object(path)
+    return res if res and res.get("run") and isinstance(res.get("config"), dict) else None
 
 
 def _existing_checkpoint(path: Path) -> Path:
@@ -95,12 +102,6 @@ def _existing_checkpoint(path: Path) -> Path:
         raise EvalError(f"checkpoint {path} not found: a run is evaluated from its finished checkpoint; train it again "
                         "(its training command, or mapl rescore --retrain-missing for a params.yaml group) or pass --ckpt")
     return Path(path)
-
-
-def _results_config(results: Path) -> RunConfig:
-    from ..base.settings import build
-    res = read_json_object(results) or {}
-    return build(RunConfig, res.get("config") or {}, f"{results} config")
 
 
 def default_out(files: RunFiles) -> Path:
@@ -179,19 +180,20 @@ def evaluate_run(run: Path, tasks: list[str], *, limit: float | None = None, num
                  out: Path | None = None, ckpt: Path | None = None, data_dir: Path | None = None,
                  batch_size: int | None = None, device: str | None = None, log=print) -> dict:
     """Score ``run`` on ``tasks`` with lm-eval; the results dict, also written (atomically) to ``out``."""
-    import torch
     import lm_eval
 
-    from .lm_adapter import MaplLM, declared_wire, restore_run
+    from .lm_adapter import MaplLM, declared_wire, recorded_config, restore_run
     files = find_run(run, ckpt)
+    where = _device(device)
     out = Path(out) if out else default_out(files)
+    logging.getLogger("lm_eval").setLevel(logging.ERROR)    # its per-task notes would bury the one summary line each
     data_dir = Path(data_dir) if data_dir else task_data_dir()
     local = {n: ensure_local_task(n, data_dir) for n in local_tasks_of(tasks)}
     tm = task_manager(tasks, data_dir)
     objs = load_tasks(tm, tasks)
-    cfg = _results_config(files.results) if files.results else None
-    restored = restore_run(files.checkpoint, cfg, torch.device(device) if device else None)
-    logging.getLogger("lm_eval").setLevel(logging.ERROR)    # its per-task notes would bury the one summary line each
+    # a results JSON's config is the run's: its checkpoint must have been written by it (else one line says how not)
+    cfg = recorded_config(_run_results(files.results)["config"], f"{files.results} config") if files.results else None
+    restored = restore_run(files.checkpoint, cfg, where)
     res = lm_eval.simple_evaluate(MaplLM(restored, batch_size), tasks=objs, num_fewshot=num_fewshot, limit=limit,
                                   task_manager=tm, log_samples=False, bootstrap_iters=1000)
     res = _plain(res)
@@ -201,6 +203,20 @@ def evaluate_run(run: Path, tasks: list[str], *, limit: float | None = None, num
         log(_summary_line(name, scores, res.get("n-samples", {}).get(name, {}), local.get(name)))
     log(f"wrote {out}")
     return res
+
+
+def _device(name: str | None):
+    """``--device`` as a torch device (None: the engine's choice, CUDA when there is one)."""
+    import torch
+    if name is None:
+        return None
+    try:
+        device = torch.device(name)
+    except RuntimeError as e:
+        raise EvalError(f"--device {name!r} is invalid: {e}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise EvalError(f"--device {name!r}: this machine has no CUDA device; use --device cpu")
+    return device
 
 
 def _plain(res: dict) -> dict:

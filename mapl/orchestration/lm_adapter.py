@@ -24,7 +24,7 @@ from ..core.config import RunConfig
 from ..core.engine import LocalEngine, autocast_ctx, resolve_data_dir
 from ..core.stages import StagedModel
 
-__all__ = ["RestoredRun", "config_of_checkpoint", "restore_run", "declared_wire", "MaplLM"]
+__all__ = ["RestoredRun", "recorded_config", "restore_run", "declared_wire", "MaplLM"]
 
 
 @dataclass
@@ -37,9 +37,9 @@ class RestoredRun:
     step: int
 
 
-def config_of_checkpoint(ck: dict, path: Path) -> RunConfig:
-    """The run config a checkpoint was written by (fields added since then at their defaults)."""
-    return build(RunConfig, checkpoint.with_added_fields(ck["config"], RunConfig().to_dict()), f"checkpoint {path}")
+def recorded_config(config: dict, where: str) -> RunConfig:
+    """The run config a checkpoint or results JSON recorded (fields added since then at their defaults)."""
+    return build(RunConfig, checkpoint.with_added_fields(config, RunConfig().to_dict()), where)
 
 
 def restore_run(ckpt: Path, cfg: RunConfig | None = None, device: torch.device | None = None) -> RestoredRun:
@@ -49,7 +49,7 @@ def restore_run(ckpt: Path, cfg: RunConfig | None = None, device: torch.device |
 
     from ..data import TOKENIZER_FILE
     ck = checkpoint.read(ckpt)
-    cfg = cfg or config_of_checkpoint(ck, ckpt)
+    cfg = cfg or recorded_config(ck["config"], f"checkpoint {ckpt}")
     engine = LocalEngine.build(cfg, device=device)            # opens the run's data: its vocabulary and tokenizer
     # restore() rather than engine.resume(): resume drops an unconfirmed checkpoint beside it, and an evaluation
     # changes no file of the run
