@@ -180,3 +180,20 @@ def test_bad_input_is_one_line_and_exit_2(case, message, runs, task_data, tmp_pa
     assert lines[0].startswith(message.format(tmp=tmp_path, none=runs["none"])), lines[0]
     if case == "data offline":
         assert "copy the file into" in lines[0] and not (task_data / "mapl_cloze_kjv.jsonl").exists()
+
+
+def test_a_run_is_named_by_its_checkpoint_its_results_or_their_folder(runs, tmp_path):
+    ckpt = runs["mapl"]
+    both = downstream.RunFiles(ckpt, ckpt.with_suffix(".json"))
+    assert downstream.find_run(ckpt) == downstream.find_run(ckpt.with_suffix(".json")) == both
+    assert downstream.default_out(both) == ckpt.with_name("mapl.lm-eval.json")
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    (alone / "r.pt").symlink_to(ckpt)
+    (alone / "r.unconfirmed.pt").write_bytes(b"")                   # a killed run's leftover is no second run
+    assert downstream.find_run(alone) == downstream.RunFiles(alone / "r.pt", None)
+    with pytest.raises(downstream.EvalError, match=r"holds 2 checkpoints \(mapl.pt, none.pt\)"):
+        downstream.find_run(ckpt.parent)
+    (tmp_path / "memory.json").write_text('{"stages": []}')
+    with pytest.raises(downstream.EvalError, match="is no run's results JSON"):
+        downstream.find_run(tmp_path / "memory.json")
