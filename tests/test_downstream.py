@@ -135,6 +135,9 @@ def test_mapl_eval_writes_lm_evals_json_beside_the_run_with_the_compressor(runs,
     assert m["local_tasks"]["mapl_cloze_plays"] | {"spec": None} == {
         "items": SPEC.items, "choices": 4, "chance": 0.25, "spec": None,
         "source": downstream.LOCAL_TASKS["mapl_cloze_plays"].source}
+    items = m["per_item"]["mapl_cloze_plays"]             # item by item, for paired differences between runs
+    assert items["doc_id"] == list(range(8)) and set(items["acc"]) <= {0.0, 1.0}
+    assert sum(items["acc"]) / 8 == out["results"]["mapl_cloze_plays"]["acc,none"]
     assert "mapl_cloze_plays: acc " in capsys.readouterr().out
 
 

@@ -20,7 +20,7 @@ from ..data.config import DataConfig, DataError
 from . import cloze
 
 __all__ = ["LocalTask", "LOCAL_TASKS", "LOCAL_TAG", "EvalError", "RunFiles", "find_run", "default_out", "task_data_dir",
-           "ensure_local_task", "local_tasks_of", "task_manager", "load_tasks", "evaluate_run"]
+           "ensure_local_task", "local_tasks_of", "task_manager", "load_tasks", "evaluate_run", "per_item_scores"]
 
 
 class EvalError(ConfigError):
@@ -195,9 +195,10 @@ def evaluate_run(run: Path, tasks: list[str], *, limit: float | None = None, num
     cfg = recorded_config(_run_results(files.results)["config"], f"{files.results} config") if files.results else None
     restored = restore_run(files.checkpoint, cfg, where)
     res = lm_eval.simple_evaluate(MaplLM(restored, batch_size), tasks=objs, num_fewshot=num_fewshot, limit=limit,
-                                  task_manager=tm, log_samples=False, bootstrap_iters=1000)
+                                  task_manager=tm, log_samples=True, bootstrap_iters=1000)
+    items = per_item_scores(res.pop("samples", {}))
     res = _plain(res)
-    res["mapl"] = _run_summary(restored, files, declared_wire(restored), local)
+    res["mapl"] = {**_run_summary(restored, files, declared_wire(restored), local), "per_item": items}
     atomic_write_json(out, res)
     for name, scores in res["results"].items():
         log(_summary_line(name, scores, res.get("n-samples", {}).get(name, {}), local.get(name)))
@@ -217,6 +218,17 @@ def _device(name: str | None):
     if device.type == "cuda" and not torch.cuda.is_available():
         raise EvalError(f"--device {name!r}: this machine has no CUDA device; use --device cpu")
     return device
+
+
+def per_item_scores(samples: dict) -> dict:
+    """``{task: {"doc_id": [...], metric: [...]}}`` from lm-eval's logged samples, in item order, without their
+    prompts: two runs scored on the same items compare item by item (paired differences)."""
+    out = {}
+    for task, logged in samples.items():
+        logged = sorted(logged, key=lambda s: s["doc_id"])
+        metrics = [m for m in ("acc", "acc_norm") if logged and m in logged[0]]
+        out[task] = {"doc_id": [s["doc_id"] for s in logged], **{m: [float(s[m]) for s in logged] for m in metrics}}
+    return out
 
 
 def _plain(res: dict) -> dict:
