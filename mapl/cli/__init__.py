@@ -29,7 +29,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "frozen-trunk": ("frozen_trunk", "the frozen-trunk study of a profile (DVC stage frozen_trunk)"),
     "rescore": ("rescore", "score finished runs on held-out windows no choice saw (DVC stage rescore)"),
     "rerun": ("rerun", "train k seeds of a committed group again and judge them (exit 6: not consistent)"),
-    "eval": ("eval", "a finished run's downstream accuracy through lm-evaluation-harness, compressors on"),
+    "eval": ("eval", "score a finished run on lm-eval tasks with its compressors on the wire"),
     "workspace": ("workspace", "smoke, verify or repro a profile in a copy of the checkout"),
     "plan": ("plan", "when compression pays: each method's steps to target against uncompressed"),
     "costmodel": ("costmodel", "GPU-hour estimate of a profile's run groups"),
