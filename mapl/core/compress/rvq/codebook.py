@@ -284,7 +284,9 @@ class ResidualVQ(nn.Module):
             ok = torch.isfinite(vals)
         # a residual for every slot (fixed shape: no host read of how many are dead), 0 where none is due
         g, r = torch.arange(G, device=dev)[:, None, None], torch.arange(R, device=dev)[None, :, None]
-        rval = torch.where(ok.unsqueeze(-1), targets[tok, g, r].to(self.codebooks.dtype), 0.0)
+        ds = targets.shape[-1]                   # targets[tok, g, r] as one row gather (advanced indexing is slower)
+        picked = targets.reshape(-1, ds).index_select(0, ((tok * G + g) * R + r).reshape(-1)).view(G, R, M, ds)
+        rval = torch.where(ok.unsqueeze(-1), picked.to(self.codebooks.dtype), 0.0)
         rpos = torch.where(ok, pos, torch.full_like(pos, -1)).to(torch.int32)
         return rpos, rval
 

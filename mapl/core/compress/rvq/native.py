@@ -109,64 +109,76 @@ static int64_t nearest_ds2(const float *res, const float *a, const float *q, int
     m = _mm256_min_ps(m, _mm256_permute2f128_ps(m, m, 1));
     m = _mm256_min_ps(m, _mm256_shuffle_ps(m, m, 0x4e));
     m = _mm256_min_ps(m, _mm256_shuffle_ps(m, m, 0xb1));            /* every lane: the minimum (no NaN here) */
-    for (int64_t k = 0; k < K; k += 8) {
-        int hit = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_load_ps(buf + k), m, _CMP_EQ_OQ));
-        if (hit) return k + __builtin_ctz(hit);
+    for (int64_t k = 0; k < K; k += 32) {                              /* 32 at a time, then which 8 */
+        __m256 e0 = _mm256_cmp_ps(_mm256_load_ps(buf + k), m, _CMP_EQ_OQ);
+        __m256 e1 = _mm256_cmp_ps(_mm256_load_ps(buf + k + 8), m, _CMP_EQ_OQ);
+        __m256 e2 = _mm256_cmp_ps(_mm256_load_ps(buf + k + 16), m, _CMP_EQ_OQ);
+        __m256 e3 = _mm256_cmp_ps(_mm256_load_ps(buf + k + 24), m, _CMP_EQ_OQ);
+        if (_mm256_movemask_ps(_mm256_or_ps(_mm256_or_ps(e0, e1), _mm256_or_ps(e2, e3)))) {
+            uint32_t hit = (uint32_t)_mm256_movemask_ps(e0) | (uint32_t)_mm256_movemask_ps(e1) << 8
+                         | (uint32_t)_mm256_movemask_ps(e2) << 16 | (uint32_t)_mm256_movemask_ps(e3) << 24;
+            return k + __builtin_ctz(hit);
+        }
     }
     return 0;                                                           /* unreachable: the minimum is in buf */
 }
+
 #endif
 
 /* x (N,G,ds); cb (G,R,K,ds); a (G,R,ds,K) = -2 cb transposed; q (G,R,K) = ||c||^2.
    Out: idx (N,G,R) int64; resid (N,G,ds) the final residual (or NULL); targets (N,G,R,ds) the residual each
    round quantised (or NULL); sums (G,R,K,ds) += targets by code, counts (G,R,K) += 1 by code (NULL: neither),
-   both zeroed by the caller. Blocks of NB tokens, groups, tokens: each sum adds its tokens in token order. */
+   both zeroed by the caller. Blocks of NB tokens; in a block, each group's rounds, each round for every token
+   (searches that do not wait on each other): each sum still adds its tokens in token order. */
 #define NB 64
 void rvq_search(const float *x, const float *cb, const float *a, const float *q, int64_t N, int64_t G, int64_t R,
                 int64_t K, int64_t ds, int64_t *idx, float *resid, float *targets, float *sums, int64_t *counts) {
-    float res[16];
 #ifdef __AVX2__
     const int vec = (K % 16 == 0) && ds <= 16, vec2 = ds == 2 && K % 32 == 0 && K <= 4096;
 #else
     const int vec = 0, vec2 = 0;
 #endif
-    for (int64_t n0 = 0; n0 < N; n0 += NB)
-    for (int64_t g = 0; g < G; g++) {
-        for (int64_t n = n0; n < N && n < n0 + NB; n++) {
-            const float *xi = x + (n * G + g) * ds;
-            for (int64_t j = 0; j < ds; j++) res[j] = xi[j];
-            for (int64_t r = 0; r < R; r++) {
+    float block_res[NB * 16];
+    for (int64_t n0 = 0; n0 < N; n0 += NB) {
+        const int64_t n1 = n0 + NB < N ? n0 + NB : N;
+        for (int64_t g = 0; g < G; g++) {
+            for (int64_t n = n0; n < n1; n++)
+                for (int64_t j = 0; j < ds; j++) block_res[(n - n0) * ds + j] = x[(n * G + g) * ds + j];
+            for (int64_t r = 0; r < R; r++) {              /* a round for every token of the block: independent */
                 const int64_t gr = g * R + r;
                 const float *ar = a + gr * ds * K, *qr = q + gr * K;
+                for (int64_t n = n0; n < n1; n++) {
+                    float *res = block_res + (n - n0) * ds;
 #ifdef __AVX2__
-                int64_t k = !vec ? nearest_scalar(res, ar, qr, K, ds)
-                            : vec2 ? nearest_ds2(res, ar, qr, K) : nearest_avx2(res, ar, qr, K, ds);
+                    int64_t k = !vec ? nearest_scalar(res, ar, qr, K, ds)
+                              : vec2 ? nearest_ds2(res, ar, qr, K) : nearest_avx2(res, ar, qr, K, ds);
 #else
-                int64_t k = nearest_scalar(res, ar, qr, K, ds);
+                    int64_t k = nearest_scalar(res, ar, qr, K, ds);
 #endif
-                idx[(n * G + g) * R + r] = k;
-                if (targets) {
-                    float *t = targets + ((n * G + g) * R + r) * ds;
-                    for (int64_t j = 0; j < ds; j++) t[j] = res[j];
+                    idx[(n * G + g) * R + r] = k;
+                    if (targets) {
+                        float *t = targets + ((n * G + g) * R + r) * ds;
+                        for (int64_t j = 0; j < ds; j++) t[j] = res[j];
+                    }
+                    if (sums) {
+                        float *s = sums + (gr * K + k) * ds;
+                        for (int64_t j = 0; j < ds; j++) s[j] = s[j] + res[j];
+                        counts[gr * K + k] += 1;
+                    }
+                    const float *c = cb + (gr * K + k) * ds;
+                    for (int64_t j = 0; j < ds; j++) res[j] = res[j] - c[j];
                 }
-                if (sums) {
-                    float *s = sums + (gr * K + k) * ds;
-                    for (int64_t j = 0; j < ds; j++) s[j] = s[j] + res[j];
-                    counts[gr * K + k] += 1;
-                }
-                const float *c = cb + (gr * K + k) * ds;
-                for (int64_t j = 0; j < ds; j++) res[j] = res[j] - c[j];
             }
-            if (resid) {
-                float *o = resid + (n * G + g) * ds;
-                for (int64_t j = 0; j < ds; j++) o[j] = res[j];
-            }
+            if (resid)
+                for (int64_t n = n0; n < n1; n++)
+                    for (int64_t j = 0; j < ds; j++) resid[(n * G + g) * ds + j] = block_res[(n - n0) * ds + j];
         }
     }
 }
 """
 
 MAX_SUB_DIM = 16
+cpu = torch.device("cpu")     # explicit: a caller's default device (meta, cuda) must not apply here
 _STATE: dict = {}
 
 
@@ -232,13 +244,13 @@ def _run(x: torch.Tensor, C: torch.Tensor, *, residual: bool, stats: bool):
     C = C.contiguous()
     a = (-2.0 * C).transpose(2, 3).contiguous()                         # (G, R, ds, K), as the matmul kernel's
     q = (C * C).sum(-1).contiguous()                                    # ||c||^2 (G, R, K), as the matmul kernel's
-    idx = torch.empty(N, G, R, dtype=torch.int64)
-    resid = torch.empty(N, G, ds, dtype=torch.float32) if residual else None
+    idx = torch.empty(N, G, R, dtype=torch.int64, device=cpu)
+    resid = torch.empty(N, G, ds, dtype=torch.float32, device=cpu) if residual else None
     targets = sums = counts = None
     if stats:
-        targets = torch.empty(N, G, R, ds, dtype=torch.float32)
-        sums = torch.zeros(G, R, K, ds, dtype=torch.float32)
-        counts = torch.zeros(G, R, K, dtype=torch.int64)
+        targets = torch.empty(N, G, R, ds, dtype=torch.float32, device=cpu)
+        sums = torch.zeros(G, R, K, ds, dtype=torch.float32, device=cpu)
+        counts = torch.zeros(G, R, K, dtype=torch.int64, device=cpu)
     fn(x.data_ptr(), C.data_ptr(), a.data_ptr(), q.data_ptr(), N, G, R, K, ds, idx.data_ptr(), _ptr(resid),
        _ptr(targets), _ptr(sums), _ptr(counts))
     return idx, resid, (targets, sums, counts) if stats else None
@@ -250,17 +262,17 @@ def _reference(x: torch.Tensor, C: torch.Tensor):
     N, G, ds = x.shape
     R, K = C.shape[1], C.shape[2]
     idx, resid = residual_search(x, C, kernel="matmul", return_residual=True)
-    targets = torch.empty(N, G, R, ds)
+    targets = torch.empty(N, G, R, ds, device=cpu)
     res = x.clone()
-    off = (torch.arange(G)[:, None] * R + torch.arange(R)) * K
+    off = (torch.arange(G, device=cpu)[:, None] * R + torch.arange(R, device=cpu)) * K
     flat_cb = C.reshape(G * R * K, ds)
     flat = idx + off
     for r in range(R):
         targets[:, :, r] = res
         res -= flat_cb.index_select(0, flat[:, :, r].reshape(-1)).view(res.shape)
     f = flat.reshape(-1)
-    sums = torch.zeros(G * R * K, ds).index_add_(0, f, targets.reshape(-1, ds)).view(G, R, K, ds)
-    counts = torch.zeros(G * R * K, dtype=torch.int64).index_add_(0, f, torch.ones_like(f)).view(G, R, K)
+    sums = torch.zeros(G * R * K, ds, device=cpu).index_add_(0, f, targets.reshape(-1, ds)).view(G, R, K, ds)
+    counts = torch.zeros(G * R * K, dtype=torch.int64, device=cpu).index_add_(0, f, torch.ones_like(f)).view(G, R, K)
     return idx, resid, (targets, sums, counts)
 
 
@@ -272,10 +284,10 @@ def _verified(G: int, R: int, K: int, ds: int) -> bool:
         from .search import CPU_TILE_BYTES, search_tiles
         gen = torch.Generator().manual_seed(20261208)
         ts = search_tiles(G, 1 << 20, K, CPU_TILE_BYTES // 4)[1]
-        N = min(2 * ts + 7, 4096)
-        C = torch.randn(G, R, K, ds, generator=gen) * (0.5 ** torch.arange(R, dtype=torch.float32)).view(1, R, 1, 1)
+        N = max(8, min(2 * ts + 7, 4096, (1 << 22) // (G * K)))          # at most ~4M distances
+        C = torch.randn(G, R, K, ds, generator=gen, device=cpu) * (0.5 ** torch.arange(R, dtype=torch.float32, device=cpu)).view(1, R, 1, 1)
         C[:, :, 1::7] = C[:, :, 0:1]                                     # exact ties: equal codewords
-        x = torch.randn(N, G, ds, generator=gen) * 10.0 ** torch.randint(-3, 4, (N, 1, 1), generator=gen).float()
+        x = torch.randn(N, G, ds, generator=gen, device=cpu) * 10.0 ** torch.randint(-3, 4, (N, 1, 1), generator=gen, device=cpu).float()
         x[: min(N, K)] = C[:, 0, : min(N, K)].transpose(0, 1)           # tokens on codewords
         got, want = _run(x, C, residual=True, stats=True), _reference(x, C)
         same = torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
