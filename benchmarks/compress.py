@@ -343,7 +343,7 @@ def _load_package_as(alias: str, root: str):
     mod = importlib.util.module_from_spec(spec)
     sys.modules[alias] = mod
     spec.loader.exec_module(mod)
-    for sub in ("config", "compress", "compress.rvq", "compress.int8"):
+    for sub in ("core.config", "core.compress", "core.compress.rvq", "core.compress.int8"):
         importlib.import_module(f"{alias}.{sub}")
     return mod
 
@@ -374,15 +374,15 @@ def bench_ab(torch, before_root: str, cfg: dict, methods, log) -> list[dict]:
 
     def build(pkg, method, d, r):
         ratio = 1.0 if method in ("none", "int8") else d / r
-        c = pkg.config.CompressorConfig(method=method, ratio=ratio).validate(d)
-        return pkg.compress.build_boundary(c, d, 0).train()
+        c = pkg.core.config.CompressorConfig(method=method, ratio=ratio).validate(d)
+        return pkg.core.compress.build_boundary(c, d, 0).train()
 
     reps = max(5, cfg["reps"])
     for K in cfg["search_K"]:
         dim = cfg["search_dim"]
         n = max(16, min(B * T, (cfg["search_elems"] // 4) // ((dim // 2) * 2 * K)))
         z = torch.randn(n, dim, generator=torch.Generator().manual_seed(3))
-        q = {k: p.compress.rvq.ResidualVQ(dim=dim, codebook_size=K, kmeans_init=False, seed=0) for k, p in pkgs.items()}
+        q = {k: p.core.compress.rvq.ResidualVQ(dim=dim, codebook_size=K, kmeans_init=False, seed=0) for k, p in pkgs.items()}
         tb, ta = _ab(torch, lambda: q["before"].search(z), lambda: q["after"].search(z), 1, reps)
         rows.append({"op": "search", "K": K, "dim": dim, "tokens": n, "before_s": tb, "after_s": ta,
                      "before_us_per_token": tb / n * 1e6, "after_us_per_token": ta / n * 1e6, "speedup": tb / ta})

@@ -663,3 +663,88 @@ def test_search_with_receiver_keeps_encoder_and_decoder_codebooks_identical(one_
         assert rel == pytest.approx(sender.diagnostics()["rel_mse"], rel=1e-4)
     assert not torch.equal(sender.rvq.codebooks, sender.recv.codebooks)     # learning runs ahead of the stream
     assert make(sync="mirrored", search_with="receiver").search_with == "sender"   # the same thing there
+
+
+# ---- the CPU's fused search and encode (mapl/core/compress/rvq/native.py): today's bits ------------------
+
+def _native_or_skip():
+    from mapl.core.compress.rvq import native
+    if not native.native_enabled() or native._lib() is None:
+        pytest.skip("no C compiler for the fused CPU kernel (the matmul kernel runs instead)")
+    return native
+
+
+@torch.no_grad()
+def frozen_matmul_search_and_sums(x, C):
+    """The matmul path as it was before the fused kernel (search.py and ResidualVQ._targets/update, frozen here):
+    per round, one bmm of [res, 1] with [-2c; ||c||^2], the first minimum by amin/le/mul/amax, the codeword
+    subtracted; then the EMA sums and counts by index_add_. x (N, G, ds), C (G, R, K, ds)."""
+    N, G, ds = x.shape
+    R, K = C.shape[1], C.shape[2]
+    res = x.transpose(0, 1).clone()                                         # (G, N, ds)
+    ones = torch.ones(G, N, 1, dtype=x.dtype)
+    rev = torch.arange(K, 0, -1, dtype=x.dtype)
+    idx = torch.empty(N, G, R, dtype=torch.int64)
+    targets = torch.empty(N, G, R, ds, dtype=x.dtype)
+    for r in range(R):
+        c = C[:, r].contiguous()
+        Ca = torch.cat([-2.0 * c.transpose(1, 2), (c * c).sum(-1).unsqueeze(1)], 1)
+        d = torch.bmm(torch.cat([res, ones], -1), Ca)                       # (G, N, K)
+        d.le_(d.amin(-1, keepdim=True)).mul_(rev)
+        i = (K - d.amax(-1).to(torch.int64)).clamp_(0, K - 1)                # (G, N)
+        idx[:, :, r] = i.T
+        targets[:, :, r] = res.transpose(0, 1)
+        res -= c.reshape(G * K, ds).index_select(0, (i + torch.arange(G)[:, None] * K).view(-1)).view(res.shape)
+    flat = (idx + (torch.arange(G)[:, None] * R + torch.arange(R)) * K).reshape(-1)
+    sums = torch.zeros(G * R * K, ds, dtype=x.dtype).index_add_(0, flat, targets.reshape(-1, ds))
+    counts = torch.zeros(G * R * K, dtype=torch.int64).index_add_(0, flat, torch.ones_like(flat))
+    return idx, res.transpose(0, 1), targets, sums.view(G, R, K, ds), counts.view(G, R, K)
+
+
+@pytest.mark.parametrize("G,R,K,ds", [(32, 2, 256, 2), (3, 3, 16, 4), (4, 2, 8, 2), (5, 2, 32, 3), (2, 1, 64, 8),
+                                      (6, 2, 64, 1), (2, 2, 4096, 2)])
+def test_fused_cpu_search_gives_the_matmul_bits(G, R, K, ds):
+    """Indices, final residuals, round targets, sums and counts bit for bit, with exact ties (equal codewords,
+    tokens on codewords), scales from 1e-3 to 1e3, a NaN token and an infinite one."""
+    native = _native_or_skip()
+    g = torch.Generator().manual_seed(G * K + ds)
+    N = 300
+    C = torch.randn(G, R, K, ds, generator=g) * (0.5 ** torch.arange(R, dtype=torch.float32)).view(1, R, 1, 1)
+    C[:, :, 1::5] = C[:, :, 0:1]
+    x = torch.randn(N, G, ds, generator=g) * 10.0 ** torch.randint(-3, 4, (N, 1, 1), generator=g).float()
+    x[:min(N, K)] = C[:, 0, :min(N, K)].transpose(0, 1)
+    x[7, 0, 0], x[8, G - 1, ds - 1] = float("nan"), float("inf")
+    want = frozen_matmul_search_and_sums(x, C)
+    idx, resid, (targets, sums, counts) = native.native_search(x, C, return_residual=True, return_stats=True)
+    for a, b in zip((idx, resid, targets, sums, counts), want):
+        assert torch.equal(a, b) or (a.is_floating_point() and torch.equal(a.isnan(), b.isnan())
+                                     and torch.equal(a.nan_to_num(), b.nan_to_num()))
+    x = x.nan_to_num(0.0, 0.0, 0.0)
+    assert native.native_available(x, C)            # the layout's own check against the matmul kernel passes
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(sync="mirrored", dead_code_threshold=3.0, decay=0.8),
+                                dict(sync="full", scale="token"), dict(groups=4, rounds=3, codebook_size=32),
+                                dict(groups=1, rounds=2, codebook_size=256, search_with="sender")])
+def test_fused_cpu_pack_is_bit_identical_to_the_matmul_pack(kw, monkeypatch):
+    """Consecutive training messages (the EMA state evolving, dead codes revived), then an evaluation message:
+    the same payload bytes, decoded values and codebook state (sender and receiver) as the matmul kernel's pack,
+    which computes its round targets, sums and counts itself (the code path of every committed run)."""
+    native = _native_or_skip()
+    from mapl.core.compress.rvq import codebook
+    used = []
+    monkeypatch.setattr(codebook, "native_search", lambda *a, **k: used.append(k["return_stats"]) or
+                        native.native_search(*a, **k))
+    fused, matmul = make(**kw), make(search_kernel="matmul", **kw)
+    g = torch.Generator().manual_seed(11)
+    for step in range(6):
+        training = step < 5
+        fused.train(training), matmul.train(training)
+        z = torch.randn(3, 10, 8, generator=g) * (1.0 + step)
+        pf, pm = fused.pack(z.clone()), matmul.pack(z.clone())     # (k-means with G = 1 writes into z)
+        assert len(pf) == len(pm) and all(a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(pf, pm))
+        assert torch.equal(fused.unpack(pf, z.dtype), matmul.unpack(pm, z.dtype))
+        assert same_state(state(fused), state(matmul))
+    # every message searched by the fused kernel; the EMA steps (not the k-means init, not eval) took its sums
+    assert used == [False, True, True, True, True, False]
+    assert fused.rvq.host_version == 5 and fused.diagnostics()["microbatches"] == 6

@@ -12,7 +12,8 @@ import math
 import torch
 import torch.nn as nn
 
-from .search import SEARCH_KERNELS, first_argmin_, residual_search, search_tiles, tile_budget
+from .native import native_available, native_search
+from .search import SEARCH_KERNELS, first_argmin_, fused_allowed, residual_search, search_tiles, tile_budget
 
 __all__ = ["ResidualVQ", "OP_NONE", "OP_EMA", "OP_INIT", "codebook_bits", "to_device_async", "bincount", "DeviceFlag"]
 
@@ -130,19 +131,29 @@ class ResidualVQ(nn.Module):
 
     # ---- pure ------------------------------------------------------------------------------
     @torch.no_grad()
-    def search(self, z: torch.Tensor, *, codebooks: torch.Tensor | None = None, return_residual: bool = False):
+    def search(self, z: torch.Tensor, *, codebooks: torch.Tensor | None = None, return_residual: bool = False,
+               return_stats: bool = False):
         """``z (..., dim) -> idx (..., G, R)`` int64 (and the final residual with ``return_residual``), searching
-        ``codebooks`` (default: these) in float64 if either is float64, else float32."""
+        ``codebooks`` (default: these) in float64 if either is float64, else float32. ``return_stats`` adds, where
+        the CPU's fused kernel ran (else None), what :meth:`update` needs from the search: (round targets, sums,
+        counts), the bits :meth:`update` would compute itself."""
         if z.shape[-1] != self.dim:
             raise ValueError(f"search expects last dim {self.dim}, got shape {tuple(z.shape)}")
         lead = z.shape[:-1]
         cb = self.codebooks if codebooks is None else codebooks
         dt = torch.float64 if torch.float64 in (z.dtype, cb.dtype) else torch.float32
         x = z.detach().reshape(-1, self.groups, self.sub_dim).to(dt)
-        idx, resid = residual_search(x, cb.to(dt), kernel=self.search_kernel, tile_bytes=self.tile_bytes,
-                                     return_residual=return_residual)
+        C = cb.to(dt)
+        stats = None
+        if self.search_kernel == "auto" and fused_allowed() and native_available(x, C):
+            learn = return_stats and dt == self.codebooks.dtype
+            idx, resid, stats = native_search(x, C, return_residual=return_residual, return_stats=learn)
+        else:
+            idx, resid = residual_search(x, C, kernel=self.search_kernel, tile_bytes=self.tile_bytes,
+                                         return_residual=return_residual)
         idx = idx.view(*lead, self.groups, self.rounds)
-        return (idx, resid.view(*lead, self.dim)) if return_residual else idx
+        out = (idx, resid.view(*lead, self.dim)) if return_residual else (idx,)
+        return (*out, stats) if return_stats else (out if return_residual else idx)
 
     def lookup(self, idx: torch.Tensor, codebooks: torch.Tensor | None = None) -> torch.Tensor:
         """``idx (..., G, R) -> (..., dim)``: the rounds' codewords summed, groups concatenated."""
@@ -273,15 +284,20 @@ class ResidualVQ(nn.Module):
             ok = torch.isfinite(vals)
         # a residual for every slot (fixed shape: no host read of how many are dead), 0 where none is due
         g, r = torch.arange(G, device=dev)[:, None, None], torch.arange(R, device=dev)[None, :, None]
-        rval = torch.where(ok.unsqueeze(-1), targets[tok, g, r].to(self.codebooks.dtype), 0.0)
+        ds = targets.shape[-1]                   # targets[tok, g, r] as one row gather (advanced indexing is slower)
+        picked = targets.reshape(-1, ds).index_select(0, ((tok * G + g) * R + r).reshape(-1)).view(G, R, M, ds)
+        rval = torch.where(ok.unsqueeze(-1), picked.to(self.codebooks.dtype), 0.0)
         rpos = torch.where(ok, pos, torch.full_like(pos, -1)).to(torch.int32)
         return rpos, rval
 
     @torch.no_grad()
-    def update(self, z: torch.Tensor, idx: torch.Tensor, *, codebooks: torch.Tensor | None = None) -> dict:
+    def update(self, z: torch.Tensor, idx: torch.Tensor, *, codebooks: torch.Tensor | None = None,
+               stats: tuple | None = None) -> dict:
         """One learning step from ``z`` and its indices, searched with ``codebooks`` (default: these). Before the
         init: residual k-means on this batch (OP_INIT, ``stat`` the codebooks); else EMA of counts and sums,
-        Laplace-smoothed codebooks, dead-code revival (OP_EMA, ``stat`` the sums). Returns the op record."""
+        Laplace-smoothed codebooks, dead-code revival (OP_EMA, ``stat`` the sums). ``stats``: the search's
+        (targets, sums, counts) of the same ``z`` and ``codebooks`` (``search(return_stats=True)``), used instead of
+        computing them again. Returns the op record."""
         G, R, K, ds = self.groups, self.rounds, self.codebook_size, self.sub_dim
         x = z.detach().reshape(-1, G, ds).to(self.codebooks.dtype)
         i = idx.reshape(-1, G, R).long()
@@ -293,11 +309,15 @@ class ResidualVQ(nn.Module):
             self._bump_version()
             rpos, rval = self.no_revivals()
             return {"op": OP_INIT, "stat": cb, "n_tokens": N, "rpos": rpos, "rval": rval}
-        targets = self._targets(x, i, self.codebooks if codebooks is None else codebooks)
-        flat = (i + self._row_offsets(dev)).reshape(-1)
-        sums = torch.zeros(G * R * K, ds, dtype=x.dtype, device=dev).index_add_(0, flat, targets.reshape(-1, ds))
-        sums = sums.view(G, R, K, ds)
-        counts = bincount(flat, G * R * K).view(G, R, K).to(self.codebooks.dtype)   # = code_counts(i)
+        if stats is not None:                                  # the fused search's: the same bits
+            targets, sums, counts = stats
+            counts = counts.to(self.codebooks.dtype)
+        else:
+            targets = self._targets(x, i, self.codebooks if codebooks is None else codebooks)
+            flat = (i + self._row_offsets(dev)).reshape(-1)
+            sums = torch.zeros(G * R * K, ds, dtype=x.dtype, device=dev).index_add_(0, flat, targets.reshape(-1, ds))
+            sums = sums.view(G, R, K, ds)
+            counts = bincount(flat, G * R * K).view(G, R, K).to(self.codebooks.dtype)   # = code_counts(i)
         self._apply_ema(counts, sums)
         rpos, rval = self._pick_revivals(targets)
         self._apply_revivals(rpos, rval)

@@ -142,9 +142,11 @@ class RVQCompressor(Compressor):
         B, T, _ = z.shape
         scales, u = self._normalise(z)                                          # u: what the codes quantise
         search_cb = self._shadow_codebooks()
-        idx, resid = self.rvq.search(u, codebooks=search_cb, return_residual=True)     # (B, T, G, R)
+        learn = self.training and self.rvq.host_initted                         # an EMA step follows the search
+        found = self.rvq.search(u, codebooks=search_cb, return_residual=True, return_stats=learn)
+        idx, resid, stats = found if learn else (*found, None)                   # idx (B, T, G, R)
         codes = pack_bits_rows(idx.reshape(B, -1), self.rvq.bits, check=False)   # search output is in range
-        op = self.rvq.update(u, idx, codebooks=search_cb) if self.training else None
+        op = self.rvq.update(u, idx, codebooks=search_cb, stats=stats) if self.training else None
         op_code = OP_NONE if op is None else op["op"]
         header = to_device_async(torch.tensor([self.rvq.host_version, op_code, T], dtype=torch.int64, device="cpu"), z.device)
         if self.training:

@@ -3,8 +3,9 @@
 Round r quantises, per group, the residual of rounds < r: argmin_k ||c_k||^2 - 2 x.c_k (ties: the first
 minimum). Kernels (``compressor.rvq.search_kernel``): ``matmul``, one batched matmul per tile and round, then an
 argmin (exact, cache-friendly on a CPU; on a GPU it writes every distance to memory); ``fused``, the same argmin
-compiled into one kernel that never stores the distances; ``auto``, matmul on a CPU, fused on a GPU. Both are
-exact; they can differ only on exact ties computed with different rounding.
+compiled into one kernel that never stores the distances; ``auto``, fused on a GPU and, on a CPU, the C kernel of
+``native.py`` (the matmul kernel's bits, with the EMA sums in the same pass), else matmul. All are exact; matmul
+and fused can differ only on exact ties computed with different rounding.
 """
 from __future__ import annotations
 
