@@ -29,7 +29,8 @@ def test_the_heldout_contrast_is_the_heldout_ledgers_primary_row():
     scores = rescored(rows, lambda r: 0.3 if r["method"] == "mapl" else 0.0)
     m = R.metrics(R.claims(rows), rows, rows, scores)
     mean, ci = m["heldout_kjv"].split(" ", 1)
-    row = next(b for b in R.heldout_claims_table(rows, rows, scores).body if b[0].startswith("MAPL is ahead of SSN by over 5 % at"))
+    row = next(b for b in R.heldout_claims_table(rows, rows, scores).body
+               if b[0].startswith("MAPL is ahead of SSN by over 5 % at"))
     assert row[3].startswith(f"SSN − MAPL: {mean} points {ci} (95%, n = 3") and mean.startswith("-")
     assert m["unread_train"] == "not run" and m["ssn_minus_mapl"] != m["heldout_kjv"]
 

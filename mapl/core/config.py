@@ -101,7 +101,8 @@ class RVQConfig:
     max_staleness: int | None = setting(None, min=0)      # None = the sync mode's bound (stream 2*ceil(K/n), else 0)
     search_with: str = setting("receiver", choices=RVQ_SEARCH_WITH)
     search_tile_bytes: int = setting(0, min=0)             # memory budget per search tile; 0 = 4 MiB on CPU, 256 MiB on GPU
-    search_kernel: str = setting("auto", choices=RVQ_SEARCH_KERNELS)   # auto: rvq/native.py's C kernel on CPU (else matmul), fused (compiled) on GPU
+    # auto: rvq/native.py's C kernel on CPU (else matmul), fused (compiled) on GPU
+    search_kernel: str = setting("auto", choices=RVQ_SEARCH_KERNELS)
     scale: str = setting("none", choices=RVQ_SCALES)       # none: quantise z; token: z / RMS(z_t), scale on the wire (bf16)
 
 

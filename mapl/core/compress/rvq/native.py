@@ -46,7 +46,8 @@ static int64_t nearest_scalar(const float *res, const float *a, const float *q, 
 }
 
 #ifdef __AVX2__
-static inline __attribute__((always_inline)) __m256 dist8(const __m256 *xb, const float *a, const float *q, int64_t K, int64_t ds, int64_t k) {
+static inline __attribute__((always_inline)) __m256 dist8(const __m256 *xb, const float *a, const float *q,
+                                                          int64_t K, int64_t ds, int64_t k) {
     __m256 acc = _mm256_mul_ps(xb[0], _mm256_loadu_ps(a + k));
     for (int64_t j = 1; j < ds; j++) acc = _mm256_fmadd_ps(xb[j], _mm256_loadu_ps(a + j * K + k), acc);
     return _mm256_add_ps(acc, _mm256_loadu_ps(q + k));
@@ -285,9 +286,11 @@ def _verified(G: int, R: int, K: int, ds: int) -> bool:
         gen = torch.Generator().manual_seed(20261208)
         ts = search_tiles(G, 1 << 20, K, CPU_TILE_BYTES // 4)[1]
         N = max(8, min(2 * ts + 7, 4096, (1 << 22) // (G * K)))          # at most ~4M distances
-        C = torch.randn(G, R, K, ds, generator=gen, device=cpu) * (0.5 ** torch.arange(R, dtype=torch.float32, device=cpu)).view(1, R, 1, 1)
+        decay = 0.5 ** torch.arange(R, dtype=torch.float32, device=cpu)
+        C = torch.randn(G, R, K, ds, generator=gen, device=cpu) * decay.view(1, R, 1, 1)
         C[:, :, 1::7] = C[:, :, 0:1]                                     # exact ties: equal codewords
-        x = torch.randn(N, G, ds, generator=gen, device=cpu) * 10.0 ** torch.randint(-3, 4, (N, 1, 1), generator=gen, device=cpu).float()
+        x = torch.randn(N, G, ds, generator=gen, device=cpu)              # drawn before the scales, as always
+        x = x * 10.0 ** torch.randint(-3, 4, (N, 1, 1), generator=gen, device=cpu).float()
         x[: min(N, K)] = C[:, 0, : min(N, K)].transpose(0, 1)           # tokens on codewords
         got, want = _run(x, C, residual=True, stats=True), _reference(x, C)
         same = torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
