@@ -258,7 +258,8 @@ def test_every_stage_waits_for_params_yaml_to_be_validated():
     from mapl.orchestration.validate import STAMP_TEXT
     assert _outs(DVC["stages"]["validate"]) == [VALIDATED, "reports/${profile}/configs"]
     assert DVC["stages"]["validate"]["cmd"] == f"mapl sweep --check --stamp {VALIDATED}"
-    assert set(DVC["stages"]["validate"]["params"]) == {"profile", "groups", "profiles", "frozen_trunk", "rescore"}
+    assert set(DVC["stages"]["validate"]["params"]) == {"profile", "groups", "profiles", "frozen_trunk", "rescore",
+                                                          "ladder"}
     for name, st in DVC["stages"].items():
         deps = st.get("do", st)["deps"]
         if name == "train":         # its run's config, an output of the validate stage
